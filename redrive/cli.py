@@ -1,0 +1,596 @@
+"""The ``redrive`` command: parse options, call one core operation, render its result.
+
+Results go to stdout (tables, or JSON with ``--json``); progress and warnings to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from redrive import __version__
+from redrive.config import Layout, load_layout
+from redrive.errors import RedriveError, UsageProblem
+from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
+from redrive.selection import Selection, parse_duration
+from redrive.sqs import AwsSettings, Sqs
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_ATTENTION = 3
+EXIT_INTERRUPTED = 130
+
+
+# -- shared state and helpers -------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    aws: AwsSettings
+    config: str | None
+    _layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            self._layout = load_layout(self.config)
+        return self._layout
+
+    def sqs_for(self, region: str | None = None) -> Sqs:
+        return self.aws.sqs(region=region)
+
+    def target(self, name: str) -> DlqTarget:
+        return resolve_target(self.layout, name, self.sqs_for)
+
+    def queue(self, name_or_url: str) -> QueueRef:
+        return describe_queue(self.sqs_for(), name_or_url)
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def core_errors() -> Iterator[None]:
+    """Core errors become one line and exit 1 (or 2 for usage problems), never a traceback."""
+    try:
+        yield
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from exc
+    except RedriveError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[threading.Event]:
+    """First Ctrl-C (or SIGTERM) asks the operation to stop cleanly; a second one aborts."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        click.echo(
+            "\nstopping: finishing the batch in flight and giving back held messages "
+            "(Ctrl-C again to abort)",
+            err=True,
+        )
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str, *, enabled: bool | None = None) -> None:
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, text: str, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.5:
+            return
+        self._last = now
+        click.echo(f"\r{self.label}: {text}\x1b[K", err=True, nl=False)
+        self._shown = True
+
+    def done(self) -> None:
+        if self.enabled and self._shown:
+            click.echo("\r\x1b[K", err=True, nl=False)
+
+    def rate(self, n: int) -> str:
+        elapsed = max(1e-6, time.monotonic() - self.started)
+        return f"{n / elapsed:,.0f}/s"
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False))
+
+
+# -- shared options (pip-tools style) -------------------------------------------------------
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(f)
+
+
+def duration(_: Any, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def selection_options(f: F) -> F:
+    options = [
+        click.option(
+            "--task",
+            "tasks",
+            multiple=True,
+            metavar="PATTERN",
+            help="Only tasks with this name or glob (repeatable).",
+        ),
+        click.option(
+            "--exclude-task",
+            "exclude_tasks",
+            multiple=True,
+            metavar="PATTERN",
+            help="Leave out tasks with this name or glob (repeatable).",
+        ),
+        click.option(
+            "--older-than",
+            metavar="DUR",
+            callback=duration,
+            help="Only messages enqueued at least DUR ago (90m, 6h, 3d).",
+        ),
+        click.option(
+            "--newer-than",
+            metavar="DUR",
+            callback=duration,
+            help="Only messages enqueued at most DUR ago.",
+        ),
+        click.option(
+            "--limit",
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Act on at most N messages.",
+        ),
+        click.option(
+            "--message-id",
+            "message_ids",
+            multiple=True,
+            metavar="ID",
+            help="Only the message with this SQS MessageId (repeatable).",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def make_selection(kwargs: dict[str, Any]) -> Selection:
+    return Selection(
+        tasks=tuple(kwargs.pop("tasks")),
+        exclude_tasks=tuple(kwargs.pop("exclude_tasks")),
+        older_than=kwargs.pop("older_than"),
+        newer_than=kwargs.pop("newer_than"),
+        message_ids=frozenset(kwargs.pop("message_ids")),
+        limit=kwargs.pop("limit"),
+    )
+
+
+def execute_options(f: F) -> F:
+    f = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(f)
+    f = click.option(
+        "--execute",
+        is_flag=True,
+        help="Really do it. Without it, nothing changes: a dry run shows the plan.",
+    )(f)
+    return f
+
+
+def ledger_option(f: F) -> F:
+    return click.option(
+        "--ledger",
+        metavar="URI",
+        envvar="REDRIVE_LEDGER",
+        help="Idempotency ledger: a SQLite path or sqlite:///path "
+        "(default: the state directory; env REDRIVE_LEDGER).",
+    )(f)
+
+
+def workers_option(f: F) -> F:
+    return click.option(
+        "--workers",
+        type=click.IntRange(1, 32),
+        default=1,
+        show_default=True,
+        help="Parallel receive-send-delete pipelines, each with its own client.",
+    )(f)
+
+
+def confirm(execute: bool, yes: bool, question: str) -> None:
+    if execute and not yes and sys.stdin.isatty():
+        click.confirm(question, abort=True, err=True)
+
+
+def command_line() -> str:
+    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+# -- the group --------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--endpoint-url",
+    metavar="URL",
+    help="SQS endpoint, e.g. the sandbox's (default: AWS_ENDPOINT_URL, else AWS).",
+)
+@click.option("--region", metavar="REGION", help="AWS region (default: AWS_REGION / profile).")
+@click.option("--profile", metavar="NAME", help="AWS profile (default: AWS_PROFILE).")
+@click.option(
+    "--config",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="TOML file with the queue families (default: REDRIVE_CONFIG, else the built-in layout).",
+)
+@click.version_option(__version__, prog_name="redrive")
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    endpoint_url: str | None,
+    region: str | None,
+    profile: str | None,
+    config: str | None,
+) -> None:
+    """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
+
+    TARGET is a family name (checkout, default, progress in the built-in layout), a queue
+    name or a queue URL; a source queue stands for its DLQ. Commands that change anything
+    are dry runs unless given --execute.
+    """
+    ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config)
+
+
+def main() -> None:
+    cli(prog_name="redrive")
+
+
+# -- status, inspect, report ------------------------------------------------------------------
+
+
+@cli.command()
+@json_option
+@pass_ctx
+def status(ctx: Context, as_json: bool) -> None:
+    """Queue and DLQ counts of every family (instant: no message is received)."""
+    from redrive.render import status_table
+    from redrive.status import family_status
+
+    with core_errors():
+        rows = family_status(ctx.layout, ctx.sqs_for)
+    if as_json:
+        emit_json({"layout": ctx.layout.source, "families": [r.to_json() for r in rows]})
+    else:
+        click.echo(status_table(rows))
+    if any(r.error for r in rows):
+        sys.exit(EXIT_ERROR)
+
+
+@cli.command()
+@click.argument("target")
+@json_option
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Scan at most N messages.")
+@click.option(
+    "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
+)
+@workers_option
+@pass_ctx
+def inspect(
+    ctx: Context, target: str, as_json: bool, limit: int | None, show_args: bool, workers: int
+) -> None:
+    """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
+
+    TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
+    or archive: it is then read offline.
+    """
+    from redrive.inspect import inspect_dlq
+    from redrive.render import inspect_text
+
+    if _is_archive(target):
+        from redrive.replay import inspect_archive
+
+        with core_errors():
+            result = inspect_archive(target, show_args=show_args, limit=limit, s3=ctx.aws)
+    else:
+        progress = Progress("scanning")
+        with core_errors(), interruptible() as stop:
+            dlq = ctx.target(target)
+            result = inspect_dlq(
+                dlq,
+                ctx.sqs_for,
+                limit=limit,
+                show_args=show_args,
+                workers=workers,
+                stop=stop,
+                on_progress=lambda n: progress.update(f"{n} received ({progress.rate(n)})"),
+            )
+        progress.done()
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(inspect_text(result))
+    if result.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def _is_archive(target: str) -> bool:
+    return target.startswith("s3://") or target.endswith((".jsonl", ".jsonl.gz", ".gz"))
+
+
+@cli.command()
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "markdown", "json"]),
+    default="table",
+    show_default=True,
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the report to FILE (atomically) instead of stdout.",
+)
+@click.option(
+    "--fail-on-messages", is_flag=True, help="Exit 1 when any DLQ holds messages (for alerting)."
+)
+@pass_ctx
+def report(ctx: Context, fmt: str, output: str | None, fail_on_messages: bool) -> None:
+    """Every family's DLQ grouped by task, for scheduled runs and alerts."""
+    from redrive.render import report_text
+    from redrive.report import build_report
+
+    progress = Progress("report")
+    with core_errors(), interruptible() as stop:
+        result = build_report(
+            ctx.layout,
+            ctx.sqs_for,
+            stop=stop,
+            on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
+        )
+    progress.done()
+    if fmt == "json":
+        text = json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n"
+    else:
+        text = report_text(result, markdown=fmt == "markdown")
+    if output:
+        path = Path(output)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    else:
+        click.echo(text, nl=False)
+    for error in result.errors:
+        click.echo(f"warning: {error}", err=True)
+    if stop.is_set():
+        sys.exit(EXIT_INTERRUPTED)
+    if fail_on_messages and result.total > 0:
+        sys.exit(EXIT_ERROR)
+    if result.errors:
+        sys.exit(EXIT_ERROR)
+
+
+# -- move -------------------------------------------------------------------------------------
+
+
+def move_options(f: F) -> F:
+    f = click.option(
+        "--in-doubt",
+        type=click.Choice(["hold", "resend", "skip"]),
+        default="hold",
+        show_default=True,
+        help="What to do with messages whose earlier send may or may not have happened.",
+    )(f)
+    f = click.option(
+        "--max-redrives",
+        type=click.IntRange(min=1),
+        default=3,
+        show_default=True,
+        help="Skip messages redrive already moved this many times (poison).",
+    )(f)
+    f = click.option(
+        "--include-expired", is_flag=True, help="Also move tasks whose Celery `expires` passed."
+    )(f)
+    return f
+
+
+def lease_option(f: F) -> F:
+    return click.option(
+        "--lease",
+        type=click.IntRange(1, 43_200),
+        default=30,
+        show_default=True,
+        metavar="SECONDS",
+        help="Visibility timeout of each receive: how long a killed run hides its batch.",
+    )(f)
+
+
+def rate_option(f: F) -> F:
+    return click.option(
+        "--rate",
+        type=click.FloatRange(min=0.1),
+        metavar="N",
+        help="At most N messages per second (all workers together).",
+    )(f)
+
+
+@cli.command()
+@click.argument("target")
+@selection_options
+@click.option("--to", "to", metavar="QUEUE", help="Send to this queue (name or URL) instead.")
+@execute_options
+@ledger_option
+@move_options
+@lease_option
+@workers_option
+@rate_option
+@json_option
+@pass_ctx
+def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
+    """Send DLQ messages back to their source queue, each task once.
+
+    A dry run unless --execute. Each message keeps its body and attributes byte for byte;
+    an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
+    harmless.
+    """
+    from redrive.ledger import open_ledger
+    from redrive.move import MoveEngine, MoveOptions
+    from redrive.render import move_text
+
+    selection = make_selection(kwargs)
+    execute: bool = kwargs["execute"]
+    with core_errors():
+        dlq = ctx.target(target)
+        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
+        options = MoveOptions(
+            selection=selection,
+            execute=execute,
+            to=to,
+            include_expired=kwargs["include_expired"],
+            max_redrives=kwargs["max_redrives"],
+            in_doubt=kwargs["in_doubt"],
+            lease=kwargs["lease"],
+            workers=kwargs["workers"],
+            rate=kwargs["rate"],
+        )
+        destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
+        confirm(
+            execute,
+            kwargs["yes"],
+            f"Move selected messages from {dlq.dlq.name} to {destination}?",
+        )
+        ledger = open_ledger(kwargs["ledger"]) if execute else _dry_run_ledger(kwargs["ledger"])
+    progress = Progress("move")
+    try:
+        with core_errors(), interruptible() as stop:
+            engine = MoveEngine(
+                dlq,
+                ledger,
+                options,
+                sqs_factory=ctx.sqs_for,
+                command=command_line(),
+                stop=stop,
+                on_progress=lambda r: progress.update(
+                    f"{r.moved} moved / {r.matched} matched / {r.scanned} scanned "
+                    f"({progress.rate(r.moved)})"
+                ),
+            )
+            result = engine.run()
+    finally:
+        if ledger is not None:
+            ledger.close()
+    progress.done()
+    finish_move(result, kwargs["as_json"], move_text)
+
+
+def _dry_run_ledger(uri: str | None) -> Any:
+    """A dry run reads the ledger (to report duplicates and in-doubt keys) if it exists,
+    and never creates one."""
+    from redrive.ledger import default_ledger_path, open_ledger
+
+    if uri is None and not default_ledger_path().exists():
+        return None
+    if uri is not None and "://" not in uri and not Path(uri).expanduser().exists():
+        return None
+    return open_ledger(uri)
+
+
+def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render_kw: Any) -> None:
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(render(result, **render_kw))
+    if result.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    if result.needs_attention:
+        sys.exit(EXIT_ATTENTION)
+
+
+# -- sandbox ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(0, 65535), default=4566, show_default=True)
+@click.option(
+    "--messages",
+    "per_family",
+    type=click.IntRange(0, 2000),
+    default=40,
+    show_default=True,
+    help="Messages to dead-letter into each family's DLQ.",
+)
+@click.option("--serial", is_flag=True, help="Serve one request at a time (for concurrency tests).")
+@pass_ctx
+def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
+    """Run a local SQS (moto) on 127.0.0.1 with the families, their DLQs and sample tasks.
+
+    It prints the environment to export, then runs until stopped (Ctrl-C).
+    """
+    try:
+        from redrive import sandbox as sandbox_module
+    except ImportError as exc:  # moto is an optional dependency
+        fail(f"the sandbox needs moto: pip install 'redrive[sandbox]' ({exc})")
+
+    def ready(server: Any, seeded: list[Any]) -> None:
+        for name, value in sandbox_module.sandbox_env(server).items():
+            click.echo(f"export {name}={value}")
+        for family in seeded:
+            click.echo(
+                f"# {family.family}: {family.messages} message(s) in the DLQ of "
+                f"{family.queue_url.rsplit('/', 1)[-1]}",
+                err=True,
+            )
+        click.echo("# sandbox ready; Ctrl-C stops it", err=True)
+        sys.stdout.flush()
+
+    with core_errors(), interruptible() as stop:
+        try:
+            sandbox_module.run(
+                port, ctx.layout, per_family=per_family, serial=serial, on_ready=ready, stop=stop
+            )
+        except OSError as exc:
+            fail(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): pick another --port")

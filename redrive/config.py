@@ -1,0 +1,189 @@
+"""Queue families: the built-in layout, its environment overrides, and TOML config files.
+
+A *family* is one Celery queue and its dead-letter queue. The built-in layout has three
+(``checkout``, ``default``, ``progress``); a config file replaces it with any other layout.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from redrive.errors import ConfigError
+
+#: name, queue, environment variable that overrides the queue, priority (lower = more urgent)
+BUILT_IN_FAMILIES: tuple[tuple[str, str, str, int], ...] = (
+    ("checkout", "onion-checkout", "CELERY_CHECKOUT_QUEUE", 1),
+    ("default", "onion", "CELERY_DEFAULT_QUEUE", 2),
+    ("progress", "onion-progress", "CELERY_PROGRESS_QUEUE", 3),
+)
+BUILT_IN_PREFIX = "onion"
+DEFAULT_MAX_RECEIVE_COUNT = 5
+DEFAULT_DLQ_RETENTION_SECONDS = 14 * 24 * 3600
+DLQ_SUFFIX = "-dlq"
+
+_FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_retention"}
+_DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    queue: str
+    """Source queue name or URL."""
+    dlq: str | None = None
+    """DLQ name or URL; ``None`` means: read it from the source queue's RedrivePolicy."""
+    region: str | None = None
+    priority: int = 100
+    max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
+    dlq_retention_seconds: int = DEFAULT_DLQ_RETENTION_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    families: tuple[Family, ...]
+    source: str
+    """Where the layout came from: ``built-in`` or the config file's path."""
+    prefix: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def family(self, name: str) -> Family | None:
+        for family in self.families:
+            if family.name == name:
+                return family
+        return None
+
+
+def built_in_layout(env: Mapping[str, str]) -> Layout:
+    families = tuple(
+        Family(name=name, queue=env.get(var) or queue, priority=priority)
+        for name, queue, var, priority in BUILT_IN_FAMILIES
+    )
+    return Layout(families=families, source="built-in", prefix=BUILT_IN_PREFIX)
+
+
+def load_layout(config_path: str | None, env: Mapping[str, str] | None = None) -> Layout:
+    """The layout from ``config_path``, else ``$REDRIVE_CONFIG``, else the built-in one."""
+    env = os.environ if env is None else env
+    path = config_path or env.get("REDRIVE_CONFIG") or None
+    if path is None:
+        return built_in_layout(env)
+    return parse_config_file(Path(path))
+
+
+def parse_config_file(path: Path) -> Layout:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {path} does not exist: check --config / REDRIVE_CONFIG"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    return parse_config(data, str(path))
+
+
+def parse_config(data: Mapping[str, Any], source: str) -> Layout:
+    unknown = set(data) - {"defaults", "families"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(
+            f"{source}: unknown key '{key}' (expected [defaults] and [families.NAME])"
+        )
+    defaults = _table(data.get("defaults", {}), "defaults", source)
+    _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
+    families_table = _table(data.get("families"), "families", source)
+    if not families_table:
+        raise ConfigError(f"{source}: no [families.NAME] table: define at least one family")
+    families = []
+    for position, (name, raw) in enumerate(families_table.items()):
+        where = f"families.{name}"
+        table = _table(raw, where, source)
+        _check_keys(table, _FAMILY_KEYS, where, source)
+        queue = table.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise ConfigError(f"{source}: key '{where}.queue' must be a queue name or URL")
+        families.append(
+            Family(
+                name=name,
+                queue=queue,
+                dlq=_opt_str(table, "dlq", where, source),
+                region=_opt_str(table, "region", where, source)
+                or _opt_str(defaults, "region", "defaults", source),
+                priority=_int(table, "priority", where, source, default=position + 1),
+                max_receive_count=_int(
+                    table,
+                    "max_receive_count",
+                    where,
+                    source,
+                    default=_int(
+                        defaults,
+                        "max_receive_count",
+                        "defaults",
+                        source,
+                        default=DEFAULT_MAX_RECEIVE_COUNT,
+                    ),
+                ),
+                dlq_retention_seconds=_duration(
+                    table.get("dlq_retention", defaults.get("dlq_retention")),
+                    f"{where}.dlq_retention",
+                    source,
+                ),
+            )
+        )
+    families.sort(key=lambda f: f.priority)
+    prefix = _opt_str(defaults, "prefix", "defaults", source)
+    return Layout(families=tuple(families), source=source, prefix=prefix)
+
+
+def _table(value: Any, where: str, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: key '{where}' must be a table")
+    return value
+
+
+def _check_keys(table: Mapping[str, Any], allowed: set[str], where: str, source: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(
+                f"{source}: unknown key '{where}.{key}' (allowed: {', '.join(sorted(allowed))})"
+            )
+
+
+def _opt_str(table: Mapping[str, Any], key: str, where: str, source: str) -> str | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{source}: key '{where}.{key}' must be a non-empty string")
+    return value
+
+
+def _int(table: Mapping[str, Any], key: str, where: str, source: str, *, default: int) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{source}: key '{where}.{key}' must be a whole number >= 0")
+    return value
+
+
+def _duration(value: Any, where: str, source: str) -> int:
+    from redrive.selection import parse_duration
+
+    if value is None:
+        return DEFAULT_DLQ_RETENTION_SECONDS
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return int(parse_duration(value))
+        except ValueError:
+            pass
+    raise ConfigError(f"{source}: key '{where}' must be seconds or a duration like '14d'")

@@ -1,0 +1,55 @@
+"""Every error the core raises derives from :class:`RedriveError`.
+
+The CLI maps :class:`UsageProblem` to exit code 2 and every other one to exit code 1,
+printing ``str(error)``: so each message is one line that says what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+
+class RedriveError(Exception):
+    """Base of every error redrive raises on purpose."""
+
+
+class UsageProblem(RedriveError):
+    """The command line asks for something that cannot work (exit 2)."""
+
+
+class ConfigError(RedriveError):
+    """The config file (or an environment variable) is broken."""
+
+
+class QueueNotFound(RedriveError):
+    """A family, queue name or URL does not resolve to an existing queue."""
+
+
+class NoDeadLetterQueue(RedriveError):
+    """A source queue has no RedrivePolicy, so it has no DLQ."""
+
+
+class AwsError(RedriveError):
+    """An AWS call failed in a way the user must fix (credentials, access, endpoint, throttling)."""
+
+
+class LedgerError(RedriveError):
+    """The idempotency ledger cannot be opened or written."""
+
+
+class ArchiveError(RedriveError):
+    """An archive cannot be written or read."""
+
+
+class Interrupted(RedriveError):
+    """The run was stopped by Ctrl-C or SIGTERM after releasing what it held."""
+
+
+class AwsUnavailable(AwsError):
+    """No call can succeed: no credentials or region, rejected credentials, endpoint down.
+
+    Operations over several queues stop at once on this instead of failing each queue.
+    """
+
+
+class SendInDoubt(AwsError):
+    """A send whose request may or may not have reached SQS (timeout, dropped connection,
+    server error). Retrying it could send a task twice, so it is never retried blindly."""

@@ -1,0 +1,263 @@
+"""Inspect: scan a DLQ without disturbing it and group its messages by Celery task."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redrive import attributes
+from redrive.messages import TaskInfo, decode
+from redrive.queues import DlqTarget
+from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.sqs import Sqs
+
+SAMPLES_PER_GROUP = 3
+DAY = 86_400
+DEFAULT_MAX_REDRIVES = 3
+
+
+@dataclass(slots=True)
+class TaskGroup:
+    """Counters for one task name; never a list of every message."""
+
+    task: str
+    count: int = 0
+    oldest: float | None = None
+    newest: float | None = None
+    max_receive_count: int = 0
+    expired: int = 0
+    redriven: int = 0
+    poison: int = 0
+    leaving_within_24h: int = 0
+    sample_task_ids: list[str] = field(default_factory=list)
+    sample_message_ids: list[str] = field(default_factory=list)
+    sample_args: list[dict[str, str | None]] = field(default_factory=list)
+    protocols: Counter[str] = field(default_factory=Counter)
+    notes: Counter[str] = field(default_factory=Counter)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "task": self.task,
+            "count": self.count,
+            "oldest": _iso(self.oldest),
+            "newest": _iso(self.newest),
+            "max_receive_count": self.max_receive_count,
+            "expired": self.expired,
+            "redriven": self.redriven,
+            "poison": self.poison,
+            "leaving_within_24h": self.leaving_within_24h,
+            "sample_task_ids": self.sample_task_ids,
+            "sample_message_ids": self.sample_message_ids,
+            "protocols": dict(self.protocols),
+        }
+        if self.notes:
+            data["notes"] = dict(self.notes)
+        if self.sample_args:
+            data["sample_args"] = self.sample_args
+        return data
+
+
+@dataclass(slots=True)
+class Grouping:
+    """Accumulates messages into task groups; shared by live inspect and archive inspect."""
+
+    now: float
+    retention_seconds: int | None = None
+    show_args: bool = False
+    max_redrives: int = DEFAULT_MAX_REDRIVES
+    groups: dict[str, TaskGroup] = field(default_factory=dict)
+    total: int = 0
+
+    def add(
+        self,
+        info: TaskInfo,
+        *,
+        message_id: str,
+        sent_at: float | None,
+        receive_count: int,
+        redrive_count: int,
+    ) -> None:
+        group = self.groups.get(info.task)
+        if group is None:
+            group = self.groups[info.task] = TaskGroup(task=info.task)
+        self.total += 1
+        group.count += 1
+        if sent_at is not None:
+            group.oldest = sent_at if group.oldest is None else min(group.oldest, sent_at)
+            group.newest = sent_at if group.newest is None else max(group.newest, sent_at)
+            if (
+                self.retention_seconds is not None
+                and sent_at + self.retention_seconds - self.now < DAY
+            ):
+                group.leaving_within_24h += 1
+        group.max_receive_count = max(group.max_receive_count, receive_count)
+        if info.is_expired(datetime.fromtimestamp(self.now, UTC)):
+            group.expired += 1
+        if redrive_count > 0:
+            group.redriven += 1
+        if redrive_count >= self.max_redrives:
+            group.poison += 1
+        group.protocols[str(info.protocol) if info.protocol else info.body_format] += 1
+        if info.note:
+            group.notes[info.note] += 1
+        if len(group.sample_message_ids) < SAMPLES_PER_GROUP:
+            group.sample_message_ids.append(message_id)
+            if info.task_id:
+                group.sample_task_ids.append(info.task_id)
+            if self.show_args:
+                group.sample_args.append({"args": info.args, "kwargs": info.kwargs})
+
+    def sorted_groups(self) -> list[TaskGroup]:
+        return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
+
+    @property
+    def oldest(self) -> float | None:
+        times = [g.oldest for g in self.groups.values() if g.oldest is not None]
+        return min(times) if times else None
+
+
+@dataclass(slots=True)
+class InspectResult:
+    label: str
+    dlq: str
+    dlq_url: str
+    sources: list[str]
+    total: int
+    groups: list[TaskGroup]
+    oldest: float | None
+    scanned_at: float
+    seconds: float
+    depth_before: int
+    hidden_before: int
+    partial: bool
+    """True when --limit stopped the scan before the queue was covered."""
+    interrupted: bool = False
+    seen_again: int = 0
+    released: int = 0
+    fifo: bool = False
+
+    @property
+    def expired(self) -> int:
+        return sum(g.expired for g in self.groups)
+
+    @property
+    def poison(self) -> int:
+        return sum(g.poison for g in self.groups)
+
+    @property
+    def leaving_within_24h(self) -> int:
+        return sum(g.leaving_within_24h for g in self.groups)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.label,
+            "dlq": self.dlq,
+            "dlq_url": self.dlq_url,
+            "sources": self.sources,
+            "total": self.total,
+            "oldest": _iso(self.oldest),
+            "oldest_age_seconds": (
+                round(self.scanned_at - self.oldest, 3) if self.oldest is not None else None
+            ),
+            "expired": self.expired,
+            "poison": self.poison,
+            "leaving_within_24h": self.leaving_within_24h,
+            "groups": [g.to_json() for g in self.groups],
+            "scanned_at": _iso(self.scanned_at),
+            "seconds": round(self.seconds, 3),
+            "depth_before": self.depth_before,
+            "hidden_before": self.hidden_before,
+            "partial": self.partial,
+            "interrupted": self.interrupted,
+        }
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def inspect_dlq(
+    target: DlqTarget,
+    sqs_factory: Callable[[], Sqs],
+    *,
+    limit: int | None = None,
+    show_args: bool = False,
+    workers: int = 1,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    max_redrives: int = DEFAULT_MAX_REDRIVES,
+    now: float | None = None,
+) -> InspectResult:
+    """Scan the DLQ once and leave it as it was: every message received is released."""
+    started = time.monotonic()
+    now = time.time() if now is None else now
+    sqs = sqs_factory()
+    counts = sqs.attributes(
+        target.dlq.url,
+        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )
+    depth = int(counts.get("ApproximateNumberOfMessages", "0"))
+    hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
+    hold = hold_for_depth(depth)
+    scan = DlqScan(
+        url=target.dlq.url,
+        lease=hold,
+        hold=hold,
+        max_messages=limit,
+        stop=stop or threading.Event(),
+        on_receive=on_progress,
+    )
+    grouping = Grouping(
+        now=now,
+        retention_seconds=target.dlq.retention_seconds,
+        show_args=show_args,
+        max_redrives=max_redrives,
+    )
+    lock = threading.Lock()
+
+    def work(worker_sqs: Sqs) -> None:
+        while (batch := scan.next_batch(worker_sqs)) is not None:
+            infos = [(m, decode(m.body)) for m in batch]
+            with lock:
+                for message, info in infos:
+                    grouping.add(
+                        info,
+                        message_id=message.message_id,
+                        sent_at=message.sent_timestamp,
+                        receive_count=message.receive_count,
+                        redrive_count=attributes.redrive_count(message.message_attributes),
+                    )
+            scan.keep(worker_sqs, batch)
+
+    try:
+        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
+    finally:
+        # Ctrl-C or an error: what was received goes back all the same.
+        scan.release_all(sqs)
+        scan.close()
+    interrupted = scan.stop.is_set()
+    return InspectResult(
+        label=target.label,
+        dlq=target.dlq.name,
+        dlq_url=target.dlq.url,
+        sources=[s.name for s in target.sources],
+        total=grouping.total,
+        groups=grouping.sorted_groups(),
+        oldest=grouping.oldest,
+        scanned_at=now,
+        seconds=time.monotonic() - started,
+        depth_before=depth,
+        hidden_before=hidden,
+        partial=limit is not None and grouping.total >= limit,
+        interrupted=interrupted,
+        seen_again=scan.stats.seen_again,
+        released=scan.stats.released,
+        fifo=target.dlq.fifo,
+    )

@@ -1,0 +1,758 @@
+"""The idempotency ledger: what redrive has claimed, sent and deleted, per task run.
+
+A key is written *before* each step of a move (see "Moving a message without losing or
+doubling it" in the design)::
+
+    (none) --claim--> CLAIMED --send ok--> SENT --delete ok--> DONE
+                        |   \\--send failed: release, key back to (none)
+                        \\--owner died (in doubt): takeover then resend, or SKIPPED
+
+Every transition is conditional on the state (and owner) it starts from, so two processes
+racing on one key cannot both win it. :class:`Ledger` is backend-neutral; :class:`SqliteLedger`
+is the one-machine backend (several processes may share its file). :func:`open_ledger` turns
+a URI into a backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from redrive.errors import LedgerError
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "RUN_OUTCOMES",
+    "SCHEMA_VERSION",
+    "Claim",
+    "ClaimResult",
+    "Entry",
+    "KeyState",
+    "Ledger",
+    "RunInfo",
+    "SqliteLedger",
+    "default_ledger_path",
+    "open_ledger",
+]
+
+MAX_KEY_LENGTH = 128
+SCHEMA_VERSION = 1
+RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
+
+# Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
+# truly stuck holder surfaces as an error instead of a silent hang.
+BUSY_TIMEOUT_S = 30.0
+
+# SQLite's bound-parameter limit is 32766 in current builds but 999 in old ones.
+_IN_CHUNK = 500
+
+
+class KeyState(StrEnum):
+    CLAIMED = "claimed"
+    SENT = "sent"
+    DONE = "done"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key's row: the state of one task run's redrive."""
+
+    key: str
+    state: KeyState
+    run_id: str  # the run that claimed it (or took it over, or resolved it as skipped)
+    task: str
+    message_id: str  # the DLQ MessageId that was claimed
+    target: str  # queue URL it was/is sent to
+    sent_message_id: str | None  # MessageId SQS returned for the copy we sent
+    updated_at: float  # unix time of the last transition
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One key to claim, with what the ledger should remember about it."""
+
+    key: str
+    task: str
+    message_id: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult(Mapping[str, Entry]):
+    """What :meth:`Ledger.claim_many` returns.
+
+    It is a mapping of *every* requested key to its entry as it stands after the call, plus
+    ``won``: the keys this call inserted, which the caller (and nobody else) must now send.
+
+    For a key not in ``won``:
+
+    - ``entry.run_id == run_id`` and state CLAIMED: already this run's (claimed by an earlier
+      call, or by an earlier claim of the same key in this batch: a duplicate copy of one
+      task; ``entry.message_id`` says which copy holds the claim);
+    - state SENT or DONE: already sent: this copy is a duplicate, delete it;
+    - state CLAIMED by another run: another run is sending it, or died doing so (in doubt);
+    - state SKIPPED: an operator resolved it as not to be resent.
+    """
+
+    entries: Mapping[str, Entry]
+    won: frozenset[str] = field(default_factory=frozenset)
+
+    def __getitem__(self, key: str) -> Entry:
+        return self.entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """One run of a redrive command, as recorded in the ledger."""
+
+    run_id: str
+    command: str
+    started_at: float
+    heartbeat_at: float
+    lease_until: float  # the run promised to heartbeat again before this time
+    ended_at: float | None
+    outcome: str | None  # one of RUN_OUTCOMES once ended
+    info: dict[str, Any]
+    counts: dict[str, int]
+
+    def is_live(self, *, now: float, stale_after: float) -> bool:
+        """Not ended, and either heartbeating recently or still inside its promised lease.
+
+        The lease counts too because a run whose lease has not run out may still be between
+        a claim and its send; calling it dead early is what would let a resend double a task.
+        """
+        if self.ended_at is not None:
+            return False
+        return self.heartbeat_at > now - stale_after or self.lease_until > now
+
+
+class Ledger(Protocol):
+    """What the move engine needs from a ledger backend (SQLite now, DynamoDB later).
+
+    Every ``*_many`` method is one transaction (or one batch of conditional writes) per call;
+    when it returns, its writes are durable. Transitions that do not apply (wrong state, wrong
+    owner, absent key) are skipped silently: the caller reads back with :meth:`get_many` when it
+    needs to know.
+    """
+
+    location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
+
+    def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None: ...
+
+    def heartbeat(self, run_id: str, *, lease_until: float) -> None: ...
+
+    def end_run(self, run_id: str, *, outcome: str, counts: Mapping[str, int]) -> None: ...
+
+    def run(self, run_id: str) -> RunInfo | None: ...
+
+    def runs(self, since: float | None = None) -> list[RunInfo]: ...
+
+    def live_runs(self, *, stale_after: float) -> list[RunInfo]: ...
+
+    def is_live(self, run_id: str, *, stale_after: float) -> bool: ...
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]: ...
+
+    def keys_for_run(self, run_id: str) -> list[Entry]: ...
+
+    def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
+
+    def takeover_many(
+        self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
+    ) -> set[str]: ...
+
+    def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None: ...
+
+    def release_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- locating ledgers
+
+
+def default_ledger_path() -> Path:
+    """``$REDRIVE_STATE_DIR``, else ``$XDG_STATE_HOME/redrive``, else ``~/.local/state/redrive``;
+    file ``ledger.sqlite3``."""
+    state_dir = os.environ.get("REDRIVE_STATE_DIR")
+    if state_dir:
+        return Path(state_dir).expanduser() / "ledger.sqlite3"
+    xdg = os.environ.get("XDG_STATE_HOME")
+    # The XDG spec says a relative value is invalid and must be ignored.
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "redrive" / "ledger.sqlite3"
+    return Path.home() / ".local" / "state" / "redrive" / "ledger.sqlite3"
+
+
+_ACCEPTED_FORMS = "a file path, sqlite:///ABSOLUTE/PATH, sqlite://RELATIVE/PATH or dynamodb://TABLE"
+
+
+def _open_sqlite(rest: str, uri: str) -> Ledger:
+    if not rest:
+        raise LedgerError(f"ledger URI {uri!r} names no file; use {_ACCEPTED_FORMS}")
+    return SqliteLedger(Path(rest).expanduser())
+
+
+def _open_dynamodb(rest: str, uri: str) -> Ledger:
+    raise LedgerError("the DynamoDB ledger is not available in this version; use a SQLite path")
+
+
+# A new backend is one entry here: scheme -> opener(rest of the URI, whole URI).
+_BACKENDS: dict[str, Callable[[str, str], Ledger]] = {
+    "sqlite": _open_sqlite,
+    "dynamodb": _open_dynamodb,
+}
+
+
+def open_ledger(uri: str | None) -> Ledger:
+    """Open the ledger ``uri`` names; None means ``$REDRIVE_LEDGER``, else the default path.
+
+    Accepted: a plain path, ``sqlite:///abs/path``, ``sqlite://relative/path``,
+    ``dynamodb://TABLE`` (not available yet).
+    """
+    if uri is None:
+        uri = os.environ.get("REDRIVE_LEDGER") or str(default_ledger_path())
+    if not uri.strip():
+        raise LedgerError(f"the ledger location is empty; use {_ACCEPTED_FORMS}")
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return SqliteLedger(Path(uri).expanduser())
+    opener = _BACKENDS.get(scheme.lower())
+    if opener is None:
+        raise LedgerError(f"unknown ledger URI {uri!r}; use {_ACCEPTED_FORMS}")
+    return opener(rest, uri)
+
+
+# --------------------------------------------------------------------------- SQLite backend
+
+_SCHEMA = """
+CREATE TABLE keys (
+    key             TEXT PRIMARY KEY,
+    state           TEXT NOT NULL CHECK (state IN ('claimed', 'sent', 'done', 'skipped')),
+    run_id          TEXT NOT NULL,
+    task            TEXT NOT NULL,
+    message_id      TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    sent_message_id TEXT,
+    updated_at      REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX keys_by_run ON keys (run_id);
+CREATE TABLE runs (
+    run_id       TEXT PRIMARY KEY,
+    command      TEXT NOT NULL,
+    started_at   REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    lease_until  REAL NOT NULL,
+    ended_at     REAL,
+    outcome      TEXT,
+    info         TEXT NOT NULL,
+    counts       TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX runs_by_start ON runs (started_at);
+"""
+
+_KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at"
+_RUN_COLUMNS = (
+    "run_id, command, started_at, heartbeat_at, lease_until, ended_at, outcome, info, counts"
+)
+
+# A run that promised (through its lease) to be alive still may be between a claim and a
+# send, so the ledger itself refuses to hand its keys to anyone else until the lease ends,
+# whatever the caller concluded from a heartbeat age.
+_OWNER_NOT_LEASED = """
+NOT EXISTS (
+    SELECT 1 FROM runs
+    WHERE runs.run_id = keys.run_id AND runs.ended_at IS NULL AND runs.lease_until > :now
+)
+"""
+
+
+def _check_key(key: str) -> None:
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"ledger keys must be 1..{MAX_KEY_LENGTH} characters, got {key!r}")
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    key, state, run_id, task, message_id, target, sent_message_id, updated_at = row
+    return Entry(
+        key=key,
+        state=KeyState(state),
+        run_id=run_id,
+        task=task,
+        message_id=message_id,
+        target=target,
+        sent_message_id=sent_message_id,
+        updated_at=updated_at,
+    )
+
+
+def _run_info(row: tuple[Any, ...]) -> RunInfo:
+    run_id, command, started_at, heartbeat_at, lease_until, ended_at, outcome, info, counts = row
+    return RunInfo(
+        run_id=run_id,
+        command=command,
+        started_at=started_at,
+        heartbeat_at=heartbeat_at,
+        lease_until=lease_until,
+        ended_at=ended_at,
+        outcome=outcome,
+        info=json.loads(info),
+        counts=json.loads(counts),
+    )
+
+
+def _select_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Entry]:
+    """Entries for those of ``keys`` present, in the order of ``keys``."""
+    unique = list(dict.fromkeys(keys))
+    found: dict[str, Entry] = {}
+    for i in range(0, len(unique), _IN_CHUNK):
+        chunk = unique[i : i + _IN_CHUNK]
+        marks = ",".join("?" * len(chunk))
+        for row in conn.execute(f"SELECT {_KEY_COLUMNS} FROM keys WHERE key IN ({marks})", chunk):
+            entry = _entry(row)
+            found[entry.key] = entry
+    return {k: found[k] for k in unique if k in found}
+
+
+def _make_dirs(directory: Path) -> None:
+    """Create ``directory`` and any missing parents as 0700; existing ones are left alone
+    (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process won the race: fine
+            path.mkdir(mode=0o700)
+
+
+class SqliteLedger:
+    """The ledger in one SQLite file, shared safely by several processes on one machine.
+
+    - WAL journal, so readers never block the one writer; ``busy_timeout`` of 30 s, so
+      writers queue instead of failing with "database is locked".
+    - Every write method is one ``BEGIN IMMEDIATE`` transaction whose statements are each
+      conditional on the row's current state and owner; the write lock is taken up front, so
+      a transaction never has to upgrade from reader to writer (which could fail at once
+      without waiting).
+    - ``synchronous=FULL``: a claim is on disk (WAL fsynced) before claim_many returns,
+      because a send follows it and must never be forgotten by a power cut.
+
+    Thread safety: one connection per object, and every method holds an internal lock, so an
+    object may be shared between threads (their calls are serialised). Opening is also cheap
+    (about a millisecond once the file exists), so one object per thread works as well.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout: float = BUSY_TIMEOUT_S,
+    ) -> None:
+        self.path = Path(path).absolute()
+        self.location = f"sqlite://{self.path}"
+        self._clock = clock
+        self._busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._create_file()
+        conn = self._connect()
+        try:
+            self._prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    # ----------------------------------------------------------------- opening
+
+    def _create_file(self) -> None:
+        try:
+            _make_dirs(self.path.parent)
+            # Created here, not by sqlite, so the mode is 0600 from the first byte; SQLite
+            # gives its -wal and -shm files the same mode as the database file.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+        except IsADirectoryError:
+            raise LedgerError(
+                f"ledger path {self.path} is a directory; give a file path inside it"
+            ) from None
+        except OSError as e:
+            reason = e.strerror or str(e)
+            raise LedgerError(
+                f"cannot create or open ledger {self.path} ({reason}); "
+                "make it and its directory writable by you, or choose another ledger path"
+            ) from None
+        if not stat.S_ISREG(os.stat(self.path).st_mode):
+            raise LedgerError(f"ledger path {self.path} is not a regular file; choose a file path")
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so the sqlite3 module
+            # never opens a deferred transaction behind our back.
+            return sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,  # the lock below serialises use instead
+            )
+        except sqlite3.Error as e:
+            raise self._open_error(e) from None
+
+    def _open_error(self, e: sqlite3.Error) -> LedgerError:
+        msg = str(e)
+        if isinstance(e, sqlite3.DatabaseError) and "not a database" in msg:
+            return LedgerError(
+                f"{self.path} is not a SQLite database, so not a redrive ledger; "
+                "move it aside or choose another ledger path"
+            )
+        if "readonly" in msg or "unable to open" in msg:
+            return LedgerError(
+                f"cannot write ledger {self.path} ({msg}); make the file and its directory "
+                "writable by you, or choose another ledger path"
+            )
+        if "locked" in msg or "busy" in msg:
+            return LedgerError(
+                f"ledger {self.path} stayed locked for {self._busy_timeout:.0f} s while opening; "
+                "check for a stuck redrive process, then retry"
+            )
+        return LedgerError(
+            f"cannot open ledger {self.path} ({msg}); move it aside or choose another ledger path"
+        )
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        try:
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode != "wal":
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode != "wal":
+                raise LedgerError(
+                    f"ledger {self.path} cannot use SQLite's WAL journal (got {mode!r}); "
+                    "put it on a local filesystem"
+                )
+            conn.execute("PRAGMA synchronous=FULL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version != SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._migrate(conn)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as e:
+            raise self._open_error(e) from None
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        # Re-read under the write lock: another process may have created the schema meanwhile.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"ledger {self.path} was written by a newer redrive (schema {version}, this "
+                f"one knows {SCHEMA_VERSION}); upgrade redrive or use another ledger path"
+            )
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
+        if tables:
+            raise LedgerError(
+                f"{self.path} is a SQLite database but not a redrive ledger; "
+                "move it aside or choose another ledger path"
+            )
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # ----------------------------------------------------------------- plumbing
+
+    @contextlib.contextmanager
+    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction, committed (durably) on success, rolled back on error."""
+        with self._lock:
+            conn = self._live_conn()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise self._op_error(what, e) from e
+                raise
+
+    @contextlib.contextmanager
+    def _read(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One read transaction, so multi-statement reads see a single snapshot."""
+        with self._lock:
+            conn = self._live_conn()
+            try:
+                conn.execute("BEGIN")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise self._op_error(what, e) from e
+                raise
+
+    def _live_conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise LedgerError(f"ledger {self.location} is closed; open it again")
+        return self._conn
+
+    def _op_error(self, what: str, e: sqlite3.Error) -> LedgerError:
+        msg = str(e)
+        if "locked" in msg or "busy" in msg:
+            return LedgerError(
+                f"ledger {self.location} stayed locked by another process for "
+                f"{self._busy_timeout:.0f} s ({what}); check for a stuck redrive, then retry"
+            )
+        return LedgerError(
+            f"ledger {self.location}: {what} failed ({msg}); check free space and "
+            "permissions of the ledger file, then retry"
+        )
+
+    def __enter__(self) -> SqliteLedger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __repr__(self) -> str:
+        return f"SqliteLedger({self.location!r})"
+
+    # ----------------------------------------------------------------- runs
+
+    def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None:
+        now = self._clock()
+        # default=str: info is descriptive (options, user, host); a Path or datetime in it
+        # should be recorded, not crash the run.
+        info_json = json.dumps(dict(info), sort_keys=True, default=str)
+        with self._write("start run") as conn:
+            cur = conn.execute(
+                "INSERT INTO runs (run_id, command, started_at, heartbeat_at, lease_until,"
+                " info, counts) VALUES (?, ?, ?, ?, ?, ?, '{}')"
+                " ON CONFLICT (run_id) DO NOTHING",
+                (run_id, command, now, now, now, info_json),
+            )
+            if cur.rowcount != 1:
+                raise LedgerError(
+                    f"run {run_id} already exists in ledger {self.location}; "
+                    "start the run again with a new run id"
+                )
+
+    def heartbeat(self, run_id: str, *, lease_until: float) -> None:
+        with self._write("heartbeat") as conn:
+            cur = conn.execute(
+                "UPDATE runs SET heartbeat_at = ?, lease_until = ?"
+                " WHERE run_id = ? AND ended_at IS NULL",
+                (self._clock(), lease_until, run_id),
+            )
+            if cur.rowcount != 1:
+                raise LedgerError(
+                    f"run {run_id} is not open in ledger {self.location} (never started or "
+                    "already ended); stop and start a new run"
+                )
+
+    def end_run(self, run_id: str, *, outcome: str, counts: Mapping[str, int]) -> None:
+        """Record how the run ended. Ending an ended run keeps the first outcome: shutdown
+        paths may end a run twice, and the first word is the true one."""
+        if outcome not in RUN_OUTCOMES:
+            raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+        counts_json = json.dumps(dict(counts), sort_keys=True)
+        with self._write("end run") as conn:
+            cur = conn.execute(
+                "UPDATE runs SET ended_at = ?, outcome = ?, counts = ?"
+                " WHERE run_id = ? AND ended_at IS NULL",
+                (self._clock(), outcome, counts_json, run_id),
+            )
+            if cur.rowcount == 0:
+                exists = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                if exists is None:
+                    raise LedgerError(
+                        f"run {run_id} is not in ledger {self.location}; "
+                        "it was never started there (check the ledger path)"
+                    )
+
+    def run(self, run_id: str) -> RunInfo | None:
+        with self._read("read run") as conn:
+            row = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+        return None if row is None else _run_info(row)
+
+    def runs(self, since: float | None = None) -> list[RunInfo]:
+        """Runs started at or after ``since`` (all when None), oldest first."""
+        with self._read("list runs") as conn:
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE started_at >= ?"
+                " ORDER BY started_at, run_id",
+                (float("-inf") if since is None else since,),
+            ).fetchall()
+        return [_run_info(r) for r in rows]
+
+    def live_runs(self, *, stale_after: float) -> list[RunInfo]:
+        """Runs not ended that heartbeated within ``stale_after`` seconds or whose lease has
+        not run out (see :meth:`RunInfo.is_live`), oldest first."""
+        now = self._clock()
+        with self._read("list live runs") as conn:
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE ended_at IS NULL"
+                " AND (heartbeat_at > ? OR lease_until > ?) ORDER BY started_at, run_id",
+                (now - stale_after, now),
+            ).fetchall()
+        return [_run_info(r) for r in rows]
+
+    def is_live(self, run_id: str, *, stale_after: float) -> bool:
+        """False for a run that ended, went stale, or is unknown to this ledger."""
+        info = self.run(run_id)
+        return info is not None and info.is_live(now=self._clock(), stale_after=stale_after)
+
+    # ----------------------------------------------------------------- keys
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
+        """Entries for those of ``keys`` the ledger has; absent keys are left out."""
+        with self._read("read keys") as conn:
+            return _select_keys(conn, keys)
+
+    def keys_for_run(self, run_id: str) -> list[Entry]:
+        """Entries whose owner is ``run_id``, in the order they were last changed."""
+        with self._read("read keys of run") as conn:
+            rows = conn.execute(
+                f"SELECT {_KEY_COLUMNS} FROM keys WHERE run_id = ? ORDER BY updated_at, key",
+                (run_id,),
+            ).fetchall()
+        return [_entry(r) for r in rows]
+
+    def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult:
+        """Claim each absent key for ``run_id``; see :class:`ClaimResult` for the answer.
+
+        If a key appears twice in ``claims`` (two copies of one task in a batch) the first
+        claim wins and the second reports the key as already this run's.
+        """
+        for claim in claims:
+            _check_key(claim.key)
+        now = self._clock()
+        won: set[str] = set()
+        with self._write("claim keys") as conn:
+            for claim in claims:
+                cur = conn.execute(
+                    f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)"
+                    " ON CONFLICT (key) DO NOTHING",
+                    (
+                        claim.key,
+                        KeyState.CLAIMED.value,
+                        run_id,
+                        claim.task,
+                        claim.message_id,
+                        claim.target,
+                        now,
+                    ),
+                )
+                if cur.rowcount == 1:
+                    won.add(claim.key)
+            entries = _select_keys(conn, [c.key for c in claims])
+        return ClaimResult(entries=entries, won=frozenset(won))
+
+    def takeover_many(self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]) -> set[str]:
+        """For an in-doubt resend: move each key still CLAIMED by its named (dead) old run to
+        ``run_id``. Returns the keys taken. A key whose owner changed, moved on from CLAIMED,
+        or whose owner's lease has not run out yet is not taken."""
+        now = self._clock()
+        taken: set[str] = set()
+        with self._write("take over keys") as conn:
+            for key, old_run in keys_and_old_runs:
+                if old_run == run_id:
+                    continue
+                cur = conn.execute(
+                    "UPDATE keys SET run_id = :run, updated_at = :now"
+                    " WHERE key = :key AND state = 'claimed' AND run_id = :old"
+                    f" AND {_OWNER_NOT_LEASED}",
+                    {"run": run_id, "now": now, "key": key, "old": old_run},
+                )
+                if cur.rowcount == 1:
+                    taken.add(key)
+        return taken
+
+    def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None:
+        """CLAIMED by ``run_id`` -> SENT, recording the MessageId SQS gave the copy."""
+        now = self._clock()
+        with self._write("mark keys sent") as conn:
+            conn.executemany(
+                "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?"
+                " WHERE key = ? AND state = 'claimed' AND run_id = ?",
+                [(sent_id, now, key, run_id) for key, sent_id in sent.items()],
+            )
+
+    def release_many(self, run_id: str, keys: Sequence[str]) -> None:
+        """The send failed: forget keys still CLAIMED by ``run_id``, so they can be claimed
+        again."""
+        with self._write("release keys") as conn:
+            conn.executemany(
+                "DELETE FROM keys WHERE key = ? AND state = 'claimed' AND run_id = ?",
+                [(key, run_id) for key in keys],
+            )
+
+    def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None:
+        """SENT -> DONE once the DLQ copy is deleted. Any run may do it (a later run deletes
+        what an earlier one sent but could not delete); the owner stays the run that sent,
+        because that is who the audit must name."""
+        now = self._clock()
+        with self._write("mark keys done") as conn:
+            conn.executemany(
+                "UPDATE keys SET state = 'done', updated_at = ? WHERE key = ? AND state = 'sent'",
+                [(now, key) for key in keys],
+            )
+
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None:
+        """In-doubt resolved as skip: CLAIMED by another run, whose lease has run out ->
+        SKIPPED, owned by ``run_id`` (the run that decided)."""
+        now = self._clock()
+        with self._write("mark keys skipped") as conn:
+            conn.executemany(
+                "UPDATE keys SET state = 'skipped', run_id = :run, updated_at = :now"
+                " WHERE key = :key AND state = 'claimed' AND run_id != :run"
+                f" AND {_OWNER_NOT_LEASED}",
+                [{"run": run_id, "now": now, "key": key} for key in keys],
+            )

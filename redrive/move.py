@@ -1,0 +1,743 @@
+"""Move: send dead-lettered messages back, each task once, and delete a DLQ copy only after
+its send is confirmed.
+
+Per batch of received messages (every step is a point a crash may hit; see the tests):
+
+1. **receive** a batch with a short lease (the visibility timeout);
+2. decide per message: not selected, expired, poison, no target, duplicate, in doubt...;
+3. **claim** the keys to send in the ledger (durable before anything is sent);
+4. **send** them (SendMessageBatch, one batch per target, the 256 KiB limit respected);
+5. **record** the confirmed ones as SENT, release the claims of the failed ones;
+6. **delete** the DLQ copies of what was sent (and of duplicates of what was sent before);
+7. record the deleted keys as DONE.
+
+A crash between 3 and 5 leaves keys CLAIMED by a dead run: *in doubt*, reported by the next
+run and resolved only by the operator (``--in-doubt resend|skip``). A crash anywhere else is
+harmless: the next run finds SENT keys and only deletes, or finds nothing and starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from redrive import attributes
+from redrive.errors import RedriveError, UsageProblem
+from redrive.keys import key_for
+from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
+from redrive.messages import TaskInfo, decode
+from redrive.queues import DlqTarget, QueueRef, describe_queue
+from redrive.rate import RateLimiter
+from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.selection import Selection
+from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+
+InDoubtPolicy = Literal["hold", "resend", "skip"]
+IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")
+DEFAULT_LEASE = 30
+DEFAULT_MAX_REDRIVES = 3
+# A run that has not heartbeaten for this long, and whose lease has run out, is dead.
+STALE_AFTER = 120.0
+HEARTBEAT_EVERY = 5.0
+MAX_LISTED = 100
+
+# Reasons a selected message is not sent; the keys of MoveResult.skipped.
+EXPIRED = "expired"
+POISON = "poison"
+IN_DOUBT = "in-doubt"
+BUSY = "claimed-by-another-run"
+RESOLVED_SKIP = "in-doubt-resolved-skip"
+NO_TARGET = "no-target"
+DUPLICATE_PENDING = "duplicate-of-unsent-copy"
+
+# Names of the points between steps, where tests inject crashes.
+STEPS = ("received", "claimed", "sent", "recorded", "deleted")
+
+_ACTIVE_RUNS: set[str] = set()
+"""Runs alive in this process: a run id recorded with our pid but not in here has crashed."""
+
+
+@dataclass(frozen=True, slots=True)
+class MoveOptions:
+    selection: Selection = field(default_factory=Selection)
+    execute: bool = False
+    to: QueueRef | None = None
+    include_expired: bool = False
+    max_redrives: int = DEFAULT_MAX_REDRIVES
+    in_doubt: InDoubtPolicy = "hold"
+    lease: int = DEFAULT_LEASE
+    workers: int = 1
+    rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One message named in the result (in doubt, or failed)."""
+
+    task: str
+    task_id: str | None
+    message_id: str
+    key: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "task_id": self.task_id,
+            "message_id": self.message_id,
+            "key": self.key,
+            "detail": self.detail,
+        }
+
+
+@dataclass(slots=True)
+class TaskCounts:
+    matched: int = 0
+    moved: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: int = 0
+    duplicates: int = 0
+    targets: Counter[str] = field(default_factory=Counter)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": dict(self.skipped),
+            "failed": self.failed,
+            "duplicates_deleted": self.duplicates,
+            "targets": dict(self.targets),
+        }
+
+
+@dataclass(slots=True)
+class MoveResult:
+    dry_run: bool
+    target: str
+    dlq: str
+    run_id: str | None = None
+    ledger: str | None = None
+    scanned: int = 0
+    matched: int = 0
+    moved: int = 0
+    failed: int = 0
+    in_doubt: int = 0
+    duplicates: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    tasks: dict[str, TaskCounts] = field(default_factory=dict)
+    in_doubt_messages: list[Listed] = field(default_factory=list)
+    failed_messages: list[Listed] = field(default_factory=list)
+    interrupted: bool = False
+    error: str | None = None
+    still_hidden: int = 0
+    hidden_until: float | None = None
+    seconds: float = 0.0
+    throttled: int = 0
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def by_task(self) -> dict[str, int]:
+        """Messages moved (or, in a dry run, that would move) per task."""
+        return {task: c.moved for task, c in sorted(self.tasks.items()) if c.moved}
+
+    @property
+    def needs_attention(self) -> bool:
+        return bool(self.failed or self.in_doubt)
+
+    def task(self, name: str) -> TaskCounts:
+        counts = self.tasks.get(name)
+        if counts is None:
+            counts = self.tasks[name] = TaskCounts()
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "target": self.target,
+            "dlq": self.dlq,
+            "run_id": self.run_id,
+            "ledger": self.ledger,
+            "scanned": self.scanned,
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": self.skipped_total,
+            "skipped_by_reason": dict(self.skipped),
+            "failed": self.failed,
+            "in_doubt": self.in_doubt,
+            "duplicates_deleted": self.duplicates,
+            "by_task": self.by_task,
+            "tasks": {task: c.to_json() for task, c in sorted(self.tasks.items())},
+            "in_doubt_messages": [m.to_json() for m in self.in_doubt_messages],
+            "failed_messages": [m.to_json() for m in self.failed_messages],
+            "interrupted": self.interrupted,
+            "error": self.error,
+            "still_hidden": self.still_hidden,
+            "hidden_until": (
+                datetime.fromtimestamp(self.hidden_until, UTC).isoformat(timespec="seconds")
+                if self.hidden_until
+                else None
+            ),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(slots=True)
+class _Candidate:
+    """A selected message on its way: its key, where it goes and how it goes there."""
+
+    message: Message
+    info: TaskInfo
+    key: str
+    generation: int
+    target: QueueRef
+
+
+class MoveEngine:
+    """One move run. Thread-safe: ``--workers`` threads share it, each with its own Sqs."""
+
+    def __init__(
+        self,
+        target: DlqTarget,
+        ledger: Ledger | None,
+        options: MoveOptions,
+        *,
+        sqs_factory: Callable[[], Sqs],
+        command: str = "move",
+        stop: threading.Event | None = None,
+        on_progress: Callable[[MoveResult], None] | None = None,
+        fault: Callable[[str], None] | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        if options.execute and ledger is None:
+            raise UsageProblem("an executed move needs a ledger")
+        self.target = target
+        self.ledger = ledger
+        self.options = options
+        self.sqs_factory = sqs_factory
+        self.command = command
+        self.stop = stop or threading.Event()
+        self.on_progress = on_progress
+        self.fault = fault or (lambda step: None)
+        self.now = now
+        self.run_id = uuid.uuid4().hex[:16] if options.execute else None
+        self.result = MoveResult(
+            dry_run=not options.execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            run_id=self.run_id,
+            ledger=ledger.location if ledger is not None else None,
+        )
+        self._lock = threading.Lock()
+        self._limit_left = options.selection.limit
+        self._routes: dict[str, QueueRef | None] = {}
+        self._rate = RateLimiter(options.rate)
+        self._last_heartbeat = 0.0
+        self._liveness: dict[str, bool] = {}
+        # In a dry run, keys this run "would claim": a second copy is then a duplicate.
+        self._planned: set[str] = set()
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> MoveResult:
+        started = time.monotonic()
+        sqs = self.sqs_factory()
+        depth = int(
+            sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
+                "ApproximateNumberOfMessages", "0"
+            )
+        )
+        scan = DlqScan(
+            url=self.target.dlq.url,
+            lease=self.options.lease,
+            hold=max(self.options.lease, hold_for_depth(depth)),
+            stop=self.stop,
+        )
+        self._scan = scan
+        if self.ledger is not None and self.run_id is not None:
+            self.ledger.start_run(
+                self.run_id,
+                command=self.command,
+                info={
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "target": self.target.label,
+                    "dlq": self.target.dlq.url,
+                    "filters": self.options.selection.describe(),
+                },
+            )
+            _ACTIVE_RUNS.add(self.run_id)
+        try:
+            run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
+        except (Exception, KeyboardInterrupt) as exc:
+            # Give back what is held and end the run as failed. A real crash (SIGKILL) never
+            # gets here, nor do the simulated ones in the tests (a BaseException subclass):
+            # then leases run out by themselves and the ledger keeps what was claimed.
+            if isinstance(exc, RedriveError):
+                self.result.error = str(exc)
+            with contextlib.suppress(Exception):
+                self._finish(self.sqs_factory(), scan, "failed", started)
+            raise
+        self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
+        return self.result
+
+    def _finish(self, sqs: Sqs, scan: DlqScan, outcome: str, started: float) -> None:
+        scan.release_all(sqs)
+        scan.close()
+        result = self.result
+        result.interrupted = outcome == "interrupted"
+        result.seconds = time.monotonic() - started
+        result.throttled = sqs.throttled
+        hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
+            "ApproximateNumberOfMessagesNotVisible", "0"
+        )
+        result.still_hidden = int(hidden) if hidden.isdigit() else 0
+        if self.ledger is not None:
+            if result.still_hidden:
+                leases = [
+                    r.lease_until
+                    for r in self.ledger.runs(since=self.now() - 86_400)
+                    if r.run_id != self.run_id and r.lease_until > self.now()
+                ]
+                result.hidden_until = max(leases) if leases else None
+            if self.run_id is not None:
+                self.ledger.end_run(
+                    self.run_id,
+                    outcome=outcome,
+                    counts={
+                        "matched": result.matched,
+                        "moved": result.moved,
+                        "skipped": result.skipped_total,
+                        "failed": result.failed,
+                        "in_doubt": result.in_doubt,
+                        "duplicates_deleted": result.duplicates,
+                    },
+                )
+                _ACTIVE_RUNS.discard(self.run_id)
+
+    def _work(self, sqs: Sqs) -> None:
+        scan = self._scan
+        while (batch := scan.next_batch(sqs)) is not None:
+            received_at = time.monotonic()
+            self.fault("received")
+            keep = self._process(sqs, batch, received_at)
+            scan.keep(sqs, keep)
+            with self._lock:
+                self.result.scanned += len(batch)
+                if self._limit_left is not None and self._limit_left <= 0:
+                    scan.stop_receiving()
+            if self.on_progress is not None:
+                self.on_progress(self.result)
+
+    # -- one batch -----------------------------------------------------------------------
+
+    def _process(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> list[Message]:
+        """Work on one batch; return the messages to keep hidden until the scan ends."""
+        keep: list[Message] = []
+        candidates: list[_Candidate] = []
+        now = self.now()
+        now_dt = datetime.fromtimestamp(now, UTC)
+        selection = self.options.selection
+        for message in batch:
+            info = decode(message.body)
+            if not selection.matches(
+                info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now
+            ):
+                keep.append(message)
+                continue
+            generation = attributes.redrive_count(message.message_attributes)
+            skip = None
+            if not self.options.include_expired and info.is_expired(now_dt):
+                skip = EXPIRED
+            else:
+                route = self._route(sqs, message)
+                if route is None:
+                    skip = NO_TARGET
+            if skip is not None:
+                with self._lock:
+                    self._count_matched(info)
+                    self._skip(info, skip)
+                keep.append(message)
+                continue
+            assert route is not None
+            key = key_for(info, message_id=message.message_id, generation=generation)
+            candidates.append(_Candidate(message, info, key, generation, route))
+
+        entries = self._entries_for(candidates)
+        to_send: list[_Candidate] = []
+        takeovers: list[tuple[_Candidate, str]] = []
+        duplicates: list[tuple[_Candidate, str]] = []  # (copy, key already sent)
+        followers: dict[str, list[_Candidate]] = {}  # key -> more copies of a key in this batch
+        resolve_skip: list[tuple[_Candidate, str]] = []
+        with self._lock:
+            for cand in candidates:
+                if cand.key in followers:
+                    # A second copy of a task in this very batch: it follows the first copy.
+                    followers[cand.key].append(cand)
+                    continue
+                entry = entries.get(cand.key)
+                if entry is None and cand.key in self._planned:
+                    self._count_matched(cand.info)
+                    self._duplicate(cand.info)
+                    keep.append(cand.message)
+                    continue
+                if entry is not None and entry.state in (KeyState.SENT, KeyState.DONE):
+                    self._count_matched(cand.info)
+                    duplicates.append((cand, entry.key))
+                    continue
+                if cand.generation >= self.options.max_redrives:
+                    self._count_matched(cand.info)
+                    self._skip(cand.info, POISON)
+                    keep.append(cand.message)
+                    continue
+                if self._limit_left is not None and self._limit_left <= 0:
+                    keep.append(cand.message)
+                    continue
+                self._count_matched(cand.info)
+                if entry is None:
+                    followers[cand.key] = []
+                    to_send.append(cand)
+                elif entry.state == KeyState.SKIPPED:
+                    self._skip(cand.info, RESOLVED_SKIP)
+                    keep.append(cand.message)
+                    continue
+                elif entry.run_id == self.run_id or self._is_live(entry.run_id):
+                    self._skip(cand.info, BUSY)
+                    keep.append(cand.message)
+                    continue
+                elif self.options.in_doubt == "resend":
+                    followers[cand.key] = []
+                    takeovers.append((cand, entry.run_id))
+                elif self.options.in_doubt == "skip":
+                    resolve_skip.append((cand, entry.run_id))
+                    self._skip(cand.info, RESOLVED_SKIP)
+                    keep.append(cand.message)
+                    continue
+                else:
+                    self._in_doubt(cand, entry)
+                    keep.append(cand.message)
+                    continue
+                if self._limit_left is not None:
+                    self._limit_left -= 1
+
+        if not self.options.execute:
+            return self._plan_only(keep, to_send, takeovers, duplicates, followers)
+        assert self.ledger is not None and self.run_id is not None
+
+        # -- claim ---------------------------------------------------------------------
+        if resolve_skip:
+            self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in resolve_skip])
+        claimed: list[_Candidate] = []
+        if to_send:
+            outcome = self.ledger.claim_many(
+                self.run_id,
+                [Claim(c.key, c.info.task, c.message.message_id, c.target.url) for c in to_send],
+            )
+            for cand in to_send:
+                if cand.key in outcome.won:
+                    claimed.append(cand)
+                else:
+                    # Another run claimed it between our read and our claim.
+                    self._lost_race(cand, outcome[cand.key], keep, duplicates, followers)
+        if takeovers:
+            taken = self.ledger.takeover_many(
+                self.run_id, [(c.key, old_run) for c, old_run in takeovers]
+            )
+            for cand, _ in takeovers:
+                if cand.key in taken:
+                    claimed.append(cand)
+                else:
+                    keep.append(cand.message)
+                    keep.extend(f.message for f in followers.pop(cand.key, []))
+                    with self._lock:
+                        self._skip(cand.info, BUSY)
+        self._heartbeat()
+        self.fault("claimed")
+
+        # -- send ----------------------------------------------------------------------
+        self._extend_if_slow(sqs, batch, received_at)
+        sent, failed = self._send(sqs, claimed)
+        self.fault("sent")
+
+        # -- record --------------------------------------------------------------------
+        if sent:
+            self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent})
+        if failed:
+            self.ledger.release_many(self.run_id, [c.key for c, _ in failed])
+        self.fault("recorded")
+        with self._lock:
+            for cand, _ in sent:
+                counts = self.result.task(cand.info.task)
+                counts.moved += 1
+                counts.targets[cand.target.name] += 1
+                self.result.moved += 1
+            for cand, error in failed:
+                self.result.failed += 1
+                self.result.task(cand.info.task).failed += 1
+                if len(self.result.failed_messages) < MAX_LISTED:
+                    self.result.failed_messages.append(
+                        Listed(
+                            cand.info.task,
+                            cand.info.task_id,
+                            cand.message.message_id,
+                            cand.key,
+                            error,
+                        )
+                    )
+        for cand, _ in failed:
+            keep.append(cand.message)
+            keep.extend(f.message for f in followers.pop(cand.key, []))
+
+        # -- delete --------------------------------------------------------------------
+        deletable: list[tuple[Message, str]] = [(c.message, c.key) for c, _ in sent]
+        for cand, _ in sent:
+            for follower in followers.get(cand.key, []):
+                deletable.append((follower.message, cand.key))
+                with self._lock:
+                    self._count_matched(follower.info)
+                    self._duplicate(follower.info)
+        for cand, key in duplicates:
+            deletable.append((cand.message, key))
+            with self._lock:
+                self._duplicate(cand.info)
+        deleted_keys, not_deleted = self._delete(sqs, deletable)
+        keep.extend(not_deleted)
+        self.fault("deleted")
+        if deleted_keys:
+            self.ledger.mark_done_many(self.run_id, sorted(deleted_keys))
+        return keep
+
+    def _plan_only(
+        self,
+        keep: list[Message],
+        to_send: list[_Candidate],
+        takeovers: list[tuple[_Candidate, str]],
+        duplicates: list[tuple[_Candidate, str]],
+        followers: dict[str, list[_Candidate]],
+    ) -> list[Message]:
+        """A dry run: count what would happen, change nothing, keep every message."""
+        with self._lock:
+            for cand in [*to_send, *(c for c, _ in takeovers)]:
+                self._planned.add(cand.key)
+                counts = self.result.task(cand.info.task)
+                counts.moved += 1
+                counts.targets[cand.target.name] += 1
+                self.result.moved += 1
+                keep.append(cand.message)
+                for follower in followers.get(cand.key, []):
+                    self._count_matched(follower.info)
+                    self._duplicate(follower.info)
+                    keep.append(follower.message)
+            for cand, _ in duplicates:
+                self._duplicate(cand.info)
+                keep.append(cand.message)
+        return keep
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _entries_for(self, candidates: Sequence[_Candidate]) -> dict[str, Entry]:
+        """Ledger entries of the candidates' keys, after moving returned messages on a
+        generation: a message whose MessageId is the one SQS gave our own copy came back to
+        the DLQ (failed again); it is not a duplicate, whatever its key says."""
+        if self.ledger is None or not candidates:
+            return {}
+        entries = self.ledger.get_many([c.key for c in candidates])
+        for _ in range(self.options.max_redrives + 1):
+            returned = [
+                c
+                for c in candidates
+                if (e := entries.get(c.key)) is not None
+                and e.sent_message_id == c.message.message_id
+            ]
+            if not returned:
+                break
+            for cand in returned:
+                cand.generation += 1
+                cand.key = key_for(
+                    cand.info, message_id=cand.message.message_id, generation=cand.generation
+                )
+            entries.update(self.ledger.get_many([c.key for c in returned]))
+        return entries
+
+    def _send(
+        self, sqs: Sqs, claimed: Sequence[_Candidate]
+    ) -> tuple[list[tuple[_Candidate, str]], list[tuple[_Candidate, str]]]:
+        sent: list[tuple[_Candidate, str]] = []
+        failed: list[tuple[_Candidate, str]] = []
+        by_target: dict[str, list[_Candidate]] = {}
+        for cand in claimed:
+            by_target.setdefault(cand.target.url, []).append(cand)
+        for url, cands in by_target.items():
+            by_id = {str(i): c for i, c in enumerate(cands)}
+            entries = [self._entry(entry_id, c) for entry_id, c in by_id.items()]
+            for chunk in split_batches(entries):
+                self._rate.acquire(len(chunk))
+                result = sqs.send_batch(url, chunk)
+                sent.extend((by_id[i], mid) for i, mid in result.ok.items())
+                failed.extend((by_id[i], err) for i, err in result.failed.items())
+        return sent, failed
+
+    def _entry(self, entry_id: str, cand: _Candidate) -> SendEntry:
+        message = cand.message
+        fifo = cand.target.fifo
+        return SendEntry(
+            id=entry_id,
+            body=message.body,
+            message_attributes=attributes.stamped(
+                message.message_attributes,
+                count=cand.generation + 1,
+                key=cand.key,
+                dlq=self.target.dlq.name,
+            ),
+            group_id=(message.attributes.get("MessageGroupId") or "default") if fifo else None,
+            # SQS drops a FIFO resend with the same deduplication id within 5 minutes.
+            deduplication_id=cand.key if fifo else None,
+        )
+
+    def _delete(
+        self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]
+    ) -> tuple[set[str], list[Message]]:
+        """Delete DLQ copies; return the keys whose copies are all gone, and what stays."""
+        done: set[str] = set()
+        failed_keys: set[str] = set()
+        not_deleted: list[Message] = []
+        for start in range(0, len(deletable), 10):
+            chunk = deletable[start : start + 10]
+            result = sqs.delete_batch(
+                self.target.dlq.url, {str(i): m.receipt_handle for i, (m, _) in enumerate(chunk)}
+            )
+            for i, (message, key) in enumerate(chunk):
+                if str(i) in result.ok:
+                    done.add(key)
+                else:
+                    # Stays SENT: the next run finds the copy and only deletes it.
+                    failed_keys.add(key)
+                    not_deleted.append(message)
+        return done - failed_keys, not_deleted
+
+    def _extend_if_slow(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> None:
+        # Past half the lease, another receiver could get these messages: extend it. Safety
+        # does not depend on this (the ledger does), but it saves needless "busy" skips.
+        if time.monotonic() - received_at > self.options.lease / 2:
+            self._scan.extend(sqs, batch, self.options.lease)
+
+    def _heartbeat(self) -> None:
+        if self.ledger is None or self.run_id is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last_heartbeat < HEARTBEAT_EVERY:
+                return
+            self._last_heartbeat = now
+        self.ledger.heartbeat(self.run_id, lease_until=self.now() + self.options.lease)
+
+    def _route(self, sqs: Sqs, message: Message) -> QueueRef | None:
+        if self.options.to is not None:
+            return self.options.to
+        arn = message.attributes.get("DeadLetterQueueSourceArn")
+        if not arn:
+            return self.target.single_source
+        with self._lock:
+            if arn in self._routes:
+                return self._routes[arn]
+        route = self.target.source_for_arn(arn)
+        if route is None:
+            try:
+                route = describe_queue(sqs, queue_name(arn))
+            except RedriveError:
+                route = None
+        with self._lock:
+            self._routes[arn] = route
+        return route
+
+    def _is_live(self, run_id: str) -> bool:
+        """Whether the run that holds a claim may still be sending it."""
+        with self._lock:
+            if run_id in self._liveness:
+                return self._liveness[run_id]
+        assert self.ledger is not None
+        run = self.ledger.run(run_id)
+        live = run is not None and _run_is_live(run, self.now())
+        with self._lock:
+            self._liveness[run_id] = live
+        return live
+
+    # -- bookkeeping (callers hold self._lock) -------------------------------------------
+
+    def _count_matched(self, info: TaskInfo) -> None:
+        self.result.matched += 1
+        self.result.task(info.task).matched += 1
+
+    def _skip(self, info: TaskInfo, reason: str) -> None:
+        self.result.skipped[reason] += 1
+        self.result.task(info.task).skipped[reason] += 1
+
+    def _duplicate(self, info: TaskInfo) -> None:
+        self.result.duplicates += 1
+        self.result.task(info.task).duplicates += 1
+
+    def _in_doubt(self, cand: _Candidate, entry: Entry) -> None:
+        self.result.in_doubt += 1
+        self._skip(cand.info, IN_DOUBT)
+        if len(self.result.in_doubt_messages) < MAX_LISTED:
+            self.result.in_doubt_messages.append(
+                Listed(
+                    cand.info.task,
+                    cand.info.task_id,
+                    cand.message.message_id,
+                    cand.key,
+                    f"claimed by run {entry.run_id}, which ended before confirming the send",
+                )
+            )
+
+    def _lost_race(
+        self,
+        cand: _Candidate,
+        entry: Entry,
+        keep: list[Message],
+        duplicates: list[tuple[_Candidate, str]],
+        followers: dict[str, list[_Candidate]],
+    ) -> None:
+        more = followers.pop(cand.key, [])
+        with self._lock:
+            if entry.state in (KeyState.SENT, KeyState.DONE):
+                duplicates.append((cand, entry.key))
+                duplicates.extend((f, entry.key) for f in more)
+                for f in more:
+                    self._count_matched(f.info)
+                return
+            self._skip(cand.info, BUSY)
+        keep.append(cand.message)
+        keep.extend(f.message for f in more)
+
+
+def _run_is_live(run: RunInfo, now: float) -> bool:
+    if run.ended_at is not None:
+        return False
+    info = run.info or {}
+    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+        pid = int(info["pid"])
+        if pid == os.getpid():
+            return run.run_id in _ACTIVE_RUNS
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+    return run.is_live(now=now, stale_after=STALE_AFTER)
+
+
+def resolve_destination(sqs: Sqs, name_or_url: str) -> QueueRef:
+    return describe_queue(sqs, name_or_url)

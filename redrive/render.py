@@ -1,0 +1,277 @@
+"""Rendering results for people: tables (tabulate) and Markdown. JSON comes from ``to_json``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from tabulate import tabulate
+
+from redrive.inspect import InspectResult, TaskGroup
+from redrive.move import MoveResult
+from redrive.report import Report
+from redrive.selection import format_duration
+from redrive.status import FamilyStatus
+
+
+def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, fmt: str = "simple") -> str:
+    return str(tabulate(list(rows), headers=list(headers), tablefmt=fmt, disable_numparse=True))
+
+
+def when(ts: float | None, now: float | None = None) -> str:
+    """``2026-11-30 03:12Z (3h ago)``."""
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ")
+    return f"{stamp} ({format_duration(now - ts)} ago)"
+
+
+def status_table(rows: Sequence[FamilyStatus]) -> str:
+    body = []
+    for row in rows:
+        if row.error:
+            body.append([row.family, row.queue or "-", "-", row.dlq or "-", "-", "-", row.error])
+            continue
+        q, d = row.queue_counts, row.dlq_counts
+        assert q is not None and d is not None
+        body.append(
+            [
+                row.family,
+                row.queue or "-",
+                f"{q.visible} / {q.in_flight} / {q.delayed}",
+                row.dlq or "-",
+                f"{d.visible} / {d.in_flight} / {d.delayed}",
+                format_duration(row.dlq_retention_seconds or 0)
+                if row.dlq_retention_seconds
+                else "-",
+                "",
+            ]
+        )
+    return table(
+        body,
+        [
+            "family",
+            "queue",
+            "visible / in flight / delayed",
+            "dlq",
+            "dlq visible / in flight / delayed",
+            "dlq retention",
+            "error",
+        ],
+    )
+
+
+def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
+    return [
+        [
+            g.task,
+            g.count,
+            when(g.oldest, now),
+            when(g.newest, now),
+            g.max_receive_count,
+            g.expired,
+            g.redriven,
+            g.poison,
+            g.leaving_within_24h,
+            ", ".join(g.sample_task_ids or g.sample_message_ids),
+        ]
+        for g in groups
+    ]
+
+
+GROUP_HEADERS = [
+    "task",
+    "count",
+    "oldest",
+    "newest",
+    "max receives",
+    "expired",
+    "redriven",
+    "poison",
+    "leaving <24h",
+    "sample ids",
+]
+
+
+def inspect_text(result: InspectResult) -> str:
+    now = result.scanned_at
+    lines = [
+        f"DLQ {result.dlq} ({result.label}; source: {', '.join(result.sources) or '-'}): "
+        f"{result.total} message(s)"
+        + (f", oldest {when(result.oldest, now)}" if result.oldest else ""),
+    ]
+    if result.groups:
+        lines.append("")
+        lines.append(table(_group_rows(result.groups, now), GROUP_HEADERS))
+        shown_args = [g for g in result.groups if g.sample_args]
+        for group in shown_args:
+            lines.append("")
+            lines.append(f"sample arguments of {group.task}:")
+            for sample in group.sample_args:
+                lines.append(f"  args={sample['args']} kwargs={sample['kwargs']}")
+    notes = inspect_notes(result)
+    if notes:
+        lines.append("")
+        lines.extend(notes)
+    return "\n".join(lines)
+
+
+def inspect_notes(result: InspectResult) -> list[str]:
+    notes = []
+    if result.partial:
+        notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
+    if result.interrupted:
+        notes.append("note: interrupted; counts cover only what was scanned")
+    if result.hidden_before:
+        notes.append(
+            f"note: {result.hidden_before} message(s) were in flight (hidden by another "
+            "consumer or an earlier run) and could not be counted"
+        )
+    if result.fifo and not result.partial:
+        notes.append(
+            "note: FIFO DLQ: SQS hands out later messages of a group only after earlier ones "
+            "are deleted, so a non-destructive scan may not see every message"
+        )
+    return notes
+
+
+def report_text(report: Report, *, markdown: bool = False) -> str:
+    fmt = "github" if markdown else "simple"
+    now = report.generated_at
+    generated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines: list[str] = []
+    if markdown:
+        lines.append(f"# DLQ report, {generated}")
+        lines.append("")
+        lines.append(f"{report.total} message(s) in {len(report.queues)} DLQ(s).")
+    else:
+        lines.append(f"DLQ report, {generated}: {report.total} message(s)")
+    lines.append("")
+    summary = []
+    for q in report.queues:
+        r = q.result
+        summary.append(
+            [
+                q.family,
+                q.dlq or "-",
+                q.messages if r else "-",
+                format_duration(now - r.oldest) if r and r.oldest else "-",
+                r.poison if r else "-",
+                r.expired if r else "-",
+                r.leaving_within_24h if r else "-",
+                q.error or "",
+            ]
+        )
+    lines.append(
+        table(
+            summary,
+            [
+                "family",
+                "dlq",
+                "messages",
+                "oldest age",
+                "poison",
+                "expired",
+                "leaving <24h",
+                "error",
+            ],
+            fmt=fmt,
+        )
+    )
+    for q in report.queues:
+        if not q.result or not q.result.groups:
+            continue
+        lines.append("")
+        lines.append(f"## {q.family} ({q.dlq})" if markdown else f"{q.family} ({q.dlq}):")
+        if markdown:
+            lines.append("")
+        rows = [
+            [g.task, g.count, when(g.oldest, now), g.max_receive_count, g.poison, g.expired]
+            for g in q.result.groups
+        ]
+        lines.append(
+            table(rows, ["task", "count", "oldest", "max receives", "poison", "expired"], fmt=fmt)
+        )
+    return "\n".join(lines) + "\n"
+
+
+def move_text(result: MoveResult, *, verb: str = "move") -> str:
+    past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
+    would = "would " + verb if result.dry_run else past
+    head = (
+        f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+        f"{result.matched} matched, {result.moved} {would}, {result.skipped_total} skipped, "
+        f"{result.failed} failed, {result.in_doubt} in doubt, "
+        f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
+        f"{'would be deleted' if result.dry_run else 'deleted'}"
+    )
+    lines = [head]
+    if result.tasks:
+        rows = []
+        for task, c in sorted(result.tasks.items()):
+            rows.append(
+                [
+                    task,
+                    c.matched,
+                    c.moved,
+                    ", ".join(f"{n}" for n in sorted(c.targets)) or "-",
+                    ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
+                    c.failed,
+                    c.duplicates,
+                ]
+            )
+        lines.append("")
+        lines.append(
+            table(
+                rows,
+                ["task", "matched", would, "to", "skipped (why)", "failed", "duplicates"],
+            )
+        )
+    if result.in_doubt_messages:
+        lines.append("")
+        lines.append(
+            f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
+            "earlier run stopped, so they may already be in the target queue. They stay in "
+            "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
+            "Celery task id) or --in-doubt skip:"
+        )
+        lines.append(
+            table(
+                [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
+                ["task", "task id", "message id"],
+            )
+        )
+    if result.failed_messages:
+        lines.append("")
+        lines.append(f"{result.failed} message(s) failed to send and stay in the DLQ:")
+        lines.append(
+            table(
+                [[m.task, m.message_id, m.detail] for m in result.failed_messages],
+                ["task", "message id", "error"],
+            )
+        )
+    if result.skipped.get("no-target"):
+        lines.append("")
+        lines.append(
+            "messages skipped as no-target: their source queue is ambiguous (the DLQ has "
+            "several sources and SQS did not say which): pass --to QUEUE"
+        )
+    if result.still_hidden:
+        lines.append("")
+        until = (
+            "; they reappear by about "
+            f"{datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
+            if result.hidden_until
+            else "; they reappear when the lease of whoever received them runs out"
+        )
+        lines.append(
+            f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
+            f"another run or consumer), so the DLQ is not drained{until}. Rerun then."
+        )
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)

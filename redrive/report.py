@@ -1,0 +1,102 @@
+"""Report: every family's DLQ inspected, in one document for scheduled runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redrive.config import Layout
+from redrive.errors import AwsUnavailable, RedriveError
+from redrive.inspect import InspectResult, inspect_dlq
+from redrive.queues import resolve_family
+from redrive.sqs import Sqs
+
+
+@dataclass(slots=True)
+class FamilyReport:
+    family: str
+    dlq: str | None
+    result: InspectResult | None
+    error: str | None = None
+
+    @property
+    def messages(self) -> int:
+        return self.result.total if self.result else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"family": self.family, "dlq": self.dlq, "messages": self.messages}
+        if self.result is not None:
+            inspected = self.result.to_json()
+            data.update(
+                oldest=inspected["oldest"],
+                oldest_age_seconds=inspected["oldest_age_seconds"],
+                expired=inspected["expired"],
+                poison=inspected["poison"],
+                leaving_within_24h=inspected["leaving_within_24h"],
+                groups=inspected["groups"],
+            )
+        else:
+            data["groups"] = []
+        data["error"] = self.error
+        return data
+
+
+@dataclass(slots=True)
+class Report:
+    generated_at: float
+    layout: str
+    queues: list[FamilyReport] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(q.messages for q in self.queues)
+
+    @property
+    def errors(self) -> list[str]:
+        return [f"{q.family}: {q.error}" for q in self.queues if q.error]
+
+    def to_json(self) -> dict[str, Any]:
+        from redrive.inspect import _iso
+
+        return {
+            "generated_at": _iso(self.generated_at),
+            "layout": self.layout,
+            "total": self.total,
+            "queues": [q.to_json() for q in self.queues],
+        }
+
+
+def build_report(
+    layout: Layout,
+    sqs_for: Callable[[str | None], Sqs],
+    *,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[str, int], None] | None = None,
+    now: float | None = None,
+) -> Report:
+    now = time.time() if now is None else now
+    report = Report(generated_at=now, layout=layout.source)
+    for family in layout.families:
+        try:
+            target = resolve_family(sqs_for(family.region), family)
+            result = inspect_dlq(
+                target,
+                lambda region=family.region: sqs_for(region),  # type: ignore[misc]
+                stop=stop,
+                on_progress=(lambda n, name=family.name: on_progress(name, n))  # type: ignore[misc]
+                if on_progress
+                else None,
+                now=now,
+            )
+            report.queues.append(FamilyReport(family.name, target.dlq.name, result))
+        except AwsUnavailable:
+            # Credentials or network: every family would fail the same way; say it once.
+            raise
+        except RedriveError as exc:
+            report.queues.append(FamilyReport(family.name, family.dlq, None, str(exc)))
+        if stop is not None and stop.is_set():
+            break
+    return report

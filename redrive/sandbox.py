@@ -1,0 +1,684 @@
+"""A local SQS (moto's server on loopback) with the layout's queues and DLQs full of Celery tasks.
+
+A newcomer tries every redrive command against it without an AWS account; tests and
+runbooks rehearse on it. Messages reach the DLQs the way they do in production: they are
+sent to the source queue and received ``maxReceiveCount`` times without being deleted, so
+SQS (here: moto) moves them and their ApproximateReceiveCount carries on in the DLQ.
+
+moto keeps its state in module globals, so every server started in one process (and any
+``mock_aws`` in that process) shares the same queues.
+
+``python -m redrive.sandbox --bare --port N [--serial]`` runs an empty server until SIGTERM
+or SIGINT (the test suite runs it as a subprocess); without ``--bare`` it seeds a layout and
+prints the ``export`` lines, like ``redrive sandbox``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ipaddress
+import json
+import math
+import random
+import re
+import shlex
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import FrameType, TracebackType
+from typing import Any, Final
+
+import boto3
+import botocore.session
+from botocore.config import Config
+
+# moto.server re-exports these without __all__; this is where they live.
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+
+from redrive.config import DLQ_SUFFIX, Family, Layout
+from redrive.errors import RedriveError
+from redrive.messages import decode, encode
+from redrive.sqs import SendEntry, queue_name, split_batches
+
+__all__ = [
+    "ACCESS_KEY_ID",
+    "REGION",
+    "SECRET_ACCESS_KEY",
+    "SandboxServer",
+    "SeededFamily",
+    "client_for",
+    "create_layout",
+    "dead_letter",
+    "export_lines",
+    "run",
+    "sample_messages",
+    "sandbox_env",
+    "seed",
+    "start_server",
+]
+
+ACCESS_KEY_ID: Final = "sandbox"
+SECRET_ACCESS_KEY: Final = "sandbox"
+REGION: Final = "us-east-1"
+
+# SQS's limits for the attributes create_layout sets.
+_MAX_RECEIVE_RANGE: Final = range(1, 1001)
+_RETENTION_RANGE: Final = range(60, 14 * 86400 + 1)
+
+# Tasks per built-in family, with a weight (how many of every cycle of messages run it):
+# real DLQs are dominated by one or two tasks.
+_TASKS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
+    "checkout": (
+        ("apps.webhooks.tasks.save_checkout_ibft", 3),
+        ("apps.payments.tasks.capture_payment", 2),
+        ("apps.payments.tasks.refund", 1),
+    ),
+    "default": (
+        ("apps.notifications.tasks.send_email", 3),
+        ("apps.users.tasks.activate_user", 2),
+        ("apps.reports.tasks.export_csv", 1),
+    ),
+    "progress": (
+        ("apps.engagements.tasks.save_progress_lesson", 3),
+        ("apps.engagements.tasks.save_progress_quiz", 2),
+    ),
+}
+_NAMES: Final = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
+
+
+# -- the server ------------------------------------------------------------------------------
+
+
+@dataclass
+class SandboxServer:
+    """A running moto server; stop it (or use it as a context manager) to free the port."""
+
+    endpoint_url: str
+    host: str
+    port: int
+    serial: bool = False
+    _server: BaseWSGIServer | None = field(default=None, repr=False, compare=False)
+    _thread: threading.Thread | None = field(default=None, repr=False, compare=False)
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket; calling it again does nothing."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(10)
+
+    def __enter__(self) -> SandboxServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_server(
+    port: int = 0, *, host: str = "127.0.0.1", serial: bool = False, log_requests: bool = False
+) -> SandboxServer:
+    """moto's SQS (and every other moto service) on ``host:port``, served by a daemon thread.
+
+    ``port`` 0 picks a free port. ``serial`` handles one request at a time: moto 5.2's
+    threaded server is not safe for concurrent ReceiveMessage calls on one queue (HTTP 500
+    "Set changed size during iteration", or one message handed to two receivers). In serial
+    mode a long poll (WaitTimeSeconds) on an empty queue holds up every other client for
+    that long. Raises ValueError for a host that is not loopback and OSError when the port
+    is taken.
+    """
+    address = _loopback_address(host)
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    # Bind here rather than in werkzeug: make_server prints to stderr and calls sys.exit(1)
+    # when the port is taken, which would end the caller's process.
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, port))
+        listener.listen(128)
+        server = make_server(
+            address,
+            port,
+            DomainDispatcherApplication(create_backend_app),
+            threaded=not serial,
+            request_handler=_request_handler(serial=serial, log_requests=log_requests),
+            fd=listener.fileno(),  # werkzeug duplicates it
+        )
+    finally:
+        listener.close()
+    bound_port = int(server.port)
+    shown = f"[{address}]" if family == socket.AF_INET6 else address
+    thread = threading.Thread(
+        target=server.serve_forever, name=f"redrive-sandbox-{bound_port}", daemon=True
+    )
+    thread.start()
+    return SandboxServer(
+        endpoint_url=f"http://{shown}:{bound_port}",
+        host=address,
+        port=bound_port,
+        serial=serial,
+        _server=server,
+        _thread=thread,
+    )
+
+
+def _loopback_address(host: str) -> str:
+    """The address to bind for ``host``; ValueError unless it is a loopback address."""
+    name = host.strip().lower().rstrip(".")
+    if name == "localhost":
+        # Not the name: werkzeug would bind IPv4 while clients may try ::1 first.
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        address = None
+    if address is None or not address.is_loopback:
+        raise ValueError(
+            f"the sandbox only listens on loopback (127.0.0.1, localhost or ::1), not {host!r}: "
+            "it has no authentication and holds whatever you send it"
+        )
+    return str(address)
+
+
+def _request_handler(*, serial: bool, log_requests: bool) -> type[WSGIRequestHandler]:
+    class Handler(MotoRequestHandler):
+        # werkzeug writes HTTP/1.1 onto the handler class of every threaded server, which
+        # would leak into a later serial server of the same class: there a keep-alive
+        # client would hold the only request slot. HTTP/1.0 closes after each response.
+        protocol_version = "HTTP/1.0" if serial else "HTTP/1.1"
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            # One line per request drowns the sandbox's own output; errors still log.
+            if log_requests:
+                super().log_request(code, size)
+
+    return Handler
+
+
+def sandbox_env(server: SandboxServer) -> dict[str, str]:
+    """The environment a shell needs for redrive (or the AWS CLI) to use the sandbox."""
+    return {
+        "AWS_ENDPOINT_URL": server.endpoint_url,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+def export_lines(server: SandboxServer) -> list[str]:
+    """Shell lines that point a terminal at the sandbox."""
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in sandbox_env(server).items()]
+    # A profile would win over nothing here, but one that does not exist on this machine
+    # (or sets another region) makes every command fail before it reaches the sandbox.
+    return [*lines, "unset AWS_PROFILE"]
+
+
+def client_for(server: SandboxServer, service: str = "sqs", *, region: str = REGION) -> Any:
+    """A boto3 client for the sandbox with its fake credentials; close it when done."""
+    return _session(region).client(
+        service,  # type: ignore[call-overload]
+        endpoint_url=server.endpoint_url,
+        config=Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5),
+    )
+
+
+def _session(region: str) -> boto3.session.Session:
+    # No profile at all: the user's AWS_PROFILE may name one this machine lacks, and the
+    # sandbox must not read their config or credentials anyway.
+    core = botocore.session.Session(session_vars={"profile": (None, None, None, None)})
+    return boto3.session.Session(
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
+        region_name=region,
+        botocore_session=core,
+    )
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+def create_layout(
+    client: Any,
+    layout: Layout,
+    *,
+    max_receive_count: int | None = None,
+    dlq_retention_seconds: int | None = None,
+) -> list[tuple[Family, str, str]]:
+    """Create each family's queue and DLQ; returns ``(family, queue_url, dlq_url)`` per family.
+
+    The queue is the family's queue name (the last part of a URL); the DLQ is the family's
+    ``dlq`` when the config names one, else ``{queue}-dlq`` (``{base}-dlq.fifo`` for FIFO
+    queues). maxReceiveCount and the DLQ's retention come from the family unless given here.
+    Running it again changes nothing but those two attributes. A family with a ``region``
+    gets its queues in that region, where redrive will look for them.
+    """
+    created: list[tuple[Family, str, str]] = []
+    clients: dict[str, Any] = {}
+    try:
+        for family in layout.families:
+            regional = _regional_client(client, family.region, clients)
+            receives = family.max_receive_count if max_receive_count is None else max_receive_count
+            retention = (
+                family.dlq_retention_seconds
+                if dlq_retention_seconds is None
+                else dlq_retention_seconds
+            )
+            queue_url, dlq_url = _create_family(
+                regional, family, max_receive_count=receives, dlq_retention_seconds=retention
+            )
+            created.append((family, queue_url, dlq_url))
+    finally:
+        for extra in clients.values():
+            extra.close()
+    return created
+
+
+def _create_family(
+    client: Any, family: Family, *, max_receive_count: int, dlq_retention_seconds: int
+) -> tuple[str, str]:
+    if max_receive_count not in _MAX_RECEIVE_RANGE:
+        raise ValueError(
+            f"family {family.name}: maxReceiveCount must be 1 to 1000, not {max_receive_count}"
+        )
+    if dlq_retention_seconds not in _RETENTION_RANGE:
+        raise ValueError(
+            f"family {family.name}: DLQ retention must be 60 s to 14 days, "
+            f"not {dlq_retention_seconds} s"
+        )
+    name = queue_name(family.queue)
+    fifo = name.endswith(".fifo")
+    dlq_name = queue_name(family.dlq) if family.dlq else _dlq_name(name)
+    if dlq_name.endswith(".fifo") != fifo:
+        raise ValueError(
+            f"family {family.name}: {name} and its DLQ {dlq_name} must both be FIFO or both not"
+        )
+    # Only FifoQueue at creation: CreateQueue fails when an existing queue has other
+    # attributes, and setting the rest afterwards makes a rerun converge instead.
+    create_attrs = {"FifoQueue": "true"} if fifo else {}
+    dlq_url = str(client.create_queue(QueueName=dlq_name, Attributes=create_attrs)["QueueUrl"])
+    client.set_queue_attributes(
+        QueueUrl=dlq_url, Attributes={"MessageRetentionPeriod": str(dlq_retention_seconds)}
+    )
+    dlq_arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    queue_url = str(client.create_queue(QueueName=name, Attributes=create_attrs)["QueueUrl"])
+    policy = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive_count}
+    client.set_queue_attributes(
+        QueueUrl=queue_url, Attributes={"RedrivePolicy": json.dumps(policy)}
+    )
+    return queue_url, dlq_url
+
+
+def _dlq_name(name: str) -> str:
+    if name.endswith(".fifo"):
+        return f"{name.removesuffix('.fifo')}{DLQ_SUFFIX}.fifo"
+    return f"{name}{DLQ_SUFFIX}"
+
+
+def _regional_client(client: Any, region: str | None, cache: dict[str, Any]) -> Any:
+    """``client``, or one like it in ``region`` (kept in ``cache`` for the caller to close)."""
+    if region is None or region == client.meta.region_name:
+        return client
+    if region not in cache:
+        cache[region] = _session(region).client(
+            "sqs", endpoint_url=client.meta.endpoint_url, config=client.meta.config
+        )
+    return cache[region]
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+def sample_messages(
+    family: str,
+    count: int,
+    *,
+    seed: int = 7,
+    now: datetime | None = None,
+    queue: str | None = None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """``count`` (Body, MessageAttributes) pairs like a real DLQ of ``family`` holds.
+
+    Mostly protocol 2, about one in six protocol 1, a few already expired, a few with an
+    eta, a couple compressed, one kombu envelope without the outer base64, one or two bodies
+    no Celery wrote (plain JSON, plain text: grouped as "(unknown)"), and one with producer
+    message attributes. Small counts get fewer kinds. The tasks, ids, arguments and times
+    depend only on the arguments (``now`` defaults to the current time); kombu's random
+    delivery_tag and the expiration property (time left, computed by ``encode``) do not.
+    ``queue`` is the routing key in each envelope (the family's name by default).
+    """
+    if count < 0:
+        raise ValueError(f"count must be >= 0, not {count}")
+    rng = random.Random(f"redrive-sandbox:{family}:{seed}")
+    moment = now if now is not None else datetime.now(UTC)
+    routing_key = queue or family
+    tasks = _task_cycle(family, count, rng)
+
+    # Each kind takes its own slots, chosen at random, so a DLQ listing looks mixed.
+    kinds: list[str] = []
+    for kind, many in (
+        ("text", 1 if count >= 10 else 0),
+        ("json", 1 if count >= 4 else 0),
+        ("compressed", 2 if count >= 20 else 1 if count >= 8 else 0),
+        ("raw-envelope", 1 if count >= 16 else 0),
+        ("expired", max(1, count // 12) if count >= 6 else 0),
+        ("eta", max(1, count // 15) if count >= 8 else 0),
+        ("protocol-1", count // 6),
+    ):
+        kinds.extend([kind] * many)
+    kinds = kinds[:count]
+    kinds.extend(["plain"] * (count - len(kinds)))
+    rng.shuffle(kinds)
+    with_attributes = next((i for i, kind in enumerate(kinds) if kind == "plain"), None)
+    compressions = iter(("gzip", "bzip2") * count)
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    for index, (kind, task) in enumerate(zip(kinds, tasks, strict=True)):
+        attributes: dict[str, Any] = {}
+        if kind == "text":
+            body = f"legacy cron {rng.randint(1000, 9999)}: resync inventory for store {index}"
+        elif kind == "json":
+            body = json.dumps(
+                {"event": "order.created", "order_id": rng.randint(10_000, 99_999), "v": 1}
+            )
+        else:
+            args, kwargs = _arguments(task, rng)
+            options: dict[str, Any] = {
+                "task_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+                "retries": rng.choice((0, 0, 0, 1, 2, 3)),
+                "queue": routing_key,
+            }
+            if kind == "protocol-1":
+                options["protocol"] = 1
+            elif kind == "expired":
+                options["expires"] = moment - timedelta(minutes=rng.randint(5, 72 * 60))
+            elif kind == "eta":
+                # ETAs past and future: both end up in DLQs (a worker held it too long).
+                options["eta"] = moment + timedelta(
+                    minutes=rng.choice((-1, 1)) * rng.randint(10, 600)
+                )
+            elif kind == "compressed":
+                options["compression"] = next(compressions)
+            elif kind == "raw-envelope":
+                options["base64_envelope"] = False
+            elif rng.random() < 0.2:
+                options["expires"] = moment + timedelta(hours=rng.randint(1, 48))
+            body = encode(task, args, kwargs, **options)
+            if index == with_attributes:
+                attributes = {
+                    "trace-id": {
+                        "DataType": "String",
+                        "StringValue": f"{rng.getrandbits(128):032x}",
+                    },
+                    "tenant-id": {"DataType": "Number", "StringValue": str(rng.randint(1, 500))},
+                }
+        out.append((body, attributes))
+    return out
+
+
+def _task_cycle(family: str, count: int, rng: random.Random) -> list[str]:
+    """``count`` task names in the family's proportions, shuffled."""
+    weighted = _TASKS.get(family)
+    if weighted is None:
+        slug = re.sub(r"\W+", "_", family).strip("_").lower() or "jobs"
+        weighted = ((f"apps.{slug}.tasks.process", 3), (f"apps.{slug}.tasks.sync", 1))
+    cycle = [name for name, weight in weighted for _ in range(weight)]
+    names = (cycle * (count // len(cycle) + 1))[:count]
+    rng.shuffle(names)
+    return names
+
+
+def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
+    short = task.rsplit(".", 1)[-1]
+    ident = rng.randint(1_000, 999_999)
+    name = rng.choice(_NAMES)
+    if short == "save_checkout_ibft":
+        return [ident], {
+            "payload": {
+                "reference": f"IBFT-{rng.getrandbits(40):010X}",
+                "amount": f"{rng.randint(100, 250_000)}.00",
+                "currency": "PKR",
+            }
+        }
+    if short == "capture_payment":
+        return [ident], {"amount_cents": rng.randint(100, 500_000), "currency": "USD"}
+    if short == "refund":
+        return [ident], {"reason": rng.choice(("customer_request", "duplicate", "fraud"))}
+    if short == "send_email":
+        return [f"{name.lower()}@example.com", rng.choice(("welcome", "receipt", "reset"))], {
+            "context": {"name": name}
+        }
+    if short == "activate_user":
+        return [ident], {}
+    if short == "export_csv":
+        return [ident], {"columns": ["id", "email", "created_at"], "requested_by": name}
+    if short == "save_progress_lesson":
+        return [ident, f"lesson-{rng.randint(1, 40)}", round(rng.random(), 2)], {}
+    if short == "save_progress_quiz":
+        return [ident, f"quiz-{rng.randint(1, 12)}"], {"score": rng.randint(0, 10), "out_of": 10}
+    return [ident], {}
+
+
+# -- dead-lettering -------------------------------------------------------------------------
+
+
+def dead_letter(client: Any, queue_url: str, entries: Sequence[tuple[str, dict[str, Any]]]) -> int:
+    """Put ``entries`` into the DLQ of ``queue_url`` the way SQS does; returns how many arrived.
+
+    Sends them to the source queue, then receives (VisibilityTimeout 0, never deleting)
+    until the queue is empty: a message received maxReceiveCount times is moved to the
+    DLQ on the next receive. Every message already in the source queue goes too.
+    """
+    attrs = client.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])
+    raw_policy = attrs.get("Attributes", {}).get("RedrivePolicy")
+    if not raw_policy:
+        raise ValueError(f"{queue_name(queue_url)} has no RedrivePolicy, so it has no DLQ")
+    policy = json.loads(raw_policy)
+    max_receives = int(policy["maxReceiveCount"])
+    dlq_url = str(
+        client.get_queue_url(QueueName=queue_name(policy["deadLetterTargetArn"]))["QueueUrl"]
+    )
+    before = _depth(client, dlq_url)
+
+    fifo = queue_url.endswith(".fifo")
+    send = [
+        SendEntry(
+            id=str(index),
+            body=body,
+            message_attributes=attributes,
+            # kombu's defaults: one group, a random deduplication id (a fixed one would make
+            # SQS drop a second seeding within its 5 minute window).
+            group_id="default" if fifo else None,
+            deduplication_id=uuid.uuid4().hex if fifo else None,
+        )
+        for index, (body, attributes) in enumerate(entries)
+    ]
+    for batch in split_batches(send):
+        response = client.send_message_batch(
+            QueueUrl=queue_url, Entries=[entry.request() for entry in batch]
+        )
+        failed = response.get("Failed", [])
+        if failed:
+            first = failed[0]
+            raise RuntimeError(
+                f"SendMessageBatch to {queue_name(queue_url)} refused {len(failed)} messages: "
+                f"{first.get('Code')}: {first.get('Message')}"
+            )
+
+    # Each receive call hands out up to 10 messages; each needs max_receives of them plus
+    # one more call that moves it. FIFO groups can make a call return fewer: allow slack.
+    rounds = (math.ceil(len(send) / 10) + 2) * (max_receives + 1) * (3 if fifo else 1) + 20
+    for _ in range(rounds):
+        got = client.receive_message(
+            QueueUrl=queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0, WaitTimeSeconds=0
+        ).get("Messages", [])
+        if not got and _depth(client, queue_url) == 0:
+            break
+    return _depth(client, dlq_url) - before
+
+
+def _depth(client: Any, url: str) -> int:
+    attrs = client.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    return sum(int(value) for value in attrs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SeededFamily:
+    family: str
+    queue_url: str
+    dlq_url: str
+    messages: int
+    """How many messages this seeding put into the DLQ."""
+    by_task: dict[str, int]
+    """Task name (``(unknown)`` for bodies Celery did not write) -> how many of them."""
+
+
+def seed(client: Any, layout: Layout, *, per_family: int = 40, seed: int = 7) -> list[SeededFamily]:
+    """Create the layout's queues and dead-letter ``per_family`` sample messages into each DLQ.
+
+    Seeding again adds as many again. Raises RuntimeError when a DLQ did not get them all.
+    """
+    if per_family < 0:
+        raise ValueError(f"per_family must be >= 0, not {per_family}")
+    seeded: list[SeededFamily] = []
+    clients: dict[str, Any] = {}
+    try:
+        for family, queue_url, dlq_url in create_layout(client, layout):
+            regional = _regional_client(client, family.region, clients)
+            entries = sample_messages(
+                family.name, per_family, seed=seed, queue=queue_name(queue_url)
+            )
+            moved = dead_letter(regional, queue_url, entries)
+            if moved != len(entries):
+                raise RuntimeError(
+                    f"sandbox: only {moved} of {len(entries)} messages reached "
+                    f"{queue_name(dlq_url)}"
+                )
+            by_task = collections.Counter(decode(body).task for body, _ in entries)
+            seeded.append(
+                SeededFamily(
+                    family=family.name,
+                    queue_url=queue_url,
+                    dlq_url=dlq_url,
+                    messages=moved,
+                    by_task=dict(sorted(by_task.items(), key=lambda item: (-item[1], item[0]))),
+                )
+            )
+    finally:
+        for extra in clients.values():
+            extra.close()
+    return seeded
+
+
+# -- running it -----------------------------------------------------------------------------
+
+
+def run(
+    port: int,
+    layout: Layout,
+    *,
+    per_family: int,
+    host: str = "127.0.0.1",
+    serial: bool = False,
+    on_ready: Callable[[SandboxServer, list[SeededFamily]], None],
+    stop: threading.Event,
+) -> None:
+    """Serve a seeded sandbox until ``stop`` is set; ``on_ready`` runs once it is seeded."""
+    with start_server(port, host=host, serial=serial) as server:
+        client = client_for(server)
+        try:
+            seeded = seed(client, layout, per_family=per_family)
+        finally:
+            client.close()
+        on_ready(server, seeded)
+        # A timeout keeps the main thread responsive to signals on every platform.
+        while not stop.wait(0.5):
+            pass
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m redrive.sandbox",
+        description="A local SQS (moto) on loopback for trying redrive; stop with Ctrl-C.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1", help="a loopback address")
+    parser.add_argument(
+        "--serial", action="store_true", help="serve one request at a time (concurrent receivers)"
+    )
+    parser.add_argument(
+        "--bare", action="store_true", help="no queues, log every request (for the test suite)"
+    )
+    parser.add_argument("--per-family", type=int, default=40, help="messages per DLQ")
+    parser.add_argument("--config", help="layout file (default: $REDRIVE_CONFIG or built-in)")
+    args = parser.parse_args(argv)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        if args.bare:
+            with start_server(
+                args.port, host=args.host, serial=args.serial, log_requests=True
+            ) as server:
+                print(f"redrive sandbox: SQS on {server.endpoint_url}", flush=True)
+                while not stop.wait(0.5):
+                    pass
+            return 0
+
+        from redrive.config import load_layout
+
+        def ready(server: SandboxServer, seeded: list[SeededFamily]) -> None:
+            for family in seeded:
+                dlq = queue_name(family.dlq_url)
+                tasks = ", ".join(f"{task} {n}" for task, n in family.by_task.items())
+                print(f"# {family.family}: {family.messages} in {dlq} ({tasks})")
+            print("\n".join(export_lines(server)), flush=True)
+
+        run(
+            args.port,
+            load_layout(args.config),
+            per_family=args.per_family,
+            host=args.host,
+            serial=args.serial,
+            on_ready=ready,
+            stop=stop,
+        )
+    except (RedriveError, ValueError, OSError) as exc:
+        print(f"redrive sandbox: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,436 @@
+"""The SQS adapter: clients, batched calls that report per-entry failures, and error translation.
+
+Every AWS error that reaches the user goes through :func:`aws_errors`, which turns botocore's
+exceptions into one-line :class:`~redrive.errors.RedriveError` messages that say what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, SendInDoubt
+
+#: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
+MAX_BATCH_BYTES = 262_144
+MAX_BATCH_ENTRIES = 10
+MAX_MESSAGE_ATTRIBUTES = 10
+
+_NOT_FOUND_CODES = {
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+    "NonExistentQueue",
+}
+_ACCESS_CODES = {"AccessDenied", "AccessDeniedException", "AuthorizationError"}
+_CREDENTIAL_CODES = {
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidAccessKeyId",
+    "MissingAuthenticationToken",
+}
+_THROTTLE_CODES = {
+    "Throttling",
+    "ThrottlingException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "SlowDown",
+    "AWS.SimpleQueueService.RequestThrottled",
+}
+# IAM names the permission after the single-message action for batch calls.
+_IAM_ACTION = {
+    "SendMessageBatch": "SendMessage",
+    "DeleteMessageBatch": "DeleteMessage",
+    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
+}
+
+
+class AwsSettings:
+    """Where and as whom to call AWS; ``None`` leaves the choice to boto3's usual chain
+    (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_PROFILE``, ``~/.aws/config`` ...)."""
+
+    def __init__(
+        self,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        *,
+        max_attempts: int = 6,
+    ) -> None:
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.profile = profile
+        self.max_attempts = max_attempts
+        self._session: boto3.Session | None = None
+        self._lock = threading.Lock()
+
+    def session(self) -> boto3.Session:
+        with self._lock:
+            if self._session is None:
+                with aws_errors("open an AWS session"):
+                    self._session = boto3.Session(profile_name=self.profile)
+            return self._session
+
+    def client(
+        self, service: str, *, region: str | None = None, max_attempts: int | None = None
+    ) -> Any:
+        """A new client: each worker thread gets its own (boto3 clients are not shared)."""
+        config = Config(
+            # adaptive: client-side rate limiting that backs off when AWS throttles.
+            retries={"mode": "adaptive", "max_attempts": max_attempts or self.max_attempts},
+            connect_timeout=5,
+            read_timeout=40,
+            max_pool_connections=20,
+        )
+        session = self.session()
+        with self._lock, aws_errors(f"create the {service} client"):
+            return session.client(
+                service,  # type: ignore[call-overload]
+                endpoint_url=self.endpoint_url,
+                region_name=region or self.region,
+                config=config,
+            )
+
+    def sqs(self, *, region: str | None = None) -> Sqs:
+        # Sends go through a client that never retries by itself: botocore would resend a
+        # batch whose response timed out, and that batch may already be in the queue.
+        return Sqs(
+            self.client("sqs", region=region),
+            send_client=self.client("sqs", region=region, max_attempts=1),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received SQS message, exactly as SQS returned it."""
+
+    message_id: str
+    receipt_handle: str
+    body: str
+    attributes: Mapping[str, str]
+    message_attributes: Mapping[str, Mapping[str, Any]]
+
+    @classmethod
+    def from_response(cls, raw: Mapping[str, Any]) -> Message:
+        return cls(
+            message_id=raw["MessageId"],
+            receipt_handle=raw["ReceiptHandle"],
+            body=raw.get("Body", ""),
+            attributes=raw.get("Attributes", {}),
+            message_attributes=raw.get("MessageAttributes", {}),
+        )
+
+    @property
+    def sent_timestamp(self) -> float | None:
+        """When the message was first enqueued (seconds); SQS keeps it through dead-lettering."""
+        raw = self.attributes.get("SentTimestamp")
+        return int(raw) / 1000 if raw and raw.isdigit() else None
+
+    @property
+    def receive_count(self) -> int:
+        raw = self.attributes.get("ApproximateReceiveCount", "0")
+        return int(raw) if raw.isdigit() else 0
+
+
+@dataclass(frozen=True, slots=True)
+class SendEntry:
+    id: str
+    body: str
+    message_attributes: Mapping[str, Mapping[str, Any]]
+    group_id: str | None = None
+    deduplication_id: str | None = None
+
+    def size(self) -> int:
+        """Bytes this entry counts against the batch limit (body plus attributes)."""
+        total = len(self.body.encode("utf-8"))
+        for name, value in self.message_attributes.items():
+            total += len(name.encode("utf-8")) + len(str(value.get("DataType", "")).encode())
+            if "StringValue" in value:
+                total += len(str(value["StringValue"]).encode("utf-8"))
+            if "BinaryValue" in value:
+                total += len(value["BinaryValue"])
+        return total
+
+    def request(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"Id": self.id, "MessageBody": self.body}
+        if self.message_attributes:
+            entry["MessageAttributes"] = {
+                name: clean_attribute(value) for name, value in self.message_attributes.items()
+            }
+        if self.group_id is not None:
+            entry["MessageGroupId"] = self.group_id
+        if self.deduplication_id is not None:
+            entry["MessageDeduplicationId"] = self.deduplication_id
+        return entry
+
+
+def clean_attribute(value: Mapping[str, Any]) -> dict[str, Any]:
+    """Only the fields SendMessage accepts (receive also returns empty list fields)."""
+    out: dict[str, Any] = {"DataType": value["DataType"]}
+    for key in ("StringValue", "BinaryValue"):
+        if key in value:
+            out[key] = value[key]
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    ok: dict[str, str]
+    """Entry id -> the MessageId SQS gave (for sends) or ``""`` (deletes, visibility)."""
+    failed: dict[str, str]
+    """Entry id -> ``Code: Message`` for every entry SQS reported as failed."""
+
+
+def split_batches(entries: Sequence[SendEntry]) -> Iterator[list[SendEntry]]:
+    """Groups of at most 10 entries whose payload stays within SQS's batch size limit."""
+    batch: list[SendEntry] = []
+    size = 0
+    for entry in entries:
+        entry_size = entry.size()
+        if batch and (len(batch) == MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield batch
+
+
+class Sqs:
+    """Batched SQS calls on one client. Failures per entry are returned, never dropped."""
+
+    def __init__(
+        self, client: Any, *, send_client: Any | None = None, send_attempts: int = 8
+    ) -> None:
+        self.client = client
+        self.send_client = send_client if send_client is not None else client
+        self.send_attempts = send_attempts
+        self.throttled = 0
+        """Sends SQS refused with a throttling error (and that were retried)."""
+
+    def queue_url(self, name_or_url: str, *, owner: str | None = None) -> str:
+        if name_or_url.startswith(("https://", "http://")):
+            return name_or_url
+        kwargs: dict[str, Any] = {"QueueName": name_or_url}
+        if owner:
+            kwargs["QueueOwnerAWSAccountId"] = owner
+        with aws_errors("GetQueueUrl", resource=name_or_url):
+            return str(self.client.get_queue_url(**kwargs)["QueueUrl"])
+
+    def attributes(self, url: str, names: Sequence[str] = ("All",)) -> dict[str, str]:
+        with aws_errors("GetQueueAttributes", resource=url):
+            response = self.client.get_queue_attributes(QueueUrl=url, AttributeNames=list(names))
+        return dict(response.get("Attributes", {}))
+
+    def dead_letter_sources(self, url: str) -> list[str]:
+        urls: list[str] = []
+        with aws_errors("ListDeadLetterSourceQueues", resource=url):
+            paginator = self.client.get_paginator("list_dead_letter_source_queues")
+            for page in paginator.paginate(QueueUrl=url):
+                urls.extend(page.get("queueUrls", []))
+        return urls
+
+    def list_queues(self, prefix: str) -> list[str]:
+        urls: list[str] = []
+        with aws_errors("ListQueues", resource=prefix):
+            paginator = self.client.get_paginator("list_queues")
+            for page in paginator.paginate(QueueNamePrefix=prefix):
+                urls.extend(page.get("QueueUrls", []))
+        return urls
+
+    def receive(
+        self, url: str, *, visibility_timeout: int, wait_seconds: int = 1, max_messages: int = 10
+    ) -> list[Message]:
+        with aws_errors("ReceiveMessage", resource=url):
+            response = self.client.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=max_messages,
+                VisibilityTimeout=visibility_timeout,
+                WaitTimeSeconds=wait_seconds,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
+        return [Message.from_response(raw) for raw in response.get("Messages", [])]
+
+    def send_batch(self, url: str, entries: Sequence[SendEntry]) -> BatchResult:
+        """Send one batch; per-entry failures come back in the result.
+
+        Retried here only when SQS provably did nothing (it refused the request as
+        throttled, or the connection was never made). A timeout or dropped connection after
+        the request left, or a server error, raises :class:`SendInDoubt`.
+        """
+        if not entries:
+            return BatchResult({}, {})
+        request = [entry.request() for entry in entries]
+        for attempt in range(1, self.send_attempts + 1):
+            try:
+                with aws_errors("SendMessageBatch", resource=url):
+                    try:
+                        response = self.send_client.send_message_batch(
+                            QueueUrl=url, Entries=request
+                        )
+                    except (
+                        botocore.exceptions.ReadTimeoutError,
+                        botocore.exceptions.ConnectionClosedError,
+                    ) as exc:
+                        raise SendInDoubt(
+                            f"SendMessageBatch to {queue_name(url)} timed out after the request "
+                            f"was sent ({type(exc).__name__}): its {len(entries)} messages may "
+                            "or may not be in the queue"
+                        ) from exc
+                    except botocore.exceptions.ClientError as exc:
+                        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+                        if not is_throttle(exc) and int(status) >= 500:
+                            raise SendInDoubt(
+                                f"SendMessageBatch to {queue_name(url)} failed on the server "
+                                f"({_code(exc)}): its {len(entries)} messages may or may not "
+                                "be in the queue"
+                            ) from exc
+                        raise
+                return _batch_result(response, [e.id for e in entries], value_key="MessageId")
+            except AwsError as exc:
+                cause = exc.__cause__
+                retryable = (
+                    isinstance(cause, botocore.exceptions.ClientError) and is_throttle(cause)
+                ) or isinstance(
+                    cause,
+                    botocore.exceptions.EndpointConnectionError
+                    | botocore.exceptions.ConnectTimeoutError,
+                )
+                if isinstance(exc, SendInDoubt) or not retryable or attempt == self.send_attempts:
+                    raise
+                if isinstance(cause, botocore.exceptions.ClientError):
+                    self.throttled += 1
+                time.sleep(min(20.0, 0.2 * 2**attempt) * (0.5 + random.random() / 2))
+        raise AssertionError("unreachable")
+
+    def delete_batch(self, url: str, handles: Mapping[str, str]) -> BatchResult:
+        if not handles:
+            return BatchResult({}, {})
+        with aws_errors("DeleteMessageBatch", resource=url):
+            response = self.client.delete_message_batch(
+                QueueUrl=url,
+                Entries=[{"Id": i, "ReceiptHandle": h} for i, h in handles.items()],
+            )
+        return _batch_result(response, list(handles))
+
+    def change_visibility_batch(
+        self, url: str, handles: Mapping[str, str], timeout: int
+    ) -> BatchResult:
+        if not handles:
+            return BatchResult({}, {})
+        with aws_errors("ChangeMessageVisibilityBatch", resource=url):
+            response = self.client.change_message_visibility_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": timeout}
+                    for i, h in handles.items()
+                ],
+            )
+        return _batch_result(response, list(handles))
+
+    def purge(self, url: str) -> None:
+        with aws_errors("PurgeQueue", resource=url):
+            self.client.purge_queue(QueueUrl=url)
+
+
+def _batch_result(
+    response: Mapping[str, Any], ids: Sequence[str], *, value_key: str | None = None
+) -> BatchResult:
+    ok = {
+        item["Id"]: str(item.get(value_key, "")) if value_key else ""
+        for item in response.get("Successful", [])
+    }
+    failed = {
+        item["Id"]: f"{item.get('Code', 'Error')}: {item.get('Message', '')}".strip(": ")
+        for item in response.get("Failed", [])
+    }
+    # An entry SQS mentions in neither list is not confirmed: treat it as failed, never as sent.
+    for entry_id in ids:
+        if entry_id not in ok and entry_id not in failed:
+            failed[entry_id] = "not in the response"
+    return BatchResult(ok, failed)
+
+
+def queue_name(url_or_arn: str) -> str:
+    return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+def is_throttle(exc: BaseException) -> bool:
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return _code(exc) in _THROTTLE_CODES
+    return False
+
+
+def _code(exc: botocore.exceptions.ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+@contextlib.contextmanager
+def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs") -> Iterator[None]:
+    """Turn botocore's exceptions into one-line errors that say what to do."""
+    on = f" on {resource}" if resource else ""
+    try:
+        yield
+    except botocore.exceptions.NoCredentialsError as exc:
+        raise AwsUnavailable(
+            "no AWS credentials found: set AWS_PROFILE (or pass --profile), or "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; for the local sandbox use the "
+            "lines `redrive sandbox` prints"
+        ) from exc
+    except botocore.exceptions.ProfileNotFound as exc:
+        raise AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config") from exc
+    except botocore.exceptions.NoRegionError as exc:
+        raise AwsUnavailable("no AWS region: pass --region or set AWS_REGION") from exc
+    except (
+        botocore.exceptions.EndpointConnectionError,
+        botocore.exceptions.ConnectTimeoutError,
+        botocore.exceptions.ReadTimeoutError,
+        botocore.exceptions.ConnectionClosedError,
+    ) as exc:
+        endpoint = getattr(exc, "kwargs", {}).get("endpoint_url", "") or "the endpoint"
+        raise AwsUnavailable(
+            f"cannot reach {service.upper()} at {endpoint} ({type(exc).__name__}): check "
+            "--endpoint-url / AWS_ENDPOINT_URL and your network (is the sandbox running?)"
+        ) from exc
+    except botocore.exceptions.ParamValidationError as exc:
+        raise AwsError(f"{action}{on}: invalid request: {exc}") from exc
+    except botocore.exceptions.ClientError as exc:
+        code = _code(exc)
+        message = str(exc.response.get("Error", {}).get("Message", "")) or code
+        if code in _NOT_FOUND_CODES:
+            raise QueueNotFound(
+                f"queue {resource or ''} does not exist: check the name, --region "
+                "and the account (`redrive status` lists the configured families)"
+            ) from exc
+        if code in _ACCESS_CODES:
+            iam = _IAM_ACTION.get(action, action)
+            raise AwsError(
+                f"access denied: the caller may not {service}:{iam}{on}; grant that IAM "
+                "action or use another --profile"
+            ) from exc
+        if code in _CREDENTIAL_CODES:
+            raise AwsUnavailable(
+                f"AWS rejected the credentials ({code}): refresh them (e.g. `aws sso login`) "
+                "or check AWS_PROFILE / AWS_ACCESS_KEY_ID"
+            ) from exc
+        if code in _THROTTLE_CODES:
+            raise AwsError(
+                f"{service.upper()} kept throttling {action}{on} after retries: wait and rerun "
+                "with a lower --rate"
+            ) from exc
+        raise AwsError(f"{action}{on} failed: {code}: {message}") from exc
+    except botocore.exceptions.BotoCoreError as exc:
+        raise AwsError(f"{action}{on} failed: {exc}") from exc

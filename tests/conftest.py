@@ -1,0 +1,217 @@
+"""Shared fixtures: fake credentials, an in-process SQS (moto) with a queue family, and a
+moto server on 127.0.0.1 for end-to-end tests that run ``redrive`` as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REGION = "us-east-1"
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Fake credentials and a private state dir, so no test reaches AWS or the user's files."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "CELERY_", "REDRIVE_")):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config-absent"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials-absent"))
+    monkeypatch.setenv("REDRIVE_STATE_DIR", str(tmp_path / "state"))
+
+
+@dataclass
+class Family:
+    """A source queue and its DLQ, as the built-in layout's ``checkout`` family."""
+
+    client: Any
+    queue_url: str
+    dlq_url: str
+    dlq_arn: str
+
+    def send_to_dlq(
+        self, body: str, attributes: dict[str, Any] | None = None, **kwargs: Any
+    ) -> str:
+        response = self.client.send_message(
+            QueueUrl=self.dlq_url,
+            MessageBody=body,
+            MessageAttributes=attributes or {},
+            **kwargs,
+        )
+        return str(response["MessageId"])
+
+    def depth(self, url: str | None = None) -> tuple[int, int]:
+        attrs = self.client.get_queue_attributes(
+            QueueUrl=url or self.dlq_url,
+            AttributeNames=[
+                "ApproximateNumberOfMessages",
+                "ApproximateNumberOfMessagesNotVisible",
+            ],
+        )["Attributes"]
+        return (
+            int(attrs["ApproximateNumberOfMessages"]),
+            int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+        )
+
+    def drain(self, url: str) -> list[dict[str, Any]]:
+        """Every message of a queue (deleting them), for assertions."""
+        out: list[dict[str, Any]] = []
+        while True:
+            response = self.client.receive_message(
+                QueueUrl=url,
+                MaxNumberOfMessages=10,
+                MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["All"],
+                VisibilityTimeout=30,
+            )
+            messages = response.get("Messages", [])
+            if not messages:
+                return out
+            for message in messages:
+                out.append(message)
+                self.client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+def make_family(client: Any, queue: str = "onion-checkout", *, max_receive: int = 5) -> Family:
+    fifo = queue.endswith(".fifo")
+    base = queue.removesuffix(".fifo")
+    dlq_name = f"{base}-dlq.fifo" if fifo else f"{base}-dlq"
+    dlq_attrs = {"MessageRetentionPeriod": str(14 * 86400)}
+    if fifo:
+        dlq_attrs["FifoQueue"] = "true"
+    dlq_url = client.create_queue(QueueName=dlq_name, Attributes=dlq_attrs)["QueueUrl"]
+    dlq_arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    attrs = {
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive}
+        )
+    }
+    if fifo:
+        attrs["FifoQueue"] = "true"
+    queue_url = client.create_queue(QueueName=queue, Attributes=attrs)["QueueUrl"]
+    return Family(client, queue_url, dlq_url, dlq_arn)
+
+
+@pytest.fixture
+def sqs_client(aws_env: None) -> Iterator[Any]:
+    with mock_aws():
+        yield boto3.client("sqs", region_name=REGION)
+
+
+@pytest.fixture
+def family(sqs_client: Any) -> Family:
+    """The built-in ``checkout`` family: onion-checkout and its DLQ onion-checkout-dlq."""
+    return make_family(sqs_client)
+
+
+@pytest.fixture
+def all_families(sqs_client: Any) -> dict[str, Family]:
+    return {
+        "checkout": make_family(sqs_client, "onion-checkout"),
+        "default": make_family(sqs_client, "onion"),
+        "progress": make_family(sqs_client, "onion-progress"),
+    }
+
+
+@pytest.fixture
+def samples() -> list[dict[str, Any]]:
+    lines = (FIXTURES / "celery-5.7-sqs-samples.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- a real moto server on 127.0.0.1, for end-to-end tests ---------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class MotoServer:
+    endpoint_url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def client(self, service: str = "sqs") -> Any:
+        return boto3.client(service, endpoint_url=self.endpoint_url, region_name=REGION)
+
+    def reset(self) -> None:
+        import urllib.request
+
+        urllib.request.urlopen(
+            urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST"),
+            timeout=10,
+        ).close()
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT")}
+        env["AWS_ENDPOINT_URL"] = self.endpoint_url
+        return env
+
+
+def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
+    """moto's server in its own process; ``serial`` serves one request at a time (moto's
+    threaded server can hand one message to two concurrent receivers)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "redrive.sandbox", "--bare", "--port", str(port)]
+    if serial:
+        cmd.append("--serial")
+    handle = log.open("wb")
+    process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
+    handle.close()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return MotoServer(url, process, log)
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"moto server exited: {log.read_text()[-2000:]}") from None
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("moto server did not start within 30 s")
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = start_moto_server(tmp_path_factory.mktemp("moto") / "server.log")
+    yield server
+    server.process.terminate()
+    server.process.wait(10)
+
+
+@pytest.fixture
+def server(moto_server: MotoServer) -> MotoServer:
+    """The session's moto server, emptied for this test."""
+    moto_server.reset()
+    return moto_server
+
+
+@pytest.fixture(autouse=True)
+def no_long_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process moto really waits out WaitTimeSeconds on an empty queue; unit tests
+    need not (its short poll sees every message). End-to-end tests keep the real wait."""
+    from redrive import scan
+
+    monkeypatch.setattr(scan, "RECEIVE_WAIT_SECONDS", 0)
