@@ -59,6 +59,9 @@ class Context:
     def queue(self, name_or_url: str) -> QueueRef:
         return describe_queue(self.sqs_for(), name_or_url)
 
+    def s3_client(self) -> Any:
+        return self.aws.client("s3")
+
 
 pass_ctx = click.make_pass_decorator(Context)
 
@@ -131,6 +134,10 @@ class Progress:
     def rate(self, n: int) -> str:
         elapsed = max(1e-6, time.monotonic() - self.started)
         return f"{n / elapsed:,.0f}/s"
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
 
 
 def emit_json(data: Any) -> None:
@@ -334,7 +341,13 @@ def inspect(
         from redrive.replay import inspect_archive
 
         with core_errors():
-            result = inspect_archive(target, show_args=show_args, limit=limit, s3=ctx.aws)
+            result = inspect_archive(
+                target,
+                show_args=show_args,
+                limit=limit,
+                s3_client_factory=ctx.s3_client,
+                on_problem=warn,
+            )
     else:
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
@@ -543,11 +556,219 @@ def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(render(result, **render_kw))
+        click.echo(render(getattr(result, "_result", result), **render_kw))
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.needs_attention:
         sys.exit(EXIT_ATTENTION)
+
+
+# -- purge, archive, replay -------------------------------------------------------------------
+
+
+def archive_destination(f: F) -> F:
+    return click.option(
+        "--archive",
+        "archive_to",
+        metavar="PATH|s3://BUCKET/PREFIX",
+        help="Where to archive (default: ./redrive-archive/FAMILY-UTCTIME.jsonl.gz).",
+    )(f)
+
+
+def _open_archive(ctx: Context, destination: str, label: str) -> Any:
+    from redrive.archive import default_archive_path, open_writer
+
+    where = destination or default_archive_path(label, _utcnow())
+    return open_writer(
+        where,
+        s3_client_factory=ctx.s3_client,
+        run_name=None,
+    )
+
+
+def _utcnow() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: bool) -> None:
+    from redrive.archive import default_archive_path
+    from redrive.purge import S3_BUFFER, PurgeOptions, purge_dlq, purge_whole_queue
+    from redrive.render import purge_text
+
+    selection = make_selection(kwargs)
+    execute: bool = kwargs.get("execute", True)
+    no_archive: bool = kwargs.get("no_archive", False)
+    destination: str | None = kwargs["archive_to"]
+    if no_archive and destination:
+        raise click.UsageError("--archive and --no-archive contradict each other")
+    with core_errors():
+        dlq = ctx.target(target)
+        if no_archive and not selection.is_filtered:
+            confirm(
+                execute,
+                kwargs["yes"],
+                f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
+            )
+            result = purge_whole_queue(dlq, ctx.sqs_for(), execute=execute)
+            finish_move(result, kwargs["as_json"], purge_text)
+            return
+        if delete:
+            confirm(
+                execute,
+                kwargs["yes"],
+                f"Delete the selected messages from {dlq.dlq.name}"
+                + (" without an archive?" if no_archive else " after archiving them?"),
+            )
+        where = None if no_archive else destination or default_archive_path(dlq.label, _utcnow())
+        writer = _open_archive(ctx, where, dlq.label) if where and execute else None
+    progress = Progress(dlq.label)
+    try:
+        with core_errors(), interruptible() as stop:
+            result = purge_dlq(
+                dlq,
+                PurgeOptions(
+                    selection=selection,
+                    execute=execute,
+                    delete=delete,
+                    archive=not no_archive,
+                    lease=kwargs["lease"],
+                    workers=kwargs["workers"],
+                    buffer=S3_BUFFER if where and where.startswith("s3://") else 10,
+                ),
+                sqs_factory=ctx.sqs_for,
+                writer=writer,
+                stop=stop,
+                on_progress=lambda r: progress.update(
+                    f"{r.archived} archived / {r.purged} deleted / {r.matched} matched"
+                ),
+            )
+    finally:
+        if writer is not None:
+            writer.close()
+    progress.done()
+    if result.archive is None and where and not no_archive:
+        result.archive = where
+    finish_move(result, kwargs["as_json"], purge_text)
+
+
+@cli.command()
+@click.argument("target")
+@selection_options
+@archive_destination
+@click.option(
+    "--no-archive",
+    is_flag=True,
+    help="Delete without keeping a copy. Unfiltered, this uses SQS PurgeQueue.",
+)
+@execute_options
+@lease_option
+@workers_option
+@json_option
+@pass_ctx
+def purge(ctx: Context, /, target: str, **kwargs: Any) -> None:
+    """Archive the selected DLQ messages, then delete them (undo with replay).
+
+    A dry run unless --execute. A message is deleted only once its archive record is
+    durable (fsynced, or the S3 object written).
+    """
+    _run_purge(ctx, target, kwargs, delete=True)
+
+
+@cli.command()
+@click.argument("target")
+@selection_options
+@archive_destination
+@lease_option
+@workers_option
+@json_option
+@pass_ctx
+def archive(ctx: Context, /, target: str, **kwargs: Any) -> None:
+    """Copy the selected DLQ messages to an archive, deleting nothing.
+
+    A snapshot for an audit or before a risky fix; the DLQ is left as it was.
+    """
+    kwargs.update(execute=True, yes=True, no_archive=False)
+    _run_purge(ctx, target, kwargs, delete=False)
+
+
+@cli.command()
+@click.argument("source", metavar="ARCHIVE")
+@click.option("--to", "to", required=True, metavar="QUEUE", help="Queue to send to (name or URL).")
+@selection_options
+@execute_options
+@ledger_option
+@move_options
+@workers_option
+@rate_option
+@json_option
+@pass_ctx
+def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
+    """Send archived messages to a queue, byte-identical, each task once.
+
+    ARCHIVE is a file written by purge or archive (.jsonl or .jsonl.gz) or an s3:// prefix.
+    A dry run unless --execute; replaying twice sends nothing the second time.
+    """
+    from redrive.ledger import open_ledger
+    from redrive.move import MoveOptions
+    from redrive.render import move_text
+    from redrive.replay import replay_archive
+
+    selection = make_selection(kwargs)
+    execute: bool = kwargs["execute"]
+    with core_errors():
+        to = ctx.queue(kwargs["to"])
+        confirm(execute, kwargs["yes"], f"Send the archived messages of {source} to {to.name}?")
+        ledger = open_ledger(kwargs["ledger"]) if execute else _dry_run_ledger(kwargs["ledger"])
+    progress = Progress("replay")
+    try:
+        with core_errors(), interruptible() as stop:
+            result = replay_archive(
+                source,
+                to,
+                ledger,
+                MoveOptions(
+                    selection=selection,
+                    execute=execute,
+                    include_expired=kwargs["include_expired"],
+                    max_redrives=kwargs["max_redrives"],
+                    in_doubt=kwargs["in_doubt"],
+                    workers=kwargs["workers"],
+                    rate=kwargs["rate"],
+                ),
+                sqs_factory=ctx.sqs_for,
+                s3_client_factory=ctx.s3_client,
+                command=command_line(),
+                stop=stop,
+                on_problem=warn,
+                on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
+            )
+    finally:
+        if ledger is not None:
+            ledger.close()
+    progress.done()
+    finish_move(ReplayView(result), kwargs["as_json"], move_text, verb="replay")
+
+
+class ReplayView:
+    """A move result that speaks of replaying: JSON gains ``replayed``."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._result.to_json()
+        data = {"replayed": data["moved"], **data}
+        # Replaying twice: what was already sent counts as skipped (there is nothing to delete).
+        data["already_sent"] = data.pop("duplicates_deleted")
+        data["skipped"] += data["already_sent"]
+        data["archive"] = data.pop("target")
+        data.pop("dlq", None)
+        return data
 
 
 # -- sandbox ----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.errors import RedriveError, UsageProblem
@@ -64,6 +64,26 @@ STEPS = ("received", "claimed", "sent", "recorded", "deleted")
 
 _ACTIVE_RUNS: set[str] = set()
 """Runs alive in this process: a run id recorded with our pid but not in here has crashed."""
+
+
+class MessageSource(Protocol):
+    """Where the engine's messages come from: a DLQ scan, or an archive being replayed."""
+
+    deletes: bool
+    """Whether copies are deleted from the source once sent (a DLQ: yes; an archive: no)."""
+    stop: threading.Event
+
+    def next_batch(self, sqs: Sqs) -> list[Message] | None: ...
+
+    def keep(self, sqs: Sqs, messages: Sequence[Message]) -> None: ...
+
+    def extend(self, sqs: Sqs, messages: Sequence[Message], seconds: int) -> None: ...
+
+    def stop_receiving(self) -> None: ...
+
+    def release_all(self, sqs: Sqs) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +239,7 @@ class MoveEngine:
         on_progress: Callable[[MoveResult], None] | None = None,
         fault: Callable[[str], None] | None = None,
         now: Callable[[], float] = time.time,
+        source: MessageSource | None = None,
     ) -> None:
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
@@ -231,6 +252,7 @@ class MoveEngine:
         self.on_progress = on_progress
         self.fault = fault or (lambda step: None)
         self.now = now
+        self.source = source
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -253,17 +275,21 @@ class MoveEngine:
     def run(self) -> MoveResult:
         started = time.monotonic()
         sqs = self.sqs_factory()
-        depth = int(
-            sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
-                "ApproximateNumberOfMessages", "0"
+        scan: MessageSource
+        if self.source is not None:
+            scan = self.source
+        else:
+            depth = int(
+                sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
+                    "ApproximateNumberOfMessages", "0"
+                )
             )
-        )
-        scan = DlqScan(
-            url=self.target.dlq.url,
-            lease=self.options.lease,
-            hold=max(self.options.lease, hold_for_depth(depth)),
-            stop=self.stop,
-        )
+            scan = DlqScan(
+                url=self.target.dlq.url,
+                lease=self.options.lease,
+                hold=max(self.options.lease, hold_for_depth(depth)),
+                stop=self.stop,
+            )
         self._scan = scan
         if self.ledger is not None and self.run_id is not None:
             self.ledger.start_run(
@@ -292,17 +318,18 @@ class MoveEngine:
         self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
         return self.result
 
-    def _finish(self, sqs: Sqs, scan: DlqScan, outcome: str, started: float) -> None:
+    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: str, started: float) -> None:
         scan.release_all(sqs)
         scan.close()
         result = self.result
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
-        hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
-            "ApproximateNumberOfMessagesNotVisible", "0"
-        )
-        result.still_hidden = int(hidden) if hidden.isdigit() else 0
+        if scan.deletes:
+            hidden = sqs.attributes(
+                self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]
+            ).get("ApproximateNumberOfMessagesNotVisible", "0")
+            result.still_hidden = int(hidden) if hidden.isdigit() else 0
         if self.ledger is not None:
             if result.still_hidden:
                 leases = [
@@ -609,6 +636,9 @@ class MoveEngine:
         self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]
     ) -> tuple[set[str], list[Message]]:
         """Delete DLQ copies; return the keys whose copies are all gone, and what stays."""
+        if not self._scan.deletes:
+            # An archive being replayed: there is no copy to delete.
+            return {key for _, key in deletable}, []
         done: set[str] = set()
         failed_keys: set[str] = set()
         not_deleted: list[Message] = []

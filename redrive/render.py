@@ -11,6 +11,7 @@ from tabulate import tabulate
 
 from redrive.inspect import InspectResult, TaskGroup
 from redrive.move import MoveResult
+from redrive.purge import PurgeResult
 from redrive.report import Report
 from redrive.selection import format_duration
 from redrive.status import FamilyStatus
@@ -201,13 +202,22 @@ def report_text(report: Report, *, markdown: bool = False) -> str:
 def move_text(result: MoveResult, *, verb: str = "move") -> str:
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
-    head = (
-        f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
-        f"{result.matched} matched, {result.moved} {would}, {result.skipped_total} skipped, "
-        f"{result.failed} failed, {result.in_doubt} in doubt, "
-        f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
-        f"{'would be deleted' if result.dry_run else 'deleted'}"
-    )
+    if verb == "replay":
+        # An archive has no copies to delete: a key already sent is simply skipped.
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}archive {result.target}: "
+            f"{result.matched} matched, {result.moved} {would}, "
+            f"{result.duplicates} already sent (skipped), {result.skipped_total} skipped "
+            f"otherwise, {result.failed} failed, {result.in_doubt} in doubt"
+        )
+    else:
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"{result.matched} matched, {result.moved} {would}, {result.skipped_total} skipped, "
+            f"{result.failed} failed, {result.in_doubt} in doubt, "
+            f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
+            f"{'would be deleted' if result.dry_run else 'deleted'}"
+        )
     lines = [head]
     if result.tasks:
         rows = []
@@ -227,7 +237,15 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
         lines.append(
             table(
                 rows,
-                ["task", "matched", would, "to", "skipped (why)", "failed", "duplicates"],
+                [
+                    "task",
+                    "matched",
+                    would,
+                    "to",
+                    "skipped (why)",
+                    "failed",
+                    "already sent" if verb == "replay" else "duplicates",
+                ],
             )
         )
     if result.in_doubt_messages:
@@ -270,6 +288,48 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
         lines.append(
             f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
             f"another run or consumer), so the DLQ is not drained{until}. Rerun then."
+        )
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)
+
+
+def purge_text(result: PurgeResult) -> str:
+    verb = result.command
+    if result.method == "purge-queue":
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"PurgeQueue {'would delete' if result.dry_run else 'deleted'} about "
+            f"{result.matched} message(s), with no archive"
+        )
+        return head
+    if result.dry_run:
+        head = (
+            f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.matched} matched, would be "
+            + ("archived to " + (result.archive or "?") if result.archive else "deleted")
+            + (" and deleted" if result.archive and verb == "purge" else "")
+        )
+    elif verb == "archive":
+        head = (
+            f"DLQ {result.dlq} ({result.target}): {result.archived} archived to "
+            f"{result.archive}; the DLQ is unchanged"
+        )
+    else:
+        head = (
+            f"DLQ {result.dlq} ({result.target}): {result.matched} matched, "
+            f"{result.archived} archived, {result.purged} deleted, {result.failed} failed"
+            + (f"; archive: {result.archive}" if result.archive else "; no archive kept")
+        )
+    lines = [head]
+    if result.by_task:
+        lines.append("")
+        lines.append(table(sorted(result.by_task.items()), ["task", "matched"]))
+    if result.failed:
+        lines.append("")
+        lines.append(
+            f"{result.failed} message(s) could not be deleted: they are archived and still "
+            "in the DLQ (rerun to delete them; replay skips what is already sent)"
         )
     if result.interrupted:
         lines.append("")

@@ -68,6 +68,9 @@ class DlqScan:
     on_receive: Callable[[int], None] | None = None
     stats: ScanStats = field(default_factory=ScanStats)
 
+    #: Messages taken from a DLQ are deleted from it once sent or archived.
+    deletes = True
+
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: set[int] = set()

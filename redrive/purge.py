@@ -1,0 +1,302 @@
+"""Purge and archive: copy selected DLQ messages to an archive, and (purge) then delete them.
+
+A message is deleted only after its archive record is durable (fsynced, or the S3 object
+written), so a purge killed at any point leaves every message in the DLQ, in the archive,
+or both: never neither. ``archive`` is the same run without the delete.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redrive.archive import ArchiveRecord, ArchiveWriter
+from redrive.errors import AwsError, UsageProblem
+from redrive.messages import TaskInfo, decode
+from redrive.queues import DlqTarget
+from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.selection import Selection
+from redrive.sqs import Message, Sqs
+
+DEFAULT_LEASE = 30
+# Messages buffered before one archive write: S3 wants large objects, and every buffered
+# message is hidden by its lease until it is written and deleted.
+S3_BUFFER = 200
+LOCAL_BUFFER = 10
+# A buffer older than this is written even when not full, well inside the lease.
+BUFFER_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeOptions:
+    selection: Selection = field(default_factory=Selection)
+    execute: bool = False
+    delete: bool = True
+    """False for ``archive``: copy, never delete."""
+    archive: bool = True
+    """False only with ``--no-archive``: delete without keeping a copy."""
+    lease: int = DEFAULT_LEASE
+    workers: int = 1
+    buffer: int = LOCAL_BUFFER
+
+
+@dataclass(slots=True)
+class PurgeResult:
+    dry_run: bool
+    target: str
+    dlq: str
+    archive: str | None
+    command: str = "purge"
+    run_id: str | None = None
+    method: str = "delete"
+    """``delete`` (per message) or ``purge-queue`` (SQS PurgeQueue, unfiltered --no-archive)."""
+    scanned: int = 0
+    matched: int = 0
+    archived: int = 0
+    purged: int = 0
+    failed: int = 0
+    by_task: Counter[str] = field(default_factory=Counter)
+    interrupted: bool = False
+    still_hidden: int = 0
+    seconds: float = 0.0
+
+    @property
+    def needs_attention(self) -> bool:
+        return bool(self.failed)
+
+    @property
+    def in_doubt(self) -> int:
+        return 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "command": self.command,
+            "target": self.target,
+            "dlq": self.dlq,
+            "run_id": self.run_id,
+            "method": self.method,
+            "scanned": self.scanned,
+            "matched": self.matched,
+            "archived": self.archived,
+            "purged": self.purged,
+            "failed": self.failed,
+            "archive": self.archive,
+            "by_task": dict(sorted(self.by_task.items())),
+            "interrupted": self.interrupted,
+            "still_hidden": self.still_hidden,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(slots=True)
+class _Pending:
+    message: Message
+    info: TaskInfo
+    at: float
+
+
+def purge_dlq(
+    target: DlqTarget,
+    options: PurgeOptions,
+    *,
+    sqs_factory: Callable[[], Sqs],
+    writer: ArchiveWriter | None,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[PurgeResult], None] | None = None,
+    fault: Callable[[str], None] | None = None,
+    now: Callable[[], float] = time.time,
+) -> PurgeResult:
+    """Archive (if ``writer``) and delete (if ``options.delete``) every selected message."""
+    if options.execute and options.archive and writer is None:
+        raise UsageProblem("an archiving run needs an archive writer")
+    if not options.delete and writer is None and options.execute:
+        raise UsageProblem("archive needs a destination")
+    stop = stop or threading.Event()
+    fault = fault or (lambda step: None)
+    started = time.monotonic()
+    result = PurgeResult(
+        dry_run=not options.execute,
+        target=target.label,
+        dlq=target.dlq.name,
+        archive=writer.location if writer is not None else None,
+        command="purge" if options.delete else "archive",
+        run_id=uuid.uuid4().hex[:16] if options.execute else None,
+    )
+    sqs = sqs_factory()
+    depth = int(
+        sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessages"]).get(
+            "ApproximateNumberOfMessages", "0"
+        )
+    )
+    # archive keeps every message hidden until the end; purge only the ones it does not take.
+    scan = DlqScan(
+        url=target.dlq.url,
+        lease=options.lease if options.delete else max(options.lease, hold_for_depth(depth)),
+        hold=max(options.lease, hold_for_depth(depth)),
+        stop=stop,
+    )
+    lock = threading.Lock()
+    limit_left = [options.selection.limit]
+
+    def flush(worker_sqs: Sqs, pending: list[_Pending]) -> None:
+        if not pending:
+            return
+        if writer is not None and options.execute:
+            archived_at = datetime.fromtimestamp(now(), UTC)
+            records = [
+                ArchiveRecord.from_message(
+                    _as_boto(p.message),
+                    task=p.info.task,
+                    task_id=p.info.task_id,
+                    dlq=target.dlq.url,
+                    run_id=result.run_id or "",
+                    archived_at=archived_at,
+                )
+                for p in pending
+            ]
+            with lock:
+                writer.write_batch(records)
+                result.archived += len(records)
+        fault("archived")
+        if options.delete and options.execute:
+            deleted = 0
+            for start in range(0, len(pending), 10):
+                chunk = pending[start : start + 10]
+                outcome = worker_sqs.delete_batch(
+                    target.dlq.url, {str(i): p.message.receipt_handle for i, p in enumerate(chunk)}
+                )
+                deleted += len(outcome.ok)
+                failed = [chunk[int(i)].message for i in outcome.failed]
+                # Still in the DLQ (and archived): visible again when the scan ends.
+                scan.keep(worker_sqs, failed)
+                with lock:
+                    result.failed += len(failed)
+            with lock:
+                result.purged += deleted
+            fault("deleted")
+        else:
+            scan.keep(worker_sqs, [p.message for p in pending])
+
+    def work(worker_sqs: Sqs) -> None:
+        pending: list[_Pending] = []
+        try:
+            while (batch := scan.next_batch(worker_sqs)) is not None:
+                fault("received")
+                keep: list[Message] = []
+                clock = now()
+                for message in batch:
+                    info = decode(message.body)
+                    if not options.selection.matches(
+                        info,
+                        message_id=message.message_id,
+                        sent_at=message.sent_timestamp,
+                        now=clock,
+                    ):
+                        keep.append(message)
+                        continue
+                    with lock:
+                        if limit_left[0] is not None:
+                            if limit_left[0] <= 0:
+                                keep.append(message)
+                                continue
+                            limit_left[0] -= 1
+                        result.matched += 1
+                        result.by_task[info.task] += 1
+                    pending.append(_Pending(message, info, time.monotonic()))
+                scan.keep(worker_sqs, keep)
+                with lock:
+                    result.scanned += len(batch)
+                    if limit_left[0] is not None and limit_left[0] <= 0:
+                        scan.stop_receiving()
+                if not options.execute:
+                    scan.keep(worker_sqs, [p.message for p in pending])
+                    pending = []
+                elif pending and (
+                    len(pending) >= options.buffer
+                    or time.monotonic() - pending[0].at > BUFFER_SECONDS
+                ):
+                    flush(worker_sqs, pending)
+                    pending = []
+                if on_progress is not None:
+                    on_progress(result)
+            flush(worker_sqs, pending)
+            pending = []
+        except (Exception, KeyboardInterrupt):
+            # Not archived, so not deleted: hand them back with the rest.
+            scan.keep(worker_sqs, [p.message for p in pending])
+            raise
+
+    try:
+        run_pipelines(work, sqs, sqs_factory, options.workers, stop)
+    finally:
+        scan.release_all(sqs)
+        scan.close()
+        result.interrupted = stop.is_set()
+        result.seconds = time.monotonic() - started
+    hidden = sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
+        "ApproximateNumberOfMessagesNotVisible", "0"
+    )
+    result.still_hidden = int(hidden) if hidden.isdigit() else 0
+    return result
+
+
+def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeResult:
+    """SQS PurgeQueue: unfiltered, unarchived, cannot be undone, once per 60 s per queue."""
+    counts = sqs.attributes(
+        target.dlq.url,
+        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )
+    depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
+        counts.get("ApproximateNumberOfMessagesNotVisible", "0")
+    )
+    result = PurgeResult(
+        dry_run=not execute,
+        target=target.label,
+        dlq=target.dlq.name,
+        archive=None,
+        method="purge-queue",
+        matched=depth,
+        run_id=uuid.uuid4().hex[:16] if execute else None,
+    )
+    if execute:
+        try:
+            sqs.purge(target.dlq.url)
+        except AwsError as exc:
+            if "PurgeQueueInProgress" in str(exc):
+                raise AwsError(
+                    f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
+                    "already in progress: wait a minute and rerun"
+                ) from exc
+            raise
+        result.purged = depth
+    return result
+
+
+def _as_boto(message: Message) -> dict[str, Any]:
+    return {
+        "MessageId": message.message_id,
+        "Body": message.body,
+        "Attributes": dict(message.attributes),
+        "MessageAttributes": {k: dict(v) for k, v in message.message_attributes.items()},
+    }
+
+
+def records_to_messages(records: Sequence[ArchiveRecord]) -> list[Message]:
+    """Archived records as messages (no receipt handle), for the shared grouping code."""
+    return [
+        Message(
+            message_id=r.message_id,
+            receipt_handle="",
+            body=r.body,
+            attributes=r.attributes,
+            message_attributes=r.message_attributes,
+        )
+        for r in records
+    ]
