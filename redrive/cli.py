@@ -771,6 +771,14 @@ class ReplayView:
         return data
 
 
+# -- native moves: move --native, tasks (StartMessageMoveTask) ------------------------------
+
+# -- ledger: ledger init --------------------------------------------------------------------
+
+# -- check: layout audit ----------------------------------------------------------------------
+
+# -- audit and plans: audit, apply ------------------------------------------------------------
+
 # -- sandbox ----------------------------------------------------------------------------------
 
 
@@ -797,8 +805,8 @@ def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
         fail(f"the sandbox needs moto: pip install 'redrive[sandbox]' ({exc})")
 
     def ready(server: Any, seeded: list[Any]) -> None:
-        for name, value in sandbox_module.sandbox_env(server).items():
-            click.echo(f"export {name}={value}")
+        for line in sandbox_module.export_lines(server):
+            click.echo(line)
         for family in seeded:
             click.echo(
                 f"# {family.family}: {family.messages} message(s) in the DLQ of "
@@ -815,3 +823,5 @@ def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
             )
         except OSError as exc:
             fail(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): pick another --port")
+        except ValueError as exc:
+            fail(f"cannot build the sandbox layout: {exc}")

@@ -305,17 +305,26 @@ class MoveEngine:
             )
             _ACTIVE_RUNS.add(self.run_id)
         try:
-            run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
-        except (Exception, KeyboardInterrupt) as exc:
-            # Give back what is held and end the run as failed. A real crash (SIGKILL) never
-            # gets here, nor do the simulated ones in the tests (a BaseException subclass):
-            # then leases run out by themselves and the ledger keeps what was claimed.
-            if isinstance(exc, RedriveError):
-                self.result.error = str(exc)
-            with contextlib.suppress(Exception):
-                self._finish(self.sqs_factory(), scan, "failed", started)
-            raise
-        self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
+            try:
+                run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
+            except (Exception, KeyboardInterrupt) as exc:
+                # Give back what is held and end the run as failed. A real crash (SIGKILL)
+                # never gets here, nor do the simulated ones in the tests (a BaseException
+                # subclass): then leases run out by themselves and the ledger keeps what was
+                # claimed.
+                if isinstance(exc, RedriveError):
+                    self.result.error = str(exc)
+                with contextlib.suppress(Exception):
+                    self._finish(self.sqs_factory(), scan, "failed", started)
+                raise
+            self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
+        finally:
+            # Process-local bookkeeping, dropped however the run ends: after a crash that
+            # skipped _finish, this run no longer sends anything, so its claims are in doubt
+            # (as they are when a real crash takes the whole process and this set with it).
+            if self.run_id is not None:
+                _ACTIVE_RUNS.discard(self.run_id)
+            scan.close()
         return self.result
 
     def _finish(self, sqs: Sqs, scan: MessageSource, outcome: str, started: float) -> None:
@@ -580,21 +589,38 @@ class MoveEngine:
         if self.ledger is None or not candidates:
             return {}
         entries = self.ledger.get_many([c.key for c in candidates])
-        for _ in range(self.options.max_redrives + 1):
-            returned = [
-                c
-                for c in candidates
-                if (e := entries.get(c.key)) is not None
-                and e.sent_message_id == c.message.message_id
+        # An unstamped copy (no room for our attributes) always computes the key of the
+        # generation its count says, however often it came back: look along its later
+        # generations for the one whose send it is. Comparing with the first generation
+        # only would call a second return a duplicate of the first send, and delete it.
+        suspects = [
+            c
+            for c in candidates
+            if (e := entries.get(c.key)) is not None and e.sent_message_id is not None
+        ]
+        if not suspects:
+            return entries
+        chains = [
+            [
+                key_for(c.info, message_id=c.message.message_id, generation=g)
+                for g in range(c.generation, c.generation + self.options.max_redrives + 1)
             ]
-            if not returned:
-                break
-            for cand in returned:
-                cand.generation += 1
-                cand.key = key_for(
-                    cand.info, message_id=cand.message.message_id, generation=cand.generation
-                )
-            entries.update(self.ledger.get_many([c.key for c in returned]))
+            for c in suspects
+        ]
+        found = self.ledger.get_many([key for chain in chains for key in chain])
+        for cand, chain in zip(suspects, chains, strict=True):
+            for generation, key in enumerate(chain, start=cand.generation):
+                entry = found.get(key)
+                if entry is not None and entry.sent_message_id == cand.message.message_id:
+                    cand.generation = generation + 1
+                    cand.key = key_for(
+                        cand.info, message_id=cand.message.message_id, generation=cand.generation
+                    )
+                    break
+        entries.update(found)
+        missing = [c.key for c in suspects if c.key not in entries]
+        if missing:
+            entries.update(self.ledger.get_many(missing))
         return entries
 
     def _send(

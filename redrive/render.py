@@ -17,8 +17,27 @@ from redrive.selection import format_duration
 from redrive.status import FamilyStatus
 
 
+def printable(text: str) -> str:
+    """Text from a message made safe to print: control and invisible characters escaped.
+
+    A DLQ holds whatever a producer sent; raw escape sequences would reach the operator's
+    terminal and a newline in a task name would forge a table row.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, fmt: str = "simple") -> str:
-    return str(tabulate(list(rows), headers=list(headers), tablefmt=fmt, disable_numparse=True))
+    def cell(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        value = printable(value)
+        # A "|" in a cell would split it in two in a Markdown table.
+        return value.replace("|", "\\|") if fmt == "github" else value
+
+    body = [[cell(v) for v in row] for row in rows]
+    return str(tabulate(body, headers=list(headers), tablefmt=fmt, disable_numparse=True))
 
 
 def when(ts: float | None, now: float | None = None) -> str:
@@ -110,9 +129,11 @@ def inspect_text(result: InspectResult) -> str:
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")
-            lines.append(f"sample arguments of {group.task}:")
+            lines.append(f"sample arguments of {printable(group.task)}:")
             for sample in group.sample_args:
-                lines.append(f"  args={sample['args']} kwargs={sample['kwargs']}")
+                # argsrepr/kwargsrepr are headers the producer wrote, not our own repr().
+                args, kwargs = (printable(str(sample[k])) for k in ("args", "kwargs"))
+                lines.append(f"  args={args} kwargs={kwargs}")
     notes = inspect_notes(result)
     if notes:
         lines.append("")

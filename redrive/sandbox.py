@@ -46,7 +46,7 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from redrive.config import DLQ_SUFFIX, Family, Layout
+from redrive.config import DLQ_SUFFIX, Family, Layout, load_layout
 from redrive.errors import RedriveError
 from redrive.messages import decode, encode
 from redrive.sqs import SendEntry, queue_name, split_batches
@@ -229,8 +229,8 @@ def sandbox_env(server: SandboxServer) -> dict[str, str]:
 def export_lines(server: SandboxServer) -> list[str]:
     """Shell lines that point a terminal at the sandbox."""
     lines = [f"export {name}={shlex.quote(value)}" for name, value in sandbox_env(server).items()]
-    # A profile would win over nothing here, but one that does not exist on this machine
-    # (or sets another region) makes every command fail before it reaches the sandbox.
+    # The exported keys beat a profile's, but a profile this machine lacks still makes
+    # boto3 fail before any call reaches the sandbox.
     return [*lines, "unset AWS_PROFILE"]
 
 
@@ -680,8 +680,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 while not stop.wait(0.5):
                     pass
             return 0
-
-        from redrive.config import load_layout
 
         def ready(server: SandboxServer, seeded: list[SeededFamily]) -> None:
             for family in seeded:

@@ -89,7 +89,12 @@ class AwsSettings:
         """A new client: each worker thread gets its own (boto3 clients are not shared)."""
         config = Config(
             # adaptive: client-side rate limiting that backs off when AWS throttles.
-            retries={"mode": "adaptive", "max_attempts": max_attempts or self.max_attempts},
+            # total_max_attempts counts the first request; botocore's "max_attempts" counts
+            # retries only, so max_attempts=1 would still resend an unconfirmed batch once.
+            retries={
+                "mode": "adaptive",
+                "total_max_attempts": max_attempts or self.max_attempts,
+            },
             connect_timeout=5,
             read_timeout=40,
             max_pool_connections=20,
@@ -281,14 +286,13 @@ class Sqs:
                         response = self.send_client.send_message_batch(
                             QueueUrl=url, Entries=request
                         )
-                    except (
-                        botocore.exceptions.ReadTimeoutError,
-                        botocore.exceptions.ConnectionClosedError,
-                    ) as exc:
+                    # HTTPClientError covers ReadTimeoutError, ConnectionClosedError and any
+                    # other failure after the connection was made: the request may have left.
+                    except botocore.exceptions.HTTPClientError as exc:
                         raise SendInDoubt(
-                            f"SendMessageBatch to {queue_name(url)} timed out after the request "
-                            f"was sent ({type(exc).__name__}): its {len(entries)} messages may "
-                            "or may not be in the queue"
+                            f"SendMessageBatch to {queue_name(url)} got no answer after the "
+                            f"request was sent ({type(exc).__name__}): its {len(entries)} "
+                            "messages may or may not be in the queue"
                         ) from exc
                     except botocore.exceptions.ClientError as exc:
                         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -406,7 +410,7 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
             "--endpoint-url / AWS_ENDPOINT_URL and your network (is the sandbox running?)"
         ) from exc
     except botocore.exceptions.ParamValidationError as exc:
-        raise AwsError(f"{action}{on}: invalid request: {exc}") from exc
+        raise AwsError(f"{action}{on}: invalid request: {_one_line(str(exc))}") from exc
     except botocore.exceptions.ClientError as exc:
         code = _code(exc)
         message = str(exc.response.get("Error", {}).get("Message", "")) or code
@@ -428,9 +432,14 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
             ) from exc
         if code in _THROTTLE_CODES:
             raise AwsError(
-                f"{service.upper()} kept throttling {action}{on} after retries: wait and rerun "
-                "with a lower --rate"
+                f"{service.upper()} kept throttling {action}{on} after retries: wait a minute "
+                "and rerun, with fewer --workers or a lower --rate"
             ) from exc
-        raise AwsError(f"{action}{on} failed: {code}: {message}") from exc
+        raise AwsError(f"{action}{on} failed: {code}: {_one_line(message)}") from exc
     except botocore.exceptions.BotoCoreError as exc:
-        raise AwsError(f"{action}{on} failed: {exc}") from exc
+        raise AwsError(f"{action}{on} failed: {_one_line(str(exc))}") from exc
+
+
+def _one_line(text: str) -> str:
+    # The CLI promises one-line errors; AWS and botocore messages may span several lines.
+    return " ".join(text.split())

@@ -1,0 +1,50 @@
+# The README's two commands: `make demo` (set up, run the main job on the local sandbox)
+# and `make test` (the whole suite, as CI runs it). Nothing but Python 3.11+ is needed.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+.PHONY: install demo test lint typecheck unit bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# Start the sandbox (a local SQS on 127.0.0.1 with the built-in families and seeded DLQs),
+# look at it the way an on-call engineer would, then stop it.
+demo: install
+	@set -e; \
+	$(BIN)/redrive sandbox --port $(PORT) > .sandbox.env 2> .sandbox.log & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -f .sandbox.env .sandbox.log' EXIT; \
+	for i in $$(seq 1 300); do grep -q 'sandbox ready' .sandbox.log 2>/dev/null && break; \
+	  kill -0 $$pid 2>/dev/null || { cat .sandbox.log; exit 1; }; sleep 0.2; done; \
+	. ./.sandbox.env; \
+	echo '$$ redrive status'; $(BIN)/redrive status; echo; \
+	echo '$$ redrive report'; $(BIN)/redrive report; echo; \
+	echo '$$ redrive inspect checkout'; $(BIN)/redrive inspect checkout; echo; \
+	echo '$$ redrive move checkout --task "apps.payments.*"   # a dry run: nothing changes'; \
+	$(BIN)/redrive move checkout --task 'apps.payments.*'
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest -q
+
+test: lint typecheck unit
+
+bench: install
+	$(BIN)/python bench/inspect.py
+	$(BIN)/python bench/move.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

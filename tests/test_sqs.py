@@ -1,0 +1,460 @@
+"""The SQS adapter: batch splitting, per-entry results, send retries and error translation."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import boto3
+import botocore.exceptions as bx
+import pytest
+from botocore.stub import Stubber
+
+from redrive import sqs as sqs_module
+from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError, SendInDoubt
+from redrive.sqs import (
+    MAX_BATCH_BYTES,
+    AwsSettings,
+    SendEntry,
+    Sqs,
+    _batch_result,
+    aws_errors,
+    split_batches,
+)
+
+URL = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
+
+
+def entry(i: int, body_bytes: int = 10, attributes: dict[str, Any] | None = None) -> SendEntry:
+    return SendEntry(id=str(i), body="x" * body_bytes, message_attributes=attributes or {})
+
+
+def client_error(code: str, status: int = 400, message: str = "nope") -> bx.ClientError:
+    return bx.ClientError(
+        {
+            "Error": {"Code": code, "Message": message},
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
+        "SendMessageBatch",
+    )
+
+
+# -- split_batches ------------------------------------------------------------------------
+
+
+def test_split_batches_keeps_at_most_ten_entries() -> None:
+    batches = list(split_batches([entry(i) for i in range(25)]))
+    assert [len(b) for b in batches] == [10, 10, 5]
+    assert [e.id for b in batches for e in b] == [str(i) for i in range(25)]
+
+
+def test_split_batches_nothing_gives_no_batch() -> None:
+    assert list(split_batches([])) == []
+
+
+def test_split_batches_respects_the_byte_limit() -> None:
+    # Three 100 KB bodies: two fit in 256 KiB, the third does not.
+    batches = list(split_batches([entry(i, 100_000) for i in range(3)]))
+    assert [len(b) for b in batches] == [2, 1]
+    assert all(sum(e.size() for e in b) <= MAX_BATCH_BYTES for b in batches)
+
+
+def test_split_batches_exactly_at_the_limit_is_one_batch() -> None:
+    half = MAX_BATCH_BYTES // 2
+    assert [len(b) for b in split_batches([entry(0, half), entry(1, half)])] == [2]
+    assert [len(b) for b in split_batches([entry(0, half), entry(1, half + 1)])] == [1, 1]
+
+
+def test_split_batches_counts_attribute_sizes() -> None:
+    attrs = {"trace": {"DataType": "String", "StringValue": "t" * 2_000}}
+    first = entry(0, MAX_BATCH_BYTES - 1_000)
+    # The body alone fits next to the first entry; its attributes push it over.
+    second = entry(1, 500, attrs)
+    assert second.size() == 500 + len("trace") + len("String") + 2_000
+    assert [len(b) for b in split_batches([first, second])] == [1, 1]
+    assert [len(b) for b in split_batches([first, entry(1, 500)])] == [2]
+
+
+def test_entry_size_counts_utf8_bytes_and_binary_values() -> None:
+    e = SendEntry(
+        id="0",
+        body="é" * 10,
+        message_attributes={"blob": {"DataType": "Binary", "BinaryValue": b"\x00" * 7}},
+    )
+    assert e.size() == 20 + len("blob") + len("Binary") + 7
+
+
+def test_an_entry_over_the_limit_alone_still_gets_a_batch() -> None:
+    # SQS rejects it per entry; splitting must not loop or drop it.
+    big, small = entry(0, MAX_BATCH_BYTES + 1), entry(1)
+    assert [[e.id for e in b] for b in split_batches([small, big, small])] == [
+        ["1"],
+        ["0"],
+        ["1"],
+    ]
+
+
+def test_send_entry_request_drops_receive_only_attribute_fields() -> None:
+    e = SendEntry(
+        id="0",
+        body="b",
+        message_attributes={
+            "a": {
+                "DataType": "String",
+                "StringValue": "v",
+                "StringListValues": [],
+                "BinaryListValues": [],
+            }
+        },
+        group_id="g",
+        deduplication_id="k",
+    )
+    assert e.request() == {
+        "Id": "0",
+        "MessageBody": "b",
+        "MessageAttributes": {"a": {"DataType": "String", "StringValue": "v"}},
+        "MessageGroupId": "g",
+        "MessageDeduplicationId": "k",
+    }
+
+
+# -- _batch_result ------------------------------------------------------------------------
+
+
+def test_batch_result_entries_missing_from_both_lists_are_failed() -> None:
+    response = {
+        "Successful": [{"Id": "0", "MessageId": "m0"}],
+        "Failed": [{"Id": "1", "Code": "InvalidMessageContents", "Message": "bad"}],
+    }
+    result = _batch_result(response, ["0", "1", "2"], value_key="MessageId")
+    assert result.ok == {"0": "m0"}
+    assert result.failed["1"] == "InvalidMessageContents: bad"
+    assert result.failed["2"] == "not in the response"
+    assert set(result.ok).isdisjoint(result.failed)
+
+
+def test_batch_result_empty_response_fails_everything() -> None:
+    result = _batch_result({}, ["a", "b"])
+    assert result.ok == {}
+    assert set(result.failed) == {"a", "b"}
+
+
+# -- send_batch -----------------------------------------------------------------------------
+
+
+class ScriptedClient:
+    """Plays a script: each call to send_message_batch raises or returns the next item."""
+
+    def __init__(self, *script: Any) -> None:
+        self.script = list(script)
+        self.calls: list[dict[str, Any]] = []
+
+    def send_message_batch(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+def ok_response(n: int) -> dict[str, Any]:
+    return {"Successful": [{"Id": str(i), "MessageId": f"m{i}"} for i in range(n)]}
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record send_batch's backoff sleeps instead of waiting them out."""
+    slept: list[float] = []
+    monkeypatch.setattr(sqs_module, "time", SimpleNamespace(sleep=slept.append))
+    return slept
+
+
+def test_send_batch_returns_message_ids(sleeps: list[float]) -> None:
+    client = ScriptedClient(ok_response(2))
+    result = Sqs(client).send_batch(URL, [entry(0), entry(1)])
+    assert result.ok == {"0": "m0", "1": "m1"}
+    assert result.failed == {}
+    assert client.calls[0]["QueueUrl"] == URL
+    assert [e["Id"] for e in client.calls[0]["Entries"]] == ["0", "1"]
+    assert sleeps == []
+
+
+def test_send_batch_of_nothing_calls_nothing() -> None:
+    client = ScriptedClient()
+    assert Sqs(client).send_batch(URL, []).ok == {}
+    assert client.calls == []
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "RequestThrottled", "SlowDown"])
+def test_send_batch_retries_throttling(sleeps: list[float], code: str) -> None:
+    client = ScriptedClient(client_error(code), client_error(code, 503), ok_response(1))
+    sqs = Sqs(client)
+    assert sqs.send_batch(URL, [entry(0)]).ok == {"0": "m0"}
+    assert len(client.calls) == 3
+    assert len(sleeps) == 2
+    assert sqs.throttled == 2
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        bx.EndpointConnectionError(endpoint_url=URL),
+        bx.ConnectTimeoutError(endpoint_url=URL),
+    ],
+    ids=["endpoint-connection", "connect-timeout"],
+)
+def test_send_batch_retries_connections_never_made(sleeps: list[float], error: Exception) -> None:
+    client = ScriptedClient(error, ok_response(1))
+    sqs = Sqs(client)
+    assert sqs.send_batch(URL, [entry(0)]).ok == {"0": "m0"}
+    assert len(client.calls) == 2
+    assert sqs.throttled == 0
+
+
+def test_send_batch_gives_up_after_its_attempts(sleeps: list[float]) -> None:
+    client = ScriptedClient(*[client_error("ThrottlingException")] * 3)
+    with pytest.raises(AwsError, match="throttl") as caught:
+        Sqs(client, send_attempts=3).send_batch(URL, [entry(0)])
+    assert not isinstance(caught.value, SendInDoubt)
+    assert len(client.calls) == 3
+
+
+def test_send_batch_unreachable_endpoint_ends_unavailable(sleeps: list[float]) -> None:
+    client = ScriptedClient(*[bx.EndpointConnectionError(endpoint_url=URL)] * 2)
+    with pytest.raises(AwsUnavailable, match="cannot reach"):
+        Sqs(client, send_attempts=2).send_batch(URL, [entry(0)])
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        bx.ReadTimeoutError(endpoint_url=URL),
+        bx.ConnectionClosedError(endpoint_url=URL),
+        bx.HTTPClientError(error="connection reset by peer"),
+        client_error("InternalError", 500),
+        client_error("ServiceUnavailable", 503),
+    ],
+    ids=["read-timeout", "connection-closed", "http-client-error", "500", "503"],
+)
+def test_send_batch_in_doubt_is_never_retried(sleeps: list[float], error: Exception) -> None:
+    client = ScriptedClient(error, ok_response(2))
+    with pytest.raises(SendInDoubt, match="may or may not") as caught:
+        Sqs(client).send_batch(URL, [entry(0), entry(1)])
+    assert len(client.calls) == 1
+    assert sleeps == []
+    assert "onion-checkout" in str(caught.value)
+    assert "2 messages" in str(caught.value)
+
+
+def test_send_batch_client_errors_are_not_retried(sleeps: list[float]) -> None:
+    client = ScriptedClient(client_error("AccessDenied", 403), ok_response(1))
+    with pytest.raises(AwsError, match=r"sqs:SendMessage\b"):
+        Sqs(client).send_batch(URL, [entry(0)])
+    assert len(client.calls) == 1
+
+
+def test_send_batch_with_stubber_5xx_is_in_doubt(sleeps: list[float]) -> None:
+    client = boto3.client("sqs", region_name="us-east-1")
+    with Stubber(client) as stub:
+        stub.add_client_error(
+            "send_message_batch", service_error_code="InternalError", http_status_code=500
+        )
+        with pytest.raises(SendInDoubt):
+            Sqs(client).send_batch(URL, [entry(0)])
+        stub.assert_no_pending_responses()
+
+
+def test_send_batch_with_stubber_partial_failure(sleeps: list[float]) -> None:
+    client = boto3.client("sqs", region_name="us-east-1")
+    with Stubber(client) as stub:
+        stub.add_response(
+            "send_message_batch",
+            {
+                "Successful": [{"Id": "0", "MessageId": "m0", "MD5OfMessageBody": "x"}],
+                "Failed": [{"Id": "1", "SenderFault": True, "Code": "InvalidParameterValue"}],
+            },
+        )
+        result = Sqs(client).send_batch(URL, [entry(0), entry(1), entry(2)])
+    assert result.ok == {"0": "m0"}
+    assert result.failed["1"].startswith("InvalidParameterValue")
+    assert result.failed["2"] == "not in the response"
+
+
+# -- the send client itself never retries (botocore would resend an unconfirmed batch) ----
+
+
+class _Always500(http.server.BaseHTTPRequestHandler):
+    requests: list[str]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        self.rfile.read(length)
+        self.requests.append(self.headers.get("X-Amz-Target", ""))
+        body = json.dumps({"__type": "InternalError", "message": "boom"}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/x-amz-json-1.0")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def failing_endpoint() -> Iterator[tuple[str, list[str]]]:
+    requests: list[str] = []
+    handler = type("Handler", (_Always500,), {"requests": requests})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_send_client_makes_exactly_one_request(failing_endpoint: tuple[str, list[str]]) -> None:
+    endpoint, requests = failing_endpoint
+    sqs = AwsSettings(endpoint, "us-east-1").sqs()
+    with pytest.raises(SendInDoubt):
+        sqs.send_batch(f"{endpoint}/123456789012/q", [entry(0)])
+    assert requests == ["AmazonSQS.SendMessageBatch"]
+
+
+def test_other_calls_retry_server_errors(failing_endpoint: tuple[str, list[str]]) -> None:
+    endpoint, requests = failing_endpoint
+    settings = AwsSettings(endpoint, "us-east-1", max_attempts=3)
+    with pytest.raises(AwsError, match="InternalError"):
+        settings.sqs().attributes(f"{endpoint}/123456789012/q")
+    assert requests == ["AmazonSQS.GetQueueAttributes"] * 3
+
+
+# -- aws_errors ---------------------------------------------------------------------------
+
+
+def raised(exc: BaseException, action: str = "ReceiveMessage", **kw: Any) -> RedriveError:
+    with pytest.raises(RedriveError) as caught, aws_errors(action, **kw):
+        raise exc
+    message = str(caught.value)
+    assert "\n" not in message, message
+    assert caught.value.__cause__ is exc
+    return caught.value
+
+
+def test_no_credentials() -> None:
+    err = raised(bx.NoCredentialsError())
+    assert isinstance(err, AwsUnavailable)
+    assert "no AWS credentials" in str(err)
+    assert "AWS_PROFILE" in str(err)
+
+
+def test_profile_not_found() -> None:
+    err = raised(bx.ProfileNotFound(profile="prod"))
+    assert isinstance(err, AwsUnavailable)
+    assert "prod" in str(err) and "--profile" in str(err)
+
+
+def test_no_region() -> None:
+    err = raised(bx.NoRegionError())
+    assert isinstance(err, AwsUnavailable)
+    assert "--region" in str(err)
+
+
+@pytest.mark.parametrize(
+    "cls", [bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError]
+)
+def test_unreachable_endpoint(cls: type[bx.BotoCoreError]) -> None:
+    err = raised(cls(endpoint_url="http://127.0.0.1:9"))
+    assert isinstance(err, AwsUnavailable)
+    assert "cannot reach SQS at http://127.0.0.1:9" in str(err)
+    assert cls.__name__ in str(err)
+
+
+def test_connection_closed() -> None:
+    err = raised(bx.ConnectionClosedError(endpoint_url="http://127.0.0.1:9"))
+    assert isinstance(err, AwsUnavailable)
+
+
+def test_invalid_request_is_one_line() -> None:
+    report = "Invalid type for parameter QueueUrl, value: 1\nMissing required parameter: Entries"
+    err = raised(bx.ParamValidationError(report=report), "SendMessageBatch", resource=URL)
+    assert type(err) is AwsError
+    assert "invalid request" in str(err)
+    assert "Missing required parameter" in str(err)
+
+
+@pytest.mark.parametrize(
+    "code", ["AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NonExistentQueue"]
+)
+def test_queue_not_found(code: str) -> None:
+    err = raised(client_error(code), "GetQueueUrl", resource="onion-nope")
+    assert isinstance(err, QueueNotFound)
+    assert "onion-nope" in str(err) and "does not exist" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("action", "iam"),
+    [
+        ("ReceiveMessage", "sqs:ReceiveMessage"),
+        ("SendMessageBatch", "sqs:SendMessage"),
+        ("DeleteMessageBatch", "sqs:DeleteMessage"),
+        ("ChangeMessageVisibilityBatch", "sqs:ChangeMessageVisibility"),
+        ("GetQueueAttributes", "sqs:GetQueueAttributes"),
+    ],
+)
+def test_access_denied_names_the_iam_action(action: str, iam: str) -> None:
+    err = raised(client_error("AccessDenied", 403), action, resource=URL)
+    assert type(err) is AwsError
+    assert "access denied" in str(err)
+    assert f"{iam} on {URL}" in str(err)
+    assert "Batch" not in str(err).split(" on ")[0]
+
+
+def test_access_denied_exception_code() -> None:
+    assert "sqs:PurgeQueue" in str(raised(client_error("AccessDeniedException"), "PurgeQueue"))
+
+
+@pytest.mark.parametrize("code", ["ExpiredToken", "InvalidClientTokenId", "SignatureDoesNotMatch"])
+def test_rejected_credentials(code: str) -> None:
+    err = raised(client_error(code, 403))
+    assert isinstance(err, AwsUnavailable)
+    assert code in str(err) and "refresh" in str(err)
+
+
+@pytest.mark.parametrize(
+    "code", ["ThrottlingException", "RequestThrottled", "AWS.SimpleQueueService.RequestThrottled"]
+)
+def test_throttling_says_what_to_do(code: str) -> None:
+    err = raised(client_error(code), "ReceiveMessage", resource=URL)
+    assert type(err) is AwsError
+    assert "throttl" in str(err)
+    assert "rerun" in str(err)
+
+
+def test_other_client_errors_keep_code_and_message() -> None:
+    err = raised(client_error("KMS.DisabledException", 400, "key disabled\nsecond line"))
+    assert type(err) is AwsError
+    assert "KMS.DisabledException: key disabled second line" in str(err)
+
+
+def test_other_botocore_errors() -> None:
+    err = raised(bx.PartialCredentialsError(provider="env", cred_var="AWS_SECRET_ACCESS_KEY"))
+    assert isinstance(err, AwsError)
+    assert "AWS_SECRET_ACCESS_KEY" in str(err)
+
+
+def test_other_exceptions_pass_through() -> None:
+    with pytest.raises(KeyError), aws_errors("ReceiveMessage"):
+        raise KeyError("x")
+
+
+def test_service_name_appears_in_messages() -> None:
+    err = raised(client_error("AccessDenied"), "PutObject", resource="s3://b/k", service="s3")
+    assert "s3:PutObject" in str(err)
