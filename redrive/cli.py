@@ -451,6 +451,16 @@ def move_options(f: F) -> F:
     return f
 
 
+def plan_out_option(f: F) -> F:
+    return click.option(
+        "--plan-out",
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help="Dry run only: write the exact selection to FILE for review; "
+        "`redrive apply FILE --execute` then acts on exactly that.",
+    )(f)
+
+
 def lease_option(f: F) -> F:
     return click.option(
         "--lease",
@@ -481,6 +491,7 @@ def rate_option(f: F) -> F:
 @lease_option
 @workers_option
 @rate_option
+@plan_out_option
 @json_option
 @pass_ctx
 def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
@@ -490,9 +501,7 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
     harmless.
     """
-    from redrive.ledger import open_ledger
-    from redrive.move import MoveEngine, MoveOptions
-    from redrive.render import move_text
+    from redrive.move import MoveOptions
 
     selection = make_selection(kwargs)
     execute: bool = kwargs["execute"]
@@ -510,13 +519,56 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
             workers=kwargs["workers"],
             rate=kwargs["rate"],
         )
+    run_move(
+        ctx,
+        dlq,
+        options,
+        ledger_uri=kwargs["ledger"],
+        yes=kwargs["yes"],
+        as_json=kwargs["as_json"],
+        plan_out=kwargs["plan_out"],
+    )
+
+
+def run_move(
+    ctx: Context,
+    dlq: DlqTarget,
+    options: Any,
+    *,
+    ledger_uri: str | None,
+    yes: bool,
+    as_json: bool,
+    plan_out: str | None = None,
+    planned: int | None = None,
+) -> None:
+    """Confirm, open the ledger, run the engine, render; shared by ``move`` and ``apply``."""
+    from redrive.ledger import open_ledger
+    from redrive.move import MoveEngine
+    from redrive.plan import PlanWriter
+    from redrive.render import move_text
+
+    if plan_out and options.execute:
+        raise click.UsageError("--plan-out records a dry run: run without --execute")
+    with core_errors():
+        to = options.to
         destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
         confirm(
-            execute,
-            kwargs["yes"],
-            f"Move selected messages from {dlq.dlq.name} to {destination}?",
+            options.execute, yes, f"Move selected messages from {dlq.dlq.name} to {destination}?"
         )
-        ledger = open_ledger(kwargs["ledger"]) if execute else _dry_run_ledger(kwargs["ledger"])
+        ledger = open_ledger(ledger_uri) if options.execute else _dry_run_ledger(ledger_uri)
+        run_info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
+        writer = (
+            PlanWriter(
+                plan_out,
+                kind="move",
+                target=dlq.label,
+                dlq_url=dlq.dlq.url,
+                filters=options.selection.describe(),
+                options=move_plan_options(options),
+            )
+            if plan_out
+            else None
+        )
     progress = Progress("move")
     try:
         with core_errors(), interruptible() as stop:
@@ -531,13 +583,68 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
                     f"{r.moved} moved / {r.matched} matched / {r.scanned} scanned "
                     f"({progress.rate(r.moved)})"
                 ),
+                plan_sink=writer.add if writer else None,
+                run_info=run_info if options.execute else None,
             )
             result = engine.run()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
     finally:
         if ledger is not None:
             ledger.close()
     progress.done()
-    finish_move(result, kwargs["as_json"], move_text)
+    if writer is not None:
+        writer.close()
+        click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
+    shown: Any = PlannedView(result, planned) if planned is not None else result
+    finish_move(shown, as_json, move_text)
+
+
+def move_plan_options(options: Any) -> dict[str, Any]:
+    return {
+        "to": options.to.url if options.to else None,
+        "include_expired": options.include_expired,
+        "max_redrives": options.max_redrives,
+        "in_doubt": options.in_doubt,
+        "lease": options.lease,
+    }
+
+
+def execute_record(ctx: Context, target: str, selection: Selection, ledger: Any) -> dict[str, Any]:
+    """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
+    from redrive.audit import caller_identity, run_record
+
+    filters = selection.describe()
+    if len(filters["message_ids"]) > 10:
+        # A plan's ids belong in the plan file, not in every audit listing.
+        filters["message_ids"] = f"{len(filters['message_ids'])} ids (from a plan)"
+    return run_record(
+        command_line=command_line(),
+        target=target,
+        filters=filters,
+        ledger=ledger.location,
+        archive=None,
+        caller=caller_identity(lambda: ctx.aws.client("sts")),
+    )
+
+
+class PlannedView:
+    """A result of ``apply``: also says how many planned messages were gone."""
+
+    def __init__(self, result: Any, planned: int) -> None:
+        self._result = result
+        self.planned = planned
+        self.gone = max(0, planned - result.matched)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._result.to_json()
+        data.update(planned=self.planned, gone=self.gone)
+        return data
 
 
 def _dry_run_ledger(uri: str | None) -> Any:
@@ -557,6 +664,11 @@ def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render
         emit_json(result.to_json())
     else:
         click.echo(render(getattr(result, "_result", result), **render_kw))
+        if getattr(result, "gone", 0):
+            click.echo(
+                f"\n{result.gone} of the plan's {result.planned} message(s) are no longer in the "
+                "DLQ (already acted on, or removed by someone else): left as they are"
+            )
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.needs_attention:
@@ -592,8 +704,17 @@ def _utcnow() -> Any:
     return datetime.now(UTC)
 
 
-def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: bool) -> None:
+def _run_purge(
+    ctx: Context,
+    target: str,
+    kwargs: dict[str, Any],
+    *,
+    delete: bool,
+    dlq: DlqTarget | None = None,
+    planned: int | None = None,
+) -> None:
     from redrive.archive import default_archive_path
+    from redrive.plan import PlanWriter
     from redrive.purge import S3_BUFFER, PurgeOptions, purge_dlq, purge_whole_queue
     from redrive.render import purge_text
 
@@ -601,11 +722,14 @@ def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: boo
     execute: bool = kwargs.get("execute", True)
     no_archive: bool = kwargs.get("no_archive", False)
     destination: str | None = kwargs["archive_to"]
+    plan_out: str | None = kwargs.get("plan_out")
     if no_archive and destination:
         raise click.UsageError("--archive and --no-archive contradict each other")
+    if plan_out and execute:
+        raise click.UsageError("--plan-out records a dry run: run without --execute")
     with core_errors():
-        dlq = ctx.target(target)
-        if no_archive and not selection.is_filtered:
+        dlq = dlq or ctx.target(target)
+        if no_archive and not selection.is_filtered and not plan_out:
             confirm(
                 execute,
                 kwargs["yes"],
@@ -623,6 +747,19 @@ def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: boo
             )
         where = None if no_archive else destination or default_archive_path(dlq.label, _utcnow())
         writer = _open_archive(ctx, where, dlq.label) if where and execute else None
+        plan = (
+            PlanWriter(
+                plan_out,
+                kind="purge",
+                target=dlq.label,
+                dlq_url=dlq.dlq.url,
+                filters=selection.describe(),
+                options={"archive": destination, "no_archive": no_archive},
+            )
+            if plan_out
+            else None
+        )
+        ledger = _purge_ledger(ctx, dlq, selection, kwargs, where) if execute and delete else None
     progress = Progress(dlq.label)
     try:
         with core_errors(), interruptible() as stop:
@@ -643,14 +780,56 @@ def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: boo
                 on_progress=lambda r: progress.update(
                     f"{r.archived} archived / {r.purged} deleted / {r.matched} matched"
                 ),
+                plan_sink=plan.add if plan else None,
             )
+    except BaseException:
+        if plan is not None:
+            plan.abort()
+        if ledger is not None:
+            with contextlib.suppress(Exception):
+                ledger[0].end_run(ledger[1], outcome="failed", counts={})
+            ledger[0].close()
+        raise
     finally:
         if writer is not None:
             writer.close()
     progress.done()
     if result.archive is None and where and not no_archive:
         result.archive = where
-    finish_move(result, kwargs["as_json"], purge_text)
+    if ledger is not None:
+        ledger[0].end_run(
+            ledger[1],
+            outcome="interrupted" if result.interrupted else "completed",
+            counts={
+                "matched": result.matched,
+                "archived": result.archived,
+                "purged": result.purged,
+                "failed": result.failed,
+            },
+        )
+        result.run_id = ledger[1]
+        ledger[0].close()
+    if plan is not None:
+        plan.close()
+        click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
+    shown: Any = PlannedView(result, planned) if planned is not None else result
+    finish_move(shown, kwargs["as_json"], purge_text)
+
+
+def _purge_ledger(
+    ctx: Context, dlq: DlqTarget, selection: Selection, kwargs: dict[str, Any], where: str | None
+) -> tuple[Any, str]:
+    """Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit."""
+    import uuid
+
+    from redrive.ledger import open_ledger
+
+    ledger = open_ledger(kwargs.get("ledger"))
+    run_id = uuid.uuid4().hex[:16]
+    info = execute_record(ctx, dlq.label, selection, ledger)
+    info.update(archive=where, dlq=dlq.dlq.url, pid=os.getpid())
+    ledger.start_run(run_id, command=command_line(), info=info)
+    return ledger, run_id
 
 
 @cli.command()
@@ -663,8 +842,10 @@ def _run_purge(ctx: Context, target: str, kwargs: dict[str, Any], *, delete: boo
     help="Delete without keeping a copy. Unfiltered, this uses SQS PurgeQueue.",
 )
 @execute_options
+@ledger_option
 @lease_option
 @workers_option
+@plan_out_option
 @json_option
 @pass_ctx
 def purge(ctx: Context, /, target: str, **kwargs: Any) -> None:
@@ -743,6 +924,9 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                 stop=stop,
                 on_problem=warn,
                 on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
+                run_info=(
+                    execute_record(ctx, source, selection, ledger) if execute and ledger else None
+                ),
             )
     finally:
         if ledger is not None:
@@ -778,6 +962,133 @@ class ReplayView:
 # -- check: layout audit ----------------------------------------------------------------------
 
 # -- audit and plans: audit, apply ------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN")
+@execute_options
+@ledger_option
+@click.option(
+    "--in-doubt",
+    type=click.Choice(["hold", "resend", "skip"]),
+    help="Override the plan's in-doubt policy (move plans).",
+)
+@workers_option
+@json_option
+@pass_ctx
+def apply(
+    ctx: Context,
+    /,
+    plan_path: str,
+    execute: bool,
+    yes: bool,
+    ledger: str | None,
+    in_doubt: str | None,
+    workers: int,
+    as_json: bool,
+) -> None:
+    """Act on exactly the messages of a plan written by `move/purge --plan-out`.
+
+    Messages not in the plan are left alone even if they match its filters now; planned
+    messages no longer in the DLQ are reported as gone; applying a plan twice does
+    nothing the second time. A dry run unless --execute.
+    """
+    from redrive.move import MoveOptions
+    from redrive.plan import read_plan
+    from redrive.queues import describe_queue
+
+    with core_errors():
+        plan = read_plan(plan_path)
+        dlq = ctx.target(plan.dlq_url)
+        if dlq.dlq.url != plan.dlq_url:
+            raise UsageProblem(f"plan {plan_path} is for {plan.dlq_url}, which is not a DLQ now")
+        if not plan.items:
+            click.echo(f"plan {plan_path} selects no message: nothing to do", err=True)
+        selection = Selection(message_ids=plan.message_ids)
+        if plan.kind == "move":
+            opts = plan.options
+            to = describe_queue(ctx.sqs_for(), opts["to"]) if opts.get("to") else None
+            options = MoveOptions(
+                selection=selection,
+                execute=execute,
+                to=to,
+                include_expired=bool(opts.get("include_expired", False)),
+                max_redrives=int(opts.get("max_redrives", 3)),
+                in_doubt=in_doubt or opts.get("in_doubt", "hold"),  # type: ignore[arg-type]
+                lease=int(opts.get("lease", 30)),
+                workers=workers,
+            )
+    if plan.kind == "move":
+        run_move(
+            ctx,
+            dlq,
+            options,
+            ledger_uri=ledger,
+            yes=yes,
+            as_json=as_json,
+            planned=len(plan.items),
+        )
+        return
+    kwargs: dict[str, Any] = {
+        "tasks": (),
+        "exclude_tasks": (),
+        "older_than": None,
+        "newer_than": None,
+        "limit": None,
+        "message_ids": tuple(plan.message_ids),
+        "archive_to": plan.options.get("archive"),
+        "no_archive": bool(plan.options.get("no_archive")),
+        "execute": execute,
+        "yes": yes,
+        "ledger": ledger,
+        "lease": 30,
+        "workers": workers,
+        "as_json": as_json,
+    }
+    _run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--since", metavar="DUR", callback=duration, help="Only runs started within DUR.")
+@ledger_option
+@json_option
+@pass_ctx
+def audit(
+    ctx: Context, /, run_id: str | None, since: float | None, ledger: str | None, as_json: bool
+) -> None:
+    """List the --execute runs of move, purge and replay; or show one run and its keys."""
+    from redrive.audit import entry_json, list_runs, run_json, show_run
+    from redrive.render import audit_table, run_detail_text
+
+    with core_errors():
+        store = _dry_run_ledger(ledger)
+        if store is None:
+            if run_id:
+                raise RedriveError("no ledger yet, so no runs: nothing has been executed here")
+            if as_json:
+                emit_json({"runs": []})
+            else:
+                click.echo("no runs recorded yet")
+            return
+        try:
+            if run_id:
+                detail = show_run(store, run_id)
+                if as_json:
+                    emit_json(
+                        {**run_json(detail.run), "keys": [entry_json(e) for e in detail.keys]}
+                    )
+                else:
+                    click.echo(run_detail_text(detail))
+                return
+            runs = list_runs(store, since=time.time() - since if since else None)
+            if as_json:
+                emit_json({"ledger": store.location, "runs": [run_json(r) for r in runs]})
+            else:
+                click.echo(audit_table(runs))
+        finally:
+            store.close()
+
 
 # -- sandbox ----------------------------------------------------------------------------------
 

@@ -98,6 +98,13 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
+    # Checked here, once, so a bad default is reported under its own key even when every
+    # family overrides it.
+    default_region = _opt_str(defaults, "region", "defaults", source)
+    default_max_receive = _int(
+        defaults, "max_receive_count", "defaults", source, default=DEFAULT_MAX_RECEIVE_COUNT
+    )
+    default_retention = _duration(defaults.get("dlq_retention"), "defaults.dlq_retention", source)
     families_table = _table(data.get("families"), "families", source)
     if not families_table:
         raise ConfigError(f"{source}: no [families.NAME] table: define at least one family")
@@ -114,26 +121,15 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
                 name=name,
                 queue=queue,
                 dlq=_opt_str(table, "dlq", where, source),
-                region=_opt_str(table, "region", where, source)
-                or _opt_str(defaults, "region", "defaults", source),
+                region=_opt_str(table, "region", where, source) or default_region,
                 priority=_int(table, "priority", where, source, default=position + 1),
                 max_receive_count=_int(
-                    table,
-                    "max_receive_count",
-                    where,
-                    source,
-                    default=_int(
-                        defaults,
-                        "max_receive_count",
-                        "defaults",
-                        source,
-                        default=DEFAULT_MAX_RECEIVE_COUNT,
-                    ),
+                    table, "max_receive_count", where, source, default=default_max_receive
                 ),
-                dlq_retention_seconds=_duration(
-                    table.get("dlq_retention", defaults.get("dlq_retention")),
-                    f"{where}.dlq_retention",
-                    source,
+                dlq_retention_seconds=(
+                    _duration(table["dlq_retention"], f"{where}.dlq_retention", source)
+                    if "dlq_retention" in table
+                    else default_retention
                 ),
             )
         )

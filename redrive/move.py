@@ -25,8 +25,8 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -35,6 +35,7 @@ from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
 from redrive.messages import TaskInfo, decode
+from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
 from redrive.scan import DlqScan, hold_for_depth, run_pipelines
@@ -49,6 +50,9 @@ DEFAULT_MAX_REDRIVES = 3
 STALE_AFTER = 120.0
 HEARTBEAT_EVERY = 5.0
 MAX_LISTED = 100
+# Message sizes (bytes, body plus attributes) queues accept: SQS's old maximum, which many
+# queues still set as MaximumMessageSize, and its current one.
+MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
 
 # Reasons a selected message is not sent; the keys of MoveResult.skipped.
 EXPIRED = "expired"
@@ -240,6 +244,8 @@ class MoveEngine:
         fault: Callable[[str], None] | None = None,
         now: Callable[[], float] = time.time,
         source: MessageSource | None = None,
+        plan_sink: Callable[[PlanItem], None] | None = None,
+        run_info: Mapping[str, Any] | None = None,
     ) -> None:
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
@@ -253,6 +259,8 @@ class MoveEngine:
         self.fault = fault or (lambda step: None)
         self.now = now
         self.source = source
+        self.plan_sink = plan_sink
+        self.run_info = dict(run_info or {})
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -301,6 +309,7 @@ class MoveEngine:
                     "target": self.target.label,
                     "dlq": self.target.dlq.url,
                     "filters": self.options.selection.describe(),
+                    **self.run_info,
                 },
             )
             _ACTIVE_RUNS.add(self.run_id)
@@ -426,6 +435,7 @@ class MoveEngine:
                 if entry is None and cand.key in self._planned:
                     self._count_matched(cand.info)
                     self._duplicate(cand.info)
+                    self._to_plan(cand, "delete-duplicate")
                     keep.append(cand.message)
                     continue
                 if entry is not None and entry.state in (KeyState.SENT, KeyState.DONE):
@@ -565,6 +575,7 @@ class MoveEngine:
         """A dry run: count what would happen, change nothing, keep every message."""
         with self._lock:
             for cand in [*to_send, *(c for c, _ in takeovers)]:
+                self._to_plan(cand, "send")
                 self._planned.add(cand.key)
                 counts = self.result.task(cand.info.task)
                 counts.moved += 1
@@ -574,11 +585,26 @@ class MoveEngine:
                 for follower in followers.get(cand.key, []):
                     self._count_matched(follower.info)
                     self._duplicate(follower.info)
+                    self._to_plan(follower, "delete-duplicate")
                     keep.append(follower.message)
             for cand, _ in duplicates:
                 self._duplicate(cand.info)
+                self._to_plan(cand, "delete-duplicate")
                 keep.append(cand.message)
         return keep
+
+    def _to_plan(self, cand: _Candidate, action: str) -> None:
+        if self.plan_sink is not None:
+            self.plan_sink(
+                PlanItem(
+                    message_id=cand.message.message_id,
+                    task=cand.info.task,
+                    task_id=cand.info.task_id,
+                    key=cand.key,
+                    target=cand.target.url,
+                    action=action,
+                )
+            )
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -636,15 +662,42 @@ class MoveEngine:
             entries = [self._entry(entry_id, c) for entry_id, c in by_id.items()]
             for chunk in split_batches(entries):
                 self._rate.acquire(len(chunk))
-                result = sqs.send_batch(url, chunk)
+                try:
+                    result = sqs.send_batch(url, chunk)
+                except Exception:
+                    self._settle_before_error(
+                        claimed, sent, failed, {by_id[e.id].key for e in chunk}
+                    )
+                    raise
                 sent.extend((by_id[i], mid) for i, mid in result.ok.items())
                 failed.extend((by_id[i], err) for i, err in result.failed.items())
         return sent, failed
 
+    def _settle_before_error(
+        self,
+        claimed: Sequence[_Candidate],
+        sent: Sequence[tuple[_Candidate, str]],
+        failed: Sequence[tuple[_Candidate, str]],
+        in_flight: set[str],
+    ) -> None:
+        """A send raised (e.g. it timed out): only its own request is in doubt. Record the
+        requests SQS confirmed before it and give back the ones never made, so that an
+        operator's ``--in-doubt resend`` cannot send a confirmed message a second time."""
+        assert self.ledger is not None and self.run_id is not None
+        settled = {c.key for c, _ in sent} | {c.key for c, _ in failed}
+        untried = [c.key for c in claimed if c.key not in settled and c.key not in in_flight]
+        # Best effort: if the ledger fails too, those keys stay claimed, i.e. in doubt.
+        with contextlib.suppress(Exception):
+            if sent:
+                self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent})
+            released = [c.key for c, _ in failed] + untried
+            if released:
+                self.ledger.release_many(self.run_id, released)
+
     def _entry(self, entry_id: str, cand: _Candidate) -> SendEntry:
         message = cand.message
         fifo = cand.target.fifo
-        return SendEntry(
+        entry = SendEntry(
             id=entry_id,
             body=message.body,
             message_attributes=attributes.stamped(
@@ -657,6 +710,13 @@ class MoveEngine:
             # SQS drops a FIFO resend with the same deduplication id within 5 minutes.
             deduplication_id=cand.key if fifo else None,
         )
+        bare = replace(entry, message_attributes=attributes.originals(message.message_attributes))
+        if any(bare.size() <= limit < entry.size() for limit in MESSAGE_SIZE_LIMITS):
+            # SQS counts attributes in a message's size: our stamp must never be what makes
+            # a message too big to send. Unstamped, a return is still recognised (by the
+            # MessageId the ledger recorded for the send).
+            return bare
+        return entry
 
     def _delete(
         self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]

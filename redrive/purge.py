@@ -19,6 +19,7 @@ from typing import Any
 from redrive.archive import ArchiveRecord, ArchiveWriter
 from redrive.errors import AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
+from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
 from redrive.scan import DlqScan, hold_for_depth, run_pipelines
 from redrive.selection import Selection
@@ -112,6 +113,7 @@ def purge_dlq(
     on_progress: Callable[[PurgeResult], None] | None = None,
     fault: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.time,
+    plan_sink: Callable[[PlanItem], None] | None = None,
 ) -> PurgeResult:
     """Archive (if ``writer``) and delete (if ``options.delete``) every selected message."""
     if options.execute and options.archive and writer is None:
@@ -210,6 +212,16 @@ def purge_dlq(
                         result.matched += 1
                         result.by_task[info.task] += 1
                     pending.append(_Pending(message, info, time.monotonic()))
+                    if plan_sink is not None:
+                        plan_sink(
+                            PlanItem(
+                                message_id=message.message_id,
+                                task=info.task,
+                                task_id=info.task_id,
+                                key=None,
+                                action="purge" if options.delete else "archive",
+                            )
+                        )
                 scan.keep(worker_sqs, keep)
                 with lock:
                     result.scanned += len(batch)

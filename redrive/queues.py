@@ -136,9 +136,11 @@ def resolve_target(layout: Layout, target: str, sqs_for: Callable[[str | None], 
             f"'{target}' is neither a family ({known}) nor an existing queue: check the "
             "name, --region and --config"
         ) from None
-    # A source queue given by name: use its family when it has one, so output is labelled.
+    # A family's source queue, or the DLQ its config names: use the family, so output is
+    # labelled and an explicit `dlq` holds where no RedrivePolicy links the two.
     for fam in layout.families:
-        if queue_name(fam.queue) == queue.name and fam.region is None:
+        names = {queue_name(fam.queue), *([queue_name(fam.dlq)] if fam.dlq else [])}
+        if queue.name in names and fam.region is None:
             return resolve_family(sqs, fam)
     if queue.redrive_policy:
         return DlqTarget(label=queue.name, family=None, dlq=dlq_of(sqs, queue), sources=(queue,))

@@ -9,7 +9,9 @@ from typing import Any
 
 from tabulate import tabulate
 
+from redrive.audit import RunDetail
 from redrive.inspect import InspectResult, TaskGroup
+from redrive.ledger import RunInfo
 from redrive.move import MoveResult
 from redrive.purge import PurgeResult
 from redrive.report import Report
@@ -355,4 +357,53 @@ def purge_text(result: PurgeResult) -> str:
     if result.interrupted:
         lines.append("")
         lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)
+
+
+def audit_table(runs: Sequence[RunInfo]) -> str:
+    if not runs:
+        return "no runs recorded"
+    rows = []
+    for run in runs:
+        info = run.info or {}
+        who = info.get("aws_arn") or f"{info.get('user', '?')}@{info.get('host', '?')}"
+        counts = ", ".join(f"{k} {v}" for k, v in run.counts.items() if v)
+        rows.append(
+            [
+                run.run_id,
+                when(run.started_at),
+                run.outcome or "running/crashed",
+                who,
+                info.get("target", "-"),
+                counts or "-",
+                info.get("command_line") or run.command,
+            ]
+        )
+    return table(rows, ["run", "started", "outcome", "who", "target", "counts", "command"])
+
+
+def run_detail_text(detail: RunDetail) -> str:
+    run = detail.run
+    info = run.info or {}
+    lines = [
+        f"run {run.run_id}: {run.outcome or 'running, or crashed before it could end'}",
+        f"  command:  {info.get('command_line') or run.command}",
+        f"  started:  {when(run.started_at)}",
+        f"  ended:    {when(run.ended_at)}",
+        f"  who:      {info.get('user', '?')}@{info.get('host', '?')}"
+        + (f" as {info['aws_arn']}" if info.get("aws_arn") else ""),
+        f"  target:   {info.get('target', '-')} ({info.get('dlq', '-')})",
+        f"  filters:  {info.get('filters', {})}",
+        f"  ledger:   {info.get('ledger', '-')}",
+        f"  archive:  {info.get('archive') or '-'}",
+        f"  counts:   {run.counts}",
+    ]
+    if detail.keys:
+        lines.append("")
+        lines.append(
+            table(
+                [[e.key, str(e.state), e.task, e.message_id] for e in detail.keys],
+                ["key", "state", "task", "dlq message id"],
+            )
+        )
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from redrive import attributes
@@ -93,6 +93,7 @@ def replay_archive(
     on_progress: Callable[[MoveResult], None] | None = None,
     on_problem: Callable[[str], None] | None = None,
     fault: Callable[[str], None] | None = None,
+    run_info: Mapping[str, Any] | None = None,
 ) -> MoveResult:
     """Send every selected archived message to ``to``, byte-identical, each task once."""
     stop = stop or threading.Event()
@@ -124,6 +125,7 @@ def replay_archive(
         on_progress=on_progress,
         fault=fault,
         source=ArchiveSource(records, stop),
+        run_info=run_info,
     )
     return engine.run()
 

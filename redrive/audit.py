@@ -1,0 +1,112 @@
+"""The audit trail: who ran which ``--execute`` command, when, on what, and how it ended.
+
+Runs are recorded in the ledger (the SQLite file, or the DynamoDB table), beside the keys
+they moved, so the trail is wherever the ledger is and needs no second store.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from redrive.errors import RedriveError
+from redrive.ledger import Entry, Ledger, RunInfo
+
+
+def local_identity() -> dict[str, str]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return {"user": user, "host": socket.gethostname()}
+
+
+def caller_identity(sts_client_factory: Callable[[], Any]) -> dict[str, str]:
+    """The AWS principal (STS GetCallerIdentity), best effort: an audit record without it
+    is better than a run refused for it (the sandbox, for one, has no real identity)."""
+    try:
+        response = sts_client_factory().get_caller_identity()
+    except Exception as exc:  # any failure: record why, do not stop the run
+        return {"aws_error": type(exc).__name__}
+    return {
+        "aws_arn": str(response.get("Arn", "")),
+        "aws_account": str(response.get("Account", "")),
+        "aws_user_id": str(response.get("UserId", "")),
+    }
+
+
+def run_record(
+    *,
+    command_line: str,
+    target: str,
+    filters: Mapping[str, Any],
+    ledger: str,
+    archive: str | None,
+    caller: Mapping[str, str],
+) -> dict[str, Any]:
+    """What an ``--execute`` run records about itself when it starts."""
+    return {
+        "command_line": command_line,
+        "target": target,
+        "filters": dict(filters),
+        "ledger": ledger,
+        "archive": archive,
+        **local_identity(),
+        **caller,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    run: RunInfo
+    keys: list[Entry]
+
+
+def list_runs(ledger: Ledger, *, since: float | None) -> list[RunInfo]:
+    return sorted(ledger.runs(since=since), key=lambda r: r.started_at, reverse=True)
+
+
+def show_run(ledger: Ledger, run_id: str) -> RunDetail:
+    run = ledger.run(run_id)
+    if run is None:
+        matches = [r for r in ledger.runs() if r.run_id.startswith(run_id)]
+        if len(matches) != 1:
+            raise RedriveError(
+                f"no run {run_id} in the ledger {ledger.location}: `redrive audit` lists them"
+            )
+        run = matches[0]
+    return RunDetail(run=run, keys=ledger.keys_for_run(run.run_id))
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_json(run: RunInfo) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "command": run.command,
+        "started_at": iso(run.started_at),
+        "ended_at": iso(run.ended_at),
+        "outcome": run.outcome or "running or crashed",
+        "info": run.info,
+        "counts": run.counts,
+    }
+
+
+def entry_json(entry: Entry) -> dict[str, Any]:
+    return {
+        "key": entry.key,
+        "state": str(entry.state),
+        "task": entry.task,
+        "message_id": entry.message_id,
+        "target": entry.target,
+        "sent_message_id": entry.sent_message_id,
+        "updated_at": iso(entry.updated_at),
+    }

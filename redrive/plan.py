@@ -1,0 +1,192 @@
+"""Plans: a dry run's exact selection, written for review and applied later as it stands.
+
+``move --plan-out plan.json`` (or ``purge --plan-out``) writes what the dry run selected:
+the command, target, filters and options, who made it and when, and one item per message
+(SQS MessageId, idempotency key, task). ``apply plan.json --execute`` acts on exactly those
+messages: a message not in the plan is left alone even if it matches the filters now, and a
+planned message no longer in the DLQ is reported as gone. Applying a plan twice does nothing
+the second time (its messages are gone, and their keys are done in the ledger).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from redrive.errors import UsageProblem
+
+PLAN_VERSION = 1
+KINDS = ("move", "purge")
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    message_id: str
+    task: str
+    task_id: str | None
+    key: str | None
+    """The idempotency key (move); ``None`` for purge, which sends nothing."""
+    target: str | None = None
+    """Queue the message would go to (move)."""
+    action: str = "send"
+    """``send``, ``delete-duplicate`` (a copy of a task that is or will be sent) or ``purge``."""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "message_id": self.message_id,
+            "action": self.action,
+            "task": self.task,
+        }
+        if self.task_id is not None:
+            data["task_id"] = self.task_id
+        if self.key is not None:
+            data["key"] = self.key
+        if self.target is not None:
+            data["target"] = self.target
+        return data
+
+
+@dataclass(slots=True)
+class Plan:
+    kind: str
+    target: str
+    dlq_url: str
+    filters: dict[str, Any]
+    options: dict[str, Any]
+    created_at: str
+    created_by: dict[str, Any]
+    items: list[PlanItem] = field(default_factory=list)
+    path: str = ""
+
+    @property
+    def message_ids(self) -> frozenset[str]:
+        return frozenset(item.message_id for item in self.items)
+
+    @property
+    def by_task(self) -> dict[str, int]:
+        return dict(sorted(Counter(item.task for item in self.items).items()))
+
+
+def who() -> dict[str, Any]:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return {"user": user, "host": socket.gethostname()}
+
+
+class PlanWriter:
+    """Streams a plan to disk: items go straight to the file, never all held in memory."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        kind: str,
+        target: str,
+        dlq_url: str,
+        filters: Mapping[str, Any],
+        options: Mapping[str, Any],
+        caller: Mapping[str, Any] | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown plan kind {kind!r}")
+        self.path = path
+        self.count = 0
+        self.by_task: Counter[str] = Counter()
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+        self._tmp = tmp
+        try:
+            self._file: IO[str] = tmp.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise UsageProblem(f"cannot write the plan {path}: {exc.strerror}") from exc
+        header = {
+            "redrive_plan": PLAN_VERSION,
+            "kind": kind,
+            "target": target,
+            "dlq_url": dlq_url,
+            "filters": dict(filters),
+            "options": dict(options),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "created_by": {**who(), **(dict(caller) if caller else {})},
+        }
+        # The header first, then one item per line: readable in a review, easy to diff.
+        text = json.dumps(header, indent=2, ensure_ascii=False)
+        self._file.write(text[: text.rstrip().rfind("}")].rstrip() + ',\n  "items": [\n')
+        self._first = True
+
+    def add(self, item: PlanItem) -> None:
+        prefix = "    " if self._first else ",\n    "
+        self._file.write(prefix + json.dumps(item.to_json(), ensure_ascii=False))
+        self._first = False
+        self.count += 1
+        self.by_task[item.task] += 1
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        summary = json.dumps(dict(sorted(self.by_task.items())), ensure_ascii=False)
+        self._file.write(f'\n  ],\n  "count": {self.count},\n  "by_task": {summary}\n}}\n')
+        self._file.close()
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        self._file.close()
+        self._tmp.unlink(missing_ok=True)
+
+
+def read_plan(path: str) -> Plan:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageProblem(f"plan {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise UsageProblem(f"plan {path} is not a readable plan: {exc}") from exc
+    if not isinstance(data, dict) or "redrive_plan" not in data:
+        raise UsageProblem(f"{path} is not a redrive plan (no 'redrive_plan' field)")
+    if data["redrive_plan"] != PLAN_VERSION:
+        raise UsageProblem(
+            f"plan {path} has version {data['redrive_plan']}; this redrive reads version "
+            f"{PLAN_VERSION}: upgrade redrive"
+        )
+    kind = data.get("kind")
+    if kind not in KINDS:
+        raise UsageProblem(f"plan {path}: unknown kind {kind!r}")
+    try:
+        items = [
+            PlanItem(
+                message_id=str(raw["message_id"]),
+                task=str(raw["task"]),
+                task_id=raw.get("task_id"),
+                key=raw.get("key"),
+                target=raw.get("target"),
+                action=str(raw.get("action", "send")),
+            )
+            for raw in data.get("items", [])
+        ]
+        return Plan(
+            kind=str(kind),
+            target=str(data["target"]),
+            dlq_url=str(data["dlq_url"]),
+            filters=dict(data.get("filters", {})),
+            options=dict(data.get("options", {})),
+            created_at=str(data.get("created_at", "")),
+            created_by=dict(data.get("created_by", {})),
+            items=items,
+            path=path,
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UsageProblem(f"plan {path} is damaged: missing or bad field {exc}") from exc
+
+
+def iter_ids(plan: Plan) -> Iterator[str]:
+    for item in plan.items:
+        yield item.message_id

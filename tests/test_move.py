@@ -1,0 +1,1175 @@
+"""The move engine's guarantees, each shown on a queue rather than argued.
+
+In-process moto (``family`` fixture) unless two processes must share one SQS: then a moto
+server that serves one request at a time, so a double could only be the engine's. Crashes
+are simulated by raising a BaseException subclass from the engine's ``fault`` hook, which
+the engine deliberately does not clean up after (like SIGKILL); with ``lease=1`` the
+crashed batch's messages come back after a second of real time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import botocore.exceptions
+import pytest
+from conftest import REGION, Family, make_family, start_moto_server
+
+from redrive import attributes
+from redrive.config import built_in_layout
+from redrive.errors import SendInDoubt
+from redrive.keys import key_for
+from redrive.ledger import KeyState, SqliteLedger
+from redrive.messages import decode, encode
+from redrive.move import (
+    EXPIRED,
+    IN_DOUBT,
+    NO_TARGET,
+    POISON,
+    RESOLVED_SKIP,
+    STEPS,
+    MoveEngine,
+    MoveOptions,
+    MoveResult,
+)
+from redrive.queues import DlqTarget, describe_queue, resolve_family, resolve_target
+from redrive.render import move_text
+from redrive.selection import Selection
+from redrive.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
+
+TASK = "apps.webhooks.tasks.save_checkout"
+LEASE = 1
+
+
+class Crash(BaseException):
+    """A simulated SIGKILL: not an Exception, so the engine gives nothing back."""
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def body(task_id: str, task: str = TASK, **kwargs: Any) -> str:
+    return encode(task, [task_id], {"note": "Zoë ✓"}, task_id=task_id, **kwargs)
+
+
+def put(
+    client: Any,
+    url: str,
+    messages: Sequence[str | tuple[str, Mapping[str, Any]]],
+    **extra: Any,
+) -> list[str]:
+    """Send bodies (or (body, message attributes)) to a queue in order; their MessageIds."""
+    ids: list[str] = []
+    for start in range(0, len(messages), 10):
+        chunk = messages[start : start + 10]
+        entries = []
+        for i, item in enumerate(chunk):
+            text, attrs = (item, {}) if isinstance(item, str) else item
+            entry: dict[str, Any] = {"Id": str(i), "MessageBody": text, **extra}
+            if attrs:
+                entry["MessageAttributes"] = dict(attrs)
+            entries.append(entry)
+        response = client.send_message_batch(QueueUrl=url, Entries=entries)
+        assert not response.get("Failed")
+        by_id = {item["Id"]: item["MessageId"] for item in response["Successful"]}
+        ids.extend(by_id[str(i)] for i in range(len(chunk)))
+    return ids
+
+
+def task_id_of(text: str) -> str | None:
+    return decode(text).task_id
+
+
+def arrived(family: Family, url: str | None = None) -> Counter[str | None]:
+    """Task ids in a queue (draining it), each with how many copies arrived."""
+    return Counter(task_id_of(m["Body"]) for m in family.drain(url or family.queue_url))
+
+
+def wait_for_leases() -> None:
+    """Let the leases of a crashed run run out (visibility and the run's ledger lease)."""
+    time.sleep(LEASE + 0.15)
+
+
+def checkout(client: Any) -> DlqTarget:
+    family = built_in_layout({}).family("checkout")
+    assert family is not None
+    return resolve_family(Sqs(client), family)
+
+
+@dataclass
+class Spy:
+    """What an engine received, sent and deleted, in order."""
+
+    received: list[list[Message]] = field(default_factory=list)
+    events: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+    sends: int = 0
+
+    def message_ids(self) -> dict[str, str]:
+        return {m.receipt_handle: m.message_id for batch in self.received for m in batch}
+
+
+class SpySqs(Sqs):
+    """An Sqs that records its calls and may rewrite received messages (``patch``)."""
+
+    def __init__(
+        self,
+        client: Any,
+        spy: Spy,
+        *,
+        send_client: Any | None = None,
+        patch: Callable[[Message], Message] | None = None,
+    ) -> None:
+        super().__init__(client, send_client=send_client)
+        self.spy = spy
+        self.patch = patch
+
+    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+        messages = super().receive(url, **kwargs)
+        if self.patch is not None:
+            messages = [self.patch(m) for m in messages]
+        if messages:
+            self.spy.received.append(messages)
+        return messages
+
+    def send_batch(self, url: str, entries: Sequence[Any]) -> Any:
+        self.spy.sends += 1
+        result = super().send_batch(url, entries)
+        by_id = {e.id: e for e in entries}
+        confirmed = frozenset(str(task_id_of(by_id[i].body)) for i in result.ok)
+        self.spy.events.append(("sent", confirmed))
+        return result
+
+    def delete_batch(self, url: str, handles: Mapping[str, str]) -> Any:
+        ids = self.spy.message_ids()
+        self.spy.events.append(("delete", frozenset(ids[h] for h in handles.values())))
+        return super().delete_batch(url, handles)
+
+
+class Proxy:
+    """A boto3 client with some operations replaced, to inject what SQS may answer."""
+
+    def __init__(self, client: Any, **operations: Callable[..., Any]) -> None:
+        self._client = client
+        self._operations = operations
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._operations:
+            return self._operations[name]
+        return getattr(self._client, name)
+
+
+def move(
+    client: Any,
+    ledger_path: Path | None,
+    *,
+    target: DlqTarget | None = None,
+    sqs: Callable[[], Sqs] | None = None,
+    fault: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[MoveResult], None] | None = None,
+    now: Callable[[], float] | None = None,
+    **options: Any,
+) -> MoveResult:
+    """One engine run on the checkout family (or ``target``), its ledger opened and closed."""
+    options.setdefault("execute", ledger_path is not None)
+    options.setdefault("lease", LEASE)
+    extra: dict[str, Any] = {"now": now} if now is not None else {}
+    ledger = SqliteLedger(ledger_path) if ledger_path is not None else None
+    try:
+        return MoveEngine(
+            target or checkout(client),
+            ledger,
+            MoveOptions(**options),
+            sqs_factory=sqs or (lambda: Sqs(client)),
+            fault=fault,
+            stop=stop,
+            on_progress=on_progress,
+            **extra,
+        ).run()
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def keys_in(ledger_path: Path) -> dict[str, tuple[KeyState, str, str | None]]:
+    """key -> (state, task, sent MessageId) for every key in a ledger."""
+    import sqlite3
+
+    conn = sqlite3.connect(ledger_path)
+    try:
+        rows = conn.execute("SELECT key, state, task, sent_message_id FROM keys").fetchall()
+    finally:
+        conn.close()
+    return {key: (KeyState(state), task, sent) for key, state, task, sent in rows}
+
+
+def crash_at(step: str, batch: int) -> Callable[[str], None]:
+    seen: Counter[str] = Counter()
+
+    def hook(name: str) -> None:
+        seen[name] += 1
+        if name == step and seen[name] == batch:
+            raise Crash(f"{step} in batch {batch}")
+
+    return hook
+
+
+def attribute_size(attrs: Mapping[str, Mapping[str, Any]]) -> int:
+    total = 0
+    for name, value in attrs.items():
+        total += len(name.encode()) + len(str(value["DataType"]).encode())
+        if "StringValue" in value:
+            total += len(str(value["StringValue"]).encode())
+        if "BinaryValue" in value:
+            total += len(value["BinaryValue"])
+    return total
+
+
+# -- 1. byte-identical ------------------------------------------------------------------------
+
+ORIGINAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
+    "text": {"DataType": "String", "StringValue": "Zoë ✓ 日本語"},
+    "count": {"DataType": "Number", "StringValue": "-1.50e3"},
+    "blob": {"DataType": "Binary", "BinaryValue": b"\x00\xff\x80 not utf-8"},
+    "custom": {"DataType": "String.x-tenant", "StringValue": "acme"},
+    "float": {"DataType": "Number.float", "StringValue": "3.14"},
+    "gz": {"DataType": "Binary.gzip", "BinaryValue": b"\x1f\x8b\x08"},
+}
+
+
+def test_body_and_every_attribute_arrive_unchanged_plus_the_stamp(
+    family: Family, tmp_path: Path
+) -> None:
+    bodies = [
+        body("t-1"),
+        encode(TASK, ["ü"], task_id="t-2", base64_envelope=False),  # raw JSON, non-ASCII
+        "plain text, not Celery: Zoë ✓ 日本語",
+    ]
+    ids = put(family.client, family.dlq_url, [(b, ORIGINAL_ATTRIBUTES) for b in bodies])
+    ledger = tmp_path / "l.sqlite3"
+
+    result = move(family.client, ledger)
+
+    assert (result.moved, result.failed) == (3, 0)
+    out = {m["Body"]: m for m in family.drain(family.queue_url)}
+    assert sorted(out) == sorted(bodies)
+    keys = keys_in(ledger)
+    for text, message_id in zip(bodies, ids, strict=True):
+        got = {k: clean_attribute(v) for k, v in out[text]["MessageAttributes"].items()}
+        expected_key = key_for(decode(text), message_id=message_id, generation=0)
+        assert got == {
+            **ORIGINAL_ATTRIBUTES,
+            attributes.COUNT: {"DataType": "Number", "StringValue": "1"},
+            attributes.KEY: {"DataType": "String", "StringValue": expected_key},
+            attributes.SOURCE_DLQ: {"DataType": "String", "StringValue": "onion-checkout-dlq"},
+        }
+        assert keys[expected_key][0] == KeyState.DONE
+    assert family.depth() == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("originals", "ours"),
+    [
+        (7, [attributes.COUNT, attributes.KEY, attributes.SOURCE_DLQ]),
+        (8, [attributes.COUNT, attributes.KEY]),
+        (9, [attributes.COUNT]),
+        (10, []),
+    ],
+)
+def test_stamp_only_where_there_is_room_and_originals_never_dropped(
+    family: Family, tmp_path: Path, originals: int, ours: list[str]
+) -> None:
+    attrs = {f"a{i}": {"DataType": "String", "StringValue": f"v{i}"} for i in range(originals)}
+    put(family.client, family.dlq_url, [(body("t-1"), attrs)])
+
+    assert move(family.client, tmp_path / "l.sqlite3").moved == 1
+
+    (message,) = family.drain(family.queue_url)
+    got = message["MessageAttributes"]
+    assert {k: clean_attribute(v) for k, v in got.items() if k in attrs} == attrs
+    assert sorted(set(got) - set(attrs)) == sorted(ours)
+
+
+def test_real_celery_samples_arrive_byte_identical(
+    family: Family, tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    bodies = [s["Body"] for s in samples]
+    put(family.client, family.dlq_url, bodies)
+    ledger = tmp_path / "l.sqlite3"
+
+    result = move(family.client, ledger)
+
+    assert result.moved == len(samples)
+    assert sorted(m["Body"] for m in family.drain(family.queue_url)) == sorted(bodies)
+    # Every sample is a Celery task: each has a key of its task id, none of its MessageId.
+    task_ids = {task_id_of(b) for b in bodies}
+    assert None not in task_ids
+    assert {k.split(":")[1] for k in keys_in(ledger)} == task_ids
+    assert sum(result.by_task.values()) == len(samples)
+
+
+def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
+    sqs_client: Any, tmp_path: Path, samples: list[dict[str, Any]]
+) -> None:
+    fifo = make_family(sqs_client, "onion-checkout.fifo")
+    target = resolve_target(built_in_layout({}), "onion-checkout.fifo", lambda _: Sqs(sqs_client))
+    sample = next(s for s in samples if s["queue"].endswith(".fifo"))
+    sent = {
+        sample["Body"]: sample["Attributes"]["MessageGroupId"],
+        body("t-1"): "user-1",
+        body("t-2"): "user-2",
+        body("t-3"): "user-1",
+    }
+    ids = {}
+    for i, (text, group) in enumerate(sent.items()):
+        response = sqs_client.send_message(
+            QueueUrl=fifo.dlq_url,
+            MessageBody=text,
+            MessageGroupId=group,
+            MessageDeduplicationId=f"dlq-{i}",
+        )
+        ids[text] = response["MessageId"]
+
+    result = move(sqs_client, tmp_path / "l.sqlite3", target=target)
+
+    assert result.moved == 4
+    out = fifo.drain(fifo.queue_url)
+    assert sorted(m["Body"] for m in out) == sorted(sent)
+    for message in out:
+        text = message["Body"]
+        assert message["Attributes"]["MessageGroupId"] == sent[text]
+        key = key_for(decode(text), message_id=ids[text], generation=0)
+        assert message["Attributes"]["MessageDeduplicationId"] == key
+    assert fifo.depth() == (0, 0)
+
+
+def test_fifo_resend_of_an_in_doubt_send_is_dropped_by_sqs(
+    sqs_client: Any, tmp_path: Path
+) -> None:
+    fifo = make_family(sqs_client, "onion-checkout.fifo")
+    target = resolve_target(built_in_layout({}), "onion-checkout.fifo", lambda _: Sqs(sqs_client))
+    for i in range(5):
+        sqs_client.send_message(
+            QueueUrl=fifo.dlq_url,
+            MessageBody=body(f"t-{i}"),
+            MessageGroupId=f"g{i % 2}",
+            MessageDeduplicationId=f"d{i}",
+        )
+    ledger = tmp_path / "l.sqlite3"
+    with pytest.raises(Crash):
+        move(sqs_client, ledger, target=target, fault=crash_at("sent", 1))
+    wait_for_leases()
+
+    result = move(sqs_client, ledger, target=target, in_doubt="resend")
+
+    # The engine resent all five (it cannot know); SQS's deduplication kept one of each.
+    assert result.moved == 5
+    assert arrived(fifo, fifo.queue_url) == {f"t-{i}": 1 for i in range(5)}
+    assert fifo.depth() == (0, 0)
+
+
+def test_the_stamp_never_makes_a_message_too_big_to_send(family: Family, tmp_path: Path) -> None:
+    limit = 262_144
+
+    # What SQS does for a queue whose MaximumMessageSize is 256 KiB: attributes count.
+    def send_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        too_big = [
+            e
+            for e in Entries
+            if len(e["MessageBody"].encode()) + attribute_size(e.get("MessageAttributes", {}))
+            > limit
+        ]
+        fine = [e for e in Entries if e not in too_big]
+        response = family.client.send_message_batch(QueueUrl=QueueUrl, Entries=fine)
+        response.setdefault("Failed", []).extend(
+            {"Id": e["Id"], "SenderFault": True, "Code": "InvalidParameterValue"}
+            for e in too_big
+        )
+        return response
+
+    custom = {"tenant": {"DataType": "String", "StringValue": "acme"}}
+    text = "x" * (limit - attribute_size(custom) - 20)  # fits, but not with redrive's stamp
+    put(family.client, family.dlq_url, [(text, custom), body("t-small")])
+    ledger = tmp_path / "l.sqlite3"
+    proxy = Proxy(family.client, send_message_batch=send_message_batch)
+
+    result = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+
+    assert (result.moved, result.failed) == (2, 0)
+    out = {m["Body"]: m["MessageAttributes"] for m in family.drain(family.queue_url)}
+    assert {k: clean_attribute(v) for k, v in out[text].items()} == custom
+    assert attributes.COUNT in out[body("t-small")]
+
+
+# -- 2. nothing lost --------------------------------------------------------------------------
+
+
+def failing_sends(client: Any, fail: set[str], *, unanswered: set[str] = frozenset()) -> Proxy:
+    """SendMessageBatch that reports the entries of task ids in ``fail`` as Failed (and does
+    not send them) and leaves those in ``unanswered`` out of both lists (not sent either)."""
+
+    def send_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        skip = fail | unanswered
+        good = [e for e in Entries if task_id_of(e["MessageBody"]) not in skip]
+        response: dict[str, Any] = {"Successful": [], "Failed": []}
+        if good:
+            response = client.send_message_batch(QueueUrl=QueueUrl, Entries=good)
+            response.setdefault("Failed", [])
+        response["Failed"].extend(
+            {"Id": e["Id"], "SenderFault": False, "Code": "InternalError", "Message": "injected"}
+            for e in Entries
+            if task_id_of(e["MessageBody"]) in fail
+        )
+        return response
+
+    return Proxy(client, send_message_batch=send_message_batch)
+
+
+@pytest.mark.parametrize("how", ["failed", "unanswered"])
+def test_unconfirmed_sends_stay_in_the_dlq_with_their_keys_released(
+    family: Family, tmp_path: Path, how: str
+) -> None:
+    ids = [f"t-{i}" for i in range(12)]
+    message_ids = dict(zip(put(family.client, family.dlq_url, [body(t) for t in ids]), ids))
+    bad = {"t-3", "t-10"}
+    proxy = (
+        failing_sends(family.client, bad)
+        if how == "failed"
+        else failing_sends(family.client, set(), unanswered=bad)
+    )
+    ledger = tmp_path / "l.sqlite3"
+
+    result = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+
+    assert (result.moved, result.failed) == (10, 2)
+    assert {m.task_id for m in result.failed_messages} == bad
+    detail = "InternalError: injected" if how == "failed" else "not in the response"
+    assert {m.detail for m in result.failed_messages} == {detail}
+    assert family.depth() == (2, 0)  # released at once, not left hidden
+    remaining = family.drain(family.dlq_url)
+    assert {message_ids[m["MessageId"]] for m in remaining} == bad
+    states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
+    assert states == {t: KeyState.DONE for t in ids if t not in bad}
+    assert arrived(family) == {t: 1 for t in ids if t not in bad}
+
+
+def test_failed_sends_succeed_on_the_next_run(family: Family, tmp_path: Path) -> None:
+    put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(5)])
+    ledger = tmp_path / "l.sqlite3"
+    proxy = failing_sends(family.client, {"t-1"})
+    first = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    second = move(family.client, ledger)
+
+    assert (first.moved, first.failed, second.moved, second.duplicates) == (4, 1, 1, 0)
+    assert arrived(family) == {f"t-{i}": 1 for i in range(5)}
+    assert family.depth() == (0, 0)
+
+
+def test_a_failed_delete_leaves_the_key_sent_and_the_next_run_only_deletes(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = [f"t-{i}" for i in range(6)]
+    put(family.client, family.dlq_url, [body(t) for t in ids])
+    undeletable = {"t-2", "t-4"}
+
+    def delete_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        held = {e["ReceiptHandle"]: e for e in Entries}
+        bodies = {m.receipt_handle: m.body for batch in spy.received for m in batch}
+        refuse = [e for h, e in held.items() if task_id_of(bodies[h]) in undeletable]
+        rest = [e for e in Entries if e not in refuse]
+        response = family.client.delete_message_batch(QueueUrl=QueueUrl, Entries=rest)
+        response.setdefault("Failed", []).extend(
+            {"Id": e["Id"], "SenderFault": False, "Code": "InternalError"} for e in refuse
+        )
+        return response
+
+    spy = Spy()
+    proxy = Proxy(family.client, delete_message_batch=delete_message_batch)
+    ledger = tmp_path / "l.sqlite3"
+
+    first = move(family.client, ledger, sqs=lambda: SpySqs(proxy, spy))
+
+    assert first.moved == 6
+    assert family.depth() == (2, 0)
+    states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
+    assert {t for t, s in states.items() if s == KeyState.SENT} == undeletable
+
+    spy2 = Spy()
+    second = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy2))
+
+    assert (second.moved, second.duplicates, spy2.sends) == (0, 2, 0)
+    assert family.depth() == (0, 0)
+    assert set(v[0] for v in keys_in(ledger).values()) == {KeyState.DONE}
+    assert arrived(family) == {t: 1 for t in ids}
+
+
+def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
+    family: Family, tmp_path: Path
+) -> None:
+    # Ten ~100 KB messages: one batch received, sent in five requests of two.
+    big = "x" * 56_000
+    ids = [f"t-{i}" for i in range(10)]
+    put(family.client, family.dlq_url, [encode(TASK, [big], task_id=t) for t in ids])
+    calls: list[set[str | None]] = []
+
+    def send_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        calls.append({task_id_of(e["MessageBody"]) for e in Entries})
+        response = family.client.send_message_batch(QueueUrl=QueueUrl, Entries=Entries)
+        if len(calls) == 2:  # it reached SQS, but its answer is lost
+            raise botocore.exceptions.ReadTimeoutError(endpoint_url="http://127.0.0.1:1/")
+        return dict(response)
+
+    proxy = Proxy(family.client, send_message_batch=send_message_batch)
+    ledger = tmp_path / "l.sqlite3"
+
+    with pytest.raises(SendInDoubt):
+        move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+
+    assert len(calls) == 2 and all(len(c) == 2 for c in calls)
+    states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
+    assert {t for t, s in states.items() if s == KeyState.SENT} == calls[0]
+    assert {t for t, s in states.items() if s == KeyState.CLAIMED} == calls[1]
+    assert len(states) == 4  # the six never tried were released
+
+    wait_for_leases()
+    rerun = move(family.client, ledger)
+
+    assert {m.task_id for m in rerun.in_doubt_messages} == calls[1]
+    assert (rerun.moved, rerun.duplicates, rerun.in_doubt) == (6, 2, 2)
+    assert arrived(family) == {t: 1 for t in ids}
+    assert family.depth() == (2, 0)
+
+
+# -- 3. nothing doubled: a crash at every step ------------------------------------------------
+
+# 25 tasks, then four more copies (same task id and retries, another MessageId): of tasks in
+# the first, second and third batch of ten. Two of them share the third batch with their twin.
+DUPLICATED = ("t-0", "t-12", "t-22", "t-24")
+
+
+def seed_with_copies(family: Family) -> dict[str, str]:
+    ids = [f"t-{i}" for i in range(25)]
+    texts = [body(t) for t in ids] + [body(t) for t in DUPLICATED]
+    message_ids = put(family.client, family.dlq_url, texts)
+    return dict(zip(message_ids, [*ids, *DUPLICATED], strict=True))
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("step", STEPS)
+def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
+    family: Family, tmp_path: Path, step: str, batch: int
+) -> None:
+    tasks_of = seed_with_copies(family)
+    ledger = tmp_path / "l.sqlite3"
+    spy = Spy()
+
+    with pytest.raises(Crash):
+        move(
+            family.client,
+            ledger,
+            sqs=lambda: SpySqs(family.client, spy),
+            fault=crash_at(step, batch),
+        )
+    assert len(spy.received) == batch
+    crashed_tasks = {tasks_of[m.message_id] for m in spy.received[-1]}
+    wait_for_leases()
+
+    held = move(family.client, ledger, in_doubt="hold")
+
+    in_doubt = step in ("claimed", "sent")  # claimed, but the send never recorded
+    if not in_doubt:
+        assert (held.in_doubt, held.in_doubt_messages) == (0, [])
+        assert family.depth() == (0, 0)
+        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+        return
+
+    # Exactly the crashed batch's tasks are in doubt: every DLQ copy of them, listed.
+    expected = {mid for mid, t in tasks_of.items() if t in crashed_tasks}
+    assert held.in_doubt == len(expected)
+    assert {m.message_id for m in held.in_doubt_messages} == expected
+    assert {(m.task, m.task_id) for m in held.in_doubt_messages} == {
+        (TASK, t) for t in crashed_tasks
+    }
+    assert held.skipped[IN_DOUBT] == len(expected)
+    assert family.depth() == (len(expected), 0)  # left in the DLQ, visible
+    text = move_text(held)
+    assert all(m in text for m in expected)
+
+    if step == "claimed":
+        # Never sent: the operator resends them.
+        resent = move(family.client, ledger, in_doubt="resend")
+        assert resent.moved == len(crashed_tasks)
+        assert resent.in_doubt == 0
+        assert family.depth() == (0, 0)
+        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+    else:
+        # Sent before the crash (the operator may see them processed): skip them.
+        skipped = move(family.client, ledger, in_doubt="skip")
+        assert (skipped.moved, skipped.in_doubt) == (0, 0)
+        assert skipped.skipped[RESOLVED_SKIP] == len(expected)
+        assert family.depth() == (len(expected), 0)
+        states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
+        assert {t for t, s in states.items() if s == KeyState.SKIPPED} == crashed_tasks
+        later = move(family.client, ledger)
+        assert (later.moved, later.in_doubt) == (0, 0)
+        assert later.skipped == Counter({RESOLVED_SKIP: len(expected)})
+        assert family.depth() == (len(expected), 0)
+        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+
+
+def test_a_live_run_in_this_process_is_busy_not_in_doubt(family: Family, tmp_path: Path) -> None:
+    # While one run is between claim and send, another (same process) must not call its
+    # keys in doubt: it skips them as busy.
+    put(family.client, family.dlq_url, [body("t-1")])
+    ledger = tmp_path / "l.sqlite3"
+    seen: list[MoveResult] = []
+
+    def during_claim(step: str) -> None:
+        if step == "claimed":
+            family.client.change_message_visibility_batch(
+                QueueUrl=family.dlq_url,
+                Entries=[
+                    {"Id": "0", "ReceiptHandle": spy.received[-1][0].receipt_handle,
+                     "VisibilityTimeout": 0}
+                ],
+            )
+            seen.append(move(family.client, ledger))
+
+    spy = Spy()
+    first = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy), fault=during_claim)
+
+    (inner,) = seen
+    assert (inner.moved, inner.in_doubt) == (0, 0)
+    assert inner.skipped == Counter({"claimed-by-another-run": 1})
+    assert first.moved == 1
+    assert arrived(family) == {"t-1": 1}
+
+
+# -- 4. reruns and copies ---------------------------------------------------------------------
+
+
+def test_a_rerun_after_a_finished_move_sends_nothing(family: Family, tmp_path: Path) -> None:
+    tasks_of = seed_with_copies(family)
+    ledger = tmp_path / "l.sqlite3"
+    first = move(family.client, ledger)
+    # The same tasks dead-letter again as new copies (say a producer resent them).
+    put(family.client, family.dlq_url, [body(t) for t in ("t-1", "t-7")])
+    spy = Spy()
+
+    second = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy))
+
+    assert (first.moved, first.duplicates) == (25, len(DUPLICATED))
+    assert (second.moved, second.duplicates, spy.sends) == (0, 2, 0)
+    assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+
+
+def test_two_copies_in_one_batch_go_once_and_the_copy_is_deleted_after_the_send(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = put(family.client, family.dlq_url, [body("t-1"), body("t-2"), body("t-1")])
+    spy = Spy()
+
+    result = move(family.client, tmp_path / "l.sqlite3", sqs=lambda: SpySqs(family.client, spy))
+
+    assert (result.moved, result.duplicates) == (2, 1)
+    assert arrived(family) == {"t-1": 1, "t-2": 1}
+    assert family.depth() == (0, 0)
+    sent_at = next(i for i, (kind, what) in enumerate(spy.events) if "t-1" in what)
+    assert spy.events[sent_at][0] == "sent"
+    deleted_at = next(i for i, (kind, what) in enumerate(spy.events) if ids[2] in what)
+    assert spy.events[deleted_at][0] == "delete" and deleted_at > sent_at
+
+
+def test_a_copy_is_kept_while_its_twin_failed_to_send(family: Family, tmp_path: Path) -> None:
+    put(family.client, family.dlq_url, [body("t-1"), body("t-2"), body("t-1")])
+    ledger = tmp_path / "l.sqlite3"
+    proxy = failing_sends(family.client, {"t-1"})
+
+    first = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+
+    assert (first.moved, first.failed, first.duplicates) == (1, 1, 0)
+    assert family.depth() == (2, 0)  # both copies of t-1 stay
+    second = move(family.client, ledger)
+    assert (second.moved, second.duplicates) == (1, 1)
+    assert arrived(family) == {"t-1": 1, "t-2": 1}
+    assert family.depth() == (0, 0)
+
+
+def test_copies_in_different_batches_and_runs_go_once(family: Family, tmp_path: Path) -> None:
+    texts = [body(f"t-{i}") for i in range(15)] + [body("t-0"), body("t-14")]
+    ids = put(family.client, family.dlq_url, texts)
+    ledger = tmp_path / "l.sqlite3"
+
+    # First only the first copy of t-3 (by MessageId); its twin comes in a later run.
+    put(family.client, family.dlq_url, [body("t-3")])
+    only = move(family.client, ledger, selection=Selection(message_ids=frozenset({ids[3]})))
+    rest = move(family.client, ledger)
+
+    assert (only.moved, rest.moved, rest.duplicates) == (1, 14, 3)
+    assert arrived(family) == {f"t-{i}": 1 for i in range(15)}
+    assert family.depth() == (0, 0)
+
+
+# -- 5. messages that come back ---------------------------------------------------------------
+
+
+def fail_in_source(family: Family) -> None:
+    """Let the source queue dead-letter everything in it, as SQS does after maxReceiveCount
+    receives (moto keeps the MessageId and attributes, as SQS does)."""
+    for _ in range(20):
+        response = family.client.receive_message(
+            QueueUrl=family.queue_url, MaxNumberOfMessages=10, VisibilityTimeout=0
+        )
+        if not response.get("Messages"):
+            return
+    raise AssertionError("the source queue did not dead-letter its messages")
+
+
+@pytest.mark.parametrize("stamped", [True, False], ids=["stamped", "no-room-for-stamp"])
+def test_a_message_that_comes_back_moves_again_until_it_is_poison(
+    family: Family, tmp_path: Path, stamped: bool
+) -> None:
+    full = {f"a{i}": {"DataType": "String", "StringValue": str(i)} for i in range(10)}
+    put(family.client, family.dlq_url, [(body("t-1"), {} if stamped else full), body("t-2")])
+    ledger = tmp_path / "l.sqlite3"
+
+    first = move(family.client, ledger, max_redrives=2)
+    assert arrived(family, family.dlq_url) == Counter()  # nothing left behind
+    put(family.client, family.queue_url, [])  # (nothing: t-1 and t-2 are in the source)
+    fail_in_source(family)  # both fail again
+    second = move(family.client, ledger, max_redrives=2)
+    fail_in_source(family)
+    third = move(family.client, ledger, max_redrives=2)
+
+    assert (first.moved, first.duplicates) == (2, 0)
+    assert (second.moved, second.duplicates) == (2, 0)
+    assert (third.moved, third.duplicates) == (0, 0)
+    assert third.skipped == Counter({POISON: 2})
+    assert family.depth() == (2, 0)  # poison stays in the DLQ
+    generations = sorted(k.split(":")[3] for k in keys_in(ledger) if ":t-1:" in k)
+    assert generations == ["g0", "g1"]
+
+    asked = move(family.client, ledger, max_redrives=3)  # the operator raises the cap
+    assert (asked.moved, asked.duplicates) == (2, 0)
+    (message, _) = sorted(family.drain(family.queue_url), key=lambda m: m["Body"] != body("t-1"))
+    got = message["MessageAttributes"]
+    if stamped:
+        assert got[attributes.COUNT]["StringValue"] == "3"
+    else:
+        assert {k: clean_attribute(v) for k, v in got.items()} == full
+
+
+# -- 6. dry run -------------------------------------------------------------------------------
+
+
+def seed_for_plan(family: Family) -> None:
+    past = datetime.now(UTC) - timedelta(hours=1)
+    poison = {attributes.COUNT: {"DataType": "Number", "StringValue": "3"}}
+    put(
+        family.client,
+        family.dlq_url,
+        [
+            body("a-1"),
+            body("a-2"),
+            body("a-1"),  # a second copy
+            body("b-1", task="apps.emails.tasks.send"),
+            body("old", expires=past),
+            (body("p-1"), poison),
+        ],
+    )
+
+
+def test_a_dry_run_changes_nothing_and_says_what_it_would_do(
+    family: Family, tmp_path: Path
+) -> None:
+    seed_for_plan(family)
+    spy = Spy()
+
+    result = move(family.client, None, sqs=lambda: SpySqs(family.client, spy))
+
+    assert result.dry_run and result.run_id is None and result.ledger is None
+    assert spy.sends == 0 and not any(kind == "delete" for kind, _ in spy.events)
+    assert family.depth() == (6, 0)  # all back, visible
+    assert family.depth(family.queue_url) == (0, 0)
+    assert result.by_task == {TASK: 2, "apps.emails.tasks.send": 1}
+    assert result.skipped == Counter({EXPIRED: 1, POISON: 1})
+    assert result.duplicates == 1
+    text = move_text(result)
+    assert text.startswith("DRY RUN:")
+    assert "3 would move" in text
+    assert "expired: 1, poison: 1" in text
+    assert "1 duplicate copy would be deleted" in text
+
+
+def test_a_dry_run_reads_the_ledger_but_never_writes_it(family: Family, tmp_path: Path) -> None:
+    ledger = tmp_path / "l.sqlite3"
+    put(family.client, family.dlq_url, [body("a-1")])
+    move(family.client, ledger)
+    put(family.client, family.dlq_url, [body("a-1"), body("a-2")])  # a copy, and a new task
+    with SqliteLedger(ledger) as led:
+        runs_before = led.runs()
+    keys_before = keys_in(ledger)
+
+    result = move(family.client, ledger, execute=False)
+
+    assert (result.moved, result.duplicates) == (1, 1)
+    assert keys_in(ledger) == keys_before
+    with SqliteLedger(ledger) as led:
+        assert led.runs() == runs_before
+    assert family.depth() == (2, 0)
+
+
+def test_the_cli_dry_run_creates_no_ledger(family: Family) -> None:
+    from click.testing import CliRunner
+
+    from redrive.cli import cli
+    from redrive.ledger import default_ledger_path
+
+    seed_for_plan(family)
+    outcome = CliRunner().invoke(cli, ["move", "checkout", "--json"], catch_exceptions=False)
+
+    assert outcome.exit_code == 0, outcome.output
+    plan = json.loads(outcome.stdout)
+    assert plan["dry_run"] and plan["moved"] == 3
+    assert not default_ledger_path().exists()
+    assert not default_ledger_path().parent.exists()
+    assert family.depth() == (6, 0)
+
+
+# -- 7. selection -----------------------------------------------------------------------------
+
+NOW = 1_800_000_000.0
+
+
+def test_task_globs_and_exclusions(family: Family, tmp_path: Path) -> None:
+    put(
+        family.client,
+        family.dlq_url,
+        [
+            body("w-1", task="apps.webhooks.tasks.save"),
+            body("w-2", task="apps.webhooks.tasks.notify"),
+            body("e-1", task="apps.emails.tasks.send"),
+            body("W-3", task="Apps.webhooks.tasks.save"),  # case matters
+        ],
+    )
+    result = move(
+        family.client,
+        tmp_path / "l.sqlite3",
+        selection=Selection(tasks=("apps.webhooks.*",), exclude_tasks=("*.notify",)),
+    )
+    assert (result.matched, result.moved) == (1, 1)
+    assert arrived(family) == {"w-1": 1}
+    assert family.depth() == (3, 0)
+
+
+def test_age_filters_use_the_sent_timestamp(family: Family, tmp_path: Path) -> None:
+    ages = {"h-1": 3 * 3600, "h-2": 2 * 3600, "m-1": 600, "m-2": 60}
+    put(family.client, family.dlq_url, [body(t) for t in ages])
+
+    def aged(message: Message) -> Message:
+        sent = NOW - ages[str(task_id_of(message.body))]
+        return replace(message, attributes={**message.attributes, "SentTimestamp": str(int(sent * 1000))})
+
+    ledger = tmp_path / "l.sqlite3"
+    spy = Spy()
+
+    def run(selection: Selection) -> Counter[str | None]:
+        move(
+            family.client,
+            ledger,
+            sqs=lambda: SpySqs(family.client, spy, patch=aged),
+            now=lambda: NOW,
+            selection=selection,
+        )
+        return arrived(family)
+
+    assert run(Selection(older_than=2.5 * 3600)) == {"h-1": 1}
+    assert run(Selection(newer_than=300)) == {"m-2": 1}
+    assert run(Selection(older_than=300, newer_than=7200)) == {"h-2": 1, "m-1": 1}
+    assert family.depth() == (0, 0)
+
+
+def test_limit_caps_the_moved_count_exactly(family: Family, tmp_path: Path) -> None:
+    seed_with_copies(family)
+    ledger = tmp_path / "l.sqlite3"
+
+    first = move(family.client, ledger, selection=Selection(limit=7))
+    moved_first = arrived(family)
+    second = move(family.client, ledger, selection=Selection(limit=13))
+    moved_second = arrived(family)
+
+    assert (first.moved, sum(moved_first.values())) == (7, 7)
+    assert (second.moved, sum(moved_second.values())) == (13, 13)
+    assert not set(moved_first) & set(moved_second)
+    rest = move(family.client, ledger)
+    assert rest.moved == 5
+    assert family.depth() == (0, 0)
+
+
+def test_message_id_selection(family: Family, tmp_path: Path) -> None:
+    ids = put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(12)])
+    chosen = frozenset({ids[1], ids[11], "not-a-message-id"})
+
+    result = move(family.client, tmp_path / "l.sqlite3", selection=Selection(message_ids=chosen))
+
+    assert result.moved == 2
+    assert arrived(family) == {"t-1": 1, "t-11": 1}
+    assert family.depth() == (10, 0)
+
+
+# -- 8. expiry and routing --------------------------------------------------------------------
+
+
+def test_expired_tasks_are_skipped_unless_included(family: Family, tmp_path: Path) -> None:
+    past = datetime.now(UTC) - timedelta(minutes=5)
+    future = datetime.now(UTC) + timedelta(hours=1)
+    put(
+        family.client,
+        family.dlq_url,
+        [body("gone", expires=past), body("fresh", expires=future), body("plain")],
+    )
+    ledger = tmp_path / "l.sqlite3"
+
+    first = move(family.client, ledger)
+    assert first.skipped == Counter({EXPIRED: 1})
+    assert arrived(family) == {"fresh": 1, "plain": 1}
+    assert family.depth() == (1, 0)
+
+    second = move(family.client, ledger, include_expired=True)
+    assert second.moved == 1
+    assert arrived(family) == {"gone": 1}
+
+
+def test_to_sends_to_another_queue(family: Family, tmp_path: Path) -> None:
+    other = family.client.create_queue(QueueName="onion-checkout-retry")["QueueUrl"]
+    put(family.client, family.dlq_url, [body("t-1"), body("t-2")])
+    to = describe_queue(Sqs(family.client), "onion-checkout-retry")
+
+    result = move(family.client, tmp_path / "l.sqlite3", to=to)
+
+    assert result.tasks[TASK].targets == Counter({"onion-checkout-retry": 2})
+    assert arrived(family, other) == {"t-1": 1, "t-2": 1}
+    assert family.depth(family.queue_url) == (0, 0)
+
+
+def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
+    sqs_client: Any, tmp_path: Path
+) -> None:
+    dlq = sqs_client.create_queue(QueueName="orders-dlq")["QueueUrl"]
+    dlq_arn = sqs_client.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 3})
+    sources = {
+        name: sqs_client.create_queue(QueueName=name, Attributes={"RedrivePolicy": policy})[
+            "QueueUrl"
+        ]
+        for name in ("orders-eu", "orders-us")
+    }
+    arn = {name: f"arn:aws:sqs:{REGION}:123456789012:{name}" for name in sources}
+    target = resolve_target(built_in_layout({}), "orders-dlq", lambda _: Sqs(sqs_client))
+    assert sorted(s.name for s in target.sources) == sorted(sources)
+    origin = {"eu-1": "orders-eu", "eu-2": "orders-eu", "us-1": "orders-us"}
+    put(sqs_client, dlq, [body(t) for t in origin])
+    ledger = tmp_path / "l.sqlite3"
+    family = Family(sqs_client, sources["orders-eu"], dlq, dlq_arn)
+
+    # moto does not say where a message came from: with two sources, nowhere to go.
+    unknown = move(sqs_client, ledger, target=target)
+    assert unknown.skipped == Counter({NO_TARGET: 3}) and unknown.moved == 0
+    assert family.depth() == (3, 0)
+    assert "pass --to QUEUE" in move_text(unknown)
+
+    def with_source(message: Message) -> Message:
+        source_arn = arn[origin[str(task_id_of(message.body))]]
+        return replace(
+            message, attributes={**message.attributes, "DeadLetterQueueSourceArn": source_arn}
+        )
+
+    routed = move(
+        sqs_client, ledger, target=target, sqs=lambda: SpySqs(sqs_client, Spy(), patch=with_source)
+    )
+    assert routed.moved == 3
+    assert arrived(family, sources["orders-eu"]) == {"eu-1": 1, "eu-2": 1}
+    assert arrived(family, sources["orders-us"]) == {"us-1": 1}
+    assert family.depth() == (0, 0)
+
+
+# -- 9. two operators at once -----------------------------------------------------------------
+
+OPERATOR = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+
+    from redrive import scan
+    from redrive.config import built_in_layout
+    from redrive.ledger import SqliteLedger
+    from redrive.move import MoveEngine, MoveOptions
+    from redrive.queues import resolve_family
+    from redrive.sqs import AwsSettings
+
+    scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
+    endpoint, ledger, go = sys.argv[1:4]
+    settings = AwsSettings(endpoint_url=endpoint, region="us-east-1")
+    target = resolve_family(settings.sqs(), built_in_layout({}).family("checkout"))
+    print("ready", flush=True)
+    while not Path(go).exists():
+        time.sleep(0.01)
+    with SqliteLedger(Path(ledger)) as led:
+        result = MoveEngine(
+            target, led, MoveOptions(execute=True, lease=10), sqs_factory=settings.sqs
+        ).run()
+    print(json.dumps(result.to_json()), flush=True)
+    """
+)
+
+
+@pytest.fixture
+def serial_server(tmp_path: Path) -> Iterator[Any]:
+    server = start_moto_server(tmp_path / "moto.log", serial=True)
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        server.process.wait(10)
+
+
+def test_two_operators_at_once_send_each_task_once(serial_server: Any, tmp_path: Path) -> None:
+    client = serial_server.client()
+    try:
+        family = make_family(client)
+        ids = [f"t-{i}" for i in range(180)]
+        # Twenty tasks have a second copy, spread through the queue.
+        texts = [body(t) for t in ids] + [body(t) for t in ids[::9]]
+        put(client, family.dlq_url, texts)
+        ledger = tmp_path / "shared.sqlite3"
+        SqliteLedger(ledger).close()  # created once, as an operator's first run would
+        script = tmp_path / "operator.py"
+        script.write_text(OPERATOR)
+        go = tmp_path / "go"
+        operators = [
+            subprocess.Popen(
+                [sys.executable, str(script), serial_server.endpoint_url, str(ledger), str(go)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=serial_server.env(),
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        for op in operators:
+            assert op.stdout is not None
+            assert op.stdout.readline().strip() == "ready", op.stderr and op.stderr.read()
+        go.touch()
+        results = []
+        for op in operators:
+            out, err = op.communicate(timeout=120)
+            assert op.returncode == 0, err
+            results.append(json.loads(out.strip().splitlines()[-1]))
+
+        # What one operator saw as busy (the other's claim) a last run deletes as duplicate.
+        cleanup = move(client, ledger, sqs=lambda: Sqs(client))
+
+        assert all(r["moved"] > 0 for r in results), "both operators did some of the work"
+        assert sum(r["moved"] for r in results) + cleanup.moved == len(ids)
+        assert cleanup.in_doubt == 0 and all(r["in_doubt"] == 0 for r in results)
+        assert arrived(family) == {t: 1 for t in ids}
+        assert family.depth() == (0, 0)
+    finally:
+        client.close()
+    log = (tmp_path / "moto.log").read_text()
+    assert not re.search(r'" 5\d\d ', log), log[-2000:]
+
+
+# -- 10. interrupt ----------------------------------------------------------------------------
+
+
+def test_an_interrupt_finishes_the_batch_gives_back_the_rest_and_resumes(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = [f"t-{i}" for i in range(25)]
+    texts = [body(t) for t in ids] + [body(f"x-{i}", task="apps.other.tasks.x") for i in range(5)]
+    put(family.client, family.dlq_url, texts)
+    ledger = tmp_path / "l.sqlite3"
+    stop = threading.Event()
+    only = Selection(tasks=(TASK,))
+
+    result = move(
+        family.client, ledger, stop=stop, on_progress=lambda _: stop.set(), selection=only
+    )
+
+    assert result.interrupted and result.scanned == 10
+    assert 0 < result.moved <= 10
+    assert family.depth() == (30 - result.moved, 0)  # nothing left hidden
+    with SqliteLedger(ledger) as led:
+        run = led.run(str(result.run_id))
+    assert run is not None and run.outcome == "interrupted"
+    assert "interrupted" in move_text(result)
+
+    rest = move(family.client, ledger, selection=only)
+    assert not rest.interrupted
+    assert result.moved + rest.moved == 25
+    assert arrived(family) == {t: 1 for t in ids}
+    assert family.depth() == (5, 0)
+
+
+# -- 11. batch splitting ----------------------------------------------------------------------
+
+
+def test_big_messages_are_sent_in_requests_within_the_batch_limit(
+    family: Family, tmp_path: Path
+) -> None:
+    texts = [encode(TASK, ["x" * 56_000], task_id=f"m-{i}") for i in range(7)]  # ~100 KB
+    texts.append(encode(TASK, ["y" * 140_000], task_id="l-1"))  # ~250 KB
+    assert all(90_000 < len(t) < MAX_BATCH_BYTES for t in texts)
+    put(family.client, family.dlq_url, texts[:4])
+    put(family.client, family.dlq_url, texts[4:])
+    sizes: list[tuple[int, int]] = []
+
+    def send_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        payload = sum(
+            len(e["MessageBody"].encode()) + attribute_size(e.get("MessageAttributes", {}))
+            for e in Entries
+        )
+        sizes.append((len(Entries), payload))
+        return dict(family.client.send_message_batch(QueueUrl=QueueUrl, Entries=Entries))
+
+    proxy = Proxy(family.client, send_message_batch=send_message_batch)
+
+    result = move(family.client, tmp_path / "l.sqlite3", sqs=lambda: Sqs(family.client, send_client=proxy))
+
+    assert result.moved == 8
+    assert all(payload <= MAX_BATCH_BYTES for _, payload in sizes), sizes
+    assert sum(n for n, _ in sizes) == 8
+    assert len(sizes) >= 5  # at most two ~100 KB messages per request, the big one alone
+    assert sorted(m["Body"] for m in family.drain(family.queue_url)) == sorted(texts)
+
+
+# -- 12. workers ------------------------------------------------------------------------------
+
+
+def test_three_workers_send_each_task_once(family: Family, tmp_path: Path) -> None:
+    ids = [f"t-{i}" for i in range(60)]
+    put(family.client, family.dlq_url, [body(t) for t in ids] + [body(t) for t in ids[::7]])
+    ledger = tmp_path / "l.sqlite3"
+
+    result = move(family.client, ledger, workers=3)
+    cleanup = move(family.client, ledger)
+
+    assert result.moved + cleanup.moved == 60
+    assert result.in_doubt == 0 and cleanup.in_doubt == 0
+    assert arrived(family) == {t: 1 for t in ids}
+    assert family.depth() == (0, 0)

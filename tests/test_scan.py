@@ -1,0 +1,382 @@
+"""Tests for redrive.scan: every message seen exactly once, everything held given back."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from conftest import REGION
+from conftest import Family as QueueFamily
+from moto.core import DEFAULT_ACCOUNT_ID
+from moto.core.utils import unix_time
+from moto.sqs.models import Message as MotoMessage
+from moto.sqs.models import SQSBackend, sqs_backends
+
+from redrive.scan import MAX_VISIBILITY, DlqScan, hold_for_depth, run_pipelines
+from redrive.sqs import BatchResult, Message, Sqs, queue_name
+
+
+@pytest.fixture
+def fast_moto(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto checks each received message's retention by computing every attribute of the
+    queue, which walks all its messages: a 1,000-message scan would take 40 s instead of 2.
+    The same check, on the queue's own retention period."""
+
+    def valid(self: SQSBackend, name: str, message: MotoMessage) -> bool:
+        retention = int(self.get_queue(name).message_retention_period)
+        return bool(retention + message.sent_timestamp / 1000 > unix_time())
+
+    monkeypatch.setattr(SQSBackend, "is_message_valid_based_on_retention_period", valid)
+
+
+def seed(url: str, count: int) -> list[str]:
+    """Put ``count`` messages straight into moto's queue (SendMessage also walks the whole
+    queue per message in moto, which is quadratic) and return their MessageIds."""
+    queue = sqs_backends[DEFAULT_ACCOUNT_ID][REGION].get_queue(queue_name(url))
+    ids = []
+    for i in range(count):
+        message = MotoMessage(str(uuid.uuid4()), f"message {i}")
+        message.mark_sent()
+        queue.add_message(message)
+        ids.append(message.id)
+    return ids
+
+
+def send(family: QueueFamily, count: int) -> list[str]:
+    ids: list[str] = []
+    for start in range(0, count, 10):
+        entries = [
+            {"Id": str(i), "MessageBody": f"message {start + i}"}
+            for i in range(min(10, count - start))
+        ]
+        response = family.client.send_message_batch(QueueUrl=family.dlq_url, Entries=entries)
+        ids.extend(item["MessageId"] for item in response["Successful"])
+    return ids
+
+
+def drain_scan(scan: DlqScan, sqs: Sqs, *, after_batch: Any = None) -> list[Message]:
+    """What a read-only operation does: look at each batch, then keep it held."""
+    seen: list[Message] = []
+    batches = 0
+    while (batch := scan.next_batch(sqs)) is not None:
+        seen.extend(batch)
+        batches += 1
+        if after_batch is not None:
+            after_batch(batches, batch)
+        scan.keep(sqs, batch)
+    return seen
+
+
+# -- hold_for_depth --------------------------------------------------------------------
+
+
+def test_hold_for_depth() -> None:
+    assert hold_for_depth(0) == 120
+    assert hold_for_depth(1000) == 140
+    assert hold_for_depth(100_000) == 120 + 2000
+    assert hold_for_depth(10**9) == MAX_VISIBILITY
+    assert hold_for_depth(0, floor=30) == 30
+
+
+# -- one pass over the queue -----------------------------------------------------------
+
+
+def test_every_message_once_then_all_released_at_1000(family: QueueFamily, fast_moto: None) -> None:
+    sent = seed(family.dlq_url, 1000)
+    assert family.depth() == (1000, 0)
+    sqs = Sqs(family.client)
+    received: list[int] = []
+    scan = DlqScan(url=family.dlq_url, lease=120, hold=120, on_receive=received.append)
+    try:
+        seen = drain_scan(scan, sqs)
+        ids = [m.message_id for m in seen]
+        assert len(ids) == 1000
+        assert set(ids) == set(sent)
+        # Until the scan ends, what it saw stays hidden: it is not received twice.
+        assert family.depth() == (0, 1000)
+        assert scan.done
+        assert scan.stats.received == 1000
+        assert scan.stats.seen_again == 0
+        assert scan.stats.held == 1000
+        assert received[-1] == 1000 and received == sorted(received)
+        scan.release_all(sqs)
+    finally:
+        scan.close()
+    assert scan.stats.released == 1000
+    assert scan.stats.release_failed == 0
+    assert family.depth() == (1000, 0)
+
+
+def test_empty_queue_ends_after_empty_receives(family: QueueFamily) -> None:
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=30, hold=30, stop_after_empty=3)
+    assert scan.next_batch(sqs) is None
+    assert scan.stats.receives == scan.stats.empty_receives == 3
+    scan.release_all(sqs)
+    scan.close()
+    assert scan.stats.released == 0
+
+
+def test_max_messages(family: QueueFamily) -> None:
+    send(family, 35)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=60, hold=60, max_messages=12)
+    sizes: list[int] = []
+    seen = drain_scan(scan, sqs, after_batch=lambda n, batch: sizes.append(len(batch)))
+    assert sizes == [10, 2]
+    assert len({m.message_id for m in seen}) == 12
+    assert scan.stats.received == 12
+    assert family.depth() == (23, 12)
+    scan.release_all(sqs)
+    scan.close()
+    assert family.depth() == (35, 0)
+
+
+def test_stop_receiving_ends_the_scan(family: QueueFamily) -> None:
+    send(family, 30)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=60, hold=60)
+    first = scan.next_batch(sqs)
+    assert first is not None
+    scan.keep(sqs, first)
+    scan.stop_receiving()
+    assert scan.next_batch(sqs) is None
+    assert scan.stats.receives == 1
+    scan.release_all(sqs)
+    scan.close()
+    assert family.depth() == (30, 0)
+
+
+def test_stop_event_ends_the_scan(family: QueueFamily) -> None:
+    send(family, 30)
+    sqs = Sqs(family.client)
+    stop = threading.Event()
+    scan = DlqScan(url=family.dlq_url, lease=60, hold=60, stop=stop)
+    seen = drain_scan(scan, sqs, after_batch=lambda n, batch: stop.set())
+    assert len(seen) == 10
+    scan.release_all(sqs)
+    scan.close()
+    assert family.depth() == (30, 0)
+
+
+def test_lease_running_out_mid_scan_keeps_counts_exact(family: QueueFamily) -> None:
+    """lease = hold = 1 s and a consumer that stalls after 30 messages: those 30 come back
+    while the scan is running. They are recognised, not counted twice, and the scan goes
+    on to the messages it has not seen yet instead of taking the repeats for the end."""
+    sent = send(family, 50)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=1, hold=1)
+
+    def slow_consumer(batches: int, batch: list[Message]) -> None:
+        if batches == 3:
+            time.sleep(1.2)
+
+    seen = drain_scan(scan, sqs, after_batch=slow_consumer)
+    ids = [m.message_id for m in seen]
+    assert scan.stats.seen_again > 0
+    assert scan.stats.received == 50
+    assert len(ids) == 50
+    assert set(ids) == set(sent)
+    scan.release_all(sqs)
+    scan.close()
+    assert family.depth() == (50, 0)
+
+
+def test_hold_longer_than_lease_keeps_kept_messages_hidden(family: QueueFamily) -> None:
+    send(family, 20)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=1, hold=60)
+
+    def slow_consumer(batches: int, batch: list[Message]) -> None:
+        if batches == 1:
+            scan.keep(sqs, batch)  # held for `hold`, not just the 1 s lease
+            time.sleep(1.2)
+
+    seen = drain_scan(scan, sqs, after_batch=slow_consumer)
+    assert len(seen) == 20
+    assert scan.stats.seen_again == 0
+    scan.release_all(sqs)
+    scan.close()
+    assert family.depth() == (20, 0)
+
+
+def test_release_now_makes_messages_visible_at_once(family: QueueFamily) -> None:
+    send(family, 5)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=60, hold=60)
+    batch = scan.next_batch(sqs)
+    assert batch is not None and len(batch) == 5
+    assert family.depth() == (0, 5)
+    assert scan.release_now(sqs, batch) == 5
+    assert family.depth() == (5, 0)
+    scan.close()
+
+
+# -- giving back -----------------------------------------------------------------------
+
+
+def test_release_all_after_an_exception(family: QueueFamily) -> None:
+    send(family, 40)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+
+    def fail_on_third(batches: int, batch: list[Message]) -> None:
+        if batches == 3:
+            raise RuntimeError("operation failed")
+
+    with pytest.raises(RuntimeError, match="operation failed"):
+        try:
+            drain_scan(scan, sqs, after_batch=fail_on_third)
+        finally:
+            scan.release_all(sqs)
+    # The two batches kept are back; the third was never kept, so its lease still runs.
+    assert scan.stats.released == 20
+    assert family.depth() == (30, 10)
+    # A second call finds nothing more to release and does not fail.
+    scan.release_all(sqs)
+    assert scan.stats.released == 20
+    scan.close()
+
+
+class SpoolSpy:
+    """Stands in for the scan's spool file and counts the lines read from it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.lines_read = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.inner:
+            self.lines_read += 1
+            yield line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_release_all_streams_the_spool(family: QueueFamily, monkeypatch: Any) -> None:
+    send(family, 35)
+    sqs = Sqs(family.client)
+    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+    drain_scan(scan, sqs)
+    spy = SpoolSpy(scan._spool)
+    scan._spool = spy
+    calls: list[tuple[int, int, int]] = []
+    real = sqs.change_visibility_batch
+
+    def spying(url: str, handles: dict[str, str], timeout: int) -> BatchResult:
+        calls.append((len(handles), timeout, spy.lines_read))
+        return real(url, handles, timeout)
+
+    monkeypatch.setattr(sqs, "change_visibility_batch", spying)
+    progress: list[int] = []
+    scan.release_all(sqs, on_progress=progress.append)
+    # Each batch of 10 handles is released as soon as it is read: the spool is never loaded
+    # whole, so memory stays flat however many messages the scan held.
+    assert calls == [(10, 0, 10), (10, 0, 20), (10, 0, 30), (5, 0, 35)]
+    assert progress == [10, 20, 30, 35]
+    assert family.depth() == (35, 0)
+    scan.close()
+
+
+# -- several workers -------------------------------------------------------------------
+
+
+def test_three_workers_share_one_scan(family: QueueFamily) -> None:
+    sent = send(family, 150)
+    first = Sqs(family.client)
+    made: list[Sqs] = []
+
+    def factory() -> Sqs:
+        made.append(Sqs(boto3.client("sqs", region_name=REGION)))
+        return made[-1]
+
+    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+    lock = threading.Lock()
+    ids: list[str] = []
+    clients: list[Sqs] = []
+
+    def work(sqs: Sqs) -> None:
+        with lock:
+            clients.append(sqs)
+        while (batch := scan.next_batch(sqs)) is not None:
+            with lock:
+                ids.extend(m.message_id for m in batch)
+            scan.keep(sqs, batch)
+
+    run_pipelines(work, first, factory, 3, scan.stop)
+    # Each worker has its own client; the first one is the caller's.
+    assert len(made) == 2
+    assert {id(c) for c in clients} == {id(first), *(id(c) for c in made)}
+    # moto may hand one message to two concurrent receivers; the scan counts it once.
+    assert sorted(ids) == sorted(sent)
+    assert scan.stats.received == 150
+    assert not scan.stop.is_set()
+    scan.release_all(first)
+    scan.close()
+    assert family.depth() == (150, 0)
+
+
+def test_one_worker_runs_in_the_calling_thread() -> None:
+    threads: list[threading.Thread] = []
+    first = object()
+
+    def work(sqs: Any) -> None:
+        assert sqs is first
+        threads.append(threading.current_thread())
+
+    def factory() -> Any:
+        raise AssertionError("a single worker needs no second client")
+
+    run_pipelines(work, first, factory, 1, threading.Event())  # type: ignore[arg-type]
+    assert threads == [threading.current_thread()]
+
+
+def test_first_error_stops_the_others_and_is_raised() -> None:
+    stop = threading.Event()
+    started = threading.Barrier(3)
+    clients = iter(["b", "c"])
+
+    def work(sqs: Any) -> None:
+        started.wait(5)
+        if sqs == "b":
+            raise ValueError("worker b failed")
+        # The others run until the failure stops them.
+        assert stop.wait(5), "stop was never set"
+
+    with pytest.raises(ValueError, match="worker b failed"):
+        run_pipelines(work, "a", lambda: next(clients), 3, stop)  # type: ignore[arg-type]
+    assert stop.is_set()
+
+
+def test_the_error_that_came_first_is_the_one_raised() -> None:
+    # The failure that stopped the run explains it; what the others raised while stopping
+    # is a consequence, whichever worker they ran in.
+    stop = threading.Event()
+    clients = iter(["b", "c"])
+
+    def work(sqs: Any) -> None:
+        if sqs == "c":
+            raise ValueError("the cause")
+        assert stop.wait(5)
+        raise RuntimeError(f"worker {sqs} gave up after the stop")
+
+    with pytest.raises(ValueError, match="the cause"):
+        run_pipelines(work, "a", lambda: next(clients), 3, stop)  # type: ignore[arg-type]
+    assert stop.is_set()
+
+
+def test_single_worker_error_sets_stop() -> None:
+    stop = threading.Event()
+
+    def work(sqs: Any) -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        run_pipelines(work, object(), object, 1, stop)  # type: ignore[arg-type]
+    assert stop.is_set()
