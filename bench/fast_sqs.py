@@ -27,6 +27,9 @@ the DLQ on its next receive, keeping its MessageId, SentTimestamp and receive co
 Long polling (WaitTimeSeconds) returns at once when messages are visible, else waits up to
 the wait time for one to become visible.
 
+Like SQS, a standard queue holds at most 120,000 messages in flight (``--inflight-limit``):
+a receive beyond that fails with OverLimit.
+
 Not implemented (not needed to measure a client): authentication (signatures are not
 checked), FIFO ordering and deduplication (``.fifo`` queues behave as standard queues),
 message retention expiry, tags, permissions, message move tasks, the query (XML) protocol.
@@ -71,6 +74,9 @@ MAX_WAIT_SECONDS = 20
 MAX_VISIBILITY = 43_200
 MAX_BATCH = 10
 MAX_MESSAGE_BYTES = 262_144
+#: SQS's quota of in-flight messages per standard queue ("approximately 120,000"); a receive
+#: that would hide more fails with OverLimit. ``--inflight-limit 0`` lifts it.
+INFLIGHT_LIMIT = 120_000
 SENDER_ID = "AIDAIT2UOQQY3AUEKVGXU"
 
 VISIBLE, INFLIGHT, DELAYED, DELETED = 0, 1, 2, 3
@@ -189,7 +195,9 @@ def _clean_attributes(raw: Any) -> dict[str, dict[str, Any]]:
             try:
                 base64.b64decode(value["BinaryValue"], validate=True)
             except (binascii.Error, ValueError):
-                raise _invalid(f"Message attribute {name} has a BinaryValue that is not base64.")
+                raise _invalid(
+                    f"Message attribute {name} has a BinaryValue that is not base64."
+                ) from None
             out[name] = {"DataType": data_type, "BinaryValue": value["BinaryValue"]}
         else:
             raise _invalid(f"Message attribute {name} has an unknown DataType {data_type}.")
@@ -272,8 +280,9 @@ class Queue:
 class Store:
     """Every queue of the server; callers hold ``self.lock`` (a Condition) around each op."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, *, inflight_limit: int = INFLIGHT_LIMIT) -> None:
         self.endpoint = endpoint
+        self.inflight_limit = inflight_limit
         self.lock = threading.Condition()
         self.queues: dict[str, Queue] = {}
         self._qids = itertools.count(1)
@@ -350,8 +359,7 @@ class Store:
 
     def _handle(self, queue: Queue, message: Message) -> str:
         return (
-            f"{queue.qid}.{message.seq}.{message.receive_count}.{os.urandom(6).hex()}"
-            + _HANDLE_PAD
+            f"{queue.qid}.{message.seq}.{message.receive_count}.{os.urandom(6).hex()}" + _HANDLE_PAD
         )
 
     def _message_for_handle(self, queue: Queue, handle: Any) -> Message:
@@ -465,7 +473,9 @@ class Store:
                     int(policy["maxReceiveCount"])
                     str(policy["deadLetterTargetArn"])
                 except (ValueError, KeyError, TypeError):
-                    raise _invalid(f"Invalid value for the parameter RedrivePolicy: {value}")
+                    raise _invalid(
+                        f"Invalid value for the parameter RedrivePolicy: {value}"
+                    ) from None
             if value == "" and key in ("RedrivePolicy", "RedriveAllowPolicy", "Policy"):
                 queue.attributes.pop(key, None)
             else:
@@ -473,9 +483,7 @@ class Store:
         queue.modified = str(int(time.time()))
         return {}
 
-    def _enqueue(
-        self, queue: Queue, body: Any, attributes: Any, delay: Any, now: float
-    ) -> Message:
+    def _enqueue(self, queue: Queue, body: Any, attributes: Any, delay: Any, now: float) -> Message:
         if not isinstance(body, str) or not body:
             raise EntryError("InvalidParameterValue", "The request must contain a MessageBody.")
         cleaned = _clean_attributes(attributes)
@@ -500,7 +508,10 @@ class Store:
 
     @staticmethod
     def _sent(message: Message) -> dict[str, Any]:
-        out: dict[str, Any] = {"MessageId": message.message_id, "MD5OfMessageBody": message.md5_body}
+        out: dict[str, Any] = {
+            "MessageId": message.message_id,
+            "MD5OfMessageBody": message.md5_body,
+        }
         if message.md5_attributes is not None:
             out["MD5OfMessageAttributes"] = message.md5_attributes
         return out
@@ -572,6 +583,13 @@ class Store:
         while True:
             now = time.time()
             self.requeue_due(queue, now)
+            if visibility_s and self.inflight_limit and queue.n_inflight >= self.inflight_limit:
+                raise SqsError(
+                    "OverLimit",
+                    f"{queue.n_inflight} messages are in flight in {queue.name}: the limit "
+                    f"is {self.inflight_limit}.",
+                    query_code="AWS.SimpleQueueService.OverLimit",
+                )
             got = self._take(queue, want, now, visibility_s)
             remaining = give_up - time.monotonic()
             if got or remaining <= 0 or self.queues.get(queue.name) is not queue:
@@ -701,8 +719,7 @@ def _batch_entries(req: dict[str, Any], action: str) -> list[dict[str, Any]]:
     if len(entries) > MAX_BATCH:
         raise SqsError(
             "TooManyEntriesInBatchRequest",
-            f"Maximum number of entries per request are {MAX_BATCH}. You have sent "
-            f"{len(entries)}.",
+            f"Maximum number of entries per request are {MAX_BATCH}. You have sent {len(entries)}.",
             query_code="AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
         )
     ids = [e.get("Id") for e in entries]
@@ -808,7 +825,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as botocore's connection pool expects
     server: FastSqsServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
             super().log_message(format, *args)
 
@@ -874,23 +891,34 @@ class FastSqsServer(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 128
 
-    def __init__(self, host: str, port: int, *, verbose: bool = False) -> None:
+    def __init__(
+        self, host: str, port: int, *, verbose: bool = False, inflight_limit: int = INFLIGHT_LIMIT
+    ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
         super().__init__((host, port), Handler)
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         self.endpoint_url = f"http://{shown}:{self.server_address[1]}"
-        self.store = Store(self.endpoint_url)
+        self.store = Store(self.endpoint_url, inflight_limit=inflight_limit)
         self.verbose = verbose
 
 
-def start(port: int = 0, host: str = "127.0.0.1", *, verbose: bool = False) -> FastSqsServer:
+def start(
+    port: int = 0,
+    host: str = "127.0.0.1",
+    *,
+    verbose: bool = False,
+    inflight_limit: int = INFLIGHT_LIMIT,
+) -> FastSqsServer:
     """Serve on a daemon thread (for use inside a test or script); ``shutdown()`` stops it."""
     address = ipaddress.ip_address(host.strip("[]") if host != "localhost" else "127.0.0.1")
     if not address.is_loopback:
         raise ValueError(f"fast_sqs only listens on loopback, not {host!r}")
-    server = FastSqsServer(str(address), port, verbose=verbose)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+    server = FastSqsServer(str(address), port, verbose=verbose, inflight_limit=inflight_limit)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    )
+    thread.start()
     return server
 
 
@@ -902,9 +930,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1", help="a loopback address")
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    parser.add_argument(
+        "--inflight-limit",
+        type=int,
+        default=INFLIGHT_LIMIT,
+        help=f"in-flight messages per queue before ReceiveMessage fails with OverLimit "
+        f"(SQS: about {INFLIGHT_LIMIT:,}; 0: no limit)",
+    )
     args = parser.parse_args(argv)
     try:
-        server = start(args.port, args.host, verbose=args.verbose)
+        server = start(
+            args.port, args.host, verbose=args.verbose, inflight_limit=args.inflight_limit
+        )
     except (ValueError, OSError) as exc:
         print(f"fast_sqs: {exc}", file=sys.stderr)
         return 1

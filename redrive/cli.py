@@ -233,7 +233,7 @@ def ledger_option(f: F) -> F:
         "--ledger",
         metavar="URI",
         envvar="REDRIVE_LEDGER",
-        help="Idempotency ledger: a SQLite path or sqlite:///path "
+        help="Idempotency ledger: a SQLite path, sqlite:///path or dynamodb://TABLE "
         "(default: the state directory; env REDRIVE_LEDGER).",
     )(f)
 
@@ -257,6 +257,19 @@ def command_line() -> str:
     return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
 
 
+def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | None:
+    from urllib.parse import urlsplit
+
+    # botocore would reject it only when the first client is made, as a bare ValueError.
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise click.BadParameter(
+                f"{value!r} is not an http(s) URL, e.g. http://127.0.0.1:4566", param=param
+            )
+    return value
+
+
 # -- the group --------------------------------------------------------------------------------
 
 
@@ -264,6 +277,7 @@ def command_line() -> str:
 @click.option(
     "--endpoint-url",
     metavar="URL",
+    callback=endpoint_url,
     help="SQS endpoint, e.g. the sandbox's (default: AWS_ENDPOINT_URL, else AWS).",
 )
 @click.option("--region", metavar="REGION", help="AWS region (default: AWS_REGION / profile).")
@@ -378,9 +392,10 @@ def _is_archive(target: str) -> bool:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "markdown", "json"]),
+    type=click.Choice(["table", "markdown", "json", "prometheus"]),
     default="table",
     show_default=True,
+    help="prometheus: text exposition format for node_exporter's textfile collector.",
 )
 @click.option(
     "--output",
@@ -391,11 +406,44 @@ def _is_archive(target: str) -> bool:
 @click.option(
     "--fail-on-messages", is_flag=True, help="Exit 1 when any DLQ holds messages (for alerting)."
 )
+@click.option(
+    "--since-last",
+    is_flag=True,
+    help="Also show what is new in each DLQ since the previous --since-last report.",
+)
+@click.option(
+    "--alert-state",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="With --fail-on-messages: remember alerts in FILE, to throttle them.",
+)
+@click.option(
+    "--alert-throttle",
+    metavar="DUR",
+    callback=duration,
+    help="With --alert-state: an unchanged DLQ alerts at most once per DUR; "
+    "a DLQ that grows or gains a task alerts at once.",
+)
 @pass_ctx
-def report(ctx: Context, fmt: str, output: str | None, fail_on_messages: bool) -> None:
+def report(
+    ctx: Context,
+    fmt: str,
+    output: str | None,
+    fail_on_messages: bool,
+    since_last: bool,
+    alert_state: str | None,
+    alert_throttle: float | None,
+) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
-    from redrive.render import report_text
+    from redrive import alerts
+    from redrive.ledger import default_ledger_path
+    from redrive.render import report_prometheus, report_text, since_last_text
     from redrive.report import build_report
+
+    if (alert_state or alert_throttle is not None) and not fail_on_messages:
+        raise click.UsageError("--alert-state and --alert-throttle go with --fail-on-messages")
+    if alert_throttle is not None and not alert_state:
+        raise click.UsageError("--alert-throttle needs --alert-state FILE to remember alerts")
 
     progress = Progress("report")
     with core_errors(), interruptible() as stop:
@@ -406,22 +454,63 @@ def report(ctx: Context, fmt: str, output: str | None, fail_on_messages: bool) -
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
         )
     progress.done()
+    changes = None
+    if since_last:
+        with core_errors():
+            state_path = alerts.since_last_path(default_ledger_path().parent, ctx.layout.source)
+            previous = alerts.load_state(state_path)
+            changes = alerts.changes_since(previous, result)
+            alerts.save_state(
+                state_path,
+                {"generated_at": result.generated_at, "families": alerts.snapshot(result)},
+            )
     if fmt == "json":
-        text = json.dumps(result.to_json(), indent=2, ensure_ascii=False) + "\n"
+        data = result.to_json()
+        if changes is not None:
+            data["since_last"] = [c.to_json() for c in changes]
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    elif fmt == "prometheus":
+        text = report_prometheus(result)
     else:
         text = report_text(result, markdown=fmt == "markdown")
+        if changes is not None:
+            text += "\n" + since_last_text(changes, markdown=fmt == "markdown")
     if output:
         path = Path(output)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        # Readers (a dashboard, an alert) see the old report or the new one, never half.
+        try:
+            with tmp.open("w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            fail(f"cannot write the report to {path}: {exc.strerror or exc}")
     else:
         click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
-    if fail_on_messages and result.total > 0:
+    if fail_on_messages and alert_state:
+        with core_errors():
+            decision, new_state = alerts.decide_alert(
+                alerts.load_state(Path(alert_state)),
+                result,
+                throttle=alert_throttle,
+                now=result.generated_at,
+            )
+            alerts.save_state(Path(alert_state), new_state)
+        for family, reason in decision.reasons.items():
+            click.echo(
+                f"alert {'FIRES' if decision.fire else 'held'}: {family}: {reason}", err=True
+            )
+        if decision.fire:
+            sys.exit(EXIT_ERROR)
+    elif fail_on_messages and result.total > 0:
         sys.exit(EXIT_ERROR)
     if result.errors:
         sys.exit(EXIT_ERROR)
@@ -485,6 +574,11 @@ def rate_option(f: F) -> F:
 @click.argument("target")
 @selection_options
 @click.option("--to", "to", metavar="QUEUE", help="Send to this queue (name or URL) instead.")
+@click.option(
+    "--native",
+    is_flag=True,
+    help="Let SQS move the whole DLQ server-side (StartMessageMoveTask): no filters, no ledger.",
+)
 @execute_options
 @ledger_option
 @move_options
@@ -503,6 +597,9 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     """
     from redrive.move import MoveOptions
 
+    if kwargs.pop("native"):
+        native_move(ctx, target, kwargs)
+        return
     selection = make_selection(kwargs)
     execute: bool = kwargs["execute"]
     with core_errors():
@@ -555,7 +652,11 @@ def run_move(
         confirm(
             options.execute, yes, f"Move selected messages from {dlq.dlq.name} to {destination}?"
         )
-        ledger = open_ledger(ledger_uri) if options.execute else _dry_run_ledger(ledger_uri)
+        ledger = (
+            open_ledger(ledger_uri, client_factory=ctx.aws.client)
+            if options.execute
+            else _dry_run_ledger(ledger_uri, ctx.aws.client)
+        )
         run_info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
         writer = (
             PlanWriter(
@@ -647,7 +748,7 @@ class PlannedView:
         return data
 
 
-def _dry_run_ledger(uri: str | None) -> Any:
+def _dry_run_ledger(uri: str | None, client_factory: Callable[[str], Any] | None = None) -> Any:
     """A dry run reads the ledger (to report duplicates and in-doubt keys) if it exists,
     and never creates one."""
     from redrive.ledger import default_ledger_path, open_ledger
@@ -656,7 +757,7 @@ def _dry_run_ledger(uri: str | None) -> Any:
         return None
     if uri is not None and "://" not in uri and not Path(uri).expanduser().exists():
         return None
-    return open_ledger(uri)
+    return open_ledger(uri, client_factory=client_factory)
 
 
 def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render_kw: Any) -> None:
@@ -824,7 +925,7 @@ def _purge_ledger(
 
     from redrive.ledger import open_ledger
 
-    ledger = open_ledger(kwargs.get("ledger"))
+    ledger = open_ledger(kwargs.get("ledger"), client_factory=ctx.aws.client)
     run_id = uuid.uuid4().hex[:16]
     info = execute_record(ctx, dlq.label, selection, ledger)
     info.update(archive=where, dlq=dlq.dlq.url, pid=os.getpid())
@@ -901,7 +1002,11 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     with core_errors():
         to = ctx.queue(kwargs["to"])
         confirm(execute, kwargs["yes"], f"Send the archived messages of {source} to {to.name}?")
-        ledger = open_ledger(kwargs["ledger"]) if execute else _dry_run_ledger(kwargs["ledger"])
+        ledger = (
+            open_ledger(kwargs["ledger"], client_factory=ctx.aws.client)
+            if execute
+            else _dry_run_ledger(kwargs["ledger"], ctx.aws.client)
+        )
     progress = Progress("replay")
     try:
         with core_errors(), interruptible() as stop:
@@ -957,9 +1062,297 @@ class ReplayView:
 
 # -- native moves: move --native, tasks (StartMessageMoveTask) ------------------------------
 
+
+NATIVE_POLL_SECONDS = 5.0
+"""How often ``move --native --execute`` asks SQS for the task's progress."""
+
+# Options that mean something to ``move --native``; any other one given on the command line
+# is refused, so that no filter or safety option is silently ignored.
+_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"}
+_NATIVE_REFUSALS = (
+    (
+        {"tasks", "exclude_tasks", "older_than", "newer_than", "limit", "message_ids"},
+        "SQS's server-side move cannot filter: it moves every message in the DLQ",
+    ),
+    (
+        {"include_expired", "max_redrives", "in_doubt", "ledger"},
+        "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
+    ),
+    ({"workers", "lease"}, "SQS moves the messages itself, with no workers or leases"),
+)
+
+
+def refuse_native_conflicts(click_ctx: click.Context) -> None:
+    """``--native`` with an option it cannot honour is a usage error that says why."""
+    from click.core import ParameterSource
+
+    given: list[tuple[str, str]] = []
+    for param in click_ctx.command.params:
+        name = param.name or ""
+        if name in _NATIVE_OPTIONS:
+            continue
+        # An environment variable (REDRIVE_LEDGER) is a standing default, not a request.
+        if click_ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = click_ctx.params.get(name)
+        default = param.get_default(click_ctx)
+        if value == default or (not value and not default):
+            continue  # --workers 1, --in-doubt hold: what --native does anyway
+        given.append((name, param.opts[0] if param.opts else name))
+    if not given:
+        return
+    reasons: list[str] = []
+    for names, reason in _NATIVE_REFUSALS:
+        if any(name in names for name, _ in given):
+            reasons.append(reason)
+    known = set().union(*(names for names, _ in _NATIVE_REFUSALS))
+    if any(name not in known for name, _ in given):
+        reasons.append("only --to, --rate, --execute, --yes and --json apply to it")
+    flags = ", ".join(flag for _, flag in given)
+    raise click.UsageError(
+        f"--native cannot be combined with {flags}: {'; '.join(reasons)}. Drop "
+        f"{'them' if len(given) > 1 else 'it'}, or drop --native to move with redrive's own engine"
+    )
+
+
+@contextlib.contextmanager
+def following() -> Iterator[threading.Event]:
+    """Ctrl-C (or SIGTERM) stops following a server-side move; it never cancels the task."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        click.echo(
+            "\nstopping to follow: the move task keeps running on the server "
+            "(`redrive tasks TARGET --cancel` cancels it)",
+            err=True,
+        )
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _target_sqs(ctx: Context, dlq: DlqTarget) -> Sqs:
+    # The move-task calls must go to the DLQ's own region.
+    return ctx.sqs_for(dlq.family.region if dlq.family is not None else None)
+
+
+def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
+    """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
+    from redrive.native import (
+        CANCELLED,
+        CANCELLING,
+        COMPLETED,
+        FAILED,
+        destination_label,
+        follow_native_move,
+        native_request,
+        plan_native_move,
+        start_native_move,
+    )
+    from redrive.render import native_plan_text, native_task_text
+
+    refuse_native_conflicts(click.get_current_context())
+    execute: bool = kwargs["execute"]
+    as_json: bool = kwargs["as_json"]
+    rate: float | None = kwargs["rate"]
+    with core_errors():
+        dlq = ctx.target(target)
+        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
+        sqs = _target_sqs(ctx, dlq)
+        if not execute:
+            plan = plan_native_move(sqs, dlq, destination=to, rate=rate)
+            if as_json:
+                emit_json(plan.to_json())
+            else:
+                click.echo(native_plan_text(plan))
+            return
+        request = native_request(dlq, destination=to, rate=rate)
+        where = destination_label(to, tuple(s.name for s in dlq.sources))
+        confirm(
+            execute,
+            kwargs["yes"],
+            f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
+        )
+        handle = start_native_move(sqs, dlq, destination=to, rate=rate)
+    click.echo(
+        f"started move task {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
+        "following, not the task)",
+        err=True,
+    )
+    progress = Progress("move task")
+    try:
+        with core_errors(), following() as stop:
+            task = follow_native_move(
+                sqs,
+                dlq,
+                handle,
+                poll_seconds=NATIVE_POLL_SECONDS,
+                stop=stop,
+                on_progress=lambda t: progress.update(
+                    f"{t.status}: {t.moved:,}"
+                    + (f" of {t.to_move:,}" if t.to_move is not None else "")
+                    + " moved",
+                    force=True,
+                ),
+            )
+    except click.ClickException as exc:
+        # Losing sight of the task does not stop it: say where to find it.
+        exc.message += (
+            f" (the move task was started and may still be running: `redrive tasks {target}`)"
+        )
+        raise
+    finally:
+        progress.done()
+    if as_json:
+        emit_json(
+            {
+                "native": True,
+                "dry_run": False,
+                "dlq": dlq.dlq.name,
+                "destination": to.name if to else None,
+                "rate": request.get("MaxNumberOfMessagesPerSecond"),
+                **task.to_json(),
+                "task_handle": handle,
+                "following_stopped": not task.terminal,
+            }
+        )
+    else:
+        click.echo(native_task_text(task, dlq=dlq.dlq.name, destination=where))
+    if task.status == COMPLETED:
+        return
+    if task.status == FAILED:
+        fail(
+            f"move task on DLQ {dlq.dlq.name} FAILED after moving {task.moved:,} message(s): "
+            f"{task.failure_reason or 'SQS gave no reason'}"
+        )
+    if task.status in (CANCELLED, CANCELLING):
+        click.echo(
+            f"the move task was cancelled after moving {task.moved:,} message(s); the rest "
+            "stay in the DLQ",
+            err=True,
+        )
+        sys.exit(EXIT_ATTENTION)
+    click.echo(
+        f"{'stopped following' if stop.is_set() else 'gave up following'}: move task "
+        f"{handle} keeps running on the server (it was not cancelled): "
+        f"`redrive tasks {target}` shows it, `redrive tasks {target} --cancel` cancels it",
+        err=True,
+    )
+    sys.exit(EXIT_INTERRUPTED if stop.is_set() else EXIT_ATTENTION)
+
+
+@cli.command()
+@click.argument("target")
+@click.option(
+    "--cancel",
+    is_flag=True,
+    help="Cancel the running move task (what it moved stays moved; the rest stays in the DLQ).",
+)
+@json_option
+@pass_ctx
+def tasks(ctx: Context, target: str, cancel: bool, as_json: bool) -> None:
+    """SQS message move tasks of a DLQ (started by move --native), newest first.
+
+    With --cancel, cancel the running one instead.
+    """
+    from redrive.native import cancel_move_task, list_move_tasks
+    from redrive.render import move_tasks_table
+
+    with core_errors():
+        dlq = ctx.target(target)
+        sqs = _target_sqs(ctx, dlq)
+        if not cancel:
+            listed = list_move_tasks(sqs, dlq)
+            if as_json:
+                emit_json(
+                    {
+                        "dlq": dlq.dlq.name,
+                        "dlq_arn": dlq.dlq.arn,
+                        "tasks": [t.to_json() for t in listed],
+                    }
+                )
+            else:
+                click.echo(move_tasks_table(listed, dlq=dlq.dlq.name))
+            return
+        cancelled = cancel_move_task(sqs, dlq)
+    if cancelled is None:
+        fail(
+            f"nothing cancelled: the move task of DLQ {dlq.dlq.name} finished by itself "
+            f"before the cancel reached it (`redrive tasks {target}` shows how it ended)"
+        )
+    if as_json:
+        emit_json({"dlq": dlq.dlq.name, "cancelled": cancelled.to_json()})
+    else:
+        total = f" of {cancelled.to_move:,}" if cancelled.to_move is not None else ""
+        click.echo(
+            f"cancelling the move task of DLQ {dlq.dlq.name}: {cancelled.moved:,}{total} "
+            "message(s) already moved stay moved, the rest stay in the DLQ; SQS ends the task "
+            f"shortly (`redrive tasks {target}` shows it)"
+        )
+
+
 # -- ledger: ledger init --------------------------------------------------------------------
 
+
+@cli.group("ledger")
+def ledger_group() -> None:
+    """The idempotency ledger: create one before a team shares it."""
+
+
+@ledger_group.command("init")
+@click.argument("uri", metavar="URI")
+@pass_ctx
+def ledger_init(ctx: Context, /, uri: str) -> None:
+    """Create the ledger URI names and wait until it is usable; an existing one is kept.
+
+    dynamodb://TABLE: an on-demand DynamoDB table (region and endpoint from the usual AWS
+    settings) whose entries expire 30 days after their last change, longer than any DLQ
+    keeps a message. A path or sqlite:///path: the SQLite file.
+    """
+    from redrive.ledger import open_ledger
+    from redrive.ledger_dynamodb import check_table_name, init_table
+
+    with core_errors():
+        scheme, sep, rest = uri.partition("://")
+        if sep and scheme.lower() == "dynamodb":
+            table = check_table_name(rest, uri)
+            click.echo(init_table(ctx.aws.client("dynamodb"), table))
+            return
+        with contextlib.closing(open_ledger(uri)) as led:
+            click.echo(f"the ledger is ready: {led.location}")
+
+
 # -- check: layout audit ----------------------------------------------------------------------
+
+
+@cli.command()
+@json_option
+@pass_ctx
+def check(ctx: Context, as_json: bool) -> None:
+    """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
+    and stray queues with the layout's prefix. Exits 1 when there are findings."""
+    from redrive.check import check_layout
+    from redrive.render import findings_table
+
+    with core_errors():
+        findings = check_layout(ctx.layout, ctx.sqs_for)
+    if as_json:
+        emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
+    else:
+        click.echo(findings_table(findings))
+    if findings:
+        sys.exit(EXIT_ERROR)
+
 
 # -- audit and plans: audit, apply ------------------------------------------------------------
 
@@ -1062,7 +1455,7 @@ def audit(
     from redrive.render import audit_table, run_detail_text
 
     with core_errors():
-        store = _dry_run_ledger(ledger)
+        store = _dry_run_ledger(ledger, ctx.aws.client)
         if store is None:
             if run_id:
                 raise RedriveError("no ledger yet, so no runs: nothing has been executed here")

@@ -9,8 +9,9 @@ doubling it" in the design)::
 
 Every transition is conditional on the state (and owner) it starts from, so two processes
 racing on one key cannot both win it. :class:`Ledger` is backend-neutral; :class:`SqliteLedger`
-is the one-machine backend (several processes may share its file). :func:`open_ledger` turns
-a URI into a backend.
+is the one-machine backend (several processes may share its file);
+:class:`redrive.ledger_dynamodb.DynamoDbLedger` is shared across machines. :func:`open_ledger`
+turns a URI into a backend.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ class RunInfo:
 
 
 class Ledger(Protocol):
-    """What the move engine needs from a ledger backend (SQLite now, DynamoDB later).
+    """What the move engine needs from a ledger backend (SQLite, or DynamoDB in
+    :mod:`redrive.ledger_dynamodb`).
 
     Every ``*_many`` method is one transaction (or one batch of conditional writes) per call;
     when it returns, its writes are durable. Transitions that do not apply (wrong state, wrong
@@ -209,28 +211,36 @@ def default_ledger_path() -> Path:
 _ACCEPTED_FORMS = "a file path, sqlite:///ABSOLUTE/PATH, sqlite://RELATIVE/PATH or dynamodb://TABLE"
 
 
-def _open_sqlite(rest: str, uri: str) -> Ledger:
+# Service name -> boto3 client (e.g. AwsSettings.client); None: boto3's usual settings chain.
+ClientFactory = Callable[[str], Any]
+
+
+def _open_sqlite(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
     if not rest:
         raise LedgerError(f"ledger URI {uri!r} names no file; use {_ACCEPTED_FORMS}")
     return SqliteLedger(Path(rest).expanduser())
 
 
-def _open_dynamodb(rest: str, uri: str) -> Ledger:
-    raise LedgerError("the DynamoDB ledger is not available in this version; use a SQLite path")
+def _open_dynamodb(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
+    # Imported here: a SQLite ledger should not pay for importing boto3.
+    from redrive.ledger_dynamodb import open_dynamodb
+
+    return open_dynamodb(rest, uri, client_factory)
 
 
-# A new backend is one entry here: scheme -> opener(rest of the URI, whole URI).
-_BACKENDS: dict[str, Callable[[str, str], Ledger]] = {
+# A new backend is one entry here: scheme -> opener(rest of the URI, whole URI, client factory).
+_BACKENDS: dict[str, Callable[[str, str, ClientFactory | None], Ledger]] = {
     "sqlite": _open_sqlite,
     "dynamodb": _open_dynamodb,
 }
 
 
-def open_ledger(uri: str | None) -> Ledger:
+def open_ledger(uri: str | None, *, client_factory: ClientFactory | None = None) -> Ledger:
     """Open the ledger ``uri`` names; None means ``$REDRIVE_LEDGER``, else the default path.
 
     Accepted: a plain path, ``sqlite:///abs/path``, ``sqlite://relative/path``,
-    ``dynamodb://TABLE`` (not available yet).
+    ``dynamodb://TABLE`` (its client from ``client_factory("dynamodb")``, else from boto3's
+    usual settings: AWS_ENDPOINT_URL(_DYNAMODB), AWS_REGION, AWS_PROFILE ...).
     """
     if uri is None:
         uri = os.environ.get("REDRIVE_LEDGER") or str(default_ledger_path())
@@ -242,7 +252,7 @@ def open_ledger(uri: str | None) -> Ledger:
     opener = _BACKENDS.get(scheme.lower())
     if opener is None:
         raise LedgerError(f"unknown ledger URI {uri!r}; use {_ACCEPTED_FORMS}")
-    return opener(rest, uri)
+    return opener(rest, uri, client_factory)
 
 
 # --------------------------------------------------------------------------- SQLite backend

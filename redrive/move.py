@@ -269,7 +269,8 @@ class MoveEngine:
             run_id=self.run_id,
             ledger=ledger.location if ledger is not None else None,
         )
-        self._lock = threading.Lock()
+        # Reentrant: the per-batch decisions hold it and call helpers that take it too.
+        self._lock = threading.RLock()
         self._limit_left = options.selection.limit
         self._routes: dict[str, QueueRef | None] = {}
         self._rate = RateLimiter(options.rate)
@@ -420,6 +421,12 @@ class MoveEngine:
             candidates.append(_Candidate(message, info, key, generation, route))
 
         entries = self._entries_for(candidates)
+        # Asked before taking self._lock, which _is_live takes itself (and it reads the ledger).
+        live_owners = {
+            e.run_id
+            for e in entries.values()
+            if e.state == KeyState.CLAIMED and e.run_id != self.run_id and self._is_live(e.run_id)
+        }
         to_send: list[_Candidate] = []
         takeovers: list[tuple[_Candidate, str]] = []
         duplicates: list[tuple[_Candidate, str]] = []  # (copy, key already sent)
@@ -458,7 +465,7 @@ class MoveEngine:
                     self._skip(cand.info, RESOLVED_SKIP)
                     keep.append(cand.message)
                     continue
-                elif entry.run_id == self.run_id or self._is_live(entry.run_id):
+                elif entry.run_id == self.run_id or entry.run_id in live_owners:
                     self._skip(cand.info, BUSY)
                     keep.append(cand.message)
                     continue

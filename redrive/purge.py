@@ -114,8 +114,13 @@ def purge_dlq(
     fault: Callable[[str], None] | None = None,
     now: Callable[[], float] = time.time,
     plan_sink: Callable[[PlanItem], None] | None = None,
+    run_id: str | None = None,
 ) -> PurgeResult:
-    """Archive (if ``writer``) and delete (if ``options.delete``) every selected message."""
+    """Archive (if ``writer``) and delete (if ``options.delete``) every selected message.
+
+    ``run_id`` names the run in the archive records; give the ledger's run id, so the
+    audit trail and the archive name the same run.
+    """
     if options.execute and options.archive and writer is None:
         raise UsageProblem("an archiving run needs an archive writer")
     if not options.delete and writer is None and options.execute:
@@ -129,7 +134,7 @@ def purge_dlq(
         dlq=target.dlq.name,
         archive=writer.location if writer is not None else None,
         command="purge" if options.delete else "archive",
-        run_id=uuid.uuid4().hex[:16] if options.execute else None,
+        run_id=(run_id or uuid.uuid4().hex[:16]) if options.execute else None,
     )
     sqs = sqs_factory()
     depth = int(
@@ -188,8 +193,12 @@ def purge_dlq(
 
     def work(worker_sqs: Sqs) -> None:
         pending: list[_Pending] = []
+        # The batch being sorted into kept and pending: an error before it is sorted must
+        # not leave it hidden for a whole lease.
+        unsorted: list[Message] = []
         try:
             while (batch := scan.next_batch(worker_sqs)) is not None:
+                unsorted = batch
                 fault("received")
                 keep: list[Message] = []
                 clock = now()
@@ -223,6 +232,7 @@ def purge_dlq(
                             )
                         )
                 scan.keep(worker_sqs, keep)
+                unsorted = []
                 with lock:
                     result.scanned += len(batch)
                     if limit_left[0] is not None and limit_left[0] <= 0:
@@ -233,6 +243,9 @@ def purge_dlq(
                 elif pending and (
                     len(pending) >= options.buffer
                     or time.monotonic() - pending[0].at > BUFFER_SECONDS
+                    # A FIFO DLQ hands out nothing more of a message group while some of it
+                    # is in flight: buffering would end the scan with groups left behind.
+                    or target.dlq.fifo
                 ):
                     flush(worker_sqs, pending)
                     pending = []
@@ -242,7 +255,9 @@ def purge_dlq(
             pending = []
         except (Exception, KeyboardInterrupt):
             # Not archived, so not deleted: hand them back with the rest.
-            scan.keep(worker_sqs, [p.message for p in pending])
+            held = {m.message_id: m for m in unsorted}
+            held.update((p.message.message_id, p.message) for p in pending)
+            scan.keep(worker_sqs, list(held.values()))
             raise
 
     try:

@@ -9,10 +9,13 @@ from typing import Any
 
 from tabulate import tabulate
 
+from redrive.alerts import Change
 from redrive.audit import RunDetail
+from redrive.check import Finding
 from redrive.inspect import InspectResult, TaskGroup
 from redrive.ledger import RunInfo
 from redrive.move import MoveResult
+from redrive.native import MAX_NATIVE_RATE, MoveTask, NativePlan
 from redrive.purge import PurgeResult
 from redrive.report import Report
 from redrive.selection import format_duration
@@ -407,3 +410,166 @@ def run_detail_text(detail: RunDetail) -> str:
             )
         )
     return "\n".join(lines)
+
+
+def native_plan_text(plan: NativePlan) -> str:
+    """The dry run of ``move --native``."""
+    depth = (
+        f"about {plan.approximate_messages:,} now"
+        if plan.approximate_messages is not None
+        else "depth unknown"
+    )
+    rate = (
+        f"at most {plan.rate} message(s)/s"
+        if plan.rate is not None
+        else f"chosen by SQS from the backlog (at most {MAX_NATIVE_RATE}/s)"
+    )
+    lines = [
+        "DRY RUN: would start a server-side move (SQS StartMessageMoveTask):",
+        f"  from  DLQ {plan.dlq.name}: every message ({depth})",
+        f"  to    {plan.destination_label}",
+        f"  rate  {rate}",
+        "SQS moves the messages itself: no filters and no ledger (no idempotency keys, no "
+        "expired, poison or in-doubt checks).",
+    ]
+    if plan.running is not None:
+        lines.append(
+            f"note: a move task is already {plan.running.status} for this DLQ "
+            f"(started {when(plan.running.started)}, {_task_progress(plan.running)}): --execute "
+            f"would be refused; `redrive tasks {plan.dlq.name}` shows it"
+        )
+    elif plan.running_unknown:
+        lines.append(f"note: could not check for a running move task: {plan.running_unknown}")
+    lines.append("Nothing was started: rerun with --execute to start it.")
+    return "\n".join(lines)
+
+
+def native_task_text(task: MoveTask, *, dlq: str, destination: str) -> str:
+    """The end of ``move --native --execute``: the task as last seen."""
+    so_far = "" if task.terminal else " so far"
+    lines = [
+        f"move task {task.status}: {_task_progress(task)}{so_far}, from DLQ {dlq} to {destination}",
+        f"started {when(task.started)}",
+    ]
+    if task.failure_reason:
+        lines.append(f"failure reason: {task.failure_reason}")
+    return "\n".join(lines)
+
+
+def move_tasks_table(tasks: Sequence[MoveTask], *, dlq: str, now: float | None = None) -> str:
+    """``redrive tasks``: the DLQ's recent move tasks, newest first."""
+    if not tasks:
+        return f"no move tasks for DLQ {dlq} (SQS lists the recent ones)"
+    rows = [
+        [
+            t.status,
+            when(t.started, now),
+            f"{t.moved:,}",
+            f"{t.to_move:,}" if t.to_move is not None else "-",
+            str(t.rate) if t.rate is not None else "auto",
+            t.destination or "original source(s)",
+            t.failure_reason or "",
+        ]
+        for t in tasks
+    ]
+    headers = ["status", "started", "moved", "to move", "msg/s", "destination", "failure reason"]
+    return f"move tasks of DLQ {dlq}, newest first:\n\n" + table(rows, headers)
+
+
+def _task_progress(task: MoveTask) -> str:
+    total = f" of {task.to_move:,}" if task.to_move is not None else ""
+    return f"{task.moved:,}{total} message(s) moved"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def report_prometheus(report: Report) -> str:
+    """Text exposition format, for node_exporter's textfile collector."""
+    metrics: list[tuple[str, str, list[str]]] = [
+        ("redrive_dlq_messages", "Messages in the DLQ, as scanned.", []),
+        ("redrive_dlq_task_messages", "Messages in the DLQ per Celery task.", []),
+        ("redrive_dlq_oldest_message_age_seconds", "Age of the DLQ's oldest message.", []),
+        ("redrive_dlq_poison_messages", "Messages redrive already moved max times.", []),
+        ("redrive_dlq_expired_messages", "Messages whose Celery expires has passed.", []),
+        (
+            "redrive_dlq_leaving_within_24h_messages",
+            "Messages the DLQ's retention removes within 24 hours.",
+            [],
+        ),
+        ("redrive_dlq_scan_error", "1 when the family could not be scanned.", []),
+    ]
+    by_name = {name: lines for name, _, lines in metrics}
+    for q in report.queues:
+        base = f'family="{_label(q.family)}",dlq="{_label(q.dlq or "")}"'
+        by_name["redrive_dlq_scan_error"].append(
+            f"redrive_dlq_scan_error{{{base}}} {1 if q.error else 0}"
+        )
+        r = q.result
+        if r is None:
+            continue
+        by_name["redrive_dlq_messages"].append(f"redrive_dlq_messages{{{base}}} {r.total}")
+        for g in r.groups:
+            by_name["redrive_dlq_task_messages"].append(
+                f'redrive_dlq_task_messages{{{base},task="{_label(g.task)}"}} {g.count}'
+            )
+        age = max(0.0, report.generated_at - r.oldest) if r.oldest is not None else 0.0
+        by_name["redrive_dlq_oldest_message_age_seconds"].append(
+            f"redrive_dlq_oldest_message_age_seconds{{{base}}} {age:.0f}"
+        )
+        by_name["redrive_dlq_poison_messages"].append(
+            f"redrive_dlq_poison_messages{{{base}}} {r.poison}"
+        )
+        by_name["redrive_dlq_expired_messages"].append(
+            f"redrive_dlq_expired_messages{{{base}}} {r.expired}"
+        )
+        by_name["redrive_dlq_leaving_within_24h_messages"].append(
+            f"redrive_dlq_leaving_within_24h_messages{{{base}}} {r.leaving_within_24h}"
+        )
+    out: list[str] = []
+    for name, help_text, lines in metrics:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} gauge")
+        out.extend(lines)
+    out.append("# HELP redrive_report_generated_timestamp_seconds When the report was made.")
+    out.append("# TYPE redrive_report_generated_timestamp_seconds gauge")
+    out.append(f"redrive_report_generated_timestamp_seconds {report.generated_at:.0f}")
+    return "\n".join(out) + "\n"
+
+
+def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str:
+    rows = []
+    for c in changes:
+        if c.previous_messages is None:
+            delta = "first report"
+        else:
+            delta = f"{c.delta:+d}" if c.delta else "unchanged"
+        rows.append(
+            [
+                c.family,
+                c.messages,
+                delta,
+                ", ".join(f"{t} ({n})" for t, n in c.new_tasks.items()) or "-",
+                ", ".join(f"{t} (+{n})" for t, n in c.grown_tasks.items()) or "-",
+            ]
+        )
+    title = "## Since the last report" if markdown else "since the last report:"
+    return (
+        title
+        + ("\n\n" if markdown else "\n")
+        + table(
+            rows,
+            ["family", "messages", "change", "new tasks", "grown tasks"],
+            fmt="github" if markdown else "simple",
+        )
+        + "\n"
+    )
+
+
+def findings_table(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return "no findings: the layout matches what SQS says"
+    return table(
+        [[f.family or "-", f.queue, f.problem] for f in findings], ["family", "queue", "finding"]
+    )

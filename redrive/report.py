@@ -69,6 +69,18 @@ class Report:
         }
 
 
+class _FamilyStop(threading.Event):
+    """One family's scan stop: set by the caller's stop, or by the scan itself when one of
+    its workers fails. The latter must end that scan only, not the whole report."""
+
+    def __init__(self, outer: threading.Event) -> None:
+        super().__init__()
+        self._outer = outer
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._outer.is_set()
+
+
 def build_report(
     layout: Layout,
     sqs_for: Callable[[str | None], Sqs],
@@ -85,7 +97,7 @@ def build_report(
             result = inspect_dlq(
                 target,
                 lambda region=family.region: sqs_for(region),  # type: ignore[misc]
-                stop=stop,
+                stop=_FamilyStop(stop) if stop is not None else None,
                 on_progress=(lambda n, name=family.name: on_progress(name, n))  # type: ignore[misc]
                 if on_progress
                 else None,

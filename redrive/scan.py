@@ -77,7 +77,7 @@ class DlqScan:
         # Closed by close(); it lives as long as the scan.
         self._spool = tempfile.TemporaryFile(mode="w+", encoding="ascii", prefix="redrive-")  # noqa: SIM115
         self._consecutive_empty = 0
-        self._consecutive_stale = 0
+        self._stale_run = 0
         self._done = False
 
     # -- receiving -----------------------------------------------------------------------
@@ -132,9 +132,12 @@ class DlqScan:
                     fresh = fresh[:room]
                 self.stats.received += len(fresh)
                 self.stats.seen_again += len(stale)
-                # Only already-seen messages three times running: the queue is covered.
-                self._consecutive_stale = 0 if fresh else self._consecutive_stale + 1
-                if self._consecutive_stale >= 3:
+                # Seen messages come back when their lease ran out (a slow consumer), and SQS
+                # may return them before the unseen ones: a few stale receives in a row do not
+                # mean the queue is covered. Each stale receive hides what it got again, so
+                # once every seen message came back with nothing new among them, it is.
+                self._stale_run = 0 if fresh else self._stale_run + len(stale)
+                if self._stale_run > len(self._seen):
                     self._done = True
                 received = self.stats.received
             if stale:
@@ -225,10 +228,17 @@ def run_pipelines(
     The first error stops the others (through ``stop``) and is re-raised.
     """
 
+    # In the order they happened: what the other workers raise once stopped is a consequence,
+    # the first error is the cause.
+    failures: list[BaseException] = []
+    failures_lock = threading.Lock()
+
     def guarded(sqs: Sqs) -> None:
         try:
             work(sqs)
-        except BaseException:
+        except BaseException as exc:
+            with failures_lock:
+                failures.append(exc)
             stop.set()
             raise
 
@@ -237,8 +247,7 @@ def run_pipelines(
         return
     clients = [first, *(sqs_factory() for _ in range(workers - 1))]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="redrive") as pool:
-        futures = [pool.submit(guarded, client) for client in clients]
-        errors = [f.exception() for f in futures]
-    for error in errors:
-        if error is not None:
-            raise error
+        for client in clients:
+            pool.submit(guarded, client)
+    if failures:
+        raise failures[0]

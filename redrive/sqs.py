@@ -100,13 +100,20 @@ class AwsSettings:
             max_pool_connections=20,
         )
         session = self.session()
-        with self._lock, aws_errors(f"create the {service} client"):
-            return session.client(
-                service,  # type: ignore[call-overload]
-                endpoint_url=self.endpoint_url,
-                region_name=region or self.region,
-                config=config,
-            )
+        try:
+            with self._lock, aws_errors(f"create the {service} client"):
+                return session.client(
+                    service,  # type: ignore[call-overload]
+                    endpoint_url=self.endpoint_url,
+                    region_name=region or self.region,
+                    config=config,
+                )
+        except ValueError as exc:
+            # botocore rejects a malformed endpoint URL (option or AWS_ENDPOINT_URL) this way.
+            raise AwsUnavailable(
+                f"cannot create the {service} client: {_one_line(str(exc))}: check "
+                "--endpoint-url / AWS_ENDPOINT_URL (e.g. http://127.0.0.1:4566)"
+            ) from exc
 
     def sqs(self, *, region: str | None = None) -> Sqs:
         # Sends go through a client that never retries by itself: botocore would resend a
@@ -398,6 +405,8 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
         raise AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config") from exc
     except botocore.exceptions.NoRegionError as exc:
         raise AwsUnavailable("no AWS region: pass --region or set AWS_REGION") from exc
+    except botocore.exceptions.InvalidRegionError as exc:
+        raise AwsUnavailable(f"{str(exc).rstrip('.')}: pass e.g. --region us-east-1") from exc
     except (
         botocore.exceptions.EndpointConnectionError,
         botocore.exceptions.ConnectTimeoutError,

@@ -61,8 +61,9 @@ def family_status(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[
     one broken queue does not hide the others; the caller decides the exit code."""
     rows = []
     for family in layout.families:
-        sqs = sqs_for(family.region)
         try:
+            # Inside the try: a family's own region may be what is broken.
+            sqs = sqs_for(family.region)
             target = resolve_family(sqs, family)
             source = target.sources[0]
             rows.append(

@@ -115,12 +115,25 @@ def test_the_core_commands_exist() -> None:
     assert {"status", "inspect", "report", "move"} <= set(cli.commands)
 
 
-@pytest.mark.parametrize("name", sorted(cli.commands))
-def test_every_command_help_mentions_its_options(name: str) -> None:
-    command = cli.commands[name]
+def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and subcommand, found at collection time: later ones are covered too."""
+    paths = []
+    for name, command in sorted(group.commands.items()):
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths.extend(command_paths(command, (*prefix, name)))
+    return paths
+
+
+@pytest.mark.parametrize("path", command_paths(cli), ids=" ".join)
+def test_every_command_help_mentions_its_options(path: tuple[str, ...]) -> None:
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
     for flag in ("--help", "-h"):
-        text = ok(name, flag).output
-        assert text.startswith(f"Usage: redrive {name}")
+        text = ok(*path, flag).output
+        assert text.startswith(f"Usage: redrive {' '.join(path)}")
         documented = [
             opt
             for param in command.params
@@ -128,9 +141,14 @@ def test_every_command_help_mentions_its_options(name: str) -> None:
             for opt in param.opts
             if opt.startswith("--")
         ]
-        for option in documented + KEY_OPTIONS.get(name, []):
-            assert option in text, f"{name} --help does not mention {option}"
-        assert (command.help or "").split("\n")[0].strip()[:30] in " ".join(text.split())
+        for option in documented + KEY_OPTIONS.get(" ".join(path), []):
+            assert option in text, f"{' '.join(path)} --help does not mention {option}"
+        if isinstance(command, click.Group):
+            for sub in command.commands:
+                assert sub in text
+        first_line = (command.help or "").split("\n")[0].strip()
+        assert first_line, f"{' '.join(path)} has no help text"
+        assert first_line[:30] in " ".join(text.split())
 
 
 def test_version_in_process() -> None:
@@ -480,7 +498,7 @@ def test_unknown_family_or_queue(family: Family) -> None:
 
 def test_unknown_queue_url(family: Family) -> None:
     url = family.dlq_url.replace("onion-checkout-dlq", "gone-dlq")
-    assert_one_error(run("inspect", url), EXIT_ERROR, "does not exist")
+    assert_one_error(run("inspect", url), EXIT_ERROR, "gone-dlq", "nor an existing queue")
 
 
 def test_family_whose_queue_is_missing(sqs_client: Any) -> None:
@@ -583,6 +601,22 @@ def test_no_region(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     endpoint = f"http://127.0.0.1:{free_port()}"
     assert_one_error(run("--endpoint-url", endpoint, "status"), EXIT_ERROR, "--region")
+
+
+def test_malformed_endpoint_url() -> None:
+    assert_one_error(run("--endpoint-url", "not a url", "status"), EXIT_USAGE, "--endpoint-url")
+    assert_one_error(run("--endpoint-url", "127.0.0.1:4566", "status"), EXIT_USAGE)
+
+
+def test_malformed_endpoint_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
+    for args in (["status"], ["inspect", "checkout"], ["report"]):
+        assert_one_error(run(*args), EXIT_ERROR, "AWS_ENDPOINT_URL", "not a url")
+
+
+def test_invalid_region() -> None:
+    result = run("--region", "bad region!", "status")
+    assert_one_error(result, EXIT_ERROR, "bad region!", "--region")
 
 
 def test_unreachable_endpoint_fails_fast() -> None:

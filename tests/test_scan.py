@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
-from conftest import REGION
+from conftest import REGION, MotoServer, make_family, start_moto_server
 from conftest import Family as QueueFamily
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.utils import unix_time
@@ -32,6 +31,23 @@ def fast_moto(monkeypatch: pytest.MonkeyPatch) -> None:
         return bool(retention + message.sent_timestamp / 1000 > unix_time())
 
     monkeypatch.setattr(SQSBackend, "is_message_valid_based_on_retention_period", valid)
+
+
+NewScan = Callable[..., DlqScan]
+
+
+@pytest.fixture
+def new_scan() -> Iterator[NewScan]:
+    """DlqScans that are closed after the test, even when it fails (their spool is a file)."""
+    made: list[DlqScan] = []
+
+    def make(url: str, **options: Any) -> DlqScan:
+        made.append(DlqScan(url=url, **options))
+        return made[-1]
+
+    yield make
+    for scan in made:
+        scan.close()
 
 
 def seed(url: str, count: int) -> list[str]:
@@ -86,46 +102,44 @@ def test_hold_for_depth() -> None:
 # -- one pass over the queue -----------------------------------------------------------
 
 
-def test_every_message_once_then_all_released_at_1000(family: QueueFamily, fast_moto: None) -> None:
+def test_every_message_once_then_all_released_at_1000(
+    new_scan: NewScan, family: QueueFamily, fast_moto: None
+) -> None:
     sent = seed(family.dlq_url, 1000)
     assert family.depth() == (1000, 0)
     sqs = Sqs(family.client)
     received: list[int] = []
-    scan = DlqScan(url=family.dlq_url, lease=120, hold=120, on_receive=received.append)
-    try:
-        seen = drain_scan(scan, sqs)
-        ids = [m.message_id for m in seen]
-        assert len(ids) == 1000
-        assert set(ids) == set(sent)
-        # Until the scan ends, what it saw stays hidden: it is not received twice.
-        assert family.depth() == (0, 1000)
-        assert scan.done
-        assert scan.stats.received == 1000
-        assert scan.stats.seen_again == 0
-        assert scan.stats.held == 1000
-        assert received[-1] == 1000 and received == sorted(received)
-        scan.release_all(sqs)
-    finally:
-        scan.close()
+    scan = new_scan(family.dlq_url, lease=120, hold=120, on_receive=received.append)
+    seen = drain_scan(scan, sqs)
+    ids = [m.message_id for m in seen]
+    assert len(ids) == 1000
+    assert set(ids) == set(sent)
+    # Until the scan ends, what it saw stays hidden: it is not received twice.
+    assert family.depth() == (0, 1000)
+    assert scan.done
+    assert scan.stats.received == 1000
+    assert scan.stats.seen_again == 0
+    assert scan.stats.held == 1000
+    assert received[-1] == 1000 and received == sorted(received)
+    scan.release_all(sqs)
     assert scan.stats.released == 1000
     assert scan.stats.release_failed == 0
     assert family.depth() == (1000, 0)
 
 
-def test_empty_queue_ends_after_empty_receives(family: QueueFamily) -> None:
+def test_empty_queue_ends_after_empty_receives(new_scan: NewScan, family: QueueFamily) -> None:
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=30, hold=30, stop_after_empty=3)
+    scan = new_scan(family.dlq_url, lease=30, hold=30, stop_after_empty=3)
     assert scan.next_batch(sqs) is None
     assert scan.stats.receives == scan.stats.empty_receives == 3
     scan.release_all(sqs)
-    scan.close()
     assert scan.stats.released == 0
 
 
-def test_max_messages(family: QueueFamily) -> None:
+def test_max_messages(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 35)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=60, hold=60, max_messages=12)
+    scan = new_scan(family.dlq_url, lease=60, hold=60, max_messages=12)
     sizes: list[int] = []
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: sizes.append(len(batch)))
     assert sizes == [10, 2]
@@ -133,14 +147,13 @@ def test_max_messages(family: QueueFamily) -> None:
     assert scan.stats.received == 12
     assert family.depth() == (23, 12)
     scan.release_all(sqs)
-    scan.close()
     assert family.depth() == (35, 0)
 
 
-def test_stop_receiving_ends_the_scan(family: QueueFamily) -> None:
+def test_stop_receiving_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 30)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=60, hold=60)
+    scan = new_scan(family.dlq_url, lease=60, hold=60)
     first = scan.next_batch(sqs)
     assert first is not None
     scan.keep(sqs, first)
@@ -148,29 +161,29 @@ def test_stop_receiving_ends_the_scan(family: QueueFamily) -> None:
     assert scan.next_batch(sqs) is None
     assert scan.stats.receives == 1
     scan.release_all(sqs)
-    scan.close()
     assert family.depth() == (30, 0)
 
 
-def test_stop_event_ends_the_scan(family: QueueFamily) -> None:
+def test_stop_event_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 30)
     sqs = Sqs(family.client)
     stop = threading.Event()
-    scan = DlqScan(url=family.dlq_url, lease=60, hold=60, stop=stop)
+    scan = new_scan(family.dlq_url, lease=60, hold=60, stop=stop)
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: stop.set())
     assert len(seen) == 10
     scan.release_all(sqs)
-    scan.close()
     assert family.depth() == (30, 0)
 
 
-def test_lease_running_out_mid_scan_keeps_counts_exact(family: QueueFamily) -> None:
+def test_lease_running_out_mid_scan_keeps_counts_exact(
+    new_scan: NewScan, family: QueueFamily
+) -> None:
     """lease = hold = 1 s and a consumer that stalls after 30 messages: those 30 come back
     while the scan is running. They are recognised, not counted twice, and the scan goes
     on to the messages it has not seen yet instead of taking the repeats for the end."""
     sent = send(family, 50)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=1, hold=1)
+    scan = new_scan(family.dlq_url, lease=1, hold=1)
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 3:
@@ -183,14 +196,15 @@ def test_lease_running_out_mid_scan_keeps_counts_exact(family: QueueFamily) -> N
     assert len(ids) == 50
     assert set(ids) == set(sent)
     scan.release_all(sqs)
-    scan.close()
     assert family.depth() == (50, 0)
 
 
-def test_hold_longer_than_lease_keeps_kept_messages_hidden(family: QueueFamily) -> None:
+def test_hold_longer_than_lease_keeps_kept_messages_hidden(
+    new_scan: NewScan, family: QueueFamily
+) -> None:
     send(family, 20)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=1, hold=60)
+    scan = new_scan(family.dlq_url, lease=1, hold=60)
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 1:
@@ -201,29 +215,27 @@ def test_hold_longer_than_lease_keeps_kept_messages_hidden(family: QueueFamily) 
     assert len(seen) == 20
     assert scan.stats.seen_again == 0
     scan.release_all(sqs)
-    scan.close()
     assert family.depth() == (20, 0)
 
 
-def test_release_now_makes_messages_visible_at_once(family: QueueFamily) -> None:
+def test_release_now_makes_messages_visible_at_once(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 5)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=60, hold=60)
+    scan = new_scan(family.dlq_url, lease=60, hold=60)
     batch = scan.next_batch(sqs)
     assert batch is not None and len(batch) == 5
     assert family.depth() == (0, 5)
     assert scan.release_now(sqs, batch) == 5
     assert family.depth() == (5, 0)
-    scan.close()
 
 
 # -- giving back -----------------------------------------------------------------------
 
 
-def test_release_all_after_an_exception(family: QueueFamily) -> None:
+def test_release_all_after_an_exception(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 40)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120, hold=120)
 
     def fail_on_third(batches: int, batch: list[Message]) -> None:
         if batches == 3:
@@ -240,7 +252,6 @@ def test_release_all_after_an_exception(family: QueueFamily) -> None:
     # A second call finds nothing more to release and does not fail.
     scan.release_all(sqs)
     assert scan.stats.released == 20
-    scan.close()
 
 
 class SpoolSpy:
@@ -259,10 +270,12 @@ class SpoolSpy:
         return getattr(self.inner, name)
 
 
-def test_release_all_streams_the_spool(family: QueueFamily, monkeypatch: Any) -> None:
+def test_release_all_streams_the_spool(
+    new_scan: NewScan, family: QueueFamily, monkeypatch: Any
+) -> None:
     send(family, 35)
     sqs = Sqs(family.client)
-    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120, hold=120)
     drain_scan(scan, sqs)
     spy = SpoolSpy(scan._spool)
     scan._spool = spy
@@ -281,22 +294,34 @@ def test_release_all_streams_the_spool(family: QueueFamily, monkeypatch: Any) ->
     assert calls == [(10, 0, 10), (10, 0, 20), (10, 0, 30), (5, 0, 35)]
     assert progress == [10, 20, 30, 35]
     assert family.depth() == (35, 0)
-    scan.close()
 
 
 # -- several workers -------------------------------------------------------------------
 
 
-def test_three_workers_share_one_scan(family: QueueFamily) -> None:
+@pytest.fixture(scope="module")
+def serial_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """A moto server on 127.0.0.1 that serves one request at a time: in-process moto (and
+    its threaded server) can fail concurrent ReceiveMessage calls on one queue with
+    "Set changed size during iteration"."""
+    server = start_moto_server(tmp_path_factory.mktemp("moto") / "serial.log", serial=True)
+    yield server
+    server.process.terminate()
+    server.process.wait(10)
+
+
+def test_three_workers_share_one_scan(new_scan: NewScan, serial_moto: MotoServer) -> None:
+    serial_moto.reset()
+    family = make_family(serial_moto.client())
     sent = send(family, 150)
     first = Sqs(family.client)
     made: list[Sqs] = []
 
     def factory() -> Sqs:
-        made.append(Sqs(boto3.client("sqs", region_name=REGION)))
+        made.append(Sqs(serial_moto.client()))
         return made[-1]
 
-    scan = DlqScan(url=family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120, hold=120)
     lock = threading.Lock()
     ids: list[str] = []
     clients: list[Sqs] = []
@@ -313,12 +338,10 @@ def test_three_workers_share_one_scan(family: QueueFamily) -> None:
     # Each worker has its own client; the first one is the caller's.
     assert len(made) == 2
     assert {id(c) for c in clients} == {id(first), *(id(c) for c in made)}
-    # moto may hand one message to two concurrent receivers; the scan counts it once.
     assert sorted(ids) == sorted(sent)
     assert scan.stats.received == 150
     assert not scan.stop.is_set()
     scan.release_all(first)
-    scan.close()
     assert family.depth() == (150, 0)
 
 

@@ -367,6 +367,17 @@ def test_no_region() -> None:
     assert "--region" in str(err)
 
 
+def test_invalid_region() -> None:
+    err = raised(bx.InvalidRegionError(region_name="bad region"))
+    assert isinstance(err, AwsUnavailable)
+    assert "bad region" in str(err) and "--region" in str(err)
+
+
+def test_malformed_endpoint_url_is_one_error() -> None:
+    with pytest.raises(AwsUnavailable, match="--endpoint-url"):
+        AwsSettings("not a url", "us-east-1").sqs()
+
+
 @pytest.mark.parametrize(
     "cls", [bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError]
 )

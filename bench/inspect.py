@@ -1,0 +1,711 @@
+"""Benchmark ``redrive inspect`` against a minimal hand-written boto3 scan, on a local SQS.
+
+For each server kind (``fast``: bench/fast_sqs.py, O(1) per call; ``moto``: the project's
+moto sandbox, whose cost grows with queue depth) and each size N, this:
+
+1. starts a fresh server on 127.0.0.1 (a subprocess, so its CPU time can be read from
+   /proc/<pid>/stat),
+2. creates the built-in ``checkout`` family (onion-checkout, and onion-checkout-dlq as its
+   DLQ with maxReceiveCount 5) and seeds the DLQ with N realistic Celery messages through
+   SendMessageBatch (seeding is timed and reported, not benchmarked),
+3. runs, over ``--rounds`` rounds and in a rotating order (interleaved, so drift of the
+   machine hits every tool alike), each tool as a subprocess of its own:
+
+   - ``redrive``: ``python -m redrive inspect checkout --json``;
+   - ``handwritten``: the minimal batched scan a person would write with boto3: receive 10
+     (same long VisibilityTimeout, same attributes, 1 s long poll, stop at the first empty
+     answer), ``redrive.messages.decode`` each body, count per task, keep the receipt
+     handles in a list, then ChangeMessageVisibilityBatch them back to 0, 10 at a time;
+   - ``floor``: the same without decode or counting: what boto3 and the server cost alone.
+
+   For each run it records wall time (spawn to exit), the child's peak RSS and CPU time
+   (``os.wait4`` rusage of that child; ru_maxrss is KiB on Linux), the server's CPU seconds
+   during the run (utime+stime from /proc), and the scan time the tool measured itself
+   (after interpreter start-up and imports). It checks the tool counted N messages and
+   that the DLQ holds N visible, 0 in-flight messages again afterwards.
+4. prints one table per server kind with medians over the rounds.
+
+Usage (from the repository root, with the project's venv)::
+
+    .venv/bin/python bench/inspect.py --server fast --sizes 1000,10000,100000 --rounds 3
+    .venv/bin/python bench/inspect.py --server moto --sizes 1000,2000 --rounds 3
+
+Every request goes to 127.0.0.1; every loop and every child process is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder is sys.path[0] and this very file would shadow the
+# standard library's ``inspect`` module (dataclasses, boto3 ... import it). Drop the folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from collections import Counter  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = os.path.dirname(_HERE)
+PYTHON = sys.executable
+HOST = "127.0.0.1"
+REGION = "us-east-1"
+QUEUE = "onion-checkout"
+DLQ = "onion-checkout-dlq"
+FAMILY = "checkout"
+MAX_RECEIVE_COUNT = 5
+DLQ_RETENTION = 14 * 86_400
+TOOLS = ("redrive", "handwritten", "floor")
+#: Diagnostic variant, not run by default: redrive with its scan ending at the first empty
+#: long poll instead of the second (redrive.scan.DlqScan.stop_after_empty = 1).
+EXTRA_TOOLS = ("redrive-1empty",)
+_ONE_EMPTY = (
+    "import functools, sys\n"
+    "import redrive.inspect, redrive.scan\n"
+    "redrive.inspect.DlqScan = functools.partial(redrive.scan.DlqScan, stop_after_empty=1)\n"
+    "from redrive.cli import main\n"
+    "sys.exit(main())\n"
+)
+CHILD_TIMEOUT = 3_600  # seconds one scan may take before it is killed
+SEED_TIMEOUT = 3_600  # seconds seeding one size may take
+
+
+# -- the hand-written scan (runs in its own process) ---------------------------------------------
+
+
+def hold_seconds(depth: int) -> int:
+    """The visibility timeout redrive uses for a scan of ``depth`` (redrive.scan.hold_for_depth)."""
+    return max(120, min(43_200, 120 + depth // 50))
+
+
+def handwritten_scan(queue: str, expect: int, *, decode_bodies: bool) -> dict[str, Any]:
+    """Receive 10 at a time, decode, count per task, then make everything visible again."""
+    import boto3
+
+    from redrive.messages import decode
+
+    client = boto3.client("sqs")  # endpoint, region and credentials from the environment
+    started = time.perf_counter()
+    url = client.get_queue_url(QueueName=queue)["QueueUrl"]
+    hold = hold_seconds(expect)
+    counts: Counter[str] = Counter()
+    handles: list[str] = []
+    received = 0
+    for _ in range(expect // 10 + 1_000):  # bounded: an empty answer ends it well before
+        messages = client.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=hold,
+            WaitTimeSeconds=1,
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        ).get("Messages", [])
+        if not messages:
+            break
+        received += len(messages)
+        for message in messages:
+            if decode_bodies:
+                counts[decode(message["Body"]).task] += 1
+            handles.append(message["ReceiptHandle"])
+    scanned = time.perf_counter()
+    released = failed = 0
+    for first in range(0, len(handles), 10):
+        response = client.change_message_visibility_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+                for i, handle in enumerate(handles[first : first + 10])
+            ],
+        )
+        released += len(response.get("Successful", []))
+        failed += len(response.get("Failed", []))
+    done = time.perf_counter()
+    return {
+        "total": received,
+        "tasks": dict(counts),
+        "seconds": done - started,
+        "receive_seconds": scanned - started,
+        "released": released,
+        "release_failed": failed,
+    }
+
+
+# -- realistic DLQ content --------------------------------------------------------------------
+
+_TASKS = (
+    ("apps.webhooks.tasks.save_checkout_ibft", 30),
+    ("apps.payments.tasks.capture_payment", 25),
+    ("apps.payments.tasks.refund", 15),
+    ("apps.notifications.tasks.send_receipt", 15),
+    ("apps.orders.tasks.sync_order_status", 15),
+)
+_NAMES = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
+
+
+def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
+    ident = rng.randint(1_000, 9_999_999)
+    short = task.rsplit(".", 1)[-1]
+    if short == "save_checkout_ibft":
+        return [ident], {
+            "payload": {
+                "reference": f"IBFT-{rng.getrandbits(40):010X}",
+                "amount": f"{rng.randint(100, 250_000)}.00",
+                "currency": "PKR",
+                "sender": {"name": rng.choice(_NAMES), "iban": f"PK{rng.getrandbits(64):020d}"},
+                "callback": {"status": rng.choice(("SUCCESS", "PENDING", "FAILED")), "code": "00"},
+            }
+        }
+    if short == "capture_payment":
+        return [ident], {
+            "amount_cents": rng.randint(100, 500_000),
+            "currency": "USD",
+            "idempotency_key": f"{rng.getrandbits(128):032x}",
+        }
+    if short == "refund":
+        return [ident], {"reason": rng.choice(("customer_request", "duplicate", "fraud"))}
+    if short == "send_receipt":
+        name = rng.choice(_NAMES)
+        return [f"{name.lower()}@example.com", ident], {"context": {"name": name, "lines": 3}}
+    return [ident, rng.choice(("paid", "shipped", "cancelled"))], {"attempt": rng.randint(1, 5)}
+
+
+def realistic_messages(count: int, *, seed: int = 7) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(Body, MessageAttributes) pairs like a checkout DLQ holds: five tasks in skewed
+    proportions, one in six protocol 1, some compressed, expired or with an eta, a few with
+    redrive's own attributes, and about one in 200 bodies Celery did not write."""
+    from datetime import UTC, datetime, timedelta
+
+    from redrive.messages import encode
+
+    rng = random.Random(seed)
+    names = [name for name, weight in _TASKS for _ in range(weight)]
+    now = datetime.now(UTC)
+    for index in range(count):
+        roll = rng.random()
+        attributes: dict[str, Any] = {}
+        if roll < 0.002:
+            yield f"legacy cron {rng.randint(1000, 9999)}: resync store {index}", attributes
+            continue
+        if roll < 0.004:
+            body = json.dumps({"event": "order.created", "order_id": index, "v": 1})
+            yield body, attributes
+            continue
+        if roll < 0.005:
+            yield "eyJib2R5IjogImJyb2tlbi" + "A" * rng.randint(0, 40), attributes
+            continue
+        task = rng.choice(names)
+        args, kwargs = _arguments(task, rng)
+        options: dict[str, Any] = {
+            "task_id": f"{rng.getrandbits(128):032x}",
+            "retries": rng.choice((0, 0, 0, 1, 2, 3)),
+            "queue": QUEUE,
+            "protocol": 1 if rng.random() < 1 / 6 else 2,
+        }
+        kind = rng.random()
+        if kind < 0.02:
+            options["compression"] = rng.choice(("gzip", "bzip2"))
+        elif kind < 0.10:
+            options["expires"] = now - timedelta(minutes=rng.randint(5, 4_000))
+        elif kind < 0.15:
+            options["eta"] = now + timedelta(minutes=rng.choice((-1, 1)) * rng.randint(10, 600))
+        elif kind < 0.17:
+            options["base64_envelope"] = False
+        if rng.random() < 0.05:
+            attributes = {
+                "redrive-count": {"DataType": "Number", "StringValue": str(rng.randint(1, 4))},
+                "trace-id": {"DataType": "String", "StringValue": f"{rng.getrandbits(128):032x}"},
+            }
+        yield encode(task, args, kwargs, **options), attributes
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    kind: str
+    process: subprocess.Popen[bytes]
+    endpoint: str
+    command: list[str]
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the server process (all its threads) so far."""
+        with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as stat:
+            data = stat.read()
+        fields = data[data.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.process.pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(15)
+
+
+def moto_command(port: int) -> list[str]:
+    probe = subprocess.run(
+        [PYTHON, "-c", "import redrive.sandbox"], cwd=ROOT, capture_output=True, timeout=120
+    )
+    if probe.returncode == 0:
+        return [PYTHON, "-m", "redrive.sandbox", "--bare", "--port", str(port)]
+    return [PYTHON, "-m", "moto.server", "-H", HOST, "-p", str(port)]
+
+
+def start_server(kind: str) -> Server:
+    port = free_port()
+    if kind == "fast":
+        command = [PYTHON, "-P", os.path.join(_HERE, "fast_sqs.py"), "--port", str(port)]
+    else:
+        command = moto_command(port)
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    endpoint = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{kind} server exited with {process.returncode}: {command}")
+        try:
+            with urllib.request.urlopen(endpoint + "/", timeout=2):
+                pass
+            return Server(kind, process, endpoint, command)
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"{kind} server did not answer on {endpoint} within 60 s")
+
+
+# -- the family, seeding, depth -------------------------------------------------------------
+
+
+def child_env(endpoint: str, state_dir: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "CELERY_", "REDRIVE_", "PYTHON"))
+    }
+    env.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": os.path.join(state_dir, "aws-config-absent"),
+            "AWS_SHARED_CREDENTIALS_FILE": os.path.join(state_dir, "aws-credentials-absent"),
+            "REDRIVE_STATE_DIR": os.path.join(state_dir, "redrive-state"),
+        }
+    )
+    return env
+
+
+def client_for(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(retries={"mode": "standard", "max_attempts": 3}, read_timeout=300),
+    )
+
+
+def create_family(client: Any) -> str:
+    dlq_url = str(client.create_queue(QueueName=DLQ)["QueueUrl"])
+    client.set_queue_attributes(
+        QueueUrl=dlq_url, Attributes={"MessageRetentionPeriod": str(DLQ_RETENTION)}
+    )
+    dlq_arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    queue_url = str(client.create_queue(QueueName=QUEUE)["QueueUrl"])
+    policy = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}
+    client.set_queue_attributes(
+        QueueUrl=queue_url, Attributes={"RedrivePolicy": json.dumps(policy)}
+    )
+    return dlq_url
+
+
+def seed(client: Any, dlq_url: str, count: int) -> None:
+    deadline = time.monotonic() + SEED_TIMEOUT
+    batch: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        response = client.send_message_batch(QueueUrl=dlq_url, Entries=batch)
+        if response.get("Failed"):
+            raise RuntimeError(f"seeding: SendMessageBatch failed: {response['Failed'][:1]}")
+        batch.clear()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"seeding took more than {SEED_TIMEOUT} s")
+
+    for index, (body, attributes) in enumerate(realistic_messages(count)):
+        entry: dict[str, Any] = {"Id": str(index % 10), "MessageBody": body}
+        if attributes:
+            entry["MessageAttributes"] = attributes
+        batch.append(entry)
+        if len(batch) == 10:
+            flush()
+    if batch:
+        flush()
+
+
+def depth(client: Any, url: str) -> tuple[int, int]:
+    attrs = client.get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]), int(
+        attrs["ApproximateNumberOfMessagesNotVisible"]
+    )
+
+
+# -- one measured run ------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    server: str
+    n: int
+    tool: str
+    round: int
+    wall_s: float
+    scan_s: float | None
+    peak_rss_mb: float
+    client_cpu_s: float
+    server_cpu_s: float
+    counted: int | None
+    depth_after: tuple[int, int]
+    ok: bool
+    problem: str = ""
+    load_before: float = 0.0
+    """1-minute load average when the run started (other work on the machine skews runs)."""
+
+    @property
+    def rate_wall(self) -> float:
+        return self.n / self.wall_s
+
+    @property
+    def rate_scan(self) -> float | None:
+        return self.n / self.scan_s if self.scan_s else None
+
+
+def tool_command(tool: str, n: int) -> list[str]:
+    if tool == "redrive":
+        return [PYTHON, "-m", "redrive", "inspect", FAMILY, "--json"]
+    if tool == "redrive-1empty":
+        return [PYTHON, "-c", _ONE_EMPTY, "inspect", FAMILY, "--json"]
+    command = [PYTHON, "-P", os.path.abspath(__file__), "--child", "--expect", str(n)]
+    return [*command, "--no-decode"] if tool == "floor" else command
+
+
+def measure(
+    server: Server, client: Any, dlq_url: str, tool: str, n: int, rnd: int, env: dict[str, str]
+) -> Run:
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        cpu_before = server.cpu_seconds()
+        started = time.perf_counter()
+        process = subprocess.Popen(tool_command(tool, n), cwd=ROOT, env=env, stdout=out, stderr=err)
+        result: list[tuple[int, int, Any]] = []
+        waiter = threading.Thread(target=lambda: result.append(os.wait4(process.pid, 0)))
+        waiter.start()
+        waiter.join(CHILD_TIMEOUT)
+        if waiter.is_alive():
+            process.kill()
+            waiter.join(30)
+        wall = time.perf_counter() - started
+        server_cpu = server.cpu_seconds() - cpu_before
+        _, status, usage = result[0]
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+    visible, hidden = depth(client, dlq_url)
+    problems = []
+    counted = scan_s = None
+    if process.returncode != 0:
+        problems.append(f"exit {process.returncode}: {stderr.strip()[-300:]}")
+    else:
+        data = json.loads(stdout)
+        counted = int(data["total"])
+        scan_s = float(data["seconds"])
+        if counted != n:
+            problems.append(f"counted {counted}, expected {n}")
+    if (visible, hidden) != (n, 0):
+        problems.append(f"DLQ afterwards: {visible} visible, {hidden} in flight (expected {n}, 0)")
+    return Run(
+        server=server.kind,
+        n=n,
+        tool=tool,
+        round=rnd,
+        wall_s=wall,
+        scan_s=scan_s,
+        peak_rss_mb=usage.ru_maxrss / 1024,
+        client_cpu_s=usage.ru_utime + usage.ru_stime,
+        server_cpu_s=server_cpu,
+        counted=counted,
+        depth_after=(visible, hidden),
+        ok=not problems,
+        problem="; ".join(problems),
+        load_before=load,
+    )
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+
+
+@dataclass
+class SizeResult:
+    server: str
+    n: int
+    seed_s: float
+    seed_server_cpu_s: float
+    server_rss_mb: float
+    runs: list[Run] = field(default_factory=list)
+
+
+def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str]) -> SizeResult:
+    log(f"[{kind} N={n:,}] starting the server")
+    server = start_server(kind)
+    try:
+        client = client_for(server.endpoint)
+        dlq_url = create_family(client)
+        cpu0 = server.cpu_seconds()
+        started = time.perf_counter()
+        seed(client, dlq_url, n)
+        seed_s = time.perf_counter() - started
+        seeded = depth(client, dlq_url)
+        if seeded != (n, 0):
+            raise RuntimeError(f"seeding left {seeded} (visible, in flight), expected ({n}, 0)")
+        result = SizeResult(kind, n, seed_s, server.cpu_seconds() - cpu0, server.rss_mb())
+        log(f"[{kind} N={n:,}] seeded in {seed_s:.1f} s ({n / seed_s:,.0f} msgs/s)")
+        with tempfile.TemporaryDirectory(prefix="redrive-bench-") as state:
+            env = child_env(server.endpoint, state)
+            for rnd in range(rounds):
+                shift = rnd % len(tools)
+                for tool in [*tools[shift:], *tools[:shift]]:
+                    run = measure(server, client, dlq_url, tool, n, rnd + 1, env)
+                    result.runs.append(run)
+                    log(
+                        f"[{kind} N={n:,}] round {rnd + 1} {tool:<14} {run.wall_s:7.2f} s "
+                        f"{run.rate_wall:8,.0f} msgs/s  rss {run.peak_rss_mb:6.1f} MB  "
+                        f"server cpu {run.server_cpu_s:6.2f} s  load {run.load_before:.2f}"
+                        + ("" if run.ok else f"  FAILED: {run.problem}")
+                    )
+        client.close()
+        return result
+    finally:
+        server.stop()
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any]]:
+    rows = []
+    base_wall = base_scan = None
+    by_tool = {t: [r for r in result.runs if r.tool == t] for t in tools}
+    if by_tool.get("handwritten"):
+        base_wall = median([r.rate_wall for r in by_tool["handwritten"]])
+        base_scan = median([r.rate_scan or 0.0 for r in by_tool["handwritten"]])
+    for tool in tools:
+        runs = by_tool[tool]
+        if not runs:
+            continue
+        rate_wall = median([r.rate_wall for r in runs])
+        rate_scan = median([r.rate_scan or 0.0 for r in runs])
+        wall = median([r.wall_s for r in runs])
+        server_cpu = median([r.server_cpu_s for r in runs])
+        rows.append(
+            {
+                "N": result.n,
+                "tool": tool,
+                "msgs/s": rate_wall,
+                "scan msgs/s": rate_scan,
+                "vs hand": rate_wall / base_wall if base_wall else None,
+                "scan vs hand": rate_scan / base_scan if base_scan else None,
+                "wall s": wall,
+                "peak RSS MB": median([r.peak_rss_mb for r in runs]),
+                "client CPU s": median([r.client_cpu_s for r in runs]),
+                "server CPU s": server_cpu,
+                "server share": server_cpu / wall if wall else None,
+                "ok": f"{sum(r.ok for r in runs)}/{len(runs)}",
+            }
+        )
+    return rows
+
+
+def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> str:
+    headers = [
+        "N",
+        "tool",
+        "msgs/s",
+        "vs hand",
+        "scan msgs/s",
+        "scan vs hand",
+        "wall s",
+        "peak RSS MB",
+        "client CPU s",
+        "server CPU s",
+        "server share",
+        "ok",
+    ]
+    lines: list[list[str]] = []
+    for result in results:
+        for row in summary_rows(result, tools):
+            lines.append(
+                [
+                    f"{row['N']:,}",
+                    row["tool"],
+                    f"{row['msgs/s']:,.0f}",
+                    f"{row['vs hand']:.2f}x" if row["vs hand"] else "-",
+                    f"{row['scan msgs/s']:,.0f}",
+                    f"{row['scan vs hand']:.2f}x" if row["scan vs hand"] else "-",
+                    f"{row['wall s']:.2f}",
+                    f"{row['peak RSS MB']:.1f}",
+                    f"{row['client CPU s']:.2f}",
+                    f"{row['server CPU s']:.2f}",
+                    f"{row['server share']:.0%}" if row["server share"] is not None else "-",
+                    row["ok"],
+                ]
+            )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
+    text = [
+        f"server: {kind}",
+        "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for line in lines:
+        cells = [
+            c.ljust(w) if i == 1 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        text.append("| " + " | ".join(cells) + " |")
+    text.append("")
+    text.append("seeding (SendMessageBatch into the DLQ, not measured above):")
+    for result in results:
+        text.append(
+            f"  N={result.n:,}: {result.seed_s:.1f} s ({result.n / result.seed_s:,.0f} msgs/s), "
+            f"server CPU {result.seed_server_cpu_s:.1f} s, "
+            f"server RSS after seeding {result.server_rss_mb:.0f} MB"
+        )
+    return "\n".join(text)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError("sizes are positive integers, comma separated")
+    return sizes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python bench/inspect.py",
+        description="Throughput and peak memory of `redrive inspect` vs a hand-written boto3 scan.",
+    )
+    parser.add_argument("--sizes", type=parse_sizes, default=[1_000, 10_000, 100_000])
+    parser.add_argument(
+        "--moto-sizes",
+        type=parse_sizes,
+        help="sizes for the moto server (default: --sizes capped at 2,000: moto's cost per "
+        "call grows with depth, see bench/README.md)",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--server", choices=("fast", "moto", "both"), default="fast")
+    parser.add_argument(
+        "--tools",
+        default=",".join(TOOLS),
+        help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)} (default: {','.join(TOOLS)})",
+    )
+    parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
+    # Internal: the hand-written scan's own process.
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--no-decode", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        print(json.dumps(handwritten_scan(DLQ, args.expect, decode_bodies=not args.no_decode)))
+        return 0
+
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = set(tools) - set(TOOLS + EXTRA_TOOLS)
+    if unknown or not tools:
+        parser.error(
+            f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS + EXTRA_TOOLS)}"
+        )
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    kinds = ["fast", "moto"] if args.server == "both" else [args.server]
+    # Compile and cache imports once so no measured run pays for writing .pyc files.
+    subprocess.run(
+        [PYTHON, "-c", "import boto3, redrive.cli, redrive.inspect, redrive.messages"],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    tables = []
+    everything: list[dict[str, Any]] = []
+    failed = False
+    for kind in kinds:
+        sizes = args.sizes
+        if kind == "moto":
+            sizes = args.moto_sizes or sorted({min(n, 2_000) for n in args.sizes})
+        results = [bench_size(kind, n, args.rounds, tools) for n in sizes]
+        for result in results:
+            failed = failed or any(not r.ok for r in result.runs)
+            everything.append(
+                {
+                    **{k: v for k, v in asdict(result).items() if k != "runs"},
+                    "runs": [asdict(r) for r in result.runs],
+                    "summary": summary_rows(result, tools),
+                }
+            )
+        tables.append(render(kind, results, tools))
+        print(tables[-1] + "\n", flush=True)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as out:
+            json.dump(everything, out, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
