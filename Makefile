@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
 .PHONY: install demo test lint typecheck unit bench clean
@@ -19,7 +20,7 @@ install: $(VENV)/.installed
 # look at it the way an on-call engineer would, then stop it.
 demo: install
 	@set -e; \
-	$(BIN)/redrive sandbox --port $(PORT) > .sandbox.env 2> .sandbox.log & pid=$$!; \
+	$(BIN)/redrive sandbox --port $(PORT) --messages $(MESSAGES) > .sandbox.env 2> .sandbox.log & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -f .sandbox.env .sandbox.log' EXIT; \
 	for i in $$(seq 1 300); do grep -q 'sandbox ready' .sandbox.log 2>/dev/null && break; \
 	  kill -0 $$pid 2>/dev/null || { cat .sandbox.log; exit 1; }; sleep 0.2; done; \

@@ -20,6 +20,12 @@ Takeover and skip must also see that the owner's lease ran out, which lives on a
 item: each is a two-item transaction (a ConditionCheck on the owner's run item and the
 update of the key), one per key for the same reason.
 
+Unlike SQLite's, a ``*_many`` call that fails part-way keeps the writes that succeeded: each
+is a true transition on its own (a key marked SENT was sent). A failed claim_many releases
+what it won before raising, so those keys are not left in doubt. Writes botocore retries
+after a lost answer are recognised: a claim or start_run by the token it wrote, a
+transaction by its ClientRequestToken.
+
 Reads that decide anything (get_many, run, and every read-back) are strongly consistent.
 Listing a run's keys and listing runs go through two sparse KEYS_ONLY global secondary
 indexes, ``keys_by_run`` (run_id; on key items only) and ``runs_by_start`` (kind,

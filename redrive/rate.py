@@ -25,7 +25,9 @@ class RateLimiter:
             return 0.0
         with self._lock:
             now = self._clock()
-            self._tokens = min(max(self.rate, n), self._tokens + (now - self._last) * self.rate)
+            # Capped at one second's worth, not at n: a batch bigger than that would
+            # otherwise go at once after idle time and the next one too, doubling the rate.
+            self._tokens = min(self.rate, self._tokens + (now - self._last) * self.rate)
             self._last = now
             self._tokens -= n
             wait = -self._tokens / self.rate if self._tokens < 0 else 0.0

@@ -10,6 +10,7 @@ temporary file, and the messages already seen are remembered as 8-byte digests.
 from __future__ import annotations
 
 import hashlib
+import os
 import tempfile
 import threading
 import time
@@ -19,11 +20,17 @@ from dataclasses import dataclass, field
 
 from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
+
+
 #: SQS's longest visibility timeout (12 hours).
 MAX_VISIBILITY = 43_200
 #: Long polling for each receive: an empty answer then means the queue really had nothing
 #: visible (short polls sample only some SQS servers). Unit tests set it to 0.
-RECEIVE_WAIT_SECONDS = 1
+RECEIVE_WAIT_SECONDS = _env_int("REDRIVE_RECEIVE_WAIT", 1)
 
 
 def hold_for_depth(depth: int, *, floor: int = 120) -> int:

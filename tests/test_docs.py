@@ -1,0 +1,195 @@
+"""Every command in the runbooks and the README runs, against the sandbox.
+
+A runbook cannot drift from the CLI: each ``$ command`` line of a ``console`` block (and each
+command of a ``crontab`` block) is run, in order, in a fresh sandbox per document, and must
+exit 0, or the code named by a trailing ``# expect exit N``. ``NAME=$(...)`` lines set a
+variable that later commands use, as they would in the operator's shell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from redrive.config import built_in_layout
+from redrive.sandbox import client_for, create_layout, sandbox_env, seed, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNBOOKS = sorted((ROOT / "runbooks").glob("*.md"))
+DOCS = [ROOT / "README.md", *RUNBOOKS]
+FENCE = re.compile(r"^```(\w*)\s*$")
+EXPECT = re.compile(r"\s#\s*expect exit (\d+)\s*$")
+ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=\$\((.*)\)$")
+# Started by the test itself (and tested end to end in test_e2e.py); it runs until stopped.
+NOT_RUN_HERE = ("redrive sandbox",)
+
+
+@dataclass(frozen=True)
+class Command:
+    line: int
+    text: str
+    expect: int
+
+
+def commands(doc: Path) -> list[Command]:
+    found: list[Command] = []
+    fence: str | None = None
+    for number, raw in enumerate(doc.read_text(encoding="utf-8").splitlines(), start=1):
+        match = FENCE.match(raw.strip())
+        if match:
+            fence = match.group(1) if fence is None else None
+            continue
+        if fence == "console" and raw.startswith("$ "):
+            text = raw[2:].strip()
+        elif fence == "crontab" and raw.strip() and not raw.lstrip().startswith("#"):
+            # Five schedule fields, then the command; the `||` fallback posts elsewhere.
+            text = raw.split(None, 5)[5].split(" || ")[0]
+            # The job's working directory is the operator's; the test has its own.
+            text = re.sub(r"^cd \S+ && ", "", text)
+        else:
+            continue
+        if text.startswith(NOT_RUN_HERE):
+            continue
+        expect = EXPECT.search(text)
+        if expect:
+            text = text[: expect.start()].rstrip()
+        found.append(Command(number, text, int(expect.group(1)) if expect else 0))
+    return found
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
+    server = start_server(0)
+    try:
+        # moto's state is per process, shared by every server in it: start from nothing.
+        urllib.request.urlopen(
+            urllib.request.Request(f"{server.endpoint_url}/moto-api/reset", method="POST"),
+            timeout=10,
+        ).close()
+        client = client_for(server)
+        layout = built_in_layout({})
+        create_layout(client, layout)
+        seed(client, layout, per_family=12)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "REDRIVE_"))}
+        env.update(sandbox_env(server))
+        env["REDRIVE_STATE_DIR"] = str(tmp_path / "state")
+        env["REDRIVE_RECEIVE_WAIT"] = "0"  # moto answers short polls with every message
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        yield env
+    finally:
+        server.stop()
+
+
+def test_every_runbook_and_the_readme_have_commands() -> None:
+    assert {p.name for p in RUNBOOKS} >= {
+        "draining-an-sqs-dead-letter-queue.md",
+        "sqs-queue-backlog.md",
+        "dlq-blip-after-deploy.md",
+        "scheduled-dlq-report.md",
+    }
+    for doc in DOCS:
+        assert commands(doc), f"{doc.name} has no command to test"
+
+
+def test_every_runbook_lists_iam_permissions() -> None:
+    for doc in RUNBOOKS:
+        text = doc.read_text(encoding="utf-8")
+        assert "## IAM permissions" in text, doc.name
+        assert "sqs:" in text, doc.name
+
+
+MAIN_RUNBOOK = ROOT / "runbooks" / "draining-an-sqs-dead-letter-queue.md"
+OTHER_DOCS = [d for d in DOCS if d != MAIN_RUNBOOK]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("doc", OTHER_DOCS, ids=[d.name for d in OTHER_DOCS])
+def test_doc_commands_run_against_the_sandbox(
+    doc: Path, sandbox: dict[str, str], tmp_path: Path
+) -> None:
+    run_doc(doc, sandbox, tmp_path)
+
+
+def run_doc(doc: Path, sandbox: dict[str, str], tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = dict(sandbox)
+    for command in commands(doc):
+        assign = ASSIGN.match(command.text)
+        script = command.text
+        if assign:
+            script = f'{assign.group(1)}=$({assign.group(2)}) && printf %s "${assign.group(1)}"'
+        done = subprocess.run(
+            ["bash", "-c", script],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        where = f"{doc.name}:{command.line}: {command.text}"
+        assert done.returncode == command.expect, (
+            f"{where}\nexit {done.returncode}, expected {command.expect}\n"
+            f"stdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-2000:]}"
+        )
+        assert "Traceback" not in done.stderr, f"{where}\n{done.stderr}"
+        if assign:
+            assert done.stdout.strip(), f"{where}: set {assign.group(1)} to nothing"
+            env[assign.group(1)] = done.stdout.strip()
+
+
+@pytest.mark.e2e
+def test_draining_runbook_ends_with_an_empty_dlq_an_archive_and_an_audit_record(
+    sandbox: dict[str, str], tmp_path: Path
+) -> None:
+    """The main runbook's promise: followed step by step, every command works and the DLQ
+    ends empty, with archives and an audit record."""
+    run_doc(MAIN_RUNBOOK, sandbox, tmp_path)
+    run = [sys.executable, "-m", "redrive"]
+    inspect = subprocess.run(
+        [*run, "inspect", "checkout", "--json"],
+        env=sandbox,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert '"total": 0' in inspect.stdout
+    archives = list((tmp_path / "work").glob("*.jsonl.gz"))
+    assert len(archives) >= 2
+    audit = subprocess.run(
+        [*run, "audit", "--json"], env=sandbox, capture_output=True, text=True, timeout=60
+    )
+    assert audit.returncode == 0 and '"outcome": "completed"' in audit.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_demo_runs() -> None:
+    """The README's first command, as a newcomer runs it (in the project's own venv)."""
+    venv = ROOT / ".venv"
+    if not (venv / ".installed").exists():
+        pytest.skip("no .venv made by `make install` (run `make test` first)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "REDRIVE_"))}
+    env["REDRIVE_RECEIVE_WAIT"] = "0"  # a local endpoint needs no long polling
+    done = subprocess.run(
+        ["make", "demo", "MESSAGES=10"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for text in ("redrive status", "onion-checkout-dlq", "DRY RUN"):
+        assert text in done.stdout
