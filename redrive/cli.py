@@ -882,6 +882,8 @@ def _run_purge(
                     f"{r.archived} archived / {r.purged} deleted / {r.matched} matched"
                 ),
                 plan_sink=plan.add if plan else None,
+                # The archive's records name the run the ledger and the audit trail know.
+                run_id=ledger[1] if ledger is not None else None,
             )
     except BaseException:
         if plan is not None:
@@ -1191,7 +1193,7 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     )
     progress = Progress("move task")
     try:
-        with core_errors(), following() as stop:
+        with following() as stop:
             task = follow_native_move(
                 sqs,
                 dlq,
@@ -1205,12 +1207,11 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
                     force=True,
                 ),
             )
-    except click.ClickException as exc:
+    except RedriveError as exc:
         # Losing sight of the task does not stop it: say where to find it.
-        exc.message += (
-            f" (the move task was started and may still be running: `redrive tasks {target}`)"
-        )
-        raise
+        raise click.ClickException(
+            f"{exc} (the move task was started and may still be running: `redrive tasks {target}`)"
+        ) from exc
     finally:
         progress.done()
     if as_json:

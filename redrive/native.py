@@ -266,7 +266,8 @@ def follow_native_move(
 
     Returns the task as last seen. It is still RUNNING when ``stop`` was set or ``max_wait``
     seconds passed: following ends there, but the task is NOT cancelled and keeps moving
-    messages on the server (cancel it with :func:`cancel_move_task`).
+    messages on the server (cancel it with :func:`cancel_move_task`). A task that does not
+    show up in the listing for ``appear_within`` seconds raises :class:`AwsError`.
     """
     began = clock()
     # SQS drops the handle from a task once it leaves RUNNING, so a finished task is

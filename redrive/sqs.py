@@ -406,7 +406,10 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
     except botocore.exceptions.NoRegionError as exc:
         raise AwsUnavailable("no AWS region: pass --region or set AWS_REGION") from exc
     except botocore.exceptions.InvalidRegionError as exc:
-        raise AwsUnavailable(f"{str(exc).rstrip('.')}: pass e.g. --region us-east-1") from exc
+        # Not AwsUnavailable: a typo in one family's region must not hide the other families.
+        raise AwsError(
+            f"{str(exc).rstrip('.')}: check --region / AWS_REGION and the config's regions"
+        ) from exc
     except (
         botocore.exceptions.EndpointConnectionError,
         botocore.exceptions.ConnectTimeoutError,

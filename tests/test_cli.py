@@ -18,6 +18,7 @@ from typing import Any
 import click
 import pytest
 from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
 from click.testing import CliRunner, Result
 from conftest import REGION, Family, free_port, make_family
 
@@ -318,6 +319,24 @@ def test_report_output_into_a_missing_directory(
     assert_one_error(result, EXIT_ERROR, str(tmp_path / "nope" / "r.md"))
 
 
+def test_report_write_failure_keeps_the_old_report(
+    all_families: dict[str, Family], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    out = tmp_path / "dlq.md"
+    out.write_text("the previous report\n")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    result = run("report", "--format", "markdown", "--output", str(out))
+    assert_one_error(result, EXIT_ERROR, str(out), "No space left on device")
+    assert out.read_text() == "the previous report\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["dlq.md"]
+
+
 # -- move -----------------------------------------------------------------------------------
 
 
@@ -614,9 +633,13 @@ def test_malformed_endpoint_url_from_the_environment(monkeypatch: pytest.MonkeyP
         assert_one_error(run(*args), EXIT_ERROR, "AWS_ENDPOINT_URL", "not a url")
 
 
-def test_invalid_region() -> None:
+def test_invalid_region(family: Family) -> None:
+    assert_one_error(run("--region", "bad region!", "inspect", "checkout"), EXIT_ERROR, "--region")
+    # status keeps one row per family, each naming the problem.
     result = run("--region", "bad region!", "status")
-    assert_one_error(result, EXIT_ERROR, "bad region!", "--region")
+    assert result.exit_code == EXIT_ERROR
+    assert "Traceback" not in result.output
+    assert result.output.count("bad region!") == 3
 
 
 def test_unreachable_endpoint_fails_fast() -> None:
@@ -642,7 +665,7 @@ def fail_operation(
 
         def refuse(**_: Any) -> tuple[AWSResponse, dict[str, Any]]:
             failed.append(operation)
-            return AWSResponse("", status, {}, None), {
+            return AWSResponse("", status, HTTPHeaders(), None), {
                 "Error": {"Code": code, "Message": f"{code} for this test"},
                 "ResponseMetadata": {"HTTPStatusCode": status},
             }

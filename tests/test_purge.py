@@ -927,11 +927,6 @@ def test_purge_run_id_can_be_given_so_the_archive_names_the_ledger_run(
     assert {r.run_id for r in archived(path)[0]} == {"ledger-run-1"}
 
 
-@pytest.mark.xfail(
-    reason="BUG: cli.py _run_purge reports the ledger's run id (result.run_id = ledger[1]) but "
-    "does not pass it to purge_dlq(run_id=...), so archive records name another run",
-    strict=True,
-)
 def test_cli_purge_run_id_names_the_archived_records(family: Family, tmp_path: Path) -> None:
     # The JSON summary, the ledger's audit and the archive must agree on which run it was.
     seed(family, [(REFUND, 3)])
