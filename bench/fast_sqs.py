@@ -28,7 +28,8 @@ Long polling (WaitTimeSeconds) returns at once when messages are visible, else w
 the wait time for one to become visible.
 
 Like SQS, a standard queue holds at most 120,000 messages in flight (``--inflight-limit``):
-a receive beyond that fails with OverLimit.
+beyond that a short-poll receive fails with OverLimit and a long poll (WaitTimeSeconds > 0)
+returns no messages and no error, as SQS documents.
 
 Not implemented (not needed to measure a client): authentication (signatures are not
 checked), FIFO ordering and deduplication (``.fifo`` queues behave as standard queues),
@@ -74,8 +75,8 @@ MAX_WAIT_SECONDS = 20
 MAX_VISIBILITY = 43_200
 MAX_BATCH = 10
 MAX_MESSAGE_BYTES = 262_144
-#: SQS's quota of in-flight messages per standard queue ("approximately 120,000"); a receive
-#: that would hide more fails with OverLimit. ``--inflight-limit 0`` lifts it.
+#: SQS's quota of in-flight messages per standard queue ("approximately 120,000"): beyond it
+#: a short poll fails with OverLimit, a long poll returns nothing. ``--inflight-limit 0``: none.
 INFLIGHT_LIMIT = 120_000
 SENDER_ID = "AIDAIT2UOQQY3AUEKVGXU"
 
@@ -583,14 +584,21 @@ class Store:
         while True:
             now = time.time()
             self.requeue_due(queue, now)
-            if visibility_s and self.inflight_limit and queue.n_inflight >= self.inflight_limit:
+            over = bool(
+                visibility_s and self.inflight_limit and queue.n_inflight >= self.inflight_limit
+            )
+            if over and wait_s:
+                # What SQS documents for long polling at the quota: no error, no messages.
+                got = []
+            elif over:
                 raise SqsError(
                     "OverLimit",
                     f"{queue.n_inflight} messages are in flight in {queue.name}: the limit "
                     f"is {self.inflight_limit}.",
                     query_code="AWS.SimpleQueueService.OverLimit",
                 )
-            got = self._take(queue, want, now, visibility_s)
+            else:
+                got = self._take(queue, want, now, visibility_s)
             remaining = give_up - time.monotonic()
             if got or remaining <= 0 or self.queues.get(queue.name) is not queue:
                 break

@@ -537,18 +537,24 @@ def median(values: Sequence[float]) -> float:
 def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any]]:
     rows = []
     base_wall = base_scan = None
-    by_tool = {t: [r for r in result.runs if r.tool == t] for t in tools}
+    # Medians over the runs that passed their checks (a failed run did other work).
+    by_tool = {t: [r for r in result.runs if r.tool == t and r.ok] for t in tools}
+    tried = {t: [r for r in result.runs if r.tool == t] for t in tools}
     if by_tool.get("handwritten"):
         base_wall = median([r.rate_wall for r in by_tool["handwritten"]])
         base_scan = median([r.rate_scan or 0.0 for r in by_tool["handwritten"]])
     for tool in tools:
         runs = by_tool[tool]
+        if not tried[tool]:
+            continue
         if not runs:
+            rows.append({"N": result.n, "tool": tool, "ok": f"0/{len(tried[tool])}"})
             continue
         rate_wall = median([r.rate_wall for r in runs])
         rate_scan = median([r.rate_scan or 0.0 for r in runs])
         wall = median([r.wall_s for r in runs])
         server_cpu = median([r.server_cpu_s for r in runs])
+        client_cpu = median([r.client_cpu_s for r in runs])
         rows.append(
             {
                 "N": result.n,
@@ -559,10 +565,13 @@ def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any
                 "scan vs hand": rate_scan / base_scan if base_scan else None,
                 "wall s": wall,
                 "peak RSS MB": median([r.peak_rss_mb for r in runs]),
-                "client CPU s": median([r.client_cpu_s for r in runs]),
+                "client CPU s": client_cpu,
                 "server CPU s": server_cpu,
-                "server share": server_cpu / wall if wall else None,
-                "ok": f"{sum(r.ok for r in runs)}/{len(runs)}",
+                "server CPU/wall": server_cpu / wall if wall else None,
+                "server % of CPU": server_cpu / (server_cpu + client_cpu)
+                if server_cpu + client_cpu
+                else None,
+                "ok": f"{len(runs)}/{len(tried[tool])}",
             }
         )
     return rows
@@ -580,12 +589,16 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
         "peak RSS MB",
         "client CPU s",
         "server CPU s",
-        "server share",
+        "server CPU/wall",
+        "server % of CPU",
         "ok",
     ]
     lines: list[list[str]] = []
     for result in results:
         for row in summary_rows(result, tools):
+            if "msgs/s" not in row:
+                lines.append([f"{row['N']:,}", row["tool"], *["-"] * 10, row["ok"]])
+                continue
             lines.append(
                 [
                     f"{row['N']:,}",
@@ -598,7 +611,8 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
                     f"{row['peak RSS MB']:.1f}",
                     f"{row['client CPU s']:.2f}",
                     f"{row['server CPU s']:.2f}",
-                    f"{row['server share']:.0%}" if row["server share"] is not None else "-",
+                    f"{row['server CPU/wall']:.0%}",
+                    f"{row['server % of CPU']:.0%}",
                     row["ok"],
                 ]
             )

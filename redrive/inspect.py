@@ -224,17 +224,21 @@ def inspect_dlq(
 
     def work(worker_sqs: Sqs) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
-            infos = [(m, decode(m.body)) for m in batch]
-            with lock:
-                for message, info in infos:
-                    grouping.add(
-                        info,
-                        message_id=message.message_id,
-                        sent_at=message.sent_timestamp,
-                        receive_count=message.receive_count,
-                        redrive_count=attributes.redrive_count(message.message_attributes),
-                    )
-            scan.keep(worker_sqs, batch)
+            try:
+                infos = [(m, decode(m.body)) for m in batch]
+                with lock:
+                    for message, info in infos:
+                        grouping.add(
+                            info,
+                            message_id=message.message_id,
+                            sent_at=message.sent_timestamp,
+                            receive_count=message.receive_count,
+                            redrive_count=attributes.redrive_count(message.message_attributes),
+                        )
+            finally:
+                # Spooled even if counting failed, so release_all gives this batch back too
+                # instead of leaving it hidden for the whole lease.
+                scan.keep(worker_sqs, batch)
 
     try:
         run_pipelines(work, sqs, sqs_factory, workers, scan.stop)

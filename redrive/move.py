@@ -520,7 +520,7 @@ class MoveEngine:
 
         # -- send ----------------------------------------------------------------------
         self._extend_if_slow(sqs, batch, received_at)
-        sent, failed = self._send(sqs, claimed)
+        sent, failed, doubtful = self._send(sqs, claimed)
         self.fault("sent")
 
         # -- record --------------------------------------------------------------------
@@ -549,6 +549,22 @@ class MoveEngine:
                         )
                     )
         for cand, _ in failed:
+            keep.append(cand.message)
+            keep.extend(f.message for f in followers.pop(cand.key, []))
+        for cand in doubtful:
+            with self._lock:
+                self.result.in_doubt += 1
+                self._skip(cand.info, IN_DOUBT)
+                if len(self.result.in_doubt_messages) < MAX_LISTED:
+                    self.result.in_doubt_messages.append(
+                        Listed(
+                            cand.info.task,
+                            cand.info.task_id,
+                            cand.message.message_id,
+                            cand.key,
+                            "SQS confirmed neither success nor failure of its send",
+                        )
+                    )
             keep.append(cand.message)
             keep.extend(f.message for f in followers.pop(cand.key, []))
 
@@ -658,9 +674,15 @@ class MoveEngine:
 
     def _send(
         self, sqs: Sqs, claimed: Sequence[_Candidate]
-    ) -> tuple[list[tuple[_Candidate, str]], list[tuple[_Candidate, str]]]:
+    ) -> tuple[list[tuple[_Candidate, str]], list[tuple[_Candidate, str]], list[_Candidate]]:
+        """Send the claimed messages: (confirmed, refused, unconfirmed).
+
+        An entry SQS named in neither list of its response may have been queued: its claim
+        is kept (in doubt for the next run), never released to be resent blindly.
+        """
         sent: list[tuple[_Candidate, str]] = []
         failed: list[tuple[_Candidate, str]] = []
+        doubtful: list[_Candidate] = []
         by_target: dict[str, list[_Candidate]] = {}
         for cand in claimed:
             by_target.setdefault(cand.target.url, []).append(cand)
@@ -672,13 +694,22 @@ class MoveEngine:
                 try:
                     result = sqs.send_batch(url, chunk)
                 except Exception:
+                    # Earlier unconfirmed entries stay claimed, like the request in flight.
                     self._settle_before_error(
-                        claimed, sent, failed, {by_id[e.id].key for e in chunk}
+                        claimed,
+                        sent,
+                        failed,
+                        {by_id[e.id].key for e in chunk} | {c.key for c in doubtful},
                     )
                     raise
                 sent.extend((by_id[i], mid) for i, mid in result.ok.items())
-                failed.extend((by_id[i], err) for i, err in result.failed.items())
-        return sent, failed
+                failed.extend(
+                    (by_id[i], err)
+                    for i, err in result.failed.items()
+                    if i not in result.unconfirmed
+                )
+                doubtful.extend(by_id[i] for i in result.unconfirmed)
+        return sent, failed, doubtful
 
     def _settle_before_error(
         self,

@@ -202,7 +202,10 @@ class BatchResult:
     ok: dict[str, str]
     """Entry id -> the MessageId SQS gave (for sends) or ``""`` (deletes, visibility)."""
     failed: dict[str, str]
-    """Entry id -> ``Code: Message`` for every entry SQS reported as failed."""
+    """Entry id -> ``Code: Message`` for every entry not confirmed (including unconfirmed)."""
+    unconfirmed: frozenset[str] = frozenset()
+    """Entries SQS named in neither list: for a send, possibly sent (in doubt, never resent
+    blindly); for a delete or a visibility change, simply not done."""
 
 
 def split_batches(entries: Sequence[SendEntry]) -> Iterator[list[SendEntry]]:
@@ -368,11 +371,11 @@ def _batch_result(
         item["Id"]: f"{item.get('Code', 'Error')}: {item.get('Message', '')}".strip(": ")
         for item in response.get("Failed", [])
     }
-    # An entry SQS mentions in neither list is not confirmed: treat it as failed, never as sent.
-    for entry_id in ids:
-        if entry_id not in ok and entry_id not in failed:
-            failed[entry_id] = "not in the response"
-    return BatchResult(ok, failed)
+    # An entry SQS mentions in neither list is not confirmed: never count it as done.
+    missing = frozenset(i for i in ids if i not in ok and i not in failed)
+    for entry_id in missing:
+        failed[entry_id] = "not in the response"
+    return BatchResult(ok, failed, missing)
 
 
 def queue_name(url_or_arn: str) -> str:

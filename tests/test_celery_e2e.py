@@ -257,15 +257,20 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
     # -- failing workers: each message received > 5 times, so SQS moves it to the DLQ -------
     original = dead_letter_as_sqs_does(family, len(published))
     body_of_task: dict[str, dict[str, Any]] = {}
+    protocols: Counter[int] = Counter()
     for message in original.values():
         # Celery's own envelope (base64 JSON, kombu's default): read the task id from it.
         envelope = json.loads(base64.b64decode(message["Body"]))
-        # Protocol 2 names the task id in a header; protocol 1 in the (base64) inner body.
-        task_id = (
-            envelope["headers"].get("id") or json.loads(base64.b64decode(envelope["body"]))["id"]
-        )
+        # Protocol 2 names the task in headers; protocol 1 only in the (base64) inner body.
+        if "task" in envelope["headers"]:
+            protocols[2] += 1
+            task_id = envelope["headers"]["id"]
+        else:
+            protocols[1] += 1
+            task_id = json.loads(base64.b64decode(envelope["body"]))["id"]
         body_of_task[task_id] = message
     assert set(body_of_task) == set(task_of), "every published task is in the DLQ"
+    assert protocols == {1: 6, 2: 13}
     in_dlq = peek(family, family.dlq_url)
     assert {m: in_dlq[m]["Body"] for m in in_dlq} == {m: original[m]["Body"] for m in original}
 

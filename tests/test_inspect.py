@@ -298,6 +298,29 @@ def test_an_error_mid_scan_still_releases_what_was_received(
     assert family.depth() == (30, 0)
 
 
+def test_a_failure_while_counting_a_batch_still_releases_that_batch(
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs], monkeypatch: Any
+) -> None:
+    # Ctrl-C a second time (KeyboardInterrupt) or a bug while a batch is in hand: the batch
+    # was received, so it is hidden for the whole lease unless it is given back too.
+    for i in range(30):
+        family.send_to_dlq(encode(CHECKOUT, [i]))
+    real_add = Grouping.add
+    calls = 0
+
+    def add_then_fail(self: Grouping, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 15:
+            raise KeyboardInterrupt
+        real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(Grouping, "add", add_then_fail)
+    with pytest.raises(KeyboardInterrupt):
+        inspect_dlq(target, factory)
+    assert family.depth() == (30, 0)
+
+
 def test_several_workers(tmp_path: Path) -> None:
     # In-process moto is not safe for concurrent receives on one queue: a server on
     # 127.0.0.1 that serves one request at a time.
