@@ -81,8 +81,13 @@ def core_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from exc
 
 
+STOPPING = (
+    "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
+)
+
+
 @contextlib.contextmanager
-def interruptible() -> Iterator[threading.Event]:
+def interruptible(message: str = STOPPING) -> Iterator[threading.Event]:
     """First Ctrl-C (or SIGTERM) asks the operation to stop cleanly; a second one aborts."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -93,11 +98,7 @@ def interruptible() -> Iterator[threading.Event]:
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        click.echo(
-            "\nstopping: finishing the batch in flight and giving back held messages "
-            "(Ctrl-C again to abort)",
-            err=True,
-        )
+        click.echo(f"\n{message}", err=True)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -1117,30 +1118,12 @@ def refuse_native_conflicts(click_ctx: click.Context) -> None:
     )
 
 
-@contextlib.contextmanager
-def following() -> Iterator[threading.Event]:
+def following() -> contextlib.AbstractContextManager[threading.Event]:
     """Ctrl-C (or SIGTERM) stops following a server-side move; it never cancels the task."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        click.echo(
-            "\nstopping to follow: the move task keeps running on the server "
-            "(`redrive tasks TARGET --cancel` cancels it)",
-            err=True,
-        )
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return interruptible(
+        "stopping to follow: the move task keeps running on the server "
+        "(`redrive tasks TARGET --cancel` cancels it)"
+    )
 
 
 def _target_sqs(ctx: Context, dlq: DlqTarget) -> Sqs:

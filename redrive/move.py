@@ -478,7 +478,10 @@ class MoveEngine:
                     keep.append(cand.message)
                     continue
                 else:
-                    self._in_doubt(cand, entry)
+                    self._in_doubt(
+                        cand,
+                        f"claimed by run {entry.run_id}, which ended before confirming the send",
+                    )
                     keep.append(cand.message)
                     continue
                 if self._limit_left is not None:
@@ -553,18 +556,7 @@ class MoveEngine:
             keep.extend(f.message for f in followers.pop(cand.key, []))
         for cand in doubtful:
             with self._lock:
-                self.result.in_doubt += 1
-                self._skip(cand.info, IN_DOUBT)
-                if len(self.result.in_doubt_messages) < MAX_LISTED:
-                    self.result.in_doubt_messages.append(
-                        Listed(
-                            cand.info.task,
-                            cand.info.task_id,
-                            cand.message.message_id,
-                            cand.key,
-                            "SQS confirmed neither success nor failure of its send",
-                        )
-                    )
+                self._in_doubt(cand, "SQS confirmed neither success nor failure of its send")
             keep.append(cand.message)
             keep.extend(f.message for f in followers.pop(cand.key, []))
 
@@ -841,7 +833,7 @@ class MoveEngine:
         self.result.duplicates += 1
         self.result.task(info.task).duplicates += 1
 
-    def _in_doubt(self, cand: _Candidate, entry: Entry) -> None:
+    def _in_doubt(self, cand: _Candidate, detail: str) -> None:
         self.result.in_doubt += 1
         self._skip(cand.info, IN_DOUBT)
         if len(self.result.in_doubt_messages) < MAX_LISTED:
@@ -851,7 +843,7 @@ class MoveEngine:
                     cand.info.task_id,
                     cand.message.message_id,
                     cand.key,
-                    f"claimed by run {entry.run_id}, which ended before confirming the send",
+                    detail,
                 )
             )
 
