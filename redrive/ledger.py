@@ -503,29 +503,20 @@ class SqliteLedger:
 
     # ----------------------------------------------------------------- plumbing
 
-    @contextlib.contextmanager
-    def _write(self, what: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One IMMEDIATE transaction, committed (durably) on success, rolled back on error."""
-        with self._lock:
-            conn = self._live_conn()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise self._op_error(what, e) from e
-                raise
+        return self._transaction(what, "BEGIN IMMEDIATE")
+
+    def _read(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One read transaction, so multi-statement reads see a single snapshot."""
+        return self._transaction(what, "BEGIN")
 
     @contextlib.contextmanager
-    def _read(self, what: str) -> Iterator[sqlite3.Connection]:
-        """One read transaction, so multi-statement reads see a single snapshot."""
+    def _transaction(self, what: str, begin: str) -> Iterator[sqlite3.Connection]:
         with self._lock:
             conn = self._live_conn()
             try:
-                conn.execute("BEGIN")
+                conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
             except BaseException as e:
