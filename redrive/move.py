@@ -38,7 +38,7 @@ from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
-from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.scan import DlqScan, digest, hold_for_depth, run_pipelines
 from redrive.selection import Selection
 from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 
@@ -277,7 +277,8 @@ class MoveEngine:
         self._last_heartbeat = 0.0
         self._liveness: dict[str, bool] = {}
         # In a dry run, keys this run "would claim": a second copy is then a duplicate.
-        self._planned: set[str] = set()
+        # Digests, not keys: a dry run of a million messages must not hold a million strings.
+        self._planned: set[int] = set()
 
     # -- the run -------------------------------------------------------------------------
 
@@ -439,7 +440,7 @@ class MoveEngine:
                     followers[cand.key].append(cand)
                     continue
                 entry = entries.get(cand.key)
-                if entry is None and cand.key in self._planned:
+                if entry is None and digest(cand.key) in self._planned:
                     self._count_matched(cand.info)
                     self._duplicate(cand.info)
                     self._to_plan(cand, "delete-duplicate")
@@ -591,7 +592,7 @@ class MoveEngine:
         with self._lock:
             for cand in [*to_send, *(c for c, _ in takeovers)]:
                 self._to_plan(cand, "send")
-                self._planned.add(cand.key)
+                self._planned.add(digest(cand.key))
                 counts = self.result.task(cand.info.task)
                 counts.moved += 1
                 counts.targets[cand.target.name] += 1

@@ -55,7 +55,8 @@ class ScanStats:
     release_failed: int = 0
 
 
-def _digest(message_id: str) -> int:
+def digest(message_id: str) -> int:
+    """An 8-byte stand-in for an id in sets that grow with the queue."""
     return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
 
 
@@ -126,11 +127,11 @@ class DlqScan:
                     continue
                 self._consecutive_empty = 0
                 for message in messages:
-                    digest = _digest(message.message_id)
-                    if digest in self._seen:
+                    seen = digest(message.message_id)
+                    if seen in self._seen:
                         stale.append(message)
                     else:
-                        self._seen.add(digest)
+                        self._seen.add(seen)
                         fresh.append(message)
                 if self.max_messages is not None:
                     # Concurrent receivers may overshoot --limit; what is over it goes back.
