@@ -39,7 +39,7 @@ typecheck: install
 	$(BIN)/mypy
 
 unit: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 4 --durations=15
 
 test: lint typecheck unit
 

@@ -90,7 +90,9 @@ def hold_seconds(depth: int) -> int:
     return max(120, min(43_200, 120 + depth // 50))
 
 
-def handwritten_scan(queue: str, expect: int, *, decode_bodies: bool) -> dict[str, Any]:
+def handwritten_scan(
+    queue: str, expect: int, *, decode_bodies: bool, wait: int = 1
+) -> dict[str, Any]:
     """Receive 10 at a time, decode, count per task, then make everything visible again."""
     import boto3
 
@@ -108,7 +110,7 @@ def handwritten_scan(queue: str, expect: int, *, decode_bodies: bool) -> dict[st
             QueueUrl=url,
             MaxNumberOfMessages=10,
             VisibilityTimeout=hold,
-            WaitTimeSeconds=1,
+            WaitTimeSeconds=wait,
             MessageSystemAttributeNames=["All"],
             MessageAttributeNames=["All"],
         ).get("Messages", [])
@@ -306,7 +308,7 @@ def start_server(kind: str) -> Server:
 # -- the family, seeding, depth -------------------------------------------------------------
 
 
-def child_env(endpoint: str, state_dir: str) -> dict[str, str]:
+def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -322,6 +324,8 @@ def child_env(endpoint: str, state_dir: str) -> dict[str, str]:
             "AWS_CONFIG_FILE": os.path.join(state_dir, "aws-config-absent"),
             "AWS_SHARED_CREDENTIALS_FILE": os.path.join(state_dir, "aws-credentials-absent"),
             "REDRIVE_STATE_DIR": os.path.join(state_dir, "redrive-state"),
+            # redrive's long poll per receive (redrive.scan.RECEIVE_WAIT_SECONDS).
+            "REDRIVE_RECEIVE_WAIT": str(wait),
         }
     )
     return env
@@ -420,23 +424,33 @@ class Run:
         return self.n / self.scan_s if self.scan_s else None
 
 
-def tool_command(tool: str, n: int) -> list[str]:
+def tool_command(tool: str, n: int, wait: int) -> list[str]:
     if tool == "redrive":
         return [PYTHON, "-m", "redrive", "inspect", FAMILY, "--json"]
     if tool == "redrive-1empty":
         return [PYTHON, "-c", _ONE_EMPTY, "inspect", FAMILY, "--json"]
     command = [PYTHON, "-P", os.path.abspath(__file__), "--child", "--expect", str(n)]
+    command += ["--receive-wait", str(wait)]
     return [*command, "--no-decode"] if tool == "floor" else command
 
 
 def measure(
-    server: Server, client: Any, dlq_url: str, tool: str, n: int, rnd: int, env: dict[str, str]
+    server: Server,
+    client: Any,
+    dlq_url: str,
+    tool: str,
+    n: int,
+    rnd: int,
+    env: dict[str, str],
+    wait: int,
 ) -> Run:
     load = os.getloadavg()[0]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         cpu_before = server.cpu_seconds()
         started = time.perf_counter()
-        process = subprocess.Popen(tool_command(tool, n), cwd=ROOT, env=env, stdout=out, stderr=err)
+        process = subprocess.Popen(
+            tool_command(tool, n, wait), cwd=ROOT, env=env, stdout=out, stderr=err
+        )
         result: list[tuple[int, int, Any]] = []
         waiter = threading.Thread(target=lambda: result.append(os.wait4(process.pid, 0)))
         waiter.start()
@@ -496,7 +510,7 @@ class SizeResult:
     runs: list[Run] = field(default_factory=list)
 
 
-def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str]) -> SizeResult:
+def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str], wait: int) -> SizeResult:
     log(f"[{kind} N={n:,}] starting the server")
     server = start_server(kind)
     try:
@@ -512,11 +526,11 @@ def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str]) -> SizeResu
         result = SizeResult(kind, n, seed_s, server.cpu_seconds() - cpu0, server.rss_mb())
         log(f"[{kind} N={n:,}] seeded in {seed_s:.1f} s ({n / seed_s:,.0f} msgs/s)")
         with tempfile.TemporaryDirectory(prefix="redrive-bench-") as state:
-            env = child_env(server.endpoint, state)
+            env = child_env(server.endpoint, state, wait)
             for rnd in range(rounds):
                 shift = rnd % len(tools)
                 for tool in [*tools[shift:], *tools[:shift]]:
-                    run = measure(server, client, dlq_url, tool, n, rnd + 1, env)
+                    run = measure(server, client, dlq_url, tool, n, rnd + 1, env, wait)
                     result.runs.append(run)
                     log(
                         f"[{kind} N={n:,}] round {rnd + 1} {tool:<14} {run.wall_s:7.2f} s "
@@ -669,6 +683,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=",".join(TOOLS),
         help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)} (default: {','.join(TOOLS)})",
     )
+    parser.add_argument(
+        "--receive-wait",
+        type=int,
+        choices=range(21),
+        default=1,
+        metavar="SECONDS",
+        help="long poll of every receive, for every tool alike (redrive through "
+        "REDRIVE_RECEIVE_WAIT); default 1, redrive's own default",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     # Internal: the hand-written scan's own process.
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -677,7 +700,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.child:
-        print(json.dumps(handwritten_scan(DLQ, args.expect, decode_bodies=not args.no_decode)))
+        scan = handwritten_scan(
+            DLQ, args.expect, decode_bodies=not args.no_decode, wait=args.receive_wait
+        )
+        print(json.dumps(scan))
         return 0
 
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
@@ -703,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = args.sizes
         if kind == "moto":
             sizes = args.moto_sizes or sorted({min(n, 2_000) for n in args.sizes})
-        results = [bench_size(kind, n, args.rounds, tools) for n in sizes]
+        results = [bench_size(kind, n, args.rounds, tools, args.receive_wait) for n in sizes]
         for result in results:
             failed = failed or any(not r.ok for r in result.runs)
             everything.append(

@@ -308,7 +308,17 @@ def cli(
 
 
 def main() -> None:
-    cli(prog_name="redrive")
+    try:
+        cli.main(prog_name="redrive", standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # A second Ctrl-C: stop at once. Leases and the ledger keep what was in flight safe.
+        click.echo("\naborted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
 
 
 # -- status, inspect, report ------------------------------------------------------------------
@@ -773,7 +783,8 @@ def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render
             )
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if result.needs_attention:
+    # A dry run reports in-doubt keys it finds, but changed nothing that could need attention.
+    if result.needs_attention and not result.dry_run:
         sys.exit(EXIT_ATTENTION)
 
 
@@ -1504,7 +1515,7 @@ def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
         click.echo("# sandbox ready; Ctrl-C stops it", err=True)
         sys.stdout.flush()
 
-    with core_errors(), interruptible() as stop:
+    with core_errors(), interruptible("stopping the sandbox") as stop:
         try:
             sandbox_module.run(
                 port, ctx.layout, per_family=per_family, serial=serial, on_ready=ready, stop=stop
@@ -1513,3 +1524,56 @@ def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
             fail(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): pick another --port")
         except ValueError as exc:
             fail(f"cannot build the sandbox layout: {exc}")
+
+
+# -- global options anywhere --------------------------------------------------------------------
+
+
+def _global_options() -> list[click.Option]:
+    """``--endpoint-url``, ``--region``, ``--profile`` and ``--config`` after the command too,
+    as the AWS CLI accepts them (``redrive inspect checkout --region eu-west-1``)."""
+
+    def setter(attribute: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+            state = ctx.find_object(Context)
+            if value is None or state is None:
+                return
+            if attribute == "config":
+                state.config, state._layout = value, None
+            else:
+                if attribute == "endpoint_url":
+                    endpoint_url(ctx, param, value)
+                setattr(state.aws, attribute, value)
+
+        return callback
+
+    return [
+        click.Option(
+            ["--endpoint-url"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("endpoint_url"),
+            help="As the global option (may also come before the command).",
+        ),
+        click.Option(["--region"], metavar="REGION", expose_value=False, callback=setter("region")),
+        click.Option(["--profile"], metavar="NAME", expose_value=False, callback=setter("profile")),
+        click.Option(
+            ["--config"],
+            metavar="FILE",
+            type=click.Path(dir_okay=False),
+            expose_value=False,
+            callback=setter("config"),
+        ),
+    ]
+
+
+def _add_global_options(group: click.Group) -> None:
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            _add_global_options(command)
+        else:
+            names = {opt for p in command.params for opt in getattr(p, "opts", [])}
+            command.params.extend(p for p in _global_options() if p.opts[0] not in names)
+
+
+_add_global_options(cli)

@@ -827,7 +827,10 @@ class DynamoDbLedger:
                 values={":run": _s(run_id)},
             )
 
-        results = self._each_or_raise(take, list(pairs.items()))
+        # One at a time: takeovers are rare (in-doubt resends only), and moto's in-process
+        # TransactWriteItems is not safe to run concurrently (a rollback restores a snapshot
+        # taken before another thread's transaction).
+        results = [take(pair) for pair in pairs.items()]
         return {key for key, taken in zip(pairs, results, strict=True) if taken}
 
     def _transition_from_dead_owner(
@@ -976,4 +979,5 @@ class DynamoDbLedger:
                 values={":skipped": _s(KeyState.SKIPPED.value), ":run": _s(run_id)},
             )
 
-        self._each_or_raise(skip, owners)
+        for owner in owners:  # transactions, one at a time (see takeover_many)
+            skip(owner)

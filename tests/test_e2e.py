@@ -392,6 +392,11 @@ def test_report_formats_alerting_exit_code_and_status(
     # the checks that need no other family use a config file naming only checkout.
     only_checkout = tmp_path / "checkout.toml"
     only_checkout.write_text('[families.checkout]\nqueue = "onion-checkout"\n')
+    two = tmp_path / "two.toml"  # the built-in layout without "default" (status shows all 3)
+    two.write_text(
+        '[families.progress]\nqueue = "onion-progress"\npriority = 2\n\n'
+        '[families.checkout]\nqueue = "onion-checkout"\npriority = 1\n'
+    )
     empty = redrive(
         server, "--config", str(only_checkout), "report", "--format", "json", "--fail-on-messages"
     )
@@ -402,16 +407,14 @@ def test_report_formats_alerting_exit_code_and_status(
     progress_task = "apps.engagements.tasks.save_progress_quiz"
     fill(progress, [celery(progress_task, 2) for _ in range(2)])
 
-    alert = redrive(server, "report", "--format", "json", "--fail-on-messages")
+    alert = redrive(
+        server, "--config", str(two), "report", "--format", "json", "--fail-on-messages"
+    )
     data = ok_json(alert, 1)  # the document is printed all the same
     assert data["total"] == 6
     queues = {q["family"]: q for q in data["queues"]}
-    assert [q["family"] for q in data["queues"]] == ["checkout", "default", "progress"]
-    assert {q: queues[q]["messages"] for q in queues} == {
-        "checkout": 4,
-        "default": 0,
-        "progress": 2,
-    }
+    assert [q["family"] for q in data["queues"]] == ["checkout", "progress"], "by priority"
+    assert {q: queues[q]["messages"] for q in queues} == {"checkout": 4, "progress": 2}
     assert all(q["error"] is None for q in data["queues"])
     assert {g["task"]: g["count"] for g in queues["checkout"]["groups"]} == {
         CAPTURE: 3,
@@ -537,30 +540,36 @@ def move_watched(
     return code, json.loads(stdout)
 
 
-def test_a_claim_left_by_a_dead_run_is_reported_in_doubt(
-    checkout: Family, server: MotoServer, tmp_path: Path
-) -> None:
-    """One dead-lettered task whose key a dead run claimed: held in doubt, not a hang.
+def claimed_by_a_dead_run(family: Family, ledger: Path) -> tuple[Dead, str]:
+    """One dead-lettered task whose key a dead run claimed; returns it and its key.
 
-    Regression: MoveEngine._process held self._lock (not reentrant) while calling
-    self._is_live(), which takes it again, so any move meeting a key CLAIMED by another run
-    (in doubt after a crash, or a second operator's live claim) hung forever.
-    """
+    What a SIGKILL between claim and send leaves: the key CLAIMED by a run that never
+    ended, long stale (no heartbeat for an hour, lease long over, another host)."""
     from redrive.keys import key_for
     from redrive.ledger import Claim, SqliteLedger
     from redrive.messages import decode
 
     task = celery(CAPTURE)
-    fill(checkout, [task])
-    ledger = tmp_path / "ledger.sqlite3"
-    # What a SIGKILL between claim and send leaves: the key CLAIMED by a run that never
-    # ended, long stale (no heartbeat for an hour, lease long over, another host).
+    fill(family, [task])
     long_ago = time.time() - 3600
     with SqliteLedger(ledger, clock=lambda: long_ago) as book:
         book.start_run("dead-run", command="redrive move", info={"host": "elsewhere", "pid": 1})
         key = key_for(decode(task.body), message_id="-", generation=0)
-        book.claim_many("dead-run", [Claim(key, CAPTURE, "-", checkout.queue_url)])
+        book.claim_many("dead-run", [Claim(key, CAPTURE, "-", family.queue_url)])
+    return task, key
 
+
+def test_a_claim_left_by_a_dead_run_is_reported_in_doubt(
+    checkout: Family, server: MotoServer, tmp_path: Path
+) -> None:
+    """Held in doubt and listed, not a hang.
+
+    Regression: MoveEngine._process held self._lock (not reentrant) while calling
+    self._is_live(), which takes it again, so any move meeting a key CLAIMED by another run
+    (in doubt after a crash, or a second operator's live claim) hung forever.
+    """
+    ledger = tmp_path / "ledger.sqlite3"
+    task, key = claimed_by_a_dead_run(checkout, ledger)
     # A healthy run takes about 3 s (two empty 1 s long polls end its scan).
     result = redrive(server, *MOVE, "--ledger", str(ledger), timeout=20)
     data = ok_json(result, 3)
@@ -569,6 +578,22 @@ def test_a_claim_left_by_a_dead_run_is_reported_in_doubt(
     assert (listed["task"], listed["task_id"], listed["key"]) == (CAPTURE, task.ident, key)
     assert checkout.depth() == (1, 0), "held in doubt: it stays in the DLQ, visible"
     assert checkout.depth(checkout.queue_url) == (0, 0)
+
+
+def test_a_dry_run_exits_0_even_when_it_finds_in_doubt_keys(
+    checkout: Family, server: MotoServer, tmp_path: Path
+) -> None:
+    ledger = tmp_path / "ledger.sqlite3"
+    task, _ = claimed_by_a_dead_run(checkout, ledger)
+    result = redrive(server, "move", "checkout", "--ledger", str(ledger), "--json", timeout=20)
+    assert "Traceback" not in result.stderr
+    data = json.loads(result.stdout)
+    # The plan reports the in-doubt task (that part works)...
+    assert data["dry_run"] is True and data["in_doubt"] == 1
+    assert data["in_doubt_messages"][0]["task_id"] == task.ident
+    assert checkout.depth() == (1, 0)
+    # ...but a dry run failed nothing: it must exit 0.
+    assert result.returncode == 0, (result.returncode, result.stderr)
 
 
 def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resends(
@@ -593,11 +618,13 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
         try:
             floor = ledger_states(ledger)["done"] + 30
 
-            def ripe(floor: int = floor) -> bool:
+            def ripe(floor: int = floor, victim: subprocess.Popen[str] = victim) -> bool:
                 states = ledger_states(ledger)
-                return states["claimed"] > 0 and states["done"] + states["sent"] >= floor
+                in_window = states["claimed"] > 0 and states["done"] + states["sent"] >= floor
+                return in_window or victim.poll() is not None
 
             wait_for(ripe, timeout=40, every=0.005, what="a claimed batch, some keys done")
+            assert victim.poll() is None, "the run ended before it could be killed mid-run"
             victim.send_signal(signal.SIGKILL)
             assert victim.wait(10) == -signal.SIGKILL
         finally:

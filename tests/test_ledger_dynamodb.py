@@ -457,7 +457,10 @@ def test_no_credentials_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(name)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # nothing may look beyond loopback
-    client = boto3.client("dynamodb", region_name=REGION, endpoint_url="http://127.0.0.1:9")
+    # A session of its own: boto3's default session keeps credentials other tests resolved.
+    client = boto3.Session().client(
+        "dynamodb", region_name=REGION, endpoint_url="http://127.0.0.1:9"
+    )
     with pytest.raises(LedgerError, match="no AWS credentials found") as e:
         DynamoDbLedger(TABLE, client)
     one_line(e)

@@ -49,6 +49,14 @@ HANDLE = "eyJ0YXNrSWQiOiJkYzdjMTJjZi0xMjM0In0="
 NOW_MS = int(time.time() * 1000)
 
 
+@pytest.fixture(autouse=True)
+def fresh_now() -> None:
+    """Task start times are "now" for each test, not for the module's import: the code under
+    test tells a new task from an old one by its start time against the real clock."""
+    global NOW_MS
+    NOW_MS = int(time.time() * 1000)
+
+
 def queue(name: str, arn: str) -> QueueRef:
     return QueueRef(
         url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{name}", name=name, arn=arn, fifo=False

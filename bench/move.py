@@ -1,0 +1,1411 @@
+"""Benchmark ``redrive move --execute`` against hand-written boto3 loops, on a local SQS.
+
+One server (a subprocess on 127.0.0.1, so its CPU time can be read from /proc/<pid>/stat):
+``fast`` is bench/fast_sqs.py (imported by path and run in the child; every operation O(1)),
+``moto`` is moto's server as the project's sandbox runs it (serial: one request at a time,
+because moto 5.2's threaded server is not safe for concurrent receives on one queue; its
+SendMessage, DeleteMessage and visibility changes cost time proportional to queue depth).
+
+Per size N and round, for each contender, in a rotating order (round 1: ABCDEFG, round 2:
+BCDEFGA, ...: interleaved, so drift of a busy machine hits every contender alike):
+
+1. fresh queues: onion-checkout-dlq and onion-checkout (RedrivePolicy to the DLQ,
+   maxReceiveCount 5) are deleted and created again;
+2. the DLQ is seeded with N realistic Celery messages (``redrive.messages.encode``: five
+   tasks, protocol 1 and 2, some compressed, some with an eta, some with message
+   attributes, one in 200 not Celery at all; every one movable: none expired, none poison)
+   through SendMessageBatch, sent as raw JSON-protocol requests (not timed);
+3. the contender runs as a subprocess of its own; wall time is spawn to exit, peak RSS and
+   CPU come from ``os.wait4`` (ru_maxrss is KiB on Linux), the server's CPU seconds during
+   the run from /proc, and each contender also reports its own timer (after interpreter
+   start-up, imports and client creation);
+4. afterwards the target must hold exactly N messages (visible; none in flight or
+   delayed) and the DLQ none, and redrive's JSON must say moved == N, failed == 0,
+   in_doubt == 0; a run that fails a check is reported and left out of the medians.
+
+Contenders (``--tools``):
+
+- ``redrive``: ``python -m redrive move checkout --execute --yes --json --ledger FRESH``
+  (SQLite ledger on, default settings: one worker, lease 30 s);
+- ``redrive-w1`` / ``redrive-w4``: the same with ``--workers 1`` / ``--workers 4``;
+- ``batched`` / ``batched-4``: the minimal loop a person would write with boto3: receive 10
+  (message attributes included), SendMessageBatch the 10 bodies and attributes to the
+  source queue, DeleteMessageBatch the ones SQS confirmed; stop at the first empty
+  receive; 1 thread, or 4 threads each with its own client (to set beside --workers 4);
+- ``per-message``: receive 1, SendMessage 1, DeleteMessage 1 (boto3);
+- ``null`` / ``null-4``: the *server's ceiling*: the same three batched calls as raw JSON
+  over one keep-alive HTTP connection per thread (no botocore: no signing, no request
+  validation, no response parsing beyond ``json.loads``). No client can do less per
+  message, so its rate bounds what any client reaches on that server.
+
+Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
+through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
+noticed at once by every contender (redrive stops after two empty receives, the loops after
+one); with 1, redrive's run ends ~2 s after the last message, a loop's ~1 s after it.
+
+Usage (from the repository root, with the project's venv)::
+
+    .venv/bin/python bench/move.py --server fast --sizes 1000,10000,100000 --rounds 3
+    .venv/bin/python bench/move.py --server moto --sizes 1000,2000 --rounds 3
+    .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 1 \
+        --tools redrive --profile-size 10000          # plus a cProfile of one redrive run
+
+Every request goes to 127.0.0.1; every loop and every child process is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this file's folder is sys.path[0], and bench/inspect.py would shadow the
+# standard library's ``inspect`` module (dataclasses, boto3 ... import it). Drop the folder.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+import argparse  # noqa: E402
+import http.client  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from types import ModuleType  # noqa: E402
+from typing import Any  # noqa: E402
+from urllib.parse import urlsplit  # noqa: E402
+
+ROOT = os.path.dirname(_HERE)
+PYTHON = sys.executable
+HOST = "127.0.0.1"
+REGION = "us-east-1"
+QUEUE = "onion-checkout"
+DLQ = "onion-checkout-dlq"
+FAMILY = "checkout"
+MAX_RECEIVE_COUNT = 5
+DLQ_RETENTION = 14 * 86_400
+FAST_SQS_PATH = os.path.join(_HERE, "fast_sqs.py")
+SHM = "/dev/shm"
+
+TOOLS = (
+    "redrive",
+    "redrive-w1",
+    "redrive-w4",
+    "batched",
+    "batched-4",
+    "per-message",
+    "null",
+    "null-4",
+)
+#: The batched loop each contender is compared with (same number of pipelines).
+#: Diagnostic variants, not run by default (see bench/README.md): redrive with its ledger on
+#: tmpfs (/dev/shm: fsync costs nothing, so the best any fsync fix can do), and redrive with
+#: the proposed fix patched in (only the claim commit is fsynced, see _RELAXED).
+EXTRA_TOOLS = ("redrive-shm", "redrive-shm-w4", "redrive-relaxed", "redrive-relaxed-w4")
+BASELINE = {
+    "redrive": "batched",
+    "redrive-shm": "batched",
+    "redrive-shm-w4": "batched-4",
+    "redrive-relaxed": "batched",
+    "redrive-relaxed-w4": "batched-4",
+    "redrive-w1": "batched",
+    "redrive-w4": "batched-4",
+    "batched-4": "batched",
+    "per-message": "batched",
+    "null": "batched",
+    "null-4": "batched-4",
+}
+CHILD_TIMEOUT = 1_800  # seconds one contender may take before it is killed
+SEED_TIMEOUT = 1_800  # seconds seeding one DLQ may take
+#: Operations this benchmark needs from the server (fast_sqs is checked for them at start).
+NEEDED_OPERATIONS = (
+    "CreateQueue",
+    "DeleteQueue",
+    "GetQueueUrl",
+    "GetQueueAttributes",
+    "SetQueueAttributes",
+    "ListDeadLetterSourceQueues",
+    "SendMessage",
+    "SendMessageBatch",
+    "ReceiveMessage",
+    "DeleteMessage",
+    "DeleteMessageBatch",
+    "ChangeMessageVisibilityBatch",
+)
+
+
+def load_fast_sqs() -> ModuleType:
+    """bench/fast_sqs.py as a module (imported by path: bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("fast_sqs", FAST_SQS_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The server children. Both print their endpoint on the first line of stdout.
+_FAST_SERVER = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("fast_sqs", {FAST_SQS_PATH!r})
+fast_sqs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fast_sqs)
+sys.exit(fast_sqs.main(["--host", {HOST!r}, "--port", "0"]))
+"""
+_MOTO_SERVER = f"""
+import signal, threading
+from redrive.sandbox import start_server
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stop.set())
+signal.signal(signal.SIGINT, lambda *_: stop.set())
+with start_server(0, host={HOST!r}, serial=True) as server:
+    print("moto: SQS on " + server.endpoint_url, flush=True)
+    while not stop.wait(0.5):
+        pass
+"""
+
+
+# redrive's CLI with the proposed ledger fix patched in (bench only; redrive is unchanged):
+# the claim stays a synchronous=FULL commit (fsynced before anything is sent), while the
+# SENT and DONE records and the heartbeat are committed with synchronous=NORMAL (WAL: durable
+# against a killed process, not fsynced; the next claim's fsync makes them durable too).
+_RELAXED = """
+import contextlib, sqlite3, sys
+import redrive.ledger as ledger
+RELAXED = {"mark keys sent", "mark keys done", "heartbeat"}
+@contextlib.contextmanager
+def _transaction(self, what, begin):
+    with self._lock:
+        conn = self._live_conn()
+        relaxed = what in RELAXED
+        if relaxed:
+            conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            conn.execute(begin)
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise self._op_error(what, e) from e
+            raise
+        finally:
+            if relaxed:
+                conn.execute("PRAGMA synchronous=FULL")
+ledger.SqliteLedger._transaction = _transaction
+from redrive.cli import main
+sys.exit(main())
+"""
+
+# redrive's CLI with a timer (wall and CPU time of the calling thread) around each step of
+# the move engine; the totals go to the file named by BENCH_PHASES_OUT. Far less overhead
+# than cProfile, so the shares are those of an ordinary run.
+_PHASES = """
+import atexit, functools, json, os, sys, time
+import redrive.ledger, redrive.move, redrive.scan, redrive.sqs
+stats = {}
+def timed(owner, name, label):
+    original = getattr(owner, name)
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            entry = stats.setdefault(label, [0, 0.0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - wall
+            entry[2] += time.thread_time() - cpu
+    setattr(owner, name, wrapper)
+for name in ("get_many", "claim_many", "mark_sent_many", "mark_done_many", "heartbeat"):
+    timed(redrive.ledger.SqliteLedger, name, "ledger." + name)
+for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch"):
+    timed(redrive.sqs.Sqs, name, "sqs." + name)
+for name in ("run", "_process", "_entries_for", "_entry"):
+    timed(redrive.move.MoveEngine, name, "engine." + name)
+timed(redrive.move, "decode", "messages.decode")
+timed(redrive.move, "key_for", "keys.key_for")
+started = time.perf_counter()
+def report():
+    stats["process"] = [1, time.perf_counter() - started, time.process_time()]
+    with open(os.environ["BENCH_PHASES_OUT"], "w") as out:
+        json.dump(stats, out)
+atexit.register(report)
+from redrive.cli import main
+sys.exit(main())
+"""
+
+
+# -- a raw JSON-protocol SQS client (seeding, checks, and the "null" contender) ---------------
+
+
+class RawSqs:
+    """SQS's JSON protocol over one keep-alive HTTP connection, without botocore.
+
+    The Authorization header is a syntactically valid SigV4 header with a fake signature:
+    moto reads the service and region from its credential scope; neither server checks it.
+    """
+
+    def __init__(self, endpoint: str, *, timeout: float = 300) -> None:
+        parts = urlsplit(endpoint)
+        if parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"refusing to talk to {endpoint}: loopback only")
+        self.host = parts.hostname
+        self.port = parts.port or 80
+        self.timeout = timeout
+        self.conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        self.headers = {
+            "Content-Type": "application/x-amz-json-1.0",
+            "Authorization": (
+                f"AWS4-HMAC-SHA256 Credential=bench/20260101/{REGION}/sqs/aws4_request, "
+                "SignedHeaders=content-type;host;x-amz-date;x-amz-target, Signature=" + "0" * 64
+            ),
+            "X-Amz-Date": "20260101T000000Z",
+        }
+
+    def call_raw(self, operation: str, body: bytes) -> dict[str, Any]:
+        headers = {**self.headers, "X-Amz-Target": f"AmazonSQS.{operation}"}
+        for attempt in (1, 2):
+            try:
+                self.conn.request("POST", "/", body=body, headers=headers)
+                response = self.conn.getresponse()
+                data = response.read()
+                break
+            except (ConnectionError, http.client.HTTPException):
+                # A keep-alive connection the server closed: reconnect once. Only for calls
+                # that are safe to repeat (the benchmark's own; never counted as moves).
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                if attempt == 2:
+                    raise
+        if response.status != 200:
+            raise RuntimeError(f"{operation}: HTTP {response.status}: {data[:300]!r}")
+        return json.loads(data) if data else {}
+
+    def call(self, operation: str, **request: Any) -> dict[str, Any]:
+        return self.call_raw(operation, json.dumps(request).encode("utf-8"))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def clean_attributes(raw: dict[str, Any] | None) -> dict[str, Any]:
+    """Only the fields SendMessage accepts (a receive may add empty list fields)."""
+    out = {}
+    for name, value in (raw or {}).items():
+        kept = {"DataType": value["DataType"]}
+        for key in ("StringValue", "BinaryValue"):
+            if key in value:
+                kept[key] = value[key]
+        out[name] = kept
+    return out
+
+
+# -- the contenders that are not redrive (each runs in its own process) ----------------------
+
+
+def _boto3_client() -> Any:
+    import boto3
+
+    # Endpoint, region and credentials from the environment, like redrive's.
+    return boto3.session.Session().client("sqs")
+
+
+def batched_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
+    """receive 10 -> SendMessageBatch 10 -> DeleteMessageBatch 10, in ``threads`` threads."""
+    clients = [_boto3_client() for _ in range(threads)]
+    started = time.perf_counter()
+    moved = [0] * threads
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        client = clients[index]
+        try:
+            dlq = client.get_queue_url(QueueName=DLQ)["QueueUrl"]
+            target = client.get_queue_url(QueueName=QUEUE)["QueueUrl"]
+            for _ in range(expect // 10 + 1_000):  # bounded: the first empty receive ends it
+                messages = client.receive_message(
+                    QueueUrl=dlq,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=wait,
+                    VisibilityTimeout=30,
+                    MessageAttributeNames=["All"],
+                ).get("Messages", [])
+                if not messages:
+                    return
+                entries = []
+                for i, message in enumerate(messages):
+                    entry: dict[str, Any] = {"Id": str(i), "MessageBody": message["Body"]}
+                    if message.get("MessageAttributes"):
+                        entry["MessageAttributes"] = clean_attributes(message["MessageAttributes"])
+                    entries.append(entry)
+                sent = client.send_message_batch(QueueUrl=target, Entries=entries)
+                ok = [int(s["Id"]) for s in sent.get("Successful", [])]
+                if ok:
+                    client.delete_message_batch(
+                        QueueUrl=dlq,
+                        Entries=[
+                            {"Id": str(i), "ReceiptHandle": messages[i]["ReceiptHandle"]}
+                            for i in ok
+                        ],
+                    )
+                moved[index] += len(ok)
+        except BaseException as exc:
+            errors.append(exc)
+
+    run_threads(work, threads)
+    if errors:
+        raise errors[0]
+    return {"moved": sum(moved), "seconds": time.perf_counter() - started}
+
+
+def per_message_loop(expect: int, wait: int) -> dict[str, Any]:
+    """receive 1 -> SendMessage -> DeleteMessage."""
+    client = _boto3_client()
+    started = time.perf_counter()
+    dlq = client.get_queue_url(QueueName=DLQ)["QueueUrl"]
+    target = client.get_queue_url(QueueName=QUEUE)["QueueUrl"]
+    moved = 0
+    for _ in range(expect + 1_000):  # bounded: the first empty receive ends it
+        messages = client.receive_message(
+            QueueUrl=dlq,
+            MaxNumberOfMessages=1,
+            WaitTimeSeconds=wait,
+            VisibilityTimeout=30,
+            MessageAttributeNames=["All"],
+        ).get("Messages", [])
+        if not messages:
+            break
+        message = messages[0]
+        request: dict[str, Any] = {"QueueUrl": target, "MessageBody": message["Body"]}
+        if message.get("MessageAttributes"):
+            request["MessageAttributes"] = clean_attributes(message["MessageAttributes"])
+        client.send_message(**request)
+        client.delete_message(QueueUrl=dlq, ReceiptHandle=message["ReceiptHandle"])
+        moved += 1
+    return {"moved": moved, "seconds": time.perf_counter() - started}
+
+
+def null_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
+    """The batched loop's three calls as raw JSON: the least work any client can do."""
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    raws = [RawSqs(endpoint) for _ in range(threads)]
+    started = time.perf_counter()
+    moved = [0] * threads
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        raw = raws[index]
+        try:
+            dlq = raw.call("GetQueueUrl", QueueName=DLQ)["QueueUrl"]
+            target = raw.call("GetQueueUrl", QueueName=QUEUE)["QueueUrl"]
+            receive = json.dumps(
+                {
+                    "QueueUrl": dlq,
+                    "MaxNumberOfMessages": 10,
+                    "WaitTimeSeconds": wait,
+                    "VisibilityTimeout": 30,
+                    "MessageAttributeNames": ["All"],
+                }
+            ).encode()
+            for _ in range(expect // 10 + 1_000):  # bounded: the first empty receive ends it
+                messages = raw.call_raw("ReceiveMessage", receive).get("Messages", [])
+                if not messages:
+                    return
+                entries = []
+                for i, message in enumerate(messages):
+                    entry: dict[str, Any] = {"Id": str(i), "MessageBody": message["Body"]}
+                    if message.get("MessageAttributes"):
+                        entry["MessageAttributes"] = clean_attributes(message["MessageAttributes"])
+                    entries.append(entry)
+                sent = raw.call("SendMessageBatch", QueueUrl=target, Entries=entries)
+                ok = [int(s["Id"]) for s in sent.get("Successful", [])]
+                if ok:
+                    raw.call(
+                        "DeleteMessageBatch",
+                        QueueUrl=dlq,
+                        Entries=[
+                            {"Id": str(i), "ReceiptHandle": messages[i]["ReceiptHandle"]}
+                            for i in ok
+                        ],
+                    )
+                moved[index] += len(ok)
+        except BaseException as exc:
+            errors.append(exc)
+
+    run_threads(work, threads)
+    if errors:
+        raise errors[0]
+    return {"moved": sum(moved), "seconds": time.perf_counter() - started}
+
+
+def run_threads(work: Any, threads: int) -> None:
+    if threads == 1:
+        work(0)
+        return
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(CHILD_TIMEOUT)
+
+
+# -- realistic, movable DLQ content ----------------------------------------------------------
+
+_TASKS = (
+    ("apps.webhooks.tasks.save_checkout_ibft", 30),
+    ("apps.payments.tasks.capture_payment", 25),
+    ("apps.payments.tasks.refund", 15),
+    ("apps.notifications.tasks.send_receipt", 15),
+    ("apps.orders.tasks.sync_order_status", 15),
+)
+_NAMES = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
+
+
+def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
+    ident = rng.randint(1_000, 9_999_999)
+    short = task.rsplit(".", 1)[-1]
+    if short == "save_checkout_ibft":
+        return [ident], {
+            "payload": {
+                "reference": f"IBFT-{rng.getrandbits(40):010X}",
+                "amount": f"{rng.randint(100, 250_000)}.00",
+                "currency": "PKR",
+                "sender": {"name": rng.choice(_NAMES), "iban": f"PK{rng.getrandbits(64):020d}"},
+                "callback": {"status": rng.choice(("SUCCESS", "PENDING", "FAILED")), "code": "00"},
+            }
+        }
+    if short == "capture_payment":
+        return [ident], {
+            "amount_cents": rng.randint(100, 500_000),
+            "currency": "USD",
+            "idempotency_key": f"{rng.getrandbits(128):032x}",
+        }
+    if short == "refund":
+        return [ident], {"reason": rng.choice(("customer_request", "duplicate", "fraud"))}
+    if short == "send_receipt":
+        name = rng.choice(_NAMES)
+        return [f"{name.lower()}@example.com", ident], {"context": {"name": name, "lines": 3}}
+    return [ident, rng.choice(("paid", "shipped", "cancelled"))], {"attempt": rng.randint(1, 5)}
+
+
+def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
+    """SendMessageBatch entries (without Id) a checkout DLQ holds, every one of which
+    ``redrive move`` sends with default options: distinct task ids, nothing expired,
+    no redrive-count at or over --max-redrives (3)."""
+    from datetime import UTC, datetime, timedelta
+
+    from redrive.messages import encode
+
+    rng = random.Random(seed)
+    names = [name for name, weight in _TASKS for _ in range(weight)]
+    now = datetime.now(UTC)
+    for index in range(count):
+        if rng.random() < 0.005:
+            # Not written by Celery: redrive keys it by MessageId and moves it all the same.
+            yield {"MessageBody": f"legacy cron {rng.randint(1000, 9999)}: resync store {index}"}
+            continue
+        task = rng.choice(names)
+        args, kwargs = _arguments(task, rng)
+        options: dict[str, Any] = {
+            "task_id": f"{index:08x}-{rng.getrandbits(96):024x}",
+            "retries": rng.choice((0, 0, 0, 1, 2, 3)),
+            "queue": QUEUE,
+            "protocol": 1 if rng.random() < 1 / 6 else 2,
+        }
+        kind = rng.random()
+        if kind < 0.02:
+            options["compression"] = rng.choice(("gzip", "bzip2"))
+        elif kind < 0.10:
+            options["expires"] = now + timedelta(days=30)  # not expired: it moves
+        elif kind < 0.15:
+            options["eta"] = now + timedelta(minutes=rng.choice((-1, 1)) * rng.randint(10, 600))
+        elif kind < 0.17:
+            options["base64_envelope"] = False
+        entry: dict[str, Any] = {"MessageBody": encode(task, args, kwargs, **options)}
+        if rng.random() < 0.05:
+            entry["MessageAttributes"] = {
+                "redrive-count": {"DataType": "Number", "StringValue": str(rng.randint(1, 2))},
+                "trace-id": {"DataType": "String", "StringValue": f"{rng.getrandbits(128):032x}"},
+            }
+        yield entry
+
+
+class SeedBatches:
+    """The SendMessageBatch request bodies (without QueueUrl) for N messages, built once
+    per size and reused by every run of that size."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.batches: list[list[dict[str, Any]]] = []
+        batch: list[dict[str, Any]] = []
+        for index, entry in enumerate(movable_messages(count)):
+            batch.append({"Id": str(index % 10), **entry})
+            if len(batch) == 10:
+                self.batches.append(batch)
+                batch = []
+        if batch:
+            self.batches.append(batch)
+        self.body_bytes = sum(len(e["MessageBody"]) for b in self.batches for e in b)
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    kind: str
+    process: subprocess.Popen[bytes]
+    endpoint: str
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of the server process (all its threads) so far."""
+        with open(f"/proc/{self.process.pid}/stat", encoding="ascii") as stat:
+            data = stat.read()
+        fields = data[data.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.process.pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(15)
+
+
+def start_server(kind: str) -> Server:
+    code = _FAST_SERVER if kind == "fast" else _MOTO_SERVER
+    process = subprocess.Popen(
+        [PYTHON, "-P", "-c", code],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert process.stdout is not None
+    line: list[bytes] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(60)
+    text = line[0].decode("utf-8", "replace").strip() if line else ""
+    if not text or " on http://" not in text:
+        process.kill()
+        process.wait(15)
+        raise RuntimeError(f"the {kind} server did not start (first line: {text!r})")
+    endpoint = text.rsplit(" on ", 1)[1]
+    if urlsplit(endpoint).hostname != HOST:
+        process.kill()
+        raise RuntimeError(f"the {kind} server is not on {HOST}: {endpoint}")
+    # Its stdout is not read again; nothing more is printed on it.
+    return Server(kind, process, endpoint)
+
+
+# -- queues ------------------------------------------------------------------------------------
+
+
+def fresh_family(raw: RawSqs) -> tuple[str, str]:
+    """Delete and create onion-checkout-dlq and onion-checkout; return (dlq, queue) URLs."""
+    for name in (QUEUE, DLQ):
+        try:
+            url = raw.call("GetQueueUrl", QueueName=name)["QueueUrl"]
+        except RuntimeError:
+            continue  # not there
+        raw.call("DeleteQueue", QueueUrl=url)
+    dlq_url = raw.call(
+        "CreateQueue",
+        QueueName=DLQ,
+        Attributes={"MessageRetentionPeriod": str(DLQ_RETENTION)},
+    )["QueueUrl"]
+    arn = raw.call("GetQueueAttributes", QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": MAX_RECEIVE_COUNT})
+    queue_url = raw.call("CreateQueue", QueueName=QUEUE, Attributes={"RedrivePolicy": policy})[
+        "QueueUrl"
+    ]
+    return dlq_url, queue_url
+
+
+def seed(raw: RawSqs, dlq_url: str, batches: SeedBatches) -> None:
+    deadline = time.monotonic() + SEED_TIMEOUT
+    prefix = json.dumps({"QueueUrl": dlq_url})[:-1].encode() + b', "Entries": '
+    for batch in batches.batches:
+        body = prefix + json.dumps(batch).encode("utf-8") + b"}"
+        response = raw.call_raw("SendMessageBatch", body)
+        if response.get("Failed") or len(response.get("Successful", [])) != len(batch):
+            raise RuntimeError(f"seeding: SendMessageBatch failed: {response.get('Failed')}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"seeding took more than {SEED_TIMEOUT} s")
+
+
+def depth(raw: RawSqs, url: str) -> tuple[int, int, int]:
+    attrs = raw.call(
+        "GetQueueAttributes",
+        QueueUrl=url,
+        AttributeNames=[
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ],
+    )["Attributes"]
+    return (
+        int(attrs["ApproximateNumberOfMessages"]),
+        int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+        int(attrs.get("ApproximateNumberOfMessagesDelayed", 0)),
+    )
+
+
+# -- one measured run --------------------------------------------------------------------------
+
+
+def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "CELERY_", "REDRIVE_", "PYTHON", "HTTP_PROXY", "HTTPS_PROXY"))
+        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
+    }
+    env.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_CONFIG_FILE": os.path.join(state_dir, "aws-config-absent"),
+            "AWS_SHARED_CREDENTIALS_FILE": os.path.join(state_dir, "aws-credentials-absent"),
+            "REDRIVE_STATE_DIR": os.path.join(state_dir, "redrive-state"),
+            "REDRIVE_RECEIVE_WAIT": str(wait),
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+    )
+    return env
+
+
+def redrive_command(
+    tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
+) -> list[str]:
+    head = [PYTHON, "-m", "redrive"]
+    if profile_out is not None:
+        head = [PYTHON, "-m", "cProfile", "-o", profile_out, "-m", "redrive"]
+    elif phases:
+        head = [PYTHON, "-c", _PHASES]
+    elif tool.startswith("redrive-relaxed"):
+        head = [PYTHON, "-c", _RELAXED]
+    command = [*head, "move", FAMILY, "--execute", "--yes", "--json"]
+    command += ["--ledger", ledger]
+    if tool.endswith("-w1"):
+        command += ["--workers", "1"]
+    elif tool.endswith("-w4"):
+        command += ["--workers", "4"]
+    return command
+
+
+def tool_command(tool: str, n: int, ledger: str, wait: int) -> list[str]:
+    if tool.startswith("redrive"):
+        return redrive_command(tool, ledger)
+    me = [PYTHON, "-P", os.path.abspath(__file__), "--child", tool.split("-")[0]]
+    threads = "4" if tool.endswith("-4") else "1"
+    if tool == "per-message":
+        me = [PYTHON, "-P", os.path.abspath(__file__), "--child", "per-message"]
+    return [*me, "--threads", threads, "--expect", str(n), "--receive-wait", str(wait)]
+
+
+@dataclass
+class Run:
+    server: str
+    n: int
+    tool: str
+    round: int
+    wall_s: float
+    own_s: float | None
+    peak_rss_mb: float
+    client_cpu_s: float
+    server_cpu_s: float
+    moved: int | None
+    target_after: tuple[int, int, int]
+    dlq_after: tuple[int, int, int]
+    ok: bool
+    problem: str = ""
+    load_before: float = 0.0
+    seed_s: float = 0.0
+
+    @property
+    def rate_wall(self) -> float:
+        return self.n / self.wall_s
+
+    @property
+    def rate_own(self) -> float | None:
+        return self.n / self.own_s if self.own_s else None
+
+
+# Each contender is started by this small launcher, not by the benchmark itself: Linux
+# carries a process's RSS high-water mark over fork and exec into the child's ru_maxrss, so a
+# child forked straight from this (large: it holds the seed messages) process would report
+# this process's RSS as its own peak. The launcher is a fresh, small interpreter; it spawns
+# the contender, waits for it with os.wait4 and writes the contender's own rusage and its
+# wall time (spawn to exit) to a file.
+_LAUNCHER = """
+import json, os, sys, time
+out, command = sys.argv[1], sys.argv[2:]
+started = time.perf_counter()
+pid = os.posix_spawn(command[0], command, os.environ)
+_, status, usage = os.wait4(pid, 0)
+wall = time.perf_counter() - started
+with open(out, "w") as f:
+    json.dump({"wall": wall, "maxrss_kib": usage.ru_maxrss, "utime": usage.ru_utime,
+               "stime": usage.ru_stime, "exit": os.waitstatus_to_exitcode(status)}, f)
+sys.exit(0)
+"""
+
+
+@dataclass
+class ChildResult:
+    exit: int
+    wall_s: float
+    peak_rss_mb: float
+    cpu_s: float
+    stdout: str
+    stderr: str
+
+
+def run_child(command: list[str], env: dict[str, str], timeout: float) -> ChildResult:
+    """Run ``command`` through the launcher; kill its process group after ``timeout`` s."""
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.NamedTemporaryFile(suffix=".json") as usage_file,
+    ):
+        launcher = subprocess.Popen(
+            [PYTHON, "-I", "-S", "-c", _LAUNCHER, usage_file.name, *command],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,  # its own process group: a timeout kills it and the child
+        )
+        try:
+            launcher.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(launcher.pid, 9)
+            launcher.wait(60)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+        try:
+            with open(usage_file.name, encoding="utf-8") as f:
+                usage = json.load(f)
+        except (OSError, ValueError):
+            usage = {"wall": timeout, "maxrss_kib": 0, "utime": 0, "stime": 0, "exit": -9}
+    return ChildResult(
+        exit=int(usage["exit"]),
+        wall_s=float(usage["wall"]),
+        peak_rss_mb=usage["maxrss_kib"] / 1024,
+        cpu_s=float(usage["utime"]) + float(usage["stime"]),
+        stdout=stdout,
+        stderr=stderr,
+    )
+
+
+def measure(
+    server: Server,
+    raw: RawSqs,
+    batches: SeedBatches,
+    tool: str,
+    rnd: int,
+    state: str,
+    wait: int,
+) -> Run:
+    n = batches.count
+    dlq_url, queue_url = fresh_family(raw)
+    seed_started = time.perf_counter()
+    seed(raw, dlq_url, batches)
+    seed_s = time.perf_counter() - seed_started
+    seeded = depth(raw, dlq_url)
+    if seeded != (n, 0, 0):
+        raise RuntimeError(f"seeding left {seeded} (visible, in flight, delayed), expected {n}")
+    env = child_env(server.endpoint, state, wait)
+    # The ledger is a fresh file in the temporary directory (on disk, like the default
+    # ~/.local/state), or, for the redrive-shm variants, in /dev/shm (tmpfs: fsync is free).
+    ledger_dir = SHM if tool.startswith("redrive-shm") else state
+    ledger = os.path.join(
+        ledger_dir, f"redrive-bench-ledger-{os.getpid()}-{tool}-{rnd}-{n}.sqlite3"
+    )
+    load = os.getloadavg()[0]
+    cpu_before = server.cpu_seconds()
+    child = run_child(tool_command(tool, n, ledger, wait), env, CHILD_TIMEOUT)
+    server_cpu = server.cpu_seconds() - cpu_before
+    wall, stdout, stderr = child.wall_s, child.stdout, child.stderr
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(ledger + suffix):
+            os.remove(ledger + suffix)
+    target_after = depth(raw, queue_url)
+    dlq_after = depth(raw, dlq_url)
+    problems = []
+    moved = own_s = None
+    if child.exit != 0:
+        problems.append(f"exit {child.exit}: {stderr.strip()[-300:]}")
+    try:
+        data = json.loads(stdout)
+        moved = int(data["moved"])
+        own_s = float(data["seconds"])
+        if moved != n:
+            problems.append(f"moved {moved}, expected {n}")
+        if tool.startswith("redrive") and (data.get("failed") or data.get("in_doubt")):
+            problems.append(f"failed {data.get('failed')}, in doubt {data.get('in_doubt')}")
+    except (ValueError, KeyError, TypeError):
+        problems.append(f"no JSON result: {stdout.strip()[-200:]!r} {stderr.strip()[-300:]}")
+    if target_after != (n, 0, 0):
+        problems.append(f"target holds {target_after} (visible, in flight, delayed), not {n}")
+    if dlq_after != (0, 0, 0):
+        problems.append(f"DLQ holds {dlq_after} (visible, in flight, delayed), not 0")
+    return Run(
+        server=server.kind,
+        n=n,
+        tool=tool,
+        round=rnd,
+        wall_s=wall,
+        own_s=own_s,
+        peak_rss_mb=child.peak_rss_mb,
+        client_cpu_s=child.cpu_s,
+        server_cpu_s=server_cpu,
+        moved=moved,
+        target_after=target_after,
+        dlq_after=dlq_after,
+        ok=not problems,
+        problem="; ".join(problems),
+        load_before=load,
+        seed_s=seed_s,
+    )
+
+
+# -- the benchmark -----------------------------------------------------------------------------
+
+
+@dataclass
+class SizeResult:
+    server: str
+    n: int
+    body_bytes: int
+    runs: list[Run] = field(default_factory=list)
+
+
+def tools_for(n: int, tools: Sequence[str], per_message_max: int) -> list[str]:
+    return [t for t in tools if t != "per-message" or n <= per_message_max]
+
+
+def bench_size(
+    server: Server,
+    n: int,
+    rounds: int,
+    tools: Sequence[str],
+    wait: int,
+    *,
+    quiet: bool = False,
+) -> SizeResult:
+    if not quiet:
+        log(f"[{server.kind} N={n:,}] building {n:,} messages")
+    batches = SeedBatches(n)
+    result = SizeResult(server.kind, n, batches.body_bytes)
+    raw = RawSqs(server.endpoint)
+    try:
+        with tempfile.TemporaryDirectory(prefix="redrive-bench-move-") as state:
+            for rnd in range(rounds):
+                shift = rnd % len(tools)
+                for tool in [*tools[shift:], *tools[:shift]]:
+                    run = measure(server, raw, batches, tool, rnd + 1, state, wait)
+                    result.runs.append(run)
+                    if quiet and run.ok:
+                        continue
+                    log(
+                        f"[{server.kind} N={n:,}] round {rnd + 1} {tool:<12} "
+                        f"{run.wall_s:7.2f} s {run.rate_wall:7,.0f} msgs/s "
+                        f"(own {run.rate_own or 0:7,.0f})  rss {run.peak_rss_mb:6.1f} MB  "
+                        f"server cpu {run.server_cpu_s:6.2f} s  seed {run.seed_s:5.1f} s  "
+                        f"load {run.load_before:.2f}"
+                        + ("" if run.ok else f"  FAILED: {run.problem}")
+                    )
+    finally:
+        raw.close()
+    return result
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def paired_ratio(result: SizeResult, tool: str, base: str, own: bool) -> float | None:
+    """Median over rounds of (tool's rate / base's rate in the same round)."""
+    ratios = []
+    for rnd in {r.round for r in result.runs}:
+        a = [r for r in result.runs if r.tool == tool and r.round == rnd and r.ok]
+        b = [r for r in result.runs if r.tool == base and r.round == rnd and r.ok]
+        if a and b:
+            ra = a[0].rate_own if own else a[0].rate_wall
+            rb = b[0].rate_own if own else b[0].rate_wall
+            if ra and rb:
+                ratios.append(ra / rb)
+    return median(ratios) if ratios else None
+
+
+def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any]]:
+    rows = []
+    per_message = [r for r in result.runs if r.tool == "per-message" and r.ok]
+    for tool in tools:
+        tried = [r for r in result.runs if r.tool == tool]
+        runs = [r for r in tried if r.ok]
+        if not tried:
+            continue
+        row: dict[str, Any] = {"N": result.n, "tool": tool, "ok": f"{len(runs)}/{len(tried)}"}
+        if runs:
+            wall = median([r.wall_s for r in runs])
+            server_cpu = median([r.server_cpu_s for r in runs])
+            base = BASELINE.get(tool)
+            row.update(
+                {
+                    "msgs/s": median([r.rate_wall for r in runs]),
+                    "own msgs/s": median([r.rate_own or 0.0 for r in runs]),
+                    "vs batched": paired_ratio(result, tool, base, own=False) if base else None,
+                    "own vs batched": paired_ratio(result, tool, base, own=True) if base else None,
+                    "baseline": base,
+                    "vs per-msg": (
+                        paired_ratio(result, tool, "per-message", own=False)
+                        if per_message and tool != "per-message"
+                        else None
+                    ),
+                    "wall s": wall,
+                    "peak RSS MB": median([r.peak_rss_mb for r in runs]),
+                    "client CPU s": median([r.client_cpu_s for r in runs]),
+                    "server CPU s": server_cpu,
+                    "server CPU/wall": server_cpu / wall if wall else None,
+                    "server-bound msgs/s": result.n / server_cpu if server_cpu else None,
+                    "load": median([r.load_before for r in runs]),
+                }
+            )
+        rows.append(row)
+    return rows
+
+
+HEADERS = [
+    "N",
+    "tool",
+    "msgs/s",
+    "vs batched",
+    "vs per-msg",
+    "own msgs/s",
+    "own vs batched",
+    "peak RSS MB",
+    "client CPU s",
+    "server CPU s",
+    "server CPU/wall",
+    "server-bound msgs/s",
+    "load",
+    "ok",
+]
+
+
+def _fmt(row: dict[str, Any], header: str) -> str:
+    value = row.get(header)
+    if header == "N":
+        return f"{value:,}"
+    if header in ("tool", "ok"):
+        return str(value)
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if header in ("vs batched", "own vs batched"):
+        base = row.get("baseline")
+        return f"{value:.2f}x" + (f" ({base})" if base and base != "batched" else "")
+    if header == "vs per-msg":
+        return f"{value:.1f}x"
+    if header in ("msgs/s", "own msgs/s", "server-bound msgs/s"):
+        return f"{value:,.0f}"
+    if header == "server CPU/wall":
+        return f"{value:.0%}"
+    if header == "peak RSS MB":
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str], wait: int) -> str:
+    lines: list[list[str]] = []
+    for result in results:
+        for row in summary_rows(result, tools):
+            lines.append(
+                [
+                    _fmt(row, h) if "msgs/s" in row or h in ("N", "tool", "ok") else "-"
+                    for h in HEADERS
+                ]
+            )
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(HEADERS)]
+    text = [
+        f"server: {kind}   receive wait: {wait} s   medians over rounds; ratios are medians "
+        "of per-round ratios",
+        "| " + " | ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    for line in lines:
+        cells = [
+            c.ljust(w) if i == 1 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        text.append("| " + " | ".join(cells) + " |")
+    text.append("")
+    text.append(scaling(results, tools))
+    text.append("seeding (SendMessageBatch as raw JSON into the fresh DLQ; not measured above):")
+    for result in results:
+        seeds = [r.seed_s for r in result.runs]
+        text.append(
+            f"  N={result.n:,}: median {median(seeds):.1f} s "
+            f"({result.n / median(seeds):,.0f} msgs/s), bodies {result.body_bytes / 1e6:.1f} MB"
+        )
+    failed = [r for res in results for r in res.runs if not r.ok]
+    for run in failed:
+        text.append(f"FAILED: N={run.n:,} {run.tool} round {run.round}: {run.problem}")
+    return "\n".join(text)
+
+
+def scaling(results: Sequence[SizeResult], tools: Sequence[str]) -> str:
+    """Throughput at the largest size against the smallest, per redrive contender."""
+    if len(results) < 2:
+        return ""
+    small, large = results[0], results[-1]
+    out = [f"throughput at N={large.n:,} / at N={small.n:,} (wall; own timer):"]
+    for tool in tools:
+        a = [r for r in small.runs if r.tool == tool and r.ok]
+        b = [r for r in large.runs if r.tool == tool and r.ok]
+        if not a or not b:
+            continue
+        wall = median([r.rate_wall for r in b]) / median([r.rate_wall for r in a])
+        own = median([r.rate_own or 0 for r in b]) / median([r.rate_own or 1 for r in a])
+        out.append(f"  {tool:<12} {wall:5.2f}x ; {own:5.2f}x")
+    return "\n".join(out) + "\n"
+
+
+def unmeasured_redrive(
+    server: Server, batches: SeedBatches, wait: int, tool: str, **command_options: Any
+) -> tuple[list[str], subprocess.CompletedProcess[bytes], float, str]:
+    """Seed fresh queues and run redrive once (not part of the tables); return the command,
+    its result, its wall time and what the checks found ("" when all is well)."""
+    raw = RawSqs(server.endpoint)
+    try:
+        dlq_url, queue_url = fresh_family(raw)
+        seed(raw, dlq_url, batches)
+        with tempfile.TemporaryDirectory(prefix="redrive-bench-move-") as state:
+            ledger = os.path.join(state, "ledger.sqlite3")
+            command = redrive_command(tool, ledger, **command_options)
+            env = child_env(server.endpoint, state, wait)
+            env["BENCH_PHASES_OUT"] = os.path.join(state, "phases.json")
+            started = time.perf_counter()
+            done = subprocess.run(
+                command, cwd=ROOT, env=env, capture_output=True, timeout=CHILD_TIMEOUT
+            )
+            wall = time.perf_counter() - started
+            if command_options.get("phases") and os.path.exists(env["BENCH_PHASES_OUT"]):
+                with open(env["BENCH_PHASES_OUT"], encoding="utf-8") as phases:
+                    done.phases = json.load(phases)  # type: ignore[attr-defined]
+        problems = []
+        if done.returncode != 0:
+            problems.append(f"exit {done.returncode}: {done.stderr.decode()[-300:]}")
+        elif json.loads(done.stdout)["moved"] != batches.count:
+            problems.append(f"moved {json.loads(done.stdout)['moved']}")
+        after = depth(raw, queue_url), depth(raw, dlq_url)
+        if after != ((batches.count, 0, 0), (0, 0, 0)):
+            problems.append(f"target, DLQ after: {after}")
+    finally:
+        raw.close()
+    return command, done, wall, "; ".join(problems)
+
+
+def profile_redrive(server: Server, n: int, wait: int, out_dir: str, tool: str) -> str:
+    """Where one redrive run of ``n`` messages spends its time: a step timer (low overhead),
+    then cProfile (the whole call tree, slowed down by the profiler). Neither run is part of
+    the tables."""
+    import pstats
+
+    os.makedirs(out_dir, exist_ok=True)
+    batches = SeedBatches(n)
+    lines: list[str] = []
+
+    # 1. The step timer.
+    command, done, wall, problem = unmeasured_redrive(server, batches, wait, tool, phases=True)
+    phases: dict[str, list[float]] = getattr(done, "phases", {})
+    run_wall = phases.get("engine.run", [1, 0.0, 0.0])[1] or float("nan")
+    batches_n = phases.get("engine._process", [0])[0] or 1
+    lines.append(
+        f"step timer: `{tool}` N={n:,} on {server.kind}, wall {wall:.2f} s (process), "
+        f"MoveEngine.run {run_wall:.2f} s, {batches_n:,} batches"
+        + (f"  PROBLEM: {problem}" if problem else "")
+    )
+    lines.append(
+        "  step                          calls    wall s  share of run  ms/batch (wall)  "
+        "ms/batch (CPU)"
+    )
+    order = sorted(
+        (k for k in phases if k not in ("process",)), key=lambda k: phases[k][1], reverse=True
+    )
+    for key in order:
+        calls, step_wall, step_cpu = phases[key]
+        lines.append(
+            f"  {key:<28} {int(calls):>7,} {step_wall:9.2f} {step_wall / run_wall:12.1%} "
+            f"{step_wall / batches_n * 1000:16.2f} {step_cpu / batches_n * 1000:15.2f}"
+        )
+    steps = ("sqs.receive", "sqs.send_batch", "sqs.delete_batch")
+    ledger_steps = [k for k in phases if k.startswith("ledger.")]
+    http = sum(phases[k][1] for k in steps if k in phases)
+    ledger = sum(phases[k][1] for k in ledger_steps)
+    ledger_cpu = sum(phases[k][2] for k in ledger_steps)
+    lines.append(
+        f"  => SQS calls {http / run_wall:.0%} of the run, ledger {ledger / run_wall:.0%} "
+        f"(of which waiting, i.e. fsync: {(ledger - ledger_cpu) / run_wall:.0%}), "
+        f"everything else {(run_wall - http - ledger) / run_wall:.0%}"
+    )
+
+    # 2. cProfile.
+    prof = os.path.join(os.path.abspath(out_dir), f"{tool}-{server.kind}-{n}.prof")
+    command, done, wall, problem = unmeasured_redrive(server, batches, wait, tool, profile_out=prof)
+    stats = pstats.Stats(prof)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    lines.append("")
+    lines.append(
+        f"cProfile: `{' '.join(command[1:])}` (N={n:,}, {server.kind}): wall {wall:.1f} s "
+        f"under the profiler, profile total {total:.1f} s; file {prof}"
+        + (f"  PROBLEM: {problem}" if problem else "")
+    )
+    entries = stats.stats  # type: ignore[attr-defined]
+
+    def name(func: tuple[str, int, str]) -> str:
+        path, line, fn = func
+        short = path.split("site-packages/")[-1].replace(ROOT + "/", "")
+        return f"{short}:{line}({fn})" if line else fn
+
+    interesting = (
+        "redrive/move.py",
+        "redrive/ledger.py",
+        "redrive/sqs.py",
+        "redrive/scan.py",
+        "redrive/messages.py",
+        "botocore/client.py:",
+        "sqlite3",
+        "_socket",
+    )
+    by_cum = sorted(entries.items(), key=lambda kv: kv[1][3], reverse=True)
+    lines.append(
+        "  redrive's own functions, botocore's API call, sqlite and sockets, by cumulative time:"
+    )
+    shown = 0
+    for func, (_, calls, tt, ct, _callers) in by_cum:
+        label = name(func)
+        if not any(part in label for part in interesting) or ct / total < 0.005:
+            continue
+        lines.append(
+            f"    {ct / total:6.1%} {ct:7.2f} s cum {tt:6.2f} s self {calls:>9,} calls  {label}"
+        )
+        shown += 1
+        if shown >= 30:
+            break
+    by_self = sorted(entries.items(), key=lambda kv: kv[1][2], reverse=True)
+    lines.append("  top by self time:")
+    for func, (_, calls, tt, ct, _callers) in by_self[:15]:
+        lines.append(
+            f"    {tt / total:6.1%} {tt:7.2f} s self {ct:6.2f} s cum {calls:>9,} calls  "
+            + name(func)
+        )
+    return "\n".join(lines)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    if not sizes or any(n < 1 for n in sizes):
+        raise argparse.ArgumentTypeError("sizes are positive integers, comma separated")
+    return sizes
+
+
+def check_fast_sqs() -> None:
+    fast_sqs = load_fast_sqs()
+    missing = [op for op in NEEDED_OPERATIONS if op not in fast_sqs._OPERATIONS]
+    if missing:
+        raise SystemExit(f"bench/fast_sqs.py lacks operations this benchmark needs: {missing}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python bench/move.py",
+        description="Throughput and peak memory of `redrive move --execute` vs hand-written "
+        "boto3 loops, on a local SQS.",
+    )
+    parser.add_argument("--sizes", type=parse_sizes, default=[1_000, 10_000, 100_000])
+    parser.add_argument(
+        "--moto-sizes",
+        type=parse_sizes,
+        help="sizes for the moto server (default: --sizes capped at 2,000: moto's cost per "
+        "call grows with queue depth)",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--large-rounds",
+        type=int,
+        metavar="N",
+        help="rounds at sizes of 100,000 and more (default: --rounds)",
+    )
+    parser.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the unmeasured warm-up run of each contender (100 messages) on each server",
+    )
+    parser.add_argument("--server", choices=("fast", "moto", "both"), default="fast")
+    parser.add_argument(
+        "--tools",
+        default=",".join(TOOLS),
+        help=f"comma-separated, from {', '.join(TOOLS + EXTRA_TOOLS)} (default: {','.join(TOOLS)})",
+    )
+    parser.add_argument(
+        "--per-message-max",
+        type=int,
+        default=10_000,
+        help="run the per-message loop only at sizes up to this (default 10,000: at 100,000 "
+        "it alone takes minutes per round)",
+    )
+    parser.add_argument(
+        "--receive-wait",
+        type=int,
+        default=0,
+        choices=range(0, 21),
+        metavar="S",
+        help="long-poll seconds for every contender (REDRIVE_RECEIVE_WAIT for redrive, "
+        "WaitTimeSeconds for the loops; default 0)",
+    )
+    parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
+    parser.add_argument(
+        "--profile-size",
+        type=int,
+        metavar="N",
+        help="after the benchmark, profile one redrive run of N messages (cProfile) on each "
+        "server and print where its time goes",
+    )
+    parser.add_argument("--profile-tool", default="redrive", choices=("redrive", "redrive-w1"))
+    parser.add_argument(
+        "--profile-dir", default=os.path.join(tempfile.gettempdir(), "redrive-bench-prof")
+    )
+    # Internal: a hand-written contender's own process.
+    parser.add_argument(
+        "--child", choices=("batched", "per-message", "null"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        if args.child == "batched":
+            outcome = batched_loop(args.expect, args.threads, args.receive_wait)
+        elif args.child == "null":
+            outcome = null_loop(args.expect, args.threads, args.receive_wait)
+        else:
+            outcome = per_message_loop(args.expect, args.receive_wait)
+        print(json.dumps(outcome))
+        return 0
+
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = set(tools) - set(TOOLS + EXTRA_TOOLS)
+    if unknown or not tools:
+        parser.error(
+            f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS + EXTRA_TOOLS)}"
+        )
+    if any(t.startswith("redrive-shm") for t in tools) and not os.path.isdir(SHM):
+        parser.error(f"the redrive-shm variants need {SHM} (tmpfs)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    kinds = ["fast", "moto"] if args.server == "both" else [args.server]
+    if "fast" in kinds:
+        check_fast_sqs()
+    # Compile and cache imports once, so that no measured run pays for writing .pyc files.
+    subprocess.run(
+        [PYTHON, "-c", "import boto3, redrive.cli, redrive.move, redrive.ledger, redrive.sandbox"],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    started = time.monotonic()
+    log(
+        f"bench/move.py: {', '.join(kinds)} server, sizes {args.sizes}, {args.rounds} rounds, "
+        f"tools {tools}, receive wait {args.receive_wait} s, load {os.getloadavg()}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    tables = []
+    everything: list[dict[str, Any]] = []
+    failed = False
+    for kind in kinds:
+        sizes = args.sizes
+        if kind == "moto":
+            sizes = args.moto_sizes or sorted({min(n, 2_000) for n in args.sizes})
+        log(f"[{kind}] starting the server")
+        server = start_server(kind)
+        try:
+            if not args.no_warmup:
+                # Page cache, .pyc files, the server's first connections: paid here, not by
+                # whichever contender happens to run first.
+                log(f"[{kind}] warm-up: each contender once on 100 messages (not measured)")
+                bench_size(server, 100, 1, tools, args.receive_wait, quiet=True)
+            results = []
+            for n in sizes:
+                size_tools = tools_for(n, tools, args.per_message_max)
+                rounds = args.rounds
+                if n >= 100_000 and args.large_rounds:
+                    rounds = args.large_rounds
+                results.append(bench_size(server, n, rounds, size_tools, args.receive_wait))
+                log(f"[{kind}] server RSS {server.rss_mb():.0f} MB")
+            for result in results:
+                failed = failed or any(not r.ok for r in result.runs)
+                everything.append(
+                    {
+                        **{k: v for k, v in asdict(result).items() if k != "runs"},
+                        "runs": [asdict(r) for r in result.runs],
+                        "summary": summary_rows(result, tools),
+                    }
+                )
+            tables.append(render(kind, results, tools, args.receive_wait))
+            print(tables[-1] + "\n", flush=True)
+            if args.profile_size:
+                print(
+                    profile_redrive(
+                        server,
+                        args.profile_size,
+                        args.receive_wait,
+                        args.profile_dir,
+                        args.profile_tool,
+                    )
+                    + "\n",
+                    flush=True,
+                )
+        finally:
+            server.stop()
+    load = os.getloadavg()
+    print(
+        f"total wall {time.monotonic() - started:.0f} s; load average now "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as out:
+            json.dump(everything, out, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
