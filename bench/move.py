@@ -73,6 +73,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+import uuid  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from types import ModuleType  # noqa: E402
@@ -197,8 +198,6 @@ def _transaction(self, what, begin):
             if relaxed:
                 conn.execute("PRAGMA synchronous=FULL")
 ledger.SqliteLedger._transaction = _transaction
-from redrive.cli import main
-sys.exit(main())
 """
 
 # redrive's CLI with a timer (wall and CPU time of the calling thread) around each step of
@@ -235,6 +234,9 @@ def report():
     with open(os.environ["BENCH_PHASES_OUT"], "w") as out:
         json.dump(stats, out)
 atexit.register(report)
+"""
+_MAIN = """
+import sys
 from redrive.cli import main
 sys.exit(main())
 """
@@ -512,7 +514,9 @@ def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
         task = rng.choice(names)
         args, kwargs = _arguments(task, rng)
         options: dict[str, Any] = {
-            "task_id": f"{index:08x}-{rng.getrandbits(96):024x}",
+            # Random, as Celery's uuid4 task ids are (and so are the ledger's keys: every
+            # batch touches pages all over its B-trees, as in production).
+            "task_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
             "retries": rng.choice((0, 0, 0, 1, 2, 3)),
             "queue": QUEUE,
             "protocol": 1 if rng.random() < 1 / 6 else 2,
@@ -697,13 +701,17 @@ def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
 def redrive_command(
     tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
 ) -> list[str]:
+    patches = (_RELAXED if tool.startswith("redrive-relaxed") else "") + (_PHASES if phases else "")
     head = [PYTHON, "-m", "redrive"]
     if profile_out is not None:
         head = [PYTHON, "-m", "cProfile", "-o", profile_out, "-m", "redrive"]
-    elif phases:
-        head = [PYTHON, "-c", _PHASES]
-    elif tool.startswith("redrive-relaxed"):
-        head = [PYTHON, "-c", _RELAXED]
+        if patches:  # cProfile runs a module or a file, not -c: write the file
+            script = profile_out + ".py"
+            with open(script, "w", encoding="utf-8") as f:
+                f.write(patches + _MAIN)
+            head = [PYTHON, "-m", "cProfile", "-o", profile_out, script]
+    elif patches:
+        head = [PYTHON, "-c", patches + _MAIN]
     command = [*head, "move", FAMILY, "--execute", "--yes", "--json"]
     command += ["--ledger", ledger]
     if tool.endswith("-w1"):
@@ -1104,7 +1112,8 @@ def unmeasured_redrive(
         dlq_url, queue_url = fresh_family(raw)
         seed(raw, dlq_url, batches)
         with tempfile.TemporaryDirectory(prefix="redrive-bench-move-") as state:
-            ledger = os.path.join(state, "ledger.sqlite3")
+            ledger_dir = SHM if tool.startswith("redrive-shm") else state
+            ledger = os.path.join(ledger_dir, f"redrive-bench-ledger-{os.getpid()}-profile.sqlite3")
             command = redrive_command(tool, ledger, **command_options)
             env = child_env(server.endpoint, state, wait)
             env["BENCH_PHASES_OUT"] = os.path.join(state, "phases.json")
@@ -1116,6 +1125,9 @@ def unmeasured_redrive(
             if command_options.get("phases") and os.path.exists(env["BENCH_PHASES_OUT"]):
                 with open(env["BENCH_PHASES_OUT"], encoding="utf-8") as phases:
                     done.phases = json.load(phases)  # type: ignore[attr-defined]
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(ledger + suffix):
+                    os.remove(ledger + suffix)
         problems = []
         if done.returncode != 0:
             problems.append(f"exit {done.returncode}: {done.stderr.decode()[-300:]}")
@@ -1129,7 +1141,9 @@ def unmeasured_redrive(
     return command, done, wall, "; ".join(problems)
 
 
-def profile_redrive(server: Server, n: int, wait: int, out_dir: str, tool: str) -> str:
+def profile_redrive(
+    server: Server, n: int, wait: int, out_dir: str, tool: str, *, cprofile: bool = True
+) -> str:
     """Where one redrive run of ``n`` messages spends its time: a step timer (low overhead),
     then cProfile (the whole call tree, slowed down by the profiler). Neither run is part of
     the tables."""
@@ -1172,6 +1186,9 @@ def profile_redrive(server: Server, n: int, wait: int, out_dir: str, tool: str) 
         f"(of which waiting, i.e. fsync: {(ledger - ledger_cpu) / run_wall:.0%}), "
         f"everything else {(run_wall - http - ledger) / run_wall:.0%}"
     )
+
+    if not cprofile:
+        return "\n".join(lines)
 
     # 2. cProfile.
     prof = os.path.join(os.path.abspath(out_dir), f"{tool}-{server.kind}-{n}.prof")
@@ -1299,7 +1316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="after the benchmark, profile one redrive run of N messages (cProfile) on each "
         "server and print where its time goes",
     )
-    parser.add_argument("--profile-tool", default="redrive", choices=("redrive", "redrive-w1"))
+    parser.add_argument(
+        "--profile-tool", default="redrive", choices=("redrive", "redrive-relaxed", "redrive-shm")
+    )
+    parser.add_argument(
+        "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"
+    )
     parser.add_argument(
         "--profile-dir", default=os.path.join(tempfile.gettempdir(), "redrive-bench-prof")
     )
@@ -1389,6 +1411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         args.receive_wait,
                         args.profile_dir,
                         args.profile_tool,
+                        cprofile=not args.no_cprofile,
                     )
                     + "\n",
                     flush=True,
