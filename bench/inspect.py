@@ -551,18 +551,17 @@ def median(values: Sequence[float]) -> float:
 def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any]]:
     rows = []
     base_wall = base_scan = None
-    # Medians over the runs that passed their checks (a failed run did other work).
-    by_tool = {t: [r for r in result.runs if r.tool == t and r.ok] for t in tools}
+    # Medians over the runs that passed their checks (a failed run did other work); when
+    # none passed, over the failed ones, marked "!" in the ok column.
     tried = {t: [r for r in result.runs if r.tool == t] for t in tools}
-    if by_tool.get("handwritten"):
-        base_wall = median([r.rate_wall for r in by_tool["handwritten"]])
-        base_scan = median([r.rate_scan or 0.0 for r in by_tool["handwritten"]])
+    by_tool = {t: [r for r in tried[t] if r.ok] or tried[t] for t in tools}
+    hand = [r for r in tried.get("handwritten", []) if r.ok]
+    if hand:
+        base_wall = median([r.rate_wall for r in hand])
+        base_scan = median([r.rate_scan or 0.0 for r in hand])
     for tool in tools:
         runs = by_tool[tool]
         if not tried[tool]:
-            continue
-        if not runs:
-            rows.append({"N": result.n, "tool": tool, "ok": f"0/{len(tried[tool])}"})
             continue
         rate_wall = median([r.rate_wall for r in runs])
         rate_scan = median([r.rate_scan or 0.0 for r in runs])
@@ -585,7 +584,7 @@ def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any
                 "server % of CPU": server_cpu / (server_cpu + client_cpu)
                 if server_cpu + client_cpu
                 else None,
-                "ok": f"{len(runs)}/{len(tried[tool])}",
+                "ok": f"{sum(r.ok for r in runs)}/{len(runs)}" + ("" if runs[0].ok else " !"),
             }
         )
     return rows
@@ -610,9 +609,6 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
     lines: list[list[str]] = []
     for result in results:
         for row in summary_rows(result, tools):
-            if "msgs/s" not in row:
-                lines.append([f"{row['N']:,}", row["tool"], *["-"] * 10, row["ok"]])
-                continue
             lines.append(
                 [
                     f"{row['N']:,}",
@@ -642,6 +638,12 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
             for i, (c, w) in enumerate(zip(line, widths, strict=True))
         ]
         text.append("| " + " | ".join(cells) + " |")
+    failures = [r for result in results for r in result.runs if not r.ok]
+    if failures:
+        text.append("")
+        text.append("failed runs (! above: no run of that row passed its checks):")
+        for r in failures:
+            text.append(f"  N={r.n:,} {r.tool} round {r.round}: {r.problem}")
     text.append("")
     text.append("seeding (SendMessageBatch into the DLQ, not measured above):")
     for result in results:
@@ -651,6 +653,12 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
             f"server RSS after seeding {result.server_rss_mb:.0f} MB"
         )
     return "\n".join(text)
+
+
+def _size_result(item: dict[str, Any]) -> SizeResult:
+    runs = [Run(**{**run, "depth_after": tuple(run["depth_after"])}) for run in item["runs"]]
+    fields = {k: v for k, v in item.items() if k not in ("runs", "summary")}
+    return SizeResult(**fields, runs=runs)
 
 
 def log(message: str) -> None:
@@ -693,6 +701,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "REDRIVE_RECEIVE_WAIT); default 1, redrive's own default",
     )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
+    parser.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="print the tables of a --json-out file again, without running anything",
+    )
     # Internal: the hand-written scan's own process.
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
@@ -714,6 +727,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as saved:
+            loaded = [_size_result(item) for item in json.load(saved)]
+        for kind in dict.fromkeys(r.server for r in loaded):
+            tools_seen = list(dict.fromkeys(run.tool for r in loaded for run in r.runs))
+            print(render(kind, [r for r in loaded if r.server == kind], tools_seen) + "\n")
+        return 0
     kinds = ["fast", "moto"] if args.server == "both" else [args.server]
     # Compile and cache imports once so no measured run pays for writing .pyc files.
     subprocess.run(

@@ -68,6 +68,7 @@ import http.client  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -102,12 +103,27 @@ TOOLS = (
     "null",
     "null-4",
 )
+#: Diagnostic variants, not run by default (see bench/README.md):
+#: - redrive-shm: redrive with its ledger on tmpfs (/dev/shm: fsync costs nothing, so the
+#:   best any fsync fix can do);
+#: - redrive-relaxed: redrive with the proposed ledger fix patched in (only the claim commit
+#:   is fsynced, see _RELAXED);
+#: - redrive-tuned: redrive-relaxed plus botocore's parameter validation off (_NO_VALIDATION);
+#: - batched-shaped: the batched loop sending what redrive sends, the way redrive sends it
+#:   (system attributes received, three redrive-* attributes stamped on every message,
+#:   adaptive retries, a second client for sends): what redrive's requests cost by themselves.
+EXTRA_TOOLS = (
+    "redrive-shm",
+    "redrive-shm-w4",
+    "redrive-relaxed",
+    "redrive-relaxed-w4",
+    "redrive-tuned",
+    "batched-shaped",
+)
 #: The batched loop each contender is compared with (same number of pipelines).
-#: Diagnostic variants, not run by default (see bench/README.md): redrive with its ledger on
-#: tmpfs (/dev/shm: fsync costs nothing, so the best any fsync fix can do), and redrive with
-#: the proposed fix patched in (only the claim commit is fsynced, see _RELAXED).
-EXTRA_TOOLS = ("redrive-shm", "redrive-shm-w4", "redrive-relaxed", "redrive-relaxed-w4")
 BASELINE = {
+    "redrive-tuned": "batched",
+    "batched-shaped": "batched",
     "redrive": "batched",
     "redrive-shm": "batched",
     "redrive-shm-w4": "batched-4",
@@ -235,6 +251,17 @@ def report():
         json.dump(stats, out)
 atexit.register(report)
 """
+# botocore checks every request against the service model before sending it; redrive builds
+# its requests itself, so the check only costs CPU (botocore.config.Config's
+# parameter_validation=False turns it off).
+_NO_VALIDATION = """
+import botocore.config, redrive.sqs
+_Config = botocore.config.Config
+def _config(*args, **kwargs):
+    kwargs.setdefault("parameter_validation", False)
+    return _Config(*args, **kwargs)
+redrive.sqs.Config = _config
+"""
 _MAIN = """
 import sys
 from redrive.cli import main
@@ -317,15 +344,49 @@ def _boto3_client() -> Any:
     return boto3.session.Session().client("sqs")
 
 
-def batched_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
-    """receive 10 -> SendMessageBatch 10 -> DeleteMessageBatch 10, in ``threads`` threads."""
-    clients = [_boto3_client() for _ in range(threads)]
+def _shaped_clients() -> tuple[Any, Any]:
+    """Two clients configured as redrive's (redrive.sqs.AwsSettings): adaptive retries, and
+    a second one that never retries by itself, for sends."""
+    import boto3
+    from botocore.config import Config
+
+    def client(attempts: int) -> Any:
+        config = Config(
+            retries={"mode": "adaptive", "total_max_attempts": attempts},
+            connect_timeout=5,
+            read_timeout=40,
+            max_pool_connections=20,
+        )
+        return boto3.session.Session().client("sqs", config=config)
+
+    return client(6), client(1)
+
+
+def _stamp(attributes: dict[str, Any], message_id: str) -> dict[str, Any]:
+    """What redrive adds to each message it sends (redrive.attributes.stamped)."""
+    return {
+        **attributes,
+        "redrive-count": {"DataType": "Number", "StringValue": "1"},
+        "redrive-key": {"DataType": "String", "StringValue": f"celery:{message_id}:r0:g0:0a1b2c3d"},
+        "redrive-dlq": {"DataType": "String", "StringValue": DLQ},
+    }
+
+
+def batched_loop(expect: int, threads: int, wait: int, *, shaped: bool = False) -> dict[str, Any]:
+    """receive 10 -> SendMessageBatch 10 -> DeleteMessageBatch 10, in ``threads`` threads.
+
+    ``shaped``: with redrive's requests (see EXTRA_TOOLS), not the minimal ones."""
+    if shaped:
+        clients, senders = zip(*(_shaped_clients() for _ in range(threads)), strict=True)
+    else:
+        clients = senders = tuple(_boto3_client() for _ in range(threads))
+    extra: dict[str, Any] = {"MessageSystemAttributeNames": ["All"]} if shaped else {}
     started = time.perf_counter()
     moved = [0] * threads
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
-        client = clients[index]
+        client, sender = clients[index], senders[index]
         try:
             dlq = client.get_queue_url(QueueName=DLQ)["QueueUrl"]
             target = client.get_queue_url(QueueName=QUEUE)["QueueUrl"]
@@ -336,16 +397,20 @@ def batched_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
                     WaitTimeSeconds=wait,
                     VisibilityTimeout=30,
                     MessageAttributeNames=["All"],
+                    **extra,
                 ).get("Messages", [])
                 if not messages:
                     return
                 entries = []
                 for i, message in enumerate(messages):
                     entry: dict[str, Any] = {"Id": str(i), "MessageBody": message["Body"]}
-                    if message.get("MessageAttributes"):
-                        entry["MessageAttributes"] = clean_attributes(message["MessageAttributes"])
+                    attributes = clean_attributes(message.get("MessageAttributes"))
+                    if shaped:
+                        attributes = _stamp(attributes, message["MessageId"])
+                    if attributes:
+                        entry["MessageAttributes"] = attributes
                     entries.append(entry)
-                sent = client.send_message_batch(QueueUrl=target, Entries=entries)
+                sent = sender.send_message_batch(QueueUrl=target, Entries=entries)
                 ok = [int(s["Id"]) for s in sent.get("Successful", [])]
                 if ok:
                     client.delete_message_batch(
@@ -701,7 +766,13 @@ def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
 def redrive_command(
     tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
 ) -> list[str]:
-    patches = (_RELAXED if tool.startswith("redrive-relaxed") else "") + (_PHASES if phases else "")
+    patches = "".join(
+        (
+            _RELAXED if tool.startswith(("redrive-relaxed", "redrive-tuned")) else "",
+            _NO_VALIDATION if tool.startswith("redrive-tuned") else "",
+            _PHASES if phases else "",
+        )
+    )
     head = [PYTHON, "-m", "redrive"]
     if profile_out is not None:
         head = [PYTHON, "-m", "cProfile", "-o", profile_out, "-m", "redrive"]
@@ -728,6 +799,8 @@ def tool_command(tool: str, n: int, ledger: str, wait: int) -> list[str]:
     threads = "4" if tool.endswith("-4") else "1"
     if tool == "per-message":
         me = [PYTHON, "-P", os.path.abspath(__file__), "--child", "per-message"]
+    if tool == "batched-shaped":
+        me.append("--shaped")
     return [*me, "--threads", threads, "--expect", str(n), "--receive-wait", str(wait)]
 
 
@@ -807,8 +880,12 @@ def run_child(command: list[str], env: dict[str, str], timeout: float) -> ChildR
         try:
             launcher.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(launcher.pid, 9)
+            os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait(60)
+        except BaseException:  # Ctrl-C, SIGTERM: take the contender down with us
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(60)
+            raise
         out.seek(0)
         err.seek(0)
         stdout = out.read().decode("utf-8", "replace")
@@ -1317,7 +1394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server and print where its time goes",
     )
     parser.add_argument(
-        "--profile-tool", default="redrive", choices=("redrive", "redrive-relaxed", "redrive-shm")
+        "--profile-tool", default="redrive", choices=("redrive", "redrive-relaxed", "redrive-tuned", "redrive-shm")
     )
     parser.add_argument(
         "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"
@@ -1331,11 +1408,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--shaped", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
         if args.child == "batched":
-            outcome = batched_loop(args.expect, args.threads, args.receive_wait)
+            outcome = batched_loop(args.expect, args.threads, args.receive_wait, shaped=args.shaped)
         elif args.child == "null":
             outcome = null_loop(args.expect, args.threads, args.receive_wait)
         else:
@@ -1343,6 +1421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(outcome))
         return 0
 
+    # Run in the background by a shell, SIGINT may arrive ignored; and SIGTERM would end this
+    # process without stopping the server and the contender it started. Both unwind instead.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     unknown = set(tools) - set(TOOLS + EXTRA_TOOLS)
     if unknown or not tools:

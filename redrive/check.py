@@ -40,6 +40,9 @@ def check_layout(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[F
     findings: list[Finding] = []
     known: set[str] = set()
     for family in layout.families:
+        if family.dlq:
+            # The config names this family's DLQ: never a stray, whatever else is wrong.
+            known.add(queue_name(family.dlq))
         sqs = sqs_for(family.region)
         try:
             source = describe_queue(sqs, family.queue)

@@ -1391,7 +1391,14 @@ def apply(
         if dlq.dlq.url != plan.dlq_url:
             raise UsageProblem(f"plan {plan_path} is for {plan.dlq_url}, which is not a DLQ now")
         if not plan.items:
+            # An empty id set would select *every* message: an empty plan must do nothing.
             click.echo(f"plan {plan_path} selects no message: nothing to do", err=True)
+            if as_json:
+                emit_json(
+                    {"dry_run": not execute, "kind": plan.kind, "planned": 0, "matched": 0}
+                    | {"moved" if plan.kind == "move" else "purged": 0, "gone": 0}
+                )
+            return
         selection = Selection(message_ids=plan.message_ids)
         if plan.kind == "move":
             opts = plan.options

@@ -1,0 +1,281 @@
+"""The audit trail: every ``--execute`` run of move, purge, replay (and apply) records who ran
+what, on what, and how it ended; ``redrive audit`` lists and shows them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from conftest import Family
+
+from redrive.audit import caller_identity, list_runs, run_json, run_record, show_run
+from redrive.cli import EXIT_ERROR, cli
+from redrive.config import built_in_layout
+from redrive.errors import RedriveError
+from redrive.ledger import SqliteLedger, default_ledger_path
+from redrive.messages import encode
+from redrive.move import MoveEngine, MoveOptions
+from redrive.queues import resolve_target
+from redrive.selection import Selection
+from redrive.sqs import Sqs
+
+CHARGE = "apps.shop.tasks.charge"
+MAIL = "apps.mail.tasks.send_receipt"
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="redrive")
+
+
+def ok(*args: str) -> Result:
+    result = run(*args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+def one_error(result: Result, exit_code: int, *fragments: str) -> None:
+    assert result.exit_code == exit_code, (result.exit_code, result.output, result.exception)
+    assert "Traceback" not in result.output
+    assert result.output.strip().splitlines() == [
+        line for line in result.output.splitlines() if line.startswith("Error:")
+    ]
+    assert len(result.output.strip().splitlines()) == 1
+    for fragment in fragments:
+        assert fragment in result.output
+
+
+def seed(family: Family, charges: int = 2, mails: int = 1) -> None:
+    for i in range(charges):
+        family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"charge-{i}"))
+    for i in range(mails):
+        family.send_to_dlq(encode(MAIL, [], {"order": i}, task_id=f"mail-{i}"))
+
+
+@pytest.fixture
+def argv(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The command line the audit records comes from sys.argv: make it a redrive one."""
+
+    def set_argv(*args: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["/usr/local/bin/redrive", *args])
+
+    return set_argv
+
+
+def cli_run(argv: Any, *args: str) -> Result:
+    argv(*args)
+    return ok(*args)
+
+
+# -- the core ---------------------------------------------------------------------------------
+
+
+def test_caller_identity_is_best_effort() -> None:
+    class Broken:
+        def get_caller_identity(self) -> Any:
+            raise RuntimeError("no STS here")
+
+    assert caller_identity(Broken) == {"aws_error": "RuntimeError"}
+
+    class Good:
+        def get_caller_identity(self) -> Any:
+            return {"Arn": "arn:aws:iam::1:user/ops", "Account": "1", "UserId": "AID"}
+
+    assert caller_identity(Good) == {
+        "aws_arn": "arn:aws:iam::1:user/ops",
+        "aws_account": "1",
+        "aws_user_id": "AID",
+    }
+
+
+def test_run_record_has_who_and_what() -> None:
+    record = run_record(
+        command_line="redrive move checkout --execute",
+        target="checkout",
+        filters={"tasks": ["a"]},
+        ledger="sqlite:///l",
+        archive=None,
+        caller={"aws_arn": "arn"},
+    )
+    assert record["command_line"] == "redrive move checkout --execute"
+    assert record["target"] == "checkout" and record["filters"] == {"tasks": ["a"]}
+    assert record["ledger"] == "sqlite:///l" and record["archive"] is None
+    assert record["user"] and record["host"] and record["aws_arn"] == "arn"
+
+
+def test_list_and_show_runs(tmp_path: Path) -> None:
+    clock = [1000.0]
+    ledger = SqliteLedger(tmp_path / "l.sqlite3", clock=lambda: clock[0])
+    try:
+        for run_id in ("aaaa1111", "aaaa2222", "bbbb3333"):
+            ledger.start_run(run_id, command="move", info={"target": "checkout"})
+            clock[0] += 100
+        ledger.end_run("aaaa1111", outcome="completed", counts={"moved": 2})
+        assert [r.run_id for r in list_runs(ledger, since=None)] == [
+            "bbbb3333",
+            "aaaa2222",
+            "aaaa1111",
+        ]
+        assert [r.run_id for r in list_runs(ledger, since=1100.0)] == ["bbbb3333", "aaaa2222"]
+        assert show_run(ledger, "bbbb").run.run_id == "bbbb3333"
+        assert show_run(ledger, "aaaa1111").run.run_id == "aaaa1111"
+        with pytest.raises(RedriveError, match="no run aaaa"):
+            show_run(ledger, "aaaa")  # ambiguous prefix
+        with pytest.raises(RedriveError, match="no run zzz"):
+            show_run(ledger, "zzz")
+        done = run_json(ledger.run("aaaa1111"))  # type: ignore[arg-type]
+        assert done["outcome"] == "completed" and done["counts"] == {"moved": 2}
+        assert done["started_at"] == "1970-01-01T00:16:40Z"
+        assert run_json(ledger.run("bbbb3333"))["outcome"] == "running or crashed"  # type: ignore[arg-type]
+    finally:
+        ledger.close()
+
+
+# -- through the CLI --------------------------------------------------------------------------
+
+
+def test_no_ledger_yet(sqs_client: Any) -> None:
+    assert ok("audit").output.strip() == "no runs recorded yet"
+    assert as_json(ok("audit", "--json")) == {"runs": []}
+    one_error(run("audit", "abc"), EXIT_ERROR, "no ledger yet")
+    assert not default_ledger_path().exists()
+
+
+def test_move_purge_replay_are_audited_newest_first(
+    family: Family, tmp_path: Path, argv: Any
+) -> None:
+    seed(family, charges=2, mails=1)
+    archive = str(tmp_path / "a.jsonl")
+    cli_run(argv, "move", "checkout", "--task", CHARGE, "--execute", "--yes", "--json")
+    cli_run(argv, "purge", "checkout", "--archive", archive, "--execute", "--yes", "--json")
+    cli_run(argv, "replay", archive, "--to", "onion-checkout", "--execute", "--yes", "--json")
+
+    data = as_json(ok("audit", "--json"))
+    assert data["ledger"].startswith("sqlite://")
+    runs = data["runs"]
+    assert len(runs) == 3
+    replay_run, purge_run, move_run = runs
+    assert [r["outcome"] for r in runs] == ["completed"] * 3
+    assert [r["info"]["command_line"].split()[:2] for r in runs] == [
+        ["redrive", "replay"],
+        ["redrive", "purge"],
+        ["redrive", "move"],
+    ]
+    for r in runs:
+        info = r["info"]
+        assert info["user"] and info["host"]
+        assert info["aws_arn"].startswith("arn:aws:") and info["aws_account"]
+        assert info["ledger"] == data["ledger"]
+        assert r["started_at"] <= r["ended_at"]
+    assert move_run["info"]["target"] == "checkout"
+    assert move_run["info"]["filters"]["tasks"] == [CHARGE]
+    assert move_run["counts"]["moved"] == 2
+    assert purge_run["info"]["archive"] == archive
+    assert purge_run["counts"]["purged"] == 1 and purge_run["counts"]["archived"] == 1
+    assert replay_run["info"]["target"] == archive
+    assert replay_run["counts"]["moved"] == 1
+
+    table = ok("audit").output
+    for r in runs:
+        assert r["run_id"] in table
+    assert "completed" in table
+
+    # One run in detail, by id and by a unique prefix: the keys it moved.
+    shown = as_json(ok("audit", move_run["run_id"], "--json"))
+    assert shown["run_id"] == move_run["run_id"]
+    assert sorted(k["task"] for k in shown["keys"]) == [CHARGE, CHARGE]
+    assert {k["state"] for k in shown["keys"]} == {"done"}
+    by_prefix = as_json(ok("audit", move_run["run_id"][:10], "--json"))
+    assert by_prefix["run_id"] == move_run["run_id"]
+    text = ok("audit", move_run["run_id"]).output
+    assert move_run["run_id"] in text and "redrive move" in text and CHARGE in text
+    assert as_json(ok("audit", purge_run["run_id"], "--json"))["info"]["archive"] == archive
+
+
+def test_unknown_run_id(family: Family, argv: Any) -> None:
+    seed(family, charges=1, mails=0)
+    cli_run(argv, "move", "checkout", "--execute", "--yes")
+    one_error(run("audit", "nosuchrun"), EXIT_ERROR, "no run nosuchrun")
+    one_error(run("audit", "nosuchrun", "--json"), EXIT_ERROR, "no run nosuchrun")
+
+
+def test_since_narrows(family: Family, argv: Any) -> None:
+    seed(family, charges=1, mails=0)
+    old = SqliteLedger(default_ledger_path(), clock=lambda: time.time() - 10 * 86400)
+    try:
+        old.start_run("oldrun00", command="move", info={"target": "checkout"})
+        old.end_run("oldrun00", outcome="completed", counts={"moved": 1})
+    finally:
+        old.close()
+    cli_run(argv, "move", "checkout", "--execute", "--yes")
+    assert len(as_json(ok("audit", "--json"))["runs"]) == 2
+    recent = as_json(ok("audit", "--since", "7d", "--json"))["runs"]
+    assert len(recent) == 1 and recent[0]["run_id"] != "oldrun00"
+    assert as_json(ok("audit", "--since", "30d", "--json"))["runs"][-1]["run_id"] == "oldrun00"
+    assert run("audit", "--since", "soon").exit_code == 2
+
+
+def test_interrupted_run_shows_interrupted(family: Family) -> None:
+    for i in range(25):
+        family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
+    target = resolve_target(built_in_layout({}), "checkout", lambda region=None: Sqs(family.client))
+    stop = threading.Event()
+    ledger = SqliteLedger(default_ledger_path())
+    try:
+        result = MoveEngine(
+            target,
+            ledger,
+            MoveOptions(selection=Selection(), execute=True),
+            sqs_factory=lambda: Sqs(family.client),
+            stop=stop,
+            on_progress=lambda _: stop.set(),
+            run_info=run_record(
+                command_line="redrive move checkout --execute",
+                target="checkout",
+                filters={},
+                ledger=ledger.location,
+                archive=None,
+                caller={},
+            ),
+        ).run()
+    finally:
+        ledger.close()
+    assert result.interrupted
+    runs = as_json(ok("audit", "--json"))["runs"]
+    assert len(runs) == 1 and runs[0]["outcome"] == "interrupted"
+    assert "interrupted" in ok("audit").output
+
+
+def test_many_message_ids_are_stored_as_a_count(family: Family, argv: Any) -> None:
+    ids = [family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}")) for i in range(12)]
+    args = ["move", "checkout", "--execute", "--yes", "--json"]
+    for message_id in ids:
+        args += ["--message-id", message_id]
+    assert as_json(cli_run(argv, *args))["moved"] == 12
+    few = ["move", "checkout", "--execute", "--yes", "--message-id", "not-there"]
+    cli_run(argv, *few)
+    newest, first = as_json(ok("audit", "--json"))["runs"]
+    assert first["info"]["filters"]["message_ids"] == "12 ids (from a plan)"
+    assert newest["info"]["filters"]["message_ids"] == ["not-there"]
+
+
+def test_apply_is_audited(family: Family, tmp_path: Path, argv: Any) -> None:
+    seed(family, charges=1, mails=1)
+    plan = str(tmp_path / "p.json")
+    ok("move", "checkout", "--plan-out", plan)
+    cli_run(argv, "apply", plan, "--execute", "--yes")
+    runs = as_json(ok("audit", "--json"))["runs"]
+    assert len(runs) == 1
+    assert runs[0]["outcome"] == "completed"
+    assert runs[0]["info"]["command_line"].startswith("redrive apply")
+    assert runs[0]["counts"]["moved"] == 2
