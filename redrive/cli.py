@@ -393,6 +393,8 @@ def inspect(
         click.echo(inspect_text(result))
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
+    if result.incomplete:
+        sys.exit(EXIT_ATTENTION)
 
 
 def _is_archive(target: str) -> bool:

@@ -142,6 +142,14 @@ class InspectResult:
     fifo: bool = False
 
     @property
+    def incomplete(self) -> bool:
+        """The scan saw fewer messages than SQS counted at its start, with no --limit and no
+        interrupt: held messages came back before it ended (the scan was slower than its
+        hold) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
+        silently reported as the whole DLQ."""
+        return not (self.partial or self.interrupted) and self.total < self.depth_before
+
+    @property
     def expired(self) -> int:
         return sum(g.expired for g in self.groups)
 
@@ -173,6 +181,7 @@ class InspectResult:
             "depth_before": self.depth_before,
             "hidden_before": self.hidden_before,
             "partial": self.partial,
+            "incomplete": self.incomplete,
             "interrupted": self.interrupted,
         }
 

@@ -152,6 +152,13 @@ def inspect_notes(result: InspectResult) -> list[str]:
         notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
     if result.interrupted:
         notes.append("note: interrupted; counts cover only what was scanned")
+    if result.incomplete:
+        notes.append(
+            f"warning: counted {result.total} message(s) but SQS counted {result.depth_before} "
+            "at the start: messages were added or removed meanwhile, or the scan could not "
+            "see them all (too slow for its hold, or SQS's in-flight limit of about 120,000); "
+            "rerun with more --workers, or look at part of the DLQ with --limit"
+        )
     if result.hidden_before:
         notes.append(
             f"note: {result.hidden_before} message(s) were in flight (hidden by another "

@@ -71,7 +71,8 @@ class DlqScan:
     """Visibility timeout of messages kept hidden until the scan ends (``>= lease``)."""
     max_messages: int | None = None
     wait_seconds: int | None = None
-    stop_after_empty: int = 2
+    stop_after_empty: int = 3
+    """Empty receives in a row after which the scan ends whatever SQS's counts say."""
     stop: threading.Event = field(default_factory=threading.Event)
     on_receive: Callable[[int], None] | None = None
     stats: ScanStats = field(default_factory=ScanStats)
@@ -124,7 +125,17 @@ class DlqScan:
                     self._consecutive_empty += 1
                     if self._consecutive_empty >= self.stop_after_empty:
                         self._done = True
-                    continue
+                    empty = self._consecutive_empty
+                else:
+                    empty = 0
+            if empty:
+                # An empty long poll and a queue that counts nothing visible: covered. One
+                # attribute call, where a second long poll would cost a second of waiting.
+                if not self._done and self._nothing_visible(sqs):
+                    with self._lock:
+                        self._done = True
+                continue
+            with self._lock:
                 self._consecutive_empty = 0
                 for message in messages:
                     seen = digest(message.message_id)
@@ -155,6 +166,10 @@ class DlqScan:
                     self.on_receive(received)
                 return fresh
         return None
+
+    def _nothing_visible(self, sqs: Sqs) -> bool:
+        counts = sqs.attributes(self.url, ["ApproximateNumberOfMessages"])
+        return counts.get("ApproximateNumberOfMessages", "0") == "0"
 
     def stop_receiving(self) -> None:
         """End the scan after the batches in progress (e.g. ``--limit`` reached)."""

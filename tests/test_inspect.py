@@ -447,3 +447,35 @@ def test_grouping_order_ties_by_name() -> None:
     for task in ("b.task", "a.task", "c.task", "c.task"):
         add(grouping, encode(task))
     assert [g.task for g in grouping.sorted_groups()] == ["c.task", "a.task", "b.task"]
+
+
+def test_a_scan_that_saw_fewer_than_sqs_counted_says_so() -> None:
+    """Held messages that came back before the end, or SQS's in-flight quota, can hide
+    messages from a scan: the result must say so, never pass for the whole DLQ."""
+    from redrive.inspect import InspectResult
+    from redrive.render import inspect_text
+
+    def result(**kw: object) -> InspectResult:
+        base: dict[str, object] = dict(
+            label="checkout",
+            dlq="onion-checkout-dlq",
+            dlq_url="u",
+            sources=[],
+            total=1927,
+            groups=[],
+            oldest=None,
+            scanned_at=0.0,
+            seconds=1.0,
+            depth_before=2000,
+            hidden_before=0,
+            partial=False,
+        )
+        base.update(kw)
+        return InspectResult(**base)  # type: ignore[arg-type]
+
+    short = result()
+    assert short.incomplete and short.to_json()["incomplete"] is True
+    assert "counted 1927 message(s) but SQS counted 2000" in inspect_text(short)
+    assert not result(total=2000).incomplete
+    assert not result(partial=True).incomplete
+    assert not result(interrupted=True).incomplete
