@@ -15,10 +15,12 @@ BCDEFGA, ...: interleaved, so drift of a busy machine hits every contender alike
    tasks, protocol 1 and 2, some compressed, some with an eta, some with message
    attributes, one in 200 not Celery at all; every one movable: none expired, none poison)
    through SendMessageBatch, sent as raw JSON-protocol requests (not timed);
-3. the contender runs as a subprocess of its own; wall time is spawn to exit, peak RSS and
-   CPU come from ``os.wait4`` (ru_maxrss is KiB on Linux), the server's CPU seconds during
-   the run from /proc, and each contender also reports its own timer (after interpreter
-   start-up, imports and client creation);
+3. the contender runs as a subprocess of its own, started by a small launcher process
+   (``_LAUNCHER``: a child forked from this large process would inherit its RSS high-water
+   mark in ru_maxrss); wall time is spawn to exit, peak RSS and CPU come from ``os.wait4``
+   (ru_maxrss is KiB on Linux), the server's CPU seconds during the run from /proc, and each
+   contender also reports its own timer (after interpreter start-up, imports and client
+   creation);
 4. afterwards the target must hold exactly N messages (visible; none in flight or
    delayed) and the DLQ none, and redrive's JSON must say moved == N, failed == 0,
    in_doubt == 0; a run that fails a check is reported and left out of the medians.
@@ -36,7 +38,15 @@ Contenders (``--tools``):
 - ``null`` / ``null-4``: the *server's ceiling*: the same three batched calls as raw JSON
   over one keep-alive HTTP connection per thread (no botocore: no signing, no request
   validation, no response parsing beyond ``json.loads``). No client can do less per
-  message, so its rate bounds what any client reaches on that server.
+  message, so its rate bounds what any client reaches on that server. The tables also
+  give N / (server CPU seconds of the run): the rate at which the server would be busy
+  all the time with that client's calls.
+
+Diagnostic variants (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
+tmpfs), ``redrive-relaxed`` (only the claim commit fsynced), ``redrive-tuned`` (that plus
+botocore's parameter validation off), ``batched-shaped`` (the batched loop sending
+redrive's requests). ``--profile-size N`` adds a step timer and a cProfile of one redrive
+run of N messages.
 
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
@@ -46,9 +56,11 @@ one); with 1, redrive's run ends ~2 s after the last message, a loop's ~1 s afte
 Usage (from the repository root, with the project's venv)::
 
     .venv/bin/python bench/move.py --server fast --sizes 1000,10000,100000 --rounds 3
-    .venv/bin/python bench/move.py --server moto --sizes 1000,2000 --rounds 3
-    .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 1 \
-        --tools redrive --profile-size 10000          # plus a cProfile of one redrive run
+    .venv/bin/python bench/move.py --server moto --sizes 1000 --rounds 2
+    .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 3 \
+        --tools redrive,redrive-relaxed,redrive-shm,batched --profile-size 10000
+
+bench/README.md (section "move") has the commands behind its tables and what they show.
 
 Every request goes to 127.0.0.1; every loop and every child process is bounded.
 """
@@ -1344,14 +1356,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Throughput and peak memory of `redrive move --execute` vs hand-written "
         "boto3 loops, on a local SQS.",
     )
-    parser.add_argument("--sizes", type=parse_sizes, default=[1_000, 10_000, 100_000])
+    parser.add_argument(
+        "--sizes",
+        type=parse_sizes,
+        default=[1_000, 10_000, 100_000],
+        help="DLQ sizes, comma separated (default 1000,10000,100000)",
+    )
     parser.add_argument(
         "--moto-sizes",
         type=parse_sizes,
         help="sizes for the moto server (default: --sizes capped at 2,000: moto's cost per "
         "call grows with queue depth)",
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per size (default 3)"
+    )
     parser.add_argument(
         "--large-rounds",
         type=int,
@@ -1394,7 +1413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server and print where its time goes",
     )
     parser.add_argument(
-        "--profile-tool", default="redrive", choices=("redrive", "redrive-relaxed", "redrive-tuned", "redrive-shm")
+        "--profile-tool",
+        default="redrive",
+        choices=("redrive", "redrive-relaxed", "redrive-tuned", "redrive-shm"),
     )
     parser.add_argument(
         "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"

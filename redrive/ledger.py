@@ -503,19 +503,31 @@ class SqliteLedger:
 
     # ----------------------------------------------------------------- plumbing
 
-    def _write(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """One IMMEDIATE transaction, committed (durably) on success, rolled back on error."""
-        return self._transaction(what, "BEGIN IMMEDIATE")
+    def _write(
+        self, what: str, *, flush: bool = True
+    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One IMMEDIATE transaction, committed on success, rolled back on error.
+
+        ``flush=False`` commits without waiting for the disk: for records whose loss is
+        harmless (a lost SENT reads as CLAIMED, i.e. in doubt: held, never resent; a lost
+        DONE has nothing left to do; a heartbeat is refreshed). The next flushed commit (the
+        next claim) makes them durable too, since the WAL is written in order.
+        """
+        return self._transaction(what, "BEGIN IMMEDIATE", flush=flush)
 
     def _read(self, what: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         """One read transaction, so multi-statement reads see a single snapshot."""
         return self._transaction(what, "BEGIN")
 
     @contextlib.contextmanager
-    def _transaction(self, what: str, begin: str) -> Iterator[sqlite3.Connection]:
+    def _transaction(
+        self, what: str, begin: str, *, flush: bool = True
+    ) -> Iterator[sqlite3.Connection]:
         with self._lock:
             conn = self._live_conn()
             try:
+                if not flush:
+                    conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute(begin)
                 yield conn
                 conn.execute("COMMIT")
@@ -525,6 +537,9 @@ class SqliteLedger:
                 if isinstance(e, sqlite3.Error):
                     raise self._op_error(what, e) from e
                 raise
+            finally:
+                if not flush:
+                    conn.execute("PRAGMA synchronous=FULL")
 
     def _live_conn(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -584,7 +599,7 @@ class SqliteLedger:
                 )
 
     def heartbeat(self, run_id: str, *, lease_until: float) -> None:
-        with self._write("heartbeat") as conn:
+        with self._write("heartbeat", flush=False) as conn:
             cur = conn.execute(
                 "UPDATE runs SET heartbeat_at = ?, lease_until = ?"
                 " WHERE run_id = ? AND ended_at IS NULL",
@@ -719,7 +734,7 @@ class SqliteLedger:
     def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None:
         """CLAIMED by ``run_id`` -> SENT, recording the MessageId SQS gave the copy."""
         now = self._clock()
-        with self._write("mark keys sent") as conn:
+        with self._write("mark keys sent", flush=False) as conn:
             conn.executemany(
                 "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?"
                 " WHERE key = ? AND state = 'claimed' AND run_id = ?",
@@ -740,7 +755,7 @@ class SqliteLedger:
         what an earlier one sent but could not delete); the owner stays the run that sent,
         because that is who the audit must name."""
         now = self._clock()
-        with self._write("mark keys done") as conn:
+        with self._write("mark keys done", flush=False) as conn:
             conn.executemany(
                 "UPDATE keys SET state = 'done', updated_at = ? WHERE key = ? AND state = 'sent'",
                 [(now, key) for key in keys],

@@ -98,6 +98,9 @@ class AwsSettings:
             connect_timeout=5,
             read_timeout=40,
             max_pool_connections=20,
+            # SQS validates every request itself; botocore's client-side pass was about a
+            # tenth of the CPU of a move (bench/move.py), and every call here is built by code.
+            parameter_validation=False,
         )
         session = self.session()
         try:
