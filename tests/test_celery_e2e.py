@@ -274,6 +274,14 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
     in_dlq = peek(family, family.dlq_url)
     assert {m: in_dlq[m]["Body"] for m in in_dlq} == {m: original[m]["Body"] for m in original}
 
+    # -- inspect: exact counts per task, protocols 1 and 2; twice; the DLQ left as it was ----
+    expected = dict(Counter(task_of.values()))
+    for _ in range(2):
+        report = redrive(server, "inspect", "checkout")
+        assert report["total"] == len(published)
+        assert {g["task"]: g["count"] for g in report["groups"]} == expected
+        assert family.depth() == (len(published), 0)
+
     ledger = tmp_path / "ledger.sqlite3"
 
     # -- move one task: each of its messages once, byte-identical -------------------------------
