@@ -16,6 +16,7 @@ from typing import Any
 
 import boto3
 import pytest
+from click.testing import CliRunner, Result
 from moto import mock_aws
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -215,3 +216,24 @@ def no_long_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     from redrive import scan
 
     monkeypatch.setattr(scan, "RECEIVE_WAIT_SECONDS", 0)
+
+
+# -- the CLI, through click's runner ----------------------------------------------------------
+
+
+def run(*args: str) -> Result:
+    from redrive.cli import cli
+
+    return CliRunner().invoke(cli, list(args), prog_name="redrive")
+
+
+def ok(*args: str) -> Result:
+    """Run a command that must succeed, without a traceback."""
+    result = run(*args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(result.stdout)

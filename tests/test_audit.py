@@ -3,7 +3,6 @@ what, on what, and how it ended; ``redrive audit`` lists and shows them."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -11,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family
+from click.testing import Result
+from conftest import Family, as_json, ok, run
 
 from redrive.audit import caller_identity, list_runs, run_json, run_record, show_run
-from redrive.cli import EXIT_ERROR, cli
+from redrive.cli import EXIT_ERROR
 from redrive.config import built_in_layout
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
@@ -27,21 +26,6 @@ from redrive.sqs import Sqs
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def ok(*args: str) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
-
-
-def as_json(result: Result) -> Any:
-    return json.loads(result.stdout)
 
 
 def one_error(result: Result, exit_code: int, *fragments: str) -> None:

@@ -6,34 +6,18 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family
+from click.testing import Result
+from conftest import Family, as_json, ok, run
 
-from redrive.cli import EXIT_ERROR, EXIT_USAGE, cli
+from redrive.cli import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
 from redrive.messages import decode, encode
 from redrive.plan import PLAN_VERSION, PlanItem, PlanWriter, read_plan
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def ok(*args: str) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
-
-
-def as_json(result: Result) -> Any:
-    return json.loads(result.stdout)
 
 
 def one_error(result: Result, exit_code: int, *fragments: str) -> str:
