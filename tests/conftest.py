@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -237,3 +237,28 @@ def ok(*args: str) -> Result:
 
 def as_json(result: Result) -> Any:
     return json.loads(result.stdout)
+
+
+# -- SQS adapters as the CLI makes them -----------------------------------------------------------
+
+
+@pytest.fixture
+def sqs_for(sqs_client: Any) -> Callable[[str | None], Any]:
+    """What the CLI does: one client per call, through AwsSettings (inside mock_aws)."""
+    from redrive.sqs import AwsSettings
+
+    settings = AwsSettings(region=REGION)
+    return lambda region: settings.sqs(region=region)
+
+
+def unreachable() -> Callable[[str | None], Any]:
+    """SQS on a closed port of 127.0.0.1: every call fails to connect, at once."""
+    from botocore.config import Config
+
+    from redrive.sqs import Sqs
+
+    url = f"http://127.0.0.1:{free_port()}"
+    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1)
+    return lambda region: Sqs(
+        boto3.client("sqs", endpoint_url=url, region_name=REGION, config=config)
+    )

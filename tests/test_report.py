@@ -8,36 +8,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
-from conftest import REGION, free_port, make_family
 from conftest import Family as QueueFamily
+from conftest import make_family, unreachable
 
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
 from redrive.messages import UNKNOWN_TASK, encode
 from redrive.report import build_report
-from redrive.sqs import AwsSettings, Sqs
+from redrive.sqs import Sqs
 
 BUILT_IN = built_in_layout({})
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"
 PROGRESS = "apps.engagements.tasks.save_progress_lesson"
-
-
-@pytest.fixture
-def sqs_for(sqs_client: Any) -> Callable[[str | None], Sqs]:
-    settings = AwsSettings(region=REGION)
-    return lambda region: settings.sqs(region=region)
-
-
-def unreachable() -> Callable[[str | None], Sqs]:
-    """SQS on a closed port of 127.0.0.1: every call fails to connect, at once."""
-    url = f"http://127.0.0.1:{free_port()}"
-    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1)
-    return lambda region: Sqs(
-        boto3.client("sqs", endpoint_url=url, region_name=REGION, config=config)
-    )
 
 
 def test_every_family(

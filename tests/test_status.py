@@ -6,34 +6,16 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
-from conftest import REGION, free_port, make_family
 from conftest import Family as QueueFamily
+from conftest import make_family, unreachable
 
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsUnavailable
-from redrive.sqs import AwsSettings, Sqs
+from redrive.sqs import Sqs
 from redrive.status import QueueCounts, family_status
 
 BUILT_IN = built_in_layout({})
-
-
-@pytest.fixture
-def sqs_for(sqs_client: Any) -> Callable[[str | None], Sqs]:
-    # What the CLI does: one client per call, through AwsSettings.
-    settings = AwsSettings(region=REGION)
-    return lambda region: settings.sqs(region=region)
-
-
-def unreachable() -> Callable[[str | None], Sqs]:
-    """SQS on a closed port of 127.0.0.1: every call fails to connect, at once."""
-    url = f"http://127.0.0.1:{free_port()}"
-    config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1)
-    return lambda region: Sqs(
-        boto3.client("sqs", endpoint_url=url, region_name=REGION, config=config)
-    )
 
 
 def test_every_family(
