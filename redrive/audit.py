@@ -10,11 +10,11 @@ import getpass
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from redrive.errors import RedriveError
 from redrive.ledger import Entry, Ledger, RunInfo
+from redrive.selection import iso_utc
 
 
 def local_identity() -> dict[str, str]:
@@ -82,18 +82,12 @@ def show_run(ledger: Ledger, run_id: str) -> RunDetail:
     return RunDetail(run=run, keys=ledger.keys_for_run(run.run_id))
 
 
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def run_json(run: RunInfo) -> dict[str, Any]:
     return {
         "run_id": run.run_id,
         "command": run.command,
-        "started_at": iso(run.started_at),
-        "ended_at": iso(run.ended_at),
+        "started_at": iso_utc(run.started_at),
+        "ended_at": iso_utc(run.ended_at),
         "outcome": run.outcome or "running or crashed",
         "info": run.info,
         "counts": run.counts,
@@ -108,5 +102,5 @@ def entry_json(entry: Entry) -> dict[str, Any]:
         "message_id": entry.message_id,
         "target": entry.target,
         "sent_message_id": entry.sent_message_id,
-        "updated_at": iso(entry.updated_at),
+        "updated_at": iso_utc(entry.updated_at),
     }

@@ -39,10 +39,6 @@ class ArchiveError(RedriveError):
     """An archive cannot be written or read."""
 
 
-class Interrupted(RedriveError):
-    """The run was stopped by Ctrl-C or SIGTERM after releasing what it held."""
-
-
 class AwsUnavailable(AwsError):
     """No call can succeed: no credentials or region, rejected credentials, endpoint down.
 

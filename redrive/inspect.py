@@ -14,6 +14,7 @@ from redrive import attributes
 from redrive.messages import TaskInfo, decode
 from redrive.queues import DlqTarget
 from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
 SAMPLES_PER_GROUP = 3
@@ -44,8 +45,8 @@ class TaskGroup:
         data: dict[str, Any] = {
             "task": self.task,
             "count": self.count,
-            "oldest": _iso(self.oldest),
-            "newest": _iso(self.newest),
+            "oldest": iso_utc(self.oldest),
+            "newest": iso_utc(self.newest),
             "max_receive_count": self.max_receive_count,
             "expired": self.expired,
             "redriven": self.redriven,
@@ -168,7 +169,7 @@ class InspectResult:
             "dlq_url": self.dlq_url,
             "sources": self.sources,
             "total": self.total,
-            "oldest": _iso(self.oldest),
+            "oldest": iso_utc(self.oldest),
             "oldest_age_seconds": (
                 round(self.scanned_at - self.oldest, 3) if self.oldest is not None else None
             ),
@@ -176,7 +177,7 @@ class InspectResult:
             "poison": self.poison,
             "leaving_within_24h": self.leaving_within_24h,
             "groups": [g.to_json() for g in self.groups],
-            "scanned_at": _iso(self.scanned_at),
+            "scanned_at": iso_utc(self.scanned_at),
             "seconds": round(self.seconds, 3),
             "depth_before": self.depth_before,
             "hidden_before": self.hidden_before,
@@ -184,12 +185,6 @@ class InspectResult:
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
         }
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def inspect_dlq(

@@ -61,7 +61,6 @@ IN_DOUBT = "in-doubt"
 BUSY = "claimed-by-another-run"
 RESOLVED_SKIP = "in-doubt-resolved-skip"
 NO_TARGET = "no-target"
-DUPLICATE_PENDING = "duplicate-of-unsent-copy"
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
@@ -884,7 +883,3 @@ def _run_is_live(run: RunInfo, now: float) -> bool:
         except PermissionError:
             pass
     return run.is_live(now=now, stale_after=STALE_AFTER)
-
-
-def resolve_destination(sqs: Sqs, name_or_url: str) -> QueueRef:
-    return describe_queue(sqs, name_or_url)

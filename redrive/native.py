@@ -18,6 +18,7 @@ import botocore.exceptions
 
 from redrive.errors import AwsError, RedriveError, UsageProblem
 from redrive.queues import COUNT_ATTRIBUTES, DlqTarget, QueueRef
+from redrive.selection import iso_utc
 from redrive.sqs import Sqs, aws_errors, queue_name
 
 #: SQS's ceiling for MaxNumberOfMessagesPerSecond.
@@ -104,7 +105,7 @@ class MoveTask:
             "status": self.status,
             "moved": self.moved,
             "to_move": self.to_move,
-            "started": _iso(self.started),
+            "started": iso_utc(self.started),
             "failure_reason": self.failure_reason,
             "source_arn": self.source_arn,
             "destination_arn": self.destination_arn,
@@ -397,12 +398,6 @@ def _epoch_seconds(value: Any) -> float | None:
     number = float(value)
     # The API documents epoch milliseconds; take seconds too rather than land in 1970.
     return number / 1000 if number > 1e11 else number
-
-
-def _iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _stamp(ts: float | None) -> str:

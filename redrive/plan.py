@@ -15,7 +15,7 @@ import json
 import os
 import socket
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -185,8 +185,3 @@ def read_plan(path: str) -> Plan:
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageProblem(f"plan {path} is damaged: missing or bad field {exc}") from exc
-
-
-def iter_ids(plan: Plan) -> Iterator[str]:
-    for item in plan.items:
-        yield item.message_id

@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -313,17 +313,3 @@ def _as_boto(message: Message) -> dict[str, Any]:
         "Attributes": dict(message.attributes),
         "MessageAttributes": {k: dict(v) for k, v in message.message_attributes.items()},
     }
-
-
-def records_to_messages(records: Sequence[ArchiveRecord]) -> list[Message]:
-    """Archived records as messages (no receipt handle), for the shared grouping code."""
-    return [
-        Message(
-            message_id=r.message_id,
-            receipt_handle="",
-            body=r.body,
-            attributes=r.attributes,
-            message_attributes=r.message_attributes,
-        )
-        for r in records
-    ]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from redrive.config import Family, Layout
-from redrive.errors import ConfigError, NoDeadLetterQueue, QueueNotFound
+from redrive.errors import NoDeadLetterQueue, QueueNotFound
 from redrive.sqs import Sqs, queue_name
 
 # Counts SQS keeps per queue; GetQueueAttributes with these names is instant at any depth.
@@ -158,8 +158,3 @@ def resolve_target(layout: Layout, target: str, sqs_for: Callable[[str | None], 
         )
     label = owner.name if owner is not None and len(sources) == 1 else queue.name
     return DlqTarget(label=label, family=owner, dlq=queue, sources=sources)
-
-
-def require_layout(layout: Layout) -> None:
-    if not layout.families:
-        raise ConfigError(f"{layout.source}: the layout has no families")

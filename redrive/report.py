@@ -12,6 +12,7 @@ from redrive.config import Layout
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.inspect import InspectResult, inspect_dlq
 from redrive.queues import resolve_family
+from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
 
@@ -59,10 +60,8 @@ class Report:
         return [f"{q.family}: {q.error}" for q in self.queues if q.error]
 
     def to_json(self) -> dict[str, Any]:
-        from redrive.inspect import _iso
-
         return {
-            "generated_at": _iso(self.generated_at),
+            "generated_at": iso_utc(self.generated_at),
             "layout": self.layout,
             "total": self.total,
             "queues": [q.to_json() for q in self.queues],

@@ -6,6 +6,7 @@ import fnmatch
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from redrive.messages import TaskInfo
@@ -21,6 +22,13 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 15m, 6h, 3d)")
     number, unit = match.groups()
     return float(number) * _UNIT_SECONDS[(unit or "s").lower()]
+
+
+def iso_utc(ts: float | None) -> str | None:
+    """``2026-11-30T12:00:00Z``: how every timestamp appears in JSON output."""
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def format_duration(seconds: float) -> str:

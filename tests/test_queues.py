@@ -11,8 +11,8 @@ from conftest import Family as QueueFamily
 from conftest import make_family
 
 from redrive.config import Family, Layout, built_in_layout
-from redrive.errors import ConfigError, NoDeadLetterQueue, QueueNotFound
-from redrive.queues import QueueRef, describe_queue, require_layout, resolve_target
+from redrive.errors import NoDeadLetterQueue, QueueNotFound
+from redrive.queues import QueueRef, describe_queue, resolve_target
 from redrive.sqs import Sqs
 
 BUILT_IN = built_in_layout({})
@@ -297,9 +297,3 @@ def test_queue_ref_max_receive_count(
 ) -> None:
     ref = QueueRef(url="u", name="n", arn="a", fifo=False, redrive_policy=policy)
     assert ref.max_receive_count == expected
-
-
-def test_require_layout() -> None:
-    require_layout(BUILT_IN)
-    with pytest.raises(ConfigError, match=r"empty\.toml: the layout has no families"):
-        require_layout(Layout(families=(), source="empty.toml"))
