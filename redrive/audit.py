@@ -7,6 +7,7 @@ they moved, so the trail is wherever the ledger is and needs no second store.
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ def local_identity() -> dict[str, str]:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
-        user = "unknown"
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
     return {"user": user, "host": socket.gethostname()}
 
 

@@ -22,6 +22,7 @@ import click
 from redrive import __version__
 from redrive.config import Layout, load_layout
 from redrive.errors import RedriveError, UsageProblem
+from redrive.move import IN_DOUBT_POLICIES
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
 from redrive.sqs import AwsSettings, Sqs
@@ -535,7 +536,7 @@ def report(
 def move_options(f: F) -> F:
     f = click.option(
         "--in-doubt",
-        type=click.Choice(["hold", "resend", "skip"]),
+        type=click.Choice(IN_DOUBT_POLICIES),
         default="hold",
         show_default=True,
         help="What to do with messages whose earlier send may or may not have happened.",
@@ -802,17 +803,6 @@ def archive_destination(f: F) -> F:
     )(f)
 
 
-def _open_archive(ctx: Context, destination: str, label: str) -> Any:
-    from redrive.archive import default_archive_path, open_writer
-
-    where = destination or default_archive_path(label, _utcnow())
-    return open_writer(
-        where,
-        s3_client_factory=ctx.s3_client,
-        run_name=None,
-    )
-
-
 def _utcnow() -> Any:
     from datetime import UTC, datetime
 
@@ -828,7 +818,7 @@ def _run_purge(
     dlq: DlqTarget | None = None,
     planned: int | None = None,
 ) -> None:
-    from redrive.archive import default_archive_path
+    from redrive.archive import default_archive_path, open_writer
     from redrive.plan import PlanWriter
     from redrive.purge import S3_BUFFER, PurgeOptions, purge_dlq, purge_whole_queue
     from redrive.render import purge_text
@@ -861,7 +851,7 @@ def _run_purge(
                 + (" without an archive?" if no_archive else " after archiving them?"),
             )
         where = None if no_archive else destination or default_archive_path(dlq.label, _utcnow())
-        writer = _open_archive(ctx, where, dlq.label) if where and execute else None
+        writer = open_writer(where, s3_client_factory=ctx.s3_client) if where and execute else None
         plan = (
             PlanWriter(
                 plan_out,
@@ -1360,7 +1350,7 @@ def check(ctx: Context, as_json: bool) -> None:
 @ledger_option
 @click.option(
     "--in-doubt",
-    type=click.Choice(["hold", "resend", "skip"]),
+    type=click.Choice(IN_DOUBT_POLICIES),
     help="Override the plan's in-doubt policy (move plans).",
 )
 @workers_option

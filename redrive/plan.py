@@ -10,10 +10,8 @@ the second time (its messages are gone, and their keys are done in the ledger).
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
-import socket
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from redrive.audit import local_identity
 from redrive.errors import UsageProblem
 
 PLAN_VERSION = 1
@@ -75,14 +74,6 @@ class Plan:
         return dict(sorted(Counter(item.task for item in self.items).items()))
 
 
-def who() -> dict[str, Any]:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
-    return {"user": user, "host": socket.gethostname()}
-
-
 class PlanWriter:
     """Streams a plan to disk: items go straight to the file, never all held in memory."""
 
@@ -116,7 +107,7 @@ class PlanWriter:
             "filters": dict(filters),
             "options": dict(options),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "created_by": {**who(), **(dict(caller) if caller else {})},
+            "created_by": {**local_identity(), **(dict(caller) if caller else {})},
         }
         # The header first, then one item per line: readable in a review, easy to diff.
         text = json.dumps(header, indent=2, ensure_ascii=False)
