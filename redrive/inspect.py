@@ -73,6 +73,11 @@ class Grouping:
     max_redrives: int = DEFAULT_MAX_REDRIVES
     groups: dict[str, TaskGroup] = field(default_factory=dict)
     total: int = 0
+    now_utc: datetime = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Once per scan, not once per message.
+        self.now_utc = datetime.fromtimestamp(self.now, UTC)
 
     def add(
         self,
@@ -97,7 +102,7 @@ class Grouping:
             ):
                 group.leaving_within_24h += 1
         group.max_receive_count = max(group.max_receive_count, receive_count)
-        if info.is_expired(datetime.fromtimestamp(self.now, UTC)):
+        if info.is_expired(self.now_utc):
             group.expired += 1
         if redrive_count > 0:
             group.redriven += 1
