@@ -43,22 +43,20 @@ Contenders (``--tools``):
   all the time with that client's calls.
 
 Diagnostic variants (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
-tmpfs), ``redrive-relaxed`` (only the claim commit fsynced), ``redrive-tuned`` (that plus
-botocore's parameter validation off), ``batched-shaped`` (the batched loop sending
-redrive's requests). ``--profile-size N`` adds a step timer and a cProfile of one redrive
-run of N messages.
+tmpfs), ``batched-shaped`` (the batched loop sending redrive's requests).
+``--profile-size N`` adds a step timer and a cProfile of one redrive run of N messages.
 
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
-noticed at once by every contender (redrive stops after two empty receives, the loops after
-one); with 1, redrive's run ends ~2 s after the last message, a loop's ~1 s after it.
+noticed at once by every contender (redrive stops at an empty receive once SQS counts
+nothing visible, the loops at their first empty receive).
 
 Usage (from the repository root, with the project's venv)::
 
     .venv/bin/python bench/move.py --server fast --sizes 1000,10000,100000 --rounds 3
     .venv/bin/python bench/move.py --server moto --sizes 1000 --rounds 2
     .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 3 \
-        --tools redrive,redrive-relaxed,redrive-shm,batched --profile-size 10000
+        --tools redrive,redrive-shm,batched --profile-size 10000
 
 bench/README.md (section "move") has the commands behind its tables and what they show.
 
@@ -118,29 +116,22 @@ TOOLS = (
 #: Diagnostic variants, not run by default (see bench/README.md):
 #: - redrive-shm: redrive with its ledger on tmpfs (/dev/shm: fsync costs nothing, so the
 #:   best any fsync fix can do);
-#: - redrive-relaxed: redrive with the proposed ledger fix patched in (only the claim commit
-#:   is fsynced, see _RELAXED);
-#: - redrive-tuned: redrive-relaxed plus botocore's parameter validation off (_NO_VALIDATION);
+#:   (redrive-relaxed and redrive-tuned, which patched in a one-fsync-per-batch ledger and
+#:   botocore's parameter validation off, were retired once redrive itself did both);
 #: - batched-shaped: the batched loop sending what redrive sends, the way redrive sends it
 #:   (system attributes received, three redrive-* attributes stamped on every message,
 #:   adaptive retries, a second client for sends): what redrive's requests cost by themselves.
 EXTRA_TOOLS = (
     "redrive-shm",
     "redrive-shm-w4",
-    "redrive-relaxed",
-    "redrive-relaxed-w4",
-    "redrive-tuned",
     "batched-shaped",
 )
 #: The batched loop each contender is compared with (same number of pipelines).
 BASELINE = {
-    "redrive-tuned": "batched",
     "batched-shaped": "batched",
     "redrive": "batched",
     "redrive-shm": "batched",
     "redrive-shm-w4": "batched-4",
-    "redrive-relaxed": "batched",
-    "redrive-relaxed-w4": "batched-4",
     "redrive-w1": "batched",
     "redrive-w4": "batched-4",
     "batched-4": "batched",
@@ -197,37 +188,6 @@ with start_server(0, host={HOST!r}, serial=True) as server:
 """
 
 
-# redrive's CLI with the proposed ledger fix patched in (bench only; redrive is unchanged):
-# the claim stays a synchronous=FULL commit (fsynced before anything is sent), while the
-# SENT and DONE records and the heartbeat are committed with synchronous=NORMAL (WAL: durable
-# against a killed process, not fsynced; the next claim's fsync makes them durable too).
-_RELAXED = """
-import contextlib, sqlite3, sys
-import redrive.ledger as ledger
-RELAXED = {"mark keys sent", "mark keys done", "heartbeat"}
-@contextlib.contextmanager
-def _transaction(self, what, begin):
-    with self._lock:
-        conn = self._live_conn()
-        relaxed = what in RELAXED
-        if relaxed:
-            conn.execute("PRAGMA synchronous=NORMAL")
-        try:
-            conn.execute(begin)
-            yield conn
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise self._op_error(what, e) from e
-            raise
-        finally:
-            if relaxed:
-                conn.execute("PRAGMA synchronous=FULL")
-ledger.SqliteLedger._transaction = _transaction
-"""
-
 # redrive's CLI with a timer (wall and CPU time of the calling thread) around each step of
 # the move engine; the totals go to the file named by BENCH_PHASES_OUT. Far less overhead
 # than cProfile, so the shares are those of an ordinary run.
@@ -266,14 +226,6 @@ atexit.register(report)
 # botocore checks every request against the service model before sending it; redrive builds
 # its requests itself, so the check only costs CPU (botocore.config.Config's
 # parameter_validation=False turns it off).
-_NO_VALIDATION = """
-import botocore.config, redrive.sqs
-_Config = botocore.config.Config
-def _config(*args, **kwargs):
-    kwargs.setdefault("parameter_validation", False)
-    return _Config(*args, **kwargs)
-redrive.sqs.Config = _config
-"""
 _MAIN = """
 import sys
 from redrive.cli import main
@@ -778,13 +730,7 @@ def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
 def redrive_command(
     tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
 ) -> list[str]:
-    patches = "".join(
-        (
-            _RELAXED if tool.startswith(("redrive-relaxed", "redrive-tuned")) else "",
-            _NO_VALIDATION if tool.startswith("redrive-tuned") else "",
-            _PHASES if phases else "",
-        )
-    )
+    patches = "".join((_PHASES if phases else "",))
     head = [PYTHON, "-m", "redrive"]
     if profile_out is not None:
         head = [PYTHON, "-m", "cProfile", "-o", profile_out, "-m", "redrive"]
@@ -1415,7 +1361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile-tool",
         default="redrive",
-        choices=("redrive", "redrive-relaxed", "redrive-tuned", "redrive-shm"),
+        choices=("redrive", "redrive-shm"),
     )
     parser.add_argument(
         "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"
