@@ -880,6 +880,10 @@ class Handler(BaseHTTPRequestHandler):
                 raise SqsError("SerializationException", "Request body is not a JSON object.")
             with store.lock:
                 result = handler(store, request)
+            if self.server.latency:
+                # Outside the store's lock: concurrent requests wait side by side, as they do
+                # on a network.
+                time.sleep(self.server.latency)
             self._reply(200, json.dumps(result, separators=(",", ":")).encode("utf-8"), {})
         except SqsError as exc:
             headers = {"x-amzn-query-error": f"{exc.query_code or exc.code};Sender"}
@@ -900,7 +904,13 @@ class FastSqsServer(ThreadingHTTPServer):
     request_queue_size = 128
 
     def __init__(
-        self, host: str, port: int, *, verbose: bool = False, inflight_limit: int = INFLIGHT_LIMIT
+        self,
+        host: str,
+        port: int,
+        *,
+        verbose: bool = False,
+        inflight_limit: int = INFLIGHT_LIMIT,
+        latency: float = 0.0,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
@@ -909,6 +919,8 @@ class FastSqsServer(ThreadingHTTPServer):
         self.endpoint_url = f"http://{shown}:{self.server_address[1]}"
         self.store = Store(self.endpoint_url, inflight_limit=inflight_limit)
         self.verbose = verbose
+        self.latency = latency
+        """Seconds added to every answer: the network's round trip, which loopback lacks."""
 
 
 def start(
@@ -917,12 +929,15 @@ def start(
     *,
     verbose: bool = False,
     inflight_limit: int = INFLIGHT_LIMIT,
+    latency: float = 0.0,
 ) -> FastSqsServer:
     """Serve on a daemon thread (for use inside a test or script); ``shutdown()`` stops it."""
     address = ipaddress.ip_address(host.strip("[]") if host != "localhost" else "127.0.0.1")
     if not address.is_loopback:
         raise ValueError(f"fast_sqs only listens on loopback, not {host!r}")
-    server = FastSqsServer(str(address), port, verbose=verbose, inflight_limit=inflight_limit)
+    server = FastSqsServer(
+        str(address), port, verbose=verbose, inflight_limit=inflight_limit, latency=latency
+    )
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
     )
@@ -945,10 +960,21 @@ def main(argv: list[str] | None = None) -> int:
         help=f"in-flight messages per queue before ReceiveMessage fails with OverLimit "
         f"(SQS: about {INFLIGHT_LIMIT:,}; 0: no limit)",
     )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds to wait before every answer, to model a network round trip "
+        "(default 0: loopback, where only CPU counts)",
+    )
     args = parser.parse_args(argv)
     try:
         server = start(
-            args.port, args.host, verbose=args.verbose, inflight_limit=args.inflight_limit
+            args.port,
+            args.host,
+            verbose=args.verbose,
+            inflight_limit=args.inflight_limit,
+            latency=args.latency_ms / 1000,
         )
     except (ValueError, OSError) as exc:
         print(f"fast_sqs: {exc}", file=sys.stderr)

@@ -173,7 +173,7 @@ import importlib.util, sys
 spec = importlib.util.spec_from_file_location("fast_sqs", {FAST_SQS_PATH!r})
 fast_sqs = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fast_sqs)
-sys.exit(fast_sqs.main(["--host", {HOST!r}, "--port", "0"]))
+sys.exit(fast_sqs.main(["--host", {HOST!r}, "--port", "0", *sys.argv[1:]]))
 """
 _MOTO_SERVER = f"""
 import signal, threading
@@ -212,7 +212,7 @@ for name in ("get_many", "claim_many", "mark_sent_many", "mark_done_many", "hear
     timed(redrive.ledger.SqliteLedger, name, "ledger." + name)
 for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch"):
     timed(redrive.sqs.Sqs, name, "sqs." + name)
-for name in ("run", "_process", "_entries_for", "_entry"):
+for name in ("run", "_decide", "_execute", "_entries_for", "_entry"):
     timed(redrive.move.MoveEngine, name, "engine." + name)
 timed(redrive.move, "decode", "messages.decode")
 timed(redrive.move, "key_for", "keys.key_for")
@@ -619,10 +619,11 @@ class Server:
                 self.process.wait(15)
 
 
-def start_server(kind: str) -> Server:
+def start_server(kind: str, latency_ms: float = 0.0) -> Server:
     code = _FAST_SERVER if kind == "fast" else _MOTO_SERVER
+    extra = ["--latency-ms", str(latency_ms)] if kind == "fast" and latency_ms else []
     process = subprocess.Popen(
-        [PYTHON, "-P", "-c", code],
+        [PYTHON, "-P", "-c", code, *extra],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -1082,7 +1083,13 @@ def _fmt(row: dict[str, Any], header: str) -> str:
     return f"{value:.2f}"
 
 
-def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str], wait: int) -> str:
+def render(
+    kind: str,
+    results: Sequence[SizeResult],
+    tools: Sequence[str],
+    wait: int,
+    latency_ms: float = 0.0,
+) -> str:
     lines: list[list[str]] = []
     for result in results:
         for row in summary_rows(result, tools):
@@ -1094,7 +1101,8 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str], wait:
             )
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(HEADERS)]
     text = [
-        f"server: {kind}   receive wait: {wait} s   medians over rounds; ratios are medians "
+        f"server: {kind}   receive wait: {wait} s   latency: {latency_ms:g} ms per call   "
+        "medians over rounds; ratios are medians "
         "of per-round ratios",
         "| " + " | ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
@@ -1192,7 +1200,7 @@ def profile_redrive(
     command, done, wall, problem = unmeasured_redrive(server, batches, wait, tool, phases=True)
     phases: dict[str, list[float]] = getattr(done, "phases", {})
     run_wall = phases.get("engine.run", [1, 0.0, 0.0])[1] or float("nan")
-    batches_n = phases.get("engine._process", [0])[0] or 1
+    batches_n = phases.get("engine._execute", [0])[0] or 1
     lines.append(
         f"step timer: `{tool}` N={n:,} on {server.kind}, wall {wall:.2f} s (process), "
         f"MoveEngine.run {run_wall:.2f} s, {batches_n:,} batches"
@@ -1350,6 +1358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="long-poll seconds for every contender (REDRIVE_RECEIVE_WAIT for redrive, "
         "WaitTimeSeconds for the loops; default 0)",
     )
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="fast server only: milliseconds it waits before every answer, to model the "
+        "network round trip to SQS that loopback lacks (default 0: CPU alone counts)",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--profile-size",
@@ -1415,7 +1431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     log(
         f"bench/move.py: {', '.join(kinds)} server, sizes {args.sizes}, {args.rounds} rounds, "
-        f"tools {tools}, receive wait {args.receive_wait} s, load {os.getloadavg()}, "
+        f"tools {tools}, receive wait {args.receive_wait} s, latency {args.latency_ms} ms, "
+        f"load {os.getloadavg()}, "
         f"{os.cpu_count()} CPUs"
     )
     tables = []
@@ -1426,7 +1443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if kind == "moto":
             sizes = args.moto_sizes or sorted({min(n, 2_000) for n in args.sizes})
         log(f"[{kind}] starting the server")
-        server = start_server(kind)
+        server = start_server(kind, args.latency_ms)
         try:
             if not args.no_warmup:
                 # Page cache, .pyc files, the server's first connections: paid here, not by
@@ -1450,7 +1467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "summary": summary_rows(result, tools),
                     }
                 )
-            tables.append(render(kind, results, tools, args.receive_wait))
+            tables.append(render(kind, results, tools, args.receive_wait, args.latency_ms))
             print(tables[-1] + "\n", flush=True)
             if args.profile_size:
                 print(

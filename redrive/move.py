@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import socket
 import threading
 import time
@@ -227,6 +228,78 @@ class _Candidate:
     target: QueueRef
 
 
+@dataclass(slots=True)
+class _Decided:
+    """A batch decided on and not yet claimed: what each message is to become."""
+
+    batch: Sequence[Message]
+    received_at: float
+    keep: list[Message]
+    to_send: list[_Candidate] = field(default_factory=list)
+    takeovers: list[tuple[_Candidate, str]] = field(default_factory=list)
+    duplicates: list[tuple[_Candidate, str]] = field(default_factory=list)  # (copy, key sent)
+    followers: dict[str, list[_Candidate]] = field(default_factory=dict)
+    """Key -> further copies of that key in this batch: they follow the first copy."""
+    resolve_skip: list[tuple[_Candidate, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: BaseException
+
+
+class _Prefetch:
+    """The first stage of a worker: ``produce`` runs in a thread of its own, at most one
+    result ahead of the consumer. ``None`` ends the stream; what ``produce`` raises is
+    raised by :meth:`get`."""
+
+    def __init__(self, produce: Callable[[], _Decided | None]) -> None:
+        self._produce = produce
+        self._queue: queue.Queue[_Decided | _Raised | None] = queue.Queue(maxsize=1)
+        # Taken before producing, given back by get(): one batch decided ahead, never two
+        # (an interrupt then finishes at most that one more).
+        self._slot = threading.Semaphore(1)
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="redrive-receive", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                if not self._slot.acquire(timeout=0.1):
+                    continue
+                item = self._produce()
+                self._put(item)
+                if item is None:
+                    return
+        except BaseException as exc:
+            self._put(_Raised(exc))
+
+    def _put(self, item: _Decided | _Raised | None) -> None:
+        while not self._halt.is_set():
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.1)
+                return
+
+    def get(self) -> _Decided | None:
+        item = self._queue.get()
+        self._slot.release()
+        if isinstance(item, _Raised):
+            raise item.error
+        return item
+
+    def close(self) -> list[_Decided]:
+        """Stop the thread; return what it decided that nobody took."""
+        self._halt.set()
+        left: list[_Decided] = []
+        while self._thread.is_alive() or not self._queue.empty():
+            with contextlib.suppress(queue.Empty):
+                item = self._queue.get(timeout=0.1)
+                if isinstance(item, _Decided):
+                    left.append(item)
+        return left
+
+
 class MoveEngine:
     """One move run. Thread-safe: ``--workers`` threads share it, each with its own Sqs."""
 
@@ -245,6 +318,7 @@ class MoveEngine:
         source: MessageSource | None = None,
         plan_sink: Callable[[PlanItem], None] | None = None,
         run_info: Mapping[str, Any] | None = None,
+        pipelined: bool = True,
     ) -> None:
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
@@ -260,6 +334,7 @@ class MoveEngine:
         self.source = source
         self.plan_sink = plan_sink
         self.run_info = dict(run_info or {})
+        self.pipelined = pipelined
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -373,23 +448,55 @@ class MoveEngine:
                 _ACTIVE_RUNS.discard(self.run_id)
 
     def _work(self, sqs: Sqs) -> None:
-        scan = self._scan
-        while (batch := scan.next_batch(sqs)) is not None:
-            received_at = time.monotonic()
-            self.fault("received")
-            keep = self._process(sqs, batch, received_at)
-            scan.keep(sqs, keep)
-            with self._lock:
-                self.result.scanned += len(batch)
-                if self._limit_left is not None and self._limit_left <= 0:
-                    scan.stop_receiving()
-            if self.on_progress is not None:
-                self.on_progress(self.result)
+        # A FIFO queue hands out nothing more of a message group while a batch of it is in
+        # flight: a receive ahead would come back empty and end the scan early.
+        if not self.pipelined or (self._scan.deletes and self.target.dlq.fifo):
+            while (decided := self._receive_and_decide(sqs)) is not None:
+                self._complete(sqs, decided)
+            return
+        # Two stages: a helper thread receives and decides batch k+1 while this one claims,
+        # sends and deletes batch k. Claims stay in this thread, in batch order, so a crash
+        # still leaves at most one batch in doubt; what the helper overlaps is the waiting
+        # (SQS's answers, the ledger's disk flush, SQLite's own work outside the GIL).
+        ahead = _Prefetch(lambda: self._receive_and_decide(sqs))
+        try:
+            while (decided := ahead.get()) is not None:
+                self._complete(sqs, decided)
+        except Exception:
+            # Batches received but never worked on: hold them like the rest, so that the
+            # run's end gives them back at once instead of after their lease.
+            with contextlib.suppress(Exception):
+                for left in ahead.close():
+                    self._scan.keep(sqs, left.batch)
+            raise
+        finally:
+            ahead.close()
+
+    def _receive_and_decide(self, sqs: Sqs) -> _Decided | None:
+        batch = self._scan.next_batch(sqs)
+        if batch is None:
+            return None
+        received_at = time.monotonic()
+        self.fault("received")
+        decided = self._decide(sqs, batch, received_at)
+        with self._lock:
+            if self._limit_left is not None and self._limit_left <= 0:
+                self._scan.stop_receiving()
+        return decided
+
+    def _complete(self, sqs: Sqs, decided: _Decided) -> None:
+        keep = self._execute(sqs, decided)
+        self._scan.keep(sqs, keep)
+        with self._lock:
+            self.result.scanned += len(decided.batch)
+        if self.on_progress is not None:
+            self.on_progress(self.result)
 
     # -- one batch -----------------------------------------------------------------------
 
-    def _process(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> list[Message]:
-        """Work on one batch; return the messages to keep hidden until the scan ends."""
+    def _decide(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> _Decided:
+        """Decode a batch and decide each message's fate from the ledger as it stands; a
+        dry run ends here."""
         keep: list[Message] = []
         candidates: list[_Candidate] = []
         now = self.now()
@@ -465,7 +572,13 @@ class MoveEngine:
                     self._skip(cand.info, RESOLVED_SKIP)
                     keep.append(cand.message)
                     continue
-                elif entry.run_id == self.run_id or entry.run_id in live_owners:
+                elif entry.run_id == self.run_id and entry.state == KeyState.CLAIMED:
+                    # Claimed by a batch of this run still in flight (received ahead, or in
+                    # another worker): the claim decides once that batch is through: sent
+                    # by then, this copy is a duplicate; else it is busy.
+                    followers[cand.key] = []
+                    to_send.append(cand)
+                elif entry.run_id in live_owners:
                     self._skip(cand.info, BUSY)
                     keep.append(cand.message)
                     continue
@@ -488,7 +601,20 @@ class MoveEngine:
                     self._limit_left -= 1
 
         if not self.options.execute:
-            return self._plan_only(keep, to_send, takeovers, duplicates, followers)
+            keep = self._plan_only(keep, to_send, takeovers, duplicates, followers)
+            return _Decided(batch, received_at, keep)
+        return _Decided(
+            batch, received_at, keep, to_send, takeovers, duplicates, followers, resolve_skip
+        )
+
+    def _execute(self, sqs: Sqs, decided: _Decided) -> list[Message]:
+        """Claim, send, record and delete what was decided; return the messages to keep
+        hidden until the scan ends."""
+        batch, received_at, keep = decided.batch, decided.received_at, decided.keep
+        to_send, takeovers, duplicates = decided.to_send, decided.takeovers, decided.duplicates
+        followers, resolve_skip = decided.followers, decided.resolve_skip
+        if not self.options.execute:
+            return keep
         assert self.ledger is not None and self.run_id is not None
 
         # -- claim ---------------------------------------------------------------------
@@ -510,9 +636,15 @@ class MoveEngine:
             taken = self.ledger.takeover_many(
                 self.run_id, [(c.key, old_run) for c, old_run in takeovers]
             )
+            lost = [c for c, _ in takeovers if c.key not in taken]
+            # Decided on before an earlier batch of this run went through, a takeover may
+            # find that batch sent another copy of the key since: then this one is a duplicate.
+            now_entries = self.ledger.get_many([c.key for c in lost]) if lost else {}
             for cand, _ in takeovers:
                 if cand.key in taken:
                     claimed.append(cand)
+                elif (entry := now_entries.get(cand.key)) is not None:
+                    self._lost_race(cand, entry, keep, duplicates, followers)
                 else:
                     keep.append(cand.message)
                     keep.extend(f.message for f in followers.pop(cand.key, []))
@@ -740,6 +872,8 @@ class MoveEngine:
             # SQS drops a FIFO resend with the same deduplication id within 5 minutes.
             deduplication_id=cand.key if fifo else None,
         )
+        if entry.size() <= MESSAGE_SIZE_LIMITS[0]:
+            return entry
         bare = replace(entry, message_attributes=attributes.originals(message.message_attributes))
         if any(bare.size() <= limit < entry.size() for limit in MESSAGE_SIZE_LIMITS):
             # SQS counts attributes in a message's size: our stamp must never be what makes
@@ -857,6 +991,8 @@ class MoveEngine:
     ) -> None:
         more = followers.pop(cand.key, [])
         with self._lock:
+            if self._limit_left is not None:
+                self._limit_left += 1  # counted as a send when decided; it is not one
             if entry.state in (KeyState.SENT, KeyState.DONE):
                 duplicates.append((cand, entry.key))
                 duplicates.extend((f, entry.key) for f in more)

@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import boto3
@@ -167,8 +167,17 @@ class SendEntry:
     group_id: str | None = None
     deduplication_id: str | None = None
 
+    # Measured once: a batch split and the engine's size checks ask several times per entry.
+    _size: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_size", self._measure())
+
     def size(self) -> int:
         """Bytes this entry counts against the batch limit (body plus attributes)."""
+        return self._size
+
+    def _measure(self) -> int:
         total = len(self.body.encode("utf-8"))
         for name, value in self.message_attributes.items():
             total += len(name.encode("utf-8")) + len(str(value.get("DataType", "")).encode())

@@ -29,7 +29,7 @@ from conftest import Family, make_family, start_moto_server
 
 from redrive import attributes
 from redrive.config import built_in_layout
-from redrive.errors import SendInDoubt
+from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
 from redrive.messages import decode, encode
@@ -200,6 +200,7 @@ def move(
     stop: threading.Event | None = None,
     on_progress: Callable[[MoveResult], None] | None = None,
     now: Callable[[], float] | None = None,
+    pipelined: bool = True,
     **options: Any,
 ) -> MoveResult:
     """One engine run on the checkout family (or ``target``), its ledger opened and closed."""
@@ -218,6 +219,7 @@ def move(
             fault=fault,
             stop=stop,
             on_progress=on_progress,
+            pipelined=pipelined,
             **extra,
         ).run()
     finally:
@@ -609,10 +611,11 @@ def seed_with_copies(family: Family) -> dict[str, str]:
     return dict(zip(message_ids, [*ids, *DUPLICATED], strict=True))
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["two-stage", "one-stage"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
-    family: Family, tmp_path: Path, step: str, batch: int
+    family: Family, tmp_path: Path, step: str, batch: int, pipelined: bool
 ) -> None:
     tasks_of = seed_with_copies(family)
     ledger = tmp_path / "l.sqlite3"
@@ -624,9 +627,12 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
             ledger,
             sqs=lambda: SpySqs(family.client, spy),
             fault=crash_at(step, batch),
+            pipelined=pipelined,
         )
-    assert len(spy.received) == batch
-    crashed_tasks = {tasks_of[m.message_id] for m in spy.received[-1]}
+    # The crash hit batch `batch`; the receiving stage may have taken batches after it,
+    # which were never claimed and come back with their leases.
+    assert len(spy.received) >= batch
+    crashed_tasks = {tasks_of[m.message_id] for m in spy.received[batch - 1]}
     wait_for_leases()
 
     held = move(family.client, ledger, in_doubt="hold")
@@ -694,7 +700,14 @@ def test_a_live_run_in_this_process_is_busy_not_in_doubt(family: Family, tmp_pat
             seen.append(move(family.client, ledger))
 
     spy = Spy()
-    first = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy), fault=during_claim)
+    # One stage: a receive ahead would take back the message made visible for the inner run.
+    first = move(
+        family.client,
+        ledger,
+        sqs=lambda: SpySqs(family.client, spy),
+        fault=during_claim,
+        pipelined=False,
+    )
 
     (inner,) = seen
     assert (inner.moved, inner.in_doubt) == (0, 0)
@@ -1171,8 +1184,10 @@ def test_an_interrupt_finishes_the_batch_gives_back_the_rest_and_resumes(
         family.client, ledger, stop=stop, on_progress=lambda _: stop.set(), selection=only
     )
 
-    assert result.interrupted and result.scanned == 10
-    assert result.moved == 8
+    # The batch in flight is finished, and so is the one the receiving stage had already
+    # received and decided on (it is not claimed before the first is through).
+    assert result.interrupted and result.scanned in (10, 20)
+    assert result.moved == (8 if result.scanned == 10 else 16)
     assert family.depth() == (30 - result.moved, 0)  # nothing left hidden
     with SqliteLedger(ledger) as led:
         run = led.run(str(result.run_id))
@@ -1249,3 +1264,66 @@ def test_the_rate_limit_holds_for_a_run(family: Family, tmp_path: Path) -> None:
     # 30 messages at 20/s, one second's worth at once: the last batch of ten waits ~0.5 s.
     assert result.moved == 30
     assert time.monotonic() - started >= 0.4
+
+
+# -- 11. the two stages -----------------------------------------------------------------------
+
+
+class FailingReceives(SpySqs):
+    """Receives that fail from the ``nth`` one on (the SQS endpoint went away)."""
+
+    def __init__(self, client: Any, spy: Spy, nth: int) -> None:
+        super().__init__(client, spy)
+        self.nth = nth
+        self.calls = 0
+
+    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+        self.calls += 1
+        if self.calls >= self.nth:
+            raise AwsUnavailable("cannot reach SQS at http://127.0.0.1:1 (test)")
+        return super().receive(url, **kwargs)
+
+
+def test_an_error_in_the_receiving_stage_ends_the_run_after_the_batch_in_flight(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = [f"t-{i}" for i in range(25)]
+    put(family.client, family.dlq_url, [body(t) for t in ids])
+    ledger = tmp_path / "l.sqlite3"
+    spy = Spy()
+    failing = FailingReceives(family.client, spy, nth=2)
+
+    with pytest.raises(AwsUnavailable, match="cannot reach SQS"):
+        move(family.client, ledger, sqs=lambda: failing)
+
+    # The first batch went through whole; nothing is left claimed, so nothing is in doubt.
+    assert len(spy.received) == 1
+    first = {task_id_of(m.body) for m in spy.received[0]}
+    keys = keys_in(ledger)
+    assert {s for s, _, _ in keys.values()} == {KeyState.DONE}
+    assert {k.split(":")[1] for k in keys} == first
+    with SqliteLedger(ledger) as led:
+        (run,) = led.runs()
+    assert run.outcome == "failed"
+
+    rest = move(family.client, ledger)
+    assert (rest.moved, rest.in_doubt) == (len(ids) - len(first), 0)
+    assert arrived(family) == {t: 1 for t in ids}
+    assert family.depth() == (0, 0)
+
+
+def test_copies_of_a_task_in_consecutive_batches_are_sent_once_with_either_stage_count(
+    family: Family, tmp_path: Path
+) -> None:
+    # The second stage may decide on batch k+1 while batch k's claim is in flight: the claim,
+    # made once batch k is through, finds the key sent and deletes the copy as a duplicate.
+    tasks_of = seed_with_copies(family)
+    for pipelined, name in ((True, "a"), (False, "b")):
+        if name == "b":
+            family.client.purge_queue(QueueUrl=family.queue_url)
+            tasks_of = seed_with_copies(family)
+        result = move(family.client, tmp_path / f"{name}.sqlite3", pipelined=pipelined)
+        assert (result.moved, result.duplicates, result.in_doubt) == (25, len(DUPLICATED), 0)
+        assert result.skipped_total == 0
+        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+        assert family.depth() == (0, 0)
