@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -51,14 +51,30 @@ class Context:
             self._layout = load_layout(self.config)
         return self._layout
 
+    _spare: dict[str | None, Sqs] = field(default_factory=dict)
+
     def sqs_for(self, region: str | None = None) -> Sqs:
-        return self.aws.sqs(region=region)
+        """An adapter with clients of its own (one per worker thread)."""
+        spare = self._spare.pop(region, None)
+        return spare if spare is not None else self.aws.sqs(region=region)
+
+    def _resolver(self, region: str | None = None) -> Sqs:
+        # Resolving a target and the run's first worker share one adapter: each costs two
+        # clients, ~15 ms apiece to create, paid by every run however small.
+        if region not in self._spare:
+            self._spare[region] = self.aws.sqs(region=region)
+        return self._spare[region]
 
     def target(self, name: str) -> DlqTarget:
-        return resolve_target(self.layout, name, self.sqs_for)
+        return resolve_target(self.layout, name, self._resolver)
 
     def queue(self, name_or_url: str) -> QueueRef:
-        return describe_queue(self.sqs_for(), name_or_url)
+        return describe_queue(self._resolver(), name_or_url)
+
+    def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
+        """Adapters for the DLQ's own region (a family may name one)."""
+        region = dlq.family.region if dlq.family is not None else None
+        return lambda: self.sqs_for(region)
 
     def s3_client(self) -> Any:
         return self.aws.client("s3")
@@ -380,7 +396,7 @@ def inspect(
             dlq = ctx.target(target)
             result = inspect_dlq(
                 dlq,
-                ctx.sqs_for,
+                ctx.sqs_of(dlq),
                 limit=limit,
                 show_args=show_args,
                 workers=workers,
@@ -691,7 +707,7 @@ def run_move(
                 dlq,
                 ledger,
                 options,
-                sqs_factory=ctx.sqs_for,
+                sqs_factory=ctx.sqs_of(dlq),
                 command=command_line(),
                 stop=stop,
                 on_progress=lambda r: progress.update(
@@ -840,7 +856,7 @@ def _run_purge(
                 kwargs["yes"],
                 f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
             )
-            result = purge_whole_queue(dlq, ctx.sqs_for(), execute=execute)
+            result = purge_whole_queue(dlq, ctx.sqs_of(dlq)(), execute=execute)
             finish_move(result, kwargs["as_json"], purge_text)
             return
         if delete:
@@ -879,7 +895,7 @@ def _run_purge(
                     workers=kwargs["workers"],
                     buffer=S3_BUFFER if where and where.startswith("s3://") else 10,
                 ),
-                sqs_factory=ctx.sqs_for,
+                sqs_factory=ctx.sqs_of(dlq),
                 writer=writer,
                 stop=stop,
                 on_progress=lambda r: progress.update(
@@ -1131,7 +1147,7 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
 
 def _target_sqs(ctx: Context, dlq: DlqTarget) -> Sqs:
     # The move-task calls must go to the DLQ's own region.
-    return ctx.sqs_for(dlq.family.region if dlq.family is not None else None)
+    return ctx.sqs_of(dlq)()
 
 
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:

@@ -733,3 +733,49 @@ def test_errors_never_print_a_traceback_in_a_real_process(tmp_path: Path) -> Non
     assert done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("Error: ")
     assert str(config) in done.stderr
+
+
+def test_a_family_in_another_region_is_inspected_moved_and_purged_there(
+    sqs_client: Any, tmp_path: Path
+) -> None:
+    # The default region is REGION; this family lives in eu-west-1 only. Every worker of a
+    # run must call that region, not only the resolution of the target.
+    import boto3
+
+    far = make_family(boto3.client("sqs", region_name="eu-west-1"), "far-away")
+    seed(far, charges=2, mails=1)
+    config = tmp_path / "far.toml"
+    config.write_text('[families.far]\nqueue = "far-away"\nregion = "eu-west-1"\n')
+    base = ("--config", str(config))
+
+    assert as_json(ok(*base, "inspect", "far", "--json"))["total"] == 3
+    ledger = str(tmp_path / "l.sqlite3")
+    moved = as_json(
+        ok(
+            *base,
+            "move",
+            "far",
+            "--task",
+            CHARGE,
+            "--execute",
+            "--yes",
+            "--json",
+            "--ledger",
+            ledger,
+        )
+    )
+    assert (moved["moved"], moved["failed"]) == (2, 0)
+    purged = as_json(
+        ok(
+            *base,
+            "purge",
+            "far",
+            "--execute",
+            "--yes",
+            "--json",
+            "--archive",
+            str(tmp_path / "a.jsonl"),
+        )
+    )
+    assert purged["purged"] == 1
+    assert far.depth() == (0, 0)
