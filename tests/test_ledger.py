@@ -617,3 +617,72 @@ def test_processes_racing_for_the_same_keys(tmp_path: Path) -> None:
         runs = led.runs()
         assert {r.outcome for r in runs} == {"completed"}
         assert sum(r.counts["moved"] for r in runs) == 200
+
+
+SCHEMA_1 = """
+CREATE TABLE keys (
+    key             TEXT PRIMARY KEY,
+    state           TEXT NOT NULL CHECK (state IN ('claimed', 'sent', 'done', 'skipped')),
+    run_id          TEXT NOT NULL,
+    task            TEXT NOT NULL,
+    message_id      TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    sent_message_id TEXT,
+    updated_at      REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX keys_by_run ON keys (run_id);
+CREATE TABLE runs (
+    run_id       TEXT PRIMARY KEY,
+    command      TEXT NOT NULL,
+    started_at   REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    lease_until  REAL NOT NULL,
+    ended_at     REAL,
+    outcome      TEXT,
+    info         TEXT NOT NULL,
+    counts       TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX runs_by_start ON runs (started_at);
+"""
+
+
+def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_key(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(SCHEMA_1)
+    conn.execute(
+        "INSERT INTO runs VALUES ('r-old', 'move', 1.0, 2.0, 3.0, 4.0, 'completed', '{}', '{}')"
+    )
+    conn.executemany(
+        "INSERT INTO keys VALUES (?, ?, 'r-old', 't', ?, 'url', ?, ?)",
+        [
+            ("k-sent", "sent", "m1", "s1", 2.0),
+            ("k-done", "done", "m2", "s2", 1.0),
+            ("k-claimed", "claimed", "m3", None, 3.0),
+        ],
+    )
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+
+    with SqliteLedger(path) as ledger:
+        entries = ledger.get_many(["k-sent", "k-done", "k-claimed"])
+        assert {k: (e.state, e.sent_message_id) for k, e in entries.items()} == {
+            "k-sent": (KeyState.SENT, "s1"),
+            "k-done": (KeyState.DONE, "s2"),
+            "k-claimed": (KeyState.CLAIMED, None),
+        }
+        assert [e.key for e in ledger.keys_for_run("r-old")] == ["k-done", "k-sent", "k-claimed"]
+        run = ledger.run("r-old")
+        assert run is not None and run.outcome == "completed"
+        ledger.start_run("r-new", command="move", info={})
+        won = ledger.claim_many(
+            "r-new", [Claim("k-sent", "t", "m9", "url"), Claim("k-new", "t", "m8", "url")]
+        )
+        assert won.won == frozenset({"k-new"})
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
