@@ -85,6 +85,8 @@ class MessageSource(Protocol):
 
     def stop_receiving(self) -> None: ...
 
+    def forget(self, messages: Sequence[Message]) -> None: ...
+
     def release_all(self, sqs: Sqs) -> None: ...
 
     def close(self) -> None: ...
@@ -897,6 +899,7 @@ class MoveEngine:
             result = sqs.delete_batch(
                 self.target.dlq.url, {str(i): m.receipt_handle for i, (m, _) in enumerate(chunk)}
             )
+            self._scan.forget([m for i, (m, _) in enumerate(chunk) if str(i) in result.ok])
             for i, (message, key) in enumerate(chunk):
                 if str(i) in result.ok:
                     done.add(key)

@@ -180,6 +180,7 @@ def purge_dlq(
                     target.dlq.url, {str(i): p.message.receipt_handle for i, p in enumerate(chunk)}
                 )
                 deleted += len(outcome.ok)
+                scan.forget([chunk[int(i)].message for i in outcome.ok])
                 failed = [chunk[int(i)].message for i in outcome.failed]
                 # Still in the DLQ (and archived): visible again when the scan ends.
                 scan.keep(worker_sqs, failed)

@@ -55,6 +55,9 @@ class ArchiveSource:
     def extend(self, sqs: Sqs, messages: Sequence[Message], seconds: int) -> None:
         pass
 
+    def forget(self, messages: Sequence[Message]) -> None:
+        """Nothing is remembered of an archive's records."""
+
     def stop_receiving(self) -> None:
         with self._lock:
             self._done = True

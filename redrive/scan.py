@@ -4,7 +4,8 @@ SQS has no peek: receiving a message hides it for its visibility timeout. A scan
 batches, hands each message to the operation once, keeps the messages it does not consume
 hidden until the scan ends (so they are not received again), and then makes them visible
 again. Memory stays flat at any depth: receipt handles of held messages are spooled to a
-temporary file, and the messages already seen are remembered as 8-byte digests.
+temporary file, and the messages already seen are remembered as 8-byte digests until they
+are deleted.
 """
 
 from __future__ import annotations
@@ -189,6 +190,16 @@ class DlqScan:
             for message in messages:
                 self._spool.write(message.receipt_handle + "\n")
             self.stats.held += len(messages)
+
+    def forget(self, messages: Sequence[Message]) -> None:
+        """Messages deleted from the queue: they cannot come back, so they need not be
+        remembered. What is remembered is then what the scan holds or works on, which SQS
+        caps (about 120,000 messages in flight per queue): memory stays flat however many
+        messages a move or purge goes through. A deleted message SQS delivers once more (it
+        may, rarely) is then handed out again, and the ledger knows it for what it is."""
+        with self._lock:
+            for message in messages:
+                self._seen.discard(digest(message.message_id))
 
     def release_now(self, sqs: Sqs, messages: Sequence[Message]) -> int:
         """Make messages visible at once (they may be received again by this scan)."""

@@ -417,3 +417,28 @@ def test_single_worker_error_sets_stop() -> None:
     with pytest.raises(KeyError, match="boom"):
         run_pipelines(work, object(), object, 1, stop)  # type: ignore[arg-type]
     assert stop.is_set()
+
+
+def test_deleted_messages_are_forgotten_so_memory_follows_what_is_held(
+    new_scan: NewScan, family: QueueFamily
+) -> None:
+    # A move or purge deletes most of what it receives: remembering only what it holds keeps
+    # the seen set bounded by SQS's in-flight quota, not by the queue's size.
+    send(family, 30)
+    sqs = Sqs(family.client)
+    scan = new_scan(family.dlq_url, lease=60, hold=60)
+    deleted = kept = 0
+    while (batch := scan.next_batch(sqs)) is not None:
+        gone, held = batch[:7], batch[7:]
+        result = sqs.delete_batch(
+            family.dlq_url, {str(i): m.receipt_handle for i, m in enumerate(gone)}
+        )
+        assert len(result.ok) == len(gone)
+        scan.forget(gone)
+        scan.keep(sqs, held)
+        deleted, kept = deleted + len(gone), kept + len(held)
+    assert (deleted, kept) == (21, 9)
+    assert len(scan._seen) == kept  # only what is held is remembered
+    assert scan.stats.received == 30
+    scan.release_all(sqs)
+    assert family.depth() == (9, 0)
