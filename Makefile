@@ -46,6 +46,7 @@ test: lint typecheck unit
 bench: install
 	$(BIN)/python bench/inspect.py
 	$(BIN)/python bench/move.py
+	$(BIN)/python bench/move.py --latency-ms 20 --sizes 1000 --rounds 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

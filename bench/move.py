@@ -1226,8 +1226,10 @@ def profile_redrive(
     ledger_cpu = sum(phases[k][2] for k in ledger_steps)
     lines.append(
         f"  => SQS calls {http / run_wall:.0%} of the run, ledger {ledger / run_wall:.0%} "
-        f"(of which waiting, i.e. fsync: {(ledger - ledger_cpu) / run_wall:.0%}), "
-        f"everything else {(run_wall - http - ledger) / run_wall:.0%}"
+        f"(of which not on the CPU, i.e. the disk flush or the other stage holding the GIL: "
+        f"{(ledger - ledger_cpu) / run_wall:.0%}). A worker's two stages run at once (receive "
+        "and decide in one thread, claim, send and delete in the other), so shares of the "
+        "run add up to more than 100 %; CPU per batch is the column to add up."
     )
 
     if not cprofile:
