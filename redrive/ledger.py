@@ -547,16 +547,10 @@ class SqliteLedger:
             if self._read_conn is None:
                 self._read_conn = self._connect()
             conn = self._read_conn
-            try:
+            with self._guarded(conn, what):
                 conn.execute("BEGIN")
                 yield conn
                 conn.execute("COMMIT")
-            except BaseException as e:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise self._op_error(what, e) from e
-                raise
 
     @contextlib.contextmanager
     def _transaction(
@@ -565,20 +559,27 @@ class SqliteLedger:
         with self._lock:
             conn = self._live_conn()
             try:
-                if not flush:
-                    conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute(begin)
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException as e:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise self._op_error(what, e) from e
-                raise
+                with self._guarded(conn, what):
+                    if not flush:
+                        conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute(begin)
+                    yield conn
+                    conn.execute("COMMIT")
             finally:
                 if not flush:
                     conn.execute("PRAGMA synchronous=FULL")
+
+    @contextlib.contextmanager
+    def _guarded(self, conn: sqlite3.Connection, what: str) -> Iterator[None]:
+        """Roll back whatever is open on failure, and say what failed as a LedgerError."""
+        try:
+            yield
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise self._op_error(what, e) from e
+            raise
 
     def _live_conn(self) -> sqlite3.Connection:
         if self._conn is None:
