@@ -225,7 +225,23 @@ def test_two_objects_on_one_store_see_each_other(new_ledger: Callable[[], Ledger
     assert {r.run_id for r in second.runs()} == {"A", "B"}
 
 
-def test_one_ledger_shared_by_threads(new_ledger: Callable[[], Ledger]) -> None:
+def test_one_ledger_shared_by_threads(
+    new_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # moto's in-process Table.put_item reads the current item, evaluates the condition and
+    # writes, with no lock: two threads can both pass attribute_not_exists (seen once in CI:
+    # a key won twice). DynamoDB evaluates a condition atomically with its write; give moto
+    # that property, so that what this test checks is the ledger's own logic.
+    from moto.dynamodb.models.table import Table
+
+    atomic = threading.Lock()
+    put_item = Table.put_item
+
+    def put_item_atomically(self: Table, *args: Any, **kwargs: Any) -> Any:
+        with atomic:
+            return put_item(self, *args, **kwargs)
+
+    monkeypatch.setattr(Table, "put_item", put_item_atomically)
     led = new_ledger()
     keys = [f"k{i}" for i in range(100)]
     won: dict[str, list[str]] = {}
