@@ -1,0 +1,77 @@
+"""The benchmark scripts run, and their checks pass, on a small DLQ.
+
+They produce the figures the README and bench/README.md quote, so they must keep working;
+what they measure is not asserted here (that is their job, not a test's). Every server they
+start listens on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import boto3
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+
+def run_bench(script: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    # Exit 1 means a run failed its own checks (target != N, DLQ not empty, ...).
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_bench_move_runs_every_contender_and_each_passes_its_checks() -> None:
+    tools = ("redrive", "batched", "per-message", "null")
+    out = run_bench(
+        "move.py",
+        *("--server", "fast", "--sizes", "100", "--rounds", "1", "--no-warmup"),
+        *("--latency-ms", "1", "--tools", ",".join(tools)),
+    )
+    assert "latency: 1 ms per call" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 100 |")]
+    assert [row.split("|")[2].strip() for row in rows] == list(tools)
+    assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
+
+
+def test_bench_inspect_runs_and_each_scan_counts_every_message() -> None:
+    out = run_bench("inspect.py", "--server", "fast", "--sizes", "100", "--rounds", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| 100 |")]
+    assert {row.split("|")[2].strip() for row in rows} == {"redrive", "handwritten", "floor"}
+    assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
+
+
+def load_fast_sqs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fast_sqs_latency_delays_every_answer() -> None:
+    fast_sqs = load_fast_sqs()
+    server = fast_sqs.start(latency=0.05)
+    try:
+        client = boto3.client("sqs", endpoint_url=server.endpoint_url, region_name="us-east-1")
+        url = client.create_queue(QueueName="q")["QueueUrl"]
+        client.send_message(QueueUrl=url, MessageBody="hello")
+        started = time.monotonic()
+        messages = client.receive_message(QueueUrl=url, WaitTimeSeconds=0)["Messages"]
+        assert time.monotonic() - started >= 0.05
+        assert [m["Body"] for m in messages] == ["hello"]
+    finally:
+        server.shutdown()
+        server.server_close()
