@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from redrive.errors import LedgerError
 
@@ -190,6 +190,18 @@ class Ledger(Protocol):
     def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
 
     def close(self) -> None: ...
+
+    # Backends subclass this protocol, and share its use as a context manager that closes.
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------- locating ledgers
@@ -367,7 +379,7 @@ def _make_dirs(directory: Path) -> None:
             path.mkdir(mode=0o700)
 
 
-class SqliteLedger:
+class SqliteLedger(Ledger):
     """The ledger in one SQLite file, shared safely by several processes on one machine.
 
     - WAL journal, so readers never block the one writer; ``busy_timeout`` of 30 s, so
@@ -597,17 +609,6 @@ class SqliteLedger:
             f"ledger {self.location}: {what} failed ({msg}); check free space and "
             "permissions of the ledger file, then retry"
         )
-
-    def __enter__(self) -> SqliteLedger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         with self._lock, self._read_lock:

@@ -49,7 +49,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import Decimal
-from types import TracebackType
 from typing import Any, TypeVar
 
 import botocore.exceptions
@@ -61,6 +60,7 @@ from redrive.ledger import (
     ClaimResult,
     Entry,
     KeyState,
+    Ledger,
     RunInfo,
     _check_key,
 )
@@ -380,7 +380,7 @@ def open_dynamodb(
 # --------------------------------------------------------------------------- the ledger
 
 
-class DynamoDbLedger:
+class DynamoDbLedger(Ledger):
     """The ledger in one DynamoDB table (see the module docstring for the design).
 
     Thread safety: one boto3 client (thread-safe) and a small pool of threads for the
@@ -502,6 +502,17 @@ class DynamoDbLedger:
         # TTL wants whole epoch seconds.
         return {"N": str(int(now + self._ttl))}
 
+    def _put_new(self, item: Item) -> None:
+        """Put an item whose key must not exist yet; a refusal (:class:`_Refused`) carries
+        the item that holds the key."""
+        self._call(
+            "PutItem",
+            TableName=self.table,
+            Item=item,
+            ConditionExpression="attribute_not_exists(pk)",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+
     def _write_silently(self, action: str, **kwargs: Any) -> bool:
         """A conditional write whose refusal is no error: True if it was applied."""
         try:
@@ -553,17 +564,6 @@ class DynamoDbLedger:
         item: Item | None = response.get("Item")
         return item
 
-    def __enter__(self) -> DynamoDbLedger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -598,13 +598,7 @@ class DynamoDbLedger:
             TTL_ATTRIBUTE: self._expiry(now),
         }
         try:
-            self._call(
-                "PutItem",
-                TableName=self.table,
-                Item=item,
-                ConditionExpression="attribute_not_exists(pk)",
-                ReturnValuesOnConditionCheckFailure="ALL_OLD",
-            )
+            self._put_new(item)
         except _Refused as refused:
             # Our own put, retried by botocore after its answer was lost, finds itself.
             if refused.item is not None and _opt_str(refused.item, "start_token") == token:
@@ -787,13 +781,7 @@ class DynamoDbLedger:
         # between our put and our read, the key is absent again and we try once more.
         for _ in range(_CONFLICT_ATTEMPTS):
             try:
-                self._call(
-                    "PutItem",
-                    TableName=self.table,
-                    Item=item,
-                    ConditionExpression="attribute_not_exists(pk)",
-                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                )
+                self._put_new(item)
                 return mine, True
             except _Refused as refused:
                 held = refused.item or self._get_item(_key_pk(claim.key))
