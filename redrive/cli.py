@@ -22,7 +22,7 @@ import click
 from redrive import __version__
 from redrive.config import Layout, load_layout
 from redrive.errors import RedriveError, UsageProblem
-from redrive.move import IN_DOUBT_POLICIES
+from redrive.move import DEFAULT_LEASE, DEFAULT_MAX_REDRIVES, IN_DOUBT_POLICIES, MoveOptions
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
 from redrive.sqs import AwsSettings, Sqs
@@ -560,7 +560,7 @@ def move_options(f: F) -> F:
     f = click.option(
         "--max-redrives",
         type=click.IntRange(min=1),
-        default=3,
+        default=DEFAULT_MAX_REDRIVES,
         show_default=True,
         help="Skip messages redrive already moved this many times (poison).",
     )(f)
@@ -584,7 +584,7 @@ def lease_option(f: F) -> F:
     return click.option(
         "--lease",
         type=click.IntRange(1, 43_200),
-        default=30,
+        default=DEFAULT_LEASE,
         show_default=True,
         metavar="SECONDS",
         help="Visibility timeout of each receive: how long a killed run hides its batch.",
@@ -625,27 +625,15 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
     harmless.
     """
-    from redrive.move import MoveOptions
 
     if kwargs.pop("native"):
         native_move(ctx, target, kwargs)
         return
     selection = make_selection(kwargs)
-    execute: bool = kwargs["execute"]
     with core_errors():
         dlq = ctx.target(target)
         to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
-        options = MoveOptions(
-            selection=selection,
-            execute=execute,
-            to=to,
-            include_expired=kwargs["include_expired"],
-            max_redrives=kwargs["max_redrives"],
-            in_doubt=kwargs["in_doubt"],
-            lease=kwargs["lease"],
-            workers=kwargs["workers"],
-            rate=kwargs["rate"],
-        )
+        options = engine_options(kwargs, selection, to=to)
     run_move(
         ctx,
         dlq,
@@ -731,6 +719,23 @@ def run_move(
         click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
     shown: Any = PlannedView(result, planned) if planned is not None else result
     finish_move(shown, as_json, move_text)
+
+
+def engine_options(
+    kwargs: dict[str, Any], selection: Selection, *, to: QueueRef | None = None
+) -> MoveOptions:
+    """The engine's options from the shared move and replay options (replay has no --lease)."""
+    return MoveOptions(
+        selection=selection,
+        execute=kwargs["execute"],
+        to=to,
+        include_expired=kwargs["include_expired"],
+        max_redrives=kwargs["max_redrives"],
+        in_doubt=kwargs["in_doubt"],
+        lease=kwargs.get("lease", DEFAULT_LEASE),
+        workers=kwargs["workers"],
+        rate=kwargs["rate"],
+    )
 
 
 def move_plan_options(options: Any) -> dict[str, Any]:
@@ -1015,7 +1020,6 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     A dry run unless --execute; replaying twice sends nothing the second time.
     """
     from redrive.ledger import open_ledger
-    from redrive.move import MoveOptions
     from redrive.render import move_text
     from redrive.replay import replay_archive
 
@@ -1036,15 +1040,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                 source,
                 to,
                 ledger,
-                MoveOptions(
-                    selection=selection,
-                    execute=execute,
-                    include_expired=kwargs["include_expired"],
-                    max_redrives=kwargs["max_redrives"],
-                    in_doubt=kwargs["in_doubt"],
-                    workers=kwargs["workers"],
-                    rate=kwargs["rate"],
-                ),
+                engine_options(kwargs, selection),
                 sqs_factory=ctx.sqs_for,
                 s3_client_factory=ctx.s3_client,
                 command=command_line(),
@@ -1389,9 +1385,7 @@ def apply(
     messages no longer in the DLQ are reported as gone; applying a plan twice does
     nothing the second time. A dry run unless --execute.
     """
-    from redrive.move import MoveOptions
     from redrive.plan import read_plan
-    from redrive.queues import describe_queue
 
     with core_errors():
         plan = read_plan(plan_path)
@@ -1410,15 +1404,15 @@ def apply(
         selection = Selection(message_ids=plan.message_ids)
         if plan.kind == "move":
             opts = plan.options
-            to = describe_queue(ctx.sqs_for(), opts["to"]) if opts.get("to") else None
+            to = ctx.queue(opts["to"]) if opts.get("to") else None
             options = MoveOptions(
                 selection=selection,
                 execute=execute,
                 to=to,
                 include_expired=bool(opts.get("include_expired", False)),
-                max_redrives=int(opts.get("max_redrives", 3)),
+                max_redrives=int(opts.get("max_redrives", DEFAULT_MAX_REDRIVES)),
                 in_doubt=in_doubt or opts.get("in_doubt", "hold"),  # type: ignore[arg-type]
-                lease=int(opts.get("lease", 30)),
+                lease=int(opts.get("lease", DEFAULT_LEASE)),
                 workers=workers,
             )
     if plan.kind == "move":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from redrive import attributes
@@ -111,17 +112,7 @@ def replay_archive(
     engine = MoveEngine(
         pseudo,
         ledger,
-        MoveOptions(
-            selection=options.selection,
-            execute=options.execute,
-            to=to,
-            include_expired=options.include_expired,
-            max_redrives=options.max_redrives,
-            in_doubt=options.in_doubt,
-            lease=options.lease,
-            workers=options.workers,
-            rate=options.rate,
-        ),
+        replace(options, to=to),
         sqs_factory=sqs_factory,
         command=command,
         stop=stop,
