@@ -1141,11 +1141,6 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
-def _target_sqs(ctx: Context, dlq: DlqTarget) -> Sqs:
-    # The move-task calls must go to the DLQ's own region.
-    return ctx.sqs_of(dlq)()
-
-
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
     from redrive.native import (
@@ -1168,7 +1163,7 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     with core_errors():
         dlq = ctx.target(target)
         to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
-        sqs = _target_sqs(ctx, dlq)
+        sqs = ctx.sqs_of(dlq)()
         if not execute:
             plan = plan_native_move(sqs, dlq, destination=to, rate=rate)
             if as_json:
@@ -1269,7 +1264,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool) -> None:
 
     with core_errors():
         dlq = ctx.target(target)
-        sqs = _target_sqs(ctx, dlq)
+        sqs = ctx.sqs_of(dlq)()
         if not cancel:
             listed = list_move_tasks(sqs, dlq)
             if as_json:
