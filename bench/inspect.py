@@ -42,12 +42,13 @@ import sys
 # standard library's ``inspect`` module (dataclasses, boto3 ... import it). Drop the folder.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+# The repository root instead: what both scripts share is bench/common.py.
+sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -58,15 +59,24 @@ from collections.abc import Iterator, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
-ROOT = os.path.dirname(_HERE)
-PYTHON = sys.executable
-HOST = "127.0.0.1"
-REGION = "us-east-1"
-QUEUE = "onion-checkout"
-DLQ = "onion-checkout-dlq"
-FAMILY = "checkout"
-MAX_RECEIVE_COUNT = 5
-DLQ_RETENTION = 14 * 86_400
+from bench.common import (  # noqa: E402
+    DLQ,
+    DLQ_RETENTION,
+    FAMILY,
+    HOST,
+    MAX_RECEIVE_COUNT,
+    PYTHON,
+    QUEUE,
+    REGION,
+    ROOT,
+    TASKS,
+    arguments,
+    child_env,
+    log,
+    median,
+    parse_sizes,
+)
+
 TOOLS = ("redrive", "handwritten", "floor")
 #: Diagnostic variant, not run by default: redrive with its scan ending at the first empty
 #: long poll instead of the second (redrive.scan.DlqScan.stop_after_empty = 1).
@@ -146,42 +156,6 @@ def handwritten_scan(
 
 # -- realistic DLQ content --------------------------------------------------------------------
 
-_TASKS = (
-    ("apps.webhooks.tasks.save_checkout_ibft", 30),
-    ("apps.payments.tasks.capture_payment", 25),
-    ("apps.payments.tasks.refund", 15),
-    ("apps.notifications.tasks.send_receipt", 15),
-    ("apps.orders.tasks.sync_order_status", 15),
-)
-_NAMES = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
-
-
-def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
-    ident = rng.randint(1_000, 9_999_999)
-    short = task.rsplit(".", 1)[-1]
-    if short == "save_checkout_ibft":
-        return [ident], {
-            "payload": {
-                "reference": f"IBFT-{rng.getrandbits(40):010X}",
-                "amount": f"{rng.randint(100, 250_000)}.00",
-                "currency": "PKR",
-                "sender": {"name": rng.choice(_NAMES), "iban": f"PK{rng.getrandbits(64):020d}"},
-                "callback": {"status": rng.choice(("SUCCESS", "PENDING", "FAILED")), "code": "00"},
-            }
-        }
-    if short == "capture_payment":
-        return [ident], {
-            "amount_cents": rng.randint(100, 500_000),
-            "currency": "USD",
-            "idempotency_key": f"{rng.getrandbits(128):032x}",
-        }
-    if short == "refund":
-        return [ident], {"reason": rng.choice(("customer_request", "duplicate", "fraud"))}
-    if short == "send_receipt":
-        name = rng.choice(_NAMES)
-        return [f"{name.lower()}@example.com", ident], {"context": {"name": name, "lines": 3}}
-    return [ident, rng.choice(("paid", "shipped", "cancelled"))], {"attempt": rng.randint(1, 5)}
-
 
 def realistic_messages(count: int, *, seed: int = 7) -> Iterator[tuple[str, dict[str, Any]]]:
     """(Body, MessageAttributes) pairs like a checkout DLQ holds: five tasks in skewed
@@ -192,7 +166,7 @@ def realistic_messages(count: int, *, seed: int = 7) -> Iterator[tuple[str, dict
     from redrive.messages import encode
 
     rng = random.Random(seed)
-    names = [name for name, weight in _TASKS for _ in range(weight)]
+    names = [name for name, weight in TASKS for _ in range(weight)]
     now = datetime.now(UTC)
     for index in range(count):
         roll = rng.random()
@@ -208,7 +182,7 @@ def realistic_messages(count: int, *, seed: int = 7) -> Iterator[tuple[str, dict
             yield "eyJib2R5IjogImJyb2tlbi" + "A" * rng.randint(0, 40), attributes
             continue
         task = rng.choice(names)
-        args, kwargs = _arguments(task, rng)
+        args, kwargs = arguments(task, rng)
         options: dict[str, Any] = {
             "task_id": f"{rng.getrandbits(128):032x}",
             "retries": rng.choice((0, 0, 0, 1, 2, 3)),
@@ -306,29 +280,6 @@ def start_server(kind: str) -> Server:
 
 
 # -- the family, seeding, depth -------------------------------------------------------------
-
-
-def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "CELERY_", "REDRIVE_", "PYTHON"))
-    }
-    env.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "AWS_CONFIG_FILE": os.path.join(state_dir, "aws-config-absent"),
-            "AWS_SHARED_CREDENTIALS_FILE": os.path.join(state_dir, "aws-credentials-absent"),
-            "REDRIVE_STATE_DIR": os.path.join(state_dir, "redrive-state"),
-            # redrive's long poll per receive (redrive.scan.RECEIVE_WAIT_SECONDS).
-            "REDRIVE_RECEIVE_WAIT": str(wait),
-        }
-    )
-    return env
 
 
 def client_for(endpoint: str) -> Any:
@@ -544,10 +495,6 @@ def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str], wait: int) 
         server.stop()
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any]]:
     rows = []
     base_wall = base_scan = None
@@ -659,17 +606,6 @@ def _size_result(item: dict[str, Any]) -> SizeResult:
     runs = [Run(**{**run, "depth_after": tuple(run["depth_after"])}) for run in item["runs"]]
     fields = {k: v for k, v in item.items() if k not in ("runs", "summary")}
     return SizeResult(**fields, runs=runs)
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def parse_sizes(text: str) -> list[int]:
-    sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
-    if not sizes or any(n < 1 for n in sizes):
-        raise argparse.ArgumentTypeError("sizes are positive integers, comma separated")
-    return sizes
 
 
 def main(argv: Sequence[str] | None = None) -> int:

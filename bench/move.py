@@ -72,6 +72,8 @@ import sys
 # standard library's ``inspect`` module (dataclasses, boto3 ... import it). Drop the folder.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+# The repository root instead: what both scripts share is bench/common.py.
+sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse  # noqa: E402
 import http.client  # noqa: E402
@@ -79,7 +81,6 @@ import importlib.util  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import signal  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -91,15 +92,24 @@ from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
-ROOT = os.path.dirname(_HERE)
-PYTHON = sys.executable
-HOST = "127.0.0.1"
-REGION = "us-east-1"
-QUEUE = "onion-checkout"
-DLQ = "onion-checkout-dlq"
-FAMILY = "checkout"
-MAX_RECEIVE_COUNT = 5
-DLQ_RETENTION = 14 * 86_400
+from bench.common import (  # noqa: E402
+    DLQ,
+    DLQ_RETENTION,
+    FAMILY,
+    HOST,
+    MAX_RECEIVE_COUNT,
+    PYTHON,
+    QUEUE,
+    REGION,
+    ROOT,
+    TASKS,
+    arguments,
+    child_env,
+    log,
+    median,
+    parse_sizes,
+)
+
 FAST_SQS_PATH = os.path.join(_HERE, "fast_sqs.py")
 SHM = "/dev/shm"
 
@@ -487,42 +497,6 @@ def run_threads(work: Any, threads: int) -> None:
 
 # -- realistic, movable DLQ content ----------------------------------------------------------
 
-_TASKS = (
-    ("apps.webhooks.tasks.save_checkout_ibft", 30),
-    ("apps.payments.tasks.capture_payment", 25),
-    ("apps.payments.tasks.refund", 15),
-    ("apps.notifications.tasks.send_receipt", 15),
-    ("apps.orders.tasks.sync_order_status", 15),
-)
-_NAMES = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
-
-
-def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
-    ident = rng.randint(1_000, 9_999_999)
-    short = task.rsplit(".", 1)[-1]
-    if short == "save_checkout_ibft":
-        return [ident], {
-            "payload": {
-                "reference": f"IBFT-{rng.getrandbits(40):010X}",
-                "amount": f"{rng.randint(100, 250_000)}.00",
-                "currency": "PKR",
-                "sender": {"name": rng.choice(_NAMES), "iban": f"PK{rng.getrandbits(64):020d}"},
-                "callback": {"status": rng.choice(("SUCCESS", "PENDING", "FAILED")), "code": "00"},
-            }
-        }
-    if short == "capture_payment":
-        return [ident], {
-            "amount_cents": rng.randint(100, 500_000),
-            "currency": "USD",
-            "idempotency_key": f"{rng.getrandbits(128):032x}",
-        }
-    if short == "refund":
-        return [ident], {"reason": rng.choice(("customer_request", "duplicate", "fraud"))}
-    if short == "send_receipt":
-        name = rng.choice(_NAMES)
-        return [f"{name.lower()}@example.com", ident], {"context": {"name": name, "lines": 3}}
-    return [ident, rng.choice(("paid", "shipped", "cancelled"))], {"attempt": rng.randint(1, 5)}
-
 
 def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
     """SendMessageBatch entries (without Id) a checkout DLQ holds, every one of which
@@ -533,7 +507,7 @@ def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
     from redrive.messages import encode
 
     rng = random.Random(seed)
-    names = [name for name, weight in _TASKS for _ in range(weight)]
+    names = [name for name, weight in TASKS for _ in range(weight)]
     now = datetime.now(UTC)
     for index in range(count):
         if rng.random() < 0.005:
@@ -541,7 +515,7 @@ def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
             yield {"MessageBody": f"legacy cron {rng.randint(1000, 9999)}: resync store {index}"}
             continue
         task = rng.choice(names)
-        args, kwargs = _arguments(task, rng)
+        args, kwargs = arguments(task, rng)
         options: dict[str, Any] = {
             # Random, as Celery's uuid4 task ids are (and so are the ledger's keys: every
             # batch touches pages all over its B-trees, as in production).
@@ -702,30 +676,6 @@ def depth(raw: RawSqs, url: str) -> tuple[int, int, int]:
 
 
 # -- one measured run --------------------------------------------------------------------------
-
-
-def child_env(endpoint: str, state_dir: str, wait: int) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AWS_", "CELERY_", "REDRIVE_", "PYTHON", "HTTP_PROXY", "HTTPS_PROXY"))
-        and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")
-    }
-    env.update(
-        {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "AWS_CONFIG_FILE": os.path.join(state_dir, "aws-config-absent"),
-            "AWS_SHARED_CREDENTIALS_FILE": os.path.join(state_dir, "aws-credentials-absent"),
-            "REDRIVE_STATE_DIR": os.path.join(state_dir, "redrive-state"),
-            "REDRIVE_RECEIVE_WAIT": str(wait),
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
-    )
-    return env
 
 
 def redrive_command(
@@ -985,10 +935,6 @@ def bench_size(
     finally:
         raw.close()
     return result
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def paired_ratio(result: SizeResult, tool: str, base: str, own: bool) -> float | None:
@@ -1286,17 +1232,6 @@ def profile_redrive(
             + name(func)
         )
     return "\n".join(lines)
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def parse_sizes(text: str) -> list[int]:
-    sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
-    if not sizes or any(n < 1 for n in sizes):
-        raise argparse.ArgumentTypeError("sizes are positive integers, comma separated")
-    return sizes
 
 
 def check_fast_sqs() -> None:

@@ -1,0 +1,1 @@
+"""Benchmark scripts (run them as files: see bench/README.md)."""
