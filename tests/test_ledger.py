@@ -7,7 +7,6 @@ import stat
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import closing
 from pathlib import Path
@@ -268,47 +267,6 @@ def test_keys_for_run(ledger: SqliteLedger, clock: Clock) -> None:
 # ----------------------------------------------------------------------------- runs
 
 
-def test_run_lifecycle(tmp_path: Path, clock: Clock) -> None:
-    with SqliteLedger(tmp_path / "l.sqlite3", clock=clock) as led:
-        assert led.run("r1") is None
-        led.start_run("r1", command="move", info={"dlq": "orders-dlq", "path": tmp_path})
-        with pytest.raises(LedgerError, match="r1 already exists") as e:
-            led.start_run("r1", command="move", info={})
-        one_line(e)
-
-        info = led.run("r1")
-        assert info is not None
-        assert (info.command, info.started_at, info.heartbeat_at) == ("move", clock.now, clock.now)
-        assert info.info == {"dlq": "orders-dlq", "path": str(tmp_path)}
-        assert (info.ended_at, info.outcome, info.counts) == (None, None, {})
-
-        clock.now += 10
-        led.heartbeat("r1", lease_until=clock.now + 30)
-        info = led.run("r1")
-        assert info is not None
-        assert (info.heartbeat_at, info.lease_until) == (clock.now, clock.now + 30)
-
-        with pytest.raises(ValueError, match="outcome"):
-            led.end_run("r1", outcome="great", counts={})
-        led.end_run("r1", outcome="completed", counts={"moved": 3, "skipped": 1})
-        led.end_run("r1", outcome="failed", counts={})  # the first ending stands
-        info = led.run("r1")
-        assert info is not None
-        assert (info.ended_at, info.outcome, info.counts) == (
-            clock.now,
-            "completed",
-            {"moved": 3, "skipped": 1},
-        )
-
-        with pytest.raises(LedgerError, match="not open") as e:
-            led.heartbeat("r1", lease_until=clock.now + 30)
-        one_line(e)
-        with pytest.raises(LedgerError, match="not open"):
-            led.heartbeat("never", lease_until=clock.now + 30)
-        with pytest.raises(LedgerError, match="never started"):
-            led.end_run("never", outcome="completed", counts={})
-
-
 def test_runs_since(tmp_path: Path, clock: Clock) -> None:
     with SqliteLedger(tmp_path / "l.sqlite3", clock=clock) as led:
         for run_id in ("r1", "r2", "r3"):
@@ -317,34 +275,6 @@ def test_runs_since(tmp_path: Path, clock: Clock) -> None:
         assert [r.run_id for r in led.runs()] == ["r1", "r2", "r3"]
         assert [r.run_id for r in led.runs(since=clock.now - 200)] == ["r2", "r3"]
         assert led.runs(since=clock.now) == []
-
-
-def test_liveness_by_heartbeat_and_lease(tmp_path: Path, clock: Clock) -> None:
-    with SqliteLedger(tmp_path / "l.sqlite3", clock=clock) as led:
-        led.start_run("quiet", command="move", info={})
-        clock.now += 1
-        led.start_run("leased", command="move", info={})
-        led.start_run("ended", command="move", info={})
-        led.heartbeat("leased", lease_until=clock.now + 300)
-        led.end_run("ended", outcome="interrupted", counts={})
-
-        def live() -> list[str]:
-            return [r.run_id for r in led.live_runs(stale_after=60)]
-
-        assert live() == ["quiet", "leased"]
-        clock.now += 58
-        assert live() == ["quiet", "leased"]
-        assert led.is_live("quiet", stale_after=60)
-        clock.now += 2  # 61 s since the last heartbeat: stale
-        assert live() == ["leased"]  # its lease still runs
-        assert not led.is_live("quiet", stale_after=60)
-        assert led.is_live("quiet", stale_after=120)
-        assert led.is_live("leased", stale_after=60)
-        clock.now += 300
-        assert live() == []
-        assert not led.is_live("leased", stale_after=60)
-        assert not led.is_live("ended", stale_after=1e9)
-        assert not led.is_live("unknown", stale_after=1e9)
 
 
 # ----------------------------------------------------------------------------- files
@@ -386,14 +316,6 @@ def test_reopen_keeps_entries(tmp_path: Path) -> None:
         led.claim_many("A", claims("k"))
     with SqliteLedger(path) as led:
         assert state(led, "k") == (KeyState.CLAIMED, "A")
-
-
-def test_closed_ledger_refuses_work(tmp_path: Path) -> None:
-    led = SqliteLedger(tmp_path / "ledger.sqlite3")
-    led.close()
-    led.close()  # idempotent
-    with pytest.raises(LedgerError, match="closed"):
-        led.get_many(["k"])
 
 
 def test_not_a_database(tmp_path: Path) -> None:
@@ -515,26 +437,6 @@ def test_open_ledger_refusals(uri: str, match: str) -> None:
 
 
 # ----------------------------------------------------------------------------- concurrency
-
-
-def test_one_ledger_shared_by_threads(tmp_path: Path) -> None:
-    keys = [f"k{i}" for i in range(100)]
-    won: dict[str, list[str]] = {}
-    with SqliteLedger(tmp_path / "ledger.sqlite3") as led:
-
-        def worker(run_id: str) -> None:
-            mine: list[str] = []
-            for i in range(0, len(keys), 10):
-                mine += led.claim_many(run_id, claims(*keys[i : i + 10])).won
-            won[run_id] = mine
-
-        threads = [threading.Thread(target=worker, args=(f"t{i}",)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    all_won = [k for ks in won.values() for k in ks]
-    assert sorted(all_won) == sorted(keys)
 
 
 _WORKER = textwrap.dedent(

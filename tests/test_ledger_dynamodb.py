@@ -129,7 +129,8 @@ test_mark_skipped_resolves_claims_of_dead_runs = (
 test_keys_for_run = shared.test_keys_for_run
 
 
-# test_ledger.py's run tests open a SqliteLedger themselves; these are them, backend-neutral.
+# Run-level and sharing tests, written once for both backends (SQLite's own stay in
+# test_ledger.py).
 
 
 def test_run_lifecycle(new_ledger: Callable[[], Ledger], clock: Clock, tmp_path: Path) -> None:
