@@ -333,7 +333,8 @@ def test_real_celery_samples_arrive_byte_identical(
     put(family.client, family.dlq_url, bodies)
     ledger = tmp_path / "l.sqlite3"
 
-    result = move(family.client, ledger)
+    # Real samples, whatever their dates: their expiry has its own test below.
+    result = move(family.client, ledger, include_expired=True)
 
     assert result.moved == len(samples)
     assert sorted(m["Body"] for m in drain(family.client, family.queue_url)) == sorted(bodies)
@@ -342,6 +343,42 @@ def test_real_celery_samples_arrive_byte_identical(
     assert None not in task_ids
     assert {k.split(":")[1] for k in keys_in(ledger)} == task_ids
     assert sum(result.by_task.values()) == len(samples)
+
+
+# The samples' own dates (real Celery output, kept as they are): one task expires at
+# 12:00 UTC and one has an eta an hour later, each in protocol 1 and 2.
+SAMPLES_EXPIRE = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("clock", "expected_skips"),
+    [
+        (SAMPLES_EXPIRE - 3600, 0),  # before every date: every sample moves
+        (SAMPLES_EXPIRE + 1, 2),  # just past `expires`: the two expired ones stay
+        (SAMPLES_EXPIRE + 2 * 365 * 86400, 2),  # long after: still exactly those two
+    ],
+)
+def test_the_samples_dates_decide_which_expire(
+    family: Family,
+    tmp_path: Path,
+    samples: list[dict[str, Any]],
+    clock: float,
+    expected_skips: int,
+) -> None:
+    bodies = [s["Body"] for s in samples]
+    put(family.client, family.dlq_url, bodies)
+    expiring = {
+        task_id_of(b) for b in bodies if (e := decode(b).expires) and e.timestamp() <= clock
+    }
+    assert len(expiring) == expected_skips
+
+    result = move(family.client, tmp_path / "l.sqlite3", now=lambda: clock)
+
+    assert result.moved == len(samples) - expected_skips
+    assert dict(result.skipped) == ({EXPIRED: expected_skips} if expected_skips else {})
+    moved = {task_id_of(m["Body"]) for m in drain(family.client, family.queue_url)}
+    assert moved == {task_id_of(b) for b in bodies} - expiring
+    assert family.depth() == (expected_skips, 0)
 
 
 def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
