@@ -58,6 +58,7 @@ bench: install
 	$(BIN)/python bench/inspect.py
 	$(BIN)/python bench/move.py
 	$(BIN)/python bench/move.py --latency-ms 20 --sizes 1000 --rounds 2
+	$(BIN)/python bench/archive.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -376,14 +376,14 @@ def inspect(
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline.
     """
-    from redrive.inspect import inspect_dlq
-    from redrive.render import inspect_text
+    from redrive.inspect import InspectResult, inspect_dlq
+    from redrive.render import archive_damage_lines, inspect_text
 
     if _is_archive(target):
         from redrive.replay import inspect_archive
 
         with core_errors():
-            result = inspect_archive(
+            result: InspectResult = inspect_archive(
                 target,
                 show_args=show_args,
                 limit=limit,
@@ -404,10 +404,16 @@ def inspect(
                 on_progress=lambda n: progress.update(f"{n} received ({progress.rate(n)})"),
             )
         progress.done()
+    # An archive's damage: what read cleanly is shown, then it is an error.
+    damaged = getattr(result, "damaged", None)
     if as_json:
         emit_json(result.to_json())
     else:
         click.echo(inspect_text(result))
+        if damaged is not None:
+            click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
+    if damaged is not None:
+        raise click.ClickException(damaged.describe())
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.incomplete:
@@ -1011,16 +1017,23 @@ def archive(ctx: Context, /, target: str, **kwargs: Any) -> None:
 @move_options
 @workers_option
 @rate_option
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Replay what reads cleanly from a damaged archive, skipping the damage (exit 3).",
+)
 @json_option
 @pass_ctx
 def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     """Send archived messages to a queue, byte-identical, each task once.
 
     ARCHIVE is a file written by purge or archive (.jsonl or .jsonl.gz) or an s3:// prefix.
-    A dry run unless --execute; replaying twice sends nothing the second time.
+    A dry run unless --execute; replaying twice sends nothing the second time. The whole
+    archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
     """
+    from redrive.archive import ArchiveDamaged
     from redrive.ledger import open_ledger
-    from redrive.render import move_text
+    from redrive.render import archive_damage_lines, move_text
     from redrive.replay import replay_archive
 
     selection = make_selection(kwargs)
@@ -1033,36 +1046,72 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
             if execute
             else _dry_run_ledger(kwargs["ledger"], ctx.aws.client)
         )
+    allow_partial: bool = kwargs["allow_partial"]
     progress = Progress("replay")
     try:
         with core_errors(), interruptible() as stop:
-            result = replay_archive(
-                source,
-                to,
-                ledger,
-                engine_options(kwargs, selection),
-                sqs_factory=ctx.sqs_for,
-                s3_client_factory=ctx.s3_client,
-                command=command_line(),
-                stop=stop,
-                on_problem=warn,
-                on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
-                run_info=(
-                    execute_record(ctx, source, selection, ledger) if execute and ledger else None
-                ),
-            )
+            try:
+                outcome = replay_archive(
+                    source,
+                    to,
+                    ledger,
+                    engine_options(kwargs, selection),
+                    sqs_factory=ctx.sqs_for,
+                    s3_client_factory=ctx.s3_client,
+                    command=command_line(),
+                    stop=stop,
+                    on_problem=warn,
+                    on_check=lambda n: progress.update(f"checking the archive: {n} read"),
+                    on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
+                    run_info=(
+                        execute_record(ctx, source, selection, ledger)
+                        if execute and ledger
+                        else None
+                    ),
+                    allow_partial=allow_partial,
+                )
+            except ArchiveDamaged as exc:
+                progress.done()
+                refuse_damaged_archive(source, exc.report, execute, kwargs["as_json"])
     finally:
         if ledger is not None:
             ledger.close()
     progress.done()
-    finish_move(ReplayView(result), kwargs["as_json"], move_text, verb="replay")
+    damage = outcome.damage
+
+    def render(result: Any, **kw: Any) -> str:
+        text = move_text(result, **kw)
+        if damage is not None:
+            text += "\n\n" + "\n".join(archive_damage_lines(damage, replayed=True))
+        return text
+
+    finish_move(ReplayView(outcome.move, damage), kwargs["as_json"], render, verb="replay")
+    if damage is not None and not allow_partial:
+        # Damaged after the check passed (the archive changed meanwhile): stopped there.
+        raise click.ClickException(f"{damage.describe()}; the replay stopped there")
+    if damage is not None:
+        warn(f"{damage.describe()}; replayed what read cleanly, the damage skipped")
+        sys.exit(EXIT_ATTENTION)
+
+
+def refuse_damaged_archive(source: str, report: Any, execute: bool, as_json: bool) -> NoReturn:
+    """A damaged archive sends nothing without --allow-partial: say where, exit 1."""
+    if as_json:
+        emit_json(
+            {"dry_run": not execute, "archive": source, "replayed": 0, "damaged": report.to_json()}
+        )
+    raise click.ClickException(
+        f"{report.describe()}; nothing was replayed: restore the archive from a copy, or "
+        f"replay the {report.readable} record(s) that read cleanly with --allow-partial"
+    )
 
 
 class ReplayView:
-    """A move result that speaks of replaying: JSON gains ``replayed``."""
+    """A move result that speaks of replaying: JSON gains ``replayed`` and ``damaged``."""
 
-    def __init__(self, result: Any) -> None:
+    def __init__(self, result: Any, damage: Any = None) -> None:
         self._result = result
+        self._damage = damage
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._result, name)
@@ -1075,6 +1124,7 @@ class ReplayView:
         data["skipped"] += data["already_sent"]
         data["archive"] = data.pop("target")
         data.pop("dlq", None)
+        data["damaged"] = self._damage.to_json() if self._damage is not None else None
         return data
 
 

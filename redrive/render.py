@@ -10,6 +10,7 @@ from typing import Any
 from tabulate import tabulate
 
 from redrive.alerts import Change
+from redrive.archive import DamageReport
 from redrive.audit import RunDetail
 from redrive.check import Finding
 from redrive.inspect import InspectResult, TaskGroup
@@ -326,6 +327,23 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
         lines.append("")
         lines.append("interrupted: the summary covers what was done; rerun to resume")
     return "\n".join(lines)
+
+
+def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:
+    """What a damaged archive kept out of an inspect or a partial replay, place by place."""
+    promised = f" (its header promises {report.expected})" if report.expected is not None else ""
+    if replayed:
+        head = f"DAMAGED ARCHIVE: only the {report.readable} record(s) that read cleanly"
+        head += f"{promised} were replayed or skipped as above; not read:"
+    else:
+        head = f"DAMAGED ARCHIVE: the counts above cover only the {report.readable} record(s)"
+        head += f" that read cleanly{promised}; damaged:"
+    lines = [head]
+    for place in report.places:
+        lines.append(f"  {printable(place.location)} at {place.where}: {printable(place.text)}")
+    if report.count > len(report.places):
+        lines.append(f"  ... and {report.count - len(report.places)} more damaged place(s)")
+    return lines
 
 
 def purge_text(result: PurgeResult) -> str:

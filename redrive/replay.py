@@ -3,6 +3,10 @@
 Replay runs the move engine with an archive as its source: the same idempotency keys,
 ledger states and in-doubt handling, so replaying an archive twice sends nothing the second
 time, and a message the engine already moved back (its key is done) is not sent again.
+
+An archive is read twice: first whole, counting records and looking for damage, then for
+the engine. A damaged archive is refused before anything is sent (unless ``allow_partial``),
+so a replay never stops halfway through because of what it finds in its archive.
 """
 
 from __future__ import annotations
@@ -10,11 +14,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redrive import attributes
-from redrive.archive import ArchiveRecord, read_records
+from redrive.archive import (
+    ArchiveDamaged,
+    ArchiveReader,
+    ArchiveRecord,
+    DamageReport,
+    check_archive,
+)
 from redrive.inspect import Grouping, InspectResult
 from redrive.ledger import Ledger
 from redrive.messages import decode
@@ -34,16 +44,23 @@ class ArchiveSource:
         self._done = False
         self.stop = stop
         self.read = 0
+        self.damage: DamageReport | None = None
 
     def next_batch(self, sqs: Sqs) -> list[Message] | None:
         with self._lock:
             if self._done or self.stop.is_set():
                 return None
             batch = []
-            for record in self._records:
-                batch.append(as_message(record))
-                if len(batch) == MAX_BATCH_ENTRIES:
-                    break
+            try:
+                for record in self._records:
+                    batch.append(as_message(record))
+                    if len(batch) == MAX_BATCH_ENTRIES:
+                        break
+            except ArchiveDamaged as exc:
+                # Damaged since the check (it is being changed?): send nothing more.
+                self.damage = exc.report
+                self._done = True
+                return None
             self.read += len(batch)
             if not batch:
                 self._done = True
@@ -84,6 +101,14 @@ def archive_label(source: str) -> str:
     return source.rstrip("/").rsplit("/", 1)[-1] or source
 
 
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay did, and the damage it replayed around (only with ``allow_partial``)."""
+
+    move: MoveResult
+    damage: DamageReport | None = None
+
+
 def replay_archive(
     source: str,
     to: QueueRef,
@@ -96,19 +121,46 @@ def replay_archive(
     stop: threading.Event | None = None,
     on_progress: Callable[[MoveResult], None] | None = None,
     on_problem: Callable[[str], None] | None = None,
+    on_check: Callable[[int], None] | None = None,
     fault: Callable[[str], None] | None = None,
     run_info: Mapping[str, Any] | None = None,
-) -> MoveResult:
-    """Send every selected archived message to ``to``, byte-identical, each task once."""
+    allow_partial: bool = False,
+) -> ReplayResult:
+    """Send every selected archived message to ``to``, byte-identical, each task once.
+
+    The whole archive is checked first (``on_check`` hears the records read so far): a
+    damaged one raises :class:`ArchiveDamaged` before anything is sent, unless
+    ``allow_partial``, which replays the records that read cleanly and returns the damage.
+    """
     stop = stop or threading.Event()
     label = archive_label(source)
+    check = check_archive(
+        source,
+        s3_client_factory=s3_client_factory,
+        on_problem=on_problem,
+        stop=stop,
+        on_progress=on_check,
+    )
+    if not check.complete:
+        return ReplayResult(
+            MoveResult(dry_run=not options.execute, target=label, dlq=source, interrupted=True)
+        )
+    if check.damage is not None and not allow_partial:
+        raise ArchiveDamaged(check.damage)
     pseudo = DlqTarget(
         label=label,
         family=None,
         dlq=QueueRef(url=source, name=label, arn="", fifo=False),
         sources=(),
     )
-    records = read_records(source, s3_client_factory=s3_client_factory, on_problem=on_problem)
+    # Problems were reported by the check; damage is skipped only when allowed.
+    reader = ArchiveReader(
+        source,
+        s3_client_factory=s3_client_factory,
+        on_problem=lambda problem: None,
+        skip_damage=allow_partial,
+    )
+    archive = ArchiveSource(iter(reader), stop)
     engine = MoveEngine(
         pseudo,
         ledger,
@@ -118,10 +170,24 @@ def replay_archive(
         stop=stop,
         on_progress=on_progress,
         fault=fault,
-        source=ArchiveSource(records, stop),
+        source=archive,
         run_info=run_info,
     )
-    return engine.run()
+    result = engine.run()
+    return ReplayResult(result, archive.damage or check.damage or reader.report())
+
+
+@dataclass(slots=True)
+class ArchiveInspectResult(InspectResult):
+    """An inspect of an archive: what read cleanly, and any damage that kept records out."""
+
+    damaged: DamageReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Explicit base: zero-argument super() fails in a slots dataclass.
+        data = InspectResult.to_json(self)
+        data["damaged"] = self.damaged.to_json() if self.damaged is not None else None
+        return data
 
 
 def inspect_archive(
@@ -132,14 +198,20 @@ def inspect_archive(
     s3_client_factory: Callable[[], Any] | None = None,
     on_problem: Callable[[str], None] | None = None,
     now: float | None = None,
-) -> InspectResult:
-    """The grouped view of a live inspect, read offline from an archive."""
+) -> ArchiveInspectResult:
+    """The grouped view of a live inspect, read offline from an archive.
+
+    Damage does not stop it: the result counts what read cleanly and says what did not.
+    """
     started = time.monotonic()
     now = time.time() if now is None else now
     grouping = Grouping(now=now, show_args=show_args)
     dlqs: set[str] = set()
     partial = False
-    for record in read_records(source, s3_client_factory=s3_client_factory, on_problem=on_problem):
+    reader = ArchiveReader(
+        source, s3_client_factory=s3_client_factory, on_problem=on_problem, skip_damage=True
+    )
+    for record in reader:
         if limit is not None and grouping.total >= limit:
             partial = True
             break
@@ -152,7 +224,7 @@ def inspect_archive(
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(record.message_attributes),
         )
-    return InspectResult(
+    return ArchiveInspectResult(
         label=archive_label(source),
         dlq=", ".join(sorted(dlqs)) or "-",
         dlq_url=source,
@@ -165,4 +237,5 @@ def inspect_archive(
         depth_before=grouping.total,
         hidden_before=0,
         partial=partial,
+        damaged=reader.report(),
     )

@@ -20,7 +20,10 @@ from moto import mock_aws
 
 from redrive.archive import (
     ARCHIVE_VERSION,
+    ArchiveDamaged,
     ArchiveRecord,
+    Damage,
+    check_archive,
     default_archive_path,
     open_writer,
     read_records,
@@ -28,6 +31,7 @@ from redrive.archive import (
 from redrive.errors import ArchiveError
 
 SQS_MAX_BYTES = 262_144
+HEADER_SIZE = 49  # the archive's first gzip member: empty, with redrive's field
 NOW = datetime(2026, 11, 30, 12, 34, 56, 789012, tzinfo=UTC)
 
 
@@ -196,7 +200,9 @@ def test_gzip_archive_is_one_member_per_batch_and_readable_by_stdlib(tmp_path: P
         assert decompressor.eof
         data = decompressor.unused_data
         members += 1
-    assert members == 2
+    # The archive's (empty) header member, then one per batch.
+    assert members == 3
+    assert gzip.decompress(path.read_bytes()[:HEADER_SIZE]) == b""
     with gzip.open(path, "rt", encoding="ascii") as handle:
         assert [json.loads(line)["message_id"] for line in handle] == [
             f"msg-{n:04d}" for n in range(5)
@@ -207,7 +213,7 @@ def test_chunk_records_splits_a_local_batch_into_members(tmp_path: Path) -> None
     path = tmp_path / "a.jsonl.gz"
     with open_writer(str(path), chunk_records=2) as writer:
         writer.write_batch(records(5))
-    assert path.read_bytes().count(b"\x1f\x8b\x08") == 3
+    assert path.read_bytes().count(b"\x1f\x8b\x08") == 1 + 3  # the header, then the chunks
     assert list(read_records(str(path))) == records(5)
 
 
@@ -303,11 +309,22 @@ def test_close_is_idempotent_and_closed_writer_refuses(tmp_path: Path) -> None:
         writer.write_batch(records(1))
 
 
-def write_then_append(path: Path, tail: bytes) -> list[ArchiveRecord]:
+def kill(writer: Any) -> None:
+    """What SIGKILL leaves of a local writer: its file as it was, never closed or sealed."""
+    os.close(writer._fd)
+    writer._closed = True
+
+
+def write_then_append(path: Path, tail: bytes, *, closed: bool = False) -> list[ArchiveRecord]:
+    """Two batches, then ``tail``: by default as a writer killed mid-batch leaves the file."""
     written = records(2) + records(2, start=2)
-    with open_writer(str(path)) as writer:
-        writer.write_batch(written[:2])
-        writer.write_batch(written[2:])
+    writer = open_writer(str(path))
+    writer.write_batch(written[:2])
+    writer.write_batch(written[2:])
+    if closed:
+        writer.close()
+    else:
+        kill(writer)
     with path.open("ab") as handle:
         handle.write(tail)
     return written
@@ -358,13 +375,19 @@ def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
     assert list(read_records(str(path))) == records(2)
 
 
-def test_corrupt_middle_line_is_reported_and_skipped(tmp_path: Path) -> None:
+def test_corrupt_middle_line_is_damage_skipped_only_when_asked(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     good = [json.dumps(r.to_json()) for r in records(2)]
     path.write_text(f'{good[0]}\n{{"v": 1, "body": 3}}\nnot json\n{good[1]}\n', encoding="ascii")
-    problems: list[str] = []
-    assert list(read_records(str(path), on_problem=problems.append)) == records(2)
-    assert [p.split(" is not")[0].rsplit(" ", 1)[-1] for p in problems] == ["2", "3"]
+    damage: list[Damage] = []
+    assert list(read_records(str(path), on_damage=damage.append)) == records(2)
+    assert [(d.line, d.records_read) for d in damage] == [(2, 1), (3, 1)]
+    assert "missing" in damage[0].what and str(path) == damage[0].location
+    # A record missing fields is damage, not a smaller archive.
+    seen: list[ArchiveRecord] = []
+    with pytest.raises(ArchiveDamaged, match="line 2"):
+        seen.extend(read_records(str(path), on_problem=lambda problem: None))
+    assert seen == records(1)
 
 
 def test_newer_format_version_always_raises(tmp_path: Path) -> None:
@@ -451,7 +474,8 @@ def test_s3_round_trip_one_object_per_chunk_and_nothing_buffered(s3: Any) -> Non
         list(read_records(f"s3://archive-bucket/{key}", s3_client_factory=lambda: s3))
         for key in keys_under(s3, "archives/r1/")
     ]
-    assert [len(chunk) for chunk in per_object] == [2, 2, 1, 1]
+    # Part 0, put when the writer closed, is the run's header: it holds no record.
+    assert [len(chunk) for chunk in per_object] == [0, 2, 2, 1, 1]
 
     back = list(read_records(writer.location, s3_client_factory=lambda: s3))
     assert back == [*first, *records(1, start=10)]
@@ -507,21 +531,23 @@ def test_s3_prefix_is_read_in_numeric_order_and_only_archive_objects(s3: Any) ->
     ]
 
 
-def test_s3_damaged_object_is_reported_and_the_next_one_read(s3: Any) -> None:
+def test_s3_damaged_object_is_damage_and_the_next_one_read(s3: Any) -> None:
+    # An S3 object is one PutObject: cut short, it was damaged, never a writer killed.
     s3.put_object(
         Bucket="archive-bucket", Key="r/part-000001.jsonl.gz", Body=gzip_member(records(1))[:-4]
     )
     s3.put_object(
         Bucket="archive-bucket", Key="r/part-000002.jsonl.gz", Body=gzip_member(records(1, 1))
     )
-    problems: list[str] = []
+    damage: list[Damage] = []
     got = list(
-        read_records(
-            "s3://archive-bucket/r", s3_client_factory=lambda: s3, on_problem=problems.append
-        )
+        read_records("s3://archive-bucket/r", s3_client_factory=lambda: s3, on_damage=damage.append)
     )
     assert got == records(1, 1)
-    assert len(problems) == 1 and "s3://archive-bucket/r/part-000001.jsonl.gz" in problems[0]
+    assert [d.location for d in damage] == ["s3://archive-bucket/r/part-000001.jsonl.gz"]
+    assert "written in one piece" in damage[0].what
+    with pytest.raises(ArchiveDamaged, match="part-000001"):
+        list(read_records("s3://archive-bucket/r", s3_client_factory=lambda: s3))
 
 
 def test_s3_missing_bucket_is_an_archive_error(s3: Any) -> None:
@@ -567,15 +593,313 @@ def test_lone_surrogates_survive_a_file_round_trip(tmp_path: Path) -> None:
     assert list(read_records(str(path))) == [record]
 
 
-def test_corrupt_gzip_data_is_reported_differently_from_a_truncated_tail(tmp_path: Path) -> None:
+@pytest.mark.parametrize("closed", [False, True], ids=["killed-writer", "closed-writer"])
+def test_corrupt_gzip_data_is_damage_unlike_an_unfinished_tail(
+    tmp_path: Path, closed: bool
+) -> None:
     path = tmp_path / "a.jsonl.gz"
-    written = write_then_append(path, b"\x1f\x8b\x08\x00garbage-not-deflate")
+    written = write_then_append(path, b"\x1f\x8b\x08\x00garbage-not-deflate", closed=closed)
     problems: list[str] = []
-    assert list(read_records(str(path), on_problem=problems.append)) == written
-    assert len(problems) == 1 and "corrupt gzip data after 4 intact records" in problems[0]
+    damage: list[Damage] = []
+    got = list(read_records(str(path), on_problem=problems.append, on_damage=damage.append))
+    assert got == written and problems == []
+    assert len(damage) == 1 and damage[0].what.startswith("corrupt gzip data")
+    assert (damage[0].records_read, damage[0].member) == (4, 4)
 
 
 def test_a_file_in_the_way_of_the_parent_directory(tmp_path: Path) -> None:
     (tmp_path / "blocker").write_text("x", encoding="ascii")
     with pytest.raises(ArchiveError, match="a file is in the way"):
         open_writer(str(tmp_path / "blocker" / "sub" / "a.jsonl.gz"))
+
+
+# -- damage, told from a writer killed mid-batch ---------------------------------------------
+
+
+def members_of(data: bytes) -> list[bytes]:
+    """The raw gzip members of an archive, its header first."""
+    found = []
+    while data:
+        decompressor = zlib.decompressobj(31)
+        decompressor.decompress(data)
+        assert decompressor.eof
+        size = len(data) - len(decompressor.unused_data)
+        found.append(data[:size])
+        data = data[size:]
+    return found
+
+
+def closed_archive(path: Path, *, batches: int = 4, per_batch: int = 10) -> list[ArchiveRecord]:
+    written = records(batches * per_batch)
+    with open_writer(str(path)) as writer:
+        for start in range(0, len(written), per_batch):
+            writer.write_batch(written[start : start + per_batch])
+    return written
+
+
+def damage_of(path: Path) -> tuple[list[ArchiveRecord], list[Damage], list[str]]:
+    damage: list[Damage] = []
+    problems: list[str] = []
+    got = list(read_records(str(path), on_problem=problems.append, on_damage=damage.append))
+    return got, damage, problems
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"hello, this is not an archive\n", b"\x00\x01binary junk without a newline", b"{}\n"],
+    ids=["text", "binary", "json-not-a-record"],
+)
+def test_a_file_that_is_not_gzip_is_damage_not_an_empty_archive(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "fake.jsonl.gz"
+    path.write_bytes(content)
+    with pytest.raises(ArchiveDamaged) as caught:
+        list(read_records(str(path), on_problem=lambda problem: None))
+    report = caught.value.report
+    assert (report.first.location, report.first.line, report.first.records_read) == (
+        str(path),
+        1,
+        0,
+    )
+    message = str(caught.value)
+    assert "\n" not in message and str(path) in message and "damaged at line 1" in message
+    if content != b"{}\n":
+        assert "not gzip" in report.first.what
+    check = check_archive(str(path), on_problem=lambda problem: None)
+    assert check.records == 0 and check.damage is not None
+
+
+@pytest.mark.parametrize(
+    ("cut_in", "where"),
+    [(2, "middle of a member that is not the last"), (1, "right after the first member")],
+)
+def test_a_truncated_copy_is_damage_with_how_many_records_were_read(
+    tmp_path: Path, cut_in: int, where: str
+) -> None:
+    original = tmp_path / "a.jsonl.gz"
+    written = closed_archive(original)
+    members = members_of(original.read_bytes())
+    assert len(members) == 1 + 4
+    # Member 0 is the header; cut inside member ``cut_in`` + 1, or right after ``cut_in``.
+    kept = b"".join(members[: cut_in + 1])
+    if where.startswith("middle"):
+        kept += members[cut_in + 1][: len(members[cut_in + 1]) // 2]
+    copy = tmp_path / "copy.jsonl.gz"
+    copy.write_bytes(kept)
+
+    got, damage, problems = damage_of(copy)
+    assert got == written[: cut_in * 10] and problems == []
+    assert len(damage) == 1 and damage[0].records_read == cut_in * 10
+    assert "cut short" in damage[0].what and "40 record(s)" in damage[0].what
+    check = check_archive(str(copy))
+    assert check.damage is not None
+    assert (check.damage.readable, check.damage.expected) == (cut_in * 10, 40)
+    # Not the killed-writer warning that blamed a writer stopped mid-batch.
+    assert "mid-batch" not in check.damage.describe()
+
+
+def test_a_truncation_inside_the_last_member_of_a_closed_archive_is_damage(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = closed_archive(path)
+    path.write_bytes(path.read_bytes()[:-20])
+    got, damage, problems = damage_of(path)
+    assert got == written[:30] and problems == []
+    assert [(d.member, d.records_read, d.records_lost) for d in damage] == [(5, 30, 10)]
+
+
+@pytest.mark.parametrize("place", ["deflate data", "crc trailer", "redrive field"])
+def test_one_flipped_byte_is_damage_and_the_rest_still_reads(tmp_path: Path, place: str) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = closed_archive(path)
+    members = members_of(path.read_bytes())
+    start = sum(len(m) for m in members[:2])  # the second batch's member
+    offset = {"deflate data": 60, "crc trailer": len(members[2]) - 6, "redrive field": 20}[place]
+    data = bytearray(path.read_bytes())
+    data[start + offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(ArchiveDamaged, match="gzip member 3"):
+        list(read_records(str(path)))
+    got, damage, _ = damage_of(path)
+    assert damage[0].records_read == 10 and damage[0].member == 3 and damage[0].offset == start
+    if place == "redrive field":
+        # The data is intact; only the field is not: its records still read.
+        assert "fails its CRC" in damage[0].what and got == written
+    else:
+        assert "corrupt gzip data" in damage[0].what and damage[0].records_lost == 10
+        assert got == written[:10] + written[20:]
+    check = check_archive(str(path))
+    assert check.damage is not None and check.damage.expected == 40
+
+
+def test_a_missing_member_in_the_middle_is_damage(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = closed_archive(path)
+    members = members_of(path.read_bytes())
+    path.write_bytes(b"".join(members[:2] + members[3:]))
+    got, damage, _ = damage_of(path)
+    assert got == written[:10] + written[20:]
+    assert len(damage) == 1 and "#2" in damage[0].what and "missing" in damage[0].what
+
+
+def test_garbage_between_members_is_damage_and_reading_resumes_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = closed_archive(path)
+    members = members_of(path.read_bytes())
+    # Garbage holding a false gzip magic, which must be passed over.
+    junk = b"junk \x1f\x8b\x08 more junk" * 20
+    path.write_bytes(b"".join(members[:2]) + junk + b"".join(members[2:]))
+    got, damage, _ = damage_of(path)
+    assert got == written
+    assert len(damage) == 1 and "not gzip data" in damage[0].what
+    assert damage[0].offset == len(members[0]) + len(members[1])
+
+
+def test_a_killed_writer_stays_readable_a_warning_not_damage(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = records(4)
+    writer = open_writer(str(path))
+    writer.write_batch(written[:2])
+    writer.write_batch(written[2:])
+    unfinished = gzip_member(records(3, start=4))
+    kill(writer)
+    with path.open("ab") as handle:
+        handle.write(unfinished[: len(unfinished) // 2])
+    got, damage, problems = damage_of(path)
+    assert got == written and damage == []
+    assert len(problems) == 1 and "stopped mid-batch" in problems[0]
+    check = check_archive(str(path), on_problem=lambda problem: None)
+    assert (check.records, check.damage) == (4, None)
+
+
+def test_an_archive_from_before_the_header_reads_and_its_cut_tail_is_a_warning(
+    tmp_path: Path,
+) -> None:
+    # Earlier redrive wrote bare members: no header, no numbers.
+    path = tmp_path / "old.jsonl.gz"
+    tail = gzip_member(records(2, start=5))
+    path.write_bytes(gzip_member(records(3)) + gzip_member(records(2, start=3)) + tail[:30])
+    got, damage, problems = damage_of(path)
+    assert got == records(5) and damage == []
+    assert len(problems) == 1 and "check it is as long as the original" in problems[0]
+    assert check_archive(str(path), on_problem=lambda problem: None).damage is None
+
+
+def test_the_header_is_open_while_writing_and_sealed_with_the_counts(tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    writer = open_writer(str(path), chunk_records=3)
+    writer.write_batch(records(5))
+    open_header = path.read_bytes()[:HEADER_SIZE]
+    writer.close()
+    sealed = path.read_bytes()
+    assert len(members_of(sealed)[0]) == HEADER_SIZE and sealed[:HEADER_SIZE] != open_header
+    # Sealing rewrites the header's field only; every byte after it is as it was.
+    assert sum(a != b for a, b in zip(open_header, sealed[:HEADER_SIZE], strict=True)) <= 8
+    # Readable by any gzip reader, the header included.
+    assert gzip.decompress(sealed).count(b"\n") == 5
+    # Concatenated archives read as two, each checked against its own header.
+    both = tmp_path / "both.jsonl.gz"
+    both.write_bytes(sealed + sealed)
+    assert list(read_records(str(both))) == records(5) + records(5)
+    both.write_bytes(sealed + sealed[:-10])
+    with pytest.raises(ArchiveDamaged, match="cut short"):
+        list(read_records(str(both)))
+
+
+def test_a_writer_that_fails_to_roll_back_leaves_its_archive_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    writer: Any = open_writer(str(path))
+    writer.write_batch(records(2))
+    monkeypatch.setattr(writer, "_roll_back", lambda: None)
+    real_write = os.write
+
+    def half_then_full(fd: int, data: Any) -> int:
+        real_write(fd, bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(ArchiveError, match="disk full"):
+        writer.write_batch(records(3, start=2))
+    monkeypatch.setattr(os, "write", real_write)
+    writer.close()
+    # Sealed, the tail would read as damage; open, it is the unfinished batch it is.
+    got, damage, problems = damage_of(path)
+    assert got == records(2) and damage == [] and len(problems) == 1
+
+
+def test_s3_sealed_run_missing_a_part_or_its_last_parts_is_damage(s3: Any) -> None:
+    with open_writer(
+        "s3://archive-bucket/p", s3_client_factory=lambda: s3, chunk_records=2, run_name="r"
+    ) as writer:
+        writer.write_batch(records(7))
+    uri = "s3://archive-bucket/p/r/"
+    assert keys_under(s3, "p/r/")[0] == "p/r/part-000000.jsonl.gz"
+    assert list(read_records(uri, s3_client_factory=lambda: s3)) == records(7)
+
+    s3.delete_object(Bucket="archive-bucket", Key="p/r/part-000004.jsonl.gz")
+    damage: list[Damage] = []
+    got = list(read_records(uri, s3_client_factory=lambda: s3, on_damage=damage.append))
+    assert got == records(6)
+    assert len(damage) == 1 and damage[0].location == uri and "cut short" in damage[0].what
+    assert "7 record(s) in 4 part(s)" in damage[0].what
+
+    s3.delete_object(Bucket="archive-bucket", Key="p/r/part-000002.jsonl.gz")
+    damage.clear()
+    got = list(read_records(uri, s3_client_factory=lambda: s3, on_damage=damage.append))
+    assert got == records(2) + records(2, start=4)
+    assert "#2" in damage[0].what and damage[0].location.endswith("part-000003.jsonl.gz")
+
+
+def test_s3_run_of_a_killed_writer_reads_whole(s3: Any) -> None:
+    # Killed: never closed, so no part 0; every part it put is whole.
+    writer = open_writer(
+        "s3://archive-bucket/p", s3_client_factory=lambda: s3, chunk_records=2, run_name="k"
+    )
+    writer.write_batch(records(5))
+    assert "p/k/part-000000.jsonl.gz" not in keys_under(s3, "p/k/")
+    check = check_archive("s3://archive-bucket/p/k", s3_client_factory=lambda: s3)
+    assert (check.records, check.damage) == (5, None)
+
+
+def test_s3_flipped_byte_names_the_object_and_the_rest_reads(s3: Any) -> None:
+    with open_writer(
+        "s3://archive-bucket/p", s3_client_factory=lambda: s3, chunk_records=3, run_name="f"
+    ) as writer:
+        writer.write_batch(records(9))
+    key = "p/f/part-000002.jsonl.gz"
+    body = bytearray(s3.get_object(Bucket="archive-bucket", Key=key)["Body"].read())
+    body[-7] ^= 0x01  # in the CRC32 trailer
+    s3.put_object(Bucket="archive-bucket", Key=key, Body=bytes(body))
+    check = check_archive("s3://archive-bucket/p/f", s3_client_factory=lambda: s3)
+    assert check.records == 6 and check.damage is not None
+    first = check.damage.first
+    assert first.location == f"s3://archive-bucket/{key}" and "incorrect data check" in first.what
+    assert (first.records_read, first.records_lost, check.damage.expected) == (3, 3, 9)
+    assert f"s3://archive-bucket/{key}" in check.damage.describe()
+
+
+def test_an_archive_missing_its_start_is_damage(tmp_path: Path, s3: Any) -> None:
+    path = tmp_path / "a.jsonl.gz"
+    written = closed_archive(path)
+    members = members_of(path.read_bytes())
+    tail_only = tmp_path / "tail.jsonl.gz"
+    tail_only.write_bytes(b"".join(members[3:]))  # no header, batches 1 and 2 gone
+    got, damage, _ = damage_of(tail_only)
+    assert got == written[20:] and len(damage) == 1 and "#1-#2" in damage[0].what
+
+    # An unclosed S3 run (no part 0) whose first parts are gone.
+    writer = open_writer(
+        "s3://archive-bucket/p", s3_client_factory=lambda: s3, chunk_records=2, run_name="u"
+    )
+    writer.write_batch(records(6))
+    s3.delete_object(Bucket="archive-bucket", Key="p/u/part-000001.jsonl.gz")
+    check = check_archive("s3://archive-bucket/p/u", s3_client_factory=lambda: s3)
+    assert check.records == 4 and check.damage is not None and "#1" in check.damage.first.what
+    # One part read on its own is not a run: nothing is missing from it.
+    single = "s3://archive-bucket/p/u/part-000003.jsonl.gz"
+    assert check_archive(single, s3_client_factory=lambda: s3).damage is None

@@ -75,3 +75,9 @@ def test_fast_sqs_latency_delays_every_answer() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_bench_archive_checks_every_record_it_wrote() -> None:
+    out = run_bench("archive.py", "--sizes", "200", "--rounds", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| 200 |")]
+    assert len(rows) == 1 and rows[0].rstrip(" |").endswith("yes"), out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -20,7 +21,14 @@ from click.testing import CliRunner
 from conftest import REGION, Family, make_family
 
 from redrive import attributes
-from redrive.archive import ArchiveRecord, open_writer, read_records
+from redrive.archive import (
+    ArchiveDamaged,
+    ArchiveRecord,
+    LocalArchiveWriter,
+    check_archive,
+    open_writer,
+    read_records,
+)
 from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.ledger import SqliteLedger
@@ -119,7 +127,7 @@ def replay(
         sqs_factory=lambda: Sqs(client),
         fault=fault,
         **kw,
-    )
+    ).move
 
 
 def invoke(args: Sequence[str]) -> Any:
@@ -477,23 +485,201 @@ def test_s3_archive_round_trip_through_inspect_and_replay(family: Family, s3: An
 # -- damaged and missing archives ---------------------------------------------------------
 
 
-def test_replay_of_a_truncated_archive_sends_the_intact_records_and_warns(
-    family: Family, tmp_path: Path
+def test_replay_of_a_killed_purges_archive_sends_the_intact_records_and_warns(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed(family, [(REFUND, 25)])
     path = tmp_path / "a.jsonl.gz"
+    # Killed: the writer never closes, so its header stays open.
+    monkeypatch.setattr(LocalArchiveWriter, "_seal", lambda self: None)
     records = purge_to(family.client, str(path))
-    raw = path.read_bytes()
-    # Cut into the last gzip member, as a writer killed mid-batch leaves it.
-    path.write_bytes(raw[:-20])
+    with path.open("ab") as handle:
+        handle.write(unfinished_member()[:-20])  # cut as a writer killed mid-batch leaves it
     intact = list(read_records(str(path), on_problem=lambda _: None))
-    assert 0 < len(intact) < len(records)
+    assert intact == records
 
     result = invoke(["replay", str(path), "--to", "onion-checkout", "--execute", "--yes"])
     assert result.exit_code == 0, result.output
-    assert "incomplete gzip member" in result.stderr
+    assert "incomplete gzip member" in result.stderr and "stopped mid-batch" in result.stderr
+    assert "DAMAGED" not in result.stdout
     arrived = family.drain(family.queue_url)
     assert {m["Body"] for m in arrived} == {r.body for r in intact}
+
+
+def unfinished_member() -> bytes:
+    """A whole gzip member; cut short, it is what a writer killed mid-batch leaves."""
+    return gzip.compress(b'{"v":1,"message_id":"never-acknowledged"}\n' * 40)
+
+
+def raw_members(data: bytes) -> list[bytes]:
+    found = []
+    while data:
+        decompressor = zlib.decompressobj(31)
+        decompressor.decompress(data)
+        size = len(data) - len(decompressor.unused_data)
+        found.append(data[:size])
+        data = data[size:]
+    return found
+
+
+def damage(path: Path, how: str) -> None:
+    """Damage an archive the three ways the issue found, in place."""
+    if how == "not-gzip":
+        path.write_bytes(b"this is not an archive\n")
+        return
+    members = raw_members(path.read_bytes())
+    assert len(members) >= 4, "needs a header and three batches"
+    if how == "truncated":
+        # A copy cut in the middle of a member that is not the last.
+        path.write_bytes(b"".join(members[:2]) + members[2][: len(members[2]) // 2])
+    else:
+        flipped = bytearray(members[2])
+        flipped[len(flipped) // 2] ^= 0x01
+        path.write_bytes(b"".join([*members[:2], bytes(flipped), *members[3:]]))
+
+
+DAMAGE = ["not-gzip", "truncated", "flipped"]
+
+
+@pytest.fixture
+def damaged(family: Family, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Path, int]:
+    """A purge's archive of 30 tasks, then damaged; and how many records still read."""
+    seed(family, [(REFUND, 30)])
+    path = tmp_path / "purged.jsonl.gz"
+    assert len(purge_to(family.client, str(path))) == 30
+    damage(path, request.param)
+    check = check_archive(str(path), on_problem=lambda _: None)
+    assert check.damage is not None
+    return path, check.records
+
+
+@pytest.mark.parametrize("damaged", DAMAGE, indirect=True)
+def test_replay_of_a_damaged_archive_sends_nothing_and_says_where(
+    family: Family, damaged: tuple[Path, int]
+) -> None:
+    path, readable = damaged
+    assert readable < 30
+    for args in (["--execute", "--yes"], []):
+        result = CliRunner().invoke(cli, ["replay", str(path), "--to", "onion-checkout", *args])
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in result.output
+        assert str(path) in lines[0] and "is damaged at" in lines[0]
+        assert "record(s) read before it" in lines[0] and "nothing was replayed" in lines[0]
+        assert "--allow-partial" in lines[0] and "mid-batch" not in lines[0]
+    assert family.drain(family.queue_url) == []
+
+    as_json = CliRunner().invoke(
+        cli, ["replay", str(path), "--to", "onion-checkout", "--execute", "--yes", "--json"]
+    )
+    assert as_json.exit_code == 1
+    data = json.loads(as_json.stdout)
+    assert data["replayed"] == 0 and data["archive"] == str(path)
+    assert data["damaged"]["file"] == str(path) and data["damaged"]["readable"] == readable
+    assert {"where", "what", "records_read", "offset"} <= set(data["damaged"])
+    assert family.drain(family.queue_url) == []
+
+
+@pytest.mark.parametrize("damaged", ["truncated", "flipped"], indirect=True)
+def test_allow_partial_replays_what_reads_cleanly_and_exits_3(
+    family: Family, damaged: tuple[Path, int]
+) -> None:
+    path, readable = damaged
+    clean = list(read_records(str(path), on_problem=lambda _: None, on_damage=lambda _: None))
+    assert len(clean) == readable > 0
+    args = ["replay", str(path), "--to", "onion-checkout", "--execute", "--yes", "--allow-partial"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 3, result.output
+    data = json.loads(result.stdout)
+    assert data["replayed"] == readable and data["failed"] == 0
+    assert data["damaged"]["readable"] == readable and data["damaged"]["expected"] == 30
+    assert "is damaged at" in result.stderr
+    arrived = family.drain(family.queue_url)
+    assert sorted(m["Body"] for m in arrived) == sorted(r.body for r in clean)
+
+    # Again: nothing is sent twice; the text says what was skipped.
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 3
+    assert "DAMAGED ARCHIVE" in again.stdout and str(path) in again.stdout
+    assert family.drain(family.queue_url) == []
+
+
+@pytest.mark.parametrize("damaged", ["flipped"], indirect=True)
+def test_replay_archive_refuses_a_damaged_archive_before_any_send(
+    family: Family, damaged: tuple[Path, int], ledger: SqliteLedger
+) -> None:
+    path, readable = damaged
+    sends: list[str] = []
+    with pytest.raises(ArchiveDamaged) as caught:
+        replay(family.client, str(path), ledger, fault=sends.append)
+    assert caught.value.report.readable == readable
+    # The engine never started: not one batch was read, claimed or sent.
+    assert sends == [] and family.drain(family.queue_url) == []
+
+    partial = replay_archive(
+        str(path),
+        describe_queue(Sqs(family.client), "onion-checkout"),
+        ledger,
+        MoveOptions(selection=Selection(), execute=True),
+        sqs_factory=lambda: Sqs(family.client),
+        allow_partial=True,
+    )
+    assert partial.move.moved == readable and partial.damage is not None
+    assert partial.damage.first.member == 3 and partial.damage.first.records_lost is not None
+    assert len(family.drain(family.queue_url)) == readable
+
+
+@pytest.mark.parametrize("damaged", DAMAGE, indirect=True)
+def test_inspect_of_a_damaged_archive_is_an_error_saying_where(damaged: tuple[Path, int]) -> None:
+    path, readable = damaged
+    result = CliRunner().invoke(cli, ["inspect", str(path)])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and "is damaged at" in lines[0]
+    assert f"{readable} message(s)" in result.stdout and "DAMAGED ARCHIVE" in result.stdout
+
+    as_json = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
+    assert as_json.exit_code == 1
+    data = json.loads(as_json.stdout)
+    assert data["total"] == readable and data["damaged"]["readable"] == readable
+    assert data["damaged"]["records_read"] <= readable and data["damaged"]["where"]
+
+
+def test_inspect_of_a_killed_purges_archive_warns_and_exits_0(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(family, [(REFUND, 12)])
+    path = tmp_path / "killed.jsonl.gz"
+    monkeypatch.setattr(LocalArchiveWriter, "_seal", lambda self: None)
+    purge_to(family.client, str(path))
+    with path.open("ab") as handle:
+        handle.write(unfinished_member()[:50])
+    result = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["damaged"] is None
+    assert json.loads(result.stdout)["total"] == 12
+    assert "stopped mid-batch" in result.stderr
+
+
+def test_s3_damaged_part_refuses_the_replay_naming_the_object(family: Family, s3: Any) -> None:
+    seed(family, [(REFUND, 12)])
+    purge_to(
+        family.client, "s3://dlq-archive/checkout", s3_client_factory=lambda: s3, chunk_records=4
+    )
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="dlq-archive")["Contents"])
+    body = bytearray(s3.get_object(Bucket="dlq-archive", Key=keys[2])["Body"].read())
+    body[len(body) // 2] ^= 0x01
+    s3.put_object(Bucket="dlq-archive", Key=keys[2], Body=bytes(body))
+
+    args = ["replay", "s3://dlq-archive/checkout", "--to", "onion-checkout", "--execute", "--yes"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and f"s3://dlq-archive/{keys[2]}" in result.stderr
+    assert family.drain(family.queue_url) == []
+    partial = CliRunner().invoke(cli, [*args, "--allow-partial", "--json"])
+    assert partial.exit_code == 3 and json.loads(partial.stdout)["replayed"] == 8
+    inspected = CliRunner().invoke(cli, ["inspect", "s3://dlq-archive/checkout", "--json"])
+    assert inspected.exit_code == 1
+    assert json.loads(inspected.stdout)["damaged"]["file"] == f"s3://dlq-archive/{keys[2]}"
 
 
 def test_replay_errors_are_one_line(family: Family, tmp_path: Path) -> None:
