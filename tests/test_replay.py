@@ -498,7 +498,8 @@ def test_replay_of_a_truncated_archive_sends_the_intact_records_and_warns(
 
 def test_replay_errors_are_one_line(family: Family, tmp_path: Path) -> None:
     missing = CliRunner().invoke(
-        cli, ["replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute"]
+        cli,
+        ["replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute", "--yes"],
     )
     assert missing.exit_code == 1 and "Traceback" not in missing.output
     assert len(missing.stderr.strip().splitlines()) == 1 and "no archive" in missing.stderr
