@@ -206,6 +206,7 @@ class _TableView:
             self.short.add(step.column)
             return True
         widest = max((len(c) for c in self.cells(step.column)), default=0)
+        widest = min(widest, self.caps.get(step.column, widest))
         cap = max(step.to, widest - overflow, 1)
         if cap >= widest:
             return False
@@ -293,10 +294,13 @@ STATUS_STEPS = (
     Narrow("headers"),
     Narrow("shrink", "queue", 16),
     Narrow("shrink", "dlq", 16),
+    Narrow("shrink", "queue", 12),
+    Narrow("shrink", "dlq", 12),
+    Narrow("wrap", "error", 24),
     Narrow("drop", "dlq retention"),
-    Narrow("shrink", "queue", 10),
-    Narrow("shrink", "dlq", 10),
-    Narrow("wrap", "error", 16),
+    Narrow("shrink", "queue", 8),
+    Narrow("shrink", "dlq", 8),
+    Narrow("wrap", "error", 12),
 )
 
 
@@ -680,17 +684,20 @@ def purge_text(result: PurgeResult) -> str:
     return "\n".join(lines)
 
 
+# The command names the target, and `audit RUN` shows everything: the listing keeps what
+# tells runs apart (id, when, outcome, counts, the command's start).
 AUDIT_STEPS = (
     Narrow("tight"),
     Narrow("short", "started"),
     Narrow("headers"),
+    Narrow("drop", "target"),
     Narrow("shrink", "command", 40),
     Narrow("shrink", "who", 16),
     Narrow("shrink", "counts", 24),
-    Narrow("shrink", "target", 16),
     Narrow("drop", "who"),
-    Narrow("shrink", "command", 20),
-    Narrow("shrink", "counts", 12),
+    Narrow("shrink", "command", 24),
+    Narrow("shrink", "counts", 16),
+    Narrow("shrink", "command", 16),
 )
 
 
