@@ -89,8 +89,8 @@ class DeletedMessages:
     """The first :data:`DELETED_KEPT` messages a purge deleted: ``[message id, task, task id]``
     each, for the audit trail. Not thread-safe: the purge calls it under its own lock."""
 
-    def __init__(self, keep: int = DELETED_KEPT) -> None:
-        self.keep = keep
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = DELETED_KEPT if keep is None else keep
         self.items: list[list[str | None]] = []
         self.total = 0
 

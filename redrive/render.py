@@ -727,10 +727,16 @@ def audit_table(runs: Sequence[RunInfo], *, width: int | None = None) -> str:
     )
 
 
+# The order a reader follows a run in (the ledger stores counts sorted by name).
+_COUNT_ORDER = ("matched", "moved", "archived", "purged", "skipped", "failed", "in_doubt")
+
+
 def counts_text(counts: Mapping[str, Any], *, zeros: bool = False) -> str:
     """``matched 3, moved 2, duplicates deleted 1``: a run's counts as a person reads them."""
+    order = {name: i for i, name in enumerate(_COUNT_ORDER)}
+    ranked = sorted(counts.items(), key=lambda item: order.get(str(item[0]), len(order)))
     return ", ".join(
-        f"{str(name).replace('_', ' ')} {value}" for name, value in counts.items() if zeros or value
+        f"{str(name).replace('_', ' ')} {value}" for name, value in ranked if zeros or value
     )
 
 
