@@ -576,7 +576,7 @@ def main() -> None:
 # -- status, inspect, report ------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Queue and DLQ counts of every family (instant: receives nothing).")
 @json_option
 @wide_option
 @pass_ctx
@@ -595,7 +595,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
         sys.exit(EXIT_ERROR)
 
 
-@cli.command()
+@cli.command(short_help="Group a DLQ's messages by Celery task, leaving the DLQ as it was.")
 @target_argument
 @json_option
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Scan at most N messages.")
@@ -664,7 +664,7 @@ def _is_archive(target: str) -> bool:
     return target.startswith("s3://") or target.endswith((".jsonl", ".jsonl.gz", ".gz"))
 
 
-@cli.command()
+@cli.command(short_help="Every family's DLQ grouped by task, for scheduled runs and alerts.")
 @click.option(
     "--format",
     "fmt",
@@ -850,7 +850,7 @@ def rate_option(f: F) -> F:
     )(f)
 
 
-@cli.command()
+@cli.command(short_help="Send DLQ messages back to their source queue, each task once.")
 @target_argument
 @selection_options
 @click.option(
@@ -1314,7 +1314,7 @@ def _purge_ledger(
     return ledger, run_id
 
 
-@cli.command()
+@cli.command(short_help="Archive the selected DLQ messages, then delete them (undo: replay).")
 @target_argument
 @selection_options
 @archive_destination
@@ -1339,7 +1339,7 @@ def purge(ctx: Context, /, target: str, **kwargs: Any) -> None:
     _run_purge(ctx, target, kwargs, delete=True)
 
 
-@cli.command()
+@cli.command(short_help="Copy the selected DLQ messages to an archive, deleting nothing.")
 @target_argument
 @selection_options
 @archive_destination
@@ -1358,7 +1358,7 @@ def archive(ctx: Context, /, target: str, **kwargs: Any) -> None:
     _run_purge(ctx, target, kwargs, delete=False)
 
 
-@cli.command()
+@cli.command(short_help="Send archived messages to a queue, byte-identical, each task once.")
 @click.argument("source", metavar="ARCHIVE", shell_complete=complete_file)
 @click.option(
     "--to",
@@ -1635,7 +1635,7 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     sys.exit(EXIT_INTERRUPTED if stop.is_set() else EXIT_ATTENTION)
 
 
-@cli.command()
+@cli.command(short_help="SQS message move tasks of a DLQ (move --native), newest first.")
 @target_argument
 @click.option(
     "--cancel",
@@ -1689,12 +1689,16 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
 # -- ledger: ledger init --------------------------------------------------------------------
 
 
-@cli.group("ledger", cls=RedriveGroup)
+@cli.group(
+    "ledger",
+    cls=RedriveGroup,
+    short_help="The idempotency ledger: create one before a team shares it.",
+)
 def ledger_group() -> None:
     """The idempotency ledger: create one before a team shares it."""
 
 
-@ledger_group.command("init")
+@ledger_group.command("init", short_help="Create the ledger URI names (an existing one is kept).")
 @click.argument("uri", metavar="URI")
 @pass_ctx
 def ledger_init(ctx: Context, /, uri: str) -> None:
@@ -1720,7 +1724,7 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 # -- check: layout audit ----------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Audit the families against SQS: policies, DLQs, receive counts.")
 @json_option
 @wide_option
 @pass_ctx
@@ -1743,7 +1747,7 @@ def check(ctx: Context, as_json: bool, wide: bool) -> None:
 # -- audit and plans: audit, apply ------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Act on exactly the messages of a plan (move/purge --plan-out).")
 @click.argument("plan_path", metavar="PLAN", shell_complete=complete_file)
 @execute_options
 @ledger_option
@@ -1832,7 +1836,7 @@ def apply(
     _run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
 
 
-@cli.command()
+@cli.command(short_help="List the --execute runs, or show one run in detail.")
 @click.argument("run_id", required=False)
 @click.option("--since", metavar="DUR", callback=duration, help="Only runs started within DUR.")
 @ledger_option
@@ -1884,7 +1888,7 @@ def audit(
 # -- sandbox ----------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Run a local SQS (moto) with the families and seeded DLQs.")
 @click.option("--port", type=click.IntRange(0, 65535), default=4566, show_default=True)
 @click.option(
     "--messages",
