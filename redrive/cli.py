@@ -163,10 +163,6 @@ class Progress:
         if self.enabled and self._shown:
             click.echo("\r\x1b[K", err=True, nl=False)
 
-    def rate(self, n: int) -> str:
-        elapsed = max(1e-6, time.monotonic() - self.started)
-        return f"{n / elapsed:,.0f}/s"
-
 
 def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:
     """``120 of ~1,000 received (340/s, ~3s left)``; ``120 received (340/s)`` with no total.
@@ -453,7 +449,7 @@ def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | Non
 
 class RedriveGroup(click.Group):
     """Keeps the command line for the audit trail and dry runs' next step, and lists each
-    command's whole first sentence in ``--help`` (click cuts it to fit one line)."""
+    command's summary whole in ``--help`` (click cuts a long one short with "...")."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # The outermost group sees every word; a nested group (ledger) only its own.
@@ -1273,10 +1269,11 @@ def _purge_whole_queue(
     ledger = _purge_ledger(ctx, dlq, Selection(), kwargs, None) if execute else None
     try:
         result = purge_whole_queue(dlq, ctx.sqs_of(dlq)(), execute=execute)
-    except BaseException:
+    except BaseException as exc:
         if ledger is not None:
+            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             with contextlib.suppress(Exception):
-                ledger[0].end_run(ledger[1], outcome="failed", counts={})
+                ledger[0].end_run(ledger[1], outcome=how, counts={})
             ledger[0].close()
         raise
     if ledger is not None:

@@ -143,15 +143,17 @@ def fitted_table(
     steps: Sequence[Narrow] = (),
     fmt: str = "simple",
 ) -> str:
-    """``table``, narrowed by ``steps`` (in order) until no line is wider than ``width``.
-
-    A row is never wrapped across lines: the least useful columns go first, then long
-    names are shortened. ``width`` None shows everything, at full length.
+    """``table``, narrowed by ``steps`` (in order) until no line is wider than ``width``, so
+    the terminal never folds a row into the next: the least useful columns go first, then
+    long names are shortened. ``width`` None shows everything, at full length; only the
+    plain format is narrowed (Markdown is for documents).
     """
     view = _TableView(rows, headers)
     text = view.render(fmt)
-    for step in steps if width is not None and fmt == "simple" else ():
-        overflow = _widest(text) - width  # type: ignore[operator]
+    if width is None or fmt != "simple":
+        return text
+    for step in steps:
+        overflow = _widest(text) - width
         if overflow <= 0:
             break
         if view.apply(step, overflow):
