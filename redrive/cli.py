@@ -349,8 +349,8 @@ def confirm(
         return
     if not terminal_attached():
         raise NeedsYes(
-            "--execute with no terminal to confirm on needs --yes (nothing was changed): "
-            "add --yes to act without asking"
+            "--execute with no terminal to confirm on (stdin and stderr must both be one) "
+            "needs --yes: nothing was changed; add --yes to act without asking"
         )
     for line in details() if details is not None else ():
         click.echo(line, err=True)

@@ -332,7 +332,7 @@ def test_with_no_terminal_the_real_command_exits_2(server: MotoServer, tty_famil
     )
     assert done.returncode == EXIT_USAGE, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "Error: --execute with no terminal to confirm on needs --yes (nothing was changed): "
-        "add --yes to act without asking"
+        "Error: --execute with no terminal to confirm on (stdin and stderr must both be one) "
+        "needs --yes: nothing was changed; add --yes to act without asking"
     ]
     assert tty_family.depth() == (3, 0)
