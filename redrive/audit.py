@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,16 +49,56 @@ def run_record(
     archive: str | None,
     caller: Mapping[str, str],
 ) -> dict[str, Any]:
-    """What an ``--execute`` run records about itself when it starts."""
+    """What an ``--execute`` run records about itself when it starts.
+
+    Paths are made absolute and the working directory is kept: an incident note written
+    from another shell must still find the archive and paste the command back.
+    """
     return {
         "command_line": command_line,
         "target": target,
         "filters": dict(filters),
         "ledger": ledger,
-        "archive": archive,
+        "archive": absolute_location(archive),
+        "cwd": working_directory(),
         **local_identity(),
         **caller,
     }
+
+
+def absolute_location(location: str | None) -> str | None:
+    """A local archive path made absolute; an ``s3://`` URI (or None) as it is."""
+    if location is None or "://" in location:
+        return location
+    return os.path.abspath(os.path.expanduser(location))
+
+
+def working_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the directory was removed under the shell
+        return None
+
+
+DELETED_KEPT = 500
+"""How many deleted messages a purge lists in its run record: enough for any incident note,
+and a bounded record (a DynamoDB item holds at most 400 KB). The archive holds every one."""
+
+
+class DeletedMessages:
+    """The first :data:`DELETED_KEPT` messages a purge deleted: ``[message id, task, task id]``
+    each, for the audit trail. Not thread-safe: the purge calls it under its own lock."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = DELETED_KEPT if keep is None else keep
+        self.items: list[list[str | None]] = []
+        self.total = 0
+
+    def add(self, deleted: Sequence[tuple[str, str, str | None]]) -> None:
+        self.total += len(deleted)
+        room = self.keep - len(self.items)
+        # A task name is producer text: long ones must not blow the record's bound.
+        self.items.extend([m, t[:200], i] for m, t, i in deleted[: max(0, room)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from click.shell_completion import CompletionItem
 
 from redrive import __version__
 from redrive.config import Layout, load_layout
@@ -134,6 +137,17 @@ class Progress:
         self.started = time.monotonic()
         self._last = 0.0
         self._shown = False
+        self.total: int | None = None
+        """How many there are to go through, where known (SQS's count at the start)."""
+
+    def set_total(self, total: int | None) -> None:
+        self.total = total
+
+    def of(self, n: int, what: str, total: int | None = None) -> str:
+        """``120 of ~1,000 received (340/s, ~3s left)``."""
+        return progress_text(
+            n, total if total is not None else self.total, what, time.monotonic() - self.started
+        )
 
     def update(self, text: str, *, force: bool = False) -> None:
         if not self.enabled:
@@ -149,9 +163,19 @@ class Progress:
         if self.enabled and self._shown:
             click.echo("\r\x1b[K", err=True, nl=False)
 
-    def rate(self, n: int) -> str:
-        elapsed = max(1e-6, time.monotonic() - self.started)
-        return f"{n / elapsed:,.0f}/s"
+
+def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:
+    """``120 of ~1,000 received (340/s, ~3s left)``; ``120 received (340/s)`` with no total.
+
+    SQS's count is approximate (``~``); past it there is no promise of an end to make.
+    """
+    from redrive.selection import format_duration
+
+    rate = n / max(elapsed, 1e-6)
+    if not total or n >= total:
+        return f"{n:,} {what} ({rate:,.0f}/s)"
+    left = f", ~{format_duration((total - n) / rate)} left" if n and rate > 0 else ""
+    return f"{n:,} of ~{total:,} {what} ({rate:,.0f}/s{left})"
 
 
 def warn(message: str) -> None:
@@ -257,22 +281,154 @@ def ledger_option(f: F) -> F:
 
 
 def workers_option(f: F) -> F:
+    return workers_doing("receive-send-delete")(f)
+
+
+def workers_doing(work: str) -> Callable[[F], F]:
+    """``--workers``, its help saying what each pipeline does for this command."""
+
+    def decorate(f: F) -> F:
+        return click.option(
+            "--workers",
+            type=click.IntRange(1, 32),
+            default=1,
+            show_default=True,
+            help=f"Parallel {work} pipelines, each with its own client.",
+        )(f)
+
+    return decorate
+
+
+def wide_option(f: F) -> F:
     return click.option(
-        "--workers",
-        type=click.IntRange(1, 32),
-        default=1,
-        show_default=True,
-        help="Parallel receive-send-delete pipelines, each with its own client.",
+        "--wide",
+        is_flag=True,
+        help="Show every column at full length, however wide the terminal.",
     )(f)
 
 
-def confirm(execute: bool, yes: bool, question: str) -> None:
-    if execute and not yes and sys.stdin.isatty():
-        click.confirm(question, abort=True, err=True)
+def table_width(wide: bool) -> int | None:
+    """How wide a table may be: the terminal's width; for a pipe or a file COLUMNS if set,
+    else no limit (a pipe to grep or a file should lose nothing); --wide: no limit."""
+    if wide:
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+class NeedsYes(click.ClickException):
+    """``--execute`` with no one to ask: a usage error (exit 2), before anything changed."""
+
+    exit_code = EXIT_USAGE
+
+
+def terminal_attached() -> bool:
+    """Whether a person can answer a prompt: it is read from stdin and asked on stderr."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def confirm(
+    execute: bool,
+    yes: bool,
+    question: str,
+    *,
+    details: Callable[[], list[str]] | None = None,
+) -> None:
+    """Ask before an ``--execute`` run changes anything, unless ``--yes``.
+
+    With no terminal to ask on (a script, cron, ssh without a tty) it refuses: one typo there
+    must not drain a production DLQ unasked. ``details`` (the DLQ, the filters, how many
+    messages are visible) are fetched only when there is someone to show them to. Answering
+    no exits 1 (``aborted``); Ctrl-C at the prompt is an interruption (130).
+    """
+    if not execute or yes:
+        return
+    if not terminal_attached():
+        raise NeedsYes(
+            "--execute with no terminal to confirm on (stdin and stderr must both be one) "
+            "needs --yes: nothing was changed; add --yes to act without asking"
+        )
+    for line in details() if details is not None else ():
+        click.echo(line, err=True)
+    if not click.confirm(question, default=False, err=True):
+        click.echo("aborted: nothing was changed", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def dlq_details(ctx: Context, dlq: DlqTarget, selection: Selection | None) -> list[str]:
+    """What a confirmation names: the DLQ, how many messages it shows now, the filters."""
+    from redrive.render import filters_text
+
+    try:
+        attributes = ctx.sqs_of(dlq)().attributes(dlq.dlq.url, ["ApproximateNumberOfMessages"])
+        visible = f"{int(attributes.get('ApproximateNumberOfMessages', '0')):,} message(s) visible"
+    except Exception as exc:  # the prompt still asks; the run reports any real error
+        visible = f"visible count unknown: {exc}"
+    lines = [f"  DLQ:      {dlq.dlq.name} ({dlq.label}): {visible}"]
+    if selection is not None:
+        lines.append(f"  filters:  {filters_text(selection.describe())}")
+    return lines
+
+
+ARGV = "redrive.argv"
+"""Where the group keeps the command line's arguments (``Context.meta``)."""
+
+
+def command_words() -> list[str]:
+    """The arguments this command was given, after the program name."""
+    ctx = click.get_current_context(silent=True)
+    words = ctx.meta.get(ARGV) if ctx is not None else None
+    return list(words) if words is not None else sys.argv[1:]
 
 
 def command_line() -> str:
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """The command as given, shell-quoted so that it pastes back into a shell as it ran."""
+    return shlex.join(["redrive", *command_words()])
+
+
+# Global options that take a value: the first other word is the command's name.
+_GLOBAL_VALUE_OPTIONS = ("--endpoint-url", "--region", "--profile", "--config")
+
+
+def execute_command(*, plan_out: str | None = None) -> str:
+    """What to run to do what this dry run showed: the same command with ``--execute`` (and
+    ``--yes`` where there is no terminal to confirm on); after ``--plan-out``, ``apply``."""
+    words = command_words()
+    yes = [] if terminal_attached() else ["--yes"]
+    if plan_out is not None:
+        at = _command_index(words)
+        return shlex.join(["redrive", *words[:at], "apply", plan_out, "--execute", *yes])
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--plan-out":
+            skip = True
+        elif not word.startswith("--plan-out="):
+            kept.append(word)
+    return shlex.join(["redrive", *kept, "--execute", *yes])
+
+
+def _command_index(words: list[str]) -> int:
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in _GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return i
+    return len(words)
+
+
+def next_step(words: str) -> str:
+    return f"\nnothing was changed (dry run); to do it, run:\n  {words}"
 
 
 def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | None:
@@ -291,7 +447,82 @@ def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | Non
 # -- the group --------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class RedriveGroup(click.Group):
+    """Keeps the command line for the audit trail and dry runs' next step, and lists each
+    command's summary whole in ``--help`` (click cuts a long one short with "...")."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The outermost group sees every word; a nested group (ledger) only its own.
+        ctx.meta.setdefault(ARGV, list(args))
+        return super().parse_args(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _completion_layout(ctx: click.Context) -> Layout | None:
+    """The layout for shell completion: ``--config`` if given before the command, else
+    REDRIVE_CONFIG or the built-in one. Completion never fails aloud, nor calls AWS."""
+    config = ctx.find_root().params.get("config")
+    try:
+        return load_layout(config)
+    except Exception:
+        return None
+
+
+def _looks_like_path(incomplete: str) -> bool:
+    return incomplete.startswith(("/", ".", "~")) or "/" in incomplete
+
+
+def complete_target(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """A TARGET completes to the layout's family names; a word like a path, to files (an
+    archive for inspect)."""
+    if _looks_like_path(incomplete):
+        return [CompletionItem(incomplete, type="file")]
+    layout = _completion_layout(ctx)
+    if layout is None:
+        return []
+    return [
+        CompletionItem(f.name, help=f"queue {f.queue}")
+        for f in layout.families
+        if f.name.startswith(incomplete)
+    ]
+
+
+def complete_queue(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """``--to QUEUE`` completes to the layout's queue names."""
+    from redrive.sqs import queue_name
+
+    layout = _completion_layout(ctx)
+    names = [queue_name(f.queue) for f in layout.families] if layout is not None else []
+    return [CompletionItem(n) for n in dict.fromkeys(names) if n.startswith(incomplete)]
+
+
+def complete_file(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="file")]
+
+
+def target_argument(f: F) -> F:
+    return click.argument("target", shell_complete=complete_target)(f)
+
+
+@click.group(
+    cls=RedriveGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.option(
     "--endpoint-url",
     metavar="URL",
@@ -341,10 +572,11 @@ def main() -> None:
 # -- status, inspect, report ------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Queue and DLQ counts of every family (instant: receives nothing).")
 @json_option
+@wide_option
 @pass_ctx
-def status(ctx: Context, as_json: bool) -> None:
+def status(ctx: Context, as_json: bool, wide: bool) -> None:
     """Queue and DLQ counts of every family (instant: no message is received)."""
     from redrive.render import status_table
     from redrive.status import family_status
@@ -354,22 +586,29 @@ def status(ctx: Context, as_json: bool) -> None:
     if as_json:
         emit_json({"layout": ctx.layout.source, "families": [r.to_json() for r in rows]})
     else:
-        click.echo(status_table(rows))
+        click.echo(status_table(rows, width=table_width(wide)))
     if any(r.error for r in rows):
         sys.exit(EXIT_ERROR)
 
 
-@cli.command()
-@click.argument("target")
+@cli.command(short_help="Group a DLQ's messages by Celery task, leaving the DLQ as it was.")
+@target_argument
 @json_option
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Scan at most N messages.")
 @click.option(
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
-@workers_option
+@workers_doing("receive")
+@wide_option
 @pass_ctx
 def inspect(
-    ctx: Context, target: str, as_json: bool, limit: int | None, show_args: bool, workers: int
+    ctx: Context,
+    target: str,
+    as_json: bool,
+    limit: int | None,
+    show_args: bool,
+    workers: int,
+    wide: bool,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
 
@@ -401,7 +640,10 @@ def inspect(
                 show_args=show_args,
                 workers=workers,
                 stop=stop,
-                on_progress=lambda n: progress.update(f"{n} received ({progress.rate(n)})"),
+                on_progress=lambda n: progress.update(progress.of(n, "received")),
+                on_depth=lambda depth: progress.set_total(
+                    min(depth, limit) if limit is not None else depth
+                ),
             )
         progress.done()
     # An archive's damage: what read cleanly is shown, then it is an error.
@@ -409,7 +651,7 @@ def inspect(
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(inspect_text(result))
+        click.echo(inspect_text(result, width=table_width(wide)))
         if damaged is not None:
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
@@ -424,7 +666,7 @@ def _is_archive(target: str) -> bool:
     return target.startswith("s3://") or target.endswith((".jsonl", ".jsonl.gz", ".gz"))
 
 
-@cli.command()
+@cli.command(short_help="Every family's DLQ grouped by task, for scheduled runs and alerts.")
 @click.option(
     "--format",
     "fmt",
@@ -460,6 +702,7 @@ def _is_archive(target: str) -> bool:
     help="With --alert-state: an unchanged DLQ alerts at most once per DUR; "
     "a DLQ that grows or gains a task alerts at once.",
 )
+@wide_option
 @pass_ctx
 def report(
     ctx: Context,
@@ -469,6 +712,7 @@ def report(
     since_last: bool,
     alert_state: str | None,
     alert_throttle: float | None,
+    wide: bool,
 ) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
     from redrive import alerts
@@ -508,7 +752,9 @@ def report(
     elif fmt == "prometheus":
         text = report_prometheus(result)
     else:
-        text = report_text(result, markdown=fmt == "markdown")
+        # A file (a dashboard, a mail) gets every column: no terminal decides its width.
+        width = None if output else table_width(wide)
+        text = report_text(result, markdown=fmt == "markdown", width=width)
         if changes is not None:
             text += "\n" + since_last_text(changes, markdown=fmt == "markdown")
     if output:
@@ -606,10 +852,16 @@ def rate_option(f: F) -> F:
     )(f)
 
 
-@cli.command()
-@click.argument("target")
+@cli.command(short_help="Send DLQ messages back to their source queue, each task once.")
+@target_argument
 @selection_options
-@click.option("--to", "to", metavar="QUEUE", help="Send to this queue (name or URL) instead.")
+@click.option(
+    "--to",
+    "to",
+    metavar="QUEUE",
+    shell_complete=complete_queue,
+    help="Send to this queue (name or URL) instead.",
+)
 @click.option(
     "--native",
     is_flag=True,
@@ -674,7 +926,10 @@ def run_move(
         to = options.to
         destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
         confirm(
-            options.execute, yes, f"Move selected messages from {dlq.dlq.name} to {destination}?"
+            options.execute,
+            yes,
+            f"Move the selected messages from {dlq.dlq.name} to {destination}?",
+            details=lambda: dlq_details(ctx, dlq, options.selection),
         )
         ledger = (
             open_ledger(ledger_uri, client_factory=ctx.aws.client)
@@ -705,8 +960,8 @@ def run_move(
                 command=command_line(),
                 stop=stop,
                 on_progress=lambda r: progress.update(
-                    f"{r.moved} moved / {r.matched} matched / {r.scanned} scanned "
-                    f"({progress.rate(r.moved)})"
+                    f"{r.moved:,} moved / {r.matched:,} matched / "
+                    + progress.of(r.scanned, "scanned", r.depth_before)
                 ),
                 plan_sink=writer.add if writer else None,
                 run_info=run_info if options.execute else None,
@@ -724,7 +979,13 @@ def run_move(
         writer.close()
         click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
     shown: Any = PlannedView(result, planned) if planned is not None else result
-    finish_move(shown, as_json, move_text)
+    would_act = result.dry_run and (result.moved or result.duplicates)
+    finish_move(
+        shown,
+        as_json,
+        move_text,
+        next_command=execute_command(plan_out=plan_out) if would_act else None,
+    )
 
 
 def engine_options(
@@ -754,7 +1015,9 @@ def move_plan_options(options: Any) -> dict[str, Any]:
     }
 
 
-def execute_record(ctx: Context, target: str, selection: Selection, ledger: Any) -> dict[str, Any]:
+def execute_record(
+    ctx: Context, target: str, selection: Selection, ledger: Any, *, archive: str | None = None
+) -> dict[str, Any]:
     """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
     from redrive.audit import caller_identity, run_record
 
@@ -767,7 +1030,7 @@ def execute_record(ctx: Context, target: str, selection: Selection, ledger: Any)
         target=target,
         filters=filters,
         ledger=ledger.location,
-        archive=None,
+        archive=archive,
         caller=caller_identity(lambda: ctx.aws.client("sts")),
     )
 
@@ -801,7 +1064,16 @@ def _dry_run_ledger(uri: str | None, client_factory: Callable[[str], Any] | None
     return open_ledger(uri, client_factory=client_factory)
 
 
-def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render_kw: Any) -> None:
+def finish_move(
+    result: Any,
+    as_json: bool,
+    render: Callable[..., str],
+    *,
+    next_command: str | None = None,
+    **render_kw: Any,
+) -> None:
+    """Print a move, purge or replay result and exit with its code. ``next_command``: what
+    a dry run that would change something tells the reader to run to do it."""
     if as_json:
         emit_json(result.to_json())
     else:
@@ -811,6 +1083,8 @@ def finish_move(result: Any, as_json: bool, render: Callable[..., str], **render
                 f"\n{result.gone} of the plan's {result.planned} message(s) are no longer in the "
                 "DLQ (already acted on, or removed by someone else): left as they are"
             )
+        if next_command is not None and not result.interrupted:
+            click.echo(next_step(next_command))
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     # A dry run reports in-doubt keys it finds, but changed nothing that could need attention.
@@ -846,8 +1120,9 @@ def _run_purge(
     planned: int | None = None,
 ) -> None:
     from redrive.archive import default_archive_path, open_writer
+    from redrive.audit import DeletedMessages
     from redrive.plan import PlanWriter
-    from redrive.purge import S3_BUFFER, PurgeOptions, purge_dlq, purge_whole_queue
+    from redrive.purge import S3_BUFFER, PurgeOptions, check_archive_path, purge_dlq
     from redrive.render import purge_text
 
     selection = make_selection(kwargs)
@@ -862,13 +1137,7 @@ def _run_purge(
     with core_errors():
         dlq = dlq or ctx.target(target)
         if no_archive and not selection.is_filtered and not plan_out:
-            confirm(
-                execute,
-                kwargs["yes"],
-                f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
-            )
-            result = purge_whole_queue(dlq, ctx.sqs_of(dlq)(), execute=execute)
-            finish_move(result, kwargs["as_json"], purge_text)
+            _purge_whole_queue(ctx, dlq, kwargs, execute=execute)
             return
         if delete:
             confirm(
@@ -876,8 +1145,12 @@ def _run_purge(
                 kwargs["yes"],
                 f"Delete the selected messages from {dlq.dlq.name}"
                 + (" without an archive?" if no_archive else " after archiving them?"),
+                details=lambda: dlq_details(ctx, dlq, selection),
             )
         where = None if no_archive else destination or default_archive_path(dlq.label, _utcnow())
+        if where and not execute:
+            # The dry run says "would be archived to" only where the execute could write.
+            check_archive_path(where)
         writer = open_writer(where, s3_client_factory=ctx.s3_client) if where and execute else None
         plan = (
             PlanWriter(
@@ -892,6 +1165,7 @@ def _run_purge(
             else None
         )
         ledger = _purge_ledger(ctx, dlq, selection, kwargs, where) if execute and delete else None
+    deleted = DeletedMessages()
     progress = Progress(dlq.label)
     try:
         with core_errors(), interruptible() as stop:
@@ -910,26 +1184,38 @@ def _run_purge(
                 writer=writer,
                 stop=stop,
                 on_progress=lambda r: progress.update(
-                    f"{r.archived} archived / {r.purged} deleted / {r.matched} matched"
+                    f"{r.archived:,} archived / {r.purged:,} deleted / {r.matched:,} matched / "
+                    + progress.of(r.scanned, "scanned", r.depth_before)
                 ),
                 plan_sink=plan.add if plan else None,
                 # The archive's records name the run the ledger and the audit trail know.
                 run_id=ledger[1] if ledger is not None else None,
+                on_deleted=deleted.add if ledger is not None else None,
             )
-    except BaseException:
+    except BaseException as exc:
         if plan is not None:
             plan.abort()
         if ledger is not None:
+            # A second Ctrl-C interrupts; the run still says what it had deleted by then.
+            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             with contextlib.suppress(Exception):
-                ledger[0].end_run(ledger[1], outcome="failed", counts={})
+                ledger[0].end_run(
+                    ledger[1],
+                    outcome=how,
+                    counts={"purged": deleted.total},
+                    info={"deleted": deleted.items},
+                )
             ledger[0].close()
         raise
     finally:
         if writer is not None:
             writer.close()
     progress.done()
-    if result.archive is None and where and not no_archive:
+    dropped = _drop_empty_archive(where, result.archived) if writer is not None else False
+    if result.archive is None and where and not no_archive and not dropped:
         result.archive = where
+    if dropped:
+        result.archive = None
     if ledger is not None:
         ledger[0].end_run(
             ledger[1],
@@ -940,6 +1226,7 @@ def _run_purge(
                 "purged": result.purged,
                 "failed": result.failed,
             },
+            info={"deleted": deleted.items, **({"archive": None} if dropped else {})},
         )
         result.run_id = ledger[1]
         ledger[0].close()
@@ -947,7 +1234,68 @@ def _run_purge(
         plan.close()
         click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
     shown: Any = PlannedView(result, planned) if planned is not None else result
-    finish_move(shown, kwargs["as_json"], purge_text)
+    finish_move(
+        shown,
+        kwargs["as_json"],
+        purge_text,
+        next_command=(
+            execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
+        ),
+    )
+
+
+def _drop_empty_archive(where: str | None, archived: int) -> bool:
+    """Remove the file a run that archived nothing created (its writer made it new, with
+    O_EXCL, and it holds only the archive's header): an archive that holds no message is no
+    evidence of anything, and would block a rerun that names the same path."""
+    if where is None or "://" in where or archived:
+        return False
+    try:
+        Path(where).expanduser().unlink()
+    except OSError:
+        return False
+    return True
+
+
+def _purge_whole_queue(
+    ctx: Context, dlq: DlqTarget, kwargs: dict[str, Any], *, execute: bool
+) -> None:
+    """An unfiltered ``--no-archive`` purge: SQS PurgeQueue, audited like any purge."""
+    from redrive.purge import purge_whole_queue
+    from redrive.render import purge_text
+
+    confirm(
+        execute,
+        kwargs["yes"],
+        f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
+        details=lambda: dlq_details(ctx, dlq, None),
+    )
+    ledger = _purge_ledger(ctx, dlq, Selection(), kwargs, None) if execute else None
+    try:
+        result = purge_whole_queue(dlq, ctx.sqs_of(dlq)(), execute=execute)
+    except BaseException as exc:
+        if ledger is not None:
+            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            with contextlib.suppress(Exception):
+                ledger[0].end_run(ledger[1], outcome=how, counts={})
+            ledger[0].close()
+        raise
+    if ledger is not None:
+        # SQS does not say which messages PurgeQueue deleted: the record says so.
+        ledger[0].end_run(
+            ledger[1],
+            outcome="completed",
+            counts={"matched": result.matched, "purged": result.purged},
+            info={"deleted": [], "method": "purge-queue"},
+        )
+        result.run_id = ledger[1]
+        ledger[0].close()
+    finish_move(
+        result,
+        kwargs["as_json"],
+        purge_text,
+        next_command=execute_command() if result.dry_run and result.matched else None,
+    )
 
 
 def _purge_ledger(
@@ -956,18 +1304,19 @@ def _purge_ledger(
     """Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit."""
     import uuid
 
+    from redrive.audit import absolute_location
     from redrive.ledger import open_ledger
 
     ledger = open_ledger(kwargs.get("ledger"), client_factory=ctx.aws.client)
     run_id = uuid.uuid4().hex[:16]
     info = execute_record(ctx, dlq.label, selection, ledger)
-    info.update(archive=where, dlq=dlq.dlq.url, pid=os.getpid())
+    info.update(archive=absolute_location(where), dlq=dlq.dlq.url, pid=os.getpid())
     ledger.start_run(run_id, command=command_line(), info=info)
     return ledger, run_id
 
 
-@cli.command()
-@click.argument("target")
+@cli.command(short_help="Archive the selected DLQ messages, then delete them (undo: replay).")
+@target_argument
 @selection_options
 @archive_destination
 @click.option(
@@ -978,7 +1327,7 @@ def _purge_ledger(
 @execute_options
 @ledger_option
 @lease_option
-@workers_option
+@workers_doing("receive-archive-delete")
 @plan_out_option
 @json_option
 @pass_ctx
@@ -991,12 +1340,12 @@ def purge(ctx: Context, /, target: str, **kwargs: Any) -> None:
     _run_purge(ctx, target, kwargs, delete=True)
 
 
-@cli.command()
-@click.argument("target")
+@cli.command(short_help="Copy the selected DLQ messages to an archive, deleting nothing.")
+@target_argument
 @selection_options
 @archive_destination
 @lease_option
-@workers_option
+@workers_doing("receive-archive")
 @json_option
 @pass_ctx
 def archive(ctx: Context, /, target: str, **kwargs: Any) -> None:
@@ -1004,13 +1353,22 @@ def archive(ctx: Context, /, target: str, **kwargs: Any) -> None:
 
     A snapshot for an audit or before a risky fix; the DLQ is left as it was.
     """
+    # No --execute and no confirmation: it deletes and sends nothing (like inspect, it only
+    # hides the messages while it reads them), and its one effect is the new file it names.
     kwargs.update(execute=True, yes=True, no_archive=False)
     _run_purge(ctx, target, kwargs, delete=False)
 
 
-@cli.command()
-@click.argument("source", metavar="ARCHIVE")
-@click.option("--to", "to", required=True, metavar="QUEUE", help="Queue to send to (name or URL).")
+@cli.command(short_help="Send archived messages to a queue, byte-identical, each task once.")
+@click.argument("source", metavar="ARCHIVE", shell_complete=complete_file)
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    metavar="QUEUE",
+    shell_complete=complete_queue,
+    help="Queue to send to (name or URL).",
+)
 @selection_options
 @execute_options
 @ledger_option
@@ -1040,7 +1398,12 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     execute: bool = kwargs["execute"]
     with core_errors():
         to = ctx.queue(kwargs["to"])
-        confirm(execute, kwargs["yes"], f"Send the archived messages of {source} to {to.name}?")
+        confirm(
+            execute,
+            kwargs["yes"],
+            f"Send the selected archived messages to {to.name}?",
+            details=lambda: replay_details(source, to, selection),
+        )
         ledger = (
             open_ledger(kwargs["ledger"], client_factory=ctx.aws.client)
             if execute
@@ -1064,7 +1427,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     on_check=lambda n: progress.update(f"checking the archive: {n} read"),
                     on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
                     run_info=(
-                        execute_record(ctx, source, selection, ledger)
+                        execute_record(ctx, source, selection, ledger, archive=source)
                         if execute and ledger
                         else None
                     ),
@@ -1085,7 +1448,13 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
             text += "\n\n" + "\n".join(archive_damage_lines(damage, replayed=True))
         return text
 
-    finish_move(ReplayView(outcome.move, damage), kwargs["as_json"], render, verb="replay")
+    finish_move(
+        ReplayView(outcome.move, damage),
+        kwargs["as_json"],
+        render,
+        verb="replay",
+        next_command=(execute_command() if outcome.move.dry_run and outcome.move.moved else None),
+    )
     if damage is not None and not allow_partial:
         # Damaged after the check passed (the archive changed meanwhile): stopped there.
         raise click.ClickException(f"{damage.describe()}; the replay stopped there")
@@ -1106,6 +1475,16 @@ def refuse_damaged_archive(source: str, report: Any, execute: bool, as_json: boo
     )
 
 
+def replay_details(source: str, to: QueueRef, selection: Selection) -> list[str]:
+    from redrive.render import filters_text
+
+    return [
+        f"  archive:  {source}",
+        f"  to:       {to.name}",
+        f"  filters:  {filters_text(selection.describe())}",
+    ]
+
+
 class ReplayView:
     """A move result that speaks of replaying: JSON gains ``replayed`` and ``damaged``."""
 
@@ -1120,7 +1499,10 @@ class ReplayView:
         data: dict[str, Any] = self._result.to_json()
         data = {"replayed": data["moved"], **data}
         # Replaying twice: what was already sent counts as skipped (there is nothing to delete).
-        data["already_sent"] = data.pop("duplicates_deleted")
+        # A dry run too knows what was already sent: it is a fact, not a plan.
+        data.pop("duplicates_deleted")
+        data.pop("duplicates_to_delete", None)
+        data["already_sent"] = self._result.duplicates
         data["skipped"] += data["already_sent"]
         data["archive"] = data.pop("target")
         data.pop("dlq", None)
@@ -1227,6 +1609,7 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
             execute,
             kwargs["yes"],
             f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
+            details=lambda: dlq_details(ctx, dlq, None),
         )
         handle = start_native_move(sqs, dlq, destination=to, rate=rate)
     click.echo(
@@ -1295,16 +1678,17 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     sys.exit(EXIT_INTERRUPTED if stop.is_set() else EXIT_ATTENTION)
 
 
-@cli.command()
-@click.argument("target")
+@cli.command(short_help="SQS message move tasks of a DLQ (move --native), newest first.")
+@target_argument
 @click.option(
     "--cancel",
     is_flag=True,
     help="Cancel the running move task (what it moved stays moved; the rest stays in the DLQ).",
 )
 @json_option
+@wide_option
 @pass_ctx
-def tasks(ctx: Context, target: str, cancel: bool, as_json: bool) -> None:
+def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) -> None:
     """SQS message move tasks of a DLQ (started by move --native), newest first.
 
     With --cancel, cancel the running one instead.
@@ -1326,7 +1710,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool) -> None:
                     }
                 )
             else:
-                click.echo(move_tasks_table(listed, dlq=dlq.dlq.name))
+                click.echo(move_tasks_table(listed, dlq=dlq.dlq.name, width=table_width(wide)))
             return
         cancelled = cancel_move_task(sqs, dlq)
     if cancelled is None:
@@ -1348,12 +1732,16 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool) -> None:
 # -- ledger: ledger init --------------------------------------------------------------------
 
 
-@cli.group("ledger")
+@cli.group(
+    "ledger",
+    cls=RedriveGroup,
+    short_help="The idempotency ledger: create one before a team shares it.",
+)
 def ledger_group() -> None:
     """The idempotency ledger: create one before a team shares it."""
 
 
-@ledger_group.command("init")
+@ledger_group.command("init", short_help="Create the ledger URI names (an existing one is kept).")
 @click.argument("uri", metavar="URI")
 @pass_ctx
 def ledger_init(ctx: Context, /, uri: str) -> None:
@@ -1379,10 +1767,11 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 # -- check: layout audit ----------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Audit the families against SQS: policies, DLQs, receive counts.")
 @json_option
+@wide_option
 @pass_ctx
-def check(ctx: Context, as_json: bool) -> None:
+def check(ctx: Context, as_json: bool, wide: bool) -> None:
     """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
     and stray queues with the layout's prefix. Exits 1 when there are findings."""
     from redrive.check import check_layout
@@ -1393,7 +1782,7 @@ def check(ctx: Context, as_json: bool) -> None:
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
     else:
-        click.echo(findings_table(findings))
+        click.echo(findings_table(findings, width=table_width(wide)))
     if findings:
         sys.exit(EXIT_ERROR)
 
@@ -1401,8 +1790,8 @@ def check(ctx: Context, as_json: bool) -> None:
 # -- audit and plans: audit, apply ------------------------------------------------------------
 
 
-@cli.command()
-@click.argument("plan_path", metavar="PLAN")
+@cli.command(short_help="Act on exactly the messages of a plan (move/purge --plan-out).")
+@click.argument("plan_path", metavar="PLAN", shell_complete=complete_file)
 @execute_options
 @ledger_option
 @click.option(
@@ -1490,14 +1879,21 @@ def apply(
     _run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
 
 
-@cli.command()
+@cli.command(short_help="List the --execute runs, or show one run in detail.")
 @click.argument("run_id", required=False)
 @click.option("--since", metavar="DUR", callback=duration, help="Only runs started within DUR.")
 @ledger_option
 @json_option
+@wide_option
 @pass_ctx
 def audit(
-    ctx: Context, /, run_id: str | None, since: float | None, ledger: str | None, as_json: bool
+    ctx: Context,
+    /,
+    run_id: str | None,
+    since: float | None,
+    ledger: str | None,
+    as_json: bool,
+    wide: bool,
 ) -> None:
     """List the --execute runs of move, purge and replay; or show one run and its keys."""
     from redrive.audit import entry_json, list_runs, run_json, show_run
@@ -1527,7 +1923,7 @@ def audit(
             if as_json:
                 emit_json({"ledger": store.location, "runs": [run_json(r) for r in runs]})
             else:
-                click.echo(audit_table(runs))
+                click.echo(audit_table(runs, width=table_width(wide)))
         finally:
             store.close()
 
@@ -1535,7 +1931,7 @@ def audit(
 # -- sandbox ----------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(short_help="Run a local SQS (moto) with the families and seeded DLQs.")
 @click.option("--port", type=click.IntRange(0, 65535), default=4566, show_default=True)
 @click.option(
     "--messages",

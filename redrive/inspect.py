@@ -203,8 +203,12 @@ def inspect_dlq(
     on_progress: Callable[[int], None] | None = None,
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     now: float | None = None,
+    on_depth: Callable[[int], None] | None = None,
 ) -> InspectResult:
-    """Scan the DLQ once and leave it as it was: every message received is released."""
+    """Scan the DLQ once and leave it as it was: every message received is released.
+
+    ``on_depth`` hears SQS's count of visible messages before the scan starts (a progress
+    display's total)."""
     started = time.monotonic()
     now = time.time() if now is None else now
     sqs = sqs_factory()
@@ -214,6 +218,8 @@ def inspect_dlq(
     )
     depth = int(counts.get("ApproximateNumberOfMessages", "0"))
     hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
+    if on_depth is not None:
+        on_depth(depth)
     hold = hold_for_depth(depth)
     scan = DlqScan(
         url=target.dlq.url,

@@ -161,7 +161,14 @@ class Ledger(Protocol):
 
     def heartbeat(self, run_id: str, *, lease_until: float) -> None: ...
 
-    def end_run(self, run_id: str, *, outcome: str, counts: Mapping[str, int]) -> None: ...
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        outcome: str,
+        counts: Mapping[str, int],
+        info: Mapping[str, Any] | None = None,
+    ) -> None: ...
 
     def run(self, run_id: str) -> RunInfo | None: ...
 
@@ -653,17 +660,38 @@ class SqliteLedger(Ledger):
                     "already ended); stop and start a new run"
                 )
 
-    def end_run(self, run_id: str, *, outcome: str, counts: Mapping[str, int]) -> None:
-        """Record how the run ended. Ending an ended run keeps the first outcome: shutdown
-        paths may end a run twice, and the first word is the true one."""
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        outcome: str,
+        counts: Mapping[str, int],
+        info: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record how the run ended, adding ``info`` to what it recorded at its start (what
+        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
+        the first outcome: shutdown paths may end a run twice, and the first word is the
+        true one."""
         if outcome not in RUN_OUTCOMES:
             raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
         counts_json = json.dumps(dict(counts), sort_keys=True)
         with self._write("end run") as conn:
+            row = (
+                conn.execute(
+                    "SELECT info FROM runs WHERE run_id = ? AND ended_at IS NULL", (run_id,)
+                ).fetchone()
+                if info
+                else None
+            )
+            info_json = (
+                json.dumps({**json.loads(row[0]), **info}, sort_keys=True, default=str)
+                if row is not None and info
+                else None
+            )
             cur = conn.execute(
-                "UPDATE runs SET ended_at = ?, outcome = ?, counts = ?"
+                "UPDATE runs SET ended_at = ?, outcome = ?, counts = ?, info = coalesce(?, info)"
                 " WHERE run_id = ? AND ended_at IS NULL",
-                (self._clock(), outcome, counts_json, run_id),
+                (self._clock(), outcome, counts_json, info_json, run_id),
             )
             if cur.rowcount == 0:
                 exists = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()

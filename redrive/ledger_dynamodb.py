@@ -632,26 +632,45 @@ class DynamoDbLedger(Ledger):
                 "already ended); stop and start a new run"
             )
 
-    def end_run(self, run_id: str, *, outcome: str, counts: Mapping[str, int]) -> None:
-        """Record how the run ended. Ending an ended run keeps the first outcome: shutdown
-        paths may end a run twice, and the first word is the true one."""
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        outcome: str,
+        counts: Mapping[str, int],
+        info: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record how the run ended, adding ``info`` to what it recorded at its start (what
+        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
+        the first outcome: shutdown paths may end a run twice, and the first word is the
+        true one."""
         if outcome not in RUN_OUTCOMES:
             raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
         now = self._clock()
+        expression = (
+            "SET #ended_at = :now, #outcome = :outcome, #counts = :counts, #expires_at = :exp"
+        )
+        names = _names("ended_at", "outcome", "counts", TTL_ATTRIBUTE)
+        values = {
+            ":now": _n(now),
+            ":outcome": _s(outcome),
+            ":counts": _s(json.dumps(dict(counts), sort_keys=True)),
+            ":exp": self._expiry(now),
+        }
+        item = self._get_item(_run_pk(run_id)) if info else None
+        if item is not None and info:
+            # Only the run itself writes its info, so reading it first races with no one.
+            merged = {**json.loads(item["info"]["S"]), **info}
+            expression += ", #info = :info"
+            names.update(_names("info"))
+            values[":info"] = _s(json.dumps(merged, sort_keys=True, default=str))
         applied = self._write_silently(
             "UpdateItem",
             Key=_run_pk(run_id),
-            UpdateExpression=(
-                "SET #ended_at = :now, #outcome = :outcome, #counts = :counts, #expires_at = :exp"
-            ),
+            UpdateExpression=expression,
             ConditionExpression="attribute_exists(pk) AND attribute_not_exists(#ended_at)",
-            ExpressionAttributeNames=_names("ended_at", "outcome", "counts", TTL_ATTRIBUTE),
-            ExpressionAttributeValues={
-                ":now": _n(now),
-                ":outcome": _s(outcome),
-                ":counts": _s(json.dumps(dict(counts), sort_keys=True)),
-                ":exp": self._expiry(now),
-            },
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
         )
         if not applied and self._get_item(_run_pk(run_id)) is None:
             raise LedgerError(

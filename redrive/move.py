@@ -168,6 +168,8 @@ class MoveResult:
     hidden_until: float | None = None
     seconds: float = 0.0
     throttled: int = 0
+    depth_before: int | None = None
+    """SQS's count of visible messages in the DLQ when the run started (for progress)."""
 
     @property
     def skipped_total(self) -> int:
@@ -202,7 +204,9 @@ class MoveResult:
             "skipped_by_reason": dict(self.skipped),
             "failed": self.failed,
             "in_doubt": self.in_doubt,
-            "duplicates_deleted": self.duplicates,
+            # A dry run deletes nothing: it says what it would delete under its own name.
+            "duplicates_deleted": 0 if self.dry_run else self.duplicates,
+            **({"duplicates_to_delete": self.duplicates} if self.dry_run else {}),
             "by_task": self.by_task,
             "tasks": {task: c.to_json() for task, c in sorted(self.tasks.items())},
             "in_doubt_messages": [m.to_json() for m in self.in_doubt_messages],
@@ -370,6 +374,7 @@ class MoveEngine:
                     "ApproximateNumberOfMessages", "0"
                 )
             )
+            self.result.depth_before = depth
             scan = DlqScan(
                 url=self.target.dlq.url,
                 lease=self.options.lease,
@@ -401,8 +406,10 @@ class MoveEngine:
                 # claimed.
                 if isinstance(exc, RedriveError):
                     self.result.error = str(exc)
+                # A second Ctrl-C is an interruption the operator asked for, not a failure.
+                how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                 with contextlib.suppress(Exception):
-                    self._finish(self.sqs_factory(), scan, "failed", started)
+                    self._finish(self.sqs_factory(), scan, how, started)
                 raise
             self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
         finally:

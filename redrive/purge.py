@@ -7,6 +7,7 @@ or both: never neither. ``archive`` is the same run without the delete.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.archive import ArchiveRecord, ArchiveWriter
-from redrive.errors import AwsError, UsageProblem
+from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
@@ -66,6 +67,8 @@ class PurgeResult:
     interrupted: bool = False
     still_hidden: int = 0
     seconds: float = 0.0
+    depth_before: int | None = None
+    """SQS's count of visible messages when the run started (for progress)."""
 
     @property
     def needs_attention(self) -> bool:
@@ -115,11 +118,13 @@ def purge_dlq(
     now: Callable[[], float] = time.time,
     plan_sink: Callable[[PlanItem], None] | None = None,
     run_id: str | None = None,
+    on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None = None,
 ) -> PurgeResult:
     """Archive (if ``writer``) and delete (if ``options.delete``) every selected message.
 
     ``run_id`` names the run in the archive records; give the ledger's run id, so the
-    audit trail and the archive name the same run.
+    audit trail and the archive name the same run. ``on_deleted`` hears ``(message id,
+    task, task id)`` of the messages each delete removed (one call at a time).
     """
     if options.execute and options.archive and writer is None:
         raise UsageProblem("an archiving run needs an archive writer")
@@ -142,6 +147,7 @@ def purge_dlq(
             "ApproximateNumberOfMessages", "0"
         )
     )
+    result.depth_before = depth
     # archive keeps every message hidden until the end; purge only the ones it does not take.
     scan = DlqScan(
         url=target.dlq.url,
@@ -181,6 +187,12 @@ def purge_dlq(
                 )
                 deleted += len(outcome.ok)
                 scan.forget([chunk[int(i)].message for i in outcome.ok])
+                if on_deleted is not None and outcome.ok:
+                    gone = [chunk[int(i)] for i in outcome.ok]
+                    with lock:
+                        on_deleted(
+                            [(p.message.message_id, p.info.task, p.info.task_id) for p in gone]
+                        )
                 failed = [chunk[int(i)].message for i in outcome.failed]
                 # Still in the DLQ (and archived): visible again when the scan ends.
                 scan.keep(worker_sqs, failed)
@@ -273,6 +285,40 @@ def purge_dlq(
     )
     result.still_hidden = int(hidden) if hidden.isdigit() else 0
     return result
+
+
+def check_archive_path(destination: str) -> None:
+    """Refuse, in a dry run, a local archive path the ``--execute`` would fail on: an existing
+    file (archives are never overwritten), a directory, a parent that is not a directory, or
+    one that cannot be written. Nothing is created. An S3 prefix is not checked: only a write
+    could tell."""
+    if "://" in destination:
+        return
+    path = os.path.abspath(os.path.expanduser(destination))
+    if os.path.isdir(path):
+        raise ArchiveError(
+            f"archive path {destination} is a directory; give a file name such as "
+            f"{os.path.join(destination, 'archive.jsonl.gz')}"
+        )
+    if os.path.lexists(path):
+        raise ArchiveError(
+            f"archive {destination} already exists; refusing to overwrite it, "
+            "choose another archive path"
+        )
+    # The writer creates missing directories: what matters is the nearest one that exists.
+    parent = os.path.dirname(path)
+    while not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ArchiveError(
+            f"cannot create archive {destination}: {parent} is not a directory; "
+            "choose another archive path"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ArchiveError(
+            f"permission denied writing archive {destination} ({parent} is not writable); "
+            "choose a writable archive path"
+        )
 
 
 def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeResult:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import textwrap
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
+import tabulate as tabulate_module
 from tabulate import tabulate
 
 from redrive.alerts import Change
@@ -34,8 +38,17 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, fmt: str = "simple") -> str:
+def table(
+    rows: Iterable[Sequence[Any]],
+    headers: Sequence[str],
+    *,
+    fmt: str = "simple",
+    maxcolwidths: Sequence[int | None] | None = None,
+    maxheadercolwidths: Sequence[int | None] | None = None,
+) -> str:
     def cell(value: Any) -> Any:
+        if isinstance(value, Short):
+            value = value.full
         if not isinstance(value, str):
             return value
         value = printable(value)
@@ -43,7 +56,219 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], *, fmt: str = "
         return value.replace("|", "\\|") if fmt == "github" else value
 
     body = [[cell(v) for v in row] for row in rows]
-    return str(tabulate(body, headers=list(headers), tablefmt=fmt, disable_numparse=True))
+    return str(
+        tabulate(
+            body,
+            headers=list(headers),
+            tablefmt=fmt,
+            disable_numparse=True,
+            maxcolwidths=list(maxcolwidths) if maxcolwidths else None,
+            maxheadercolwidths=list(maxheadercolwidths) if maxheadercolwidths else None,
+        )
+    )
+
+
+# -- fitting a table to the terminal --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Short:
+    """A cell with a shorter reading for a narrow terminal: ``3h ago`` for a timestamp."""
+
+    full: Any
+    short: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Narrow:
+    """One way to make a table narrower, tried in order until the table fits.
+
+    ``tight``: no padding beside the headers; ``drop`` a column; ``short``: use its cells'
+    short readings; ``shrink`` its cells to fit (never below ``to`` characters);
+    ``headers``: wrap every header onto lines no wider than its column needs; ``wrap``: wrap
+    a column's text onto several lines (for sentences, which a cut would make useless).
+    """
+
+    action: Literal["tight", "drop", "short", "shrink", "headers", "wrap"]
+    column: str = ""
+    to: int = 0
+
+
+ELLIPSIS = "\u2026"
+
+
+def shorten_end(text: str, width: int) -> str:
+    if len(text) <= width:
+        return text
+    return text[: max(0, width - 1)] + ELLIPSIS
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """``onion-che…-dlq``: both ends of a name usually matter."""
+    if len(text) <= width:
+        return text
+    if width < 5:
+        return shorten_end(text, width)
+    tail = (width - 1) // 2
+    return text[: width - 1 - tail] + ELLIPSIS + text[len(text) - tail :]
+
+
+def shorten_task(name: str, width: int) -> str:
+    """``apps.pay….capture_payment``: a task's last dotted part is its name; the module path
+    before it is what a reader can most easily do without."""
+    if len(name) <= width:
+        return name
+    head, dot, last = name.rpartition(".")
+    tail = dot + last
+    if not head or len(tail) + 2 > width:
+        return shorten_end(name, width)
+    return head[: width - 1 - len(tail)] + ELLIPSIS + tail
+
+
+# Queue names and identities differ at both ends (``onion-checkout-dlq``); the rest, at the end.
+_SHRINKERS: dict[str, Callable[[str, int], str]] = {
+    "task": shorten_task,
+    "queue": shorten_middle,
+    "dlq": shorten_middle,
+    "destination": shorten_middle,
+    "target": shorten_middle,
+    "who": shorten_middle,
+}
+
+
+def fitted_table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    *,
+    width: int | None,
+    steps: Sequence[Narrow] = (),
+    fmt: str = "simple",
+) -> str:
+    """``table``, narrowed by ``steps`` (in order) until no line is wider than ``width``, so
+    the terminal never folds a row into the next: the least useful columns go first, then
+    long names are shortened. ``width`` None shows everything, at full length; only the
+    plain format is narrowed (Markdown is for documents).
+    """
+    view = _TableView(rows, headers)
+    text = view.render(fmt)
+    if width is None or fmt != "simple":
+        return text
+    for step in steps:
+        overflow = _widest(text) - width
+        if overflow <= 0:
+            break
+        if view.apply(step, overflow):
+            text = view.render(fmt)
+    return text
+
+
+def _widest(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+class _TableView:
+    """The columns a table still shows, and how each is narrowed."""
+
+    def __init__(self, rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
+        self.rows = [list(row) for row in rows]
+        self.headers = list(headers)
+        self.short: set[str] = set()
+        self.caps: dict[str, int] = {}
+        self.wrapped: set[str] = set()
+        self.wrap_headers = False
+        self.tight = False
+
+    def cells(self, column: str) -> list[str]:
+        i = self.headers.index(column)
+        return [self._text(column, row[i]) for row in self.rows]
+
+    def _text(self, column: str, value: Any) -> str:
+        if isinstance(value, Short):
+            value = value.short if column in self.short else value.full
+        return printable(str(value))
+
+    def apply(self, step: Narrow, overflow: int) -> bool:
+        """Narrow the view by one step; False when the step does not apply."""
+        if step.action == "tight":
+            changed = not self.tight
+            self.tight = True
+            return changed
+        if step.action == "headers":
+            changed = not self.wrap_headers
+            self.wrap_headers = True
+            return changed
+        if step.column not in self.headers:
+            return False
+        if step.action == "drop":
+            i = self.headers.index(step.column)
+            del self.headers[i]
+            for row in self.rows:
+                del row[i]
+            return True
+        if step.action == "short":
+            self.short.add(step.column)
+            return True
+        widest = max((len(c) for c in self.cells(step.column)), default=0)
+        widest = min(widest, self.caps.get(step.column, widest))
+        cap = max(step.to, widest - overflow, 1)
+        if cap >= widest:
+            return False
+        self.caps[step.column] = cap
+        if step.action == "wrap":
+            self.wrapped.add(step.column)
+        return True
+
+    def render(self, fmt: str) -> str:
+        body = []
+        for row in self.rows:
+            line = []
+            for column, value in zip(self.headers, row, strict=True):
+                text = self._text(column, value)
+                cap = self.caps.get(column)
+                if cap is not None and column not in self.wrapped:
+                    text = _SHRINKERS.get(column, shorten_end)(text, cap)
+                line.append(text)
+            body.append(line)
+        col_widths: list[int | None] = [
+            self.caps.get(c) if c in self.wrapped else None for c in self.headers
+        ]
+        header_widths: list[int | None] | None = None
+        if self.wrap_headers:
+            header_widths = []
+            for i, header in enumerate(self.headers):
+                content = max((len(str(r[i])) for r in body), default=0)
+                longest_word = max(len(w) for w in header.split()) if header.strip() else 1
+                header_widths.append(max(content, longest_word))
+        with _header_padding(0 if self.tight else None):
+            return table(
+                body,
+                self.headers,
+                fmt=fmt,
+                maxcolwidths=col_widths if any(col_widths) else None,
+                maxheadercolwidths=header_widths,
+            )
+
+
+@contextlib.contextmanager
+def _header_padding(padding: int | None) -> Iterator[None]:
+    """tabulate pads every header by two spaces (a module setting, read at each call); a
+    narrow table spends those on its cells. Rendering is single-threaded, in the CLI."""
+    if padding is None:
+        yield
+        return
+    saved = tabulate_module.MIN_PADDING
+    tabulate_module.MIN_PADDING = padding
+    try:
+        yield
+    finally:
+        tabulate_module.MIN_PADDING = saved
+
+
+def wrapped(text: str, width: int | None) -> str:
+    """A line of prose folded to ``width`` (between words, never inside one)."""
+    if width is None or len(text) <= width:
+        return text
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def when(ts: float | None, now: float | None = None) -> str:
@@ -55,7 +280,34 @@ def when(ts: float | None, now: float | None = None) -> str:
     return f"{stamp} ({format_duration(now - ts)} ago)"
 
 
-def status_table(rows: Sequence[FamilyStatus]) -> str:
+def ago(ts: float | None, now: float | None = None) -> str:
+    """``3h ago``: the short reading of :func:`when`."""
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    return f"{format_duration(now - ts)} ago"
+
+
+def when_cell(ts: float | None, now: float | None = None) -> Short:
+    return Short(when(ts, now), ago(ts, now))
+
+
+STATUS_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "queue", 16),
+    Narrow("shrink", "dlq", 16),
+    Narrow("shrink", "queue", 12),
+    Narrow("shrink", "dlq", 12),
+    Narrow("wrap", "error", 24),
+    Narrow("drop", "dlq retention"),
+    Narrow("shrink", "queue", 8),
+    Narrow("shrink", "dlq", 8),
+    Narrow("wrap", "error", 12),
+)
+
+
+def status_table(rows: Sequence[FamilyStatus], *, width: int | None = None) -> str:
     body = []
     for row in rows:
         if row.error:
@@ -76,18 +328,20 @@ def status_table(rows: Sequence[FamilyStatus]) -> str:
                 "",
             ]
         )
-    return table(
-        body,
-        [
-            "family",
-            "queue",
-            "visible / in flight / delayed",
-            "dlq",
-            "dlq visible / in flight / delayed",
-            "dlq retention",
-            "error",
-        ],
-    )
+    headers = [
+        "family",
+        "queue",
+        "visible / in flight / delayed",
+        "dlq",
+        "dlq visible / in flight / delayed",
+        "dlq retention",
+        "error",
+    ]
+    if not any(row.error for row in rows):
+        # An always-empty column is noise (and width).
+        headers.pop()
+        body = [line[:-1] for line in body]
+    return fitted_table(body, headers, width=width, steps=STATUS_STEPS)
 
 
 def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
@@ -95,8 +349,8 @@ def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
         [
             g.task,
             g.count,
-            when(g.oldest, now),
-            when(g.newest, now),
+            when_cell(g.oldest, now),
+            when_cell(g.newest, now),
             g.max_receive_count,
             g.expired,
             g.redriven,
@@ -122,16 +376,40 @@ GROUP_HEADERS = [
 ]
 
 
-def inspect_text(result: InspectResult) -> str:
+# The least useful columns go first: sample ids (inspect --json lists them), then the exact
+# times (an age says as much in an incident), then what only a second look needs.
+GROUP_STEPS = (
+    Narrow("tight"),
+    Narrow("drop", "sample ids"),
+    Narrow("short", "oldest"),
+    Narrow("short", "newest"),
+    Narrow("headers"),
+    Narrow("shrink", "task", 40),
+    Narrow("drop", "newest"),
+    Narrow("drop", "redriven"),
+    Narrow("shrink", "task", 24),
+    Narrow("drop", "leaving <24h"),
+    Narrow("shrink", "task", 12),
+)
+
+
+def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
     now = result.scanned_at
     lines = [
-        f"DLQ {result.dlq} ({result.label}; source: {', '.join(result.sources) or '-'}): "
-        f"{result.total} message(s)"
-        + (f", oldest {when(result.oldest, now)}" if result.oldest else ""),
+        wrapped(
+            f"DLQ {result.dlq} ({result.label}; source: {', '.join(result.sources) or '-'}): "
+            f"{result.total} message(s)"
+            + (f", oldest {when(result.oldest, now)}" if result.oldest else ""),
+            width,
+        )
     ]
     if result.groups:
         lines.append("")
-        lines.append(table(_group_rows(result.groups, now), GROUP_HEADERS))
+        lines.append(
+            fitted_table(
+                _group_rows(result.groups, now), GROUP_HEADERS, width=width, steps=GROUP_STEPS
+            )
+        )
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")
@@ -143,7 +421,7 @@ def inspect_text(result: InspectResult) -> str:
     notes = inspect_notes(result)
     if notes:
         lines.append("")
-        lines.extend(notes)
+        lines.extend(wrapped(note, width) for note in notes)
     return "\n".join(lines)
 
 
@@ -160,6 +438,12 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "see them all (too slow for its hold, or SQS's in-flight limit of about 120,000); "
             "rerun with more --workers, or look at part of the DLQ with --limit"
         )
+    if result.expired:
+        notes.append(
+            f"hint: {result.expired} message(s) have an expired Celery `expires` (a worker "
+            "would discard them): move skips them unless --include-expired; purge archives "
+            "and deletes them"
+        )
     if result.hidden_before:
         notes.append(
             f"note: {result.hidden_before} message(s) were in flight (hidden by another "
@@ -173,7 +457,16 @@ def inspect_notes(result: InspectResult) -> list[str]:
     return notes
 
 
-def report_text(report: Report, *, markdown: bool = False) -> str:
+REPORT_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "dlq", 16),
+    Narrow("wrap", "error", 20),
+    Narrow("shrink", "dlq", 10),
+)
+
+
+def report_text(report: Report, *, markdown: bool = False, width: int | None = None) -> str:
     fmt = "github" if markdown else "simple"
     now = report.generated_at
     generated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -200,22 +493,12 @@ def report_text(report: Report, *, markdown: bool = False) -> str:
                 q.error or "",
             ]
         )
-    lines.append(
-        table(
-            summary,
-            [
-                "family",
-                "dlq",
-                "messages",
-                "oldest age",
-                "poison",
-                "expired",
-                "leaving <24h",
-                "error",
-            ],
-            fmt=fmt,
-        )
-    )
+    headers = ["family", "dlq", "messages", "oldest age", "poison", "expired", "leaving <24h"]
+    if any(q.error for q in report.queues):
+        headers.append("error")
+    else:
+        summary = [row[:-1] for row in summary]
+    lines.append(fitted_table(summary, headers, fmt=fmt, width=width, steps=REPORT_STEPS))
     for q in report.queues:
         if not q.result or not q.result.groups:
             continue
@@ -224,11 +507,17 @@ def report_text(report: Report, *, markdown: bool = False) -> str:
         if markdown:
             lines.append("")
         rows = [
-            [g.task, g.count, when(g.oldest, now), g.max_receive_count, g.poison, g.expired]
+            [g.task, g.count, when_cell(g.oldest, now), g.max_receive_count, g.poison, g.expired]
             for g in q.result.groups
         ]
         lines.append(
-            table(rows, ["task", "count", "oldest", "max receives", "poison", "expired"], fmt=fmt)
+            fitted_table(
+                rows,
+                ["task", "count", "oldest", "max receives", "poison", "expired"],
+                fmt=fmt,
+                width=width,
+                steps=GROUP_STEPS,
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -311,6 +600,7 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
             "messages skipped as no-target: their source queue is ambiguous (the DLQ has "
             "several sources and SQS did not say which): pass --to QUEUE"
         )
+    lines.extend(expired_hint(result, verb))
     if result.still_hidden:
         lines.append("")
         until = (
@@ -346,6 +636,24 @@ def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> lis
     return lines
 
 
+def expired_hint(result: MoveResult, verb: str) -> list[str]:
+    """What to do about messages skipped as expired (the table only says ``expired: N``)."""
+    expired = result.skipped.get("expired", 0)
+    if not expired:
+        return []
+    clear = (
+        ""
+        if verb == "replay"
+        else f"; or archive and delete them with `redrive purge {result.target}` and filters "
+        "that select them (inspect shows which tasks hold them)"
+    )
+    return [
+        "",
+        f"hint: {expired} message(s) skipped as expired: their Celery `expires` has passed, so a "
+        f"worker would discard them. --include-expired {verb}s them anyway{clear}",
+    ]
+
+
 def purge_text(result: PurgeResult) -> str:
     verb = result.command
     if result.method == "purge-queue":
@@ -355,7 +663,15 @@ def purge_text(result: PurgeResult) -> str:
             f"{result.matched} message(s), with no archive"
         )
         return head
-    if result.dry_run:
+    if not result.matched:
+        # Nothing to archive or delete: no "would be archived to" a file no one will write.
+        nothing = "archived" if verb == "archive" else "archived or deleted"
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"0 matched: nothing {'would be ' if result.dry_run else ''}{nothing}"
+            + ("; the DLQ is unchanged" if not result.dry_run else "")
+        )
+    elif result.dry_run:
         head = (
             f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.matched} matched, would be "
             + ("archived to " + (result.archive or "?") if result.archive else "deleted")
@@ -388,43 +704,129 @@ def purge_text(result: PurgeResult) -> str:
     return "\n".join(lines)
 
 
-def audit_table(runs: Sequence[RunInfo]) -> str:
+# The command names the target, and `audit RUN` shows everything: the listing keeps what
+# tells runs apart (id, when, outcome, counts, the command's start).
+AUDIT_STEPS = (
+    Narrow("tight"),
+    Narrow("short", "started"),
+    Narrow("headers"),
+    Narrow("drop", "target"),
+    Narrow("shrink", "command", 40),
+    Narrow("shrink", "who", 16),
+    Narrow("shrink", "counts", 24),
+    Narrow("drop", "who"),
+    Narrow("shrink", "command", 24),
+    Narrow("shrink", "counts", 16),
+    Narrow("shrink", "command", 16),
+)
+
+
+def audit_table(runs: Sequence[RunInfo], *, width: int | None = None) -> str:
     if not runs:
         return "no runs recorded"
     rows = []
     for run in runs:
         info = run.info or {}
         who = info.get("aws_arn") or f"{info.get('user', '?')}@{info.get('host', '?')}"
-        counts = ", ".join(f"{k} {v}" for k, v in run.counts.items() if v)
         rows.append(
             [
                 run.run_id,
-                when(run.started_at),
+                when_cell(run.started_at),
                 run.outcome or "running/crashed",
                 who,
                 info.get("target", "-"),
-                counts or "-",
+                counts_text(run.counts) or "-",
                 info.get("command_line") or run.command,
             ]
         )
-    return table(rows, ["run", "started", "outcome", "who", "target", "counts", "command"])
+    return fitted_table(
+        rows,
+        ["run", "started", "outcome", "who", "target", "counts", "command"],
+        width=width,
+        steps=AUDIT_STEPS,
+    )
+
+
+# The order a reader follows a run in (the ledger stores counts sorted by name).
+_COUNT_ORDER = ("matched", "moved", "archived", "purged", "skipped", "failed", "in_doubt")
+
+
+def counts_text(counts: Mapping[str, Any], *, zeros: bool = False) -> str:
+    """``matched 3, moved 2, duplicates deleted 1``: a run's counts as a person reads them."""
+    order = {name: i for i, name in enumerate(_COUNT_ORDER)}
+    ranked = sorted(counts.items(), key=lambda item: order.get(str(item[0]), len(order)))
+    return ", ".join(
+        f"{str(name).replace('_', ' ')} {value}" for name, value in ranked if zeros or value
+    )
+
+
+_UNITS = (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60))
+_AGE_FLAGS = (("older_than_seconds", "--older-than"), ("newer_than_seconds", "--newer-than"))
+
+
+def duration_flag(seconds: float) -> str:
+    """A duration as an option value that parses back to the same seconds: ``90m``, ``3d``."""
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    whole = int(seconds)
+    for unit, size in _UNITS:
+        if whole and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def filters_text(filters: Mapping[str, Any]) -> str:
+    """The filters of a run (``Selection.describe()``, as any redrive recorded them) as the
+    options that select the same messages: ``--task 'apps.payments.*' --older-than 1h``."""
+    import shlex
+
+    words: list[str] = []
+    for pattern in filters.get("tasks") or ():
+        words += ["--task", shlex.quote(str(pattern))]
+    for pattern in filters.get("exclude_tasks") or ():
+        words += ["--exclude-task", shlex.quote(str(pattern))]
+    for key, flag in _AGE_FLAGS:
+        if isinstance(filters.get(key), int | float):
+            words += [flag, duration_flag(float(filters[key]))]
+    ids = filters.get("message_ids")
+    if isinstance(ids, str) and ids:
+        words.append(f"({ids})")  # "12 ids (from a plan)": a plan's ids stay in the plan
+    elif ids:
+        for message_id in ids:
+            words += ["--message-id", shlex.quote(str(message_id))]
+    if filters.get("limit") is not None:
+        words += ["--limit", str(filters["limit"])]
+    known = {"tasks", "exclude_tasks", "older_than_seconds", "newer_than_seconds"}
+    for key, value in filters.items():
+        if key not in known | {"message_ids", "limit"} and value not in (None, [], ""):
+            words.append(f"{key}={value}")
+    return printable(" ".join(words)) if words else "none (every message)"
 
 
 def run_detail_text(detail: RunDetail) -> str:
     run = detail.run
     info = run.info or {}
+
+    def value_of(name: str, default: str = "-") -> str:
+        # The command line and names are the operator's text, printed back to a terminal.
+        return printable(str(info.get(name) or default))
+
     lines = [
         f"run {run.run_id}: {run.outcome or 'running, or crashed before it could end'}",
-        f"  command:  {info.get('command_line') or run.command}",
+        f"  command:  {printable(str(info.get('command_line') or run.command))}",
+    ]
+    if info.get("cwd"):
+        lines.append(f"  cwd:      {value_of('cwd')}")
+    lines += [
         f"  started:  {when(run.started_at)}",
         f"  ended:    {when(run.ended_at)}",
-        f"  who:      {info.get('user', '?')}@{info.get('host', '?')}"
-        + (f" as {info['aws_arn']}" if info.get("aws_arn") else ""),
-        f"  target:   {info.get('target', '-')} ({info.get('dlq', '-')})",
-        f"  filters:  {info.get('filters', {})}",
-        f"  ledger:   {info.get('ledger', '-')}",
-        f"  archive:  {info.get('archive') or '-'}",
-        f"  counts:   {run.counts}",
+        f"  who:      {value_of('user', '?')}@{value_of('host', '?')}"
+        + (f" as {value_of('aws_arn')}" if info.get("aws_arn") else ""),
+        f"  target:   {value_of('target')} ({value_of('dlq')})",
+        f"  filters:  {filters_text(info.get('filters') or {})}",
+        f"  ledger:   {value_of('ledger')}",
+        f"  archive:  {value_of('archive')}",
+        f"  counts:   {counts_text(run.counts, zeros=True) or '-'}",
     ]
     if detail.keys:
         lines.append("")
@@ -434,7 +836,35 @@ def run_detail_text(detail: RunDetail) -> str:
                 ["key", "state", "task", "dlq message id"],
             )
         )
+    lines += deleted_text(run.run_id, info, run.counts)
     return "\n".join(lines)
+
+
+def deleted_text(run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any]) -> list[str]:
+    """What a purge deleted, as its run recorded it (runs of older redrives did not)."""
+    deleted = info.get("deleted")
+    if not isinstance(deleted, list):
+        return []
+    total = int(counts.get("purged", len(deleted)) or 0)
+    head = f"deleted from the DLQ: {total} message(s)"
+    if info.get("method") == "purge-queue":
+        return ["", head + " by SQS PurgeQueue, which does not say which (no archive)"]
+    if len(deleted) < total:
+        head += f"; the first {len(deleted)} are listed"
+        head += (
+            f" (the archive holds every one, with run_id {run_id})"
+            if info.get("archive")
+            else " (no archive was kept)"
+        )
+    lines = ["", head + (":" if deleted else "")]
+    if deleted:
+        lines.append(
+            table(
+                [[m[0], m[2] or "-", m[1]] for m in deleted if isinstance(m, list) and len(m) == 3],
+                ["message id", "task id", "task"],
+            )
+        )
+    return lines
 
 
 def native_plan_text(plan: NativePlan) -> str:
@@ -481,14 +911,26 @@ def native_task_text(task: MoveTask, *, dlq: str, destination: str) -> str:
     return "\n".join(lines)
 
 
-def move_tasks_table(tasks: Sequence[MoveTask], *, dlq: str, now: float | None = None) -> str:
+TASKS_STEPS = (
+    Narrow("tight"),
+    Narrow("short", "started"),
+    Narrow("headers"),
+    Narrow("wrap", "failure reason", 24),
+    Narrow("shrink", "destination", 20),
+    Narrow("wrap", "failure reason", 12),
+)
+
+
+def move_tasks_table(
+    tasks: Sequence[MoveTask], *, dlq: str, now: float | None = None, width: int | None = None
+) -> str:
     """``redrive tasks``: the DLQ's recent move tasks, newest first."""
     if not tasks:
         return f"no move tasks for DLQ {dlq} (SQS lists the recent ones)"
     rows = [
         [
             t.status,
-            when(t.started, now),
+            when_cell(t.started, now),
             f"{t.moved:,}",
             f"{t.to_move:,}" if t.to_move is not None else "-",
             str(t.rate) if t.rate is not None else "auto",
@@ -498,7 +940,12 @@ def move_tasks_table(tasks: Sequence[MoveTask], *, dlq: str, now: float | None =
         for t in tasks
     ]
     headers = ["status", "started", "moved", "to move", "msg/s", "destination", "failure reason"]
-    return f"move tasks of DLQ {dlq}, newest first:\n\n" + table(rows, headers)
+    if not any(t.failure_reason for t in tasks):
+        headers.pop()
+        rows = [row[:-1] for row in rows]
+    return f"move tasks of DLQ {dlq}, newest first:\n\n" + fitted_table(
+        rows, headers, width=width, steps=TASKS_STEPS
+    )
 
 
 def _task_progress(task: MoveTask) -> str:
@@ -592,9 +1039,21 @@ def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str
     )
 
 
-def findings_table(findings: Sequence[Finding]) -> str:
+# A finding is a sentence that says what to fix: wrapped within its column, never cut.
+FINDINGS_STEPS = (
+    Narrow("tight"),
+    Narrow("wrap", "finding", 30),
+    Narrow("shrink", "queue", 20),
+    Narrow("wrap", "finding", 16),
+)
+
+
+def findings_table(findings: Sequence[Finding], *, width: int | None = None) -> str:
     if not findings:
         return "no findings: the layout matches what SQS says"
-    return table(
-        [[f.family or "-", f.queue, f.problem] for f in findings], ["family", "queue", "finding"]
+    return fitted_table(
+        [[f.family or "-", f.queue, f.problem] for f in findings],
+        ["family", "queue", "finding"],
+        width=width,
+        steps=FINDINGS_STEPS,
     )

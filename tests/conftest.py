@@ -41,6 +41,9 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config-absent"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials-absent"))
     monkeypatch.setenv("REDRIVE_STATE_DIR", str(tmp_path / "state"))
+    # Tables fit COLUMNS when it is set (pytest-xdist's workers set it to 80): a test that
+    # wants a width sets it itself.
+    monkeypatch.delenv("COLUMNS", raising=False)
 
 
 @dataclass

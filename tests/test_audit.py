@@ -3,6 +3,7 @@ what, on what, and how it ended; ``redrive audit`` lists and shows them."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import time
@@ -263,3 +264,180 @@ def test_apply_is_audited(family: Family, tmp_path: Path, argv: Any) -> None:
     assert runs[0]["outcome"] == "completed"
     assert runs[0]["info"]["command_line"].startswith("redrive apply")
     assert runs[0]["counts"]["moved"] == 2
+
+
+# -- issue 11: an audit trail that serves incident notes --------------------------------------
+
+
+def test_the_command_line_is_shell_quoted_and_pastes_back(family: Family, argv: Any) -> None:
+    seed(family, charges=2, mails=1)
+    args = ["move", "checkout", "--task", "apps.shop.*", "--exclude-task", "a b", "--execute"]
+    cli_run(argv, *args, "--yes", "--json")
+    run_info = as_json(ok("audit", "--json"))["runs"][0]["info"]
+    line = run_info["command_line"]
+    assert line == (
+        "redrive move checkout --task 'apps.shop.*' --exclude-task 'a b' --execute --yes --json"
+    )
+    assert shlex.split(line) == ["redrive", *args, "--yes", "--json"]
+
+
+def test_python_m_redrive_is_recorded_as_redrive(family: Family, monkeypatch: Any) -> None:
+    seed(family, charges=1, mails=0)
+    monkeypatch.setattr(sys, "argv", ["/x/redrive/__main__.py", "move", "checkout"])
+    ok("move", "checkout", "--execute", "--yes")
+    line = as_json(ok("audit", "--json"))["runs"][0]["info"]["command_line"]
+    assert line == "redrive move checkout --execute --yes"
+
+
+def test_the_working_directory_is_kept_and_archive_paths_are_absolute(
+    family: Family, tmp_path: Path, monkeypatch: Any
+) -> None:
+    seed(family, charges=2, mails=1)
+    monkeypatch.chdir(tmp_path)
+    ok("purge", "checkout", "--task", CHARGE, "--archive", "rel/a.jsonl", "--execute", "--yes")
+    ok("replay", "rel/a.jsonl", "--to", "onion-checkout", "--execute", "--yes")
+    replay_run, purge_run = as_json(ok("audit", "--json"))["runs"]
+    assert purge_run["info"]["cwd"] == str(tmp_path)
+    assert purge_run["info"]["archive"] == str(tmp_path / "rel" / "a.jsonl")
+    assert replay_run["info"]["archive"] == str(tmp_path / "rel" / "a.jsonl")
+    assert replay_run["info"]["cwd"] == str(tmp_path)
+    text = ok("audit", purge_run["run_id"]).output
+    assert f"cwd:      {tmp_path}" in text and f"archive:  {tmp_path / 'rel' / 'a.jsonl'}" in text
+
+
+def test_audit_shows_filters_and_counts_as_text_not_python_reprs(family: Family, argv: Any) -> None:
+    seed(family, charges=2, mails=1)
+    args = ("move", "checkout", "--task", "apps.shop.*", "--older-than", "0s", "--execute")
+    cli_run(argv, *args, "--yes")
+    run_id = as_json(ok("audit", "--json"))["runs"][0]["run_id"]
+    text = ok("audit", run_id).output
+    assert "filters:  --task 'apps.shop.*' --older-than 0s" in text
+    assert "counts:   matched 2, moved 2, skipped 0, failed 0, in doubt 0" in text
+    assert "{" not in text and "[" not in text and "'tasks'" not in text
+    listing = ok("audit").output
+    assert "matched 2, moved 2" in listing and "{" not in listing
+
+
+def test_a_purge_records_which_messages_it_deleted(family: Family, tmp_path: Path) -> None:
+    ids = {
+        family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}")): f"c-{i}" for i in range(3)
+    }
+    kept = family.send_to_dlq(encode(MAIL, [], {}, task_id="m-0"))
+    archive = str(tmp_path / "a.jsonl")
+    purged = as_json(
+        ok(
+            "purge",
+            "checkout",
+            "--task",
+            CHARGE,
+            "--archive",
+            archive,
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    shown = as_json(ok("audit", purged["run_id"], "--json"))
+    deleted = shown["info"]["deleted"]
+    assert {m[0]: m[2] for m in deleted} == ids and {m[1] for m in deleted} == {CHARGE}
+    assert kept not in {m[0] for m in deleted}
+    text = ok("audit", purged["run_id"]).output
+    assert "deleted from the DLQ: 3 message(s):" in text
+    for message_id, task_id in ids.items():
+        line = next(line for line in text.splitlines() if line.startswith(message_id))
+        assert task_id in line and CHARGE in line
+
+
+def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
+    family: Family, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from redrive import audit
+
+    monkeypatch.setattr(audit, "DELETED_KEPT", 2)
+    for i in range(5):
+        family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
+    purged = as_json(
+        ok(
+            "purge",
+            "checkout",
+            "--archive",
+            str(tmp_path / "a.jsonl"),
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    shown = as_json(ok("audit", purged["run_id"], "--json"))
+    assert len(shown["info"]["deleted"]) == 2 and shown["counts"]["purged"] == 5
+    text = ok("audit", purged["run_id"]).output
+    assert "deleted from the DLQ: 5 message(s); the first 2 are listed" in text
+    assert f"the archive holds every one, with run_id {purged['run_id']}" in text
+
+
+def test_an_unfiltered_purge_queue_is_audited_too(family: Family) -> None:
+    seed(family, charges=2, mails=1)
+    ok("purge", "checkout", "--no-archive", "--execute", "--yes")
+    runs = as_json(ok("audit", "--json"))["runs"]
+    assert len(runs) == 1 and runs[0]["outcome"] == "completed"
+    assert runs[0]["info"]["method"] == "purge-queue" and runs[0]["counts"]["purged"] == 3
+    text = ok("audit", runs[0]["run_id"]).output
+    assert "by SQS PurgeQueue, which does not say which" in text
+
+
+def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
+    family: Family, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from redrive import cli as cli_module
+
+    for i in range(25):
+        family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
+
+    def second_ctrl_c(self: Any, text: str, *, force: bool = False) -> None:
+        # What the signal handler does on a second Ctrl-C, at the next progress report.
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_module.Progress, "update", second_ctrl_c)
+    archive = str(tmp_path / "a.jsonl")
+    assert run("purge", "checkout", "--archive", archive, "--execute", "--yes").exit_code != 0
+    assert run("move", "checkout", "--execute", "--yes").exit_code != 0
+    move_run, purge_run = as_json(ok("audit", "--json"))["runs"]
+    assert move_run["outcome"] == "interrupted", move_run
+    assert purge_run["outcome"] == "interrupted", purge_run
+    # What the purge had deleted when it stopped is on record.
+    assert purge_run["counts"]["purged"] == len(purge_run["info"]["deleted"])
+
+
+def test_runs_recorded_by_an_older_redrive_still_display(tmp_path: Path) -> None:
+    from redrive.render import audit_table, run_detail_text
+
+    ledger = SqliteLedger(tmp_path / "old.sqlite3", clock=lambda: 1000.0)
+    try:
+        ledger.start_run(
+            "old1",
+            command="redrive move checkout --task apps.payments.* --execute",
+            info={
+                "command_line": "redrive move checkout --task apps.payments.* --execute",
+                "target": "checkout",
+                "filters": {
+                    "tasks": ["apps.payments.*"],
+                    "exclude_tasks": [],
+                    "older_than_seconds": 5400.0,
+                    "newer_than_seconds": None,
+                    "message_ids": "12 ids (from a plan)",
+                    "limit": None,
+                },
+                "user": "ops",
+                "host": "box",
+                "archive": "./redrive-archive/checkout.jsonl.gz",
+            },
+        )
+        ledger.end_run("old1", outcome="failed", counts={"matched": 3, "moved": 1})
+        detail = show_run(ledger, "old1")
+        runs = list_runs(ledger, since=None)
+    finally:
+        ledger.close()
+    text = run_detail_text(detail)
+    assert "filters:  --task 'apps.payments.*' --older-than 90m (12 ids (from a plan))" in text
+    assert "counts:   matched 3, moved 1" in text and "cwd:" not in text
+    assert "deleted from the DLQ" not in text
+    assert "old1" in audit_table(runs, width=80)

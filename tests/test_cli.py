@@ -374,12 +374,13 @@ def test_move_execute_json(family: Family) -> None:
     assert again["matched"] == 0 and again["moved"] == 0
 
 
-def test_move_execute_without_yes_proceeds_when_stdin_is_not_a_terminal(family: Family) -> None:
+def test_move_execute_without_yes_refuses_when_stdin_is_not_a_terminal(family: Family) -> None:
+    # Issue 11: with no terminal to confirm on, --execute alone must not act (test_confirm.py).
     seed(family, charges=2, mails=0)
-    result = ok("move", "checkout", "--execute")
-    assert "2 moved" in result.output
-    assert "[y/N]" not in result.output
-    assert family.depth(family.queue_url) == (2, 0)
+    result = run("move", "checkout", "--execute")
+    assert result.exit_code == EXIT_USAGE
+    assert "--yes" in result.output and "[y/N]" not in result.output
+    assert family.depth(family.queue_url) == (0, 0) and family.depth() == (2, 0)
 
 
 def test_move_with_filters(family: Family) -> None:

@@ -493,7 +493,8 @@ def test_move_one_task_sends_each_message_once_byte_identical(
     assert plan["dry_run"] is True
     assert plan["moved"] == len(capture)
     assert plan["skipped_by_reason"] == {"expired": 1}
-    assert plan["duplicates_deleted"] == 1
+    # A dry run deletes nothing: it names the copy it would delete (issue 11).
+    assert plan["duplicates_to_delete"] == 1 and plan["duplicates_deleted"] == 0
     assert checkout.depth() == (total, 0)
     assert checkout.depth(checkout.queue_url) == (0, 0)
     assert not ledger.exists(), "a dry run never creates the ledger"

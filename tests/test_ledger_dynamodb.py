@@ -174,6 +174,26 @@ def test_run_lifecycle(new_ledger: Callable[[], Ledger], clock: Clock, tmp_path:
         led.end_run("never", outcome="completed", counts={})
 
 
+def test_end_run_adds_what_only_the_end_knows_to_the_info(
+    new_ledger: Callable[[], Ledger], clock: Clock
+) -> None:
+    led = new_ledger()
+    led.start_run("p1", command="purge", info={"target": "checkout", "archive": "/a.jsonl"})
+    deleted = [["m-1", "apps.t", "id-1"], ["m-2", "(unknown)", None]]
+    led.end_run("p1", outcome="completed", counts={"purged": 2}, info={"deleted": deleted})
+    # A second ending changes neither the outcome nor the info.
+    led.end_run("p1", outcome="failed", counts={}, info={"deleted": []})
+    run = new_ledger().run("p1")
+    assert run is not None and run.outcome == "completed" and run.counts == {"purged": 2}
+    assert run.info == {"target": "checkout", "archive": "/a.jsonl", "deleted": deleted}
+    # Without info, the start's record stays as it was.
+    led.start_run("p2", command="move", info={"target": "x"})
+    led.end_run("p2", outcome="interrupted", counts={})
+    assert led.run("p2").info == {"target": "x"}  # type: ignore[union-attr]
+    with pytest.raises(LedgerError, match="never started"):
+        led.end_run("never", outcome="completed", counts={}, info={"deleted": []})
+
+
 def test_runs_since_orders_and_filters(new_ledger: Callable[[], Ledger], clock: Clock) -> None:
     led = new_ledger()
     for run_id in ("r1", "r2", "r3"):

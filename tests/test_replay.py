@@ -684,7 +684,8 @@ def test_s3_damaged_part_refuses_the_replay_naming_the_object(family: Family, s3
 
 def test_replay_errors_are_one_line(family: Family, tmp_path: Path) -> None:
     missing = CliRunner().invoke(
-        cli, ["replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute"]
+        cli,
+        ["replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute", "--yes"],
     )
     assert missing.exit_code == 1 and "Traceback" not in missing.output
     assert len(missing.stderr.strip().splitlines()) == 1 and "no archive" in missing.stderr

@@ -1,0 +1,329 @@
+"""Tables fit the terminal: the least useful columns go first, long names are shortened in
+the middle, a row is never wrapped into noise; ``--wide`` (or a pipe without COLUMNS) shows
+everything."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+from conftest import Family, as_json, ok, run
+
+from redrive import cli as cli_module
+from redrive.audit import RunDetail
+from redrive.check import Finding
+from redrive.inspect import InspectResult, TaskGroup
+from redrive.ledger import RunInfo
+from redrive.messages import encode
+from redrive.native import MoveTask
+from redrive.render import (
+    audit_table,
+    findings_table,
+    fitted_table,
+    inspect_text,
+    move_tasks_table,
+    report_text,
+    run_detail_text,
+    shorten_middle,
+    shorten_task,
+    status_table,
+    table,
+)
+from redrive.report import FamilyReport, Report
+from redrive.status import FamilyStatus, QueueCounts
+
+NOW = 1_800_000_000.0
+HOUR = 3600.0
+LONG_TASKS = [
+    "apps.webhooks.tasks.save_checkout_ibft",
+    "apps.payments.tasks.capture_payment",
+    "apps.engagements.tasks.save_progress_lesson",
+    "(unknown)",
+]
+UUIDS = [f"{i:08x}-a3e5-4f26-af97-7888ba8c22c6" for i in range(3)]
+
+
+def widest(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
+
+
+def groups() -> list[TaskGroup]:
+    out = []
+    for i, task in enumerate(LONG_TASKS):
+        g = TaskGroup(task=task, count=20 - i, oldest=NOW - 5 * HOUR, newest=NOW - HOUR)
+        g.max_receive_count = 6
+        g.expired = i
+        g.leaving_within_24h = 2
+        g.sample_task_ids = list(UUIDS)
+        out.append(g)
+    return out
+
+
+def inspect_result() -> InspectResult:
+    gs = groups()
+    return InspectResult(
+        label="checkout",
+        dlq="onion-checkout-dlq",
+        dlq_url="https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout-dlq",
+        sources=["onion-checkout"],
+        total=sum(g.count for g in gs),
+        groups=gs,
+        oldest=NOW - 5 * HOUR,
+        scanned_at=NOW,
+        seconds=0.5,
+        depth_before=sum(g.count for g in gs),
+        hidden_before=3,
+        partial=False,
+    )
+
+
+# -- the pieces -----------------------------------------------------------------------------
+
+
+def test_a_task_name_keeps_its_last_dotted_part() -> None:
+    name = "apps.payments.tasks.capture_payment"
+    assert shorten_task(name, 40) == name
+    short = shorten_task(name, 24)
+    assert len(short) == 24 and short.endswith(".capture_payment") and short.startswith("apps.")
+    assert shorten_task("(unknown)", 5) == "(unk\u2026"
+    assert len(shorten_task("a." + "x" * 30, 12)) == 12
+
+
+def test_a_queue_name_keeps_both_ends() -> None:
+    short = shorten_middle("atlas-prod-notifications-dlq", 16)
+    assert len(short) == 16 and short.startswith("atlas-p") and short.endswith("ons-dlq")
+
+
+def test_without_a_width_a_fitted_table_is_the_whole_table() -> None:
+    rows = [["a" * 50, "b" * 50, "c"]]
+    assert fitted_table(rows, ["x", "y", "z"], width=None) == table(rows, ["x", "y", "z"])
+
+
+# -- each table at 80 columns ---------------------------------------------------------------
+
+
+def test_inspect_at_80_columns_drops_sample_ids_first_and_keeps_task_names_recognisable() -> None:
+    result = inspect_result()
+    full = inspect_text(result)
+    assert widest(full) > 200, "the full table is as wide as its cells"
+    assert UUIDS[0] in full and "2027-01-15 03:00Z (5h ago)" in full
+    narrow = inspect_text(result, width=80)
+    assert widest(narrow) <= 80, narrow
+    assert UUIDS[0] not in narrow
+    lines = narrow.splitlines()
+    for task in LONG_TASKS:
+        last = task.rsplit(".", 1)[-1]
+        assert any(last in line for line in lines), (task, narrow)
+    # What an incident needs stays: counts, age, receives, expired, poison, leaving <24h.
+    header = " ".join(lines[2:4])
+    for column in ("task", "count", "oldest", "max", "expired", "poison", "leaving"):
+        assert column in header, header
+    assert "5h ago" in narrow
+    # The notes are folded to the width too.
+    assert "in flight" in narrow
+
+
+def test_inspect_at_120_columns_keeps_more() -> None:
+    text = inspect_text(inspect_result(), width=120)
+    assert widest(text) <= 120
+    assert "apps.engagements.tasks.save_progress_lesson" in text
+    assert "newest" in text
+
+
+def test_status_has_no_error_column_unless_a_family_has_an_error() -> None:
+    ok_rows = [
+        FamilyStatus(
+            name,
+            f"onion-{name}",
+            f"onion-{name}-dlq",
+            QueueCounts(12, 3, 0),
+            QueueCounts(1042, 0, 7),
+            14 * 86400,
+        )
+        for name in ("checkout", "progress")
+    ]
+    assert "error" not in status_table(ok_rows)
+    broken = [*ok_rows, FamilyStatus("default", "onion", None, None, None, None, "queue is gone")]
+    assert "error" in status_table(broken).splitlines()[0]
+    for rows in (ok_rows, broken):
+        narrow = status_table(rows, width=80)
+        assert widest(narrow) <= 80, narrow
+        assert "1042 / 0 / 7" in narrow and "12 / 3 / 0" in narrow
+    assert "14d" in status_table(ok_rows, width=80)
+    assert "queue is gone" in status_table(broken, width=80)
+
+
+def test_report_at_80_columns() -> None:
+    result = inspect_result()
+    report = Report(
+        NOW,
+        "built-in",
+        [
+            FamilyReport("checkout", "onion-checkout-dlq", result),
+            FamilyReport("progress", "onion-progress-dlq", result),
+        ],
+    )
+    full = report_text(report)
+    assert widest(full) > 80 and "error" not in full.splitlines()[2]
+    narrow = report_text(report, width=80)
+    assert widest(narrow) <= 80, narrow
+    assert "save_progress_lesson" in narrow
+    # Markdown is for documents: never narrowed.
+    assert report_text(report, markdown=True, width=80) == report_text(report, markdown=True)
+
+
+def audit_runs() -> list[RunInfo]:
+    command = (
+        "redrive move checkout --task 'apps.payments.*' --older-than 1h --execute --yes "
+        "--ledger dynamodb://atlas-prod-redrive-ledger"
+    )
+    return [
+        RunInfo(
+            run_id=f"{i:016x}",
+            command="move",
+            started_at=NOW - i * HOUR,
+            heartbeat_at=NOW,
+            lease_until=NOW,
+            ended_at=NOW,
+            outcome="completed",
+            info={
+                "command_line": command,
+                "target": "checkout",
+                "aws_arn": "arn:aws:sts::123456789012:assumed-role/oncall-admin/jane.doe",
+            },
+            counts={"matched": 120, "moved": 118, "skipped": 2, "duplicates_deleted": 1},
+        )
+        for i in range(3)
+    ]
+
+
+def test_audit_at_80_columns() -> None:
+    runs = audit_runs()
+    full = audit_table(runs)
+    assert widest(full) > 200
+    narrow = audit_table(runs, width=80)
+    assert widest(narrow) <= 80, narrow
+    for each in runs:
+        assert each.run_id in narrow, "the run id is what `audit RUN` takes"
+    assert "completed" in narrow and "redrive move checkout" in narrow
+
+
+def test_tasks_at_80_columns() -> None:
+    tasks = [
+        MoveTask(
+            status="FAILED",
+            moved=1200,
+            to_move=5000,
+            started=NOW - HOUR,
+            failure_reason="AWS.SimpleQueueService.NonExistentQueue: the destination queue "
+            "does not exist or you do not have access to it",
+            handle=None,
+            source_arn="arn:aws:sqs:us-east-1:123456789012:onion-checkout-dlq",
+            destination_arn="arn:aws:sqs:us-east-1:123456789012:atlas-prod-checkout-replay",
+            rate=100,
+        ),
+        MoveTask("COMPLETED", 40, 40, NOW - 2 * HOUR, None, None, "arn:src", None, None),
+    ]
+    narrow = move_tasks_table(tasks, dlq="onion-checkout-dlq", now=NOW, width=80)
+    assert widest(narrow) <= 80, narrow
+    # A failure reason is a sentence: wrapped within its column, never cut.
+    assert "doesnotexistoryoudonothaveaccesstoit" in "".join(narrow.split())
+    assert "failure reason" not in move_tasks_table(tasks[1:], dlq="d", now=NOW)
+
+
+def test_check_findings_at_80_columns_are_wrapped_not_cut() -> None:
+    problem = (
+        "RedrivePolicy points to atlas-prod-notifications-old-dlq, expected "
+        "atlas-prod-notifications-dlq: fix the queue's RedrivePolicy"
+    )
+    findings = [Finding("notify", "atlas-prod-notifications", problem)]
+    narrow = findings_table(findings, width=80)
+    assert widest(narrow) <= 80, narrow
+    assert " ".join(narrow.split()).count("RedrivePolicy") == 2
+
+
+def test_run_detail_is_unchanged_by_width() -> None:
+    run = audit_runs()[0]
+    text = run_detail_text(RunDetail(run=run, keys=[]))
+    assert "counts:   matched 120, moved 118, skipped 2, duplicates deleted 1" in text
+
+
+# -- through the CLI -------------------------------------------------------------------------
+
+
+def seed(family: Family) -> None:
+    for i, task in enumerate(LONG_TASKS[:3] * 3):
+        family.send_to_dlq(encode(task, [i], {}, task_id=f"{i:04d}-{UUIDS[0]}"))
+
+
+def lines_of(result: Result) -> list[str]:
+    return result.stdout.splitlines()
+
+
+@pytest.fixture
+def columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def test_cli_inspect_fits_columns_and_wide_shows_everything(family: Family, columns: None) -> None:
+    seed(family)
+    narrow = ok("inspect", "checkout")
+    assert max(len(line) for line in lines_of(narrow)) <= 80, narrow.stdout
+    assert "sample ids" not in narrow.stdout
+    wide = ok("inspect", "checkout", "--wide")
+    assert "sample ids" in wide.stdout and f"0000-{UUIDS[0]}" in wide.stdout
+    assert "apps.engagements.tasks.save_progress_lesson" in wide.stdout
+    assert max(len(line) for line in lines_of(wide)) > 80
+
+
+def test_cli_status_report_check_audit_fit_columns(
+    all_families: dict[str, Family], columns: None, tmp_path: Path
+) -> None:
+    seed(all_families["checkout"])
+    assert ok("move", "checkout", "--execute", "--yes").exit_code == 0
+    seed(all_families["checkout"])
+    for args in (("status",), ("report",), ("check",), ("audit",)):
+        result = run(*args)
+        assert result.exit_code in (0, 1), result.output
+        assert max(len(line) for line in lines_of(result)) <= 80, (args, result.stdout)
+    wide = ok("audit", "--wide").stdout
+    assert "who" in wide and "redrive move checkout --execute --yes" in wide
+    # A report to a file has no terminal: every column, whatever COLUMNS says.
+    out = tmp_path / "report.txt"
+    ok("report", "--output", str(out))
+    assert "apps.engagements.tasks.save_progress_lesson" in out.read_text()
+
+
+def test_a_pipe_without_columns_shows_everything(family: Family) -> None:
+    seed(family)
+    text = ok("inspect", "checkout").stdout
+    assert "sample ids" in text and "apps.engagements.tasks.save_progress_lesson" in text
+
+
+def test_table_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(
+        shutil, "get_terminal_size", lambda fallback=(80, 24): os.terminal_size((97, 30))
+    )
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert cli_module.table_width(False) is None, "a pipe: no limit"
+    monkeypatch.setenv("COLUMNS", "60")
+    assert cli_module.table_width(False) == 60, "a pipe with COLUMNS: that"
+    assert cli_module.table_width(True) is None, "--wide: no limit"
+    monkeypatch.delenv("COLUMNS")
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert cli_module.table_width(False) == 97, "a terminal: its width"
+
+
+def test_json_is_never_narrowed(family: Family, columns: None) -> None:
+    seed(family)
+    data = as_json(ok("inspect", "checkout", "--json"))
+    assert {g["task"] for g in data["groups"]} == set(LONG_TASKS[:3])
