@@ -151,6 +151,7 @@ def inspect_archive(
             sent_at=message.sent_timestamp,
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(record.message_attributes),
+            body=record.body,
         )
     return InspectResult(
         label=archive_label(source),
