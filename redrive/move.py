@@ -4,7 +4,9 @@ its send is confirmed.
 Per batch of received messages (every step is a point a crash may hit; see the tests):
 
 1. **receive** a batch with a short lease (the visibility timeout);
-2. decide per message: not selected, expired, poison, no target, duplicate, in doubt...;
+2. decide per message: not selected, expired, poison, no target, not a Celery task,
+   duplicate (a copy of a task sent) or a second publish of its task id (see
+   :func:`redrive.keys.copy_verdict`), in doubt...;
 3. **claim** the keys to send in the ledger (durable before anything is sent);
 4. **send** them (SendMessageBatch, one batch per target, the 256 KiB limit respected);
 5. **record** the confirmed ones as SENT, release the claims of the failed ones;
@@ -951,7 +953,8 @@ class MoveEngine:
         for cand in candidates:
             if cand.held is not None:
                 continue
-            other, sent_at = self._other_holder(cand, entries.get(cand.key), first_of)
+            with self._lock:  # the dry run's planned keys are shared by the workers
+                other, sent_at = self._other_holder(cand, entries.get(cand.key), first_of)
             if other is not None:
                 verdict = copy_verdict(
                     same_message=other == cand.message.message_id,
