@@ -27,8 +27,9 @@ BCDEFGA, ...: interleaved, so drift of a busy machine hits every contender alike
 
 Contenders (``--tools``):
 
-- ``redrive``: ``python -m redrive move checkout --execute --yes --json --ledger FRESH``
-  (SQLite ledger on, default settings: one worker, lease 30 s);
+- ``redrive``: ``python -m redrive move checkout --execute --yes --json --include-unknown
+  --ledger FRESH`` (SQLite ledger on, default settings: one worker, lease 30 s; the bodies
+  that are not Celery tasks move too, as they do in the loops);
 - ``redrive-w1`` / ``redrive-w4``: the same with ``--workers 1`` / ``--workers 4``;
 - ``batched`` / ``batched-4``: the minimal loop a person would write with boto3: receive 10
   (message attributes included), SendMessageBatch the 10 bodies and attributes to the
@@ -692,7 +693,8 @@ def redrive_command(
             head = [PYTHON, "-m", "cProfile", "-o", profile_out, script]
     elif patches:
         head = [PYTHON, "-c", patches + _MAIN]
-    command = [*head, "move", FAMILY, "--execute", "--yes", "--json"]
+    # --include-unknown: the loops move the bodies that are not Celery tasks too.
+    command = [*head, "move", FAMILY, "--execute", "--yes", "--json", "--include-unknown"]
     command += ["--ledger", ledger]
     if tool.endswith("-w1"):
         command += ["--workers", "1"]

@@ -25,10 +25,16 @@ from click.shell_completion import CompletionItem
 from redrive import __version__
 from redrive.config import Layout, load_layout
 from redrive.errors import RedriveError, UsageProblem
-from redrive.move import DEFAULT_LEASE, DEFAULT_MAX_REDRIVES, IN_DOUBT_POLICIES, MoveOptions
+from redrive.move import (
+    AMBIGUOUS_POLICIES,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_REDRIVES,
+    IN_DOUBT_POLICIES,
+    MoveOptions,
+)
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
-from redrive.sqs import AwsSettings, Sqs
+from redrive.sqs import AwsSettings, Sqs, queue_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,6 +79,10 @@ class Context:
 
     def queue(self, name_or_url: str) -> QueueRef:
         return describe_queue(self._resolver(), name_or_url)
+
+    def is_celery_queue(self, queue: QueueRef) -> bool:
+        """Whether Celery workers consume ``queue``: it is one of the families' queues."""
+        return any(queue_name(f.queue) == queue.name for f in self.layout.families)
 
     def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
         """Adapters for the DLQ's own region (a family may name one)."""
@@ -819,6 +829,19 @@ def move_options(f: F) -> F:
     f = click.option(
         "--include-expired", is_flag=True, help="Also move tasks whose Celery `expires` passed."
     )(f)
+    f = click.option(
+        "--include-unknown",
+        is_flag=True,
+        help="Also send bodies that are not Celery tasks to a family's (Celery) queue.",
+    )(f)
+    f = click.option(
+        "--ambiguous",
+        type=click.Choice(AMBIGUOUS_POLICIES),
+        default="hold",
+        show_default=True,
+        help="What to do with a message that shares the key of a task already sent when "
+        "nothing tells a copy from a second publish of its task id.",
+    )(f)
     return f
 
 
@@ -891,7 +914,9 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     with core_errors():
         dlq = ctx.target(target)
         to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
-        options = engine_options(kwargs, selection, to=to)
+        options = engine_options(
+            kwargs, selection, to=to, to_celery_queue=to is None or ctx.is_celery_queue(to)
+        )
     run_move(
         ctx,
         dlq,
@@ -989,7 +1014,11 @@ def run_move(
 
 
 def engine_options(
-    kwargs: dict[str, Any], selection: Selection, *, to: QueueRef | None = None
+    kwargs: dict[str, Any],
+    selection: Selection,
+    *,
+    to: QueueRef | None = None,
+    to_celery_queue: bool = True,
 ) -> MoveOptions:
     """The engine's options from the shared move and replay options (replay has no --lease)."""
     return MoveOptions(
@@ -1002,6 +1031,9 @@ def engine_options(
         lease=kwargs.get("lease", DEFAULT_LEASE),
         workers=kwargs["workers"],
         rate=kwargs["rate"],
+        include_unknown=kwargs["include_unknown"],
+        to_celery_queue=to_celery_queue,
+        ambiguous=kwargs["ambiguous"],
     )
 
 
@@ -1009,8 +1041,10 @@ def move_plan_options(options: Any) -> dict[str, Any]:
     return {
         "to": options.to.url if options.to else None,
         "include_expired": options.include_expired,
+        "include_unknown": options.include_unknown,
         "max_redrives": options.max_redrives,
         "in_doubt": options.in_doubt,
+        "ambiguous": options.ambiguous,
         "lease": options.lease,
     }
 
@@ -1418,7 +1452,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     source,
                     to,
                     ledger,
-                    engine_options(kwargs, selection),
+                    engine_options(kwargs, selection, to_celery_queue=ctx.is_celery_queue(to)),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
                     command=command_line(),
@@ -1525,7 +1559,7 @@ _NATIVE_REFUSALS = (
         "SQS's server-side move cannot filter: it moves every message in the DLQ",
     ),
     (
-        {"include_expired", "max_redrives", "in_doubt", "ledger"},
+        {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
         "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
     ),
     ({"workers", "lease"}, "SQS moves the messages itself, with no workers or leases"),
@@ -1848,6 +1882,9 @@ def apply(
                 in_doubt=in_doubt or opts.get("in_doubt", "hold"),  # type: ignore[arg-type]
                 lease=int(opts.get("lease", DEFAULT_LEASE)),
                 workers=workers,
+                include_unknown=bool(opts.get("include_unknown", False)),
+                to_celery_queue=to is None or ctx.is_celery_queue(to),
+                ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
             )
     if plan.kind == "move":
         run_move(

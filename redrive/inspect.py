@@ -18,6 +18,8 @@ from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
 SAMPLES_PER_GROUP = 3
+# How much of a body that is not a Celery task --show-args shows instead of its arguments.
+SHOWN_BODY_CHARS = 300
 DAY = 86_400
 DEFAULT_MAX_REDRIVES = 3
 
@@ -37,7 +39,7 @@ class TaskGroup:
     leaving_within_24h: int = 0
     sample_task_ids: list[str] = field(default_factory=list)
     sample_message_ids: list[str] = field(default_factory=list)
-    sample_args: list[dict[str, str | None]] = field(default_factory=list)
+    sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
 
@@ -87,6 +89,7 @@ class Grouping:
         sent_at: float | None,
         receive_count: int,
         redrive_count: int,
+        body: str | None = None,
     ) -> None:
         group = self.groups.get(info.task)
         if group is None:
@@ -116,7 +119,7 @@ class Grouping:
             if info.task_id:
                 group.sample_task_ids.append(info.task_id)
             if self.show_args:
-                group.sample_args.append({"args": info.args, "kwargs": info.kwargs})
+                group.sample_args.append(_sample(info, body))
 
     def sorted_groups(self) -> list[TaskGroup]:
         return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
@@ -125,6 +128,17 @@ class Grouping:
     def oldest(self) -> float | None:
         times = [g.oldest for g in self.groups.values() if g.oldest is not None]
         return min(times) if times else None
+
+
+def _sample(info: TaskInfo, body: str | None) -> dict[str, str | int | None]:
+    """A task's arguments; for a body that is not a Celery task (it has none), the start of
+    the body itself, which is all there is to look at."""
+    sample: dict[str, str | int | None] = {"args": info.args, "kwargs": info.kwargs}
+    if not info.is_celery and body is not None:
+        shown = body[:SHOWN_BODY_CHARS]
+        sample["body"] = shown if len(shown) == len(body) else shown + "..."
+        sample["body_chars"] = len(body)
+    return sample
 
 
 @dataclass(slots=True)
@@ -249,6 +263,7 @@ def inspect_dlq(
                             sent_at=message.sent_timestamp,
                             receive_count=message.receive_count,
                             redrive_count=attributes.redrive_count(message.message_attributes),
+                            body=message.body,
                         )
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too

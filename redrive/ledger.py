@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 MAX_KEY_LENGTH = 128
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
 
 # Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
@@ -78,6 +78,8 @@ class Entry:
     target: str  # queue URL it was/is sent to
     sent_message_id: str | None  # MessageId SQS returned for the copy we sent
     updated_at: float  # unix time of the last transition
+    sent_at: float | None = None  # unix time of the SENT transition (None: not sent, or a
+    # ledger of schema 2 or older recorded it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,9 @@ class Ledger(Protocol):
     """
 
     location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
+    legacy_keys: bool
+    """Whether the ledger may hold keys of the form before keys named the publish
+    (:func:`redrive.keys.legacy_key_for`): the engine then looks those up too."""
 
     def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None: ...
 
@@ -290,7 +295,8 @@ CREATE TABLE keys (
     message_id      TEXT NOT NULL,
     target          TEXT NOT NULL,
     sent_message_id TEXT,
-    updated_at      REAL NOT NULL
+    updated_at      REAL NOT NULL,
+    sent_at         REAL
 )"""
 _SCHEMA = f"""{_KEYS_TABLE};
 CREATE INDEX keys_by_run ON keys (run_id);
@@ -306,9 +312,16 @@ CREATE TABLE runs (
     counts       TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX runs_by_start ON runs (started_at);
+CREATE TABLE meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
 """
+# A ledger upgraded from schema 2 or older with keys in it: those keys have the legacy form.
+_LEGACY_KEYS = "legacy_keys"
 
-_KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at"
+_KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at, sent_at"
+_SCHEMA_2_KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at"
 _RUN_COLUMNS = (
     "run_id, command, started_at, heartbeat_at, lease_until, ended_at, outcome, info, counts"
 )
@@ -330,7 +343,7 @@ def _check_key(key: str) -> None:
 
 
 def _entry(row: tuple[Any, ...]) -> Entry:
-    key, state, run_id, task, message_id, target, sent_message_id, updated_at = row
+    key, state, run_id, task, message_id, target, sent_message_id, updated_at, sent_at = row
     return Entry(
         key=key,
         state=KeyState(state),
@@ -340,6 +353,7 @@ def _entry(row: tuple[Any, ...]) -> Entry:
         target=target,
         sent_message_id=sent_message_id,
         updated_at=updated_at,
+        sent_at=sent_at,
     )
 
 
@@ -425,6 +439,7 @@ class SqliteLedger(Ledger):
         conn = self._connect()
         try:
             self._prepare(conn)
+            self.legacy_keys = self._read_legacy_flag(conn)
         except BaseException:
             conn.close()
             raise
@@ -510,6 +525,13 @@ class SqliteLedger(Ledger):
         except sqlite3.Error as e:
             raise self._open_error(e) from None
 
+    def _read_legacy_flag(self, conn: sqlite3.Connection) -> bool:
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE name = ?", (_LEGACY_KEYS,)).fetchone()
+        except sqlite3.Error as e:
+            raise self._open_error(e) from None
+        return row is not None
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
         # Re-read under the write lock: another process may have created the schema meanwhile.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -521,17 +543,20 @@ class SqliteLedger(Ledger):
                 f"one knows {SCHEMA_VERSION}); upgrade redrive or use another ledger path"
             )
         if version == 1:
-            # Schema 1 differs only in how keys are stored; copy them over, oldest first.
+            # Schema 1 differs from 2 only in how keys are stored; copy them over, oldest first.
             conn.execute("DROP INDEX keys_by_run")
             conn.execute("ALTER TABLE keys RENAME TO keys_schema_1")
             conn.execute(_KEYS_TABLE)
             conn.execute(
-                f"INSERT INTO keys ({_KEY_COLUMNS}) SELECT {_KEY_COLUMNS} FROM keys_schema_1"
-                " ORDER BY updated_at, key"
+                f"INSERT INTO keys ({_SCHEMA_2_KEY_COLUMNS}) SELECT {_SCHEMA_2_KEY_COLUMNS}"
+                " FROM keys_schema_1 ORDER BY updated_at, key"
             )
             conn.execute("DROP TABLE keys_schema_1")
             conn.execute("CREATE INDEX keys_by_run ON keys (run_id)")
-            conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._to_schema_3(conn, has_sent_at=True)
+            return
+        if version == 2:
+            self._to_schema_3(conn, has_sent_at=False)
             return
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
         if tables:
@@ -542,6 +567,16 @@ class SqliteLedger(Ledger):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _to_schema_3(self, conn: sqlite3.Connection, *, has_sent_at: bool) -> None:
+        """Schema 3 adds when each key was sent, and remembers that the keys already there
+        have the legacy form (they did not name the publish), so the engine looks them up."""
+        if not has_sent_at:
+            conn.execute("ALTER TABLE keys ADD COLUMN sent_at REAL")
+        conn.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
+        if conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None:
+            conn.execute("INSERT INTO meta (name, value) VALUES (?, '1')", (_LEGACY_KEYS,))
         conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     # ----------------------------------------------------------------- plumbing
@@ -764,7 +799,7 @@ class SqliteLedger(Ledger):
         with self._write("claim keys") as conn:
             for claim in claims:
                 cur = conn.execute(
-                    f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)"
+                    f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL)"
                     " ON CONFLICT (key) DO NOTHING",
                     (
                         claim.key,
@@ -806,9 +841,9 @@ class SqliteLedger(Ledger):
         now = self._clock()
         with self._write("mark keys sent", flush=False) as conn:
             conn.executemany(
-                "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?"
+                "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?, sent_at = ?"
                 " WHERE key = ? AND state = 'claimed' AND run_id = ?",
-                [(sent_id, now, key, run_id) for key, sent_id in sent.items()],
+                [(sent_id, now, now, key, run_id) for key, sent_id in sent.items()],
             )
 
     def release_many(self, run_id: str, keys: Sequence[str]) -> None:

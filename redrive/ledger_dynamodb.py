@@ -3,7 +3,8 @@
 Single-table design, partition key ``pk`` (a string) and nothing else:
 
 - ``key#<key>``: one idempotency key (state, run_id, task, message_id, target,
-  sent_message_id, updated_at, claim_token);
+  sent_message_id, updated_at, sent_at, claim_token; an item written before redrive recorded
+  ``sent_at`` has none, and reads as None);
 - ``run#<run_id>``: one run (kind, command, started_at, heartbeat_at, lease_until, ended_at,
   outcome, info and counts as JSON, start_token).
 
@@ -153,6 +154,7 @@ def _entry(item: Item) -> Entry:
         target=item["target"]["S"],
         sent_message_id=_opt_str(item, "sent_message_id"),
         updated_at=_num(item, "updated_at"),
+        sent_at=_num(item, "sent_at") if "sent_at" in item else None,
     )
 
 
@@ -401,6 +403,10 @@ class DynamoDbLedger(Ledger):
     ) -> None:
         self.table = check_table_name(table)
         self.location = f"dynamodb://{table}"
+        # A table does not say which redrive wrote its keys; keys expire after TTL_SECONDS,
+        # so the lookups of legacy keys find nothing a month after an upgrade (and cost one
+        # more item per message of a BatchGetItem that is made anyway).
+        self.legacy_keys = True
         self._client = client
         self._clock = clock
         self._ttl = ttl
@@ -899,11 +905,11 @@ class DynamoDbLedger(Ledger):
                 Key=_key_pk(key),
                 UpdateExpression=(
                     "SET #state = :sent, #sent_message_id = :sid, #updated_at = :now, "
-                    "#expires_at = :exp"
+                    "#sent_at = :now, #expires_at = :exp"
                 ),
                 ConditionExpression="#state = :claimed AND #run_id = :run",
                 ExpressionAttributeNames=_names(
-                    "state", "sent_message_id", "updated_at", TTL_ATTRIBUTE, "run_id"
+                    "state", "sent_message_id", "updated_at", "sent_at", TTL_ATTRIBUTE, "run_id"
                 ),
                 ExpressionAttributeValues={
                     ":sent": _s(KeyState.SENT.value),

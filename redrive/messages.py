@@ -119,6 +119,14 @@ class TaskInfo:
     content_type: str | None
     body_format: str
     note: str | None
+    delivery_tag: str | None = None
+    """The ``properties.delivery_tag`` kombu's virtual transports (SQS among them) stamp on
+    every publish: copies of one publish share it, a second publish of a task id never does."""
+
+    @property
+    def is_celery(self) -> bool:
+        """Whether a Celery worker could recognise the message as a task at all."""
+        return self.task != UNKNOWN_TASK
 
     def is_expired(self, now: datetime) -> bool:
         """True when a worker would discard the task as revoked because ``expires`` has passed.
@@ -288,6 +296,7 @@ def _from_protocol2(
         content_type=content_type,
         body_format=body_format,
         note=note,
+        delivery_tag=_str(properties.get("delivery_tag")) or None,
     )
 
 
@@ -321,6 +330,7 @@ def _from_protocol1(
         content_type=content_type,
         body_format=body_format,
         note=None if task != UNKNOWN_TASK else "task field is not a task name",
+        delivery_tag=_str(properties.get("delivery_tag")) or None,
     )
 
 

@@ -4,7 +4,9 @@ its send is confirmed.
 Per batch of received messages (every step is a point a crash may hit; see the tests):
 
 1. **receive** a batch with a short lease (the visibility timeout);
-2. decide per message: not selected, expired, poison, no target, duplicate, in doubt...;
+2. decide per message: not selected, expired, poison, no target, not a Celery task,
+   duplicate (a copy of a task sent) or a second publish of its task id (see
+   :func:`redrive.keys.copy_verdict`), in doubt...;
 3. **claim** the keys to send in the ledger (durable before anything is sent);
 4. **send** them (SendMessageBatch, one batch per target, the 256 KiB limit respected);
 5. **record** the confirmed ones as SENT, release the claims of the failed ones;
@@ -33,18 +35,20 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.errors import RedriveError, UsageProblem
-from redrive.keys import key_for
+from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
 from redrive.scan import DlqScan, digest, hold_for_depth, run_pipelines
-from redrive.selection import Selection
+from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
 from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 
 InDoubtPolicy = Literal["hold", "resend", "skip"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")
+AmbiguousPolicy = Literal["hold", "move"]
+AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
 DEFAULT_MAX_REDRIVES = 3
 # A run that has not heartbeaten for this long, and whose lease has run out, is dead.
@@ -62,6 +66,8 @@ IN_DOUBT = "in-doubt"
 BUSY = "claimed-by-another-run"
 RESOLVED_SKIP = "in-doubt-resolved-skip"
 NO_TARGET = "no-target"
+NOT_CELERY = "not-celery"
+AMBIGUOUS = "ambiguous-copy"
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
@@ -103,6 +109,14 @@ class MoveOptions:
     lease: int = DEFAULT_LEASE
     workers: int = 1
     rate: float | None = None
+    include_unknown: bool = False
+    """Also send bodies that are not Celery tasks to a Celery queue."""
+    to_celery_queue: bool = True
+    """Whether ``to`` is a queue Celery workers consume (a family's queue). Without ``to``
+    every message goes back to its source: the family's Celery queue."""
+    ambiguous: AmbiguousPolicy = "hold"
+    """What to do with a message that shares the key of a task already sent when nothing
+    tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +176,12 @@ class MoveResult:
     tasks: dict[str, TaskCounts] = field(default_factory=dict)
     in_doubt_messages: list[Listed] = field(default_factory=list)
     failed_messages: list[Listed] = field(default_factory=list)
+    ambiguous_messages: list[Listed] = field(default_factory=list)
+    no_target_reason: str | None = None
+    """Why messages had no single target (the DLQ's source queues, and what SQS said)."""
+    no_target_candidates: list[str] = field(default_factory=list)
+    misses: FilterMisses | None = None
+    """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
     error: str | None = None
     still_hidden: int = 0
@@ -181,8 +201,12 @@ class MoveResult:
         return {task: c.moved for task, c in sorted(self.tasks.items()) if c.moved}
 
     @property
+    def ambiguous(self) -> int:
+        return self.skipped[AMBIGUOUS]
+
+    @property
     def needs_attention(self) -> bool:
-        return bool(self.failed or self.in_doubt)
+        return bool(self.failed or self.in_doubt or self.ambiguous)
 
     def task(self, name: str) -> TaskCounts:
         counts = self.tasks.get(name)
@@ -211,6 +235,14 @@ class MoveResult:
             "tasks": {task: c.to_json() for task, c in sorted(self.tasks.items())},
             "in_doubt_messages": [m.to_json() for m in self.in_doubt_messages],
             "failed_messages": [m.to_json() for m in self.failed_messages],
+            "ambiguous": self.ambiguous,
+            "ambiguous_messages": [m.to_json() for m in self.ambiguous_messages],
+            "no_target": (
+                {"reason": self.no_target_reason, "candidates": self.no_target_candidates}
+                if self.skipped[NO_TARGET]
+                else None
+            ),
+            "filter_misses": self.misses.to_json() if self.misses is not None else None,
             "interrupted": self.interrupted,
             "error": self.error,
             "still_hidden": self.still_hidden,
@@ -232,6 +264,28 @@ class _Candidate:
     key: str
     generation: int
     target: QueueRef
+    legacy_key: str | None = None
+    """Its key in the form before keys named the publish, when the ledger may hold those."""
+    held: str | None = None
+    """Why it is held as an ambiguous copy (it shares a key, and nothing tells a copy of
+    that task from a second publish)."""
+
+    @property
+    def tagged(self) -> bool:
+        return self.info.delivery_tag is not None
+
+    def rekey(self, *, by_message: bool = False) -> None:
+        self.key = key_for(
+            self.info,
+            message_id=self.message.message_id,
+            generation=self.generation,
+            body=self.message.body,
+            by_message=by_message,
+        )
+        if self.legacy_key is not None:
+            self.legacy_key = legacy_key_for(
+                self.info, message_id=self.message.message_id, generation=self.generation
+            )
 
 
 @dataclass(slots=True)
@@ -359,6 +413,12 @@ class MoveEngine:
         # In a dry run, keys this run "would claim": a second copy is then a duplicate.
         # Digests, not keys: a dry run of a million messages must not hold a million strings.
         self._planned: set[int] = set()
+        self._legacy = ledger is not None and ledger.legacy_keys
+        # Non-Celery bodies are kept out of Celery queues: every message's own source is
+        # one, and so is a --to that names a family's queue.
+        self._to_celery = options.to is None or options.to_celery_queue
+        selection = options.selection
+        self._sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
 
     # -- the run -------------------------------------------------------------------------
 
@@ -425,6 +485,8 @@ class MoveEngine:
         scan.release_all(sqs)
         scan.close()
         result = self.result
+        if self._sightings is not None:
+            result.misses = self._sightings.misses()
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
@@ -503,39 +565,56 @@ class MoveEngine:
 
     # -- one batch -----------------------------------------------------------------------
 
-    def _decide(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> _Decided:
-        """Decode a batch and decide each message's fate from the ledger as it stands; a
-        dry run ends here."""
-        keep: list[Message] = []
+    def _select(self, sqs: Sqs, batch: Sequence[Message], keep: list[Message]) -> list[_Candidate]:
+        """The batch's selected messages that may be sent, with their keys; the others go
+        to ``keep`` (counted as skipped when selected)."""
         candidates: list[_Candidate] = []
         now = self.now()
         now_dt = datetime.fromtimestamp(now, UTC)
         selection = self.options.selection
-        for message in batch:
-            info = decode(message.body)
+        decoded = [(message, decode(message.body)) for message in batch]
+        if self._sightings is not None:
+            with self._lock:
+                for message, info in decoded:
+                    self._sightings.add(info.task, message.message_id)
+        for message, info in decoded:
             if not selection.matches(
                 info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now
             ):
                 keep.append(message)
                 continue
             generation = attributes.redrive_count(message.message_attributes)
-            skip = None
+            route: QueueRef | None = None
+            skip: str | None = None
             if not self.options.include_expired and info.is_expired(now_dt):
                 skip = EXPIRED
-            else:
-                route = self._route(sqs, message)
-                if route is None:
-                    skip = NO_TARGET
-            if skip is not None:
+            elif (route := self._route(sqs, message)) is None:
+                skip = NO_TARGET
+            elif not info.is_celery and not self.options.include_unknown and self._to_celery:
+                # A Celery worker cannot decode it: it would drop it, or fail it back here.
+                skip = NOT_CELERY
+            if skip is not None or route is None:
                 with self._lock:
                     self._count_matched(info)
-                    self._skip(info, skip)
+                    self._skip(info, skip or NO_TARGET)
                 keep.append(message)
                 continue
-            assert route is not None
-            key = key_for(info, message_id=message.message_id, generation=generation)
-            candidates.append(_Candidate(message, info, key, generation, route))
+            key = key_for(
+                info, message_id=message.message_id, generation=generation, body=message.body
+            )
+            legacy = (
+                legacy_key_for(info, message_id=message.message_id, generation=generation)
+                if self._legacy and info.task_id
+                else None
+            )
+            candidates.append(_Candidate(message, info, key, generation, route, legacy))
+        return candidates
 
+    def _decide(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> _Decided:
+        """Decode a batch and decide each message's fate from the ledger as it stands; a
+        dry run ends here."""
+        keep: list[Message] = []
+        candidates = self._select(sqs, batch, keep)
         entries = self._entries_for(candidates)
         # Asked before taking self._lock, which _is_live takes itself (and it reads the ledger).
         live_owners = {
@@ -550,6 +629,11 @@ class MoveEngine:
         resolve_skip: list[tuple[_Candidate, str]] = []
         with self._lock:
             for cand in candidates:
+                if cand.held is not None:
+                    self._count_matched(cand.info)
+                    self._hold_ambiguous(cand, cand.held)
+                    keep.append(cand.message)
+                    continue
                 if cand.key in followers:
                     # A second copy of a task in this very batch: it follows the first copy.
                     followers[cand.key].append(cand)
@@ -765,12 +849,29 @@ class MoveEngine:
     # -- steps ---------------------------------------------------------------------------
 
     def _entries_for(self, candidates: Sequence[_Candidate]) -> dict[str, Entry]:
-        """Ledger entries of the candidates' keys, after moving returned messages on a
-        generation: a message whose MessageId is the one SQS gave our own copy came back to
-        the DLQ (failed again); it is not a duplicate, whatever its key says."""
-        if self.ledger is None or not candidates:
+        """Ledger entries of the candidates' keys, after settling which key each has: a
+        message that is redrive's own copy come back moves on a generation, one whose key
+        belongs to another invocation gets a key of its own, one that may be either is held
+        (:meth:`_tell_copies_apart`)."""
+        if not candidates:
             return {}
-        entries = self.ledger.get_many([c.key for c in candidates])
+        if self.ledger is None:
+            self._tell_copies_apart(candidates, {})
+            return {}
+        wanted = [c.key for c in candidates] + [c.legacy_key for c in candidates if c.legacy_key]
+        entries = self.ledger.get_many(wanted)
+        self._follow_returns(candidates, entries)
+        self._adopt_legacy_keys(candidates, entries)
+        rekeyed = self._tell_copies_apart(candidates, entries)
+        if rekeyed:
+            entries.update(self.ledger.get_many([c.key for c in rekeyed]))
+        return entries
+
+    def _follow_returns(self, candidates: Sequence[_Candidate], entries: dict[str, Entry]) -> None:
+        """A message whose MessageId is the one SQS gave our own copy came back to the DLQ
+        (failed again): it moves on a generation; it is not a duplicate, whatever its key
+        says."""
+        assert self.ledger is not None
         # An unstamped copy (no room for our attributes) always computes the key of the
         # generation its count says, however often it came back: look along its later
         # generations for the one whose send it is. Comparing with the first generation
@@ -778,32 +879,126 @@ class MoveEngine:
         suspects = [
             c
             for c in candidates
-            if (e := entries.get(c.key)) is not None and e.sent_message_id is not None
+            if any(
+                (e := entries.get(k)) is not None and e.sent_message_id is not None
+                for k in (c.key, c.legacy_key)
+                if k is not None
+            )
         ]
         if not suspects:
-            return entries
-        chains = [
-            [
-                key_for(c.info, message_id=c.message.message_id, generation=g)
-                for g in range(c.generation, c.generation + self.options.max_redrives + 1)
-            ]
-            for c in suspects
-        ]
-        found = self.ledger.get_many([key for chain in chains for key in chain])
+            return
+        chains = [self._chain(c) for c in suspects]
+        found = self.ledger.get_many([key for chain in chains for keys in chain for key in keys])
         for cand, chain in zip(suspects, chains, strict=True):
-            for generation, key in enumerate(chain, start=cand.generation):
-                entry = found.get(key)
-                if entry is not None and entry.sent_message_id == cand.message.message_id:
+            for generation, keys in enumerate(chain, start=cand.generation):
+                if any(
+                    (e := found.get(k)) is not None and e.sent_message_id == cand.message.message_id
+                    for k in keys
+                ):
                     cand.generation = generation + 1
-                    cand.key = key_for(
-                        cand.info, message_id=cand.message.message_id, generation=cand.generation
-                    )
+                    cand.rekey()
                     break
         entries.update(found)
-        missing = [c.key for c in suspects if c.key not in entries]
+        missing = [
+            k for c in suspects for k in (c.key, c.legacy_key) if k is not None and k not in entries
+        ]
         if missing:
             entries.update(self.ledger.get_many(missing))
-        return entries
+
+    def _chain(self, cand: _Candidate) -> list[list[str]]:
+        """Per generation from the candidate's own on, the keys it would have there."""
+        info, message = cand.info, cand.message
+        chain = []
+        for g in range(cand.generation, cand.generation + self.options.max_redrives + 1):
+            keys = [key_for(info, message_id=message.message_id, generation=g, body=message.body)]
+            if cand.legacy_key is not None:
+                keys.append(legacy_key_for(info, message_id=message.message_id, generation=g))
+            chain.append(keys)
+        return chain
+
+    def _adopt_legacy_keys(
+        self, candidates: Sequence[_Candidate], entries: Mapping[str, Entry]
+    ) -> None:
+        """A key of the legacy form (it does not name the publish) decides as it did before
+        when it is this very message's. One held for another message with the same task id
+        may be a copy of it or a second publish: only an enqueue time after that message was
+        sent tells (a second publish); otherwise the candidate is held."""
+        for cand in candidates:
+            if cand.legacy_key is None or cand.key in entries:
+                continue
+            old = entries.get(cand.legacy_key)
+            if old is None:
+                continue
+            if old.message_id == cand.message.message_id:
+                cand.key = cand.legacy_key
+                continue
+            sent = old.state in (KeyState.SENT, KeyState.DONE)
+            verdict = copy_verdict(
+                same_message=False,
+                tagged=False,  # the legacy key says nothing of the publish
+                enqueued_at=cand.message.sent_timestamp,
+                first_sent_at=_sent_at(old) if sent else None,
+            )
+            if verdict is Verdict.AMBIGUOUS and self.options.ambiguous == "hold":
+                done = f"sent at {iso_utc(_sent_at(old))}" if sent else f"{old.state} (not sent)"
+                cand.held = (
+                    f"same task id and retries as message {old.message_id}, {done} by run "
+                    f"{old.run_id} under a key of the earlier form, which does not name the "
+                    "publish: a copy of it or a second publish"
+                )
+            # Otherwise its own key (the new form) decides: the legacy one was another's.
+
+    def _tell_copies_apart(
+        self, candidates: Sequence[_Candidate], entries: Mapping[str, Entry]
+    ) -> list[_Candidate]:
+        """For each candidate whose key another message holds (sent, claimed earlier in this
+        run, or earlier in this batch or dry run), whether it is a copy of that message: a
+        second publish is re-keyed by its own MessageId, an ambiguous one held (re-keyed with
+        ``--ambiguous move``). Returns the re-keyed candidates."""
+        rekeyed: list[_Candidate] = []
+        first_of: dict[str, _Candidate] = {}
+        for cand in candidates:
+            if cand.held is not None:
+                continue
+            with self._lock:  # the dry run's planned keys are shared by the workers
+                other, sent_at = self._other_holder(cand, entries.get(cand.key), first_of)
+            if other is not None:
+                verdict = copy_verdict(
+                    same_message=other == cand.message.message_id,
+                    tagged=cand.tagged,
+                    enqueued_at=cand.message.sent_timestamp,
+                    first_sent_at=sent_at,
+                )
+                if verdict is Verdict.AMBIGUOUS and self.options.ambiguous == "hold":
+                    cand.held = (
+                        f"same task id, retries and body as message {other or '(planned)'}"
+                        + (f", sent at {iso_utc(sent_at)}" if sent_at is not None else "")
+                        + ", and no delivery tag to tell a copy from a second publish"
+                    )
+                elif verdict in (Verdict.AMBIGUOUS, Verdict.SECOND_PUBLISH):
+                    cand.rekey(by_message=True)
+                    rekeyed.append(cand)
+            first_of.setdefault(cand.key, cand)
+        return rekeyed
+
+    def _other_holder(
+        self, cand: _Candidate, entry: Entry | None, first_of: Mapping[str, _Candidate]
+    ) -> tuple[str | None, float | None]:
+        """(MessageId, when sent) of the message that holds the candidate's key before it:
+        one sent, an earlier copy in this batch, one an earlier batch of this run claimed,
+        or ("", None) for one planned earlier in this dry run; (None, None) for none (or a
+        key claimed by another run, or skipped: those decide as they always did)."""
+        if entry is not None and entry.state in (KeyState.SENT, KeyState.DONE):
+            return entry.message_id, _sent_at(entry)
+        if (first := first_of.get(cand.key)) is not None:
+            return first.message.message_id, None
+        if entry is not None:
+            if entry.state == KeyState.CLAIMED and entry.run_id == self.run_id:
+                return entry.message_id, None
+            return None, None
+        if digest(cand.key) in self._planned:
+            return "", None  # the scan never hands out one message twice: another one
+        return None, None
 
     def _send(
         self, sqs: Sqs, claimed: Sequence[_Candidate]
@@ -937,6 +1132,8 @@ class MoveEngine:
             return self.options.to
         arn = message.attributes.get("DeadLetterQueueSourceArn")
         if not arn:
+            if self.target.single_source is None:
+                self._no_target(*_why_no_single_source(self.target))
             return self.target.single_source
         with self._lock:
             if arn in self._routes:
@@ -945,11 +1142,22 @@ class MoveEngine:
         if route is None:
             try:
                 route = describe_queue(sqs, queue_name(arn))
-            except RedriveError:
+            except RedriveError as exc:
                 route = None
+                self._no_target(
+                    f"the source queue SQS names ({queue_name(arn)}, in the message's "
+                    f"DeadLetterQueueSourceArn) cannot be used: {exc}",
+                    [queue_name(arn)],
+                )
         with self._lock:
             self._routes[arn] = route
         return route
+
+    def _no_target(self, reason: str, candidates: Sequence[str]) -> None:
+        with self._lock:
+            if self.result.no_target_reason is None:
+                self.result.no_target_reason = reason
+                self.result.no_target_candidates = list(candidates)
 
     def _is_live(self, run_id: str) -> bool:
         """Whether the run that holds a claim may still be sending it."""
@@ -1003,15 +1211,24 @@ class MoveEngine:
         with self._lock:
             if self._limit_left is not None:
                 self._limit_left += 1  # counted as a send when decided; it is not one
-            if entry.state in (KeyState.SENT, KeyState.DONE):
+            if entry.state in (KeyState.SENT, KeyState.DONE) and _copy_of(cand, entry):
                 duplicates.append((cand, entry.key))
                 duplicates.extend((f, entry.key) for f in more)
                 for f in more:
                     self._count_matched(f.info)
                 return
+            # Claimed by a live run, or sent for a message this one may not be a copy of:
+            # the next run decides, with that key's entry in hand.
             self._skip(cand.info, BUSY)
         keep.append(cand.message)
         keep.extend(f.message for f in more)
+
+    def _hold_ambiguous(self, cand: _Candidate, detail: str) -> None:
+        self._skip(cand.info, AMBIGUOUS)
+        if len(self.result.ambiguous_messages) < MAX_LISTED:
+            self.result.ambiguous_messages.append(
+                Listed(cand.info.task, cand.info.task_id, cand.message.message_id, cand.key, detail)
+            )
 
 
 def _run_is_live(run: RunInfo, now: float) -> bool:
@@ -1029,3 +1246,35 @@ def _run_is_live(run: RunInfo, now: float) -> bool:
         except PermissionError:
             pass
     return run.is_live(now=now, stale_after=STALE_AFTER)
+
+
+def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
+    names = [s.name for s in target.sources]
+    if not names:
+        return (
+            f"no queue dead-letters into {target.dlq.name} (ListDeadLetterSourceQueues found "
+            "none) and SQS did not say where the messages came from",
+            names,
+        )
+    return (
+        f"{target.dlq.name} has {len(names)} source queues ({', '.join(names)}, from "
+        "ListDeadLetterSourceQueues) and SQS did not say which one each message came from",
+        names,
+    )
+
+
+def _sent_at(entry: Entry) -> float:
+    """When the ledger recorded the key's send (a ledger of schema 2 kept only the time of
+    the key's last change, which is then as close as it gets)."""
+    return entry.sent_at if entry.sent_at is not None else entry.updated_at
+
+
+def _copy_of(cand: _Candidate, entry: Entry) -> bool:
+    """Whether the candidate is the message ``entry`` sent, or a copy of it."""
+    verdict = copy_verdict(
+        same_message=entry.message_id == cand.message.message_id,
+        tagged=cand.tagged,
+        enqueued_at=cand.message.sent_timestamp,
+        first_sent_at=_sent_at(entry),
+    )
+    return verdict in (Verdict.SAME_MESSAGE, Verdict.COPY)

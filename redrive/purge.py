@@ -23,7 +23,7 @@ from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
 from redrive.scan import DlqScan, hold_for_depth, run_pipelines
-from redrive.selection import Selection
+from redrive.selection import FilterMisses, Selection, Sightings
 from redrive.sqs import Message, Sqs
 
 DEFAULT_LEASE = 30
@@ -64,6 +64,8 @@ class PurgeResult:
     purged: int = 0
     failed: int = 0
     by_task: Counter[str] = field(default_factory=Counter)
+    misses: FilterMisses | None = None
+    """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
     still_hidden: int = 0
     seconds: float = 0.0
@@ -93,6 +95,7 @@ class PurgeResult:
             "failed": self.failed,
             "archive": self.archive,
             "by_task": dict(sorted(self.by_task.items())),
+            "filter_misses": self.misses.to_json() if self.misses is not None else None,
             "interrupted": self.interrupted,
             "still_hidden": self.still_hidden,
             "seconds": round(self.seconds, 3),
@@ -157,6 +160,8 @@ def purge_dlq(
     )
     lock = threading.Lock()
     limit_left = [options.selection.limit]
+    selection = options.selection
+    sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
 
     def flush(worker_sqs: Sqs, pending: list[_Pending]) -> None:
         if not pending:
@@ -215,8 +220,12 @@ def purge_dlq(
                 fault("received")
                 keep: list[Message] = []
                 clock = now()
-                for message in batch:
-                    info = decode(message.body)
+                decoded = [(message, decode(message.body)) for message in batch]
+                if sightings is not None:
+                    with lock:
+                        for message, info in decoded:
+                            sightings.add(info.task, message.message_id)
+                for message, info in decoded:
                     if not options.selection.matches(
                         info,
                         message_id=message.message_id,
@@ -280,6 +289,7 @@ def purge_dlq(
         scan.close()
         result.interrupted = stop.is_set()
         result.seconds = time.monotonic() - started
+        result.misses = sightings.misses() if sightings is not None else None
     hidden = sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
         "ApproximateNumberOfMessagesNotVisible", "0"
     )

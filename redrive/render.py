@@ -23,7 +23,7 @@ from redrive.move import MoveResult
 from redrive.native import MAX_NATIVE_RATE, MoveTask, NativePlan
 from redrive.purge import PurgeResult
 from redrive.report import Report
-from redrive.selection import format_duration
+from redrive.selection import FilterMisses, format_duration
 from redrive.status import FamilyStatus
 
 
@@ -415,6 +415,13 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
             lines.append("")
             lines.append(f"sample arguments of {printable(group.task)}:")
             for sample in group.sample_args:
+                if "body" in sample:
+                    # Not a Celery task: no arguments to show, only what the body holds.
+                    lines.append(
+                        f"  body ({sample.get('body_chars')} characters): "
+                        f"{printable(str(sample['body']))}"
+                    )
+                    continue
                 # argsrepr/kwargsrepr are headers the producer wrote, not our own repr().
                 args, kwargs = (printable(str(sample[k])) for k in ("args", "kwargs"))
                 lines.append(f"  args={args} kwargs={kwargs}")
@@ -529,14 +536,15 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
         # An archive has no copies to delete: a key already sent is simply skipped.
         head = (
             f"{'DRY RUN: ' if result.dry_run else ''}archive {result.target}: "
-            f"{result.matched} matched, {result.moved} {would}, "
+            f"{result.scanned} read, {result.matched} matched, {result.moved} {would}, "
             f"{result.duplicates} already sent (skipped), {result.skipped_total} skipped "
             f"otherwise, {result.failed} failed, {result.in_doubt} in doubt"
         )
     else:
         head = (
             f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
-            f"{result.matched} matched, {result.moved} {would}, {result.skipped_total} skipped, "
+            f"{result.scanned} scanned, {result.matched} matched, {result.moved} {would}, "
+            f"{result.skipped_total} skipped, "
             f"{result.failed} failed, {result.in_doubt} in doubt, "
             f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
             f"{'would be deleted' if result.dry_run else 'deleted'}"
@@ -594,12 +602,45 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
                 ["task", "message id", "error"],
             )
         )
-    if result.skipped.get("no-target"):
+    if result.ambiguous_messages:
         lines.append("")
         lines.append(
-            "messages skipped as no-target: their source queue is ambiguous (the DLQ has "
-            "several sources and SQS did not say which): pass --to QUEUE"
+            f"{result.ambiguous} message(s) held as possible copies: each shares the "
+            "idempotency key of a task already sent, and nothing tells a copy of it from a "
+            "second publish of its task id. They stay in the DLQ. If they are new "
+            "invocations, rerun with --ambiguous move; if copies, purge them (archived):"
         )
+        lines.append(
+            table(
+                [
+                    [m.task, m.task_id or "-", m.message_id, m.detail]
+                    for m in result.ambiguous_messages
+                ],
+                ["task", "task id", "message id", "why"],
+            )
+        )
+    if result.skipped.get("no-target"):
+        lines.append("")
+        reason = result.no_target_reason or "their source queue is ambiguous"
+        lines.append(
+            f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
+            "pass --to QUEUE"
+            + (
+                f" (one of: {', '.join(result.no_target_candidates)})"
+                if result.no_target_candidates
+                else ""
+            )
+            + " to send them there."
+        )
+    if result.skipped.get("not-celery"):
+        lines.append("")
+        lines.append(
+            f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies are "
+            "not Celery tasks, so a Celery worker would drop them. Look at them with "
+            "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
+            "to send them anyway."
+        )
+    lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb))
     if result.still_hidden:
         lines.append("")
@@ -654,6 +695,38 @@ def expired_hint(result: MoveResult, verb: str) -> list[str]:
     ]
 
 
+def misses_text(misses: FilterMisses | None, *, matched: int) -> list[str]:
+    """What a --task or --message-id filter that matched nothing could have meant."""
+    if misses is None:
+        return []
+    lines = [""]
+    for miss in misses.patterns:
+        line = f"--task {miss.pattern} matched no message scanned"
+        if miss.near:
+            line += f"; it nearly matches {', '.join(miss.near)}"
+        if miss.suggestion:
+            line += f": did you mean --task '{miss.suggestion}'?"
+        lines.append(printable(line))
+    if misses.ids_not_seen_count:
+        shown = ", ".join(misses.ids_not_seen)
+        more = misses.ids_not_seen_count - len(misses.ids_not_seen)
+        lines.append(
+            f"{misses.ids_not_seen_count} of the {misses.ids_given} --message-id value(s) "
+            f"matched no message scanned: {printable(shown)}"
+            + (f" and {more} more" if more else "")
+            + " (already moved or deleted, or mistyped)"
+        )
+    if misses.patterns and misses.tasks_seen:
+        seen = ", ".join(f"{task} ({n})" for task, n in misses.tasks_seen)
+        more = misses.distinct_tasks - len(misses.tasks_seen)
+        lines.append(
+            printable(f"tasks scanned: {seen}" + (f" and {more} more" if more > 0 else ""))
+        )
+    elif misses.patterns and not matched:
+        lines.append("no message was scanned: the DLQ looked empty")
+    return lines
+
+
 def purge_text(result: PurgeResult) -> str:
     verb = result.command
     if result.method == "purge-queue":
@@ -668,24 +741,27 @@ def purge_text(result: PurgeResult) -> str:
         nothing = "archived" if verb == "archive" else "archived or deleted"
         head = (
             f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
-            f"0 matched: nothing {'would be ' if result.dry_run else ''}{nothing}"
+            f"{result.scanned} scanned, 0 matched: nothing "
+            f"{'would be ' if result.dry_run else ''}{nothing}"
             + ("; the DLQ is unchanged" if not result.dry_run else "")
         )
     elif result.dry_run:
         head = (
-            f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.matched} matched, would be "
+            f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.matched} matched, would be "
             + ("archived to " + (result.archive or "?") if result.archive else "deleted")
             + (" and deleted" if result.archive and verb == "purge" else "")
         )
     elif verb == "archive":
         head = (
-            f"DLQ {result.dlq} ({result.target}): {result.archived} archived to "
-            f"{result.archive}; the DLQ is unchanged"
+            f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.archived} archived to {result.archive}; the DLQ is unchanged"
         )
     else:
         head = (
-            f"DLQ {result.dlq} ({result.target}): {result.matched} matched, "
-            f"{result.archived} archived, {result.purged} deleted, {result.failed} failed"
+            f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.matched} matched, {result.archived} archived, {result.purged} deleted, "
+            f"{result.failed} failed"
             + (f"; archive: {result.archive}" if result.archive else "; no archive kept")
         )
     lines = [head]
@@ -698,6 +774,7 @@ def purge_text(result: PurgeResult) -> str:
             f"{result.failed} message(s) could not be deleted: they are archived and still "
             "in the DLQ (rerun to delete them; replay skips what is already sent)"
         )
+    lines.extend(misses_text(result.misses, matched=result.matched))
     if result.interrupted:
         lines.append("")
         lines.append("interrupted: the summary covers what was done; rerun to resume")

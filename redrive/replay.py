@@ -223,6 +223,7 @@ def inspect_archive(
             sent_at=message.sent_timestamp,
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(record.message_attributes),
+            body=record.body,
         )
     return ArchiveInspectResult(
         label=archive_label(source),

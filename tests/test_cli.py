@@ -414,7 +414,7 @@ def test_move_in_doubt_exit_3_and_lists_task_and_id(family: Family) -> None:
     ledger = open_ledger(None)
     try:
         ledger.start_run("deadrun", command="move", info={"host": "elsewhere"})
-        key = key_for(decode(body), message_id=message_id, generation=0)
+        key = key_for(decode(body), message_id=message_id, generation=0, body=body)
         ledger.claim_many("deadrun", [Claim(key, CHARGE, message_id, family.queue_url)])
         ledger.end_run("deadrun", outcome="failed", counts={})
     finally:

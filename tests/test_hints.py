@@ -175,8 +175,8 @@ def test_a_purge_that_matches_nothing_promises_nothing(family: Family, tmp_path:
     archive = tmp_path / "a.jsonl.gz"
     dry = ok("purge", "checkout", "--task", "no.such.task", "--archive", str(archive)).stdout
     assert dry.startswith(
-        "DRY RUN: DLQ onion-checkout-dlq (checkout): 0 matched: nothing would be archived or "
-        "deleted"
+        "DRY RUN: DLQ onion-checkout-dlq (checkout): 3 scanned, 0 matched: nothing would be "
+        "archived or deleted"
     )
     assert "would be archived to" not in dry
     done = ok(

@@ -200,6 +200,31 @@ def test_args_only_when_asked(
     assert len(email["sample_args"]) == 2
 
 
+def test_show_args_shows_the_start_of_a_body_that_is_not_a_celery_task(
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+) -> None:
+    from redrive.inspect import SHOWN_BODY_CHARS
+    from redrive.render import inspect_text
+
+    # A terminal escape and a newline in it, and longer than what is shown.
+    long_text = "legacy cron 4242:\x1b[31m resync\n" + "x" * 1000
+    for text in (long_text, *ODD_BODIES[:2]):
+        family.send_to_dlq(text)
+
+    shown = inspect_dlq(target, factory, show_args=True)
+
+    samples = {s["body_chars"]: s for s in by_task(shown)[UNKNOWN_TASK]["sample_args"]}
+    assert set(samples) == {len(long_text), *(len(b) for b in ODD_BODIES[:2])}
+    assert all(s["args"] is None and s["kwargs"] is None for s in samples.values())
+    assert samples[len(long_text)]["body"] == long_text[:SHOWN_BODY_CHARS] + "..."
+    assert samples[len(ODD_BODIES[0])]["body"] == ODD_BODIES[0]
+    text = inspect_text(shown)
+    assert "args=None kwargs=None" not in text
+    assert "  body (22 characters): plain text, not Celery" in text
+    assert "  body (1030 characters): legacy cron 4242:\\x1b[31m resync\\nxxx" in text
+    assert "\x1b" not in text  # escaped, never sent to the terminal
+
+
 # -- leaving the DLQ as it was ---------------------------------------------------------
 
 

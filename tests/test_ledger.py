@@ -7,7 +7,7 @@ import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 
@@ -171,6 +171,21 @@ def test_mark_sent_only_by_the_owner_of_a_claim(ledger: SqliteLedger, clock: Clo
     ledger.mark_sent_many("A", {"k1": "sqs-again"})  # SENT is not CLAIMED: unchanged
     assert ledger.get_many(["k1"])["k1"].sent_message_id == "sqs-A"
     assert state(ledger, "k2") == (KeyState.CLAIMED, "A")
+
+
+def test_the_time_of_the_send_is_kept_when_the_key_is_done(
+    ledger: SqliteLedger, clock: Clock
+) -> None:
+    # What tells a copy from the same bytes sent again later (redrive.keys.copy_verdict).
+    ledger.claim_many("A", claims("k1"))
+    assert ledger.get_many(["k1"])["k1"].sent_at is None
+    clock.now += 5
+    ledger.mark_sent_many("A", {"k1": "sqs-1"})
+    sent_at = clock.now
+    clock.now += 3600
+    ledger.mark_done_many("B", ["k1"])
+    entry = ledger.get_many(["k1"])["k1"]
+    assert (entry.state, entry.sent_at, entry.updated_at) == (KeyState.DONE, sent_at, clock.now)
 
 
 def test_release_forgets_own_claims_only(ledger: SqliteLedger) -> None:
@@ -582,9 +597,99 @@ def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_key(tmp_path: Path
             "r-new", [Claim("k-sent", "t", "m9", "url"), Claim("k-new", "t", "m8", "url")]
         )
         assert won.won == frozenset({"k-new"})
+        assert ledger.legacy_keys  # its keys have the form before keys named the publish
+        assert ledger.get_many(["k-sent"])["k-sent"].sent_at is None  # not recorded then
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()
+
+
+SCHEMA_2 = """
+CREATE TABLE keys (
+    id              INTEGER PRIMARY KEY,
+    key             TEXT NOT NULL UNIQUE,
+    state           TEXT NOT NULL CHECK (state IN ('claimed', 'sent', 'done', 'skipped')),
+    run_id          TEXT NOT NULL,
+    task            TEXT NOT NULL,
+    message_id      TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    sent_message_id TEXT,
+    updated_at      REAL NOT NULL
+);
+CREATE INDEX keys_by_run ON keys (run_id);
+CREATE TABLE runs (
+    run_id       TEXT PRIMARY KEY,
+    command      TEXT NOT NULL,
+    started_at   REAL NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    lease_until  REAL NOT NULL,
+    ended_at     REAL,
+    outcome      TEXT,
+    info         TEXT NOT NULL,
+    counts       TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX runs_by_start ON runs (started_at);
+"""
+
+
+def schema_2_ledger(
+    path: Path, keys: Sequence[tuple[str, str, str, str, str, str, str | None, float]] = ()
+) -> Path:
+    """A ledger as redrive wrote it before schema 3, holding ``keys``: (key, state, run_id,
+    task, message_id, target, sent_message_id, updated_at); their run has ended."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(SCHEMA_2)
+        for run_id in sorted({k[2] for k in keys}):
+            conn.execute(
+                "INSERT INTO runs VALUES (?, 'move', 1.0, 2.0, 3.0, 4.0, 'failed', '{}', '{}')",
+                (run_id,),
+            )
+        conn.executemany(
+            "INSERT INTO keys (key, state, run_id, task, message_id, target, sent_message_id,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            keys,
+        )
+        conn.execute("PRAGMA user_version=2")
+        conn.commit()
+    finally:
+        conn.close()
+    return path
+
+
+def test_a_schema_2_ledger_is_upgraded_in_place_and_says_it_holds_legacy_keys(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = schema_2_ledger(
+        tmp_path / "old.sqlite3",
+        [
+            ("k-sent", "sent", "r-old", "t", "m1", "url", "s1", 2.0),
+            ("k-claimed", "claimed", "r-old", "t", "m2", "url", None, 3.0),
+        ],
+    )
+    with SqliteLedger(path, clock=clock) as ledger:
+        assert ledger.legacy_keys
+        entries = ledger.get_many(["k-sent", "k-claimed"])
+        assert {k: (e.state, e.sent_message_id, e.sent_at) for k, e in entries.items()} == {
+            "k-sent": (KeyState.SENT, "s1", None),
+            "k-claimed": (KeyState.CLAIMED, None, None),
+        }
+        ledger.start_run("r-new", command="move", info={})
+        assert ledger.claim_many("r-new", [Claim("k-new", "t", "m3", "url")]).won == {"k-new"}
+        ledger.mark_sent_many("r-new", {"k-new": "s3"})
+        assert ledger.get_many(["k-new"])["k-new"].sent_at == clock.now
+    with SqliteLedger(path) as again:  # the flag outlives the upgrade
+        assert again.legacy_keys
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_only_ledgers_that_held_keys_before_schema_3_have_legacy_keys(tmp_path: Path) -> None:
+    with SqliteLedger(tmp_path / "new.sqlite3") as new:
+        assert not new.legacy_keys
+    with SqliteLedger(schema_2_ledger(tmp_path / "empty.sqlite3")) as empty:
+        assert not empty.legacy_keys

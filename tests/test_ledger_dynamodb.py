@@ -118,6 +118,9 @@ test_get_many_leaves_out_absent_keys_and_handles_many = (
 )
 test_mark_sent_only_by_the_owner_of_a_claim = shared.test_mark_sent_only_by_the_owner_of_a_claim
 test_release_forgets_own_claims_only = shared.test_release_forgets_own_claims_only
+test_the_time_of_the_send_is_kept_when_the_key_is_done = (
+    shared.test_the_time_of_the_send_is_kept_when_the_key_is_done
+)
 test_mark_done_from_sent_by_any_run = shared.test_mark_done_from_sent_by_any_run
 test_takeover_only_from_the_named_dead_run = shared.test_takeover_only_from_the_named_dead_run
 test_takeover_and_skip_refused_while_owner_lease_runs = (
@@ -411,6 +414,34 @@ def test_times_and_texts_round_trip_exactly(dynamodb: Any) -> None:
     assert [e.key for e in led.keys_for_run("A")] == [odd]
 
 
+def test_a_key_an_earlier_redrive_wrote_reads_without_a_send_time(dynamodb: Any) -> None:
+    # Items of a redrive that did not record sent_at (nor named the publish in its keys).
+    dynamodb.put_item(
+        TableName=TABLE,
+        Item={
+            "pk": {"S": "key#celery:t-1:r0:g0:0a1b2c3d"},
+            "key": {"S": "celery:t-1:r0:g0:0a1b2c3d"},
+            "state": {"S": "done"},
+            "run_id": {"S": "old-run"},
+            "task": {"S": TASK},
+            "message_id": {"S": "m-1"},
+            "target": {"S": "https://q/x"},
+            "sent_message_id": {"S": "s-1"},
+            "updated_at": {"N": "1000.5"},
+            TTL_ATTRIBUTE: {"N": "9999999999"},
+        },
+    )
+    with DynamoDbLedger(TABLE, dynamodb) as led:
+        assert led.legacy_keys  # a table does not say which redrive wrote its keys
+        entry = led.get_many(["celery:t-1:r0:g0:0a1b2c3d"])["celery:t-1:r0:g0:0a1b2c3d"]
+        assert (entry.state, entry.sent_message_id, entry.updated_at, entry.sent_at) == (
+            KeyState.DONE,
+            "s-1",
+            1000.5,
+            None,
+        )
+
+
 # ----------------------------------------------------------------------------- opening, errors
 
 
@@ -668,8 +699,14 @@ def test_two_processes_claiming_the_same_keys_win_each_once(
 # ----------------------------------------------------------------------------- moves
 
 
+_PUBLISHED: dict[str, str] = {}
+
+
 def body(task_id: str) -> str:
-    return encode(TASK, [task_id], {"note": "Zoë ✓"}, task_id=task_id)
+    """One publish of the task: asked again, the same bytes (a copy of that publish)."""
+    if task_id not in _PUBLISHED:
+        _PUBLISHED[task_id] = encode(TASK, [task_id], {"note": "Zoë ✓"}, task_id=task_id)
+    return _PUBLISHED[task_id]
 
 
 def fill(client: Any, url: str, texts: list[str]) -> None:

@@ -9,6 +9,7 @@ the crashed batch's messages come back after a second of real time.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -34,9 +35,11 @@ from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
 from redrive.messages import decode, encode
 from redrive.move import (
+    AMBIGUOUS,
     EXPIRED,
     IN_DOUBT,
     NO_TARGET,
+    NOT_CELERY,
     POISON,
     RESOLVED_SKIP,
     STEPS,
@@ -60,7 +63,21 @@ class Crash(BaseException):
 # -- helpers ----------------------------------------------------------------------------------
 
 
+_PUBLISHED: dict[tuple[Any, ...], str] = {}
+
+
 def body(task_id: str, task: str = TASK, **kwargs: Any) -> str:
+    """The body of one publish of a task: asked again, the very same bytes (so a copy of
+    that publish, as SQS duplicates and redrive's own copies are). A second publish of the
+    task id, with kombu's fresh delivery tag, is :func:`republish`."""
+    published = (task_id, task, tuple(sorted(kwargs.items())))
+    if published not in _PUBLISHED:
+        _PUBLISHED[published] = republish(task_id, task, **kwargs)
+    return _PUBLISHED[published]
+
+
+def republish(task_id: str, task: str = TASK, **kwargs: Any) -> str:
+    """A new publish of the task id (the same arguments): another delivery tag."""
     return encode(task, [task_id], {"note": "Zoë ✓"}, task_id=task_id, **kwargs)
 
 
@@ -201,15 +218,17 @@ def move(
     on_progress: Callable[[MoveResult], None] | None = None,
     now: Callable[[], float] | None = None,
     pipelined: bool = True,
+    ledger_clock: Callable[[], float] = time.time,
     **options: Any,
 ) -> MoveResult:
-    """One engine run on the checkout family (or ``target``), its ledger opened and closed."""
+    """One engine run on the checkout family (or ``target``), its ledger opened and closed
+    (on ``ledger_clock``: an earlier time makes the run one of days ago)."""
     options.setdefault("execute", ledger_path is not None)
     # A run that dies keeps its batch hidden for its lease, so those are short; the others
     # get a long one, which a slow (loaded) test machine cannot outlast mid-batch.
     options.setdefault("lease", LEASE if fault is not None else 30)
     extra: dict[str, Any] = {"now": now} if now is not None else {}
-    ledger = SqliteLedger(ledger_path) if ledger_path is not None else None
+    ledger = SqliteLedger(ledger_path, clock=ledger_clock) if ledger_path is not None else None
     try:
         return MoveEngine(
             target or checkout(client),
@@ -284,7 +303,8 @@ def test_body_and_every_attribute_arrive_unchanged_plus_the_stamp(
     ids = put(family.client, family.dlq_url, [(b, ORIGINAL_ATTRIBUTES) for b in bodies])
     ledger = tmp_path / "l.sqlite3"
 
-    result = move(family.client, ledger)
+    # The plain-text body goes too: asked for (a Celery worker could not decode it).
+    result = move(family.client, ledger, include_unknown=True)
 
     assert (result.moved, result.failed) == (3, 0)
     out = {m["Body"]: m for m in drain(family.client, family.queue_url)}
@@ -292,7 +312,7 @@ def test_body_and_every_attribute_arrive_unchanged_plus_the_stamp(
     keys = keys_in(ledger)
     for text, message_id in zip(bodies, ids, strict=True):
         got = {k: clean_attribute(v) for k, v in out[text]["MessageAttributes"].items()}
-        expected_key = key_for(decode(text), message_id=message_id, generation=0)
+        expected_key = key_for(decode(text), message_id=message_id, generation=0, body=text)
         assert got == {
             **ORIGINAL_ATTRIBUTES,
             attributes.COUNT: {"DataType": "Number", "StringValue": "1"},
@@ -411,7 +431,7 @@ def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
     for message in out:
         text = message["Body"]
         assert message["Attributes"]["MessageGroupId"] == sent[text]
-        key = key_for(decode(text), message_id=ids[text], generation=0)
+        key = key_for(decode(text), message_id=ids[text], generation=0, body=text)
         assert message["Attributes"]["MessageDeduplicationId"] == key
     assert fifo.depth() == (0, 0)
 
@@ -466,7 +486,12 @@ def test_the_stamp_never_makes_a_message_too_big_to_send(family: Family, tmp_pat
     ledger = tmp_path / "l.sqlite3"
     proxy = Proxy(family.client, send_message_batch=send_message_batch)
 
-    result = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    result = move(
+        family.client,
+        ledger,
+        sqs=lambda: Sqs(family.client, send_client=proxy),
+        include_unknown=True,  # the big body is not a Celery task
+    )
 
     assert (result.moved, result.failed) == (2, 0)
     out = {m["Body"]: m["MessageAttributes"] for m in drain(family.client, family.queue_url)}
@@ -641,11 +666,25 @@ def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
 DUPLICATED = ("t-0", "t-12", "t-22", "t-24")
 
 
+# And two task ids published a second time (an app that chooses its own task ids): two
+# tasks each, both to be moved.
+REPUBLISHED = ("t-5", "t-13")
+
+
 def seed_with_copies(family: Family) -> dict[str, str]:
+    return {mid: task for mid, (task, _) in seed_publishes(family, republished=()).items()}
+
+
+def seed_publishes(
+    family: Family, *, republished: Sequence[str] = REPUBLISHED
+) -> dict[str, tuple[str, str]]:
+    """MessageId -> (task id, body) of the 25 tasks, the copies and the second publishes."""
     ids = [f"t-{i}" for i in range(25)]
+    tasks = [*ids, *DUPLICATED, *republished]
     texts = [body(t) for t in ids] + [body(t) for t in DUPLICATED]
+    texts += [republish(t) for t in republished]
     message_ids = put(family.client, family.dlq_url, texts)
-    return dict(zip(message_ids, [*ids, *DUPLICATED], strict=True))
+    return dict(zip(message_ids, zip(tasks, texts, strict=True), strict=True))
 
 
 @pytest.mark.parametrize("pipelined", [True, False], ids=["two-stage", "one-stage"])
@@ -654,7 +693,9 @@ def seed_with_copies(family: Family) -> dict[str, str]:
 def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
     family: Family, tmp_path: Path, step: str, batch: int, pipelined: bool
 ) -> None:
-    tasks_of = seed_with_copies(family)
+    seeded = seed_publishes(family)
+    # Each publish is one task to deliver: a task id published twice arrives twice.
+    publishes = Counter(task for task, _ in set(seeded.values()))
     ledger = tmp_path / "l.sqlite3"
     spy = Spy()
 
@@ -669,7 +710,8 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
     # The crash hit batch `batch`; the receiving stage may have taken batches after it,
     # which were never claimed and come back with their leases.
     assert len(spy.received) >= batch
-    crashed_tasks = {tasks_of[m.message_id] for m in spy.received[batch - 1]}
+    crashed = {m.body for m in spy.received[batch - 1]}
+    crashed_tasks = {seeded[m.message_id][0] for m in spy.received[batch - 1]}
     wait_for_leases()
 
     held = move(family.client, ledger, in_doubt="hold")
@@ -678,11 +720,11 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
     if not in_doubt:
         assert (held.in_doubt, held.in_doubt_messages) == (0, [])
         assert family.depth() == (0, 0)
-        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+        assert arrived(family) == publishes
         return
 
-    # Exactly the crashed batch's tasks are in doubt: every DLQ copy of them, listed.
-    expected = {mid for mid, t in tasks_of.items() if t in crashed_tasks}
+    # Exactly the crashed batch's publishes are in doubt: every DLQ copy of them, listed.
+    expected = {mid for mid, (_, text) in seeded.items() if text in crashed}
     assert held.in_doubt == len(expected)
     assert {m.message_id for m in held.in_doubt_messages} == expected
     assert {(m.task, m.task_id) for m in held.in_doubt_messages} == {
@@ -696,23 +738,25 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
     if step == "claimed":
         # Never sent: the operator resends them.
         resent = move(family.client, ledger, in_doubt="resend")
-        assert resent.moved == len(crashed_tasks)
+        assert resent.moved == len(crashed)
         assert resent.in_doubt == 0
         assert family.depth() == (0, 0)
-        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+        assert arrived(family) == publishes
     else:
         # Sent before the crash (the operator may see them processed): skip them.
         skipped = move(family.client, ledger, in_doubt="skip")
         assert (skipped.moved, skipped.in_doubt) == (0, 0)
         assert skipped.skipped[RESOLVED_SKIP] == len(expected)
         assert family.depth() == (len(expected), 0)
-        states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
-        assert {t for t, s in states.items() if s == KeyState.SKIPPED} == crashed_tasks
+        states = keys_in(ledger)
+        assert {k.split(":")[1] for k, v in states.items() if v[0] == KeyState.SKIPPED} == (
+            crashed_tasks
+        )
         later = move(family.client, ledger)
         assert (later.moved, later.in_doubt) == (0, 0)
         assert later.skipped == Counter({RESOLVED_SKIP: len(expected)})
         assert family.depth() == (len(expected), 0)
-        assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
+        assert arrived(family) == publishes
 
 
 def test_a_live_run_in_this_process_is_busy_not_in_doubt(family: Family, tmp_path: Path) -> None:
@@ -760,7 +804,7 @@ def test_a_rerun_after_a_finished_move_sends_nothing(family: Family, tmp_path: P
     tasks_of = seed_with_copies(family)
     ledger = tmp_path / "l.sqlite3"
     first = move(family.client, ledger)
-    # The same tasks dead-letter again as new copies (say a producer resent them).
+    # More copies of two of those publishes turn up (SQS delivers at least once).
     put(family.client, family.dlq_url, [body(t) for t in ("t-1", "t-7")])
     spy = Spy()
 
@@ -816,6 +860,186 @@ def test_copies_in_different_batches_and_runs_go_once(family: Family, tmp_path: 
     assert (only.moved, rest.moved, rest.duplicates) == (1, 14, 3)
     assert arrived(family) == {f"t-{i}": 1 for i in range(15)}
     assert family.depth() == (0, 0)
+
+
+# -- 4b. a task id used twice: a second publish is not a copy ---------------------------------
+
+
+def untagged(text: str) -> str:
+    """The body as a producer writes it that stamps no delivery tag (not kombu's virtual
+    transports): two publishes of one task with the same arguments are then the same bytes."""
+    envelope = json.loads(base64.b64decode(text))
+    del envelope["properties"]["delivery_tag"]
+    return base64.b64encode(json.dumps(envelope).encode()).decode()
+
+
+DAYS_AGO = time.time() - 3 * 86_400
+
+
+def test_a_task_id_published_again_days_later_is_moved_not_deleted(
+    family: Family, tmp_path: Path
+) -> None:
+    # apply_async(task_id="activate-1"): the app's own id, to deduplicate. It failed, and
+    # redrive moved it three days ago.
+    put(family.client, family.dlq_url, [republish("activate-1")])
+    ledger = tmp_path / "l.sqlite3"
+    first = move(family.client, ledger, ledger_clock=lambda: DAYS_AGO)
+    assert first.moved == 1 and arrived(family) == {"activate-1": 1}
+    # Now the app publishes activate-1 again, a new invocation, and it fails too.
+    put(family.client, family.dlq_url, [republish("activate-1")])
+    spy = Spy()
+
+    again = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy))
+
+    assert (again.moved, again.duplicates, again.skipped_total) == (1, 0, 0)
+    assert spy.events[0] == ("sent", frozenset({"activate-1"}))
+    assert arrived(family) == {"activate-1": 1}
+    assert family.depth() == (0, 0)
+    assert move(family.client, ledger).scanned == 0  # and it is done: nothing left
+
+
+def test_two_publishes_of_one_task_id_in_one_batch_both_move(
+    family: Family, tmp_path: Path
+) -> None:
+    texts = [republish("t-1"), body("t-2"), republish("t-1"), body("t-2")]  # and a copy
+    put(family.client, family.dlq_url, texts)
+    ledger = tmp_path / "l.sqlite3"
+
+    dry = move(family.client, None)
+    result = move(family.client, ledger)
+
+    for run in (dry, result):
+        assert (run.moved, run.duplicates, run.skipped_total) == (3, 1, 0)
+    assert arrived(family) == {"t-1": 2, "t-2": 1}
+    assert family.depth() == (0, 0)
+    assert len([k for k in keys_in(ledger) if ":t-1:" in k]) == 2
+
+
+def test_the_same_bytes_sent_again_after_the_move_are_a_new_invocation(
+    family: Family, tmp_path: Path
+) -> None:
+    # Test data kept as bodies and sent again with another tool, an hour after redrive moved
+    # the first copy: the delivery tag is the same, but no copy of a publish is enqueued
+    # after redrive sent it (redrive's own copies carry the next generation).
+    text = body("t-replayed")
+    put(family.client, family.dlq_url, [text])
+    ledger = tmp_path / "l.sqlite3"
+    move(family.client, ledger, ledger_clock=lambda: time.time() - 3600)
+    arrived(family)
+    put(family.client, family.dlq_url, [text])
+
+    again = move(family.client, ledger)
+
+    assert (again.moved, again.duplicates) == (1, 0)
+    assert arrived(family) == {"t-replayed": 1}
+    keys = [k for k in keys_in(ledger) if ":t-replayed:" in k]
+    assert len(keys) == 2 and sum(k.rsplit(":", 1)[-1].startswith("m") for k in keys) == 1
+    assert move(family.client, ledger).moved == 0
+
+
+def test_true_copies_of_a_returned_copy_go_once(family: Family, tmp_path: Path) -> None:
+    # redrive's copy of t-1 came back to the DLQ twice (SQS delivered it twice, and both
+    # failed): the same body and our stamp, two MessageIds.
+    put(family.client, family.dlq_url, [body("t-1")])
+    ledger = tmp_path / "l.sqlite3"
+    move(family.client, ledger)
+    (copy,) = drain(family.client, family.queue_url)
+    stamp = {k: clean_attribute(v) for k, v in copy["MessageAttributes"].items()}
+    assert stamp[attributes.COUNT]["StringValue"] == "1"
+    ids = put(family.client, family.dlq_url, [(copy["Body"], stamp), (copy["Body"], stamp)])
+    spy = Spy()
+
+    back = move(family.client, ledger, sqs=lambda: SpySqs(family.client, spy))
+
+    assert (back.moved, back.duplicates) == (1, 1)
+    assert arrived(family) == {"t-1": 1}
+    sent_at = spy.events.index(("sent", frozenset({"t-1"})))
+    deleted_at = next(i for i, (kind, what) in enumerate(spy.events) if ids[1] in what)
+    assert deleted_at > sent_at  # the copy went only once its twin's send was confirmed
+    assert family.depth() == (0, 0)
+
+
+def test_an_untagged_copy_is_held_until_the_operator_says_move(
+    family: Family, tmp_path: Path
+) -> None:
+    same = untagged(body("t-1"))
+    other_args = untagged(encode(TASK, ["other"], {}, task_id="t-1"))
+    ids = put(family.client, family.dlq_url, [same, body("t-2"), same, other_args])
+    ledger = tmp_path / "l.sqlite3"
+
+    dry = move(family.client, None)
+    first = move(family.client, ledger)
+
+    for run in (dry, first):
+        # The same bytes without a delivery tag: a copy, or the same task published twice.
+        assert (run.moved, run.duplicates) == (3, 0)
+        assert run.skipped == Counter({AMBIGUOUS: 1})
+    assert [m.message_id for m in first.ambiguous_messages] == [ids[2]]
+    assert ids[0] in first.ambiguous_messages[0].detail
+    assert first.needs_attention
+    assert "--ambiguous move" in move_text(first)
+    assert family.depth() == (1, 0)  # held in the DLQ, never deleted
+    later = move(family.client, ledger)  # the ledger now holds the first as done
+    assert (later.moved, later.duplicates, later.ambiguous) == (0, 0, 1)
+
+    asked = move(family.client, ledger, ambiguous="move")
+
+    assert (asked.moved, asked.ambiguous) == (1, 0)
+    assert arrived(family) == {"t-1": 3, "t-2": 1}
+    assert family.depth() == (0, 0)
+    assert move(family.client, ledger, ambiguous="move").scanned == 0
+
+
+def test_a_ledger_from_before_keys_named_the_publish_still_decides_safely(
+    family: Family, tmp_path: Path
+) -> None:
+    from test_ledger import schema_2_ledger
+
+    from redrive.keys import legacy_key_for
+
+    texts = {t: body(t) for t in ("t-sent", "t-claimed", "t-later", "t-before", "t-back")}
+    full = {f"a{i}": {"DataType": "String", "StringValue": str(i)} for i in range(10)}
+    ids = dict(
+        zip(
+            texts,
+            put(
+                family.client,
+                family.dlq_url,
+                [texts[t] for t in texts if t != "t-back"] + [(texts["t-back"], full)],
+            ),
+            strict=True,
+        )
+    )
+
+    def legacy(task_id: str) -> str:
+        return legacy_key_for(decode(texts[task_id]), message_id="-", generation=0)
+
+    now, url = time.time(), family.queue_url
+    schema_2_ledger(
+        tmp_path / "l.sqlite3",
+        [
+            # Sent, then the delete failed: only the delete is left to do.
+            (legacy("t-sent"), "sent", "old", TASK, ids["t-sent"], url, "s-1", now - 60),
+            # Claimed by a run that died: in doubt, never resent silently.
+            (legacy("t-claimed"), "claimed", "old", TASK, ids["t-claimed"], url, None, now - 60),
+            # Done for another message days before this one was enqueued: a second publish.
+            (legacy("t-later"), "done", "old", TASK, "gone-1", url, "s-3", now - 3 * 86_400),
+            # Done for another message after this one was enqueued: a copy, or not?
+            (legacy("t-before"), "done", "old", TASK, "gone-2", url, "s-4", now + 60),
+            # Sent as this very message (unstamped: no room): it came back, a generation on.
+            (legacy("t-back"), "done", "old", TASK, "orig-5", url, ids["t-back"], now - 60),
+        ],
+    )
+    spy = Spy()
+
+    result = move(family.client, tmp_path / "l.sqlite3", sqs=lambda: SpySqs(family.client, spy))
+
+    assert (result.moved, result.duplicates, result.in_doubt, result.ambiguous) == (2, 1, 1, 1)
+    assert [m.message_id for m in result.in_doubt_messages] == [ids["t-claimed"]]
+    assert [m.message_id for m in result.ambiguous_messages] == [ids["t-before"]]
+    assert "earlier form" in result.ambiguous_messages[0].detail
+    assert arrived(family) == {"t-later": 1, "t-back": 1}
+    assert family.depth() == (2, 0)  # t-claimed and t-before, held
 
 
 # -- 5. messages that come back ---------------------------------------------------------------
@@ -1063,6 +1287,99 @@ def test_to_sends_to_another_queue(family: Family, tmp_path: Path) -> None:
     assert family.depth(family.queue_url) == (0, 0)
 
 
+NOT_CELERY_BODIES = ("legacy cron 4242: resync store 7", '{"event": "order.created", "id": 3}')
+
+
+def test_bodies_that_are_not_celery_tasks_stay_out_of_celery_queues(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = put(family.client, family.dlq_url, [body("t-1"), *NOT_CELERY_BODIES])
+    ledger = tmp_path / "l.sqlite3"
+
+    dry = move(family.client, None)
+    result = move(family.client, ledger)
+
+    for run in (dry, result):
+        assert (run.matched, run.moved) == (3, 1)
+        assert run.skipped == Counter({NOT_CELERY: 2})
+        assert run.to_json()["skipped_by_reason"] == {"not-celery": 2}
+    assert not result.needs_attention  # reported, not a failure
+    assert "--include-unknown" in move_text(result)
+    assert arrived(family) == {"t-1": 1}
+    assert family.depth() == (2, 0)
+    asked = move(family.client, ledger, include_unknown=True)
+    assert (asked.moved, asked.skipped_total) == (2, 0)
+    assert sorted(m["Body"] for m in drain(family.client, family.queue_url)) == sorted(
+        NOT_CELERY_BODIES
+    )
+    assert keys_in(ledger).keys() >= {f"sqs:{mid}:g0" for mid in ids[1:]}
+
+
+def test_to_a_queue_that_is_not_a_familys_takes_every_body(family: Family, tmp_path: Path) -> None:
+    # --to a quarantine queue: the operator named where the messages go, and no Celery
+    # worker reads it. --to a family's queue is a Celery queue like the sources.
+    quarantine = family.client.create_queue(QueueName="quarantine")["QueueUrl"]
+    put(family.client, family.dlq_url, [body("t-1"), *NOT_CELERY_BODIES])
+    ledger = tmp_path / "l.sqlite3"
+    celery_queue = describe_queue(Sqs(family.client), "onion-checkout")
+
+    kept = move(family.client, ledger, to=celery_queue, to_celery_queue=True)
+    assert (kept.moved, kept.skipped) == (1, Counter({NOT_CELERY: 2}))
+    to = describe_queue(Sqs(family.client), "quarantine")
+    sent = move(family.client, ledger, to=to, to_celery_queue=False)
+
+    assert (sent.moved, sent.skipped_total) == (2, 0)
+    assert sorted(m["Body"] for m in drain(family.client, quarantine)) == sorted(NOT_CELERY_BODIES)
+    assert family.depth() == (0, 0)
+
+
+SEND_EMAIL = "apps.notifications.tasks.send_email"
+
+
+def test_a_filter_that_matches_nothing_says_what_was_there(family: Family, tmp_path: Path) -> None:
+    ids = put(
+        family.client,
+        family.dlq_url,
+        [body(f"m-{i}", SEND_EMAIL) for i in range(3)] + [body("t-1"), body("t-2")],
+    )
+
+    missed = move(family.client, None, selection=Selection(tasks=("send_email",)))
+
+    assert (missed.scanned, missed.matched, missed.moved) == (5, 0, 0)
+    assert missed.misses is not None
+    (pattern,) = missed.misses.patterns
+    assert (pattern.pattern, pattern.near, pattern.suggestion) == (
+        "send_email",
+        (SEND_EMAIL,),
+        "*.send_email",
+    )
+    assert missed.misses.tasks_seen == ((SEND_EMAIL, 3), (TASK, 2))
+    text = move_text(missed)
+    assert text.startswith(
+        f"DRY RUN: DLQ {family.dlq_url.rsplit('/', 1)[-1]} (checkout): 5 scanned"
+    )
+    assert "did you mean --task '*.send_email'?" in text
+    assert f"{SEND_EMAIL} (3)" in text
+    data = missed.to_json()
+    assert data["scanned"] == 5
+    assert data["filter_misses"]["tasks"] == [
+        {"pattern": "send_email", "near": [SEND_EMAIL], "suggestion": "*.send_email"}
+    ]
+
+    by_id = move(
+        family.client, None, selection=Selection(message_ids=frozenset({ids[0], "not-an-id"}))
+    )
+    assert (by_id.matched, by_id.moved) == (1, 1)
+    assert by_id.misses is not None and by_id.misses.ids_not_seen == ("not-an-id",)
+    assert "1 of the 2 --message-id value(s) matched no message scanned: not-an-id" in (
+        move_text(by_id)
+    )
+
+    found = move(family.client, None, selection=Selection(tasks=("*.send_email",)))
+    assert (found.matched, found.misses) == (3, None)
+    assert found.to_json()["filter_misses"] is None
+
+
 def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
     sqs_client: Any, tmp_path: Path
 ) -> None:
@@ -1095,6 +1412,16 @@ def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
     assert unknown.skipped == Counter({NO_TARGET: 3}) and unknown.moved == 0
     assert family.depth() == (3, 0)
     assert "pass --to QUEUE" in move_text(unknown)
+    # Which queues it could have been, and why redrive cannot choose.
+    assert unknown.no_target_candidates == ["orders-eu", "orders-us"]
+    assert unknown.no_target_reason is not None
+    assert "2 source queues" in unknown.no_target_reason
+    assert "ListDeadLetterSourceQueues" in unknown.no_target_reason
+    assert "(one of: orders-eu, orders-us)" in move_text(unknown)
+    assert unknown.to_json()["no_target"] == {
+        "reason": unknown.no_target_reason,
+        "candidates": ["orders-eu", "orders-us"],
+    }
 
     def with_source(message: Message) -> Message:
         source_arn = arn[origin[str(task_id_of(message.body))]]

@@ -31,8 +31,18 @@ def one_error(result: Result, exit_code: int, *fragments: str) -> str:
     return errors[0]
 
 
+_CHARGES: dict[int, str] = {}
+
+
+def charge_body(n: int) -> str:
+    """One publish of charge n: asked again, the same bytes (a copy of that publish)."""
+    if n not in _CHARGES:
+        _CHARGES[n] = encode(CHARGE, [n], {}, task_id=f"charge-{n}")
+    return _CHARGES[n]
+
+
 def charge(family: Family, n: int) -> str:
-    return family.send_to_dlq(encode(CHARGE, [n], {}, task_id=f"charge-{n}"))
+    return family.send_to_dlq(charge_body(n))
 
 
 def mail(family: Family, n: int) -> str:
@@ -165,7 +175,7 @@ def test_apply_refuses_bad_plans_with_one_line_exit_2(
 
 def test_move_plan_out_writes_the_dry_run_selection(family: Family, tmp_path: Path) -> None:
     c0, c1 = charge(family, 0), charge(family, 1)
-    dup = family.send_to_dlq(encode(CHARGE, [0], {}, task_id="charge-0"))  # a second copy
+    dup = family.send_to_dlq(charge_body(0))  # a second copy
     mail(family, 0)
     path = tmp_path / "p.json"
     result = ok("move", "checkout", "--task", CHARGE, "--plan-out", str(path))
@@ -258,7 +268,7 @@ def test_apply_text_says_how_many_are_gone(family: Family, tmp_path: Path) -> No
 
 def test_apply_a_plan_with_a_duplicate_sends_the_task_once(family: Family, tmp_path: Path) -> None:
     charge(family, 0)
-    family.send_to_dlq(encode(CHARGE, [0], {}, task_id="charge-0"))
+    family.send_to_dlq(charge_body(0))  # a copy of that publish
     path = tmp_path / "p.json"
     ok("move", "checkout", "--plan-out", str(path))
     data = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))

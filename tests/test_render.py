@@ -171,6 +171,7 @@ def move_result(**kw: object) -> MoveResult:
 
 def test_move_text_summary_and_tasks() -> None:
     result = move_result(
+        scanned=6,
         matched=5,
         moved=4,
         duplicates=1,
@@ -184,7 +185,9 @@ def test_move_text_summary_and_tasks() -> None:
     )
     text = move_text(result)
     head = text.splitlines()[0]
-    assert head.startswith("DLQ onion-checkout-dlq (checkout): 5 matched, 4 moved, 1 skipped")
+    assert head.startswith(
+        "DLQ onion-checkout-dlq (checkout): 6 scanned, 5 matched, 4 moved, 1 skipped"
+    )
     assert "0 failed, 0 in doubt, 1 duplicate copy deleted" in head
     charge = next(line for line in text.splitlines() if line.startswith("apps.shop.tasks.charge"))
     assert "onion-checkout" in charge

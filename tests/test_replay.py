@@ -117,13 +117,18 @@ def replay(
     tasks: Sequence[str] = (),
     execute: bool = True,
     fault: Callable[[str], None] | None = None,
+    include_unknown: bool = False,
     **kw: Any,
 ) -> MoveResult:
     return replay_archive(
         source,
         describe_queue(Sqs(client), to),
         ledger,
-        MoveOptions(selection=Selection(tasks=tuple(tasks)), execute=execute),
+        MoveOptions(
+            selection=Selection(tasks=tuple(tasks)),
+            execute=execute,
+            include_unknown=include_unknown,
+        ),
         sqs_factory=lambda: Sqs(client),
         fault=fault,
         **kw,
@@ -186,7 +191,8 @@ def test_replay_sends_bodies_and_attributes_back_byte_identical(
     path = str(tmp_path / "all.jsonl.gz")
     assert len(purge_to(family.client, path)) == len(sent)
 
-    result = replay(family.client, path, ledger)
+    # The body that is not a Celery task goes too: asked for.
+    result = replay(family.client, path, ledger, include_unknown=True)
     assert (result.moved, result.failed, result.in_doubt) == (len(sent), 0, 0)
     received = family.drain(family.queue_url)
     assert len(received) == len(sent)
@@ -231,6 +237,61 @@ def test_replaying_twice_sends_nothing_the_second_time(family: Family, tmp_path:
     arrived = family.drain(family.queue_url)
     assert task_ids(arrived) == Counter(m["task_id"] for m in sent.values())
     assert all(n == 1 for n in task_ids(arrived).values())
+
+
+def test_an_archive_with_copies_replayed_twice_sends_each_publish_once(
+    family: Family, tmp_path: Path, ledger: SqliteLedger
+) -> None:
+    # Two copies of one publish (the same bytes) and a second publish of its task id.
+    first = encode(REFUND, [1], {}, task_id="refund-1")
+    again = encode(REFUND, [1], {}, task_id="refund-1")
+    for body in (first, first, again):
+        family.send_to_dlq(body)
+    path = str(tmp_path / "a.jsonl.gz")
+    purge_to(family.client, path)
+
+    once = replay(family.client, path, ledger)
+    twice = replay(family.client, path, ledger)
+
+    assert (once.moved, once.duplicates) == (2, 1)
+    assert (twice.moved, twice.duplicates) == (0, 3)
+    assert sorted(m["Body"] for m in family.drain(family.queue_url)) == sorted([first, again])
+
+
+def test_an_archive_replayed_before_the_upgrade_sends_nothing_again(
+    family: Family, tmp_path: Path
+) -> None:
+    from test_ledger import schema_2_ledger
+
+    from redrive.keys import legacy_key_for
+
+    sent = seed(family, [(REFUND, 3)])
+    path = str(tmp_path / "a.jsonl.gz")
+    records = purge_to(family.client, path)
+    url = family.queue_url
+    # What an earlier redrive's replay of this archive left: its keys, of the earlier form.
+    old = schema_2_ledger(
+        tmp_path / "old.sqlite3",
+        [
+            (
+                legacy_key_for(decode(r.body), message_id=r.message_id, generation=0),
+                "done",
+                "old-run",
+                REFUND,
+                r.message_id,
+                url,
+                f"sent-{i}",
+                1.0,
+            )
+            for i, r in enumerate(records)
+        ],
+    )
+
+    with SqliteLedger(old) as book:
+        result = replay(family.client, path, book)
+
+    assert (result.moved, result.duplicates, result.skipped_total) == (0, 3, 0)
+    assert family.drain(family.queue_url) == [] and len(sent) == 3
 
 
 def test_replay_task_filter_then_the_rest(family: Family, tmp_path: Path) -> None:

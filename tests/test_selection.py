@@ -6,8 +6,15 @@ import json
 
 import pytest
 
+from redrive import selection as selection_module
 from redrive.messages import UNKNOWN_TASK, TaskInfo, decode, encode
-from redrive.selection import Selection, format_duration, parse_duration
+from redrive.selection import (
+    Selection,
+    Sightings,
+    format_duration,
+    near_matches,
+    parse_duration,
+)
 
 NOW = 1_800_000_000.0
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"
@@ -239,3 +246,58 @@ def test_describe_empty() -> None:
         "message_ids": [],
         "limit": None,
     }
+
+
+# -- a filter that matches nothing -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "near", "suggestion"),
+    [
+        ("send_email", (EMAIL,), "*.send_email"),  # the last part of a dotted name
+        ("apps.notifications.tasks.Send_Email", (EMAIL,), None),  # another case
+        ("notifications", (EMAIL,), "*notifications*"),  # a part of a name
+        ("apps.notification.tasks.send_emial", (EMAIL,), None),  # spelled alike
+        ("apps.webhooks.*_ibtf", (CHECKOUT,), None),  # a glob spelled alike
+        ("apps.reports.tasks.build", (), None),
+    ],
+)
+def test_near_matches(pattern: str, near: tuple[str, ...], suggestion: str | None) -> None:
+    assert near_matches(pattern, [EMAIL, CHECKOUT]) == (near, suggestion)
+
+
+def test_sightings_say_which_filters_matched_nothing_and_what_was_there() -> None:
+    seen = Sightings(Selection(tasks=("send_email", CHECKOUT), message_ids=frozenset({"a", "z"})))
+    for i in range(3):
+        seen.add(EMAIL, f"m-{i}")
+    seen.add(CHECKOUT, "a")
+
+    misses = seen.misses()
+
+    assert misses is not None
+    assert [(p.pattern, p.near, p.suggestion) for p in misses.patterns] == [
+        ("send_email", (EMAIL,), "*.send_email")
+    ]
+    assert misses.tasks_seen == ((EMAIL, 3), (CHECKOUT, 1))
+    assert (misses.ids_not_seen, misses.ids_not_seen_count, misses.ids_given) == (("z",), 1, 2)
+    assert json.loads(json.dumps(misses.to_json()))["tasks"][0]["suggestion"] == "*.send_email"
+    everything_found = Sightings(Selection(tasks=("*",)))
+    everything_found.add(EMAIL, "m")
+    assert everything_found.misses() is None
+
+
+def test_sightings_memory_is_capped_and_still_counts_matches_past_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(selection_module, "MAX_SEEN_TASKS", 3)
+    seen = Sightings(Selection(tasks=("junk.9", "nothing")))
+    for i in range(10):
+        seen.add(f"junk.{i}", f"m-{i}")
+
+    misses = seen.misses()
+
+    assert len(seen.tasks) == 3 and seen.uncounted == 7
+    assert misses is not None
+    # junk.9 was never counted by name, but it matched: only "nothing" missed.
+    assert [p.pattern for p in misses.patterns] == ["nothing"]
+    assert misses.distinct_tasks == 4  # three names, and more
