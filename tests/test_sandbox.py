@@ -866,3 +866,24 @@ def test_seeded_subprocess_prints_exports_and_stops_on_sigint(tmp_path: Path) ->
     assert "unset REDRIVE_LEDGER\n" in text
     assert b"POST /" not in err  # requests are not logged outside --bare
     assert state_dir is not None and not state_dir.exists()  # removed when it stopped
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [(["--messages", "10001"], "10000"), (["--seed", "-1"], "--seed")],
+)
+def test_cli_sandbox_limits(args: list[str], complaint: str) -> None:
+    from click.testing import CliRunner
+
+    from redrive.cli import cli
+
+    result = CliRunner().invoke(cli, ["sandbox", *args], prog_name="redrive")
+    assert result.exit_code == 2, result.output
+    assert complaint in result.output
+
+
+def test_cli_sandbox_takes_ten_thousand_messages_a_dlq() -> None:
+    from redrive.cli import sandbox as command
+
+    option = next(p for p in command.params if p.name == "per_family")
+    assert option.type.max == sandbox.MAX_MESSAGES == 10_000  # type: ignore[attr-defined]
