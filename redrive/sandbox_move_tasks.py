@@ -233,7 +233,7 @@ def cancel_task(handle: Any) -> int:
 
 def _queue_of(arn: Any, parameter: str) -> tuple[SQSBackend, Queue]:
     parts = str(arn or "").split(":")
-    if len(parts) != 6 or parts[:3] != ["arn", parts[1], "sqs"] or not parts[1]:
+    if len(parts) != 6 or parts[0] != "arn" or not parts[1] or parts[2] != "sqs":
         raise ResourceNotFound(
             f"The resource that you specified for the {parameter} parameter doesn't exist."
         )
