@@ -192,7 +192,7 @@ from redrive.sandbox import start_server
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 signal.signal(signal.SIGINT, lambda *_: stop.set())
-with start_server(0, host={HOST!r}, serial=True) as server:
+with start_server(0, host={HOST!r}, serial=True, extended=False) as server:
     print("moto: SQS on " + server.endpoint_url, flush=True)
     while not stop.wait(0.5):
         pass

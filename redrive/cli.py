@@ -1973,17 +1973,31 @@ def audit(
 @click.option(
     "--messages",
     "per_family",
-    type=click.IntRange(0, 2000),
+    type=click.IntRange(0, 10_000),
     default=40,
     show_default=True,
     help="Messages to dead-letter into each family's DLQ.",
 )
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=None,
+    help="Draw the same tasks as an earlier start (default: new task ids every start).",
+)
+@click.option(
+    "--keep-state",
+    is_flag=True,
+    help="Keep the sandbox's state directory (ledger, audit trail) when it stops.",
+)
 @click.option("--serial", is_flag=True, help="Serve one request at a time (for concurrency tests).")
 @pass_ctx
-def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
+def sandbox(
+    ctx: Context, port: int, per_family: int, seed: int | None, keep_state: bool, serial: bool
+) -> None:
     """Run a local SQS (moto) on 127.0.0.1 with the families, their DLQs and sample tasks.
 
-    It prints the environment to export, then runs until stopped (Ctrl-C).
+    It prints the environment to export (with a fresh REDRIVE_STATE_DIR of its own), then
+    runs until stopped (Ctrl-C).
     """
     try:
         from redrive import sandbox as sandbox_module
@@ -1993,24 +2007,30 @@ def sandbox(ctx: Context, port: int, per_family: int, serial: bool) -> None:
     def ready(server: Any, seeded: list[Any]) -> None:
         for line in sandbox_module.export_lines(server):
             click.echo(line)
-        for family in seeded:
-            click.echo(
-                f"# {family.family}: {family.messages} message(s) in the DLQ of "
-                f"{family.queue_url.rsplit('/', 1)[-1]}",
-                err=True,
-            )
-        click.echo("# sandbox ready; Ctrl-C stops it", err=True)
+        for line in sandbox_module.seeded_lines(server, seeded):
+            click.echo(line, err=True)
+        removes = "" if keep_state else " and removes its state directory"
+        click.echo(f"# sandbox ready; Ctrl-C stops it{removes}", err=True)
         sys.stdout.flush()
 
     with core_errors(), interruptible("stopping the sandbox") as stop:
         try:
-            sandbox_module.run(
-                port, ctx.layout, per_family=per_family, serial=serial, on_ready=ready, stop=stop
+            kept = sandbox_module.run(
+                port,
+                ctx.layout,
+                per_family=per_family,
+                serial=serial,
+                seed=seed,
+                keep_state=keep_state,
+                on_ready=ready,
+                stop=stop,
             )
         except OSError as exc:
             fail(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}): pick another --port")
         except ValueError as exc:
             fail(f"cannot build the sandbox layout: {exc}")
+    if kept is not None:
+        click.echo(f"# the sandbox's ledger and audit trail stay in {kept}", err=True)
 
 
 # -- global options anywhere --------------------------------------------------------------------

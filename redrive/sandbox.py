@@ -1,36 +1,48 @@
 """A local SQS (moto's server on loopback) with the layout's queues and DLQs full of Celery tasks.
 
 A newcomer tries every redrive command against it without an AWS account; tests and
-runbooks rehearse on it. Messages reach the DLQs the way they do in production: they are
-sent to the source queue and received ``maxReceiveCount`` times without being deleted, so
-SQS (here: moto) moves them and their ApproximateReceiveCount carries on in the DLQ.
+runbooks rehearse on it. Each DLQ holds what SQS leaves there: messages sent to the source
+queue and received ``maxReceiveCount`` times (their ApproximateReceiveCount carries on in the
+DLQ), enqueued at times that tell the stories the runbooks diagnose (a deploy blip, an
+outage, a poison task; see :data:`STORIES`). The server runs moto with the sandbox's
+extensions (:mod:`redrive.sandbox_sqs`: no depth-proportional costs, message move tasks).
+
+Every start seeds fresh task ids (a random seed unless one is given) and gets a fresh state
+directory for the ledger and audit trail, which the printed ``export`` lines name
+(``REDRIVE_STATE_DIR``): a rehearsal never meets an earlier rehearsal's ledger, and never
+lands in the user's real one.
 
 moto keeps its state in module globals, so every server started in one process (and any
 ``mock_aws`` in that process) shares the same queues.
 
-``python -m redrive.sandbox --bare --port N [--serial]`` runs an empty server until SIGTERM
-or SIGINT (the test suite runs it as a subprocess); without ``--bare`` it seeds a layout and
-prints the ``export`` lines, like ``redrive sandbox``.
+``python -m redrive.sandbox --bare --port N [--serial]`` runs an empty server of stock moto
+(no extensions) until SIGTERM or SIGINT (the test suite runs it as a subprocess); without
+``--bare`` it seeds a layout and prints the ``export`` lines, like ``redrive sandbox``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import ipaddress
 import json
 import math
 import random
 import re
+import secrets
 import shlex
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Final
 
@@ -44,8 +56,10 @@ from moto.moto_server.werkzeug_app import (
     MotoRequestHandler,
     create_backend_app,
 )
+from moto.sqs.models import Message, Queue, sqs_backends
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
+from redrive import sandbox_sqs
 from redrive.config import DLQ_SUFFIX, Family, Layout, load_layout
 from redrive.errors import RedriveError
 from redrive.messages import decode, encode
@@ -53,15 +67,23 @@ from redrive.sqs import SendEntry, queue_name, split_batches
 
 __all__ = [
     "ACCESS_KEY_ID",
+    "MAX_MESSAGES",
     "REGION",
     "SECRET_ACCESS_KEY",
+    "STORIES",
+    "SampleMessage",
     "SandboxServer",
     "SeededFamily",
+    "Story",
     "client_for",
     "create_layout",
     "dead_letter",
     "export_lines",
+    "new_state_dir",
+    "random_seed",
+    "remove_state_dir",
     "run",
+    "sample_dlq",
     "sample_messages",
     "sandbox_env",
     "seed",
@@ -76,27 +98,71 @@ REGION: Final = "us-east-1"
 _MAX_RECEIVE_RANGE: Final = range(1, 1001)
 _RETENTION_RANGE: Final = range(60, 14 * 86400 + 1)
 
-# Tasks per built-in family, with a weight (how many of every cycle of messages run it):
-# real DLQs are dominated by one or two tasks.
-_TASKS: Final[dict[str, tuple[tuple[str, int], ...]]] = {
+#: The most messages ``redrive sandbox`` seeds into each DLQ.
+MAX_MESSAGES: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Story:
+    """Why a group of messages is in a DLQ, told by when they were enqueued."""
+
+    name: str
+    newest: timedelta
+    """How long before the seeding the newest of them was enqueued."""
+    oldest: timedelta
+    label: str
+
+
+# What the runbooks diagnose (runbooks/draining-an-sqs-dead-letter-queue.md, step 2), inside
+# the DLQ's 14-day retention with days to spare (a sandbox may run for a while).
+STORIES: Final = {
+    "blip": Story(
+        "blip",
+        timedelta(hours=2),
+        timedelta(hours=2, minutes=4),
+        "deploy blip 2 h ago, within 4 min",
+    ),
+    "outage": Story(
+        "outage",
+        timedelta(hours=26),
+        timedelta(hours=27),
+        "outage yesterday, over 1 h",
+    ),
+    "poison": Story(
+        "poison",
+        timedelta(hours=7),
+        timedelta(days=5),
+        "poison over 5 days",
+    ),
+}
+# Of a task whose story is not the blip, this share tells its own story; the rest were
+# caught by the blip too (a rollout kills whatever runs).
+_OWN_STORY_SHARE: Final = 0.5
+
+# Tasks per built-in family, with a weight (how many of every cycle of messages run it) and
+# its story: real DLQs are dominated by one or two tasks.
+_TASKS: Final[dict[str, tuple[tuple[str, int, str], ...]]] = {
     "checkout": (
-        ("apps.webhooks.tasks.save_checkout_ibft", 3),
-        ("apps.payments.tasks.capture_payment", 2),
-        ("apps.payments.tasks.refund", 1),
+        ("apps.webhooks.tasks.save_checkout_ibft", 3, "blip"),
+        ("apps.payments.tasks.capture_payment", 2, "outage"),
+        ("apps.payments.tasks.refund", 1, "poison"),
     ),
     "default": (
-        ("apps.notifications.tasks.send_email", 3),
-        ("apps.users.tasks.activate_user", 2),
-        ("apps.reports.tasks.export_csv", 1),
+        ("apps.notifications.tasks.send_email", 3, "outage"),
+        ("apps.users.tasks.activate_user", 2, "blip"),
+        ("apps.reports.tasks.export_csv", 1, "poison"),
     ),
     "progress": (
-        ("apps.engagements.tasks.save_progress_lesson", 3),
-        ("apps.engagements.tasks.save_progress_quiz", 2),
+        ("apps.engagements.tasks.save_progress_lesson", 3, "blip"),
+        ("apps.engagements.tasks.save_progress_quiz", 2, "outage"),
     ),
 }
 # Messages in a source queue at once while dead-lettering (see dead_letter): one batch was
 # fastest against moto 5.2 (40 a family: 0.9 s at 10, 1.3 s at 50; 200: 4 s at 10, 11 s at 100).
 _CHUNK: Final = 10
+# Between a message's enqueue and its first receive by a worker.
+_FIRST_RECEIVE_DELAY_MS: Final = range(200, 20_000)
+_STATE_MARKER: Final = "REDRIVE-SANDBOX-STATE"
 _NAMES: Final = ("Ana", "Bilal", "Zoë", "Kenji", "Amara", "Lucía", "Omar", "Priya")
 
 
@@ -111,18 +177,28 @@ class SandboxServer:
     host: str
     port: int
     serial: bool = False
+    extended: bool = False
+    """Served with the sandbox's extensions of moto (:mod:`redrive.sandbox_sqs`)."""
+    state_dir: Path | None = None
+    """The fresh state directory of a seeded sandbox (``REDRIVE_STATE_DIR`` of its exports)."""
+    seed: int | None = None
+    """What the seeded tasks were drawn from (``--seed`` draws the same again)."""
     _server: BaseWSGIServer | None = field(default=None, repr=False, compare=False)
     _thread: threading.Thread | None = field(default=None, repr=False, compare=False)
+    _cleanup: contextlib.ExitStack | None = field(default=None, repr=False, compare=False)
 
     def stop(self) -> None:
         """Stop serving and close the listening socket; calling it again does nothing."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
+        server, thread, cleanup = self._server, self._thread, self._cleanup
+        self._server = self._thread = self._cleanup = None
         if server is not None:
             server.shutdown()
             server.server_close()
         if thread is not None:
             thread.join(10)
+        _served.pop(self.endpoint_url, None)
+        if cleanup is not None:
+            cleanup.close()
 
     def __enter__(self) -> SandboxServer:
         return self
@@ -136,8 +212,17 @@ class SandboxServer:
         self.stop()
 
 
+# Endpoint URL -> the server of this process that serves it (seed() works on its backend).
+_served: dict[str, SandboxServer] = {}
+
+
 def start_server(
-    port: int = 0, *, host: str = "127.0.0.1", serial: bool = False, log_requests: bool = False
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    serial: bool = False,
+    log_requests: bool = False,
+    extended: bool = True,
 ) -> SandboxServer:
     """moto's SQS (and every other moto service) on ``host:port``, served by a daemon thread.
 
@@ -145,9 +230,25 @@ def start_server(
     threaded server is not safe for concurrent ReceiveMessage calls on one queue (HTTP 500
     "Set changed size during iteration", or one message handed to two receivers). In serial
     mode a long poll (WaitTimeSeconds) on an empty queue holds up every other client for
-    that long. Raises ValueError for a host that is not loopback and OSError when the port
-    is taken.
+    that long. ``extended`` installs the sandbox's extensions of moto in this process
+    (:mod:`redrive.sandbox_sqs`) until the server stops; without them it is stock moto.
+    Raises ValueError for a host that is not loopback and OSError when the port is taken.
     """
+    cleanup = contextlib.ExitStack()
+    try:
+        if extended:
+            cleanup.enter_context(sandbox_sqs.extended())
+        server = _start(port, host=host, serial=serial, log_requests=log_requests)
+    except BaseException:
+        cleanup.close()
+        raise
+    server.extended = extended
+    server._cleanup = cleanup
+    _served[server.endpoint_url] = server
+    return server
+
+
+def _start(port: int, *, host: str, serial: bool, log_requests: bool) -> SandboxServer:
     address = _loopback_address(host)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     # Bind here rather than in werkzeug: make_server prints to stderr and calls sys.exit(1)
@@ -217,18 +318,28 @@ def _request_handler(*, log_requests: bool) -> type[WSGIRequestHandler]:
 
 
 def sandbox_env(server: SandboxServer) -> dict[str, str]:
-    """The environment a shell needs for redrive (or the AWS CLI) to use the sandbox."""
-    return {
+    """The environment a shell needs for redrive (or the AWS CLI) to use the sandbox.
+
+    With the server's state directory, when it has one: the ledger and audit trail of what
+    is done to the sandbox stay there.
+    """
+    env = {
         "AWS_ENDPOINT_URL": server.endpoint_url,
         "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,
         "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
         "AWS_DEFAULT_REGION": REGION,
     }
+    if server.state_dir is not None:
+        env["REDRIVE_STATE_DIR"] = str(server.state_dir)
+    return env
 
 
 def export_lines(server: SandboxServer) -> list[str]:
     """Shell lines that point a terminal at the sandbox."""
     lines = [f"export {name}={shlex.quote(value)}" for name, value in sandbox_env(server).items()]
+    if server.state_dir is not None:
+        # A ledger named outright would beat the state directory's: the user's real one.
+        lines.append("unset REDRIVE_LEDGER")
     # The exported keys beat a profile's, but a profile this machine lacks still makes
     # boto3 fail before any call reaches the sandbox.
     return [*lines, "unset AWS_PROFILE"]
@@ -356,6 +467,18 @@ def _regional_client(client: Any, region: str | None, cache: dict[str, Any]) -> 
 # -- messages -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class SampleMessage:
+    """One message of a sample DLQ: what was sent, when, and the story it belongs to."""
+
+    body: str
+    attributes: dict[str, Any]
+    sent_at: datetime
+    """Its enqueue time (SentTimestamp)."""
+    story: str
+    """A key of :data:`STORIES`."""
+
+
 def sample_messages(
     family: str,
     count: int,
@@ -364,15 +487,33 @@ def sample_messages(
     now: datetime | None = None,
     queue: str | None = None,
 ) -> list[tuple[str, dict[str, Any]]]:
-    """``count`` (Body, MessageAttributes) pairs like a real DLQ of ``family`` holds.
+    """``count`` (Body, MessageAttributes) pairs like a real DLQ of ``family`` holds: the
+    messages of :func:`sample_dlq` without their enqueue times."""
+    return [
+        (m.body, m.attributes) for m in sample_dlq(family, count, seed=seed, now=now, queue=queue)
+    ]
+
+
+def sample_dlq(
+    family: str,
+    count: int,
+    *,
+    seed: int = 7,
+    now: datetime | None = None,
+    queue: str | None = None,
+) -> list[SampleMessage]:
+    """``count`` messages like a real DLQ of ``family`` holds, with their enqueue times.
 
     Mostly protocol 2, about one in six protocol 1, a few already expired, a few with an
     eta, a couple compressed, one kombu envelope without the outer base64, one or two bodies
     no Celery wrote (plain JSON, plain text: grouped as "(unknown)"), and one with producer
-    message attributes. Small counts get fewer kinds. The tasks, ids, arguments and times
-    depend only on the arguments (``now`` defaults to the current time); kombu's random
-    delivery_tag and the expiration property (time left, computed by ``encode``) do not.
-    ``queue`` is the routing key in each envelope (the family's name by default).
+    message attributes. Small counts get fewer kinds. Enqueue times tell :data:`STORIES`:
+    most messages, of every task, in the deploy blip; about half of the family's outage task
+    in the outage and half of its poison task in the poison story. The tasks, ids,
+    arguments and times depend only on the arguments (``now`` defaults to the current
+    time); kombu's random delivery_tag and the expiration property (time left, computed by
+    ``encode``) do not. ``queue`` is the routing key in each envelope (the family's name by
+    default).
     """
     if count < 0:
         raise ValueError(f"count must be >= 0, not {count}")
@@ -398,8 +539,10 @@ def sample_messages(
     rng.shuffle(kinds)
     with_attributes = next((i for i, kind in enumerate(kinds) if kind == "plain"), None)
     compressions = iter(("gzip", "bzip2") * count)
+    stories = _stories(family, tasks, kinds, rng)
+    sent = [_enqueue_time(STORIES[story], moment, rng) for story in stories]
 
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[SampleMessage] = []
     for index, (kind, task) in enumerate(zip(kinds, tasks, strict=True)):
         attributes: dict[str, Any] = {}
         if kind == "text":
@@ -418,7 +561,9 @@ def sample_messages(
             if kind == "protocol-1":
                 options["protocol"] = 1
             elif kind == "expired":
-                options["expires"] = moment - timedelta(minutes=rng.randint(5, 72 * 60))
+                # It expired while it sat in the DLQ: after it was sent, before now.
+                waited = (moment - sent[index]).total_seconds()
+                options["expires"] = sent[index] + timedelta(seconds=rng.uniform(0.1, 0.9) * waited)
             elif kind == "eta":
                 # ETAs past and future: both end up in DLQs (a worker held it too long).
                 options["eta"] = moment + timedelta(
@@ -439,20 +584,54 @@ def sample_messages(
                     },
                     "tenant-id": {"DataType": "Number", "StringValue": str(rng.randint(1, 500))},
                 }
-        out.append((body, attributes))
+        out.append(SampleMessage(body, attributes, sent[index], stories[index]))
     return out
+
+
+def _family_tasks(family: str) -> tuple[tuple[str, int, str], ...]:
+    weighted = _TASKS.get(family)
+    if weighted is None:
+        slug = re.sub(r"\W+", "_", family).strip("_").lower() or "jobs"
+        weighted = (
+            (f"apps.{slug}.tasks.process", 3, "blip"),
+            (f"apps.{slug}.tasks.sync", 1, "outage"),
+        )
+    return weighted
 
 
 def _task_cycle(family: str, count: int, rng: random.Random) -> list[str]:
     """``count`` task names in the family's proportions, shuffled."""
-    weighted = _TASKS.get(family)
-    if weighted is None:
-        slug = re.sub(r"\W+", "_", family).strip("_").lower() or "jobs"
-        weighted = ((f"apps.{slug}.tasks.process", 3), (f"apps.{slug}.tasks.sync", 1))
-    cycle = [name for name, weight in weighted for _ in range(weight)]
+    cycle = [name for name, weight, _ in _family_tasks(family) for _ in range(weight)]
     names = (cycle * (count // len(cycle) + 1))[:count]
     rng.shuffle(names)
     return names
+
+
+def _stories(family: str, tasks: list[str], kinds: list[str], rng: random.Random) -> list[str]:
+    """The story of each message: a task with a story of its own tells it with about
+    ``_OWN_STORY_SHARE`` of its messages (one of two or more, at least), the rest and every
+    body no Celery wrote are the blip's."""
+    stories = ["blip"] * len(tasks)
+    for task, _, story in _family_tasks(family):
+        if story == "blip":
+            continue
+        mine = [
+            i
+            for i, (name, kind) in enumerate(zip(tasks, kinds, strict=True))
+            if name == task and kind not in ("text", "json")
+        ]
+        own = max(1 if len(mine) >= 2 else 0, round(len(mine) * _OWN_STORY_SHARE))
+        for index in rng.sample(mine, own):
+            stories[index] = story
+    return stories
+
+
+def _enqueue_time(story: Story, now: datetime, rng: random.Random) -> datetime:
+    # Whole milliseconds, as SentTimestamp has them.
+    span_ms = int((story.oldest - story.newest).total_seconds() * 1000)
+    before = story.newest + timedelta(milliseconds=rng.randint(0, span_ms))
+    moment = now - before
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
 
 
 def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]]:
@@ -582,43 +761,135 @@ class SeededFamily:
     """How many messages this seeding put into the DLQ."""
     by_task: dict[str, int]
     """Task name (``(unknown)`` for bodies Celery did not write) -> how many of them."""
+    by_story: dict[str, int] = field(default_factory=dict)
+    """Key of :data:`STORIES` -> how many of them, in the order of STORIES."""
 
 
-def seed(client: Any, layout: Layout, *, per_family: int = 40, seed: int = 7) -> list[SeededFamily]:
+def seed(
+    client: Any,
+    layout: Layout,
+    *,
+    per_family: int = 40,
+    seed: int = 7,
+    now: datetime | None = None,
+) -> list[SeededFamily]:
     """Create the layout's queues and dead-letter ``per_family`` sample messages into each DLQ.
 
-    Seeding again adds as many again. Raises RuntimeError when a DLQ did not get them all.
+    ``client`` must be a client of a server this process started with the extensions
+    (:func:`start_server`): the messages are dead-lettered in its moto backend, which is
+    fast at any depth, and dated as :func:`sample_dlq` says (``now`` defaults to the current
+    time), which only the backend can do: SQS dates what it is sent itself. Each message is
+    sent to the source queue by moto's SendMessage, given the receive count and first
+    receive time that ``maxReceiveCount`` receives give it, and moved to the DLQ by moto's
+    own dead-letter step. :func:`dead_letter` does the same through the API, receiving each
+    message for real, at moto's pace and with the current time. Seeding again adds as many
+    again. Raises ValueError for a client of any other server.
     """
     if per_family < 0:
         raise ValueError(f"per_family must be >= 0, not {per_family}")
+    server = _served.get(str(client.meta.endpoint_url).rstrip("/"))
+    if server is None or not server.extended:
+        raise ValueError(
+            "seed() needs a client of a sandbox server started in this process with "
+            "start_server(extended=True); dead_letter() works with any server"
+        )
+    moment = now if now is not None else datetime.now(UTC)
     seeded: list[SeededFamily] = []
-    clients: dict[str, Any] = {}
-    try:
-        for family, queue_url, dlq_url in create_layout(client, layout):
-            regional = _regional_client(client, family.region, clients)
-            entries = sample_messages(
-                family.name, per_family, seed=seed, queue=queue_name(queue_url)
+    for family, queue_url, dlq_url in create_layout(client, layout):
+        region = family.region or str(client.meta.region_name)
+        entries = sample_dlq(
+            family.name, per_family, seed=seed, now=moment, queue=queue_name(queue_url)
+        )
+        moved = _dead_letter_in_backend(
+            queue_url, region, entries, random.Random(f"{seed}:{family.name}")
+        )
+        if moved != len(entries):
+            raise RuntimeError(
+                f"sandbox: only {moved} of {len(entries)} messages reached {queue_name(dlq_url)}"
             )
-            moved = dead_letter(regional, queue_url, entries)
-            if moved != len(entries):
-                raise RuntimeError(
-                    f"sandbox: only {moved} of {len(entries)} messages reached "
-                    f"{queue_name(dlq_url)}"
-                )
-            by_task = collections.Counter(decode(body).task for body, _ in entries)
-            seeded.append(
-                SeededFamily(
-                    family=family.name,
-                    queue_url=queue_url,
-                    dlq_url=dlq_url,
-                    messages=moved,
-                    by_task=dict(sorted(by_task.items(), key=lambda item: (-item[1], item[0]))),
-                )
+        by_task = collections.Counter(decode(m.body).task for m in entries)
+        by_story = collections.Counter(m.story for m in entries)
+        seeded.append(
+            SeededFamily(
+                family=family.name,
+                queue_url=queue_url,
+                dlq_url=dlq_url,
+                messages=moved,
+                by_task=dict(sorted(by_task.items(), key=lambda item: (-item[1], item[0]))),
+                by_story={story: by_story[story] for story in STORIES if by_story[story]},
             )
-    finally:
-        for extra in clients.values():
-            extra.close()
+        )
     return seeded
+
+
+_seed_layout = seed  # run() has a parameter of that name
+
+
+def _dead_letter_in_backend(
+    queue_url: str, region: str, entries: Sequence[SampleMessage], rng: random.Random
+) -> int:
+    account = queue_url.rstrip("/").split("/")[-2]
+    backend = sqs_backends[account][region]
+    source: Queue = backend.get_queue(queue_name(queue_url))
+    dlq: Queue | None = source.dead_letter_queue
+    if dlq is None or not source.redrive_policy:
+        raise ValueError(f"{source.name} has no RedrivePolicy, so it has no DLQ")
+    max_receives = int(source.redrive_policy["maxReceiveCount"])
+    before = len(dlq._messages)
+    for entry in entries:
+        message: Message = backend.send_message(
+            source.name,
+            entry.body,
+            message_attributes=json.loads(json.dumps(entry.attributes)),
+            # kombu's defaults: one group, a random deduplication id.
+            group_id="default" if source.fifo_queue else None,
+            deduplication_id=uuid.uuid4().hex if source.fifo_queue else None,
+        )
+        sent_ms = int(entry.sent_at.timestamp() * 1000)
+        message.sent_timestamp = sent_ms  # type: ignore[assignment]
+        # What maxReceiveCount receives leave on a message (moto's Message.mark_received) ...
+        message.approximate_first_receive_timestamp = sent_ms + rng.choice(_FIRST_RECEIVE_DELAY_MS)
+        message.approximate_receive_count = max_receives
+        # ... and what moto's receive does with it next (SQSBackend.receive_message).
+        source._messages.remove(message)
+        dlq.add_message(message)
+    return len(dlq._messages) - before
+
+
+# -- state ------------------------------------------------------------------------------------
+
+
+def random_seed() -> int:
+    """A fresh seed for a sandbox's tasks (task ids, arguments, enqueue times)."""
+    return secrets.randbits(32)
+
+
+def new_state_dir(port: int, *, root: Path | None = None, now: datetime | None = None) -> Path:
+    """A fresh directory for a sandbox's ledger and audit trail, named after its port and
+    start time (``redrive-sandbox-PORT-YYYYmmdd-HHMMSS-XXXXXXXX`` in ``root``, by default
+    the temporary directory), private to the user, with a note saying what it is."""
+    moment = now if now is not None else datetime.now(UTC)
+    stamp = moment.strftime("%Y%m%d-%H%M%S")
+    path = Path(tempfile.mkdtemp(prefix=f"redrive-sandbox-{port}-{stamp}-", dir=root))
+    (path / _STATE_MARKER).write_text(
+        f"The state of the redrive sandbox on port {port}, started {stamp} UTC: the ledger\n"
+        "and audit trail of what was done to it. That sandbox removes this directory when it\n"
+        "stops, unless it was started with --keep-state.\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def remove_state_dir(path: Path) -> bool:
+    """Remove a directory :func:`new_state_dir` made; False (and nothing removed) when
+    ``path`` is not one any more (a link, a file, no note) or cannot be removed."""
+    if path.is_symlink() or not path.is_dir() or not (path / _STATE_MARKER).is_file():
+        return False
+    try:
+        shutil.rmtree(path)
+    except OSError:
+        return False
+    return True
 
 
 # -- running it -----------------------------------------------------------------------------
@@ -631,20 +902,52 @@ def run(
     per_family: int,
     host: str = "127.0.0.1",
     serial: bool = False,
+    seed: int | None = None,
+    keep_state: bool = False,
+    state_root: Path | None = None,
     on_ready: Callable[[SandboxServer, list[SeededFamily]], None],
     stop: threading.Event,
-) -> None:
-    """Serve a seeded sandbox until ``stop`` is set; ``on_ready`` runs once it is seeded."""
+) -> Path | None:
+    """Serve a seeded sandbox until ``stop`` is set; ``on_ready`` runs once it is seeded.
+
+    Its tasks come from ``seed`` (a fresh random one when None: new task ids at every start);
+    its state directory is new (:func:`new_state_dir` in ``state_root``; the server's
+    ``state_dir``), and removed when it stops unless ``keep_state``. Returns the state
+    directory when it is left behind, else None.
+    """
+    chosen = random_seed() if seed is None else seed
     with start_server(port, host=host, serial=serial) as server:
-        client = client_for(server)
+        state_dir = new_state_dir(server.port, root=state_root)
+        server.state_dir, server.seed = state_dir, chosen
         try:
-            seeded = seed(client, layout, per_family=per_family)
+            client = client_for(server)
+            try:
+                seeded = _seed_layout(client, layout, per_family=per_family, seed=chosen)
+            finally:
+                client.close()
+            on_ready(server, seeded)
+            # A timeout keeps the main thread responsive to signals on every platform.
+            while not stop.wait(0.5):
+                pass
         finally:
-            client.close()
-        on_ready(server, seeded)
-        # A timeout keeps the main thread responsive to signals on every platform.
-        while not stop.wait(0.5):
-            pass
+            kept = keep_state or not remove_state_dir(state_dir)
+    return state_dir if kept else None
+
+
+def seeded_lines(server: SandboxServer, seeded: Sequence[SeededFamily]) -> list[str]:
+    """What a person reads when the sandbox is ready: each DLQ's stories, where the state is."""
+    lines = []
+    for family in seeded:
+        stories = ", ".join(f"{n:,} {STORIES[s].label}" for s, n in family.by_story.items())
+        lines.append(
+            f"# {family.family}: {family.messages:,} in {queue_name(family.dlq_url)}"
+            + (f": {stories}" if stories else "")
+        )
+    if server.state_dir is not None:
+        lines.append(f"# ledger and audit trail of this sandbox: {server.state_dir}")
+    if server.seed is not None:
+        lines.append(f"# tasks drawn from --seed {server.seed}")
+    return lines
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -658,9 +961,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "--serial", action="store_true", help="serve one request at a time (concurrent receivers)"
     )
     parser.add_argument(
-        "--bare", action="store_true", help="no queues, log every request (for the test suite)"
+        "--bare",
+        action="store_true",
+        help="no queues, stock moto (no extensions), log every request (for the test suite)",
     )
     parser.add_argument("--per-family", type=int, default=40, help="messages per DLQ")
+    parser.add_argument("--seed", type=int, help="draw the same tasks as an earlier start")
+    parser.add_argument(
+        "--keep-state", action="store_true", help="keep the state directory when stopped"
+    )
     parser.add_argument("--config", help="layout file (default: $REDRIVE_CONFIG or built-in)")
     args = parser.parse_args(argv)
 
@@ -674,7 +983,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.bare:
             with start_server(
-                args.port, host=args.host, serial=args.serial, log_requests=True
+                args.port, host=args.host, serial=args.serial, log_requests=True, extended=False
             ) as server:
                 print(f"redrive sandbox: SQS on {server.endpoint_url}", flush=True)
                 while not stop.wait(0.5):
@@ -682,21 +991,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
             return 0
 
         def ready(server: SandboxServer, seeded: list[SeededFamily]) -> None:
-            for family in seeded:
-                dlq = queue_name(family.dlq_url)
-                tasks = ", ".join(f"{task} {n}" for task, n in family.by_task.items())
-                print(f"# {family.family}: {family.messages} in {dlq} ({tasks})")
-            print("\n".join(export_lines(server)), flush=True)
+            print("\n".join([*seeded_lines(server, seeded), *export_lines(server)]), flush=True)
 
-        run(
+        kept = run(
             args.port,
             load_layout(args.config),
             per_family=args.per_family,
             host=args.host,
             serial=args.serial,
+            seed=args.seed,
+            keep_state=args.keep_state,
             on_ready=ready,
             stop=stop,
         )
+        if kept is not None:
+            print(f"# kept the sandbox's state in {kept}", flush=True)
     except (RedriveError, ValueError, OSError) as exc:
         print(f"redrive sandbox: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -441,6 +442,12 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
     except botocore.exceptions.ClientError as exc:
         code = _code(exc)
         message = str(exc.response.get("Error", {}).get("Message", "")) or code
+        foreign = _not_an_aws_error(exc)
+        if foreign is not None:
+            raise AwsError(
+                f"{action}{on} failed: {foreign}; it may not implement {action}: check "
+                "--endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
+            ) from exc
         if code in _NOT_FOUND_CODES:
             raise QueueNotFound(
                 f"queue {resource or ''} does not exist: check the name, --region "
@@ -465,6 +472,36 @@ def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs"
         raise AwsError(f"{action}{on} failed: {code}: {_one_line(message)}") from exc
     except botocore.exceptions.BotoCoreError as exc:
         raise AwsError(f"{action}{on} failed: {_one_line(str(exc))}") from exc
+
+
+_MARKUP = re.compile(r"<\s*(?:!doctype|html|head|body|title|h1)\b", re.IGNORECASE)
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_TAG = re.compile(r"<[^>]*>")
+
+
+def _not_an_aws_error(exc: botocore.exceptions.ClientError) -> str | None:
+    """What an error answer no AWS service wrote was (an HTML page from a proxy, a load
+    balancer or a server without the action; a bare status), or None for an AWS error.
+
+    botocore names the HTTP status as the code of an answer it cannot parse, and keeps
+    the whole body as the message: the page itself must not reach the user.
+    """
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    message = str(error.get("Message", ""))
+    markup = _MARKUP.search(message) is not None
+    if not markup and not code.isdigit():
+        return None
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or code
+    if markup:
+        title = _TITLE.search(message)
+        text = _one_line(_TAG.sub(" ", title.group(1) if title else ""))
+        what = f" with an HTML page ({text[:80]})" if text else " with an HTML page"
+    else:
+        # The body, or botocore's reason phrase when there was none.
+        text = _one_line(message) if message != code else ""
+        what = f" ({text[:80]})" if text else ""
+    return f"the endpoint answered HTTP {status}{what}, not an AWS error"
 
 
 def _one_line(text: str) -> str:

@@ -8,16 +8,26 @@ variable that later commands use, as they would in the operator's shell.
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import gzip
+import json
 import os
 import re
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 
 from redrive.config import built_in_layout
@@ -122,7 +132,15 @@ def test_doc_commands_run_against_the_sandbox(
 def run_doc(doc: Path, sandbox: dict[str, str], tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    env = dict(sandbox)
+    run_commands(doc, dict(sandbox), workdir)
+
+
+def run_commands(
+    doc: Path, env: dict[str, str], workdir: Path
+) -> list[tuple[Command, subprocess.CompletedProcess[str]]]:
+    """Run the document's commands in order in ``env`` (``NAME=$(...)`` lines set NAME in
+    it, as a shell would); each must end as the document says. Returns what each did."""
+    done_all = []
     for command in commands(doc):
         assign = ASSIGN.match(command.text)
         script = command.text
@@ -146,6 +164,8 @@ def run_doc(doc: Path, sandbox: dict[str, str], tmp_path: Path) -> None:
         if assign:
             assert done.stdout.strip(), f"{where}: set {assign.group(1)} to nothing"
             env[assign.group(1)] = done.stdout.strip()
+        done_all.append((command, done))
+    return done_all
 
 
 @pytest.mark.e2e
@@ -193,3 +213,163 @@ def test_make_demo_runs() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for text in ("redrive status", "onion-checkout-dlq", "DRY RUN"):
         assert text in done.stdout
+
+
+# -- rehearsing twice in a row ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def sandbox_in_shell(shell: dict[str, str], workdir: Path) -> Iterator[None]:
+    """``redrive sandbox`` started from ``shell``, whose environment then takes the lines it
+    prints, as a user pastes them; stopped with Ctrl-C at the end."""
+    port = free_port()
+    out, err = workdir / "sandbox.out", workdir / "sandbox.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "redrive", "sandbox", "--port", str(port), "--messages", "40"],
+            env=shell,
+            cwd=workdir,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "sandbox ready" not in err.read_text():
+            assert process.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "the sandbox did not start within 60 s"
+            time.sleep(0.1)
+        for line in out.read_text().splitlines():
+            if line.startswith("export "):
+                name, _, value = line.removeprefix("export ").partition("=")
+                shell[name] = shlex.split(value)[0]
+            elif line.startswith("unset "):
+                for name in line.split()[1:]:
+                    shell.pop(name, None)
+        yield
+        process.send_signal(signal.SIGINT)
+        assert process.wait(10) == 0, err.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+def queue_bodies(shell: dict[str, str]) -> dict[str, collections.Counter[str]]:
+    """Queue name -> every body it holds, left there (received, then made visible again)."""
+    client = boto3.client(
+        "sqs",
+        endpoint_url=shell["AWS_ENDPOINT_URL"],
+        region_name=shell["AWS_DEFAULT_REGION"],
+        aws_access_key_id=shell["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=shell["AWS_SECRET_ACCESS_KEY"],
+    )
+    out: dict[str, collections.Counter[str]] = {}
+    try:
+        for url in client.list_queues().get("QueueUrls", []):
+            deadline = time.monotonic() + 30
+            # Whatever redrive held must be back before it can be counted.
+            while int(
+                client.get_queue_attributes(
+                    QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+                )["Attributes"]["ApproximateNumberOfMessagesNotVisible"]
+            ):
+                assert time.monotonic() < deadline, f"messages of {url} stay in flight"
+                time.sleep(0.2)
+            got: list[dict[str, Any]] = []
+            while batch := client.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60, WaitTimeSeconds=0
+            ).get("Messages", []):
+                got.extend(batch)
+            for message in got:
+                client.change_message_visibility(
+                    QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
+                )
+            out[url.rsplit("/", 1)[1]] = collections.Counter(m["Body"] for m in got)
+    finally:
+        client.close()
+    time.sleep(0.01)  # visible again from the next millisecond
+    return out
+
+
+def archived_bodies(workdir: Path) -> collections.Counter[str]:
+    bodies: collections.Counter[str] = collections.Counter()
+    for path in workdir.glob("*.jsonl.gz"):
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            bodies.update(json.loads(line)["body"] for line in lines if line.strip())
+    return bodies
+
+
+def total(counters: Iterable[collections.Counter[str]]) -> collections.Counter[str]:
+    out: collections.Counter[str] = collections.Counter()
+    for counter in counters:
+        out.update(counter)
+    return out
+
+
+DUPLICATES_DELETED = re.compile(
+    r"(\d+) duplicate cop(?:y|ies) deleted|\"duplicates_deleted\": (\d+)"
+)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("doc", RUNBOOKS, ids=[d.name for d in RUNBOOKS])
+def test_a_runbook_rehearsed_twice_in_a_row_loses_and_misreports_nothing(
+    doc: Path, tmp_path: Path
+) -> None:
+    """One user (one HOME, one shell) rehearses a runbook on a sandbox, stops it, starts a
+    new one and rehearses again, pasting each sandbox's lines. The second rehearsal must go
+    as the first: every task that leaves a DLQ reaches a queue (or an archive), none is
+    deleted as a "duplicate copy" of one moved in the first, and nothing lands in the user's
+    own ledger."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (tmp_path / "tmp").mkdir()
+    shell = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "REDRIVE_", "XDG_"))}
+    shell.update(
+        HOME=str(home),
+        TMPDIR=str(tmp_path / "tmp"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{shell.get('PATH', '')}",
+        REDRIVE_RECEIVE_WAIT="0",  # moto answers short polls with every message
+        AWS_CONFIG_FILE=str(home / "aws-config-absent"),
+        AWS_SHARED_CREDENTIALS_FILE=str(home / "aws-credentials-absent"),
+    )
+    state_dirs: list[str | None] = []
+    for rehearsal in (1, 2):
+        # A new working directory, as the runbook asks: archives are never overwritten.
+        workdir = tmp_path / f"rehearsal-{rehearsal}"
+        workdir.mkdir()
+        with sandbox_in_shell(shell, workdir):
+            before = queue_bodies(shell)
+            done = run_commands(doc, dict(shell), workdir)
+            after = queue_bodies(shell)
+            state_dirs.append(shell.get("REDRIVE_STATE_DIR"))
+        where = f"rehearsal {rehearsal} of {doc.name}"
+        dlqs = [name for name in before if name.endswith("-dlq")]
+        sources = [name for name in before if not name.endswith("-dlq")]
+        seeded = total(before[name] for name in dlqs)
+        assert sum(seeded.values()) == 120 and not total(before[n] for n in sources), where
+        left = total(after[name] for name in dlqs)
+        arrived = total(after[name] for name in sources)
+        kept = left + arrived + archived_bodies(workdir)
+        lost = seeded - kept
+        if lost:
+            pytest.fail(f"{where}: {sum(lost.values())} task(s) left a DLQ and went nowhere")
+        assert not arrived - seeded, f"{where}: a queue got a task no DLQ held"
+        assert all(arrived[b] <= seeded[b] for b in arrived), f"{where}: a task arrived twice"
+        for command, result in done:
+            for match in DUPLICATES_DELETED.finditer(result.stdout + result.stderr):
+                count = int(match.group(1) or match.group(2))
+                assert count == 0, f"{where}: `{command.text}` deleted {count} as duplicates"
+    first, second = state_dirs
+    assert first is not None and second is not None and first != second
+    # Each removed when its sandbox stopped.
+    assert not Path(first).exists() and not Path(second).exists()
+    # Nothing reached the ledger and audit trail the user keeps for real queues.
+    assert not (home / ".local" / "state" / "redrive").exists()

@@ -21,7 +21,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -794,13 +794,29 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes(
 # -- 7. the sandbox command --------------------------------------------------------------------
 
 
-def test_sandbox_command_serves_a_seeded_sqs_until_ctrl_c(tmp_path: Path) -> None:
+@dataclass
+class RunningSandbox:
+    process: subprocess.Popen[bytes]
+    port: int
+    exports: dict[str, str]
+    lines: list[str]
+    """What it printed on stdout."""
+    env: dict[str, str]
+    """A shell's environment after pasting those lines."""
+    err: Path
+
+
+@contextlib.contextmanager
+def running_sandbox(tmp_path: Path, *args: str) -> Iterator[RunningSandbox]:
+    """``redrive sandbox`` as a user starts it; stopped with Ctrl-C (SIGINT) at the end."""
     port = free_port()
     out, err = tmp_path / "sandbox.out", tmp_path / "sandbox.err"
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
     with out.open("w") as stdout, err.open("w") as stderr:
         sandbox = subprocess.Popen(
-            [*REDRIVE, "sandbox", "--port", str(port), "--messages", "10"],
-            env=_env(None),
+            [*REDRIVE, "sandbox", "--port", str(port), *args],
+            env={**_env(None), "TMPDIR": str(temp)},
             cwd=tmp_path,
             stdout=stdout,
             stderr=stderr,
@@ -814,16 +830,38 @@ def test_sandbox_command_serves_a_seeded_sqs_until_ctrl_c(tmp_path: Path) -> Non
             what="the sandbox",
         )
         assert sandbox.poll() is None, err.read_text()
+        lines = out.read_text().splitlines()
         exports = dict(
             line.removeprefix("export ").split("=", 1)
-            for line in out.read_text().splitlines()
+            for line in lines
             if line.startswith("export ")
         )
-        assert exports["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
-        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(exports)
-        assert "unset AWS_PROFILE" in out.read_text().splitlines()
+        unset = {name for line in lines if line.startswith("unset ") for name in line.split()[1:]}
         # What a shell that pasted those lines has (this test's AWS config files stay absent).
-        env = {k: v for k, v in _env(None).items() if k != "AWS_PROFILE"} | exports
+        env = {k: v for k, v in _env(None).items() if k not in unset} | exports
+        yield RunningSandbox(sandbox, port, exports, lines, env, err)
+        sandbox.send_signal(signal.SIGINT)
+        assert sandbox.wait(10) == 0
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait(10)
+    assert "Traceback" not in err.read_text()
+
+
+def test_sandbox_command_serves_a_seeded_sqs_until_ctrl_c(tmp_path: Path) -> None:
+    with running_sandbox(tmp_path, "--messages", "10") as sandbox:
+        exports = sandbox.exports
+        assert exports["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{sandbox.port}"
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(exports)
+        assert "unset AWS_PROFILE" in sandbox.lines
+        assert "unset REDRIVE_LEDGER" in sandbox.lines
+        # A state directory of its own, fresh, in the temporary directory: not the user's.
+        state_dir = Path(exports["REDRIVE_STATE_DIR"])
+        assert state_dir.parent == tmp_path / "tmp" and state_dir.is_dir()
+        assert str(state_dir) != _env(None)["REDRIVE_STATE_DIR"]
+        assert str(state_dir) in sandbox.err.read_text()
+        env = sandbox.env
 
         status = ok_json(redrive(None, "status", "--json", env=env))
         counts = {r["family"]: r["dlq_counts"]["visible"] for r in status["families"]}
@@ -834,15 +872,54 @@ def test_sandbox_command_serves_a_seeded_sqs_until_ctrl_c(tmp_path: Path) -> Non
         assert sum(g["count"] for g in inspected["groups"]) == 10
         assert {g["task"] for g in inspected["groups"]} <= {IBFT, CAPTURE, REFUND, UNKNOWN}
 
-        sandbox.send_signal(signal.SIGINT)
-        assert sandbox.wait(10) == 0
-    finally:
-        if sandbox.poll() is None:
-            sandbox.kill()
-            sandbox.wait(10)
-    assert "Traceback" not in err.read_text()
-    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        moved = ok_json(redrive(None, "move", "checkout", "--execute", "--yes", "--json", env=env))
+        assert moved["moved"] > 0
+        assert (state_dir / "ledger.sqlite3").exists()  # the sandbox's ledger, not the user's
+    assert not state_dir.exists()  # removed when the sandbox stopped
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", sandbox.port), timeout=1):
         pass
+
+
+def test_native_move_and_tasks_on_the_sandbox(tmp_path: Path) -> None:
+    """``move --native`` and ``tasks`` rehearse on the sandbox: its SQS has message move
+    tasks (moto 5.2's server answers them with an HTML 500 page)."""
+    with running_sandbox(tmp_path, "--messages", "25") as sandbox:
+        env = sandbox.env
+        moved = ok_json(
+            redrive(None, "move", "checkout", "--native", "--execute", "--yes", "--json", env=env)
+        )
+        assert moved["native"] is True
+        assert moved["status"] == "COMPLETED"
+        assert moved["moved"] == moved["to_move"] == 25
+        status = ok_json(redrive(None, "status", "--json", env=env))
+        checkout = next(r for r in status["families"] if r["family"] == "checkout")
+        assert checkout["dlq_counts"]["visible"] == 0
+        assert checkout["queue_counts"]["visible"] == 25
+        listed = ok_json(redrive(None, "tasks", "checkout", "--json", env=env))
+        assert [t["status"] for t in listed["tasks"]] == ["COMPLETED"]
+        table = redrive(None, "tasks", "checkout", env=env)
+        assert table.returncode == 0 and "COMPLETED" in table.stdout
+        nothing = redrive(None, "tasks", "checkout", "--cancel", env=env)
+        assert nothing.returncode == 1
+        assert nothing.stderr.strip().count("\n") == 0
+        assert "no move task is running" in nothing.stderr
+
+
+def test_an_endpoint_without_move_tasks_is_one_line(server: MotoServer) -> None:
+    """Stock moto (the suite's server) answers ListMessageMoveTasks with an HTML 500 page:
+    redrive says so in one line, never prints the page."""
+    make_family(server.client(), "onion-checkout")
+    for args in (["tasks", "checkout"], ["move", "checkout", "--native"]):
+        done = redrive(server, *args)
+        if args[0] == "move":  # the dry run only informs: it names the problem, exits 0
+            assert done.returncode == 0, done.stderr
+            text = done.stdout + done.stderr
+        else:
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+            text = done.stderr
+        assert "HTTP 500 with an HTML page (500 Internal Server Error)" in text
+        assert "<" not in text and "Traceback" not in text
 
 
 # -- 8. errors end to end ----------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """Server-side moves (StartMessageMoveTask, ListMessageMoveTasks, CancelMessageMoveTask).
 
-moto implements none of the three calls, so they go through botocore's Stubber, which checks
-every request against SQS's service model; the queue look-ups around them use moto.
+Stock moto implements none of the three calls, so they go through botocore's Stubber, which
+checks every request against SQS's service model and lets these tests answer as SQS does in
+races no server reproduces on demand; the queue look-ups around them use moto. The sandbox's
+own implementation of the calls is tested in test_sandbox_move_tasks.py, and redrive against
+it end to end in test_e2e.py.
 """
 
 from __future__ import annotations

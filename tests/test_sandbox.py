@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ TASKS = {
 class Seeded:
     server: sandbox.SandboxServer
     client: Any
+    now: datetime
+    """When the seeding said it was: enqueue times count back from it."""
     families: dict[str, sandbox.SeededFamily]
     depths: dict[str, tuple[int, int]]
     """Family -> (source queue depth, DLQ depth) right after seeding."""
@@ -97,18 +100,25 @@ def peek_all(client: Any, url: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def seeded() -> Iterator[Seeded]:
     with sandbox.start_server() as server:
+        # moto's state is per process and outlives servers: xdist may run this module's
+        # tests in more than one stretch, and each seeding must start from nothing.
+        urllib.request.urlopen(
+            urllib.request.Request(f"{server.endpoint_url}/moto-api/reset", method="POST"),
+            timeout=10,
+        ).close()
         client = sandbox.client_for(server)
+        now = datetime.now(UTC)
         try:
             families = {
                 s.family: s
-                for s in sandbox.seed(client, built_in_layout({}), per_family=PER_FAMILY)
+                for s in sandbox.seed(client, built_in_layout({}), per_family=PER_FAMILY, now=now)
             }
             depths = {
                 name: (depth(client, s.queue_url), depth(client, s.dlq_url))
                 for name, s in families.items()
             }
             messages = {name: peek_all(client, s.dlq_url) for name, s in families.items()}
-            yield Seeded(server, client, families, depths, messages)
+            yield Seeded(server, client, now, families, depths, messages)
         finally:
             client.close()
 
@@ -206,6 +216,269 @@ def test_checkout_tasks_carry_realistic_arguments(seeded: Seeded) -> None:
     ibft = [i for i in infos if i.task == "apps.webhooks.tasks.save_checkout_ibft"]
     assert ibft
     assert all(i.kwargs is not None and "IBFT-" in i.kwargs for i in ibft)
+
+
+# -- enqueue times: the stories the runbooks diagnose --------------------------------------
+
+
+def identity(body: str) -> str:
+    return decode(body).task_id or body
+
+
+def sent_ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def test_dlq_messages_carry_the_enqueue_times_of_their_stories(seeded: Seeded) -> None:
+    """SQS dates what it is sent; the sandbox's DLQs hold messages enqueued hours and days
+    ago, exactly when sample_dlq says, each received for the first time after it was sent."""
+    for name, family in seeded.families.items():
+        queue = family.queue_url.rsplit("/", 1)[1]
+        # By task id: kombu's delivery_tag makes every encoding of a body differ.
+        expected = {
+            identity(m.body): m
+            for m in sandbox.sample_dlq(name, PER_FAMILY, now=seeded.now, queue=queue)
+        }
+        assert {story: n for story, n in family.by_story.items()} == dict(
+            collections.Counter(m.story for m in expected.values())
+        )
+        for message in seeded.messages[name]:
+            sample = expected[identity(message["Body"])]
+            attributes = message["Attributes"]
+            assert int(attributes["SentTimestamp"]) == sent_ms(sample.sent_at)
+            first = int(attributes["ApproximateFirstReceiveTimestamp"])
+            assert sent_ms(sample.sent_at) < first < sent_ms(seeded.now)
+    assert set(seeded.families["checkout"].by_story) == {"blip", "outage", "poison"}
+
+
+def test_sample_dlq_tells_a_blip_an_outage_and_a_poison_task_apart() -> None:
+    now = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+    messages = sandbox.sample_dlq("checkout", 600, seed=11, now=now)
+    by_story: dict[str, list[sandbox.SampleMessage]] = collections.defaultdict(list)
+    for message in messages:
+        by_story[message.story].append(message)
+    tasks = {story: {decode(m.body).task for m in group} for story, group in by_story.items()}
+    # The blip: every task, within 4 minutes, 2 hours ago.
+    assert tasks["blip"] == TASKS["checkout"] | {UNKNOWN_TASK}
+    assert len(by_story["blip"]) > len(messages) / 2
+    # The outage: one task, over an hour, yesterday; the poison task: one, over days.
+    assert tasks["outage"] == {"apps.payments.tasks.capture_payment"}
+    assert tasks["poison"] == {"apps.payments.tasks.refund"}
+    for story, group in by_story.items():
+        window = sandbox.STORIES[story]
+        times = [m.sent_at for m in group]
+        assert now - window.oldest <= min(times) and max(times) <= now - window.newest
+    spans = {
+        story: max(m.sent_at for m in g) - min(m.sent_at for m in g)
+        for story, g in by_story.items()
+    }
+    assert spans["blip"] <= timedelta(minutes=4)
+    assert timedelta(minutes=30) < spans["outage"] <= timedelta(hours=1)
+    assert spans["poison"] > timedelta(days=3)
+    # Every story well inside the DLQ's 14-day retention.
+    assert min(m.sent_at for m in messages) > now - timedelta(days=6)
+    # An expired task expired while it sat in the DLQ: after it was sent, before now.
+    expired = [(m, decode(m.body)) for m in messages if decode(m.body).is_expired(now)]
+    assert expired
+    for message, info in expired:
+        assert info.expires is not None and message.sent_at < info.expires < now
+
+
+def dry_run(seeded: Seeded, *args: str) -> dict[str, Any]:
+    env = {k: v for k, v in _subprocess_env().items() if not k.startswith(("AWS_", "REDRIVE_"))}
+    env.update(sandbox.sandbox_env(seeded.server))
+    env["REDRIVE_RECEIVE_WAIT"] = "0"
+    done = subprocess.run(
+        [sys.executable, "-m", "redrive", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_age_filters_and_inspect_tell_the_stories_apart(seeded: Seeded, tmp_path: Path) -> None:
+    checkout = seeded.families["checkout"]
+    stories = checkout.by_story
+    newer = dry_run(
+        seeded, "move", "checkout", "--newer-than", "6h", "--ledger", str(tmp_path / "l")
+    )
+    older = dry_run(
+        seeded, "move", "checkout", "--older-than", "6h", "--ledger", str(tmp_path / "l")
+    )
+    assert newer["matched"] == stories["blip"]
+    assert older["matched"] == stories["outage"] + stories["poison"]
+    yesterday = dry_run(
+        seeded,
+        "move",
+        "checkout",
+        "--older-than",
+        "25h",
+        "--newer-than",
+        "28h",
+        "--ledger",
+        str(tmp_path / "l"),
+    )
+    queue = checkout.queue_url.rsplit("/", 1)[1]
+    outage = [
+        m
+        for m in sandbox.sample_dlq("checkout", PER_FAMILY, now=seeded.now, queue=queue)
+        if seeded.now - timedelta(hours=28) < m.sent_at < seeded.now - timedelta(hours=25)
+    ]
+    assert yesterday["matched"] == len(outage) == stories["outage"]
+
+    groups = {g["task"]: g for g in dry_run(seeded, "inspect", "checkout")["groups"]}
+    ibft = groups["apps.webhooks.tasks.save_checkout_ibft"]  # a task of the blip only
+    span = datetime.fromisoformat(ibft["newest"]) - datetime.fromisoformat(ibft["oldest"])
+    assert span <= timedelta(minutes=4)
+    refund = groups["apps.payments.tasks.refund"]  # the poison task, caught by the blip too
+    assert datetime.fromisoformat(refund["oldest"]) < seeded.now - timedelta(hours=7)
+
+
+# -- every start: fresh tasks, a fresh state directory ----------------------------------------
+
+
+def run_in_thread(
+    layout: Layout, **options: Any
+) -> tuple[sandbox.SandboxServer, list[sandbox.SeededFamily], threading.Event, Any]:
+    """Start sandbox.run in a thread; returns its server, what it seeded, its stop event and
+    a function that stops it and returns run's result."""
+    stop = threading.Event()
+    ready: list[tuple[sandbox.SandboxServer, list[sandbox.SeededFamily]]] = []
+    result: list[Any] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(
+                sandbox.run(
+                    0,
+                    layout,
+                    on_ready=lambda server, seeded: ready.append((server, seeded)),
+                    stop=stop,
+                    **options,
+                )
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not ready and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not ready:
+        stop.set()
+        thread.join(10)
+        pytest.fail(f"the sandbox did not start: {errors}")
+
+    def finish() -> Any:
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive() and not errors, errors
+        return result[0]
+
+    return ready[0][0], ready[0][1], stop, finish
+
+
+def task_ids(server: sandbox.SandboxServer, url: str) -> set[str]:
+    client = sandbox.client_for(server)
+    try:
+        return {identity(m["Body"]) for m in peek_all(client, url)}
+    finally:
+        client.close()
+
+
+def test_each_start_draws_fresh_task_ids_and_gets_a_fresh_state_dir(tmp_path: Path) -> None:
+    seen: list[tuple[set[str], Path]] = []
+    for start in range(2):
+        # One family, new queues: moto's state outlives a server of this process.
+        layout = Layout(families=(Family("fresh", f"fresh-jobs-{start}"),), source="t")
+        server, seeded, _, finish = run_in_thread(layout, per_family=12, state_root=tmp_path)
+        state_dir = server.state_dir
+        assert state_dir is not None and state_dir.is_dir() and state_dir.parent == tmp_path
+        assert state_dir.name.startswith(f"redrive-sandbox-{server.port}-")
+        assert f"export REDRIVE_STATE_DIR={state_dir}" in sandbox.export_lines(server)
+        assert sandbox.sandbox_env(server)["REDRIVE_STATE_DIR"] == str(state_dir)
+        assert f"# ledger and audit trail of this sandbox: {state_dir}" in (
+            sandbox.seeded_lines(server, seeded)
+        )
+        seen.append((task_ids(server, seeded[0].dlq_url), state_dir))
+        assert finish() is None
+        assert not state_dir.exists()  # removed when it stopped
+    (first_ids, first_dir), (second_ids, second_dir) = seen
+    assert len(first_ids) == len(second_ids) == 12
+    assert not first_ids & second_ids
+    assert first_dir != second_dir
+
+
+def test_a_seed_draws_the_same_tasks_and_keep_state_keeps_the_directory(tmp_path: Path) -> None:
+    ids = []
+    for keep in (False, True):
+        layout = Layout(families=(Family("again", f"again-jobs-{keep}"),), source="t")
+        server, seeded, _, finish = run_in_thread(
+            layout, per_family=6, seed=1234, keep_state=keep, state_root=tmp_path
+        )
+        assert server.seed == 1234
+        assert "# tasks drawn from --seed 1234" in sandbox.seeded_lines(server, seeded)
+        ids.append(task_ids(server, seeded[0].dlq_url))
+        kept = finish()
+        assert kept == (server.state_dir if keep else None)
+    assert ids[0] == ids[1]
+    assert kept is not None and (kept / "REDRIVE-SANDBOX-STATE").is_file()
+
+
+def test_remove_state_dir_removes_only_what_the_sandbox_made(tmp_path: Path) -> None:
+    made = sandbox.new_state_dir(4566, root=tmp_path)
+    (made / "ledger.sqlite3").write_text("")
+    other = tmp_path / "someone-elses"
+    other.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(made)
+    plain = tmp_path / "a-file"
+    plain.write_text("")
+    assert not sandbox.remove_state_dir(other) and other.is_dir()
+    assert not sandbox.remove_state_dir(link) and made.is_dir()
+    assert not sandbox.remove_state_dir(plain) and plain.exists()
+    assert not sandbox.remove_state_dir(tmp_path / "absent")
+    assert sandbox.remove_state_dir(made) and not made.exists()
+    assert oct(sandbox.new_state_dir(0, root=tmp_path).stat().st_mode & 0o777) == "0o700"
+
+
+def test_seed_needs_a_server_of_this_process_with_the_extensions() -> None:
+    with sandbox.start_server(extended=False) as stock:
+        client = sandbox.client_for(stock)
+        try:
+            with pytest.raises(ValueError, match="extended=True"):
+                sandbox.seed(client, Layout(families=(Family("s", "stock-jobs"),), source="t"))
+        finally:
+            client.close()
+    elsewhere = sandbox.SandboxServer("http://127.0.0.1:9", "127.0.0.1", 9)
+    client = sandbox.client_for(elsewhere)
+    try:
+        with pytest.raises(ValueError, match="dead_letter"):
+            sandbox.seed(client, Layout(families=(Family("e", "else-jobs"),), source="t"))
+    finally:
+        client.close()
+
+
+def test_export_lines_of_a_seeded_sandbox_keep_the_users_ledger_out(tmp_path: Path) -> None:
+    server = sandbox.SandboxServer(
+        "http://127.0.0.1:4566", "127.0.0.1", 4566, state_dir=tmp_path / "state dir"
+    )
+    assert sandbox.export_lines(server) == [
+        "export AWS_ENDPOINT_URL=http://127.0.0.1:4566",
+        "export AWS_ACCESS_KEY_ID=sandbox",
+        "export AWS_SECRET_ACCESS_KEY=sandbox",
+        "export AWS_DEFAULT_REGION=us-east-1",
+        f"export REDRIVE_STATE_DIR='{tmp_path}/state dir'",
+        "unset REDRIVE_LEDGER",
+        "unset AWS_PROFILE",
+    ]
 
 
 # -- the pieces -----------------------------------------------------------------------------
@@ -558,18 +831,25 @@ def test_bare_subprocess_answers_and_stops_on_sigterm(tmp_path: Path, serial: bo
 def test_seeded_subprocess_prints_exports_and_stops_on_sigint(tmp_path: Path) -> None:
     config = tmp_path / "redrive.toml"
     config.write_text('[families.cli]\nqueue = "cli-jobs"\n')
+    temp = tmp_path / "tmp"
+    temp.mkdir()
     process = subprocess.Popen(
         [sys.executable, "-m", "redrive.sandbox", "--per-family", "3", "--config", str(config)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=_subprocess_env(),
+        env={**_subprocess_env(), "TMPDIR": str(temp)},
         cwd=tmp_path,
     )
+    state_dir: Path | None = None
     try:
         assert process.stdout is not None
         lines = []
         for raw in process.stdout:
             lines.append(raw.decode())
+            if raw.startswith(b"export REDRIVE_STATE_DIR="):
+                state_dir = Path(raw.decode().strip().split("=", 1)[1])
+                # The sandbox's own, fresh, while it runs.
+                assert state_dir.parent == temp and state_dir.is_dir()
             if raw.startswith(b"unset AWS_PROFILE"):
                 break
         process.send_signal(signal.SIGINT)
@@ -583,4 +863,27 @@ def test_seeded_subprocess_prints_exports_and_stops_on_sigint(tmp_path: Path) ->
     assert "# cli: 3 in cli-jobs-dlq" in text
     assert "export AWS_ENDPOINT_URL=http://127.0.0.1:" in text
     assert "export AWS_ACCESS_KEY_ID=sandbox" in text
+    assert "unset REDRIVE_LEDGER\n" in text
     assert b"POST /" not in err  # requests are not logged outside --bare
+    assert state_dir is not None and not state_dir.exists()  # removed when it stopped
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [(["--messages", "10001"], "10000"), (["--seed", "-1"], "--seed")],
+)
+def test_cli_sandbox_limits(args: list[str], complaint: str) -> None:
+    from click.testing import CliRunner
+
+    from redrive.cli import cli
+
+    result = CliRunner().invoke(cli, ["sandbox", *args], prog_name="redrive")
+    assert result.exit_code == 2, result.output
+    assert complaint in result.output
+
+
+def test_cli_sandbox_takes_ten_thousand_messages_a_dlq() -> None:
+    from redrive.cli import sandbox as command
+
+    option = next(p for p in command.params if p.name == "per_family")
+    assert option.type.max == sandbox.MAX_MESSAGES == 10_000  # type: ignore[attr-defined]

@@ -340,6 +340,84 @@ def test_other_calls_retry_server_errors(failing_endpoint: tuple[str, list[str]]
     assert requests == ["AmazonSQS.GetQueueAttributes"] * 3
 
 
+class _Page(http.server.BaseHTTPRequestHandler):
+    """Answers every request as a proxy, a load balancer or an endpoint lacking the action
+    does: a status and a body that is no AWS error."""
+
+    status = 502
+    content_type = "text/html; charset=utf-8"
+    body = (
+        "<!doctype html>\n<html lang=en>\n<title>502 Bad Gateway</title>\n"
+        "<h1>Bad Gateway</h1>\n<p>The upstream server did not answer.</p>\n"
+    )
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = self.body.encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", self.content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("page", "expected"),
+    [
+        ({}, "HTTP 502 with an HTML page (502 Bad Gateway)"),
+        (
+            {"status": 500, "content_type": "text/plain", "body": "Internal Server Error\n"},
+            "HTTP 500 (Internal Server Error), not an AWS error",
+        ),
+        (
+            {"status": 503, "content_type": "text/plain", "body": ""},
+            "HTTP 503 (Service Unavailable), not an AWS error",
+        ),
+    ],
+    ids=["html", "text", "empty"],
+)
+def test_an_answer_that_is_no_aws_error_is_one_line_without_the_page(
+    page: dict[str, Any], expected: str
+) -> None:
+    handler = type("Handler", (_Page,), page)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        with pytest.raises(AwsError) as caught:
+            sqs.attributes(f"{endpoint}/123456789012/onion-checkout-dlq")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    message = str(caught.value)
+    assert "\n" not in message and "<" not in message, message
+    assert message.startswith("GetQueueAttributes on ")
+    assert expected in message
+    assert "--endpoint-url" in message
+
+
+def test_an_html_error_page_from_a_server_without_the_action() -> None:
+    """What moto 5.2's server answers for a call it lacks (e.g. ListMessageMoveTasks)."""
+    page = (
+        "<!doctype html>\n<html lang=en>\n<title>500 Internal Server Error</title>\n"
+        "<h1>Internal Server Error</h1>\n<p>The server encountered an internal error.</p>\n"
+    )
+    err = raised(client_error("500", 500, page), "ListMessageMoveTasks", resource="onion-dlq")
+    assert type(err) is AwsError
+    assert str(err) == (
+        "ListMessageMoveTasks on onion-dlq failed: the endpoint answered HTTP 500 with an HTML "
+        "page (500 Internal Server Error), not an AWS error; it may not implement "
+        "ListMessageMoveTasks: check --endpoint-url / AWS_ENDPOINT_URL (and any proxy in "
+        "between)"
+    )
+
+
 # -- aws_errors ---------------------------------------------------------------------------
 
 
