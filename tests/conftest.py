@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -115,6 +116,41 @@ def make_family(client: Any, queue: str = "onion-checkout", *, max_receive: int 
         attrs["FifoQueue"] = "true"
     queue_url = client.create_queue(QueueName=queue, Attributes=attrs)["QueueUrl"]
     return Family(client, queue_url, dlq_url, dlq_arn)
+
+
+# One lock for every in-process moto SQS call that reads and changes messages.
+_MOTO_SQS_LOCK = threading.RLock()
+_MOTO_SQS_CALLS = (
+    "send_message",
+    "send_message_batch",
+    "receive_message",
+    "delete_message",
+    "delete_message_batch",
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "purge_queue",
+)
+
+
+@pytest.fixture(autouse=True)
+def atomic_moto_sqs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each SQS call is atomic on a queue; in-process moto's are not, and tests run several
+    worker threads on it. Seen in this suite: two concurrent ReceiveMessage calls handed one
+    message to both receivers within its visibility timeout (both receives' answers held
+    it, with receive counts 1 and 2), and a DeleteMessage rebuilding the queue's message
+    list from a snapshot can bring back messages another thread deleted meanwhile. Serialised
+    here, as test_ledger_dynamodb.py does for DynamoDB's conditional PutItem. (Real SQS may
+    still deliver a message twice, rarely: tests that mean it inject that themselves.)"""
+    from moto.sqs.models import SQSBackend
+
+    for name in _MOTO_SQS_CALLS:
+        original = getattr(SQSBackend, name)
+
+        def atomic(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with _MOTO_SQS_LOCK:
+                return __original(*args, **kwargs)
+
+        monkeypatch.setattr(SQSBackend, name, atomic)
 
 
 @pytest.fixture
