@@ -338,6 +338,18 @@ def main() -> None:
         sys.exit(exc.exit_code)
 
 
+def lease_option(f: F) -> F:
+    return click.option(
+        "--lease",
+        type=click.IntRange(1, 43_200),
+        default=DEFAULT_LEASE,
+        show_default=True,
+        metavar="SECONDS",
+        help="How long a killed run keeps messages hidden: each receive's visibility "
+        "timeout, and the hold a live run renews on what it skips.",
+    )(f)
+
+
 # -- status, inspect, report ------------------------------------------------------------------
 
 
@@ -367,9 +379,16 @@ def status(ctx: Context, as_json: bool) -> None:
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
 @workers_option
+@lease_option
 @pass_ctx
 def inspect(
-    ctx: Context, target: str, as_json: bool, limit: int | None, show_args: bool, workers: int
+    ctx: Context,
+    target: str,
+    as_json: bool,
+    limit: int | None,
+    show_args: bool,
+    workers: int,
+    lease: int,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
 
@@ -402,6 +421,7 @@ def inspect(
                 workers=workers,
                 stop=stop,
                 on_progress=lambda n: progress.update(f"{n} received ({progress.rate(n)})"),
+                lease=lease,
             )
         progress.done()
     if as_json:
@@ -577,17 +597,6 @@ def plan_out_option(f: F) -> F:
         type=click.Path(dir_okay=False),
         help="Dry run only: write the exact selection to FILE for review; "
         "`redrive apply FILE --execute` then acts on exactly that.",
-    )(f)
-
-
-def lease_option(f: F) -> F:
-    return click.option(
-        "--lease",
-        type=click.IntRange(1, 43_200),
-        default=DEFAULT_LEASE,
-        show_default=True,
-        metavar="SECONDS",
-        help="Visibility timeout of each receive: how long a killed run hides its batch.",
     )(f)
 
 

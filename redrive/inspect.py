@@ -13,13 +13,14 @@ from typing import Any
 from redrive import attributes
 from redrive.messages import TaskInfo, decode
 from redrive.queues import DlqTarget
-from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
 SAMPLES_PER_GROUP = 3
 DAY = 86_400
 DEFAULT_MAX_REDRIVES = 3
+DEFAULT_LEASE = 30
 
 
 @dataclass(slots=True)
@@ -150,8 +151,8 @@ class InspectResult:
     @property
     def incomplete(self) -> bool:
         """The scan saw fewer messages than SQS counted at its start, with no --limit and no
-        interrupt: held messages came back before it ended (the scan was slower than its
-        hold) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
+        interrupt: held messages came back before it ended (SQS would not renew their
+        holds) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
         silently reported as the whole DLQ."""
         return not (self.partial or self.interrupted) and self.total < self.depth_before
 
@@ -203,8 +204,13 @@ def inspect_dlq(
     on_progress: Callable[[int], None] | None = None,
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     now: float | None = None,
+    lease: int = DEFAULT_LEASE,
 ) -> InspectResult:
-    """Scan the DLQ once and leave it as it was: every message received is released."""
+    """Scan the DLQ once and leave it as it was: every message received is released.
+
+    ``lease``: how long a killed inspect hides what it held (holds are renewed while it
+    runs).
+    """
     started = time.monotonic()
     now = time.time() if now is None else now
     sqs = sqs_factory()
@@ -214,14 +220,14 @@ def inspect_dlq(
     )
     depth = int(counts.get("ApproximateNumberOfMessages", "0"))
     hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
-    hold = hold_for_depth(depth)
     scan = DlqScan(
         url=target.dlq.url,
-        lease=hold,
-        hold=hold,
+        lease=lease,
+        receive_held=True,
         max_messages=limit,
         stop=stop or threading.Event(),
         on_receive=on_progress,
+        sqs_factory=sqs_factory,
     )
     grouping = Grouping(
         now=now,

@@ -39,7 +39,7 @@ from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
-from redrive.scan import DlqScan, digest, hold_for_depth, run_pipelines
+from redrive.scan import DlqScan, digest, run_pipelines
 from redrive.selection import Selection
 from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 
@@ -365,16 +365,13 @@ class MoveEngine:
         if self.source is not None:
             scan = self.source
         else:
-            depth = int(
-                sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
-                    "ApproximateNumberOfMessages", "0"
-                )
-            )
+            # What the run skips stays hidden until its end, renewed while it lives: a
+            # killed run's messages come back within about --lease (see redrive.scan).
             scan = DlqScan(
                 url=self.target.dlq.url,
                 lease=self.options.lease,
-                hold=max(self.options.lease, hold_for_depth(depth)),
                 stop=self.stop,
+                sqs_factory=self.sqs_factory,
             )
         self._scan = scan
         if self.ledger is not None and self.run_id is not None:

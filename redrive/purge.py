@@ -21,7 +21,7 @@ from redrive.errors import AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
-from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import Selection
 from redrive.sqs import Message, Sqs
 
@@ -137,17 +137,13 @@ def purge_dlq(
         run_id=(run_id or uuid.uuid4().hex[:16]) if options.execute else None,
     )
     sqs = sqs_factory()
-    depth = int(
-        sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessages"]).get(
-            "ApproximateNumberOfMessages", "0"
-        )
-    )
     # archive keeps every message hidden until the end; purge only the ones it does not take.
     scan = DlqScan(
         url=target.dlq.url,
-        lease=options.lease if options.delete else max(options.lease, hold_for_depth(depth)),
-        hold=max(options.lease, hold_for_depth(depth)),
+        lease=options.lease,
+        receive_held=not options.delete,
         stop=stop,
+        sqs_factory=sqs_factory,
     )
     lock = threading.Lock()
     limit_left = [options.selection.limit]
