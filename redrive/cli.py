@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -26,6 +26,9 @@ from redrive.move import DEFAULT_LEASE, DEFAULT_MAX_REDRIVES, IN_DOUBT_POLICIES,
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
 from redrive.sqs import AwsSettings, Sqs
+
+if TYPE_CHECKING:
+    from redrive.receives import ReceiveLog
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +55,23 @@ class Context:
         return self._layout
 
     _spare: dict[str | None, Sqs] = field(default_factory=dict)
+    _receive_log: ReceiveLog | None = None
+
+    def receive_log(self) -> ReceiveLog:
+        """Where redrive counts its own receives (redrive.receives), opened once per command
+        and closed when it ends."""
+        if self._receive_log is None:
+            from redrive.receives import ReceiveLog
+
+            log = ReceiveLog.open_default()
+            click.get_current_context().call_on_close(log.close)
+            if log.problem:
+                warn(
+                    f"cannot count redrive's own receives: {log.problem}; receive counts "
+                    "will include them"
+                )
+            self._receive_log = log
+        return self._receive_log
 
     def sqs_for(self, region: str | None = None) -> Sqs:
         """An adapter with clients of its own (one per worker thread)."""
@@ -422,6 +442,7 @@ def inspect(
                 stop=stop,
                 on_progress=lambda n: progress.update(f"{n} received ({progress.rate(n)})"),
                 lease=lease,
+                receive_log=ctx.receive_log(),
             )
         progress.done()
     if as_json:
@@ -502,6 +523,7 @@ def report(
             ctx.sqs_for,
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
+            receive_log=ctx.receive_log(),
         )
     progress.done()
     changes = None
@@ -713,6 +735,7 @@ def run_move(
                 ),
                 plan_sink=writer.add if writer else None,
                 run_info=run_info if options.execute else None,
+                receive_log=ctx.receive_log(),
             )
             result = engine.run()
     except BaseException:
@@ -918,6 +941,7 @@ def _run_purge(
                 plan_sink=plan.add if plan else None,
                 # The archive's records name the run the ledger and the audit trail know.
                 run_id=ledger[1] if ledger is not None else None,
+                receive_log=ctx.receive_log(),
             )
     except BaseException:
         if plan is not None:

@@ -13,6 +13,7 @@ from typing import Any
 from redrive import attributes
 from redrive.messages import TaskInfo, decode
 from redrive.queues import DlqTarget
+from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import iso_utc
 from redrive.sqs import Sqs
@@ -32,6 +33,13 @@ class TaskGroup:
     oldest: float | None = None
     newest: float | None = None
     max_receive_count: int = 0
+    """The highest ApproximateReceiveCount SQS gave: redrive's own receives included."""
+    max_consumer_receives: int = 0
+    """The highest receive count without redrive's own receives: how often the queue's
+    consumers (the workers, and any reader that is not redrive) received a message."""
+    max_redrive_receives: int = 0
+    """The most times redrive itself received one message of the group (inspect, report,
+    dry runs, archive), as far as its receive log in the state directory knows."""
     expired: int = 0
     redriven: int = 0
     poison: int = 0
@@ -49,6 +57,8 @@ class TaskGroup:
             "oldest": iso_utc(self.oldest),
             "newest": iso_utc(self.newest),
             "max_receive_count": self.max_receive_count,
+            "max_consumer_receives": self.max_consumer_receives,
+            "max_redrive_receives": self.max_redrive_receives,
             "expired": self.expired,
             "redriven": self.redriven,
             "poison": self.poison,
@@ -88,6 +98,7 @@ class Grouping:
         sent_at: float | None,
         receive_count: int,
         redrive_count: int,
+        redrive_receives: int = 0,
     ) -> None:
         group = self.groups.get(info.task)
         if group is None:
@@ -103,6 +114,10 @@ class Grouping:
             ):
                 group.leaving_within_24h += 1
         group.max_receive_count = max(group.max_receive_count, receive_count)
+        group.max_consumer_receives = max(
+            group.max_consumer_receives, max(0, receive_count - redrive_receives)
+        )
+        group.max_redrive_receives = max(group.max_redrive_receives, redrive_receives)
         if info.is_expired(self.now_utc):
             group.expired += 1
         if redrive_count > 0:
@@ -147,6 +162,8 @@ class InspectResult:
     seen_again: int = 0
     released: int = 0
     fifo: bool = False
+    receive_log_problem: str | None = None
+    """Why redrive's own receives could not be told apart (then they are in the counts)."""
 
     @property
     def incomplete(self) -> bool:
@@ -155,6 +172,11 @@ class InspectResult:
         holds) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
         silently reported as the whole DLQ."""
         return not (self.partial or self.interrupted) and self.total < self.depth_before
+
+    @property
+    def redrive_receives(self) -> int:
+        """The most times redrive itself received one of these messages."""
+        return max((g.max_redrive_receives for g in self.groups), default=0)
 
     @property
     def expired(self) -> int:
@@ -190,6 +212,7 @@ class InspectResult:
             "partial": self.partial,
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
+            "receive_log_problem": self.receive_log_problem,
         }
 
 
@@ -205,11 +228,13 @@ def inspect_dlq(
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     now: float | None = None,
     lease: int = DEFAULT_LEASE,
+    receive_log: ReceiveLog | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
 
     ``lease``: how long a killed inspect hides what it held (holds are renewed while it
-    runs).
+    runs). ``receive_log``: where redrive counts its own receives, so that the receive
+    counts shown leave them out.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
@@ -228,6 +253,7 @@ def inspect_dlq(
         stop=stop or threading.Event(),
         on_receive=on_progress,
         sqs_factory=sqs_factory,
+        receive_log=receive_log,
     )
     grouping = Grouping(
         now=now,
@@ -249,6 +275,7 @@ def inspect_dlq(
                             sent_at=message.sent_timestamp,
                             receive_count=message.receive_count,
                             redrive_count=attributes.redrive_count(message.message_attributes),
+                            redrive_receives=message.redrive_receives,
                         )
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
@@ -279,4 +306,5 @@ def inspect_dlq(
         seen_again=scan.stats.seen_again,
         released=scan.stats.released,
         fifo=target.dlq.fifo,
+        receive_log_problem=receive_log.problem if receive_log is not None else None,
     )

@@ -39,6 +39,7 @@ from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
+from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, digest, run_pipelines
 from redrive.selection import Selection
 from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
@@ -321,6 +322,7 @@ class MoveEngine:
         plan_sink: Callable[[PlanItem], None] | None = None,
         run_info: Mapping[str, Any] | None = None,
         pipelined: bool = True,
+        receive_log: ReceiveLog | None = None,
     ) -> None:
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
@@ -337,6 +339,7 @@ class MoveEngine:
         self.plan_sink = plan_sink
         self.run_info = dict(run_info or {})
         self.pipelined = pipelined
+        self.receive_log = receive_log
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -372,6 +375,7 @@ class MoveEngine:
                 lease=self.options.lease,
                 stop=self.stop,
                 sqs_factory=self.sqs_factory,
+                receive_log=self.receive_log,
             )
         self._scan = scan
         if self.ledger is not None and self.run_id is not None:

@@ -21,6 +21,7 @@ from redrive.errors import AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
+from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import Selection
 from redrive.sqs import Message, Sqs
@@ -115,11 +116,13 @@ def purge_dlq(
     now: Callable[[], float] = time.time,
     plan_sink: Callable[[PlanItem], None] | None = None,
     run_id: str | None = None,
+    receive_log: ReceiveLog | None = None,
 ) -> PurgeResult:
     """Archive (if ``writer``) and delete (if ``options.delete``) every selected message.
 
     ``run_id`` names the run in the archive records; give the ledger's run id, so the
-    audit trail and the archive name the same run.
+    audit trail and the archive name the same run. ``receive_log``: where redrive counts
+    its own receives (archive records keep the count beside SQS's attributes).
     """
     if options.execute and options.archive and writer is None:
         raise UsageProblem("an archiving run needs an archive writer")
@@ -144,6 +147,7 @@ def purge_dlq(
         receive_held=not options.delete,
         stop=stop,
         sqs_factory=sqs_factory,
+        receive_log=receive_log,
     )
     lock = threading.Lock()
     limit_left = [options.selection.limit]
@@ -161,6 +165,7 @@ def purge_dlq(
                     dlq=target.dlq.url,
                     run_id=result.run_id or "",
                     archived_at=archived_at,
+                    redrive_receives=p.message.redrive_receives or None,
                 )
                 for p in pending
             ]

@@ -96,7 +96,7 @@ def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
             g.count,
             when(g.oldest, now),
             when(g.newest, now),
-            g.max_receive_count,
+            g.max_consumer_receives,
             g.expired,
             g.redriven,
             g.poison,
@@ -112,7 +112,7 @@ GROUP_HEADERS = [
     "count",
     "oldest",
     "newest",
-    "max receives",
+    "consumer receives",
     "expired",
     "redriven",
     "poison",
@@ -156,9 +156,11 @@ def inspect_notes(result: InspectResult) -> list[str]:
         notes.append(
             f"warning: counted {result.total} message(s) but SQS counted {result.depth_before} "
             "at the start: messages were added or removed meanwhile, or the scan could not "
-            "see them all (too slow for its hold, or SQS's in-flight limit of about 120,000); "
+            "see them all (SQS would not renew its holds, or its in-flight limit of about "
+            "120,000); "
             "rerun with more --workers, or look at part of the DLQ with --limit"
         )
+    notes.extend(receive_notes(result))
     if result.hidden_before:
         notes.append(
             f"note: {result.hidden_before} message(s) were in flight (hidden by another "
@@ -170,6 +172,17 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "are deleted, so a non-destructive scan may not see every message"
         )
     return notes
+
+
+def receive_notes(result: InspectResult) -> list[str]:
+    """What the receive column leaves out, said when it leaves something out."""
+    if result.redrive_receives:
+        return [
+            "note: consumer receives = SQS's ApproximateReceiveCount less redrive's own "
+            f"receives (up to {result.redrive_receives} per message: inspect, report, dry "
+            "runs, archive); SQS's own figure is max_receive_count in --json"
+        ]
+    return []
 
 
 def report_text(report: Report, *, markdown: bool = False) -> str:
@@ -223,11 +236,15 @@ def report_text(report: Report, *, markdown: bool = False) -> str:
         if markdown:
             lines.append("")
         rows = [
-            [g.task, g.count, when(g.oldest, now), g.max_receive_count, g.poison, g.expired]
+            [g.task, g.count, when(g.oldest, now), g.max_consumer_receives, g.poison, g.expired]
             for g in q.result.groups
         ]
         lines.append(
-            table(rows, ["task", "count", "oldest", "max receives", "poison", "expired"], fmt=fmt)
+            table(
+                rows,
+                ["task", "count", "oldest", "consumer receives", "poison", "expired"],
+                fmt=fmt,
+            )
         )
     return "\n".join(lines) + "\n"
 

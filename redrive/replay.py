@@ -151,6 +151,7 @@ def inspect_archive(
             sent_at=message.sent_timestamp,
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(record.message_attributes),
+            redrive_receives=record.redrive_receives or 0,
         )
     return InspectResult(
         label=archive_label(source),

@@ -26,9 +26,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
+
+if TYPE_CHECKING:
+    from redrive.receives import ReceiveLog
 
 
 def _env_int(name: str, default: int) -> int:
@@ -208,6 +212,8 @@ class DlqScan:
     on_receive: Callable[[int], None] | None = None
     sqs_factory: Callable[[], Sqs] | None = None
     """Makes the client that renews holds (else the one of the first :meth:`keep`)."""
+    receive_log: ReceiveLog | None = None
+    """Where redrive's own receives are counted (see redrive.receives)."""
     stats: ScanStats = field(default_factory=ScanStats)
 
     #: Messages taken from a DLQ are deleted from it once sent or archived.
@@ -281,6 +287,12 @@ class DlqScan:
                     with self._lock:
                         self._done = True
                 continue
+            if self.receive_log is not None:
+                # Every receive raised the message's ApproximateReceiveCount, repeats too.
+                counts = self.receive_log.record([m.message_id for m in messages])
+                messages = [
+                    replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)
+                ]
             with self._lock:
                 self._consecutive_empty = 0
                 for message in messages:
@@ -457,6 +469,8 @@ class DlqScan:
                 self._release(sqs, chunk, on_progress)
             with self._lock:
                 self._holds.remove(segment)
+        if self.receive_log is not None:
+            self.receive_log.flush()
 
     def _release(
         self, sqs: Sqs, handles: list[str], on_progress: Callable[[int], None] | None

@@ -139,6 +139,8 @@ class Message:
     hidden_until: float = field(default=0.0, compare=False)
     """``time.monotonic()`` by which SQS shows this copy again, as far as the receive's own
     visibility timeout goes (counted from before the request: never later than SQS's)."""
+    redrive_receives: int = field(default=0, compare=False)
+    """How many times redrive received this message, this receive included (0: unknown)."""
 
     @classmethod
     def from_response(cls, raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Message:
