@@ -169,6 +169,8 @@ class MoveResult:
     hidden_until: float | None = None
     seconds: float = 0.0
     throttled: int = 0
+    redelivered: int = 0
+    """Copies SQS delivered again after the run deleted their message: deleted once more."""
 
     @property
     def skipped_total(self) -> int:
@@ -217,6 +219,7 @@ class MoveResult:
                 else None
             ),
             "seconds": round(self.seconds, 3),
+            "redelivered": self.redelivered,
         }
 
 
@@ -422,6 +425,8 @@ class MoveEngine:
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
+        if isinstance(scan, DlqScan):
+            result.redelivered = scan.stats.redelivered
         if scan.deletes:
             hidden = sqs.attributes(
                 self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]

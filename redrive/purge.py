@@ -67,6 +67,9 @@ class PurgeResult:
     interrupted: bool = False
     still_hidden: int = 0
     seconds: float = 0.0
+    redelivered: int = 0
+    """Copies SQS delivered again after their message was archived and deleted: deleted
+    once more, not archived or counted twice."""
 
     @property
     def needs_attention(self) -> bool:
@@ -94,6 +97,7 @@ class PurgeResult:
             "interrupted": self.interrupted,
             "still_hidden": self.still_hidden,
             "seconds": round(self.seconds, 3),
+            "redelivered": self.redelivered,
         }
 
 
@@ -267,6 +271,7 @@ def purge_dlq(
     finally:
         scan.release_all(sqs)
         scan.close()
+        result.redelivered = scan.stats.redelivered
         result.interrupted = stop.is_set()
         result.seconds = time.monotonic() - started
     hidden = sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(

@@ -24,6 +24,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,8 @@ RENEW_CALLS_PER_SECOND = 10.0
 SEGMENT_HANDLES = 1_000
 #: How often the renewing thread looks for holds about to end.
 RENEW_POLL_SECONDS = 0.25
+#: Messages a scan deleted that it still recognises if SQS delivers them again (about 4 MB).
+RECENTLY_DELETED = 50_000
 
 
 def hold_seconds(*, lease: int, age: float, held: int) -> int:
@@ -100,6 +103,9 @@ class ScanStats:
     """Renewal calls that failed as a whole (retried; a hold may then run out)."""
     longest_hold: int = 0
     """The longest hold given, in seconds: how long a kill could have hidden a message."""
+    redelivered: int = 0
+    """Copies SQS delivered again of a message this scan had deleted: deleted once more,
+    never handed out twice (SQS delivers at least once, rarely more)."""
 
 
 def digest(message_id: str) -> int:
@@ -222,6 +228,8 @@ class DlqScan:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: set[int] = set()
+        self._deleted: set[int] = set()
+        self._deleted_order: deque[int] = deque()
         self._holds = _Holds()
         self._in_renewal = 0
         self._consecutive_empty = 0
@@ -270,6 +278,7 @@ class DlqScan:
             )
             fresh: list[Message] = []
             stale: list[Message] = []
+            again: list[Message] = []
             with self._lock:
                 self.stats.receives += 1
                 if not messages:
@@ -297,7 +306,9 @@ class DlqScan:
                 self._consecutive_empty = 0
                 for message in messages:
                     seen = digest(message.message_id)
-                    if seen in self._seen:
+                    if seen in self._deleted:
+                        again.append(message)
+                    elif seen in self._seen:
                         stale.append(message)
                     else:
                         self._seen.add(seen)
@@ -309,6 +320,7 @@ class DlqScan:
                     fresh = fresh[:room]
                 self.stats.received += len(fresh)
                 self.stats.seen_again += len(stale)
+                self.stats.redelivered += len(again)
                 # Seen messages come back when their lease ran out (a slow consumer), and SQS
                 # may return them before the unseen ones: a few stale receives in a row do not
                 # mean the queue is covered. Each stale receive hides what it got again, so
@@ -319,6 +331,8 @@ class DlqScan:
                 received = self.stats.received
             if stale:
                 self.keep(sqs, stale)
+            if again:
+                self._delete_again(sqs, again)
             if fresh:
                 if self.on_receive is not None:
                     self.on_receive(received)
@@ -434,15 +448,32 @@ class DlqScan:
             # At most the call in flight; then every hold is back in self._holds.
             thread.join(timeout=60)
 
+    def _delete_again(self, sqs: Sqs, messages: Sequence[Message]) -> None:
+        """A copy of a message this scan deleted once it was sent or archived: the same
+        message, so it goes the same way (an archive record written twice, or a purge
+        counting one message twice, would be wrong)."""
+        result = sqs.delete_batch(
+            self.url, {str(i): m.receipt_handle for i, m in enumerate(messages)}
+        )
+        # One that would not go stays held, and visible again when the scan ends.
+        self.keep(sqs, [m for i, m in enumerate(messages) if str(i) not in result.ok])
+
     def forget(self, messages: Sequence[Message]) -> None:
-        """Messages deleted from the queue: they cannot come back, so they need not be
-        remembered. What is remembered is then what the scan holds or works on, which SQS
-        caps (about 120,000 messages in flight per queue): memory stays flat however many
-        messages a move or purge goes through. A deleted message SQS delivers once more (it
-        may, rarely) is then handed out again, and the ledger knows it for what it is."""
+        """Messages deleted from the queue: they need not be remembered as held. What is
+        remembered is then what the scan holds or works on, which SQS caps (about 120,000
+        messages in flight per queue), and the last RECENTLY_DELETED deleted: memory stays
+        flat however many messages a move or purge goes through. A copy of one of those SQS
+        delivers again (it may: at least once) is deleted again, never handed out twice; an
+        older one is handed out again, and the ledger knows it for what it is."""
         with self._lock:
             for message in messages:
-                self._seen.discard(digest(message.message_id))
+                seen = digest(message.message_id)
+                self._seen.discard(seen)
+                if seen not in self._deleted:
+                    self._deleted.add(seen)
+                    self._deleted_order.append(seen)
+            while len(self._deleted_order) > RECENTLY_DELETED:
+                self._deleted.discard(self._deleted_order.popleft())
 
     # -- giving back ---------------------------------------------------------------------
 

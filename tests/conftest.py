@@ -153,6 +153,43 @@ def atomic_moto_sqs(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(SQSBackend, name, atomic)
 
 
+class Redelivery:
+    """SQS's at-least-once delivery, made to happen: the first message a run deletes comes
+    once more, in the next receive that hands out anything. Give ``sqs()`` as the factory."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.lock = threading.Lock()
+        self.received: dict[str, Any] = {}
+        self.deleted: Any = None
+        self.delivered_again = 0
+
+    def sqs(self) -> Any:
+        from redrive.sqs import Sqs
+
+        redelivery = self
+
+        class Redelivering(Sqs):
+            def receive(self, url: str, **kwargs: Any) -> list[Any]:
+                got: list[Any] = super().receive(url, **kwargs)
+                with redelivery.lock:
+                    redelivery.received.update((m.receipt_handle, m) for m in got)
+                    if got and redelivery.deleted is not None and not redelivery.delivered_again:
+                        redelivery.delivered_again += 1
+                        got.append(redelivery.deleted)
+                return got
+
+            def delete_batch(self, url: str, handles: Any) -> Any:
+                result = super().delete_batch(url, handles)
+                with redelivery.lock:
+                    if redelivery.deleted is None and result.ok:
+                        handle = handles[sorted(result.ok)[0]]
+                        redelivery.deleted = redelivery.received[handle]
+                return result
+
+        return Redelivering(self.client)
+
+
 @pytest.fixture
 def sqs_client(aws_env: None) -> Iterator[Any]:
     with mock_aws():

@@ -25,7 +25,7 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
-from conftest import Family, make_family, start_moto_server
+from conftest import Family, Redelivery, make_family, start_moto_server
 
 from redrive import attributes
 from redrive.config import built_in_layout
@@ -1293,6 +1293,22 @@ def test_three_workers_send_each_task_once(family: Family, tmp_path: Path) -> No
     assert (result.moved, cleanup.moved) == (60, 0)
     assert result.duplicates + cleanup.duplicates == 9
     assert result.in_doubt == 0 and cleanup.in_doubt == 0
+    assert arrived(family) == {t: 1 for t in ids}
+    assert family.depth() == (0, 0)
+
+
+def test_a_message_sqs_delivers_again_after_its_move_is_deleted_not_counted_again(
+    family: Family, tmp_path: Path
+) -> None:
+    ids = [f"t-{i}" for i in range(30)]
+    put(family.client, family.dlq_url, [body(t) for t in ids])
+    redelivery = Redelivery(family.client)
+
+    result = move(family.client, tmp_path / "l.sqlite3", sqs=redelivery.sqs)
+
+    assert redelivery.delivered_again == 1
+    assert (result.moved, result.duplicates, result.scanned) == (30, 0, 30)
+    assert result.redelivered == 1
     assert arrived(family) == {t: 1 for t in ids}
     assert family.depth() == (0, 0)
 
