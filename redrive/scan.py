@@ -12,7 +12,7 @@ cannot give anything back) hides its messages for about ``--lease``, not for the
 a whole scan. A thread of the scan renews each held message shortly before its hold ends,
 for :func:`hold_seconds`: ``--lease`` while the run holds few messages, longer when renewing
 every held message that often would be a storm of calls on a deep DLQ (but never longer than
-the run has lived). See :func:`hold_seconds` for the bound and its cost.
+twice the run's age). See :func:`hold_seconds` for the bound and its cost.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
@@ -49,6 +49,10 @@ RECEIVE_WAIT_SECONDS = _env_int("REDRIVE_RECEIVE_WAIT", 1)
 #: ChangeMessageVisibilityBatch calls a second that renewing a scan's holds may cost
 #: however many messages it holds (beyond the scan's own pace: see hold_seconds).
 RENEW_CALLS_PER_SECOND = 10.0
+#: A hold never outlasts this many times the run's age (see hold_seconds).
+HOLD_AGE_FACTOR = 2.0
+#: The share of its measured capacity the renewing thread may need to keep up.
+RENEW_SHARE = 0.5
 #: Held receipt handles per spool segment: a segment is renewed as one, when its first hold
 #: is about to end.
 SEGMENT_HANDLES = 1_000
@@ -58,23 +62,29 @@ RENEW_POLL_SECONDS = 0.25
 RECENTLY_DELETED = 50_000
 
 
-def hold_seconds(*, lease: int, age: float, held: int) -> int:
+def hold_seconds(*, lease: int, age: float, held: int, renew_capacity: float = math.inf) -> int:
     """How long, from now, a scan hides the messages it holds.
 
     ``lease``, unless renewing every held message once per lease would cost more than
     :data:`RENEW_CALLS_PER_SECOND` calls a second (more than 100 handles per second of
     lease: 3,000 held at the default 30 s). Then the hold is ``held / 100`` seconds (one
-    renewal of each per hold costs those 10 calls a second), but never longer than the run's
-    ``age``: a run that gathered 100,000 held messages in a minute renews them about as
-    often as it received them (at most doubling its own calls), and once dead hides them
-    for about a minute, not for the 1,000 s the rate alone would allow.
+    renewal of each per hold costs those 10 calls a second), but never longer than
+    :data:`HOLD_AGE_FACTOR` times the run's ``age``: a run that gathered 100,000 held
+    messages in a minute renews them at about half the pace it received them, and once dead
+    hides them for about two minutes, not for the 1,000 s the rate alone would allow.
 
-    A killed run's holds therefore end within ``max(lease, min(age, held / 100))`` seconds
-    (plus SQS's own rounding), and renewing costs at most ``max(10, the run's average
-    receives per second)`` calls a second.
+    And never shorter than what the renewing thread can keep up with using half of its
+    measured ``renew_capacity`` (handles a second): a hold it cannot renew in time would
+    run out under a live run (its messages then come back and are received again).
+
+    A killed run's holds therefore end within ``max(lease, min(2 * age, held / 100))``
+    seconds when the renewer keeps up, and renewing costs at most ``max(10, half the run's
+    average receives per second)`` calls a second (plus the renewal margin).
     """
     affordable = held / (MAX_BATCH_ENTRIES * RENEW_CALLS_PER_SECOND)
-    return int(min(MAX_VISIBILITY, max(lease, min(age, affordable))))
+    sustainable = held / (RENEW_SHARE * renew_capacity)
+    hold = max(lease, min(HOLD_AGE_FACTOR * age, affordable), sustainable)
+    return int(min(MAX_VISIBILITY, hold))
 
 
 def renew_ahead(hold: float) -> float:
@@ -177,6 +187,9 @@ class _Holds:
     def every_segment(self) -> list[_Segment]:
         return [*self.segments, *self.retired]
 
+    def next_renewal(self) -> float:
+        return min((s.renew_at for s in self.segments), default=math.inf)
+
     def take_due(self, now: float) -> _Segment | None:
         """The segment whose renewal is most urgent, if it is due; it leaves the holds."""
         due = min(self.segments, key=lambda s: s.renew_at, default=None)
@@ -238,6 +251,8 @@ class DlqScan:
         self._started = time.monotonic()
         self._halt = threading.Event()
         self._renewer: threading.Thread | None = None
+        self._renew_call_seconds = 0.0
+        """A moving average of how long one renewal call takes (0: none made yet)."""
         self._renewing = False
 
     # -- receiving -----------------------------------------------------------------------
@@ -252,6 +267,9 @@ class DlqScan:
             lease=self.lease,
             age=time.monotonic() - self._started,
             held=self._holds.count + self._in_renewal,
+            renew_capacity=MAX_BATCH_ENTRIES / self._renew_call_seconds
+            if self._renew_call_seconds
+            else math.inf,
         )
 
     def next_batch(self, sqs: Sqs) -> list[Message] | None:
@@ -300,7 +318,16 @@ class DlqScan:
                 # Every receive raised the message's ApproximateReceiveCount, repeats too.
                 counts = self.receive_log.record([m.message_id for m in messages])
                 messages = [
-                    replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)
+                    Message(
+                        m.message_id,
+                        m.receipt_handle,
+                        m.body,
+                        m.attributes,
+                        m.message_attributes,
+                        m.hidden_until,
+                        redrive_receives=n,
+                    )
+                    for m, n in zip(messages, counts, strict=True)
                 ]
             with self._lock:
                 self._consecutive_empty = 0
@@ -371,23 +398,35 @@ class DlqScan:
             self._start_renewing(sqs)
 
     def _start_renewing(self, sqs: Sqs) -> None:
-        client = self.sqs_factory() if self.sqs_factory is not None else sqs
         thread = threading.Thread(
-            target=self._renew_while_held, args=(client,), name="redrive-renew", daemon=True
+            target=self._renew_while_held, args=(sqs,), name="redrive-renew", daemon=True
         )
         with self._lock:
             self._renewer = thread
         thread.start()
 
-    def _renew_while_held(self, sqs: Sqs) -> None:
+    def _renew_while_held(self, keeper: Sqs) -> None:
+        # A client of its own, made when a hold first needs renewing (~30 ms of CPU that a
+        # scan ending within its lease never pays); else the keeper's (clients are
+        # thread-safe).
+        sqs: Sqs | None = None
         while not self._halt.is_set():
             with self._lock:
-                segment = self._holds.take_due(time.monotonic())
+                due = self._holds.next_renewal() <= time.monotonic()
+            if sqs is None and due:
+                try:
+                    sqs = self.sqs_factory() if self.sqs_factory is not None else keeper
+                except Exception:
+                    with self._lock:
+                        self.stats.renew_errors += 1
+            with self._lock:
+                segment = self._holds.take_due(time.monotonic()) if sqs is not None else None
                 if segment is not None:
                     self._in_renewal = segment.handles
             if segment is None:
                 self._halt.wait(RENEW_POLL_SECONDS)
                 continue
+            assert sqs is not None
             try:
                 self._renew(sqs, segment)
             finally:
@@ -421,6 +460,9 @@ class DlqScan:
                         self.stats.renew_errors += 1
                     self._put_back(chunk, retry_at)
                     break
+                took = time.monotonic() - called_at
+                average = self._renew_call_seconds
+                self._renew_call_seconds = took if not average else 0.9 * average + 0.1 * took
                 renewed = [chunk[int(i)] for i in result.ok]
                 refused = [chunk[int(i)] for i in result.failed]
                 with self._lock:

@@ -100,13 +100,20 @@ def test_a_hold_is_the_lease_while_renewing_them_all_costs_little() -> None:
     assert hold_seconds(lease=4, age=600, held=30) == 4
 
 
-def test_a_deep_hold_grows_with_what_is_held_but_never_past_the_runs_age() -> None:
+def test_a_deep_hold_grows_with_what_is_held_but_never_past_twice_the_runs_age() -> None:
     # 100,000 held: renewing them every 30 s would be 333 calls a second. At 10 calls a
-    # second a hold lasts 1,000 s; a run younger than that holds for its age instead.
+    # second a hold lasts 1,000 s; a run younger than 500 s holds for twice its age instead.
     assert hold_seconds(lease=30, age=3_600, held=100_000) == 1_000
-    assert hold_seconds(lease=30, age=120, held=100_000) == 120
+    assert hold_seconds(lease=30, age=120, held=100_000) == 240
     assert hold_seconds(lease=30, age=5, held=100_000) == 30
     assert hold_seconds(lease=30, age=10**9, held=10**9) == MAX_VISIBILITY
+
+
+def test_a_hold_is_never_shorter_than_the_renewer_can_keep_up_with() -> None:
+    # A renewer that manages 1,000 handles a second may spend half of it: 100,000 held then
+    # need 200 s holds, even from a young run (else they run out under a live one).
+    assert hold_seconds(lease=30, age=5, held=100_000, renew_capacity=1_000) == 200
+    assert hold_seconds(lease=30, age=5, held=1_000, renew_capacity=1_000) == 30
 
 
 def test_holds_are_renewed_ahead_of_their_end_but_not_continuously() -> None:
