@@ -366,7 +366,7 @@ def lease_option(f: F) -> F:
         show_default=True,
         metavar="SECONDS",
         help="How long a killed run keeps messages hidden: each receive's visibility "
-        "timeout, and the hold a live run renews on what it skips.",
+        "timeout, and the holds a live run renews on what it does not consume.",
     )(f)
 
 

@@ -158,7 +158,9 @@ class _Segment:
 
 
 class _Holds:
-    """The held receipt handles, in segments; the last one takes new handles until full.
+    """The held receipt handles, in segments. Newly kept ones fill an *open* segment until
+    it is full; a renewed segment becomes a segment of its own, so that the handles of one
+    segment come due together (one that mixed them would be renewed early, and often).
     Handles SQS would not renew are *retired*: never renewed again, still released at the
     end (a hold SQS will not extend, e.g. past its 12 hours, still runs). Not thread-safe:
     the scan's lock guards it."""
@@ -168,14 +170,24 @@ class _Holds:
         self.count = 0
         """Handles to renew (retired ones are not)."""
         self.retired: list[_Segment] = []
+        self._open: _Segment | None = None
 
     def add(self, handles: Sequence[str], renew_at: float) -> None:
         if not handles:
             return
-        if not self.segments or self.segments[-1].handles >= SEGMENT_HANDLES:
-            self.segments.append(_Segment())
-        self.segments[-1].add(handles, renew_at)
+        if self._open is None or self._open.handles >= SEGMENT_HANDLES:
+            self._open = _Segment()
+            self.segments.append(self._open)
+        self._open.add(handles, renew_at)
         self.count += len(handles)
+
+    def adopt(self, segment: _Segment) -> None:
+        """A segment filled elsewhere (renewed handles) joins the holds."""
+        if not segment.handles:
+            segment.close()
+            return
+        self.segments.append(segment)
+        self.count += segment.handles
 
     def retire(self, handles: Sequence[str]) -> None:
         if not handles:
@@ -197,6 +209,8 @@ class _Holds:
             return None
         self.segments.remove(due)
         self.count -= due.handles
+        if due is self._open:
+            self._open = None
         return due
 
     def remove(self, segment: _Segment) -> None:
@@ -205,11 +219,13 @@ class _Holds:
         else:
             self.segments.remove(segment)
             self.count -= segment.handles
+            if segment is self._open:
+                self._open = None
         segment.close()
 
     def clear(self) -> list[_Segment]:
         segments = self.every_segment()
-        self.segments, self.retired, self.count = [], [], 0
+        self.segments, self.retired, self.count, self._open = [], [], 0, None
         return segments
 
 
@@ -314,9 +330,10 @@ class DlqScan:
                     with self._lock:
                         self._done = True
                 continue
+            digests = [digest(m.message_id) for m in messages]
             if self.receive_log is not None:
                 # Every receive raised the message's ApproximateReceiveCount, repeats too.
-                counts = self.receive_log.record([m.message_id for m in messages])
+                counts = self.receive_log.record_digests(digests)
                 messages = [
                     Message(
                         m.message_id,
@@ -331,8 +348,7 @@ class DlqScan:
                 ]
             with self._lock:
                 self._consecutive_empty = 0
-                for message in messages:
-                    seen = digest(message.message_id)
+                for message, seen in zip(messages, digests, strict=True):
                     if seen in self._deleted:
                         again.append(message)
                     elif seen in self._seen:
@@ -442,6 +458,7 @@ class DlqScan:
             self.stats.longest_hold = max(self.stats.longest_hold, hold)
         chunks = segment.chunks()
         retry_at: float | None = None
+        renewed_segment = _Segment()
         try:
             for chunk in chunks:
                 if self._halt.is_set():
@@ -465,8 +482,8 @@ class DlqScan:
                 self._renew_call_seconds = took if not average else 0.9 * average + 0.1 * took
                 renewed = [chunk[int(i)] for i in result.ok]
                 refused = [chunk[int(i)] for i in result.failed]
+                renewed_segment.add(renewed, called_at + hold - renew_ahead(hold))
                 with self._lock:
-                    self._holds.add(renewed, called_at + hold - renew_ahead(hold))
                     # Stale (a later receive's handle is held too), visible again, or past
                     # SQS's 12 hours: not renewed again, but released at the end all the same.
                     self._holds.retire(refused)
@@ -477,6 +494,8 @@ class DlqScan:
             # Whatever was not renewed stays held (an error, a halt, or a bug above).
             for rest in chunks:
                 self._put_back(rest, retry_at or time.monotonic())
+            with self._lock:
+                self._holds.adopt(renewed_segment)
 
     def _put_back(self, handles: Sequence[str], renew_at: float) -> None:
         with self._lock:
