@@ -289,6 +289,9 @@ class Store:
         self._qids = itertools.count(1)
         self._seqs = itertools.count(1)
         self._ties = itertools.count()
+        self.calls: collections.Counter[str] = collections.Counter()
+        """Requests served per operation (ChangeMessageVisibilityBatch split by whether it
+        hides, ``:hide``, or releases, ``:release``); ``GET /stats`` returns them."""
 
     # -- queues --
 
@@ -716,6 +719,14 @@ class Store:
         return {}
 
 
+def _call_name(operation: str, request: dict[str, Any]) -> str:
+    if operation == "ChangeMessageVisibilityBatch":
+        entries = request.get("Entries") or [{}]
+        hides = str(entries[0].get("VisibilityTimeout", "0")) != "0"
+        return f"{operation}:{'hide' if hides else 'release'}"
+    return operation
+
+
 def _batch_entries(req: dict[str, Any], action: str) -> list[dict[str, Any]]:
     entries = req.get("Entries") or []
     if not entries:
@@ -855,6 +866,12 @@ class Handler(BaseHTTPRequestHandler):
         self.log_request(status, len(payload))
 
     def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/stats":
+            store = self.server.store
+            with store.lock:
+                stats = json.dumps(dict(store.calls)).encode("utf-8")
+            self._reply(200, stats, {"Content-Type": "application/json"})
+            return
         self._reply(200, b'{"fast_sqs": "ok"}', {"Content-Type": "application/json"})
 
     def do_POST(self) -> None:
@@ -879,6 +896,7 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(request, dict):
                 raise SqsError("SerializationException", "Request body is not a JSON object.")
             with store.lock:
+                store.calls[_call_name(operation, request)] += 1
                 result = handler(store, request)
             if self.server.latency:
                 # Outside the store's lock: concurrent requests wait side by side, as they do

@@ -96,7 +96,8 @@ SEED_TIMEOUT = 3_600  # seconds seeding one size may take
 
 
 def hold_seconds(depth: int) -> int:
-    """The visibility timeout redrive uses for a scan of ``depth`` (redrive.scan.hold_for_depth)."""
+    """A visibility timeout long enough for a whole scan of ``depth``, as a person picks one
+    (and as redrive did before it renewed short holds: redrive.scan.hold_seconds)."""
     return max(120, min(43_200, 120 + depth // 50))
 
 

@@ -163,6 +163,9 @@ class ArchiveRecord:
     dlq: str
     archived_at: datetime
     run_id: str
+    redrive_receives: int | None = None
+    """How many of the receives in ApproximateReceiveCount were redrive's own (the archiving
+    one included), as far as its receive log knew; None when not known."""
 
     def __post_init__(self) -> None:
         if self.archived_at.utcoffset() is None:
@@ -178,6 +181,7 @@ class ArchiveRecord:
         dlq: str,
         run_id: str,
         archived_at: datetime,
+        redrive_receives: int | None = None,
     ) -> ArchiveRecord:
         """Build a record from one entry of boto3's ``receive_message()["Messages"]``."""
         attributes = message.get("Attributes") or {}
@@ -193,6 +197,7 @@ class ArchiveRecord:
             dlq=dlq,
             archived_at=archived_at,
             run_id=run_id,
+            redrive_receives=redrive_receives,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +211,9 @@ class ArchiveRecord:
             "dlq": self.dlq,
             "run_id": self.run_id,
             "archived_at": self.archived_at.astimezone(UTC).strftime(_TIMESTAMP_FORMAT),
+            **(
+                {} if self.redrive_receives is None else {"redrive_receives": self.redrive_receives}
+            ),
             "attributes": dict(self.attributes),
             "message_attributes": {
                 name: _encode_attribute_value(value)
@@ -233,6 +241,11 @@ class ArchiveRecord:
         attributes = _require(data, "attributes", dict)
         if not all(isinstance(v, str) for v in attributes.values()):
             raise ArchiveError("record field 'attributes' holds a non-string value")
+        redrive_receives = data.get("redrive_receives")
+        if redrive_receives is not None and (
+            not isinstance(redrive_receives, int) or isinstance(redrive_receives, bool)
+        ):
+            raise ArchiveError("record field 'redrive_receives' is neither a number nor absent")
         return cls(
             message_id=_require(data, "message_id", str),
             body=_require(data, "body", str),
@@ -245,6 +258,7 @@ class ArchiveRecord:
             dlq=_require(data, "dlq", str),
             archived_at=_parse_timestamp(_require(data, "archived_at", str)),
             run_id=_require(data, "run_id", str),
+            redrive_receives=redrive_receives,
         )
 
 

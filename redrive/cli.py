@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 from click.shell_completion import CompletionItem
@@ -35,6 +35,9 @@ from redrive.move import (
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
 from redrive.sqs import AwsSettings, Sqs, queue_name
+
+if TYPE_CHECKING:
+    from redrive.receives import ReceiveLog
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,6 +64,23 @@ class Context:
         return self._layout
 
     _spare: dict[str | None, Sqs] = field(default_factory=dict)
+    _receive_log: ReceiveLog | None = None
+
+    def receive_log(self) -> ReceiveLog:
+        """Where redrive counts its own receives (redrive.receives), opened once per command
+        and closed when it ends."""
+        if self._receive_log is None:
+            from redrive.receives import ReceiveLog
+
+            log = ReceiveLog.open_default()
+            click.get_current_context().call_on_close(log.close)
+            if log.problem:
+                warn(
+                    f"cannot count redrive's own receives: {log.problem}; receive counts "
+                    "will include them"
+                )
+            self._receive_log = log
+        return self._receive_log
 
     def sqs_for(self, region: str | None = None) -> Sqs:
         """An adapter with clients of its own (one per worker thread)."""
@@ -579,6 +599,18 @@ def main() -> None:
         sys.exit(exc.exit_code)
 
 
+def lease_option(f: F) -> F:
+    return click.option(
+        "--lease",
+        type=click.IntRange(1, 43_200),
+        default=DEFAULT_LEASE,
+        show_default=True,
+        metavar="SECONDS",
+        help="How long a killed run keeps messages hidden: each receive's visibility "
+        "timeout, and the holds a live run renews on what it does not consume.",
+    )(f)
+
+
 # -- status, inspect, report ------------------------------------------------------------------
 
 
@@ -609,6 +641,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
 @workers_doing("receive")
+@lease_option
 @wide_option
 @pass_ctx
 def inspect(
@@ -618,6 +651,7 @@ def inspect(
     limit: int | None,
     show_args: bool,
     workers: int,
+    lease: int,
     wide: bool,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
@@ -654,6 +688,8 @@ def inspect(
                 on_depth=lambda depth: progress.set_total(
                     min(depth, limit) if limit is not None else depth
                 ),
+                lease=lease,
+                receive_log=ctx.receive_log(),
             )
         progress.done()
     # An archive's damage: what read cleanly is shown, then it is an error.
@@ -742,6 +778,7 @@ def report(
             ctx.sqs_for,
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
+            receive_log=ctx.receive_log(),
         )
     progress.done()
     changes = None
@@ -852,17 +889,6 @@ def plan_out_option(f: F) -> F:
         type=click.Path(dir_okay=False),
         help="Dry run only: write the exact selection to FILE for review; "
         "`redrive apply FILE --execute` then acts on exactly that.",
-    )(f)
-
-
-def lease_option(f: F) -> F:
-    return click.option(
-        "--lease",
-        type=click.IntRange(1, 43_200),
-        default=DEFAULT_LEASE,
-        show_default=True,
-        metavar="SECONDS",
-        help="Visibility timeout of each receive: how long a killed run hides its batch.",
     )(f)
 
 
@@ -990,6 +1016,7 @@ def run_move(
                 ),
                 plan_sink=writer.add if writer else None,
                 run_info=run_info if options.execute else None,
+                receive_log=ctx.receive_log(),
             )
             result = engine.run()
     except BaseException:
@@ -1225,6 +1252,7 @@ def _run_purge(
                 # The archive's records name the run the ledger and the audit trail know.
                 run_id=ledger[1] if ledger is not None else None,
                 on_deleted=deleted.add if ledger is not None else None,
+                receive_log=ctx.receive_log(),
             )
     except BaseException as exc:
         if plan is not None:

@@ -13,7 +13,8 @@ from typing import Any
 from redrive import attributes
 from redrive.messages import TaskInfo, decode
 from redrive.queues import DlqTarget
-from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.receives import ReceiveLog
+from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
@@ -22,6 +23,7 @@ SAMPLES_PER_GROUP = 3
 SHOWN_BODY_CHARS = 300
 DAY = 86_400
 DEFAULT_MAX_REDRIVES = 3
+DEFAULT_LEASE = 30
 
 
 @dataclass(slots=True)
@@ -33,6 +35,13 @@ class TaskGroup:
     oldest: float | None = None
     newest: float | None = None
     max_receive_count: int = 0
+    """The highest ApproximateReceiveCount SQS gave: redrive's own receives included."""
+    max_consumer_receives: int = 0
+    """The highest receive count without redrive's own receives: how often the queue's
+    consumers (the workers, and any reader that is not redrive) received a message."""
+    max_redrive_receives: int = 0
+    """The most times redrive itself received one message of the group (inspect, report,
+    dry runs, archive), as far as its receive log in the state directory knows."""
     expired: int = 0
     redriven: int = 0
     poison: int = 0
@@ -50,6 +59,8 @@ class TaskGroup:
             "oldest": iso_utc(self.oldest),
             "newest": iso_utc(self.newest),
             "max_receive_count": self.max_receive_count,
+            "max_consumer_receives": self.max_consumer_receives,
+            "max_redrive_receives": self.max_redrive_receives,
             "expired": self.expired,
             "redriven": self.redriven,
             "poison": self.poison,
@@ -90,6 +101,7 @@ class Grouping:
         receive_count: int,
         redrive_count: int,
         body: str | None = None,
+        redrive_receives: int = 0,
     ) -> None:
         group = self.groups.get(info.task)
         if group is None:
@@ -105,6 +117,10 @@ class Grouping:
             ):
                 group.leaving_within_24h += 1
         group.max_receive_count = max(group.max_receive_count, receive_count)
+        group.max_consumer_receives = max(
+            group.max_consumer_receives, max(0, receive_count - redrive_receives)
+        )
+        group.max_redrive_receives = max(group.max_redrive_receives, redrive_receives)
         if info.is_expired(self.now_utc):
             group.expired += 1
         if redrive_count > 0:
@@ -160,14 +176,21 @@ class InspectResult:
     seen_again: int = 0
     released: int = 0
     fifo: bool = False
+    receive_log_problem: str | None = None
+    """Why redrive's own receives could not be told apart (then they are in the counts)."""
 
     @property
     def incomplete(self) -> bool:
         """The scan saw fewer messages than SQS counted at its start, with no --limit and no
-        interrupt: held messages came back before it ended (the scan was slower than its
-        hold) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
+        interrupt: held messages came back before it ended (SQS would not renew their
+        holds) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
         silently reported as the whole DLQ."""
         return not (self.partial or self.interrupted) and self.total < self.depth_before
+
+    @property
+    def redrive_receives(self) -> int:
+        """The most times redrive itself received one of these messages."""
+        return max((g.max_redrive_receives for g in self.groups), default=0)
 
     @property
     def expired(self) -> int:
@@ -203,6 +226,7 @@ class InspectResult:
             "partial": self.partial,
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
+            "receive_log_problem": self.receive_log_problem,
         }
 
 
@@ -218,11 +242,16 @@ def inspect_dlq(
     max_redrives: int = DEFAULT_MAX_REDRIVES,
     now: float | None = None,
     on_depth: Callable[[int], None] | None = None,
+    lease: int = DEFAULT_LEASE,
+    receive_log: ReceiveLog | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
 
     ``on_depth`` hears SQS's count of visible messages before the scan starts (a progress
-    display's total)."""
+    display's total). ``lease``: how long a killed inspect hides what it held (holds are
+    renewed while it runs). ``receive_log``: where redrive counts its own receives, so that
+    the receive counts shown leave them out.
+    """
     started = time.monotonic()
     now = time.time() if now is None else now
     sqs = sqs_factory()
@@ -234,14 +263,15 @@ def inspect_dlq(
     hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
     if on_depth is not None:
         on_depth(depth)
-    hold = hold_for_depth(depth)
     scan = DlqScan(
         url=target.dlq.url,
-        lease=hold,
-        hold=hold,
+        lease=lease,
+        receive_held=True,
         max_messages=limit,
         stop=stop or threading.Event(),
         on_receive=on_progress,
+        sqs_factory=sqs_factory,
+        receive_log=receive_log,
     )
     grouping = Grouping(
         now=now,
@@ -264,6 +294,7 @@ def inspect_dlq(
                             receive_count=message.receive_count,
                             redrive_count=attributes.redrive_count(message.message_attributes),
                             body=message.body,
+                            redrive_receives=message.redrive_receives,
                         )
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
@@ -294,4 +325,5 @@ def inspect_dlq(
         seen_again=scan.stats.seen_again,
         released=scan.stats.released,
         fifo=target.dlq.fifo,
+        receive_log_problem=receive_log.problem if receive_log is not None else None,
     )

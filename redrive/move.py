@@ -41,7 +41,8 @@ from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
-from redrive.scan import DlqScan, digest, hold_for_depth, run_pipelines
+from redrive.receives import ReceiveLog
+from redrive.scan import DlqScan, digest, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
 from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 
@@ -190,6 +191,8 @@ class MoveResult:
     throttled: int = 0
     depth_before: int | None = None
     """SQS's count of visible messages in the DLQ when the run started (for progress)."""
+    redelivered: int = 0
+    """Copies SQS delivered again after the run deleted their message: deleted once more."""
 
     @property
     def skipped_total(self) -> int:
@@ -252,6 +255,7 @@ class MoveResult:
                 else None
             ),
             "seconds": round(self.seconds, 3),
+            "redelivered": self.redelivered,
         }
 
 
@@ -379,6 +383,7 @@ class MoveEngine:
         plan_sink: Callable[[PlanItem], None] | None = None,
         run_info: Mapping[str, Any] | None = None,
         pipelined: bool = True,
+        receive_log: ReceiveLog | None = None,
     ) -> None:
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
@@ -395,6 +400,7 @@ class MoveEngine:
         self.plan_sink = plan_sink
         self.run_info = dict(run_info or {})
         self.pipelined = pipelined
+        self.receive_log = receive_log
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -429,6 +435,8 @@ class MoveEngine:
         if self.source is not None:
             scan = self.source
         else:
+            # What the run skips stays hidden until its end, renewed while it lives: a
+            # killed run's messages come back within about --lease (see redrive.scan).
             depth = int(
                 sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
                     "ApproximateNumberOfMessages", "0"
@@ -438,8 +446,9 @@ class MoveEngine:
             scan = DlqScan(
                 url=self.target.dlq.url,
                 lease=self.options.lease,
-                hold=max(self.options.lease, hold_for_depth(depth)),
                 stop=self.stop,
+                sqs_factory=self.sqs_factory,
+                receive_log=self.receive_log,
             )
         self._scan = scan
         if self.ledger is not None and self.run_id is not None:
@@ -490,6 +499,8 @@ class MoveEngine:
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
+        if isinstance(scan, DlqScan):
+            result.redelivered = scan.stats.redelivered
         if scan.deletes:
             hidden = sqs.attributes(
                 self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]

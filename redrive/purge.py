@@ -22,7 +22,8 @@ from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
 from redrive.queues import DlqTarget
-from redrive.scan import DlqScan, hold_for_depth, run_pipelines
+from redrive.receives import ReceiveLog
+from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings
 from redrive.sqs import Message, Sqs
 
@@ -71,6 +72,9 @@ class PurgeResult:
     seconds: float = 0.0
     depth_before: int | None = None
     """SQS's count of visible messages when the run started (for progress)."""
+    redelivered: int = 0
+    """Copies SQS delivered again after their message was archived and deleted: deleted
+    once more, not archived or counted twice."""
 
     @property
     def needs_attention(self) -> bool:
@@ -99,6 +103,7 @@ class PurgeResult:
             "interrupted": self.interrupted,
             "still_hidden": self.still_hidden,
             "seconds": round(self.seconds, 3),
+            "redelivered": self.redelivered,
         }
 
 
@@ -122,12 +127,15 @@ def purge_dlq(
     plan_sink: Callable[[PlanItem], None] | None = None,
     run_id: str | None = None,
     on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None = None,
+    receive_log: ReceiveLog | None = None,
 ) -> PurgeResult:
     """Archive (if ``writer``) and delete (if ``options.delete``) every selected message.
 
     ``run_id`` names the run in the archive records; give the ledger's run id, so the
     audit trail and the archive name the same run. ``on_deleted`` hears ``(message id,
     task, task id)`` of the messages each delete removed (one call at a time).
+    ``receive_log``: where redrive counts its own receives (archive records keep the count
+    beside SQS's attributes).
     """
     if options.execute and options.archive and writer is None:
         raise UsageProblem("an archiving run needs an archive writer")
@@ -154,9 +162,11 @@ def purge_dlq(
     # archive keeps every message hidden until the end; purge only the ones it does not take.
     scan = DlqScan(
         url=target.dlq.url,
-        lease=options.lease if options.delete else max(options.lease, hold_for_depth(depth)),
-        hold=max(options.lease, hold_for_depth(depth)),
+        lease=options.lease,
+        receive_held=not options.delete,
         stop=stop,
+        sqs_factory=sqs_factory,
+        receive_log=receive_log,
     )
     lock = threading.Lock()
     limit_left = [options.selection.limit]
@@ -176,6 +186,7 @@ def purge_dlq(
                     dlq=target.dlq.url,
                     run_id=result.run_id or "",
                     archived_at=archived_at,
+                    redrive_receives=p.message.redrive_receives or None,
                 )
                 for p in pending
             ]
@@ -287,6 +298,7 @@ def purge_dlq(
     finally:
         scan.release_all(sqs)
         scan.close()
+        result.redelivered = scan.stats.redelivered
         result.interrupted = stop.is_set()
         result.seconds = time.monotonic() - started
         result.misses = sightings.misses() if sightings is not None else None

@@ -351,7 +351,7 @@ def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
             g.count,
             when_cell(g.oldest, now),
             when_cell(g.newest, now),
-            g.max_receive_count,
+            g.max_consumer_receives,
             g.expired,
             g.redriven,
             g.poison,
@@ -367,7 +367,7 @@ GROUP_HEADERS = [
     "count",
     "oldest",
     "newest",
-    "max receives",
+    "consumer receives",
     "expired",
     "redriven",
     "poison",
@@ -442,7 +442,8 @@ def inspect_notes(result: InspectResult) -> list[str]:
         notes.append(
             f"warning: counted {result.total} message(s) but SQS counted {result.depth_before} "
             "at the start: messages were added or removed meanwhile, or the scan could not "
-            "see them all (too slow for its hold, or SQS's in-flight limit of about 120,000); "
+            "see them all (SQS would not renew its holds, or its in-flight limit of about "
+            "120,000); "
             "rerun with more --workers, or look at part of the DLQ with --limit"
         )
     if result.expired:
@@ -451,6 +452,7 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "would discard them): move skips them unless --include-expired; purge archives "
             "and deletes them"
         )
+    notes.extend(receive_notes(result))
     if result.hidden_before:
         notes.append(
             f"note: {result.hidden_before} message(s) were in flight (hidden by another "
@@ -462,6 +464,17 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "are deleted, so a non-destructive scan may not see every message"
         )
     return notes
+
+
+def receive_notes(result: InspectResult) -> list[str]:
+    """What the receive column leaves out, said when it leaves something out."""
+    if result.redrive_receives:
+        return [
+            "note: consumer receives = SQS's ApproximateReceiveCount less redrive's own "
+            f"receives (up to {result.redrive_receives} per message: inspect, report, dry "
+            "runs, archive); SQS's own figure is max_receive_count in --json"
+        ]
+    return []
 
 
 REPORT_STEPS = (
@@ -514,13 +527,20 @@ def report_text(report: Report, *, markdown: bool = False, width: int | None = N
         if markdown:
             lines.append("")
         rows = [
-            [g.task, g.count, when_cell(g.oldest, now), g.max_receive_count, g.poison, g.expired]
+            [
+                g.task,
+                g.count,
+                when_cell(g.oldest, now),
+                g.max_consumer_receives,
+                g.poison,
+                g.expired,
+            ]
             for g in q.result.groups
         ]
         lines.append(
             fitted_table(
                 rows,
-                ["task", "count", "oldest", "max receives", "poison", "expired"],
+                ["task", "count", "oldest", "consumer receives", "poison", "expired"],
                 fmt=fmt,
                 width=width,
                 steps=GROUP_STEPS,

@@ -224,6 +224,7 @@ def inspect_archive(
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(record.message_attributes),
             body=record.body,
+            redrive_receives=record.redrive_receives or 0,
         )
     return ArchiveInspectResult(
         label=archive_label(source),

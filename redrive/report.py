@@ -12,6 +12,7 @@ from redrive.config import Layout
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.inspect import InspectResult, inspect_dlq
 from redrive.queues import resolve_family
+from redrive.receives import ReceiveLog
 from redrive.selection import iso_utc
 from redrive.sqs import Sqs
 
@@ -87,6 +88,7 @@ def build_report(
     stop: threading.Event | None = None,
     on_progress: Callable[[str, int], None] | None = None,
     now: float | None = None,
+    receive_log: ReceiveLog | None = None,
 ) -> Report:
     now = time.time() if now is None else now
     report = Report(generated_at=now, layout=layout.source)
@@ -101,6 +103,7 @@ def build_report(
                 if on_progress
                 else None,
                 now=now,
+                receive_log=receive_log,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
         except AwsUnavailable:

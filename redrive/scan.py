@@ -3,23 +3,37 @@
 SQS has no peek: receiving a message hides it for its visibility timeout. A scan receives
 batches, hands each message to the operation once, keeps the messages it does not consume
 hidden until the scan ends (so they are not received again), and then makes them visible
-again. Memory stays flat at any depth: receipt handles of held messages are spooled to a
-temporary file, and the messages already seen are remembered as 8-byte digests until they
+again. Memory stays flat at any depth: receipt handles of held messages are spooled to
+temporary files, and the messages already seen are remembered as 8-byte digests until they
 are deleted.
+
+Holds are short and renewed while the run lives, so that a run killed by SIGKILL (which
+cannot give anything back) hides its messages for about ``--lease``, not for the length of
+a whole scan. A thread of the scan renews each held message shortly before its hold ends,
+for :func:`hold_seconds`: ``--lease`` while the run holds few messages, longer when renewing
+every held message that often would be a storm of calls on a deep DLQ (but never longer than
+twice the run's age). See :func:`hold_seconds` for the bound and its cost.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
+
+if TYPE_CHECKING:
+    from redrive.receives import ReceiveLog
 
 
 def _env_int(name: str, default: int) -> int:
@@ -32,15 +46,51 @@ MAX_VISIBILITY = 43_200
 #: Long polling for each receive: an empty answer then means the queue really had nothing
 #: visible (short polls sample only some SQS servers). Unit tests set it to 0.
 RECEIVE_WAIT_SECONDS = _env_int("REDRIVE_RECEIVE_WAIT", 1)
+#: ChangeMessageVisibilityBatch calls a second that renewing a scan's holds may cost
+#: however many messages it holds (beyond the scan's own pace: see hold_seconds).
+RENEW_CALLS_PER_SECOND = 10.0
+#: A hold never outlasts this many times the run's age (see hold_seconds).
+HOLD_AGE_FACTOR = 2.0
+#: The share of its measured capacity the renewing thread may need to keep up.
+RENEW_SHARE = 0.5
+#: Held receipt handles per spool segment: a segment is renewed as one, when its first hold
+#: is about to end.
+SEGMENT_HANDLES = 1_000
+#: How often the renewing thread looks for holds about to end.
+RENEW_POLL_SECONDS = 0.25
+#: Messages a scan deleted that it still recognises if SQS delivers them again (about 4 MB).
+RECENTLY_DELETED = 50_000
 
 
-def hold_for_depth(depth: int, *, floor: int = 120) -> int:
-    """A visibility timeout long enough to keep messages hidden for a whole scan of ``depth``.
+def hold_seconds(*, lease: int, age: float, held: int, renew_capacity: float = math.inf) -> int:
+    """How long, from now, a scan hides the messages it holds.
 
-    Assumes a conservative 50 messages a second; if a scan is slower, held messages come
-    back early and are recognised as already seen, so counts stay exact either way.
+    ``lease``, unless renewing every held message once per lease would cost more than
+    :data:`RENEW_CALLS_PER_SECOND` calls a second (more than 100 handles per second of
+    lease: 3,000 held at the default 30 s). Then the hold is ``held / 100`` seconds (one
+    renewal of each per hold costs those 10 calls a second), but never longer than
+    :data:`HOLD_AGE_FACTOR` times the run's ``age``: a run that gathered 100,000 held
+    messages in a minute renews them at about half the pace it received them, and once dead
+    hides them for about two minutes, not for the 1,000 s the rate alone would allow.
+
+    And never shorter than what the renewing thread can keep up with using half of its
+    measured ``renew_capacity`` (handles a second): a hold it cannot renew in time would
+    run out under a live run (its messages then come back and are received again).
+
+    A killed run's holds therefore end within ``max(lease, min(2 * age, held / 100))``
+    seconds when the renewer keeps up, and renewing costs at most ``max(10, half the run's
+    average receives per second)`` calls a second (plus the renewal margin).
     """
-    return max(floor, min(MAX_VISIBILITY, floor + depth // 50))
+    affordable = held / (MAX_BATCH_ENTRIES * RENEW_CALLS_PER_SECOND)
+    sustainable = held / (RENEW_SHARE * renew_capacity)
+    hold = max(lease, min(HOLD_AGE_FACTOR * age, affordable), sustainable)
+    return int(min(MAX_VISIBILITY, hold))
+
+
+def renew_ahead(hold: float) -> float:
+    """How long before a hold ends it is renewed: room for the renewal calls and a late
+    thread, and never more than half the hold (a 1 s lease renews every half second)."""
+    return min(hold / 2, max(1.0, hold / 5), 15.0)
 
 
 @dataclass(slots=True)
@@ -54,11 +104,129 @@ class ScanStats:
     held: int = 0
     released: int = 0
     release_failed: int = 0
+    renew_calls: int = 0
+    """ChangeMessageVisibilityBatch calls that renewed holds."""
+    renewed: int = 0
+    renew_failed: int = 0
+    """Holds SQS would not renew (a handle made stale by a later receive, a message back)."""
+    renew_errors: int = 0
+    """Renewal calls that failed as a whole (retried; a hold may then run out)."""
+    longest_hold: int = 0
+    """The longest hold given, in seconds: how long a kill could have hidden a message."""
+    redelivered: int = 0
+    """Copies SQS delivered again of a message this scan had deleted: deleted once more,
+    never handed out twice (SQS delivers at least once, rarely more)."""
 
 
 def digest(message_id: str) -> int:
     """An 8-byte stand-in for an id in sets that grow with the queue."""
     return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
+
+
+class _Segment:
+    """Up to SEGMENT_HANDLES held receipt handles in a temporary file, and the time by which
+    the first of their holds must be renewed."""
+
+    __slots__ = ("file", "handles", "renew_at")
+
+    def __init__(self) -> None:
+        # Closed by close(), when the segment is released, renewed or the scan closes.
+        self.file = tempfile.TemporaryFile(mode="w+", encoding="ascii", prefix="redrive-")  # noqa: SIM115
+        self.handles = 0
+        self.renew_at = math.inf
+
+    def add(self, handles: Sequence[str], renew_at: float) -> None:
+        self.file.write("".join(h + "\n" for h in handles))
+        self.handles += len(handles)
+        self.renew_at = min(self.renew_at, renew_at)
+
+    def chunks(self) -> Iterator[list[str]]:
+        """The handles, one batch (10) at a time: a segment is never loaded whole."""
+        self.file.flush()
+        self.file.seek(0)
+        chunk: list[str] = []
+        for line in self.file:
+            chunk.append(line.rstrip("\n"))
+            if len(chunk) == MAX_BATCH_ENTRIES:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class _Holds:
+    """The held receipt handles, in segments. Newly kept ones fill an *open* segment until
+    it is full; a renewed segment becomes a segment of its own, so that the handles of one
+    segment come due together (one that mixed them would be renewed early, and often).
+    Handles SQS would not renew are *retired*: never renewed again, still released at the
+    end (a hold SQS will not extend, e.g. past its 12 hours, still runs). Not thread-safe:
+    the scan's lock guards it."""
+
+    def __init__(self) -> None:
+        self.segments: list[_Segment] = []
+        self.count = 0
+        """Handles to renew (retired ones are not)."""
+        self.retired: list[_Segment] = []
+        self._open: _Segment | None = None
+
+    def add(self, handles: Sequence[str], renew_at: float) -> None:
+        if not handles:
+            return
+        if self._open is None or self._open.handles >= SEGMENT_HANDLES:
+            self._open = _Segment()
+            self.segments.append(self._open)
+        self._open.add(handles, renew_at)
+        self.count += len(handles)
+
+    def adopt(self, segment: _Segment) -> None:
+        """A segment filled elsewhere (renewed handles) joins the holds."""
+        if not segment.handles:
+            segment.close()
+            return
+        self.segments.append(segment)
+        self.count += segment.handles
+
+    def retire(self, handles: Sequence[str]) -> None:
+        if not handles:
+            return
+        if not self.retired or self.retired[-1].handles >= SEGMENT_HANDLES:
+            self.retired.append(_Segment())
+        self.retired[-1].add(handles, math.inf)
+
+    def every_segment(self) -> list[_Segment]:
+        return [*self.segments, *self.retired]
+
+    def next_renewal(self) -> float:
+        return min((s.renew_at for s in self.segments), default=math.inf)
+
+    def take_due(self, now: float) -> _Segment | None:
+        """The segment whose renewal is most urgent, if it is due; it leaves the holds."""
+        due = min(self.segments, key=lambda s: s.renew_at, default=None)
+        if due is None or due.renew_at > now:
+            return None
+        self.segments.remove(due)
+        self.count -= due.handles
+        if due is self._open:
+            self._open = None
+        return due
+
+    def remove(self, segment: _Segment) -> None:
+        if segment in self.retired:
+            self.retired.remove(segment)
+        else:
+            self.segments.remove(segment)
+            self.count -= segment.handles
+            if segment is self._open:
+                self._open = None
+        segment.close()
+
+    def clear(self) -> list[_Segment]:
+        segments = self.every_segment()
+        self.segments, self.retired, self.count, self._open = [], [], 0, None
+        return segments
 
 
 @dataclass
@@ -67,15 +235,20 @@ class DlqScan:
 
     url: str
     lease: int
-    """Visibility timeout of each receive: how long the operation has to work on a batch."""
-    hold: int
-    """Visibility timeout of messages kept hidden until the scan ends (``>= lease``)."""
+    """Visibility timeout of each receive (how long the operation has to work on a batch),
+    and the shortest hold: a killed run's messages come back within about this long."""
+    receive_held: bool = False
+    """Receive with the hold's length: a read-only scan holds every message it receives."""
     max_messages: int | None = None
     wait_seconds: int | None = None
     stop_after_empty: int = 3
     """Empty receives in a row after which the scan ends whatever SQS's counts say."""
     stop: threading.Event = field(default_factory=threading.Event)
     on_receive: Callable[[int], None] | None = None
+    sqs_factory: Callable[[], Sqs] | None = None
+    """Makes the client that renews holds (else the one of the first :meth:`keep`)."""
+    receive_log: ReceiveLog | None = None
+    """Where redrive's own receives are counted (see redrive.receives)."""
     stats: ScanStats = field(default_factory=ScanStats)
 
     #: Messages taken from a DLQ are deleted from it once sent or archived.
@@ -84,17 +257,36 @@ class DlqScan:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: set[int] = set()
-        # Closed by close(); it lives as long as the scan.
-        self._spool = tempfile.TemporaryFile(mode="w+", encoding="ascii", prefix="redrive-")  # noqa: SIM115
+        self._deleted: set[int] = set()
+        self._deleted_order: deque[int] = deque()
+        self._holds = _Holds()
+        self._in_renewal = 0
         self._consecutive_empty = 0
         self._stale_run = 0
         self._done = False
+        self._started = time.monotonic()
+        self._halt = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._renew_call_seconds = 0.0
+        """A moving average of how long one renewal call takes (0: none made yet)."""
+        self._renewing = False
 
     # -- receiving -----------------------------------------------------------------------
 
     @property
     def done(self) -> bool:
         return self._done or self.stop.is_set()
+
+    def hold(self) -> int:
+        """The hold a message kept now gets (see :func:`hold_seconds`)."""
+        return hold_seconds(
+            lease=self.lease,
+            age=time.monotonic() - self._started,
+            held=self._holds.count + self._in_renewal,
+            renew_capacity=MAX_BATCH_ENTRIES / self._renew_call_seconds
+            if self._renew_call_seconds
+            else math.inf,
+        )
 
     def next_batch(self, sqs: Sqs) -> list[Message] | None:
         """New messages (never seen in this scan), or ``None`` when the scan is over.
@@ -109,9 +301,10 @@ class DlqScan:
                     if want <= 0:
                         self._done = True
                         return None
+            visibility = self.hold() if self.receive_held else self.lease
             messages = sqs.receive(
                 self.url,
-                visibility_timeout=self.lease,
+                visibility_timeout=visibility,
                 wait_seconds=(
                     RECEIVE_WAIT_SECONDS if self.wait_seconds is None else self.wait_seconds
                 ),
@@ -119,6 +312,7 @@ class DlqScan:
             )
             fresh: list[Message] = []
             stale: list[Message] = []
+            again: list[Message] = []
             with self._lock:
                 self.stats.receives += 1
                 if not messages:
@@ -136,11 +330,28 @@ class DlqScan:
                     with self._lock:
                         self._done = True
                 continue
+            digests = [digest(m.message_id) for m in messages]
+            if self.receive_log is not None:
+                # Every receive raised the message's ApproximateReceiveCount, repeats too.
+                counts = self.receive_log.record_digests(digests)
+                messages = [
+                    Message(
+                        m.message_id,
+                        m.receipt_handle,
+                        m.body,
+                        m.attributes,
+                        m.message_attributes,
+                        m.hidden_until,
+                        redrive_receives=n,
+                    )
+                    for m, n in zip(messages, counts, strict=True)
+                ]
             with self._lock:
                 self._consecutive_empty = 0
-                for message in messages:
-                    seen = digest(message.message_id)
-                    if seen in self._seen:
+                for message, seen in zip(messages, digests, strict=True):
+                    if seen in self._deleted:
+                        again.append(message)
+                    elif seen in self._seen:
                         stale.append(message)
                     else:
                         self._seen.add(seen)
@@ -152,6 +363,7 @@ class DlqScan:
                     fresh = fresh[:room]
                 self.stats.received += len(fresh)
                 self.stats.seen_again += len(stale)
+                self.stats.redelivered += len(again)
                 # Seen messages come back when their lease ran out (a slow consumer), and SQS
                 # may return them before the unseen ones: a few stale receives in a row do not
                 # mean the queue is covered. Each stale receive hides what it got again, so
@@ -162,6 +374,8 @@ class DlqScan:
                 received = self.stats.received
             if stale:
                 self.keep(sqs, stale)
+            if again:
+                self._delete_again(sqs, again)
             if fresh:
                 if self.on_receive is not None:
                     self.on_receive(received)
@@ -177,29 +391,152 @@ class DlqScan:
         with self._lock:
             self._done = True
 
-    # -- giving back ---------------------------------------------------------------------
+    # -- holding -------------------------------------------------------------------------
 
     def keep(self, sqs: Sqs, messages: Sequence[Message]) -> None:
-        """Keep messages hidden until the scan ends; they are released by :meth:`release_all`."""
+        """Keep messages hidden until the scan ends; they are released by :meth:`release_all`.
+
+        No call here: each message is still hidden by its receive, and the renewing thread
+        extends its hold shortly before that runs out.
+        """
         if not messages:
             return
-        if self.hold > self.lease:
-            handles = {str(i): m.receipt_handle for i, m in enumerate(messages)}
-            sqs.change_visibility_batch(self.url, handles, self.hold)
+        now = time.monotonic()
+        ends = min(m.hidden_until for m in messages)
+        renew_at = ends - renew_ahead(max(self.lease, ends - now))
+        start = False
         with self._lock:
-            for message in messages:
-                self._spool.write(message.receipt_handle + "\n")
+            self._holds.add([m.receipt_handle for m in messages], renew_at)
             self.stats.held += len(messages)
+            if not self._renewing and not self._halt.is_set():
+                self._renewing = start = True
+        if start:
+            self._start_renewing(sqs)
+
+    def _start_renewing(self, sqs: Sqs) -> None:
+        thread = threading.Thread(
+            target=self._renew_while_held, args=(sqs,), name="redrive-renew", daemon=True
+        )
+        with self._lock:
+            self._renewer = thread
+        thread.start()
+
+    def _renew_while_held(self, keeper: Sqs) -> None:
+        # A client of its own, made when a hold first needs renewing (~30 ms of CPU that a
+        # scan ending within its lease never pays); else the keeper's (clients are
+        # thread-safe).
+        sqs: Sqs | None = None
+        while not self._halt.is_set():
+            with self._lock:
+                due = self._holds.next_renewal() <= time.monotonic()
+            if sqs is None and due:
+                try:
+                    sqs = self.sqs_factory() if self.sqs_factory is not None else keeper
+                except Exception:
+                    with self._lock:
+                        self.stats.renew_errors += 1
+            with self._lock:
+                segment = self._holds.take_due(time.monotonic()) if sqs is not None else None
+                if segment is not None:
+                    self._in_renewal = segment.handles
+            if segment is None:
+                self._halt.wait(RENEW_POLL_SECONDS)
+                continue
+            assert sqs is not None
+            try:
+                self._renew(sqs, segment)
+            finally:
+                with self._lock:
+                    self._in_renewal = 0
+                segment.close()
+
+    def _renew(self, sqs: Sqs, segment: _Segment) -> None:
+        """Renew one segment's holds; what is left undone (halted, or a call failed) goes
+        back to the holds, so release_all still gives it back."""
+        hold = self.hold()
+        with self._lock:
+            self.stats.longest_hold = max(self.stats.longest_hold, hold)
+        chunks = segment.chunks()
+        retry_at: float | None = None
+        renewed_segment = _Segment()
+        try:
+            for chunk in chunks:
+                if self._halt.is_set():
+                    self._put_back(chunk, time.monotonic())
+                    break
+                called_at = time.monotonic()
+                try:
+                    result = sqs.change_visibility_batch(
+                        self.url, {str(i): h for i, h in enumerate(chunk)}, hold
+                    )
+                except Exception:
+                    # Throttled or unreachable after the client's retries: try again soon;
+                    # if SQS stays away, these holds run out and the messages come back.
+                    retry_at = time.monotonic() + 1.0
+                    with self._lock:
+                        self.stats.renew_errors += 1
+                    self._put_back(chunk, retry_at)
+                    break
+                took = time.monotonic() - called_at
+                average = self._renew_call_seconds
+                self._renew_call_seconds = took if not average else 0.9 * average + 0.1 * took
+                renewed = [chunk[int(i)] for i in result.ok]
+                refused = [chunk[int(i)] for i in result.failed]
+                renewed_segment.add(renewed, called_at + hold - renew_ahead(hold))
+                with self._lock:
+                    # Stale (a later receive's handle is held too), visible again, or past
+                    # SQS's 12 hours: not renewed again, but released at the end all the same.
+                    self._holds.retire(refused)
+                    self.stats.renew_calls += 1
+                    self.stats.renewed += len(renewed)
+                    self.stats.renew_failed += len(refused)
+        finally:
+            # Whatever was not renewed stays held (an error, a halt, or a bug above).
+            for rest in chunks:
+                self._put_back(rest, retry_at or time.monotonic())
+            with self._lock:
+                self._holds.adopt(renewed_segment)
+
+    def _put_back(self, handles: Sequence[str], renew_at: float) -> None:
+        with self._lock:
+            self._holds.add(handles, renew_at)
+
+    def _stop_renewing(self) -> None:
+        self._halt.set()
+        with self._lock:
+            thread = self._renewer
+        if thread is not None and thread is not threading.current_thread():
+            # At most the call in flight; then every hold is back in self._holds.
+            thread.join(timeout=60)
+
+    def _delete_again(self, sqs: Sqs, messages: Sequence[Message]) -> None:
+        """A copy of a message this scan deleted once it was sent or archived: the same
+        message, so it goes the same way (an archive record written twice, or a purge
+        counting one message twice, would be wrong)."""
+        result = sqs.delete_batch(
+            self.url, {str(i): m.receipt_handle for i, m in enumerate(messages)}
+        )
+        # One that would not go stays held, and visible again when the scan ends.
+        self.keep(sqs, [m for i, m in enumerate(messages) if str(i) not in result.ok])
 
     def forget(self, messages: Sequence[Message]) -> None:
-        """Messages deleted from the queue: they cannot come back, so they need not be
-        remembered. What is remembered is then what the scan holds or works on, which SQS
-        caps (about 120,000 messages in flight per queue): memory stays flat however many
-        messages a move or purge goes through. A deleted message SQS delivers once more (it
-        may, rarely) is then handed out again, and the ledger knows it for what it is."""
+        """Messages deleted from the queue: they need not be remembered as held. What is
+        remembered is then what the scan holds or works on, which SQS caps (about 120,000
+        messages in flight per queue), and the last RECENTLY_DELETED deleted: memory stays
+        flat however many messages a move or purge goes through. A copy of one of those SQS
+        delivers again (it may: at least once) is deleted again, never handed out twice; an
+        older one is handed out again, and the ledger knows it for what it is."""
         with self._lock:
             for message in messages:
-                self._seen.discard(digest(message.message_id))
+                seen = digest(message.message_id)
+                self._seen.discard(seen)
+                if seen not in self._deleted:
+                    self._deleted.add(seen)
+                    self._deleted_order.append(seen)
+            while len(self._deleted_order) > RECENTLY_DELETED:
+                self._deleted.discard(self._deleted_order.popleft())
+
+    # -- giving back ---------------------------------------------------------------------
 
     def release_now(self, sqs: Sqs, messages: Sequence[Message]) -> int:
         """Make messages visible at once (they may be received again by this scan)."""
@@ -213,20 +550,19 @@ class DlqScan:
 
     def release_all(self, sqs: Sqs, *, on_progress: Callable[[int], None] | None = None) -> None:
         """Make every held message visible again. Safe to call more than once."""
+        self._stop_renewing()
         with self._lock:
             self._done = True
-            self._spool.flush()
-            self._spool.seek(0)
-            chunk: list[str] = []
-            for line in self._spool:
-                chunk.append(line.rstrip("\n"))
-                if len(chunk) == MAX_BATCH_ENTRIES:
-                    self._release(sqs, chunk, on_progress)
-                    chunk = []
-            if chunk:
+            segments = self._holds.every_segment()
+        for segment in segments:
+            # A segment leaves the holds once released whole: if a call fails, a second
+            # release_all gives back what is left.
+            for chunk in segment.chunks():
                 self._release(sqs, chunk, on_progress)
-            self._spool.seek(0)
-            self._spool.truncate()
+            with self._lock:
+                self._holds.remove(segment)
+        if self.receive_log is not None:
+            self.receive_log.flush()
 
     def _release(
         self, sqs: Sqs, handles: list[str], on_progress: Callable[[int], None] | None
@@ -235,14 +571,21 @@ class DlqScan:
             self.url, {str(i): h for i, h in enumerate(handles)}, 0
         )
         # A failure here is a handle made stale by a later receive of the same message: the
-        # newer handle is in the spool too and releases it.
+        # newer handle is held too and releases it.
         self.stats.released += len(result.ok)
         self.stats.release_failed += len(result.failed)
         if on_progress is not None:
             on_progress(self.stats.released)
 
     def close(self) -> None:
-        self._spool.close()
+        """Stop renewing and drop the spool, releasing nothing (after release_all, or when
+        the run dies: then every hold runs out within its length)."""
+        self._stop_renewing()
+        with self._lock:
+            segments = self._holds.clear()
+        for segment in segments:
+            with contextlib.suppress(OSError):
+                segment.close()
 
 
 def wait_until(deadline: float, stop: threading.Event) -> None:

@@ -137,15 +137,21 @@ class Message:
     body: str
     attributes: Mapping[str, str]
     message_attributes: Mapping[str, Mapping[str, Any]]
+    hidden_until: float = field(default=0.0, compare=False)
+    """``time.monotonic()`` by which SQS shows this copy again, as far as the receive's own
+    visibility timeout goes (counted from before the request: never later than SQS's)."""
+    redrive_receives: int = field(default=0, compare=False)
+    """How many times redrive received this message, this receive included (0: unknown)."""
 
     @classmethod
-    def from_response(cls, raw: Mapping[str, Any]) -> Message:
+    def from_response(cls, raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Message:
         return cls(
             message_id=raw["MessageId"],
             receipt_handle=raw["ReceiptHandle"],
             body=raw.get("Body", ""),
             attributes=raw.get("Attributes", {}),
             message_attributes=raw.get("MessageAttributes", {}),
+            hidden_until=hidden_until,
         )
 
     @property
@@ -281,6 +287,7 @@ class Sqs:
     def receive(
         self, url: str, *, visibility_timeout: int, wait_seconds: int = 1, max_messages: int = 10
     ) -> list[Message]:
+        hidden_until = time.monotonic() + visibility_timeout
         with aws_errors("ReceiveMessage", resource=url):
             response = self.client.receive_message(
                 QueueUrl=url,
@@ -290,7 +297,10 @@ class Sqs:
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
             )
-        return [Message.from_response(raw) for raw in response.get("Messages", [])]
+        return [
+            Message.from_response(raw, hidden_until=hidden_until)
+            for raw in response.get("Messages", [])
+        ]
 
     def send_batch(self, url: str, entries: Sequence[SendEntry]) -> BatchResult:
         """Send one batch; per-entry failures come back in the result.

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -118,6 +119,78 @@ def make_family(client: Any, queue: str = "onion-checkout", *, max_receive: int 
         attrs["FifoQueue"] = "true"
     queue_url = client.create_queue(QueueName=queue, Attributes=attrs)["QueueUrl"]
     return Family(client, queue_url, dlq_url, dlq_arn)
+
+
+# One lock for every in-process moto SQS call that reads and changes messages.
+_MOTO_SQS_LOCK = threading.RLock()
+_MOTO_SQS_CALLS = (
+    "send_message",
+    "send_message_batch",
+    "receive_message",
+    "delete_message",
+    "delete_message_batch",
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "purge_queue",
+)
+
+
+@pytest.fixture(autouse=True)
+def atomic_moto_sqs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each SQS call is atomic on a queue; in-process moto's are not, and tests run several
+    worker threads on it. Seen in this suite: two concurrent ReceiveMessage calls handed one
+    message to both receivers within its visibility timeout (both receives' answers held
+    it, with receive counts 1 and 2), and a DeleteMessage rebuilding the queue's message
+    list from a snapshot can bring back messages another thread deleted meanwhile. Serialised
+    here, as test_ledger_dynamodb.py does for DynamoDB's conditional PutItem. (Real SQS may
+    still deliver a message twice, rarely: tests that mean it inject that themselves.)"""
+    from moto.sqs.models import SQSBackend
+
+    for name in _MOTO_SQS_CALLS:
+        original = getattr(SQSBackend, name)
+
+        def atomic(*args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            with _MOTO_SQS_LOCK:
+                return __original(*args, **kwargs)
+
+        monkeypatch.setattr(SQSBackend, name, atomic)
+
+
+class Redelivery:
+    """SQS's at-least-once delivery, made to happen: the first message a run deletes comes
+    once more, in the next receive that hands out anything. Give ``sqs()`` as the factory."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.lock = threading.Lock()
+        self.received: dict[str, Any] = {}
+        self.deleted: Any = None
+        self.delivered_again = 0
+
+    def sqs(self) -> Any:
+        from redrive.sqs import Sqs
+
+        redelivery = self
+
+        class Redelivering(Sqs):
+            def receive(self, url: str, **kwargs: Any) -> list[Any]:
+                got: list[Any] = super().receive(url, **kwargs)
+                with redelivery.lock:
+                    redelivery.received.update((m.receipt_handle, m) for m in got)
+                    if got and redelivery.deleted is not None and not redelivery.delivered_again:
+                        redelivery.delivered_again += 1
+                        got.append(redelivery.deleted)
+                return got
+
+            def delete_batch(self, url: str, handles: Any) -> Any:
+                result = super().delete_batch(url, handles)
+                with redelivery.lock:
+                    if redelivery.deleted is None and result.ok:
+                        handle = handles[sorted(result.ok)[0]]
+                        redelivery.deleted = redelivery.received[handle]
+                return result
+
+        return Redelivering(self.client)
 
 
 @pytest.fixture

@@ -81,3 +81,49 @@ def test_bench_archive_checks_every_record_it_wrote() -> None:
     out = run_bench("archive.py", "--sizes", "200", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| 200 |")]
     assert len(rows) == 1 and rows[0].rstrip(" |").endswith("yes"), out
+
+
+def test_bench_hold_runs_and_a_killed_runs_holds_end_within_their_bound() -> None:
+    import json
+
+    out = run_bench(
+        "hold.py",
+        *("--messages", "300", "--latency-ms", "1", "--lease", "2", "--receive-wait", "1"),
+        *("--hold-seconds", "5", "--sample-every", "1", "--kill-at", "0.5"),
+    )
+    report = json.loads(out)
+    assert report["inspect"]["counted"] == 300
+    assert report["inspect"]["depth_after"] == [300, 0]
+    assert report["idle"]["held"] == 300 and report["idle"]["renew_calls"] > 0
+    kill = report["kill"]
+    assert kill["depth_after"] == [300, 0]
+    assert kill["all_visible_after_s"] < kill["bound_s"] + 5
+
+
+def test_fast_sqs_counts_calls_per_operation() -> None:
+    fast_sqs = load_fast_sqs()
+    server = fast_sqs.start()
+    try:
+        import json
+        import urllib.request
+
+        client = boto3.client("sqs", endpoint_url=server.endpoint_url, region_name="us-east-1")
+        url = client.create_queue(QueueName="q")["QueueUrl"]
+        client.send_message(QueueUrl=url, MessageBody="hello")
+        [message] = client.receive_message(QueueUrl=url, WaitTimeSeconds=0)["Messages"]
+        for timeout in (30, 0):
+            client.change_message_visibility_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": "0", "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": t}
+                    for t in (timeout,)
+                ],
+            )
+        with urllib.request.urlopen(server.endpoint_url + "/stats", timeout=10) as answer:
+            stats = json.loads(answer.read())
+        assert stats["SendMessage"] == 1 and stats["ReceiveMessage"] == 1
+        assert stats["ChangeMessageVisibilityBatch:hide"] == 1
+        assert stats["ChangeMessageVisibilityBatch:release"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()

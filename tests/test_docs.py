@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,8 @@ def test_every_runbook_lists_iam_permissions() -> None:
 
 
 MAIN_RUNBOOK = ROOT / "runbooks" / "draining-an-sqs-dead-letter-queue.md"
-OTHER_DOCS = [d for d in DOCS if d != MAIN_RUNBOOK]
+BLIP_RUNBOOK = ROOT / "runbooks" / "dlq-blip-after-deploy.md"
+OTHER_DOCS = [d for d in DOCS if d not in (MAIN_RUNBOOK, BLIP_RUNBOOK)]
 
 
 @pytest.mark.e2e
@@ -129,14 +130,22 @@ def test_doc_commands_run_against_the_sandbox(
     run_doc(doc, sandbox, tmp_path)
 
 
-def run_doc(doc: Path, sandbox: dict[str, str], tmp_path: Path) -> None:
+def run_doc(
+    doc: Path,
+    sandbox: dict[str, str],
+    tmp_path: Path,
+    after: Callable[[Command], None] | None = None,
+) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    run_commands(doc, dict(sandbox), workdir)
+    run_commands(doc, dict(sandbox), workdir, after=after)
 
 
 def run_commands(
-    doc: Path, env: dict[str, str], workdir: Path
+    doc: Path,
+    env: dict[str, str],
+    workdir: Path,
+    after: Callable[[Command], None] | None = None,
 ) -> list[tuple[Command, subprocess.CompletedProcess[str]]]:
     """Run the document's commands in order in ``env`` (``NAME=$(...)`` lines set NAME in
     it, as a shell would); each must end as the document says. Returns what each did."""
@@ -164,8 +173,36 @@ def run_commands(
         if assign:
             assert done.stdout.strip(), f"{where}: set {assign.group(1)} to nothing"
             env[assign.group(1)] = done.stdout.strip()
+        if after is not None:
+            after(command)
         done_all.append((command, done))
     return done_all
+
+
+@pytest.mark.e2e
+def test_the_blip_runbooks_receive_counts_hold_after_each_of_its_own_steps(
+    sandbox: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 11: "receive counts at the limit, 5 or 6" was false by the runbook's own third
+    step, because every inspect and dry run raises SQS's count. The count it shows now
+    leaves redrive's own receives out, so the claim holds however often one looks."""
+    raw: list[int] = []
+
+    def consumer_receives_are_5_or_6(command: Command) -> None:
+        seen = subprocess.run(
+            [sys.executable, "-m", "redrive", "inspect", "checkout", "--json"],
+            env=sandbox,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        for group in json.loads(seen.stdout)["groups"]:
+            assert group["max_consumer_receives"] in (5, 6), (command.text, group)
+            raw.append(group["max_receive_count"])
+
+    run_doc(BLIP_RUNBOOK, sandbox, tmp_path, after=consumer_receives_are_5_or_6)
+    assert raw and max(raw) > 6, "SQS's own count did grow with every look"
 
 
 @pytest.mark.e2e

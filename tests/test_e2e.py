@@ -373,10 +373,18 @@ def test_inspect_counts_each_task_exactly_and_leaves_the_dlq_as_it_was(
     # SQS has no peek: every receive raises ApproximateReceiveCount, and which samples a
     # group shows depends on the order SQS hands messages out. Everything else is the same.
     def stable(data: dict[str, Any]) -> list[dict[str, Any]]:
-        drop = {"max_receive_count", "sample_task_ids", "sample_message_ids"}
+        drop = {
+            "max_receive_count",
+            "max_redrive_receives",
+            "sample_task_ids",
+            "sample_message_ids",
+        }
         return [{k: v for k, v in g.items() if k not in drop} for g in data["groups"]]
 
     assert stable(second) == stable(first)
+    # What the consumers did stays put, however often one looks.
+    assert {g["max_consumer_receives"] for g in second["groups"]} == {5}
+    assert all(g["max_redrive_receives"] == 2 for g in second["groups"])
     assert second["total"] == first["total"]
     for one, two in zip(first["groups"], second["groups"], strict=True):
         assert two["max_receive_count"] == one["max_receive_count"] + 1
@@ -690,6 +698,59 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
         assert got[ident] == before[ident] + 1 <= 2
     assert checkout.depth() == (0, 0), "the DLQ is empty"
     assert {i for i in expected if got[i] == 0} == set(), "nothing lost"
+
+
+def test_a_killed_run_hides_what_it_held_for_about_its_lease_then_a_rerun_sees_it_all(
+    checkout: Family, server: MotoServer, tmp_path: Path
+) -> None:
+    """Issue 11: after a SIGKILL of `move --execute --lease 4`, the 20-30 messages it kept
+    hidden (not selected) stayed in flight for over 90 s: their holds were sized for a whole
+    scan (120 s at least), and a rerun scanned 0. A live run now renews short holds, so a
+    dead one's end within about its lease."""
+    rng = random.Random(11)
+    dead = [celery(CAPTURE) for _ in range(30)] + [celery(REFUND) for _ in range(30)]
+    rng.shuffle(dead)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    lease = 4
+    victim = start_redrive(
+        server,
+        *MOVE,
+        "--task",
+        CAPTURE,
+        "--lease",
+        str(lease),
+        "--rate",
+        "1",
+        "--ledger",
+        str(ledger),
+        out=tmp_path / "victim",
+    )
+    try:
+        wait_for(
+            lambda: checkout.depth(checkout.queue_url)[0] >= 3,
+            timeout=40,
+            what="the first captures moved",
+        )
+        # Alive for twice its lease and more: what it holds was renewed past its receive.
+        time.sleep(2.5 * lease)
+        assert victim.poll() is None, "the run ended before it could be killed"
+        held = checkout.depth()[1]
+        assert held >= 5, held
+        victim.send_signal(signal.SIGKILL)
+        assert victim.wait(10) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
+    killed = time.monotonic()
+    # Its last renewal gave `lease` seconds at most; its batch in flight had `lease` too.
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=lease + 6, every=0.2, what="the holds")
+    assert time.monotonic() - killed < lease + 6
+    left = checkout.depth()[0]
+    assert left > 30, "the refunds, and the captures it had not moved yet"
+    seen = ok_json(redrive(server, "inspect", "checkout", "--json", timeout=60))
+    assert (seen["total"], seen["hidden_before"], seen["incomplete"]) == (left, 0, False)
 
 
 # -- 5. two operators at once ------------------------------------------------------------------

@@ -20,6 +20,8 @@ from redrive.errors import AwsError
 from redrive.inspect import DAY, Grouping, InspectResult, inspect_dlq
 from redrive.messages import UNKNOWN_TASK, decode, encode
 from redrive.queues import DlqTarget, resolve_target
+from redrive.receives import ReceiveLog
+from redrive.sandbox import dead_letter
 from redrive.sqs import Message, Sqs
 
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"
@@ -52,8 +54,9 @@ def comparable(result: InspectResult) -> dict[str, Any]:
     for key in ("seconds", "scanned_at", "oldest_age_seconds"):
         data.pop(key)
     for group in data["groups"]:
-        # SQS counts every receive, this scan's too.
+        # SQS counts every receive, this scan's too (and redrive counts its own).
         group.pop("max_receive_count")
+        group.pop("max_redrive_receives")
     return data
 
 
@@ -233,6 +236,7 @@ def test_inspect_twice_gives_the_same_result_and_leaves_the_depth(
     target: DlqTarget,
     factory: Callable[[], Sqs],
     samples: list[dict[str, Any]],
+    tmp_path: Path,
 ) -> None:
     for sample in samples:
         family.send_to_dlq(sample["Body"])
@@ -240,15 +244,41 @@ def test_inspect_twice_gives_the_same_result_and_leaves_the_depth(
         family.send_to_dlq(encode(EMAIL, [i]), redriven(i % 4))
     total = len(samples) + 25
     now = time.time()
-    first = inspect_dlq(target, factory, now=now)
+    log = ReceiveLog(tmp_path / "receives.sqlite3")
+    first = inspect_dlq(target, factory, now=now, receive_log=log)
     assert family.depth() == (total, 0)
-    second = inspect_dlq(target, factory, now=now)
+    second = inspect_dlq(target, factory, now=now, receive_log=log)
     assert family.depth() == (total, 0)
     assert first.total == second.total == total
     assert comparable(first) == comparable(second)
     # SQS counts each receive: the second inspect sees one more on every message.
     firsts = {g.task: g.max_receive_count for g in first.groups}
     assert {g.task: g.max_receive_count - 1 for g in second.groups} == firsts
+
+
+def test_receive_counts_shown_are_the_consumers_not_redrive_s_own_reads(
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs], tmp_path: Path
+) -> None:
+    """Each inspect receives each message once more, which raises SQS's count: a dozen
+    scans took a DLQ's "max receives" from 6 to 20. The count shown leaves redrive's own
+    receives out, scan after scan and process after process (the log is a file)."""
+    dead_letter(family.client, family.queue_url, [(encode(EMAIL, [i]), {}) for i in range(12)])
+    path = tmp_path / "state" / "receives.sqlite3"
+    for scan in range(1, 13):
+        with ReceiveLog(path) as log:  # a new process each time
+            result = inspect_dlq(target, factory, receive_log=log, workers=1 + scan % 2)
+        [group] = result.groups
+        # moto, like SQS, dead-letters a message after maxReceiveCount (5) receives.
+        assert group.max_consumer_receives == 5, scan
+        assert group.max_redrive_receives == scan
+        assert group.max_receive_count == 5 + scan
+    data = result.to_json()["groups"][0]
+    assert (data["max_receive_count"], data["max_consumer_receives"]) == (17, 5)
+    assert data["max_redrive_receives"] == 12
+    assert result.receive_log_problem is None
+    # Without the log, the count is SQS's own, redrive's receives included.
+    unlogged = inspect_dlq(target, factory)
+    assert unlogged.groups[0].max_consumer_receives == 5 + 13
 
 
 def test_empty_dlq(family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]) -> None:

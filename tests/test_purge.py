@@ -22,7 +22,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from click.testing import CliRunner
-from conftest import REGION, Family, make_family
+from conftest import REGION, Family, Redelivery, make_family
 
 import redrive.archive as archive_module
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
@@ -249,6 +249,25 @@ def test_parallel_workers_share_one_archive_and_lose_nothing(
     with open_writer(path) as writer:
         result = run_purge(family.client, writer, tasks=[REFUND], workers=3)
     assert (result.archived, result.purged, result.failed) == (60, 60, 0)
+    records, problems = archived(path)
+    assert problems == []
+    assert sorted(r.message_id for r in records) == sorted(of_task(sent, REFUND))
+    assert set(peek(family.client, family.dlq_url)) == of_task(sent, RECEIPT)
+
+
+def test_a_message_sqs_delivers_again_after_its_purge_is_neither_archived_nor_counted_twice(
+    family: Family, tmp_path: Path
+) -> None:
+    """SQS delivers at least once: a message already archived and deleted may come again.
+    It is the same message: deleted once more, not a second record nor a 61st purge."""
+    sent = seed(family, [(REFUND, 60), (RECEIPT, 20)])
+    redelivery = Redelivery(family.client)
+    path = str(tmp_path / "a.jsonl.gz")
+    with open_writer(path) as writer:
+        result = run_purge(family.client, writer, tasks=[REFUND], sqs_factory=redelivery.sqs)
+    assert redelivery.delivered_again == 1
+    assert (result.archived, result.purged, result.failed) == (60, 60, 0)
+    assert result.redelivered == 1 and result.to_json()["redelivered"] == 1
     records, problems = archived(path)
     assert problems == []
     assert sorted(r.message_id for r in records) == sorted(of_task(sent, REFUND))

@@ -16,7 +16,8 @@ from moto.core.utils import unix_time
 from moto.sqs.models import Message as MotoMessage
 from moto.sqs.models import SQSBackend, sqs_backends
 
-from redrive.scan import MAX_VISIBILITY, DlqScan, hold_for_depth, run_pipelines
+from redrive.errors import AwsError
+from redrive.scan import MAX_VISIBILITY, DlqScan, hold_seconds, renew_ahead, run_pipelines
 from redrive.sqs import BatchResult, Message, Sqs, queue_name
 
 
@@ -88,15 +89,38 @@ def drain_scan(scan: DlqScan, sqs: Sqs, *, after_batch: Any = None) -> list[Mess
     return seen
 
 
-# -- hold_for_depth --------------------------------------------------------------------
+# -- how long holds last --------------------------------------------------------------
 
 
-def test_hold_for_depth() -> None:
-    assert hold_for_depth(0) == 120
-    assert hold_for_depth(1000) == 140
-    assert hold_for_depth(100_000) == 120 + 2000
-    assert hold_for_depth(10**9) == MAX_VISIBILITY
-    assert hold_for_depth(0, floor=30) == 30
+def test_a_hold_is_the_lease_while_renewing_them_all_costs_little() -> None:
+    # Up to 100 held messages per second of lease, renewing each once per lease costs at
+    # most 10 calls a second: the hold is the lease, however long the run has lived.
+    assert hold_seconds(lease=30, age=0, held=0) == 30
+    assert hold_seconds(lease=30, age=3_600, held=3_000) == 30
+    assert hold_seconds(lease=4, age=600, held=30) == 4
+
+
+def test_a_deep_hold_grows_with_what_is_held_but_never_past_twice_the_runs_age() -> None:
+    # 100,000 held: renewing them every 30 s would be 333 calls a second. At 10 calls a
+    # second a hold lasts 1,000 s; a run younger than 500 s holds for twice its age instead.
+    assert hold_seconds(lease=30, age=3_600, held=100_000) == 1_000
+    assert hold_seconds(lease=30, age=120, held=100_000) == 240
+    assert hold_seconds(lease=30, age=5, held=100_000) == 30
+    assert hold_seconds(lease=30, age=10**9, held=10**9) == MAX_VISIBILITY
+
+
+def test_a_hold_is_never_shorter_than_the_renewer_can_keep_up_with() -> None:
+    # A renewer that manages 1,000 handles a second may spend half of it: 100,000 held then
+    # need 200 s holds, even from a young run (else they run out under a live one).
+    assert hold_seconds(lease=30, age=5, held=100_000, renew_capacity=1_000) == 200
+    assert hold_seconds(lease=30, age=5, held=1_000, renew_capacity=1_000) == 30
+
+
+def test_holds_are_renewed_ahead_of_their_end_but_not_continuously() -> None:
+    assert renew_ahead(1) == 0.5
+    assert renew_ahead(4) == 1.0
+    assert renew_ahead(30) == 6.0
+    assert renew_ahead(1_000) == 15.0
 
 
 # -- one pass over the queue -----------------------------------------------------------
@@ -109,7 +133,7 @@ def test_every_message_once_then_all_released_at_1000(
     assert family.depth() == (1000, 0)
     sqs = Sqs(family.client)
     received: list[int] = []
-    scan = new_scan(family.dlq_url, lease=120, hold=120, on_receive=received.append)
+    scan = new_scan(family.dlq_url, lease=120, on_receive=received.append)
     seen = drain_scan(scan, sqs)
     ids = [m.message_id for m in seen]
     assert len(ids) == 1000
@@ -131,7 +155,7 @@ def test_empty_queue_ends_at_the_first_empty_receive_when_sqs_counts_nothing(
     new_scan: NewScan, family: QueueFamily
 ) -> None:
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=30, hold=30, stop_after_empty=3)
+    scan = new_scan(family.dlq_url, lease=30, stop_after_empty=3)
     assert scan.next_batch(sqs) is None
     assert scan.stats.receives == scan.stats.empty_receives == 1
     scan.release_all(sqs)
@@ -145,7 +169,7 @@ def test_empty_receives_while_sqs_still_counts_messages_go_on_up_to_the_limit(
     end, but the scan still ends after ``stop_after_empty`` of them."""
     sqs = Sqs(family.client)
     monkeypatch.setattr(sqs, "attributes", lambda url, names: {"ApproximateNumberOfMessages": "4"})
-    scan = new_scan(family.dlq_url, lease=30, hold=30, stop_after_empty=3)
+    scan = new_scan(family.dlq_url, lease=30, stop_after_empty=3)
     assert scan.next_batch(sqs) is None
     assert scan.stats.receives == scan.stats.empty_receives == 3
 
@@ -153,7 +177,7 @@ def test_empty_receives_while_sqs_still_counts_messages_go_on_up_to_the_limit(
 def test_max_messages(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 35)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=60, hold=60, max_messages=12)
+    scan = new_scan(family.dlq_url, lease=60, max_messages=12)
     sizes: list[int] = []
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: sizes.append(len(batch)))
     assert sizes == [10, 2]
@@ -167,7 +191,7 @@ def test_max_messages(new_scan: NewScan, family: QueueFamily) -> None:
 def test_stop_receiving_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 30)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=60, hold=60)
+    scan = new_scan(family.dlq_url, lease=60)
     first = scan.next_batch(sqs)
     assert first is not None
     scan.keep(sqs, first)
@@ -182,22 +206,32 @@ def test_stop_event_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> Non
     send(family, 30)
     sqs = Sqs(family.client)
     stop = threading.Event()
-    scan = new_scan(family.dlq_url, lease=60, hold=60, stop=stop)
+    scan = new_scan(family.dlq_url, lease=60, stop=stop)
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: stop.set())
     assert len(seen) == 10
     scan.release_all(sqs)
     assert family.depth() == (30, 0)
 
 
+class NoRenewals(Sqs):
+    """SQS refusing every renewal of a hold (releases still work)."""
+
+    def change_visibility_batch(self, url: str, handles: Any, timeout: int) -> BatchResult:
+        if timeout > 0:
+            return BatchResult({}, {i: "MessageNotInflight" for i in handles})
+        return super().change_visibility_batch(url, handles, timeout)
+
+
 def test_lease_running_out_mid_scan_keeps_counts_exact(
     new_scan: NewScan, family: QueueFamily
 ) -> None:
-    """lease = hold = 1 s and a consumer that stalls after 30 messages: those 30 come back
-    while the scan is running. They are recognised, not counted twice, and the scan goes
-    on to the messages it has not seen yet instead of taking the repeats for the end."""
+    """A 1 s lease that cannot be renewed and a consumer that stalls after 30 messages:
+    those 30 come back while the scan is running. They are recognised, not counted twice,
+    and the scan goes on to the messages it has not seen yet instead of taking the repeats
+    for the end."""
     sent = send(family, 50)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=1, hold=1)
+    scan = new_scan(family.dlq_url, lease=1, sqs_factory=lambda: NoRenewals(family.client))
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 3:
@@ -206,6 +240,7 @@ def test_lease_running_out_mid_scan_keeps_counts_exact(
     seen = drain_scan(scan, sqs, after_batch=slow_consumer)
     ids = [m.message_id for m in seen]
     assert scan.stats.seen_again > 0
+    assert scan.stats.renew_failed > 0
     assert scan.stats.received == 50
     assert len(ids) == 50
     assert set(ids) == set(sent)
@@ -213,29 +248,76 @@ def test_lease_running_out_mid_scan_keeps_counts_exact(
     assert family.depth() == (50, 0)
 
 
-def test_hold_longer_than_lease_keeps_kept_messages_hidden(
+def test_held_messages_stay_hidden_past_their_lease_while_the_scan_lives(
     new_scan: NewScan, family: QueueFamily
 ) -> None:
     send(family, 20)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=1, hold=60)
+    scan = new_scan(family.dlq_url, lease=1)
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 1:
-            scan.keep(sqs, batch)  # held for `hold`, not just the 1 s lease
-            time.sleep(1.2)
+            scan.keep(sqs, batch)  # renewed while held, not just hidden by its 1 s lease
+            time.sleep(2.5)
 
     seen = drain_scan(scan, sqs, after_batch=slow_consumer)
     assert len(seen) == 20
     assert scan.stats.seen_again == 0
+    assert scan.stats.renew_calls >= 2 and scan.stats.renew_failed == 0
+    assert scan.stats.longest_hold == 1
     scan.release_all(sqs)
     assert family.depth() == (20, 0)
+
+
+def test_a_closed_scan_renews_nothing_so_its_holds_end_within_the_lease(
+    new_scan: NewScan, family: QueueFamily
+) -> None:
+    """What a killed run leaves: no release, no more renewals. Its holds end within about
+    its lease, however long it lived (not after a hold sized for the whole scan)."""
+    send(family, 25)
+    sqs = Sqs(family.client)
+    scan = new_scan(family.dlq_url, lease=2)
+    drain_scan(scan, sqs)
+    time.sleep(2.5)  # renewed at least once past the receive's own 2 s
+    assert family.depth() == (0, 25)
+    assert scan.stats.renew_calls >= 3
+    scan.close()  # the run dies here
+    died = time.monotonic()
+    while family.depth() != (25, 0):
+        assert time.monotonic() - died < 2 + 1.5, "holds outlived the lease"
+        time.sleep(0.1)
+
+
+def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
+    new_scan: NewScan, family: QueueFamily
+) -> None:
+    send(family, 10)
+    sqs = Sqs(family.client)
+    calls: list[int] = []
+
+    class Flaky(Sqs):
+        def change_visibility_batch(self, url: str, handles: Any, timeout: int) -> BatchResult:
+            calls.append(timeout)
+            if len(calls) == 1:
+                raise AwsError("ChangeMessageVisibilityBatch failed: throttled")
+            return super().change_visibility_batch(url, handles, timeout)
+
+    scan = new_scan(family.dlq_url, lease=2, sqs_factory=lambda: Flaky(family.client))
+    drain_scan(scan, sqs)
+    time.sleep(2.6)
+    assert scan.stats.renew_errors == 1 and scan.stats.renew_calls >= 1
+    assert family.depth() == (0, 10), "the renewal after the failed one kept them hidden"
+    scan.release_all(sqs)
+    renewals = len(calls)
+    assert scan.stats.released == 10 and family.depth() == (10, 0)
+    time.sleep(0.6)
+    assert len(calls) == renewals, "nothing is renewed after the release"
 
 
 def test_release_now_makes_messages_visible_at_once(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 5)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=60, hold=60)
+    scan = new_scan(family.dlq_url, lease=60)
     batch = scan.next_batch(sqs)
     assert batch is not None and len(batch) == 5
     assert family.depth() == (0, 5)
@@ -249,7 +331,7 @@ def test_release_now_makes_messages_visible_at_once(new_scan: NewScan, family: Q
 def test_release_all_after_an_exception(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 40)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120)
 
     def fail_on_third(batches: int, batch: list[Message]) -> None:
         if batches == 3:
@@ -289,10 +371,11 @@ def test_release_all_streams_the_spool(
 ) -> None:
     send(family, 35)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120)
     drain_scan(scan, sqs)
-    spy = SpoolSpy(scan._spool)
-    scan._spool = spy
+    [segment] = scan._holds.segments
+    spy = SpoolSpy(segment.file)
+    segment.file = spy
     calls: list[tuple[int, int, int]] = []
     real = sqs.change_visibility_batch
 
@@ -335,7 +418,7 @@ def test_three_workers_share_one_scan(new_scan: NewScan, serial_moto: MotoServer
         made.append(Sqs(serial_moto.client()))
         return made[-1]
 
-    scan = new_scan(family.dlq_url, lease=120, hold=120)
+    scan = new_scan(family.dlq_url, lease=120)
     lock = threading.Lock()
     ids: list[str] = []
     clients: list[Sqs] = []
@@ -426,7 +509,7 @@ def test_deleted_messages_are_forgotten_so_memory_follows_what_is_held(
     # the seen set bounded by SQS's in-flight quota, not by the queue's size.
     send(family, 30)
     sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=60, hold=60)
+    scan = new_scan(family.dlq_url, lease=60)
     deleted = kept = 0
     while (batch := scan.next_batch(sqs)) is not None:
         gone, held = batch[:7], batch[7:]

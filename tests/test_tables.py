@@ -121,7 +121,7 @@ def test_inspect_at_80_columns_drops_sample_ids_first_and_keeps_task_names_recog
         assert any(last in line for line in lines), (task, narrow)
     # What an incident needs stays: counts, age, receives, expired, poison, leaving <24h.
     header = " ".join(lines[2:4])
-    for column in ("task", "count", "oldest", "max", "expired", "poison", "leaving"):
+    for column in ("task", "count", "oldest", "consumer", "expired", "poison", "leaving"):
         assert column in header, header
     assert "5h ago" in narrow
     # The notes are folded to the width too.

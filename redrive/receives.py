@@ -1,0 +1,256 @@
+"""How many times redrive itself received each DLQ message, so that the receive counts it
+shows are what the queue's consumers did, not what redrive's own reads did.
+
+SQS has no peek: every inspect, report, archive and dry run receives each message once
+more, and each receive raises its ApproximateReceiveCount. A cron ``report`` every 10
+minutes adds 144 a day. redrive remembers its own receives here and subtracts them.
+
+One SQLite file in the state directory (``receives.sqlite3`` beside the ledger), shared by
+every redrive process on the machine: per message an 8-byte digest of its MessageId, how many
+times redrive received it, and when it last did. Bounded: an entry not touched for
+:data:`KEEP_DAYS` days goes (SQS keeps a message 14 days at most), and the file holds at most
+:data:`MAX_ENTRIES` entries (about 40 MB), the least recently touched going first.
+
+Cheap per message: one indexed read per received batch; the increments are buffered and
+written in one transaction every couple of seconds. Advisory, never a reason to fail: if the
+file cannot be used, counts include redrive's own earlier receives and :attr:`problem` says
+why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import sqlite3
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from redrive.ledger import _make_dirs, default_ledger_path
+
+FILE_NAME = "receives.sqlite3"
+KEEP_DAYS = 15
+MAX_ENTRIES = 1_000_000
+FLUSH_SECONDS = 2.0
+FLUSH_ENTRIES = 5_000
+_DAY = 86_400
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS receives (
+    digest  INTEGER PRIMARY KEY,
+    count   INTEGER NOT NULL,
+    touched INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+_UPSERT = (
+    "INSERT INTO receives (digest, count, touched) VALUES (?, ?, ?) ON CONFLICT(digest) "
+    "DO UPDATE SET count = count + excluded.count, touched = excluded.touched"
+)
+
+
+def message_digest(message_id: str) -> int:
+    """A MessageId's 8-byte digest (the scan's, redrive.scan.digest), unsigned."""
+    return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
+
+
+def _signed(digest: int) -> int:
+    """As SQLite's INTEGER PRIMARY KEY holds it."""
+    return digest - (1 << 64) if digest >= 1 << 63 else digest
+
+
+def default_path() -> Path:
+    return default_ledger_path().parent / FILE_NAME
+
+
+class ReceiveLog:
+    """redrive's receives per message. Thread-safe; several processes may share the file."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_entries: int = MAX_ENTRIES,
+        busy_timeout: float = 2.0,
+    ) -> None:
+        self.path = Path(path)
+        self.problem: str | None = None
+        """Why the log is not used (then counts include redrive's earlier receives)."""
+        self._clock = clock
+        self._max_entries = max_entries
+        self._busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self._pending: Counter[int] = Counter()
+        self._flushed_at = time.monotonic()
+        self._added = 0
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self._conn = self._open()
+        except (sqlite3.Error, OSError) as exc:
+            self._disable(exc)
+
+    @classmethod
+    def open_default(cls) -> ReceiveLog:
+        """The log in the state directory (``$REDRIVE_STATE_DIR``, else XDG's)."""
+        return cls(default_path())
+
+    def __enter__(self) -> ReceiveLog:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        _make_dirs(self.path.parent)
+        # Created here, not by sqlite, so the mode is 0600 from the first byte.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            # Advisory counts: a power cut may lose the last second of them, never the file.
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # Lookups of random digests: 8 MB of page cache holds ~250,000 entries' pages.
+            conn.execute("PRAGMA cache_size=-8000")
+            conn.executescript(_SCHEMA)
+            self._prune_daily(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _prune_daily(self, conn: sqlite3.Connection) -> None:
+        today = self._today()
+        row = conn.execute("SELECT value FROM meta WHERE name = 'pruned_day'").fetchone()
+        if row is not None and row[0] >= today:
+            return
+        self._prune(conn)
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        """Drop entries older than SQS keeps messages, then the oldest beyond the cap."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            cutoff = int(self._clock()) - KEEP_DAYS * _DAY
+            conn.execute("DELETE FROM receives WHERE touched < ?", (cutoff,))
+            (entries,) = conn.execute("SELECT count(*) FROM receives").fetchone()
+            excess = entries - self._max_entries
+            if excess > 0:
+                conn.execute(
+                    "DELETE FROM receives WHERE digest IN "
+                    "(SELECT digest FROM receives ORDER BY touched LIMIT ?)",
+                    (excess,),
+                )
+            conn.execute(
+                "INSERT INTO meta (name, value) VALUES ('pruned_day', ?) "
+                "ON CONFLICT(name) DO UPDATE SET value = excluded.value",
+                (self._today(),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        self._added = 0
+
+    def _today(self) -> int:
+        return int(self._clock() // _DAY)
+
+    def _disable(self, exc: BaseException) -> None:
+        self.problem = f"cannot use {self.path} ({exc})"
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+        self._conn = None
+        self._pending.clear()
+
+    # -- counting ------------------------------------------------------------------------
+
+    def record(self, message_ids: Sequence[str]) -> list[int]:
+        """Count one receive by redrive of each message; return, for each, how many times
+        redrive has received it so far, this receive included."""
+        return self.record_digests([message_digest(m) for m in message_ids])
+
+    def record_digests(self, unsigned: Sequence[int]) -> list[int]:
+        """:meth:`record`, given the messages' digests (the scan has them already)."""
+        digests = [_signed(d) for d in unsigned]
+        with self._lock:
+            if self._conn is None:
+                return [1] * len(digests)
+            known = self._known(digests)
+            counts = []
+            for d in digests:
+                self._pending[d] += 1
+                counts.append(known.get(d, 0) + self._pending[d])
+            if (
+                len(self._pending) >= FLUSH_ENTRIES
+                or time.monotonic() - self._flushed_at >= FLUSH_SECONDS
+            ):
+                self._flush()
+            return counts
+
+    def _known(self, digests: Sequence[int]) -> dict[int, int]:
+        assert self._conn is not None
+        marks = ",".join("?" * len(digests))
+        try:
+            rows = self._conn.execute(
+                f"SELECT digest, count FROM receives WHERE digest IN ({marks})", digests
+            ).fetchall()
+        except sqlite3.Error as exc:
+            self._disable(exc)
+            return {}
+        return {int(d): int(n) for d, n in rows}
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._flushed_at = time.monotonic()
+        if self._conn is None or not self._pending:
+            return
+        touched = int(self._clock())
+        rows = [(d, n, touched) for d, n in self._pending.items()]
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(_UPSERT, rows)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                return  # another process is writing: these counts go with the next flush
+            self._disable(exc)
+            return
+        except sqlite3.Error as exc:
+            self._disable(exc)
+            return
+        self._pending.clear()
+        self._added += len(rows)
+        if self._added > self._max_entries // 10:
+            try:
+                self._prune(self._conn)
+            except sqlite3.Error as exc:
+                self._disable(exc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush()
+            if self._conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.close()
+                self._conn = None
