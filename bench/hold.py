@@ -185,8 +185,8 @@ def inspect_run(
 def idle_run(
     endpoint: str, dlq_url: str, lease: int, hold_seconds: float, every: float
 ) -> dict[str, Any]:
+    from redrive.aws.sqs import Sqs
     from redrive.scan import DlqScan
-    from redrive.sqs import Sqs
 
     def sqs() -> Sqs:
         return Sqs(client_for(endpoint))

@@ -204,7 +204,7 @@ with start_server(0, host={HOST!r}, serial=True, extended=False) as server:
 # than cProfile, so the shares are those of an ordinary run.
 _PHASES = """
 import atexit, functools, json, os, sys, time
-import redrive.ledger, redrive.move, redrive.scan, redrive.sqs
+import redrive.aws.sqs, redrive.ledger, redrive.move, redrive.scan
 stats = {}
 def timed(owner, name, label):
     original = getattr(owner, name)
@@ -222,7 +222,7 @@ def timed(owner, name, label):
 for name in ("get_many", "claim_many", "mark_sent_many", "mark_done_many", "heartbeat"):
     timed(redrive.ledger.SqliteLedger, name, "ledger." + name)
 for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch"):
-    timed(redrive.sqs.Sqs, name, "sqs." + name)
+    timed(redrive.aws.sqs.Sqs, name, "sqs." + name)
 for name in ("run", "_decide", "_execute", "_entries_for", "_entry"):
     timed(redrive.move.MoveEngine, name, "engine." + name)
 timed(redrive.move, "decode", "messages.decode")
@@ -320,8 +320,8 @@ def _boto3_client() -> Any:
 
 
 def _shaped_clients() -> tuple[Any, Any]:
-    """Two clients configured as redrive's (redrive.sqs.AwsSettings): adaptive retries, and
-    a second one that never retries by itself, for sends."""
+    """Two clients configured as redrive's (redrive.aws.session.AwsSettings): adaptive
+    retries, and a second one that never retries by itself, for sends."""
     import boto3
     from botocore.config import Config
 

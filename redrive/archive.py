@@ -91,6 +91,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from redrive.aws.errors import ACCESS_CODES, CREDENTIAL_CODES, error_code
 from redrive.errors import ArchiveError
 
 if TYPE_CHECKING:
@@ -658,7 +659,7 @@ class S3ArchiveWriter(_WriterBase):
                 Bucket=self._bucket, Prefix=self._run_prefix, MaxKeys=1
             )
         except ClientError as exc:
-            if _client_error_code(exc) in _ACCESS_DENIED_CODES:
+            if error_code(exc) in ACCESS_CODES:
                 # Write-only credentials (PutObject without ListBucket) are a sane setup for
                 # an archive bucket; the first put will tell if writing is denied too.
                 return
@@ -1559,24 +1560,6 @@ def _local_error(exc: OSError, location: str, *, writing: bool = True) -> Archiv
     )
 
 
-_ACCESS_DENIED_CODES: Final = frozenset(
-    {"AccessDenied", "403", "AllAccessDisabled", "AccountProblem", "Forbidden"}
-)
-_CREDENTIAL_CODES: Final = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-    }
-)
-
-
-def _client_error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def _s3_error(
     exc: ClientError | BotoCoreError, location: str, bucket: str, *, writing: bool
 ) -> ArchiveError:
@@ -1586,7 +1569,7 @@ def _s3_error(
             f"cannot reach S3 {action} archive {location}: {_one_line(str(exc))}; "
             "check AWS credentials, region, endpoint and network"
         )
-    code = _client_error_code(exc)
+    code = error_code(exc)
     if code == "NoSuchBucket":
         return ArchiveError(
             f"S3 bucket {bucket} does not exist ({action} archive {location}); "
@@ -1599,13 +1582,13 @@ def _s3_error(
             f"archive object {location} already exists; refusing to overwrite it, "
             "choose another prefix"
         )
-    if code in _ACCESS_DENIED_CODES:
+    if code in ACCESS_CODES:
         needed = "s3:PutObject" if writing else "s3:ListBucket and s3:GetObject"
         return ArchiveError(
             f"access denied {action} archive {location}; grant {needed} on it "
             "or choose another archive location"
         )
-    if code in _CREDENTIAL_CODES:
+    if code in CREDENTIAL_CODES:
         return ArchiveError(
             f"S3 rejected the AWS credentials {action} archive {location} ({code}); "
             "refresh or fix your credentials"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from redrive.sqs import MAX_MESSAGE_ATTRIBUTES
+from redrive.aws.sqs import MAX_MESSAGE_ATTRIBUTES
 
 COUNT = "redrive-count"
 KEY = "redrive-key"

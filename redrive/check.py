@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import DLQ_SUFFIX, Layout
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.queues import describe_queue, dlq_of
 from redrive.selection import format_duration
-from redrive.sqs import Sqs, queue_name
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ import click
 from click.shell_completion import CompletionItem
 
 from redrive import __version__
+from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import Layout, load_layout
 from redrive.errors import RedriveError, UsageProblem
 from redrive.move import (
@@ -34,7 +36,6 @@ from redrive.move import (
 )
 from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
-from redrive.sqs import AwsSettings, Sqs, queue_name
 
 if TYPE_CHECKING:
     from redrive.receives import ReceiveLog
@@ -532,7 +533,7 @@ def complete_queue(
     ctx: click.Context, param: click.Parameter, incomplete: str
 ) -> list[CompletionItem]:
     """``--to QUEUE`` completes to the layout's queue names."""
-    from redrive.sqs import queue_name
+    from redrive.aws.sqs import queue_name
 
     layout = _completion_layout(ctx)
     names = [queue_name(f.queue) for f in layout.families] if layout is not None else []
@@ -1080,7 +1081,8 @@ def execute_record(
     ctx: Context, target: str, selection: Selection, ledger: Any, *, archive: str | None = None
 ) -> dict[str, Any]:
     """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
-    from redrive.audit import caller_identity, run_record
+    from redrive.audit import run_record
+    from redrive.aws.identity import caller_identity
 
     filters = selection.describe()
     if len(filters["message_ids"]) > 10:

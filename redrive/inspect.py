@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
+from redrive.aws.sqs import Sqs
 from redrive.messages import TaskInfo, decode
 from redrive.queues import DlqTarget
 from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import iso_utc
-from redrive.sqs import Sqs
 
 SAMPLES_PER_GROUP = 3
 # How much of a body that is not a Celery task --show-args shows instead of its arguments.

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
+from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
 from redrive.errors import AwsError, LedgerError
 from redrive.ledger import (
     RUN_OUTCOMES,
@@ -65,7 +66,6 @@ from redrive.ledger import (
     RunInfo,
     _check_key,
 )
-from redrive.sqs import aws_errors
 
 __all__ = [
     "KEYS_BY_RUN",
@@ -94,9 +94,6 @@ _POOL_SIZE = 10
 _CONFLICT_ATTEMPTS = 5
 _UNPROCESSED_ATTEMPTS = 10
 _TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
-_ACCESS_CODES = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
-# IAM authorises each item of a transaction by its own action.
-_IAM_ACTION = {"TransactWriteItems": "ConditionCheckItem and dynamodb:UpdateItem"}
 # The owner run of a key has no lease running: gone, ended, or past its promised time.
 _OWNER_NOT_LEASED = (
     "attribute_not_exists(pk) OR attribute_exists(#ended_at) OR #lease_until <= :now"
@@ -177,10 +174,6 @@ def _snake(action: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", action).lower()
 
 
-def _code(exc: botocore.exceptions.ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def check_table_name(name: str, uri: str | None = None) -> str:
     """``name`` if DynamoDB accepts it as a table name, else a LedgerError."""
     if not name:
@@ -197,15 +190,15 @@ def check_table_name(name: str, uri: str | None = None) -> str:
 def _translate(exc: Exception, action: str, table: str, region: str | None) -> LedgerError:
     """One line that says what to do, for any botocore failure of a ledger call."""
     if isinstance(exc, botocore.exceptions.ClientError):
-        code = _code(exc)
+        code = error_code(exc)
         if code == "ResourceNotFoundException":
             where = f" in region {region}" if region else ""
             return LedgerError(
                 f"the DynamoDB ledger table {table} does not exist{where}: create it with "
                 f"`redrive ledger init dynamodb://{table}` (or check --region / AWS_REGION)"
             )
-        if code in _ACCESS_CODES:
-            iam = _IAM_ACTION.get(action, action)
+        if code in ACCESS_CODES:
+            iam = IAM_ACTION.get(action, action)
             return LedgerError(
                 f"access denied: the caller may not dynamodb:{iam} on the ledger table "
                 f"{table}; grant that IAM action or use another --profile"
@@ -307,7 +300,7 @@ def init_table(client: Any, table: str) -> str:
     try:
         client.create_table(**_create_request(table))
     except botocore.exceptions.ClientError as exc:
-        if _code(exc) != "ResourceInUseException":  # in use: it exists (or is being made)
+        if error_code(exc) != "ResourceInUseException":  # in use: it exists (or is being made)
             raise _translate(exc, "CreateTable", table, region) from exc
         created = False
     except botocore.exceptions.BotoCoreError as exc:
@@ -367,7 +360,7 @@ def open_dynamodb(
     (default: boto3's usual settings chain with redrive's retry configuration)."""
     table = check_table_name(rest, uri)
     if client_factory is None:
-        from redrive.sqs import AwsSettings
+        from redrive.aws.session import AwsSettings
 
         client_factory = AwsSettings().client
     client = client_factory("dynamodb")
@@ -446,7 +439,7 @@ class DynamoDbLedger(Ledger):
                 response: dict[str, Any] = method(**kwargs)
                 return response
             except botocore.exceptions.ClientError as exc:
-                code = _code(exc)
+                code = error_code(exc)
                 if code == "ConditionalCheckFailedException":
                     old: Item | None = exc.response.get("Item")  # type: ignore[assignment]
                     raise _Refused(old) from None

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from redrive import attributes
+from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
@@ -44,7 +45,6 @@ from redrive.rate import RateLimiter
 from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, digest, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
-from redrive.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 
 InDoubtPolicy = Literal["hold", "resend", "skip"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")

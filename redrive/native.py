@@ -16,10 +16,11 @@ from typing import Any
 
 import botocore.exceptions
 
+from redrive.aws.errors import ACCESS_CODES, aws_errors, error_code
+from redrive.aws.sqs import Sqs, queue_name
 from redrive.errors import AwsError, RedriveError, UsageProblem
 from redrive.queues import COUNT_ATTRIBUTES, DlqTarget, QueueRef
 from redrive.selection import iso_utc
-from redrive.sqs import Sqs, aws_errors, queue_name
 
 #: SQS's ceiling for MaxNumberOfMessagesPerSecond.
 MAX_NATIVE_RATE = 500
@@ -43,7 +44,6 @@ _CONFLICT_CODES = {
     "UnsupportedOperation",
     "AWS.SimpleQueueService.UnsupportedOperation",
 }
-_ACCESS_CODES = {"AccessDenied", "AccessDeniedException"}
 
 
 class MoveTaskRunning(RedriveError):
@@ -359,10 +359,9 @@ def _explain_start_failure(sqs: Sqs, target: DlqTarget, exc: AwsError) -> AwsErr
     cause = exc.__cause__
     if not isinstance(cause, botocore.exceptions.ClientError):
         return exc
-    error = cause.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    message = str(error.get("Message", "")).lower()
-    if code in _ACCESS_CODES:
+    code = error_code(cause)
+    message = str(cause.response.get("Error", {}).get("Message", "")).lower()
+    if code in ACCESS_CODES:
         return AwsError(
             f"{exc} (a redrive also needs sqs:ReceiveMessage, sqs:DeleteMessage and "
             "sqs:GetQueueAttributes on the DLQ, and sqs:SendMessage on the destination)"

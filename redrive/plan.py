@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from redrive.audit import local_identity
+from redrive.aws.identity import local_identity
 from redrive.errors import UsageProblem
 
 PLAN_VERSION = 1

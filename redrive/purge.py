@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.archive import ArchiveRecord, ArchiveWriter
+from redrive.aws.sqs import Message, Sqs
 from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
@@ -25,7 +26,6 @@ from redrive.queues import DlqTarget
 from redrive.receives import ReceiveLog
 from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings
-from redrive.sqs import Message, Sqs
 
 DEFAULT_LEASE = 30
 # Messages buffered before one archive write: S3 wants large objects, and every buffered

@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import Family, Layout
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
-from redrive.sqs import Sqs, queue_name
 
 # Counts SQS keeps per queue; GetQueueAttributes with these names is instant at any depth.
 COUNT_ATTRIBUTES = (

@@ -25,12 +25,12 @@ from redrive.archive import (
     DamageReport,
     check_archive,
 )
+from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 from redrive.inspect import Grouping, InspectResult
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.move import MoveEngine, MoveOptions, MoveResult
 from redrive.queues import DlqTarget, QueueRef
-from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 
 
 class ArchiveSource:

@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from redrive.aws.sqs import Sqs
 from redrive.config import Layout
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.inspect import InspectResult, inspect_dlq
 from redrive.queues import resolve_family
 from redrive.receives import ReceiveLog
 from redrive.selection import iso_utc
-from redrive.sqs import Sqs
 
 
 @dataclass(slots=True)

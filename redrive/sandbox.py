@@ -60,10 +60,10 @@ from moto.sqs.models import Message, Queue, sqs_backends
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from redrive import sandbox_sqs
+from redrive.aws.sqs import SendEntry, queue_name, split_batches
 from redrive.config import DLQ_SUFFIX, Family, Layout, load_layout
 from redrive.errors import RedriveError
 from redrive.messages import decode, encode
-from redrive.sqs import SendEntry, queue_name, split_batches
 
 __all__ = [
     "ACCESS_KEY_ID",

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redrive.sqs import MAX_BATCH_ENTRIES, Message, Sqs
+from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 
 if TYPE_CHECKING:
     from redrive.receives import ReceiveLog

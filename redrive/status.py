@@ -6,10 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redrive.aws.sqs import Sqs
 from redrive.config import Layout
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.queues import COUNT_ATTRIBUTES, resolve_family
-from redrive.sqs import Sqs
 
 
 @dataclass(frozen=True, slots=True)

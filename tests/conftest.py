@@ -168,7 +168,7 @@ class Redelivery:
         self.delivered_again = 0
 
     def sqs(self) -> Any:
-        from redrive.sqs import Sqs
+        from redrive.aws.sqs import Sqs
 
         redelivery = self
 
@@ -327,7 +327,7 @@ def as_json(result: Result) -> Any:
 @pytest.fixture
 def sqs_for(sqs_client: Any) -> Callable[[str | None], Any]:
     """What the CLI does: one client per call, through AwsSettings (inside mock_aws)."""
-    from redrive.sqs import AwsSettings
+    from redrive.aws.session import AwsSettings
 
     settings = AwsSettings(region=REGION)
     return lambda region: settings.sqs(region=region)
@@ -337,7 +337,7 @@ def unreachable() -> Callable[[str | None], Any]:
     """SQS on a closed port of 127.0.0.1: every call fails to connect, at once."""
     from botocore.config import Config
 
-    from redrive.sqs import Sqs
+    from redrive.aws.sqs import Sqs
 
     url = f"http://127.0.0.1:{free_port()}"
     config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1)

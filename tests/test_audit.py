@@ -14,7 +14,9 @@ import pytest
 from click.testing import Result
 from conftest import Family, as_json, ok, run
 
-from redrive.audit import caller_identity, list_runs, run_json, run_record, show_run
+from redrive.audit import list_runs, run_json, run_record, show_run
+from redrive.aws.identity import caller_identity
+from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ERROR
 from redrive.config import built_in_layout
 from redrive.errors import RedriveError
@@ -23,7 +25,6 @@ from redrive.messages import encode
 from redrive.move import MoveEngine, MoveOptions
 from redrive.queues import resolve_target
 from redrive.selection import Selection
-from redrive.sqs import Sqs
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

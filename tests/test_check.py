@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import Family, make_family
 
+from redrive.aws.sqs import Sqs
 from redrive.check import Finding, check_layout, expected_dlq_name
 from redrive.cli import EXIT_ERROR, cli
 from redrive.config import built_in_layout, load_layout
-from redrive.sqs import Sqs
 
 
 def run(*args: str) -> Result:

@@ -23,11 +23,11 @@ from click.testing import CliRunner, Result
 from conftest import REGION, Family, free_port, make_family
 
 from redrive import __version__
+from redrive.aws.session import AwsSettings
 from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE, cli
 from redrive.keys import key_for
 from redrive.ledger import Claim, default_ledger_path, open_ledger
 from redrive.messages import decode, encode
-from redrive.sqs import AwsSettings
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"
@@ -393,7 +393,7 @@ def test_move_with_filters(family: Family) -> None:
 
 
 def test_move_failed_sends_exit_3(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
-    from redrive.sqs import BatchResult, Sqs
+    from redrive.aws.sqs import BatchResult, Sqs
 
     def refuse(self: Sqs, url: str, entries: Any) -> BatchResult:
         return BatchResult({}, {e.id: "KMS.DisabledException: key disabled" for e in entries})

@@ -15,6 +15,7 @@ from conftest import Family as QueueFamily
 from conftest import make_family, start_moto_server
 
 from redrive import attributes
+from redrive.aws.sqs import Message, Sqs
 from redrive.config import built_in_layout
 from redrive.errors import AwsError
 from redrive.inspect import DAY, Grouping, InspectResult, inspect_dlq
@@ -22,7 +23,6 @@ from redrive.messages import UNKNOWN_TASK, decode, encode
 from redrive.queues import DlqTarget, resolve_target
 from redrive.receives import ReceiveLog
 from redrive.sandbox import dead_letter
-from redrive.sqs import Message, Sqs
 
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"
 EMAIL = "apps.notifications.tasks.send_email"

@@ -30,6 +30,7 @@ from conftest import REGION, Family, MotoServer, start_moto_server
 from moto import mock_aws
 from test_ledger import Clock, claims, one_line, state
 
+from redrive.aws.sqs import Sqs
 from redrive.config import built_in_layout
 from redrive.errors import LedgerError
 from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
@@ -44,7 +45,6 @@ from redrive.ledger_dynamodb import (
 from redrive.messages import decode, encode
 from redrive.move import MoveEngine, MoveOptions
 from redrive.queues import resolve_family
-from redrive.sqs import Sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLE = "redrive-ledger"
@@ -766,7 +766,7 @@ _OPERATOR = textwrap.dedent(
     from redrive.ledger import open_ledger
     from redrive.move import MoveEngine, MoveOptions
     from redrive.queues import resolve_family
-    from redrive.sqs import AwsSettings
+    from redrive.aws.session import AwsSettings
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     table, go = sys.argv[1:3]

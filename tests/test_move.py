@@ -29,6 +29,7 @@ import pytest
 from conftest import Family, Redelivery, make_family, start_moto_server
 
 from redrive import attributes
+from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
 from redrive.config import built_in_layout
 from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
@@ -50,7 +51,6 @@ from redrive.move import (
 from redrive.queues import DlqTarget, describe_queue, resolve_family, resolve_target
 from redrive.render import move_text
 from redrive.selection import Selection
-from redrive.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
 
 TASK = "apps.webhooks.tasks.save_checkout"
 LEASE = 1
@@ -1455,7 +1455,7 @@ OPERATOR = textwrap.dedent(
     from redrive.ledger import SqliteLedger
     from redrive.move import MoveEngine, MoveOptions
     from redrive.queues import resolve_family
-    from redrive.sqs import AwsSettings
+    from redrive.aws.session import AwsSettings
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     endpoint, ledger, go = sys.argv[1:4]

@@ -25,6 +25,8 @@ from click.testing import CliRunner, Result
 from conftest import REGION, Family
 
 from redrive import cli as cli_module
+from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
 from redrive.errors import AwsError, UsageProblem
 from redrive.native import (
@@ -42,7 +44,6 @@ from redrive.native import (
 )
 from redrive.queues import DlqTarget, QueueRef
 from redrive.render import move_tasks_table, native_task_text
-from redrive.sqs import AwsSettings, Sqs
 
 ACCOUNT = "123456789012"
 DLQ_ARN = f"arn:aws:sqs:{REGION}:{ACCOUNT}:onion-checkout-dlq"

@@ -26,6 +26,7 @@ from conftest import REGION, Family, Redelivery, make_family
 
 import redrive.archive as archive_module
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
+from redrive.aws.sqs import BatchResult, Message, Sqs
 from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.errors import ArchiveError, AwsError
@@ -39,7 +40,6 @@ from redrive.purge import (
 )
 from redrive.queues import DlqTarget, QueueRef, resolve_target
 from redrive.selection import Selection
-from redrive.sqs import BatchResult, Message, Sqs
 
 REFUND = "apps.payments.tasks.refund"
 RECEIPT = "apps.emails.tasks.send_receipt"

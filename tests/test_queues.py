@@ -10,10 +10,10 @@ import pytest
 from conftest import Family as QueueFamily
 from conftest import make_family
 
+from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
 from redrive.queues import QueueRef, describe_queue, resolve_target
-from redrive.sqs import Sqs
 
 BUILT_IN = built_in_layout({})
 

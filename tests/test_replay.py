@@ -29,6 +29,7 @@ from redrive.archive import (
     open_writer,
     read_records,
 )
+from redrive.aws.sqs import Sqs
 from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.ledger import SqliteLedger
@@ -38,7 +39,6 @@ from redrive.purge import PurgeOptions, purge_dlq
 from redrive.queues import DlqTarget, describe_queue, resolve_target
 from redrive.replay import inspect_archive, replay_archive
 from redrive.selection import Selection
-from redrive.sqs import Sqs
 
 REFUND = "apps.payments.tasks.refund"
 RECEIPT = "apps.emails.tasks.send_receipt"

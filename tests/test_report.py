@@ -12,11 +12,11 @@ import pytest
 from conftest import Family as QueueFamily
 from conftest import make_family, unreachable
 
+from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
 from redrive.messages import UNKNOWN_TASK, encode
 from redrive.report import build_report
-from redrive.sqs import Sqs
 
 BUILT_IN = built_in_layout({})
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"

@@ -18,9 +18,9 @@ import botocore.exceptions
 import pytest
 
 from redrive import sandbox
+from redrive.aws.sqs import Sqs
 from redrive.native import cancel_move_task, follow_native_move, list_move_tasks
 from redrive.queues import DlqTarget, QueueRef
-from redrive.sqs import Sqs
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from moto.core.utils import unix_time
 from moto.sqs.models import Message as MotoMessage
 from moto.sqs.models import SQSBackend, sqs_backends
 
+from redrive.aws.sqs import BatchResult, Message, Sqs, queue_name
 from redrive.errors import AwsError
 from redrive.scan import MAX_VISIBILITY, DlqScan, hold_seconds, renew_ahead, run_pipelines
-from redrive.sqs import BatchResult, Message, Sqs, queue_name
 
 
 @pytest.fixture

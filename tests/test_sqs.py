@@ -14,17 +14,11 @@ import botocore.exceptions as bx
 import pytest
 from botocore.stub import Stubber
 
-from redrive import sqs as sqs_module
+from redrive.aws import sqs as sqs_module
+from redrive.aws.errors import aws_errors
+from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import MAX_BATCH_BYTES, SendEntry, Sqs, _batch_result, split_batches
 from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError, SendInDoubt
-from redrive.sqs import (
-    MAX_BATCH_BYTES,
-    AwsSettings,
-    SendEntry,
-    Sqs,
-    _batch_result,
-    aws_errors,
-    split_batches,
-)
 
 URL = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
 

@@ -10,9 +10,9 @@ import pytest
 from conftest import Family as QueueFamily
 from conftest import make_family, unreachable
 
+from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsUnavailable
-from redrive.sqs import Sqs
 from redrive.status import QueueCounts, family_status
 
 BUILT_IN = built_in_layout({})

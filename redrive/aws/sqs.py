@@ -1,131 +1,26 @@
-"""The SQS adapter: clients, batched calls that report per-entry failures, and error translation.
+"""The SQS adapter: batched calls that report per-entry failures, never drop them.
 
-Every AWS error that reaches the user goes through :func:`aws_errors`, which turns botocore's
-exceptions into one-line :class:`~redrive.errors.RedriveError` messages that say what to do.
+Its errors go through :func:`redrive.aws.errors.aws_errors`; clients come from
+:class:`redrive.aws.session.AwsSettings`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-import re
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
 import botocore.exceptions
-from botocore.config import Config
 
-from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, SendInDoubt
+from redrive.aws.errors import aws_errors, error_code, is_throttle
+from redrive.errors import AwsError, SendInDoubt
 
 #: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
 MAX_BATCH_BYTES = 262_144
 MAX_BATCH_ENTRIES = 10
 MAX_MESSAGE_ATTRIBUTES = 10
-
-_NOT_FOUND_CODES = {
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "QueueDoesNotExist",
-    "NonExistentQueue",
-}
-_ACCESS_CODES = {"AccessDenied", "AccessDeniedException", "AuthorizationError"}
-_CREDENTIAL_CODES = {
-    "InvalidClientTokenId",
-    "UnrecognizedClientException",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "ExpiredTokenException",
-    "InvalidAccessKeyId",
-    "MissingAuthenticationToken",
-}
-_THROTTLE_CODES = {
-    "Throttling",
-    "ThrottlingException",
-    "RequestThrottled",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "SlowDown",
-    "AWS.SimpleQueueService.RequestThrottled",
-}
-# IAM names the permission after the single-message action for batch calls.
-_IAM_ACTION = {
-    "SendMessageBatch": "SendMessage",
-    "DeleteMessageBatch": "DeleteMessage",
-    "ChangeMessageVisibilityBatch": "ChangeMessageVisibility",
-}
-
-
-class AwsSettings:
-    """Where and as whom to call AWS; ``None`` leaves the choice to boto3's usual chain
-    (``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_PROFILE``, ``~/.aws/config`` ...)."""
-
-    def __init__(
-        self,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        profile: str | None = None,
-        *,
-        max_attempts: int = 6,
-    ) -> None:
-        self.endpoint_url = endpoint_url
-        self.region = region
-        self.profile = profile
-        self.max_attempts = max_attempts
-        self._session: boto3.Session | None = None
-        self._lock = threading.Lock()
-
-    def session(self) -> boto3.Session:
-        with self._lock:
-            if self._session is None:
-                with aws_errors("open an AWS session"):
-                    self._session = boto3.Session(profile_name=self.profile)
-            return self._session
-
-    def client(
-        self, service: str, *, region: str | None = None, max_attempts: int | None = None
-    ) -> Any:
-        """A new client: each worker thread gets its own (boto3 clients are not shared)."""
-        config = Config(
-            # adaptive: client-side rate limiting that backs off when AWS throttles.
-            # total_max_attempts counts the first request; botocore's "max_attempts" counts
-            # retries only, so max_attempts=1 would still resend an unconfirmed batch once.
-            retries={
-                "mode": "adaptive",
-                "total_max_attempts": max_attempts or self.max_attempts,
-            },
-            connect_timeout=5,
-            read_timeout=40,
-            max_pool_connections=20,
-            # SQS validates every request itself; botocore's client-side pass was about a
-            # tenth of the CPU of a move (bench/move.py), and every call here is built by code.
-            parameter_validation=False,
-        )
-        session = self.session()
-        try:
-            with self._lock, aws_errors(f"create the {service} client"):
-                return session.client(
-                    service,  # type: ignore[call-overload]
-                    endpoint_url=self.endpoint_url,
-                    region_name=region or self.region,
-                    config=config,
-                )
-        except ValueError as exc:
-            # botocore rejects a malformed endpoint URL (option or AWS_ENDPOINT_URL) this way.
-            raise AwsUnavailable(
-                f"cannot create the {service} client: {_one_line(str(exc))}: check "
-                "--endpoint-url / AWS_ENDPOINT_URL (e.g. http://127.0.0.1:4566)"
-            ) from exc
-
-    def sqs(self, *, region: str | None = None) -> Sqs:
-        # Sends go through a client that never retries by itself: botocore would resend a
-        # batch whose response timed out, and that batch may already be in the queue.
-        return Sqs(
-            self.client("sqs", region=region),
-            send_client=self.client("sqs", region=region, max_attempts=1),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +227,7 @@ class Sqs:
                         if not is_throttle(exc) and int(status) >= 500:
                             raise SendInDoubt(
                                 f"SendMessageBatch to {queue_name(url)} failed on the server "
-                                f"({_code(exc)}): its {len(entries)} messages may or may not "
+                                f"({error_code(exc)}): its {len(entries)} messages may or may not "
                                 "be in the queue"
                             ) from exc
                         raise
@@ -403,117 +298,3 @@ def _batch_result(
 
 def queue_name(url_or_arn: str) -> str:
     return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
-
-
-def is_throttle(exc: BaseException) -> bool:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        return _code(exc) in _THROTTLE_CODES
-    return False
-
-
-def _code(exc: botocore.exceptions.ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-@contextlib.contextmanager
-def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs") -> Iterator[None]:
-    """Turn botocore's exceptions into one-line errors that say what to do."""
-    on = f" on {resource}" if resource else ""
-    try:
-        yield
-    except botocore.exceptions.NoCredentialsError as exc:
-        raise AwsUnavailable(
-            "no AWS credentials found: set AWS_PROFILE (or pass --profile), or "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; for the local sandbox use the "
-            "lines `redrive sandbox` prints"
-        ) from exc
-    except botocore.exceptions.ProfileNotFound as exc:
-        raise AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config") from exc
-    except botocore.exceptions.NoRegionError as exc:
-        raise AwsUnavailable("no AWS region: pass --region or set AWS_REGION") from exc
-    except botocore.exceptions.InvalidRegionError as exc:
-        # Not AwsUnavailable: a typo in one family's region must not hide the other families.
-        raise AwsError(
-            f"{str(exc).rstrip('.')}: check --region / AWS_REGION and the config's regions"
-        ) from exc
-    except (
-        botocore.exceptions.EndpointConnectionError,
-        botocore.exceptions.ConnectTimeoutError,
-        botocore.exceptions.ReadTimeoutError,
-        botocore.exceptions.ConnectionClosedError,
-    ) as exc:
-        endpoint = getattr(exc, "kwargs", {}).get("endpoint_url", "") or "the endpoint"
-        raise AwsUnavailable(
-            f"cannot reach {service.upper()} at {endpoint} ({type(exc).__name__}): check "
-            "--endpoint-url / AWS_ENDPOINT_URL and your network (is the sandbox running?)"
-        ) from exc
-    except botocore.exceptions.ParamValidationError as exc:
-        raise AwsError(f"{action}{on}: invalid request: {_one_line(str(exc))}") from exc
-    except botocore.exceptions.ClientError as exc:
-        code = _code(exc)
-        message = str(exc.response.get("Error", {}).get("Message", "")) or code
-        foreign = _not_an_aws_error(exc)
-        if foreign is not None:
-            raise AwsError(
-                f"{action}{on} failed: {foreign}; it may not implement {action}: check "
-                "--endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
-            ) from exc
-        if code in _NOT_FOUND_CODES:
-            raise QueueNotFound(
-                f"queue {resource or ''} does not exist: check the name, --region "
-                "and the account (`redrive status` lists the configured families)"
-            ) from exc
-        if code in _ACCESS_CODES:
-            iam = _IAM_ACTION.get(action, action)
-            raise AwsError(
-                f"access denied: the caller may not {service}:{iam}{on}; grant that IAM "
-                "action or use another --profile"
-            ) from exc
-        if code in _CREDENTIAL_CODES:
-            raise AwsUnavailable(
-                f"AWS rejected the credentials ({code}): refresh them (e.g. `aws sso login`) "
-                "or check AWS_PROFILE / AWS_ACCESS_KEY_ID"
-            ) from exc
-        if code in _THROTTLE_CODES:
-            raise AwsError(
-                f"{service.upper()} kept throttling {action}{on} after retries: wait a minute "
-                "and rerun, with fewer --workers or a lower --rate"
-            ) from exc
-        raise AwsError(f"{action}{on} failed: {code}: {_one_line(message)}") from exc
-    except botocore.exceptions.BotoCoreError as exc:
-        raise AwsError(f"{action}{on} failed: {_one_line(str(exc))}") from exc
-
-
-_MARKUP = re.compile(r"<\s*(?:!doctype|html|head|body|title|h1)\b", re.IGNORECASE)
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
-_TAG = re.compile(r"<[^>]*>")
-
-
-def _not_an_aws_error(exc: botocore.exceptions.ClientError) -> str | None:
-    """What an error answer no AWS service wrote was (an HTML page from a proxy, a load
-    balancer or a server without the action; a bare status), or None for an AWS error.
-
-    botocore names the HTTP status as the code of an answer it cannot parse, and keeps
-    the whole body as the message: the page itself must not reach the user.
-    """
-    error = exc.response.get("Error", {})
-    code = str(error.get("Code", ""))
-    message = str(error.get("Message", ""))
-    markup = _MARKUP.search(message) is not None
-    if not markup and not code.isdigit():
-        return None
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or code
-    if markup:
-        title = _TITLE.search(message)
-        text = _one_line(_TAG.sub(" ", title.group(1) if title else ""))
-        what = f" with an HTML page ({text[:80]})" if text else " with an HTML page"
-    else:
-        # The body, or botocore's reason phrase when there was none.
-        text = _one_line(message) if message != code else ""
-        what = f" ({text[:80]})" if text else ""
-    return f"the endpoint answered HTTP {status}{what}, not an AWS error"
-
-
-def _one_line(text: str) -> str:
-    # The CLI promises one-line errors; AWS and botocore messages may span several lines.
-    return " ".join(text.split())
