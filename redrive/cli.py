@@ -1816,7 +1816,7 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
     keeps a message. A path or sqlite:///path: the SQLite file.
     """
     from redrive.ledger import open_ledger
-    from redrive.ledger_dynamodb import check_table_name, init_table
+    from redrive.ledger.dynamodb import check_table_name, init_table
 
     with core_errors():
         scheme, sep, rest = uri.partition("://")

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from redrive.ledger import _make_dirs, default_ledger_path
+from redrive.ledger import default_ledger_path
+from redrive.ledger.sqlite import make_dirs
 
 FILE_NAME = "receives.sqlite3"
 KEEP_DAYS = 15
@@ -112,7 +113,7 @@ class ReceiveLog:
     # -- opening -------------------------------------------------------------------------
 
     def _open(self) -> sqlite3.Connection:
-        _make_dirs(self.path.parent)
+        make_dirs(self.path.parent)
         # Created here, not by sqlite, so the mode is 0600 from the first byte.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         conn = sqlite3.connect(

@@ -34,7 +34,7 @@ from redrive.aws.sqs import Sqs
 from redrive.config import built_in_layout
 from redrive.errors import LedgerError
 from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
-from redrive.ledger_dynamodb import (
+from redrive.ledger.dynamodb import (
     KEYS_BY_RUN,
     RUNS_BY_START,
     TTL_ATTRIBUTE,

@@ -1,18 +1,4 @@
-"""The idempotency ledger: what redrive has claimed, sent and deleted, per task run.
-
-A key is written *before* each step of a move (see "Moving a message without losing or
-doubling it" in the design)::
-
-    (none) --claim--> CLAIMED --send ok--> SENT --delete ok--> DONE
-                        |   \\--send failed: release, key back to (none)
-                        \\--owner died (in doubt): takeover then resend, or SKIPPED
-
-Every transition is conditional on the state (and owner) it starts from, so two processes
-racing on one key cannot both win it. :class:`Ledger` is backend-neutral; :class:`SqliteLedger`
-is the one-machine backend (several processes may share its file);
-:class:`redrive.ledger_dynamodb.DynamoDbLedger` is shared across machines. :func:`open_ledger`
-turns a URI into a backend.
-"""
+"""The SQLite ledger: one file on one machine, shared safely by several processes."""
 
 from __future__ import annotations
 
@@ -24,32 +10,22 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any
 
 from redrive.errors import LedgerError
+from redrive.ledger.base import (
+    RUN_OUTCOMES,
+    Claim,
+    ClaimResult,
+    Entry,
+    KeyState,
+    Ledger,
+    RunInfo,
+    check_key,
+)
 
-__all__ = [
-    "MAX_KEY_LENGTH",
-    "RUN_OUTCOMES",
-    "SCHEMA_VERSION",
-    "Claim",
-    "ClaimResult",
-    "Entry",
-    "KeyState",
-    "Ledger",
-    "RunInfo",
-    "SqliteLedger",
-    "default_ledger_path",
-    "open_ledger",
-]
-
-MAX_KEY_LENGTH = 128
 SCHEMA_VERSION = 3
-RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
 
 # Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
 # truly stuck holder surfaces as an error instead of a silent hang.
@@ -57,226 +33,6 @@ BUSY_TIMEOUT_S = 30.0
 
 # SQLite's bound-parameter limit is 32766 in current builds but 999 in old ones.
 _IN_CHUNK = 500
-
-
-class KeyState(StrEnum):
-    CLAIMED = "claimed"
-    SENT = "sent"
-    DONE = "done"
-    SKIPPED = "skipped"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One key's row: the state of one task run's redrive."""
-
-    key: str
-    state: KeyState
-    run_id: str  # the run that claimed it (or took it over, or resolved it as skipped)
-    task: str
-    message_id: str  # the DLQ MessageId that was claimed
-    target: str  # queue URL it was/is sent to
-    sent_message_id: str | None  # MessageId SQS returned for the copy we sent
-    updated_at: float  # unix time of the last transition
-    sent_at: float | None = None  # unix time of the SENT transition (None: not sent, or a
-    # ledger of schema 2 or older recorded it)
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """One key to claim, with what the ledger should remember about it."""
-
-    key: str
-    task: str
-    message_id: str
-    target: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimResult(Mapping[str, Entry]):
-    """What :meth:`Ledger.claim_many` returns.
-
-    It is a mapping of *every* requested key to its entry as it stands after the call, plus
-    ``won``: the keys this call inserted, which the caller (and nobody else) must now send.
-
-    For a key not in ``won``:
-
-    - ``entry.run_id == run_id`` and state CLAIMED: already this run's (claimed by an earlier
-      call, or by an earlier claim of the same key in this batch: a duplicate copy of one
-      task; ``entry.message_id`` says which copy holds the claim);
-    - state SENT or DONE: already sent: this copy is a duplicate, delete it;
-    - state CLAIMED by another run: another run is sending it, or died doing so (in doubt);
-    - state SKIPPED: an operator resolved it as not to be resent.
-    """
-
-    entries: Mapping[str, Entry]
-    won: frozenset[str] = field(default_factory=frozenset)
-
-    def __getitem__(self, key: str) -> Entry:
-        return self.entries[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """One run of a redrive command, as recorded in the ledger."""
-
-    run_id: str
-    command: str
-    started_at: float
-    heartbeat_at: float
-    lease_until: float  # the run promised to heartbeat again before this time
-    ended_at: float | None
-    outcome: str | None  # one of RUN_OUTCOMES once ended
-    info: dict[str, Any]
-    counts: dict[str, int]
-
-    def is_live(self, *, now: float, stale_after: float) -> bool:
-        """Not ended, and either heartbeating recently or still inside its promised lease.
-
-        The lease counts too because a run whose lease has not run out may still be between
-        a claim and its send; calling it dead early is what would let a resend double a task.
-        """
-        if self.ended_at is not None:
-            return False
-        return self.heartbeat_at > now - stale_after or self.lease_until > now
-
-
-class Ledger(Protocol):
-    """What the move engine needs from a ledger backend (SQLite, or DynamoDB in
-    :mod:`redrive.ledger_dynamodb`).
-
-    Every ``*_many`` method is one transaction (or one batch of conditional writes) per call;
-    when it returns, its writes are durable. Transitions that do not apply (wrong state, wrong
-    owner, absent key) are skipped silently: the caller reads back with :meth:`get_many` when it
-    needs to know.
-    """
-
-    location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
-    legacy_keys: bool
-    """Whether the ledger may hold keys of the form before keys named the publish
-    (:func:`redrive.keys.legacy_key_for`): the engine then looks those up too."""
-
-    def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None: ...
-
-    def heartbeat(self, run_id: str, *, lease_until: float) -> None: ...
-
-    def end_run(
-        self,
-        run_id: str,
-        *,
-        outcome: str,
-        counts: Mapping[str, int],
-        info: Mapping[str, Any] | None = None,
-    ) -> None: ...
-
-    def run(self, run_id: str) -> RunInfo | None: ...
-
-    def runs(self, since: float | None = None) -> list[RunInfo]: ...
-
-    def live_runs(self, *, stale_after: float) -> list[RunInfo]: ...
-
-    def is_live(self, run_id: str, *, stale_after: float) -> bool: ...
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]: ...
-
-    def keys_for_run(self, run_id: str) -> list[Entry]: ...
-
-    def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
-
-    def takeover_many(
-        self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
-    ) -> set[str]: ...
-
-    def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None: ...
-
-    def release_many(self, run_id: str, keys: Sequence[str]) -> None: ...
-
-    def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None: ...
-
-    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
-
-    def close(self) -> None: ...
-
-    # Backends subclass this protocol, and share its use as a context manager that closes.
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-# --------------------------------------------------------------------------- locating ledgers
-
-
-def default_ledger_path() -> Path:
-    """``$REDRIVE_STATE_DIR``, else ``$XDG_STATE_HOME/redrive``, else ``~/.local/state/redrive``;
-    file ``ledger.sqlite3``."""
-    state_dir = os.environ.get("REDRIVE_STATE_DIR")
-    if state_dir:
-        return Path(state_dir).expanduser() / "ledger.sqlite3"
-    xdg = os.environ.get("XDG_STATE_HOME")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "redrive" / "ledger.sqlite3"
-    return Path.home() / ".local" / "state" / "redrive" / "ledger.sqlite3"
-
-
-_ACCEPTED_FORMS = "a file path, sqlite:///ABSOLUTE/PATH, sqlite://RELATIVE/PATH or dynamodb://TABLE"
-
-
-# Service name -> boto3 client (e.g. AwsSettings.client); None: boto3's usual settings chain.
-ClientFactory = Callable[[str], Any]
-
-
-def _open_sqlite(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
-    if not rest:
-        raise LedgerError(f"ledger URI {uri!r} names no file; use {_ACCEPTED_FORMS}")
-    return SqliteLedger(Path(rest).expanduser())
-
-
-def _open_dynamodb(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
-    # Imported here: a SQLite ledger should not pay for importing boto3.
-    from redrive.ledger_dynamodb import open_dynamodb
-
-    return open_dynamodb(rest, uri, client_factory)
-
-
-# A new backend is one entry here: scheme -> opener(rest of the URI, whole URI, client factory).
-_BACKENDS: dict[str, Callable[[str, str, ClientFactory | None], Ledger]] = {
-    "sqlite": _open_sqlite,
-    "dynamodb": _open_dynamodb,
-}
-
-
-def open_ledger(uri: str | None, *, client_factory: ClientFactory | None = None) -> Ledger:
-    """Open the ledger ``uri`` names; None means ``$REDRIVE_LEDGER``, else the default path.
-
-    Accepted: a plain path, ``sqlite:///abs/path``, ``sqlite://relative/path``,
-    ``dynamodb://TABLE`` (its client from ``client_factory("dynamodb")``, else from boto3's
-    usual settings: AWS_ENDPOINT_URL(_DYNAMODB), AWS_REGION, AWS_PROFILE ...).
-    """
-    if uri is None:
-        uri = os.environ.get("REDRIVE_LEDGER") or str(default_ledger_path())
-    if not uri.strip():
-        raise LedgerError(f"the ledger location is empty; use {_ACCEPTED_FORMS}")
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return SqliteLedger(Path(uri).expanduser())
-    opener = _BACKENDS.get(scheme.lower())
-    if opener is None:
-        raise LedgerError(f"unknown ledger URI {uri!r}; use {_ACCEPTED_FORMS}")
-    return opener(rest, uri, client_factory)
 
 
 # --------------------------------------------------------------------------- SQLite backend
@@ -337,11 +93,6 @@ NOT EXISTS (
 """
 
 
-def _check_key(key: str) -> None:
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise ValueError(f"ledger keys must be 1..{MAX_KEY_LENGTH} characters, got {key!r}")
-
-
 def _entry(row: tuple[Any, ...]) -> Entry:
     key, state, run_id, task, message_id, target, sent_message_id, updated_at, sent_at = row
     return Entry(
@@ -385,7 +136,7 @@ def _select_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Ent
     return {k: found[k] for k in unique if k in found}
 
 
-def _make_dirs(directory: Path) -> None:
+def make_dirs(directory: Path) -> None:
     """Create ``directory`` and any missing parents as 0700; existing ones are left alone
     (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
     missing: list[Path] = []
@@ -449,7 +200,7 @@ class SqliteLedger(Ledger):
 
     def _create_file(self) -> None:
         try:
-            _make_dirs(self.path.parent)
+            make_dirs(self.path.parent)
             # Created here, not by sqlite, so the mode is 0600 from the first byte; SQLite
             # gives its -wal and -shm files the same mode as the database file.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -793,7 +544,7 @@ class SqliteLedger(Ledger):
         claim wins and the second reports the key as already this run's.
         """
         for claim in claims:
-            _check_key(claim.key)
+            check_key(claim.key)
         now = self._clock()
         won: set[str] = set()
         with self._write("claim keys") as conn:

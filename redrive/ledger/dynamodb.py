@@ -55,8 +55,9 @@ from typing import Any, TypeVar
 import botocore.exceptions
 
 from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
+from redrive.aws.session import AwsSettings
 from redrive.errors import AwsError, LedgerError
-from redrive.ledger import (
+from redrive.ledger.base import (
     RUN_OUTCOMES,
     Claim,
     ClaimResult,
@@ -64,7 +65,7 @@ from redrive.ledger import (
     KeyState,
     Ledger,
     RunInfo,
-    _check_key,
+    check_key,
 )
 
 __all__ = [
@@ -360,8 +361,6 @@ def open_dynamodb(
     (default: boto3's usual settings chain with redrive's retry configuration)."""
     table = check_table_name(rest, uri)
     if client_factory is None:
-        from redrive.aws.session import AwsSettings
-
         client_factory = AwsSettings().client
     client = client_factory("dynamodb")
     try:
@@ -750,7 +749,7 @@ class DynamoDbLedger(Ledger):
         before the error is raised, so they are not left in doubt.
         """
         for claim in claims:
-            _check_key(claim.key)
+            check_key(claim.key)
         first: dict[str, Claim] = {}
         for claim in claims:
             first.setdefault(claim.key, claim)

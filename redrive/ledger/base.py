@@ -1,0 +1,188 @@
+"""The idempotency ledger: what redrive has claimed, sent and deleted, per task run.
+
+A key is written *before* each step of a move (see "Moving a message without losing or
+doubling it" in the design)::
+
+    (none) --claim--> CLAIMED --send ok--> SENT --delete ok--> DONE
+                        |   \\--send failed: release, key back to (none)
+                        \\--owner died (in doubt): takeover then resend, or SKIPPED
+
+Every transition is conditional on the state (and owner) it starts from, so two processes
+racing on one key cannot both win it. :class:`Ledger` is backend-neutral;
+:class:`redrive.ledger.sqlite.SqliteLedger` is the one-machine backend (several processes may
+share its file); :class:`redrive.ledger.dynamodb.DynamoDbLedger` is shared across machines.
+:func:`redrive.ledger.open_ledger` turns a URI into a backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+MAX_KEY_LENGTH = 128
+RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
+
+
+class KeyState(StrEnum):
+    CLAIMED = "claimed"
+    SENT = "sent"
+    DONE = "done"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key's row: the state of one task run's redrive."""
+
+    key: str
+    state: KeyState
+    run_id: str  # the run that claimed it (or took it over, or resolved it as skipped)
+    task: str
+    message_id: str  # the DLQ MessageId that was claimed
+    target: str  # queue URL it was/is sent to
+    sent_message_id: str | None  # MessageId SQS returned for the copy we sent
+    updated_at: float  # unix time of the last transition
+    sent_at: float | None = None  # unix time of the SENT transition (None: not sent, or a
+    # ledger of schema 2 or older recorded it)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One key to claim, with what the ledger should remember about it."""
+
+    key: str
+    task: str
+    message_id: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult(Mapping[str, Entry]):
+    """What :meth:`Ledger.claim_many` returns.
+
+    It is a mapping of *every* requested key to its entry as it stands after the call, plus
+    ``won``: the keys this call inserted, which the caller (and nobody else) must now send.
+
+    For a key not in ``won``:
+
+    - ``entry.run_id == run_id`` and state CLAIMED: already this run's (claimed by an earlier
+      call, or by an earlier claim of the same key in this batch: a duplicate copy of one
+      task; ``entry.message_id`` says which copy holds the claim);
+    - state SENT or DONE: already sent: this copy is a duplicate, delete it;
+    - state CLAIMED by another run: another run is sending it, or died doing so (in doubt);
+    - state SKIPPED: an operator resolved it as not to be resent.
+    """
+
+    entries: Mapping[str, Entry]
+    won: frozenset[str] = field(default_factory=frozenset)
+
+    def __getitem__(self, key: str) -> Entry:
+        return self.entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """One run of a redrive command, as recorded in the ledger."""
+
+    run_id: str
+    command: str
+    started_at: float
+    heartbeat_at: float
+    lease_until: float  # the run promised to heartbeat again before this time
+    ended_at: float | None
+    outcome: str | None  # one of RUN_OUTCOMES once ended
+    info: dict[str, Any]
+    counts: dict[str, int]
+
+    def is_live(self, *, now: float, stale_after: float) -> bool:
+        """Not ended, and either heartbeating recently or still inside its promised lease.
+
+        The lease counts too because a run whose lease has not run out may still be between
+        a claim and its send; calling it dead early is what would let a resend double a task.
+        """
+        if self.ended_at is not None:
+            return False
+        return self.heartbeat_at > now - stale_after or self.lease_until > now
+
+
+class Ledger(Protocol):
+    """What the move engine needs from a ledger backend (SQLite, or DynamoDB in
+    :mod:`redrive.ledger.dynamodb`).
+
+    Every ``*_many`` method is one transaction (or one batch of conditional writes) per call;
+    when it returns, its writes are durable. Transitions that do not apply (wrong state, wrong
+    owner, absent key) are skipped silently: the caller reads back with :meth:`get_many` when it
+    needs to know.
+    """
+
+    location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
+    legacy_keys: bool
+    """Whether the ledger may hold keys of the form before keys named the publish
+    (:func:`redrive.keys.legacy_key_for`): the engine then looks those up too."""
+
+    def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None: ...
+
+    def heartbeat(self, run_id: str, *, lease_until: float) -> None: ...
+
+    def end_run(
+        self,
+        run_id: str,
+        *,
+        outcome: str,
+        counts: Mapping[str, int],
+        info: Mapping[str, Any] | None = None,
+    ) -> None: ...
+
+    def run(self, run_id: str) -> RunInfo | None: ...
+
+    def runs(self, since: float | None = None) -> list[RunInfo]: ...
+
+    def live_runs(self, *, stale_after: float) -> list[RunInfo]: ...
+
+    def is_live(self, run_id: str, *, stale_after: float) -> bool: ...
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, Entry]: ...
+
+    def keys_for_run(self, run_id: str) -> list[Entry]: ...
+
+    def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
+
+    def takeover_many(
+        self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
+    ) -> set[str]: ...
+
+    def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None: ...
+
+    def release_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+    # Backends subclass this protocol, and share its use as a context manager that closes.
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def check_key(key: str) -> None:
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"ledger keys must be 1..{MAX_KEY_LENGTH} characters, got {key!r}")
