@@ -24,7 +24,7 @@ from botocore.stub import Stubber
 from click.testing import CliRunner
 from conftest import REGION, Family, Redelivery, make_family
 
-import redrive.archive as archive_module
+import redrive.archive.writer as archive_writer
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
 from redrive.aws.sqs import BatchResult, Message, Sqs
 from redrive.cli import cli
@@ -443,7 +443,7 @@ def test_a_write_that_fails_mid_way_deletes_nothing_of_that_batch(
     family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent = seed(family, [(REFUND, 30), (RECEIPT, 5)])
-    real_write_all = archive_module._write_all
+    real_write_all = archive_writer._write_all
     writes = [0]
 
     def disk_fills_up(fd: int, data: bytes | bytearray) -> int:
@@ -454,7 +454,7 @@ def test_a_write_that_fails_mid_way_deletes_nothing_of_that_batch(
             raise OSError(28, "No space left on device")
         return real_write_all(fd, data)
 
-    monkeypatch.setattr(archive_module, "_write_all", disk_fills_up)
+    monkeypatch.setattr(archive_writer, "_write_all", disk_fills_up)
     path = str(tmp_path / "full.jsonl.gz")
     log: list[tuple[str, Any]] = []
     sqs = RecordingSqs(family.client, log)
@@ -478,7 +478,7 @@ def test_a_writer_killed_mid_write_leaves_a_readable_archive_and_the_batch_in_th
     family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent = seed(family, [(REFUND, 30), (RECEIPT, 5)])
-    real_write_all = archive_module._write_all
+    real_write_all = archive_writer._write_all
     writes = [0]
 
     def killed_mid_write(fd: int, data: bytes | bytearray) -> int:
@@ -489,9 +489,9 @@ def test_a_writer_killed_mid_write_leaves_a_readable_archive_and_the_batch_in_th
             raise Crash("SIGKILL while writing")
         return real_write_all(fd, data)
 
-    monkeypatch.setattr(archive_module, "_write_all", killed_mid_write)
+    monkeypatch.setattr(archive_writer, "_write_all", killed_mid_write)
     # A killed process does not get to truncate its half-written tail.
-    monkeypatch.setattr(archive_module.LocalArchiveWriter, "_roll_back", lambda self: None)
+    monkeypatch.setattr(archive_writer.LocalArchiveWriter, "_roll_back", lambda self: None)
     path = str(tmp_path / "killed.jsonl.gz")
     writer = open_writer(path)
     try:
@@ -543,7 +543,7 @@ def test_local_archive_is_fsynced_before_any_of_its_messages_is_deleted(
     sent = seed(family, [(REFUND, 35), (RECEIPT, 7)])
     log: list[tuple[str, Any]] = []
     real_fsync = os.fsync
-    real_write_all = archive_module._write_all
+    real_write_all = archive_writer._write_all
 
     def fsync(fd: int) -> None:
         real_fsync(fd)
@@ -555,7 +555,7 @@ def test_local_archive_is_fsynced_before_any_of_its_messages_is_deleted(
 
     # The archive module calls os.fsync through the os module: patch it there.
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(archive_module, "_write_all", write_all)
+    monkeypatch.setattr(archive_writer, "_write_all", write_all)
     inner = open_writer(str(tmp_path / "a.jsonl.gz"))
     fd = inner._fd  # type: ignore[attr-defined]
     sqs = RecordingSqs(family.client, log)

@@ -1,0 +1,89 @@
+"""Where archives live (a local path, or an ``s3://bucket/prefix``) and what their errors
+mean, in one line that says what to do."""
+
+from __future__ import annotations
+
+import errno
+import re
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from redrive.aws.errors import ACCESS_CODES, CREDENTIAL_CODES, error_code, one_line
+from redrive.errors import ArchiveError
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise ArchiveError(f"archive URI {uri} has no bucket; use s3://bucket/prefix")
+    return bucket, key
+
+
+def reject_other_schemes(location: str) -> None:
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", location):
+        raise ArchiveError(
+            f"archive location {location} uses an unsupported scheme; "
+            "use a local path or s3://bucket/prefix"
+        )
+
+
+def local_error(exc: OSError, location: str, *, writing: bool = True) -> ArchiveError:
+    action = "writing" if writing else "reading"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ArchiveError(
+            f"disk full {action} archive {location}; free space or archive to "
+            "s3://bucket/prefix (nothing from the failed batch was deleted)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        hint = "choose a writable archive path" if writing else "check the file's permissions"
+        return ArchiveError(f"permission denied {action} archive {location}; {hint}")
+    if exc.errno == errno.EROFS:
+        return ArchiveError(
+            f"archive {location} is on a read-only filesystem; choose another archive path"
+        )
+    if exc.errno == errno.EISDIR:
+        return ArchiveError(f"archive {location} is a directory; give a file path")
+    reason = one_line(exc.strerror or str(exc))
+    return ArchiveError(
+        f"{action} archive {location} failed: {reason}; check the path and the disk"
+    )
+
+
+def s3_error(
+    exc: ClientError | BotoCoreError, location: str, bucket: str, *, writing: bool
+) -> ArchiveError:
+    action = "writing" if writing else "reading"
+    if isinstance(exc, BotoCoreError):
+        return ArchiveError(
+            f"cannot reach S3 {action} archive {location}: {one_line(str(exc))}; "
+            "check AWS credentials, region, endpoint and network"
+        )
+    code = error_code(exc)
+    if code == "NoSuchBucket":
+        return ArchiveError(
+            f"S3 bucket {bucket} does not exist ({action} archive {location}); "
+            "create it or use an existing bucket"
+        )
+    if code in ("NoSuchKey", "404"):
+        return ArchiveError(f"no archive object at {location}; check the URI")
+    if code in ("PreconditionFailed", "412"):
+        return ArchiveError(
+            f"archive object {location} already exists; refusing to overwrite it, "
+            "choose another prefix"
+        )
+    if code in ACCESS_CODES:
+        needed = "s3:PutObject" if writing else "s3:ListBucket and s3:GetObject"
+        return ArchiveError(
+            f"access denied {action} archive {location}; grant {needed} on it "
+            "or choose another archive location"
+        )
+    if code in CREDENTIAL_CODES:
+        return ArchiveError(
+            f"S3 rejected the AWS credentials {action} archive {location} ({code}); "
+            "refresh or fix your credentials"
+        )
+    message = one_line(str(exc.response.get("Error", {}).get("Message", "")))
+    return ArchiveError(
+        f"S3 error {action} archive {location}: {code or 'unknown'} {message}".rstrip()
+        + "; check the URI, your permissions and try again"
+    )
