@@ -1,7 +1,7 @@
 """What renewing holds costs, and how long a killed run's holds last, at 100,000 held.
 
 A scan keeps hidden what it does not consume (everything, for inspect) and renews those
-holds while it lives (redrive.scan.hold_seconds), so that a run killed by SIGKILL hides its
+holds while it lives (redrive.dlq.scan.hold_seconds), so that a run killed by SIGKILL hides its
 messages for a bounded time. This script measures, against bench/fast_sqs.py (started as a
 subprocess with ``--latency-ms`` to model the network), on a DLQ of ``--messages`` messages:
 
@@ -149,7 +149,7 @@ def depth(client: Any, url: str) -> tuple[int, int]:
 
 
 def bound(lease: int, age: float, held: int) -> int:
-    from redrive.scan import hold_seconds
+    from redrive.dlq.scan import hold_seconds
 
     return hold_seconds(lease=lease, age=age, held=held)
 
@@ -186,7 +186,7 @@ def idle_run(
     endpoint: str, dlq_url: str, lease: int, hold_seconds: float, every: float
 ) -> dict[str, Any]:
     from redrive.aws.sqs import Sqs
-    from redrive.scan import DlqScan
+    from redrive.dlq.scan import DlqScan
 
     def sqs() -> Sqs:
         return Sqs(client_for(endpoint))

@@ -79,12 +79,12 @@ from bench.common import (  # noqa: E402
 
 TOOLS = ("redrive", "handwritten", "floor")
 #: Diagnostic variant, not run by default: redrive with its scan ending at the first empty
-#: long poll instead of the second (redrive.scan.DlqScan.stop_after_empty = 1).
+#: long poll instead of the second (redrive.dlq.scan.DlqScan.stop_after_empty = 1).
 EXTRA_TOOLS = ("redrive-1empty",)
 _ONE_EMPTY = (
     "import functools, sys\n"
-    "import redrive.inspect, redrive.scan\n"
-    "redrive.inspect.DlqScan = functools.partial(redrive.scan.DlqScan, stop_after_empty=1)\n"
+    "import redrive.inspect, redrive.dlq.scan\n"
+    "redrive.inspect.DlqScan = functools.partial(redrive.dlq.scan.DlqScan, stop_after_empty=1)\n"
     "from redrive.cli import main\n"
     "sys.exit(main())\n"
 )
@@ -97,7 +97,7 @@ SEED_TIMEOUT = 3_600  # seconds seeding one size may take
 
 def hold_seconds(depth: int) -> int:
     """A visibility timeout long enough for a whole scan of ``depth``, as a person picks one
-    (and as redrive did before it renewed short holds: redrive.scan.hold_seconds)."""
+    (and as redrive did before it renewed short holds: redrive.dlq.scan.hold_seconds)."""
     return max(120, min(43_200, 120 + depth // 50))
 
 

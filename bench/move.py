@@ -204,7 +204,7 @@ with start_server(0, host={HOST!r}, serial=True, extended=False) as server:
 # than cProfile, so the shares are those of an ordinary run.
 _PHASES = """
 import atexit, functools, json, os, sys, time
-import redrive.aws.sqs, redrive.ledger, redrive.move, redrive.scan
+import redrive.aws.sqs, redrive.ledger, redrive.move, redrive.dlq.scan
 stats = {}
 def timed(owner, name, label):
     original = getattr(owner, name)
@@ -1203,9 +1203,9 @@ def profile_redrive(
 
     interesting = (
         "redrive/move.py",
-        "redrive/ledger.py",
-        "redrive/sqs.py",
-        "redrive/scan.py",
+        "redrive/ledger/",
+        "redrive/aws/sqs.py",
+        "redrive/dlq/scan.py",
         "redrive/messages.py",
         "botocore/client.py:",
         "sqlite3",

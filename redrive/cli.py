@@ -26,6 +26,7 @@ from redrive import __version__
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import Layout, load_layout
+from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.errors import RedriveError, UsageProblem
 from redrive.move import (
     AMBIGUOUS_POLICIES,
@@ -34,11 +35,10 @@ from redrive.move import (
     IN_DOUBT_POLICIES,
     MoveOptions,
 )
-from redrive.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.selection import Selection, parse_duration
 
 if TYPE_CHECKING:
-    from redrive.receives import ReceiveLog
+    from redrive.dlq.receive_log import ReceiveLog
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -68,10 +68,10 @@ class Context:
     _receive_log: ReceiveLog | None = None
 
     def receive_log(self) -> ReceiveLog:
-        """Where redrive counts its own receives (redrive.receives), opened once per command
+        """Where redrive counts its own receives (redrive.dlq.receive_log), opened once per command
         and closed when it ends."""
         if self._receive_log is None:
-            from redrive.receives import ReceiveLog
+            from redrive.dlq.receive_log import ReceiveLog
 
             log = ReceiveLog.open_default()
             click.get_current_context().call_on_close(log.close)

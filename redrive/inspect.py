@@ -12,10 +12,10 @@ from typing import Any
 
 from redrive import attributes
 from redrive.aws.sqs import Sqs
+from redrive.dlq.queues import DlqTarget
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.messages import TaskInfo, decode
-from redrive.queues import DlqTarget
-from redrive.receives import ReceiveLog
-from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import iso_utc
 
 SAMPLES_PER_GROUP = 3

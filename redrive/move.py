@@ -35,15 +35,15 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import DlqScan, digest, run_pipelines
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
-from redrive.queues import DlqTarget, QueueRef, describe_queue
 from redrive.rate import RateLimiter
-from redrive.receives import ReceiveLog
-from redrive.scan import DlqScan, digest, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
 
 InDoubtPolicy = Literal["hold", "resend", "skip"]
@@ -436,7 +436,7 @@ class MoveEngine:
             scan = self.source
         else:
             # What the run skips stays hidden until its end, renewed while it lives: a
-            # killed run's messages come back within about --lease (see redrive.scan).
+            # killed run's messages come back within about --lease (see redrive.dlq.scan).
             depth = int(
                 sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
                     "ApproximateNumberOfMessages", "0"

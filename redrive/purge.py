@@ -19,12 +19,12 @@ from typing import Any
 
 from redrive.archive import ArchiveRecord, ArchiveWriter
 from redrive.aws.sqs import Message, Sqs
+from redrive.dlq.queues import DlqTarget
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
 from redrive.plan import PlanItem
-from redrive.queues import DlqTarget
-from redrive.receives import ReceiveLog
-from redrive.scan import DlqScan, run_pipelines
 from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30

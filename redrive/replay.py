@@ -26,11 +26,11 @@ from redrive.archive import (
     check_archive,
 )
 from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
+from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.inspect import Grouping, InspectResult
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.move import MoveEngine, MoveOptions, MoveResult
-from redrive.queues import DlqTarget, QueueRef
 
 
 class ArchiveSource:

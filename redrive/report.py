@@ -10,10 +10,10 @@ from typing import Any
 
 from redrive.aws.sqs import Sqs
 from redrive.config import Layout
+from redrive.dlq.queues import resolve_family
+from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.inspect import InspectResult, inspect_dlq
-from redrive.queues import resolve_family
-from redrive.receives import ReceiveLog
 from redrive.selection import iso_utc
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from redrive.aws.sqs import Sqs
 from redrive.config import Layout
+from redrive.dlq.queues import COUNT_ATTRIBUTES, resolve_family
 from redrive.errors import AwsUnavailable, RedriveError
-from redrive.queues import COUNT_ATTRIBUTES, resolve_family
 
 
 @dataclass(frozen=True, slots=True)

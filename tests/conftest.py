@@ -295,7 +295,7 @@ def server(moto_server: MotoServer) -> MotoServer:
 def no_long_polling(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process moto really waits out WaitTimeSeconds on an empty queue; unit tests
     need not (its short poll sees every message). End-to-end tests keep the real wait."""
-    from redrive import scan
+    from redrive.dlq import scan
 
     monkeypatch.setattr(scan, "RECEIVE_WAIT_SECONDS", 0)
 

@@ -19,11 +19,11 @@ from redrive.aws.identity import caller_identity
 from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ERROR
 from redrive.config import built_in_layout
+from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.messages import encode
 from redrive.move import MoveEngine, MoveOptions
-from redrive.queues import resolve_target
 from redrive.selection import Selection
 
 CHARGE = "apps.shop.tasks.charge"

@@ -17,11 +17,11 @@ from conftest import make_family, start_moto_server
 from redrive import attributes
 from redrive.aws.sqs import Message, Sqs
 from redrive.config import built_in_layout
+from redrive.dlq.queues import DlqTarget, resolve_target
+from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsError
 from redrive.inspect import DAY, Grouping, InspectResult, inspect_dlq
 from redrive.messages import UNKNOWN_TASK, decode, encode
-from redrive.queues import DlqTarget, resolve_target
-from redrive.receives import ReceiveLog
 from redrive.sandbox import dead_letter
 
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"

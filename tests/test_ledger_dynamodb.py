@@ -32,6 +32,7 @@ from test_ledger import Clock, claims, one_line, state
 
 from redrive.aws.sqs import Sqs
 from redrive.config import built_in_layout
+from redrive.dlq.queues import resolve_family
 from redrive.errors import LedgerError
 from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
 from redrive.ledger.dynamodb import (
@@ -44,7 +45,6 @@ from redrive.ledger.dynamodb import (
 )
 from redrive.messages import decode, encode
 from redrive.move import MoveEngine, MoveOptions
-from redrive.queues import resolve_family
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLE = "redrive-ledger"
@@ -761,11 +761,11 @@ _OPERATOR = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
 
-    from redrive import scan
+    from redrive.dlq import scan
     from redrive.config import built_in_layout
     from redrive.ledger import open_ledger
     from redrive.move import MoveEngine, MoveOptions
-    from redrive.queues import resolve_family
+    from redrive.dlq.queues import resolve_family
     from redrive.aws.session import AwsSettings
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server

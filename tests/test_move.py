@@ -31,6 +31,7 @@ from conftest import Family, Redelivery, make_family, start_moto_server
 from redrive import attributes
 from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
 from redrive.config import built_in_layout
+from redrive.dlq.queues import DlqTarget, describe_queue, resolve_family, resolve_target
 from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
@@ -48,7 +49,6 @@ from redrive.move import (
     MoveOptions,
     MoveResult,
 )
-from redrive.queues import DlqTarget, describe_queue, resolve_family, resolve_target
 from redrive.render import move_text
 from redrive.selection import Selection
 
@@ -1165,7 +1165,7 @@ def test_the_cli_dry_run_creates_no_ledger(family: Family) -> None:
     plan = json.loads(outcome.stdout)
     assert plan["dry_run"] and plan["moved"] == 3
     assert not default_ledger_path().exists()
-    # The state directory holds only the count of redrive's own receives (redrive.receives):
+    # The state directory holds only the count of redrive's own receives (redrive.dlq.receive_log):
     # the dry run's receives raised every message's ApproximateReceiveCount.
     state = default_ledger_path().parent
     assert {p.name for p in state.iterdir() if not p.name.endswith(("-wal", "-shm"))} == {
@@ -1450,11 +1450,11 @@ OPERATOR = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
 
-    from redrive import scan
+    from redrive.dlq import scan
     from redrive.config import built_in_layout
     from redrive.ledger import SqliteLedger
     from redrive.move import MoveEngine, MoveOptions
-    from redrive.queues import resolve_family
+    from redrive.dlq.queues import resolve_family
     from redrive.aws.session import AwsSettings
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server

@@ -28,6 +28,7 @@ from redrive import cli as cli_module
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
+from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import AwsError, UsageProblem
 from redrive.native import (
     CANCELLING,
@@ -42,7 +43,6 @@ from redrive.native import (
     list_move_tasks,
     start_native_move,
 )
-from redrive.queues import DlqTarget, QueueRef
 from redrive.render import move_tasks_table, native_task_text
 
 ACCOUNT = "123456789012"

@@ -29,6 +29,7 @@ from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_reco
 from redrive.aws.sqs import BatchResult, Message, Sqs
 from redrive.cli import cli
 from redrive.config import load_layout
+from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
 from redrive.messages import encode
 from redrive.purge import (
@@ -38,7 +39,6 @@ from redrive.purge import (
     purge_dlq,
     purge_whole_queue,
 )
-from redrive.queues import DlqTarget, QueueRef, resolve_target
 from redrive.selection import Selection
 
 REFUND = "apps.payments.tasks.refund"

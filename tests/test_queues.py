@@ -1,4 +1,4 @@
-"""Tests for redrive.queues: turning a TARGET into a DLQ and its source queues (moto)."""
+"""Tests for redrive.dlq.queues: turning a TARGET into a DLQ and its source queues (moto)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from conftest import make_family
 
 from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
+from redrive.dlq.queues import QueueRef, describe_queue, resolve_target
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
-from redrive.queues import QueueRef, describe_queue, resolve_target
 
 BUILT_IN = built_in_layout({})
 

@@ -1,4 +1,4 @@
-"""Tests for redrive.receives: redrive's own receives per message, kept in the state dir."""
+"""Tests for redrive.dlq.receive_log: redrive's own receives per message, kept in the state dir."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from redrive import receives
-from redrive.receives import KEEP_DAYS, ReceiveLog, default_path, message_digest
+from redrive.dlq import receive_log
+from redrive.dlq.receive_log import KEEP_DAYS, ReceiveLog, default_path, message_digest
 
 DAY = 86_400
 
@@ -44,7 +44,7 @@ def test_several_processes_and_threads_at_once_lose_no_count(tmp_path: Path) -> 
     path = tmp_path / "receives.sqlite3"
     ids = [f"m-{i}" for i in range(50)]
     script = (
-        "import sys; from pathlib import Path; from redrive.receives import ReceiveLog\n"
+        "import sys; from pathlib import Path; from redrive.dlq.receive_log import ReceiveLog\n"
         "with ReceiveLog(Path(sys.argv[1])) as log:\n"
         "    for _ in range(20):\n"
         "        for i in range(0, 50, 10):\n"
@@ -110,7 +110,7 @@ def test_an_unusable_file_is_said_never_raised(tmp_path: Path) -> None:
 
 def test_the_default_file_is_in_the_state_directory_private(tmp_path: Path) -> None:
     # conftest points REDRIVE_STATE_DIR at tmp_path / "state", which does not exist yet.
-    assert default_path() == tmp_path / "state" / receives.FILE_NAME
+    assert default_path() == tmp_path / "state" / receive_log.FILE_NAME
     with ReceiveLog.open_default() as log:
         log.record(["a"])
     assert default_path().stat().st_mode & 0o777 == 0o600

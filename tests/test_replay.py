@@ -32,11 +32,11 @@ from redrive.archive import (
 from redrive.aws.sqs import Sqs
 from redrive.cli import cli
 from redrive.config import load_layout
+from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode, encode
 from redrive.move import MoveOptions, MoveResult
 from redrive.purge import PurgeOptions, purge_dlq
-from redrive.queues import DlqTarget, describe_queue, resolve_target
 from redrive.replay import inspect_archive, replay_archive
 from redrive.selection import Selection
 

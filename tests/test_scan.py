@@ -1,4 +1,4 @@
-"""Tests for redrive.scan: every message seen exactly once, everything held given back."""
+"""Tests for redrive.dlq.scan: every message seen exactly once, everything held given back."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from moto.sqs.models import Message as MotoMessage
 from moto.sqs.models import SQSBackend, sqs_backends
 
 from redrive.aws.sqs import BatchResult, Message, Sqs, queue_name
+from redrive.dlq.scan import MAX_VISIBILITY, DlqScan, hold_seconds, renew_ahead, run_pipelines
 from redrive.errors import AwsError
-from redrive.scan import MAX_VISIBILITY, DlqScan, hold_seconds, renew_ahead, run_pipelines
 
 
 @pytest.fixture

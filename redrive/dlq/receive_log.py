@@ -54,7 +54,7 @@ _UPSERT = (
 
 
 def message_digest(message_id: str) -> int:
-    """A MessageId's 8-byte digest (the scan's, redrive.scan.digest), unsigned."""
+    """A MessageId's 8-byte digest (the scan's, redrive.dlq.scan.digest), unsigned."""
     return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
 
 

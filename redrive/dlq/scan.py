@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 
 if TYPE_CHECKING:
-    from redrive.receives import ReceiveLog
+    from redrive.dlq.receive_log import ReceiveLog
 
 
 def _env_int(name: str, default: int) -> int:
@@ -248,7 +248,7 @@ class DlqScan:
     sqs_factory: Callable[[], Sqs] | None = None
     """Makes the client that renews holds (else the one of the first :meth:`keep`)."""
     receive_log: ReceiveLog | None = None
-    """Where redrive's own receives are counted (see redrive.receives)."""
+    """Where redrive's own receives are counted (see redrive.dlq.receive_log)."""
     stats: ScanStats = field(default_factory=ScanStats)
 
     #: Messages taken from a DLQ are deleted from it once sent or archived.
