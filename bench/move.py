@@ -204,7 +204,7 @@ with start_server(0, host={HOST!r}, serial=True, extended=False) as server:
 # than cProfile, so the shares are those of an ordinary run.
 _PHASES = """
 import atexit, functools, json, os, sys, time
-import redrive.aws.sqs, redrive.ledger, redrive.move, redrive.dlq.scan
+import redrive.aws.sqs, redrive.dlq.scan, redrive.ledger, redrive.operations.move
 stats = {}
 def timed(owner, name, label):
     original = getattr(owner, name)
@@ -224,9 +224,9 @@ for name in ("get_many", "claim_many", "mark_sent_many", "mark_done_many", "hear
 for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch"):
     timed(redrive.aws.sqs.Sqs, name, "sqs." + name)
 for name in ("run", "_decide", "_execute", "_entries_for", "_entry"):
-    timed(redrive.move.MoveEngine, name, "engine." + name)
-timed(redrive.move, "decode", "messages.decode")
-timed(redrive.move, "key_for", "keys.key_for")
+    timed(redrive.operations.move.MoveEngine, name, "engine." + name)
+timed(redrive.operations.move, "decode", "messages.decode")
+timed(redrive.operations.move, "key_for", "keys.key_for")
 started = time.perf_counter()
 def report():
     stats["process"] = [1, time.perf_counter() - started, time.process_time()]
@@ -1202,7 +1202,7 @@ def profile_redrive(
         return f"{short}:{line}({fn})" if line else fn
 
     interesting = (
-        "redrive/move.py",
+        "redrive/operations/move.py",
         "redrive/ledger/",
         "redrive/aws/sqs.py",
         "redrive/dlq/scan.py",
@@ -1362,7 +1362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_fast_sqs()
     # Compile and cache imports once, so that no measured run pays for writing .pyc files.
     subprocess.run(
-        [PYTHON, "-c", "import boto3, redrive.cli, redrive.move, redrive.ledger, redrive.sandbox"],
+        [
+            PYTHON,
+            "-c",
+            "import boto3, redrive.cli, redrive.operations.move, redrive.ledger, redrive.sandbox",
+        ],
         cwd=ROOT,
         check=True,
         timeout=300,

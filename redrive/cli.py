@@ -28,7 +28,7 @@ from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import Layout, load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.errors import RedriveError, UsageProblem
-from redrive.move import (
+from redrive.operations.move import (
     AMBIGUOUS_POLICIES,
     DEFAULT_LEASE,
     DEFAULT_MAX_REDRIVES,
@@ -664,7 +664,7 @@ def inspect(
     from redrive.render import archive_damage_lines, inspect_text
 
     if _is_archive(target):
-        from redrive.replay import inspect_archive
+        from redrive.operations.replay import inspect_archive
 
         with core_errors():
             result: InspectResult = inspect_archive(
@@ -968,8 +968,8 @@ def run_move(
 ) -> None:
     """Confirm, open the ledger, run the engine, render; shared by ``move`` and ``apply``."""
     from redrive.ledger import open_ledger
-    from redrive.move import MoveEngine
-    from redrive.plan import PlanWriter
+    from redrive.operations.move import MoveEngine
+    from redrive.operations.plan import PlanWriter
     from redrive.render import move_text
 
     if plan_out and options.execute:
@@ -1184,8 +1184,8 @@ def _run_purge(
 ) -> None:
     from redrive.archive import default_archive_path, open_writer
     from redrive.audit import DeletedMessages
-    from redrive.plan import PlanWriter
-    from redrive.purge import S3_BUFFER, PurgeOptions, check_archive_path, purge_dlq
+    from redrive.operations.plan import PlanWriter
+    from redrive.operations.purge import S3_BUFFER, PurgeOptions, check_archive_path, purge_dlq
     from redrive.render import purge_text
 
     selection = make_selection(kwargs)
@@ -1325,7 +1325,7 @@ def _purge_whole_queue(
     ctx: Context, dlq: DlqTarget, kwargs: dict[str, Any], *, execute: bool
 ) -> None:
     """An unfiltered ``--no-archive`` purge: SQS PurgeQueue, audited like any purge."""
-    from redrive.purge import purge_whole_queue
+    from redrive.operations.purge import purge_whole_queue
     from redrive.render import purge_text
 
     confirm(
@@ -1455,8 +1455,8 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     """
     from redrive.archive import ArchiveDamaged
     from redrive.ledger import open_ledger
+    from redrive.operations.replay import replay_archive
     from redrive.render import archive_damage_lines, move_text
-    from redrive.replay import replay_archive
 
     selection = make_selection(kwargs)
     execute: bool = kwargs["execute"]
@@ -1639,7 +1639,7 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
 
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
-    from redrive.native import (
+    from redrive.operations.native import (
         CANCELLED,
         CANCELLING,
         COMPLETED,
@@ -1757,7 +1757,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
 
     With --cancel, cancel the running one instead.
     """
-    from redrive.native import cancel_move_task, list_move_tasks
+    from redrive.operations.native import cancel_move_task, list_move_tasks
     from redrive.render import move_tasks_table
 
     with core_errors():
@@ -1883,7 +1883,7 @@ def apply(
     messages no longer in the DLQ are reported as gone; applying a plan twice does
     nothing the second time. A dry run unless --execute.
     """
-    from redrive.plan import read_plan
+    from redrive.operations.plan import read_plan
 
     with core_errors():
         plan = read_plan(plan_path)

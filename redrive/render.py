@@ -19,9 +19,9 @@ from redrive.audit import RunDetail
 from redrive.check import Finding
 from redrive.inspect import InspectResult, TaskGroup
 from redrive.ledger import RunInfo
-from redrive.move import MoveResult
-from redrive.native import MAX_NATIVE_RATE, MoveTask, NativePlan
-from redrive.purge import PurgeResult
+from redrive.operations.move import MoveResult
+from redrive.operations.native import MAX_NATIVE_RATE, MoveTask, NativePlan
+from redrive.operations.purge import PurgeResult
 from redrive.report import Report
 from redrive.selection import FilterMisses, format_duration
 from redrive.status import FamilyStatus

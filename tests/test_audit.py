@@ -23,7 +23,7 @@ from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.messages import encode
-from redrive.move import MoveEngine, MoveOptions
+from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.selection import Selection
 
 CHARGE = "apps.shop.tasks.charge"

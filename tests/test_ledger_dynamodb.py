@@ -44,7 +44,7 @@ from redrive.ledger.dynamodb import (
     init_table,
 )
 from redrive.messages import decode, encode
-from redrive.move import MoveEngine, MoveOptions
+from redrive.operations.move import MoveEngine, MoveOptions
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLE = "redrive-ledger"
@@ -764,7 +764,7 @@ _OPERATOR = textwrap.dedent(
     from redrive.dlq import scan
     from redrive.config import built_in_layout
     from redrive.ledger import open_ledger
-    from redrive.move import MoveEngine, MoveOptions
+    from redrive.operations.move import MoveEngine, MoveOptions
     from redrive.dlq.queues import resolve_family
     from redrive.aws.session import AwsSettings
 

@@ -36,7 +36,7 @@ from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
 from redrive.messages import decode, encode
-from redrive.move import (
+from redrive.operations.move import (
     AMBIGUOUS,
     EXPIRED,
     IN_DOUBT,
@@ -1453,7 +1453,7 @@ OPERATOR = textwrap.dedent(
     from redrive.dlq import scan
     from redrive.config import built_in_layout
     from redrive.ledger import SqliteLedger
-    from redrive.move import MoveEngine, MoveOptions
+    from redrive.operations.move import MoveEngine, MoveOptions
     from redrive.dlq.queues import resolve_family
     from redrive.aws.session import AwsSettings
 

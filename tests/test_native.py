@@ -30,7 +30,7 @@ from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import AwsError, UsageProblem
-from redrive.native import (
+from redrive.operations.native import (
     CANCELLING,
     COMPLETED,
     FAILED,

@@ -1,5 +1,5 @@
 """Plans: ``move/purge --plan-out FILE`` records a dry run's exact selection, and
-``apply FILE`` acts on exactly that set, through the core (redrive.plan) and the CLI."""
+``apply FILE`` acts on exactly that set, through the core (redrive.operations.plan) and the CLI."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from conftest import Family, as_json, ok, run
 from redrive.cli import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
 from redrive.messages import decode, encode
-from redrive.plan import PLAN_VERSION, PlanItem, PlanWriter, read_plan
+from redrive.operations.plan import PLAN_VERSION, PlanItem, PlanWriter, read_plan
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

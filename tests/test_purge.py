@@ -32,7 +32,7 @@ from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
 from redrive.messages import encode
-from redrive.purge import (
+from redrive.operations.purge import (
     S3_BUFFER,
     PurgeOptions,
     PurgeResult,

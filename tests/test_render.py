@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from redrive.inspect import InspectResult, TaskGroup
-from redrive.move import Listed, MoveResult, TaskCounts
+from redrive.operations.move import Listed, MoveResult, TaskCounts
 from redrive.render import inspect_text, move_text, report_text, status_table, when
 from redrive.report import FamilyReport, Report
 from redrive.status import FamilyStatus, QueueCounts

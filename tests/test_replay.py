@@ -35,9 +35,9 @@ from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode, encode
-from redrive.move import MoveOptions, MoveResult
-from redrive.purge import PurgeOptions, purge_dlq
-from redrive.replay import inspect_archive, replay_archive
+from redrive.operations.move import MoveOptions, MoveResult
+from redrive.operations.purge import PurgeOptions, purge_dlq
+from redrive.operations.replay import inspect_archive, replay_archive
 from redrive.selection import Selection
 
 REFUND = "apps.payments.tasks.refund"

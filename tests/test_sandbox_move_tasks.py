@@ -20,7 +20,7 @@ import pytest
 from redrive import sandbox
 from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
-from redrive.native import cancel_move_task, follow_native_move, list_move_tasks
+from redrive.operations.native import cancel_move_task, follow_native_move, list_move_tasks
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from redrive.check import Finding
 from redrive.inspect import InspectResult, TaskGroup
 from redrive.ledger import RunInfo
 from redrive.messages import encode
-from redrive.native import MoveTask
+from redrive.operations.native import MoveTask
 from redrive.render import (
     audit_table,
     findings_table,

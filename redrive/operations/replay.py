@@ -30,7 +30,7 @@ from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.inspect import Grouping, InspectResult
 from redrive.ledger import Ledger
 from redrive.messages import decode
-from redrive.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 
 
 class ArchiveSource:

@@ -42,7 +42,7 @@ from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
 from redrive.messages import TaskInfo, decode
-from redrive.plan import PlanItem
+from redrive.operations.plan import PlanItem
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
 

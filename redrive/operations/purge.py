@@ -24,7 +24,7 @@ from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.messages import TaskInfo, decode
-from redrive.plan import PlanItem
+from redrive.operations.plan import PlanItem
 from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30
