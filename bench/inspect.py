@@ -83,8 +83,10 @@ TOOLS = ("redrive", "handwritten", "floor")
 EXTRA_TOOLS = ("redrive-1empty",)
 _ONE_EMPTY = (
     "import functools, sys\n"
-    "import redrive.inspect, redrive.dlq.scan\n"
-    "redrive.inspect.DlqScan = functools.partial(redrive.dlq.scan.DlqScan, stop_after_empty=1)\n"
+    "import redrive.dlq.scan, redrive.reporting.inspect\n"
+    "redrive.reporting.inspect.DlqScan = functools.partial(\n"
+    "    redrive.dlq.scan.DlqScan, stop_after_empty=1\n"
+    ")\n"
     "from redrive.cli import main\n"
     "sys.exit(main())\n"
 )
@@ -674,7 +676,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = ["fast", "moto"] if args.server == "both" else [args.server]
     # Compile and cache imports once so no measured run pays for writing .pyc files.
     subprocess.run(
-        [PYTHON, "-c", "import boto3, redrive.cli, redrive.inspect, redrive.messages"],
+        [PYTHON, "-c", "import boto3, redrive.cli, redrive.reporting.inspect, redrive.messages"],
         cwd=ROOT,
         check=True,
         timeout=300,

@@ -622,7 +622,7 @@ def lease_option(f: F) -> F:
 def status(ctx: Context, as_json: bool, wide: bool) -> None:
     """Queue and DLQ counts of every family (instant: no message is received)."""
     from redrive.render import status_table
-    from redrive.status import family_status
+    from redrive.reporting.status import family_status
 
     with core_errors():
         rows = family_status(ctx.layout, ctx.sqs_for)
@@ -660,8 +660,8 @@ def inspect(
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline.
     """
-    from redrive.inspect import InspectResult, inspect_dlq
     from redrive.render import archive_damage_lines, inspect_text
+    from redrive.reporting.inspect import InspectResult, inspect_dlq
 
     if _is_archive(target):
         from redrive.operations.replay import inspect_archive
@@ -762,10 +762,10 @@ def report(
     wide: bool,
 ) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
-    from redrive import alerts
     from redrive.ledger import default_ledger_path
     from redrive.render import report_prometheus, report_text, since_last_text
-    from redrive.report import build_report
+    from redrive.reporting import alerts
+    from redrive.reporting.report import build_report
 
     if (alert_state or alert_throttle is not None) and not fail_on_messages:
         raise click.UsageError("--alert-state and --alert-throttle go with --fail-on-messages")
@@ -1081,8 +1081,8 @@ def execute_record(
     ctx: Context, target: str, selection: Selection, ledger: Any, *, archive: str | None = None
 ) -> dict[str, Any]:
     """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
-    from redrive.audit import run_record
     from redrive.aws.identity import caller_identity
+    from redrive.reporting.audit import run_record
 
     filters = selection.describe()
     if len(filters["message_ids"]) > 10:
@@ -1183,10 +1183,10 @@ def _run_purge(
     planned: int | None = None,
 ) -> None:
     from redrive.archive import default_archive_path, open_writer
-    from redrive.audit import DeletedMessages
     from redrive.operations.plan import PlanWriter
     from redrive.operations.purge import S3_BUFFER, PurgeOptions, check_archive_path, purge_dlq
     from redrive.render import purge_text
+    from redrive.reporting.audit import DeletedMessages
 
     selection = make_selection(kwargs)
     execute: bool = kwargs.get("execute", True)
@@ -1368,8 +1368,8 @@ def _purge_ledger(
     """Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit."""
     import uuid
 
-    from redrive.audit import absolute_location
     from redrive.ledger import open_ledger
+    from redrive.reporting.audit import absolute_location
 
     ledger = open_ledger(kwargs.get("ledger"), client_factory=ctx.aws.client)
     run_id = uuid.uuid4().hex[:16]
@@ -1838,8 +1838,8 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 def check(ctx: Context, as_json: bool, wide: bool) -> None:
     """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
     and stray queues with the layout's prefix. Exits 1 when there are findings."""
-    from redrive.check import check_layout
     from redrive.render import findings_table
+    from redrive.reporting.check import check_layout
 
     with core_errors():
         findings = check_layout(ctx.layout, ctx.sqs_for)
@@ -1963,8 +1963,8 @@ def audit(
     wide: bool,
 ) -> None:
     """List the --execute runs of move, purge and replay; or show one run and its keys."""
-    from redrive.audit import entry_json, list_runs, run_json, show_run
     from redrive.render import audit_table, run_detail_text
+    from redrive.reporting.audit import entry_json, list_runs, run_json, show_run
 
     with core_errors():
         store = _dry_run_ledger(ledger, ctx.aws.client)

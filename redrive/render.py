@@ -13,18 +13,18 @@ from typing import Any, Literal
 import tabulate as tabulate_module
 from tabulate import tabulate
 
-from redrive.alerts import Change
 from redrive.archive import DamageReport
-from redrive.audit import RunDetail
-from redrive.check import Finding
-from redrive.inspect import InspectResult, TaskGroup
 from redrive.ledger import RunInfo
 from redrive.operations.move import MoveResult
 from redrive.operations.native import MAX_NATIVE_RATE, MoveTask, NativePlan
 from redrive.operations.purge import PurgeResult
-from redrive.report import Report
+from redrive.reporting.alerts import Change
+from redrive.reporting.audit import RunDetail
+from redrive.reporting.check import Finding
+from redrive.reporting.inspect import InspectResult, TaskGroup
+from redrive.reporting.report import Report
+from redrive.reporting.status import FamilyStatus
 from redrive.selection import FilterMisses, format_duration
-from redrive.status import FamilyStatus
 
 
 def printable(text: str) -> str:

@@ -14,7 +14,6 @@ import pytest
 from click.testing import Result
 from conftest import Family, as_json, ok, run
 
-from redrive.audit import list_runs, run_json, run_record, show_run
 from redrive.aws.identity import caller_identity
 from redrive.aws.sqs import Sqs
 from redrive.cli import EXIT_ERROR
@@ -24,6 +23,7 @@ from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.messages import encode
 from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.reporting.audit import list_runs, run_json, run_record, show_run
 from redrive.selection import Selection
 
 CHARGE = "apps.shop.tasks.charge"
@@ -352,7 +352,7 @@ def test_a_purge_records_which_messages_it_deleted(family: Family, tmp_path: Pat
 def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
     family: Family, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from redrive import audit
+    from redrive.reporting import audit
 
     monkeypatch.setattr(audit, "DELETED_KEPT", 2)
     for i in range(5):

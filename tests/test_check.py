@@ -1,4 +1,4 @@
-"""``check``: the configured families against what SQS says (redrive.check and the CLI)."""
+"""``check``: the configured families against what SQS says (redrive.reporting.check, the CLI)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from click.testing import CliRunner, Result
 from conftest import Family, make_family
 
 from redrive.aws.sqs import Sqs
-from redrive.check import Finding, check_layout, expected_dlq_name
 from redrive.cli import EXIT_ERROR, cli
 from redrive.config import built_in_layout, load_layout
+from redrive.reporting.check import Finding, check_layout, expected_dlq_name
 
 
 def run(*args: str) -> Result:

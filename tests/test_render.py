@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from redrive.inspect import InspectResult, TaskGroup
 from redrive.operations.move import Listed, MoveResult, TaskCounts
 from redrive.render import inspect_text, move_text, report_text, status_table, when
-from redrive.report import FamilyReport, Report
-from redrive.status import FamilyStatus, QueueCounts
+from redrive.reporting.inspect import InspectResult, TaskGroup
+from redrive.reporting.report import FamilyReport, Report
+from redrive.reporting.status import FamilyStatus, QueueCounts
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 HOUR = 3600.0

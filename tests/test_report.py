@@ -1,4 +1,4 @@
-"""Tests for redrive.report: every family's DLQ inspected, in one document."""
+"""Tests for redrive.reporting.report: every family's DLQ inspected, in one document."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
 from redrive.messages import UNKNOWN_TASK, encode
-from redrive.report import build_report
+from redrive.reporting.report import build_report
 
 BUILT_IN = built_in_layout({})
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"

@@ -8,12 +8,12 @@ import re
 from click.testing import CliRunner, Result
 from conftest import Family
 
-from redrive.alerts import changes_since, snapshot
 from redrive.cli import cli
-from redrive.inspect import InspectResult, TaskGroup
 from redrive.messages import encode
 from redrive.render import report_prometheus, since_last_text
-from redrive.report import FamilyReport, Report
+from redrive.reporting.alerts import changes_since, snapshot
+from redrive.reporting.inspect import InspectResult, TaskGroup
+from redrive.reporting.report import FamilyReport, Report
 
 NOW = 1_800_000_000.0
 CHARGE = "apps.shop.tasks.charge"

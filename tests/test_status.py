@@ -1,4 +1,4 @@
-"""Tests for redrive.status: counts of every family's queues from GetQueueAttributes alone."""
+"""Tests for redrive.reporting.status: every family's queue counts from GetQueueAttributes alone."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import make_family, unreachable
 from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsUnavailable
-from redrive.status import QueueCounts, family_status
+from redrive.reporting.status import QueueCounts, family_status
 
 BUILT_IN = built_in_layout({})
 

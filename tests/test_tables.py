@@ -15,9 +15,6 @@ from click.testing import Result
 from conftest import Family, as_json, ok, run
 
 from redrive import cli as cli_module
-from redrive.audit import RunDetail
-from redrive.check import Finding
-from redrive.inspect import InspectResult, TaskGroup
 from redrive.ledger import RunInfo
 from redrive.messages import encode
 from redrive.operations.native import MoveTask
@@ -34,8 +31,11 @@ from redrive.render import (
     status_table,
     table,
 )
-from redrive.report import FamilyReport, Report
-from redrive.status import FamilyStatus, QueueCounts
+from redrive.reporting.audit import RunDetail
+from redrive.reporting.check import Finding
+from redrive.reporting.inspect import InspectResult, TaskGroup
+from redrive.reporting.report import FamilyReport, Report
+from redrive.reporting.status import FamilyStatus, QueueCounts
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0

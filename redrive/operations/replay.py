@@ -27,10 +27,10 @@ from redrive.archive import (
 )
 from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
-from redrive.inspect import Grouping, InspectResult
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.reporting.inspect import Grouping, InspectResult
 
 
 class ArchiveSource:

@@ -13,7 +13,7 @@ from redrive.config import Layout
 from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsUnavailable, RedriveError
-from redrive.inspect import InspectResult, inspect_dlq
+from redrive.reporting.inspect import InspectResult, inspect_dlq
 from redrive.selection import iso_utc
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from redrive.errors import ConfigError
-from redrive.report import Report
+from redrive.reporting.report import Report
 
 STATE_VERSION = 1
 
