@@ -392,7 +392,7 @@ def confirm(
 
 def dlq_details(ctx: Context, dlq: DlqTarget, selection: Selection | None) -> list[str]:
     """What a confirmation names: the DLQ, how many messages it shows now, the filters."""
-    from redrive.render import filters_text
+    from redrive.render.selection import filters_text
 
     try:
         attributes = ctx.sqs_of(dlq)().attributes(dlq.dlq.url, ["ApproximateNumberOfMessages"])
@@ -621,7 +621,7 @@ def lease_option(f: F) -> F:
 @pass_ctx
 def status(ctx: Context, as_json: bool, wide: bool) -> None:
     """Queue and DLQ counts of every family (instant: no message is received)."""
-    from redrive.render import status_table
+    from redrive.render.status import status_table
     from redrive.reporting.status import family_status
 
     with core_errors():
@@ -660,7 +660,8 @@ def inspect(
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline.
     """
-    from redrive.render import archive_damage_lines, inspect_text
+    from redrive.render.inspect import inspect_text
+    from redrive.render.move import archive_damage_lines
     from redrive.reporting.inspect import InspectResult, inspect_dlq
 
     if _is_archive(target):
@@ -763,7 +764,7 @@ def report(
 ) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
     from redrive.ledger import default_ledger_path
-    from redrive.render import report_prometheus, report_text, since_last_text
+    from redrive.render.report import report_prometheus, report_text, since_last_text
     from redrive.reporting import alerts
     from redrive.reporting.report import build_report
 
@@ -970,7 +971,7 @@ def run_move(
     from redrive.ledger import open_ledger
     from redrive.operations.move import MoveEngine
     from redrive.operations.plan import PlanWriter
-    from redrive.render import move_text
+    from redrive.render.move import move_text
 
     if plan_out and options.execute:
         raise click.UsageError("--plan-out records a dry run: run without --execute")
@@ -1185,7 +1186,7 @@ def _run_purge(
     from redrive.archive import default_archive_path, open_writer
     from redrive.operations.plan import PlanWriter
     from redrive.operations.purge import S3_BUFFER, PurgeOptions, check_archive_path, purge_dlq
-    from redrive.render import purge_text
+    from redrive.render.move import purge_text
     from redrive.reporting.audit import DeletedMessages
 
     selection = make_selection(kwargs)
@@ -1326,7 +1327,7 @@ def _purge_whole_queue(
 ) -> None:
     """An unfiltered ``--no-archive`` purge: SQS PurgeQueue, audited like any purge."""
     from redrive.operations.purge import purge_whole_queue
-    from redrive.render import purge_text
+    from redrive.render.move import purge_text
 
     confirm(
         execute,
@@ -1456,7 +1457,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     from redrive.archive import ArchiveDamaged
     from redrive.ledger import open_ledger
     from redrive.operations.replay import replay_archive
-    from redrive.render import archive_damage_lines, move_text
+    from redrive.render.move import archive_damage_lines, move_text
 
     selection = make_selection(kwargs)
     execute: bool = kwargs["execute"]
@@ -1540,7 +1541,7 @@ def refuse_damaged_archive(source: str, report: Any, execute: bool, as_json: boo
 
 
 def replay_details(source: str, to: QueueRef, selection: Selection) -> list[str]:
-    from redrive.render import filters_text
+    from redrive.render.selection import filters_text
 
     return [
         f"  archive:  {source}",
@@ -1650,7 +1651,7 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
         plan_native_move,
         start_native_move,
     )
-    from redrive.render import native_plan_text, native_task_text
+    from redrive.render.native import native_plan_text, native_task_text
 
     refuse_native_conflicts(click.get_current_context())
     execute: bool = kwargs["execute"]
@@ -1758,7 +1759,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
     With --cancel, cancel the running one instead.
     """
     from redrive.operations.native import cancel_move_task, list_move_tasks
-    from redrive.render import move_tasks_table
+    from redrive.render.native import move_tasks_table
 
     with core_errors():
         dlq = ctx.target(target)
@@ -1838,7 +1839,7 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 def check(ctx: Context, as_json: bool, wide: bool) -> None:
     """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
     and stray queues with the layout's prefix. Exits 1 when there are findings."""
-    from redrive.render import findings_table
+    from redrive.render.check import findings_table
     from redrive.reporting.check import check_layout
 
     with core_errors():
@@ -1963,7 +1964,7 @@ def audit(
     wide: bool,
 ) -> None:
     """List the --execute runs of move, purge and replay; or show one run and its keys."""
-    from redrive.render import audit_table, run_detail_text
+    from redrive.render.audit import audit_table, run_detail_text
     from redrive.reporting.audit import entry_json, list_runs, run_json, show_run
 
     with core_errors():

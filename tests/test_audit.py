@@ -409,7 +409,7 @@ def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
 
 
 def test_runs_recorded_by_an_older_redrive_still_display(tmp_path: Path) -> None:
-    from redrive.render import audit_table, run_detail_text
+    from redrive.render.audit import audit_table, run_detail_text
 
     ledger = SqliteLedger(tmp_path / "old.sqlite3", clock=lambda: 1000.0)
     try:

@@ -206,7 +206,7 @@ def test_args_only_when_asked(
 def test_show_args_shows_the_start_of_a_body_that_is_not_a_celery_task(
     family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
 ) -> None:
-    from redrive.render import inspect_text
+    from redrive.render.inspect import inspect_text
     from redrive.reporting.inspect import SHOWN_BODY_CHARS
 
     # A terminal escape and a newline in it, and longer than what is shown.
@@ -507,7 +507,7 @@ def test_grouping_order_ties_by_name() -> None:
 def test_a_scan_that_saw_fewer_than_sqs_counted_says_so() -> None:
     """Held messages that came back before the end, or SQS's in-flight quota, can hide
     messages from a scan: the result must say so, never pass for the whole DLQ."""
-    from redrive.render import inspect_text
+    from redrive.render.inspect import inspect_text
     from redrive.reporting.inspect import InspectResult
 
     def result(**kw: object) -> InspectResult:

@@ -49,7 +49,7 @@ from redrive.operations.move import (
     MoveOptions,
     MoveResult,
 )
-from redrive.render import move_text
+from redrive.render.move import move_text
 from redrive.selection import Selection
 
 TASK = "apps.webhooks.tasks.save_checkout"

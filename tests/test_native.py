@@ -43,7 +43,7 @@ from redrive.operations.native import (
     list_move_tasks,
     start_native_move,
 )
-from redrive.render import move_tasks_table, native_task_text
+from redrive.render.native import move_tasks_table, native_task_text
 
 ACCOUNT = "123456789012"
 DLQ_ARN = f"arn:aws:sqs:{REGION}:{ACCOUNT}:onion-checkout-dlq"

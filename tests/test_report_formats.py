@@ -10,7 +10,7 @@ from conftest import Family
 
 from redrive.cli import cli
 from redrive.messages import encode
-from redrive.render import report_prometheus, since_last_text
+from redrive.render.report import report_prometheus, since_last_text
 from redrive.reporting.alerts import changes_since, snapshot
 from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report

@@ -18,19 +18,13 @@ from redrive import cli as cli_module
 from redrive.ledger import RunInfo
 from redrive.messages import encode
 from redrive.operations.native import MoveTask
-from redrive.render import (
-    audit_table,
-    findings_table,
-    fitted_table,
-    inspect_text,
-    move_tasks_table,
-    report_text,
-    run_detail_text,
-    shorten_middle,
-    shorten_task,
-    status_table,
-    table,
-)
+from redrive.render.audit import audit_table, run_detail_text
+from redrive.render.check import findings_table
+from redrive.render.inspect import inspect_text
+from redrive.render.native import move_tasks_table
+from redrive.render.report import report_text
+from redrive.render.status import status_table
+from redrive.render.tables import fitted_table, shorten_middle, shorten_task, table
 from redrive.reporting.audit import RunDetail
 from redrive.reporting.check import Finding
 from redrive.reporting.inspect import InspectResult, TaskGroup

@@ -1,0 +1,130 @@
+"""``audit``: the list of executed runs, and one run in detail."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from redrive.ledger import RunInfo
+from redrive.render.selection import filters_text
+from redrive.render.tables import Narrow, fitted_table, printable, table, when, when_cell
+from redrive.reporting.audit import RunDetail
+
+# The command names the target, and `audit RUN` shows everything: the listing keeps what
+# tells runs apart (id, when, outcome, counts, the command's start).
+AUDIT_STEPS = (
+    Narrow("tight"),
+    Narrow("short", "started"),
+    Narrow("headers"),
+    Narrow("drop", "target"),
+    Narrow("shrink", "command", 40),
+    Narrow("shrink", "who", 16),
+    Narrow("shrink", "counts", 24),
+    Narrow("drop", "who"),
+    Narrow("shrink", "command", 24),
+    Narrow("shrink", "counts", 16),
+    Narrow("shrink", "command", 16),
+)
+
+
+def audit_table(runs: Sequence[RunInfo], *, width: int | None = None) -> str:
+    if not runs:
+        return "no runs recorded"
+    rows = []
+    for run in runs:
+        info = run.info or {}
+        who = info.get("aws_arn") or f"{info.get('user', '?')}@{info.get('host', '?')}"
+        rows.append(
+            [
+                run.run_id,
+                when_cell(run.started_at),
+                run.outcome or "running/crashed",
+                who,
+                info.get("target", "-"),
+                counts_text(run.counts) or "-",
+                info.get("command_line") or run.command,
+            ]
+        )
+    return fitted_table(
+        rows,
+        ["run", "started", "outcome", "who", "target", "counts", "command"],
+        width=width,
+        steps=AUDIT_STEPS,
+    )
+
+
+# The order a reader follows a run in (the ledger stores counts sorted by name).
+_COUNT_ORDER = ("matched", "moved", "archived", "purged", "skipped", "failed", "in_doubt")
+
+
+def counts_text(counts: Mapping[str, Any], *, zeros: bool = False) -> str:
+    """``matched 3, moved 2, duplicates deleted 1``: a run's counts as a person reads them."""
+    order = {name: i for i, name in enumerate(_COUNT_ORDER)}
+    ranked = sorted(counts.items(), key=lambda item: order.get(str(item[0]), len(order)))
+    return ", ".join(
+        f"{str(name).replace('_', ' ')} {value}" for name, value in ranked if zeros or value
+    )
+
+
+def run_detail_text(detail: RunDetail) -> str:
+    run = detail.run
+    info = run.info or {}
+
+    def value_of(name: str, default: str = "-") -> str:
+        # The command line and names are the operator's text, printed back to a terminal.
+        return printable(str(info.get(name) or default))
+
+    lines = [
+        f"run {run.run_id}: {run.outcome or 'running, or crashed before it could end'}",
+        f"  command:  {printable(str(info.get('command_line') or run.command))}",
+    ]
+    if info.get("cwd"):
+        lines.append(f"  cwd:      {value_of('cwd')}")
+    lines += [
+        f"  started:  {when(run.started_at)}",
+        f"  ended:    {when(run.ended_at)}",
+        f"  who:      {value_of('user', '?')}@{value_of('host', '?')}"
+        + (f" as {value_of('aws_arn')}" if info.get("aws_arn") else ""),
+        f"  target:   {value_of('target')} ({value_of('dlq')})",
+        f"  filters:  {filters_text(info.get('filters') or {})}",
+        f"  ledger:   {value_of('ledger')}",
+        f"  archive:  {value_of('archive')}",
+        f"  counts:   {counts_text(run.counts, zeros=True) or '-'}",
+    ]
+    if detail.keys:
+        lines.append("")
+        lines.append(
+            table(
+                [[e.key, str(e.state), e.task, e.message_id] for e in detail.keys],
+                ["key", "state", "task", "dlq message id"],
+            )
+        )
+    lines += deleted_text(run.run_id, info, run.counts)
+    return "\n".join(lines)
+
+
+def deleted_text(run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any]) -> list[str]:
+    """What a purge deleted, as its run recorded it (runs of older redrives did not)."""
+    deleted = info.get("deleted")
+    if not isinstance(deleted, list):
+        return []
+    total = int(counts.get("purged", len(deleted)) or 0)
+    head = f"deleted from the DLQ: {total} message(s)"
+    if info.get("method") == "purge-queue":
+        return ["", head + " by SQS PurgeQueue, which does not say which (no archive)"]
+    if len(deleted) < total:
+        head += f"; the first {len(deleted)} are listed"
+        head += (
+            f" (the archive holds every one, with run_id {run_id})"
+            if info.get("archive")
+            else " (no archive was kept)"
+        )
+    lines = ["", head + (":" if deleted else "")]
+    if deleted:
+        lines.append(
+            table(
+                [[m[0], m[2] or "-", m[1]] for m in deleted if isinstance(m, list) and len(m) == 3],
+                ["message id", "task id", "task"],
+            )
+        )
+    return lines

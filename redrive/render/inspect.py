@@ -1,0 +1,142 @@
+"""``inspect``: a DLQ (or an archive) grouped by task, and the notes under it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
+from redrive.reporting.inspect import InspectResult, TaskGroup
+
+
+def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
+    return [
+        [
+            g.task,
+            g.count,
+            when_cell(g.oldest, now),
+            when_cell(g.newest, now),
+            g.max_consumer_receives,
+            g.expired,
+            g.redriven,
+            g.poison,
+            g.leaving_within_24h,
+            ", ".join(g.sample_task_ids or g.sample_message_ids),
+        ]
+        for g in groups
+    ]
+
+
+GROUP_HEADERS = [
+    "task",
+    "count",
+    "oldest",
+    "newest",
+    "consumer receives",
+    "expired",
+    "redriven",
+    "poison",
+    "leaving <24h",
+    "sample ids",
+]
+
+
+# The least useful columns go first: sample ids (inspect --json lists them), then the exact
+# times (an age says as much in an incident), then what only a second look needs.
+GROUP_STEPS = (
+    Narrow("tight"),
+    Narrow("drop", "sample ids"),
+    Narrow("short", "oldest"),
+    Narrow("short", "newest"),
+    Narrow("headers"),
+    Narrow("shrink", "task", 40),
+    Narrow("drop", "newest"),
+    Narrow("drop", "redriven"),
+    Narrow("shrink", "task", 24),
+    Narrow("drop", "leaving <24h"),
+    Narrow("shrink", "task", 12),
+)
+
+
+def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
+    now = result.scanned_at
+    lines = [
+        wrapped(
+            f"DLQ {result.dlq} ({result.label}; source: {', '.join(result.sources) or '-'}): "
+            f"{result.total} message(s)"
+            + (f", oldest {when(result.oldest, now)}" if result.oldest else ""),
+            width,
+        )
+    ]
+    if result.groups:
+        lines.append("")
+        lines.append(
+            fitted_table(
+                _group_rows(result.groups, now), GROUP_HEADERS, width=width, steps=GROUP_STEPS
+            )
+        )
+        shown_args = [g for g in result.groups if g.sample_args]
+        for group in shown_args:
+            lines.append("")
+            lines.append(f"sample arguments of {printable(group.task)}:")
+            for sample in group.sample_args:
+                if "body" in sample:
+                    # Not a Celery task: no arguments to show, only what the body holds.
+                    lines.append(
+                        f"  body ({sample.get('body_chars')} characters): "
+                        f"{printable(str(sample['body']))}"
+                    )
+                    continue
+                # argsrepr/kwargsrepr are headers the producer wrote, not our own repr().
+                args, kwargs = (printable(str(sample[k])) for k in ("args", "kwargs"))
+                lines.append(f"  args={args} kwargs={kwargs}")
+    notes = inspect_notes(result)
+    if notes:
+        lines.append("")
+        lines.extend(wrapped(note, width) for note in notes)
+    return "\n".join(lines)
+
+
+def inspect_notes(result: InspectResult) -> list[str]:
+    notes = []
+    if result.partial:
+        notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
+    if result.interrupted:
+        notes.append("note: interrupted; counts cover only what was scanned")
+    if result.incomplete:
+        notes.append(
+            f"warning: counted {result.total} message(s) but SQS counted {result.depth_before} "
+            "at the start: messages were added or removed meanwhile, or the scan could not "
+            "see them all (SQS would not renew its holds, or its in-flight limit of about "
+            "120,000); "
+            "rerun with more --workers, or look at part of the DLQ with --limit"
+        )
+    if result.expired:
+        notes.append(
+            f"hint: {result.expired} message(s) have an expired Celery `expires` (a worker "
+            "would discard them): move skips them unless --include-expired; purge archives "
+            "and deletes them"
+        )
+    notes.extend(receive_notes(result))
+    if result.hidden_before:
+        notes.append(
+            f"note: {result.hidden_before} message(s) were in flight (hidden by another "
+            "consumer or an earlier run) and could not be counted"
+        )
+    if result.fifo and not result.partial:
+        notes.append(
+            "note: FIFO DLQ: SQS hands out later messages of a group only after earlier ones "
+            "are deleted, so a non-destructive scan may not see every message"
+        )
+    return notes
+
+
+def receive_notes(result: InspectResult) -> list[str]:
+    """What the receive column leaves out, said when it leaves something out."""
+    if result.redrive_receives:
+        return [
+            "note: consumer receives = SQS's ApproximateReceiveCount less redrive's own "
+            f"receives (up to {result.redrive_receives} per message: inspect, report, dry "
+            "runs, archive); SQS's own figure is max_receive_count in --json"
+        ]
+    return []

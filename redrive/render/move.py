@@ -1,0 +1,232 @@
+"""The summaries of move, purge and replay runs, with their hints (expired tasks, filters
+that matched nothing, archive damage)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from redrive.archive import DamageReport
+from redrive.operations.move import MoveResult
+from redrive.operations.purge import PurgeResult
+from redrive.render.selection import misses_text
+from redrive.render.tables import printable, table
+
+
+def move_text(result: MoveResult, *, verb: str = "move") -> str:
+    past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
+    would = "would " + verb if result.dry_run else past
+    if verb == "replay":
+        # An archive has no copies to delete: a key already sent is simply skipped.
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}archive {result.target}: "
+            f"{result.scanned} read, {result.matched} matched, {result.moved} {would}, "
+            f"{result.duplicates} already sent (skipped), {result.skipped_total} skipped "
+            f"otherwise, {result.failed} failed, {result.in_doubt} in doubt"
+        )
+    else:
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"{result.scanned} scanned, {result.matched} matched, {result.moved} {would}, "
+            f"{result.skipped_total} skipped, "
+            f"{result.failed} failed, {result.in_doubt} in doubt, "
+            f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
+            f"{'would be deleted' if result.dry_run else 'deleted'}"
+        )
+    lines = [head]
+    if result.tasks:
+        rows = []
+        for task, c in sorted(result.tasks.items()):
+            rows.append(
+                [
+                    task,
+                    c.matched,
+                    c.moved,
+                    ", ".join(f"{n}" for n in sorted(c.targets)) or "-",
+                    ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
+                    c.failed,
+                    c.duplicates,
+                ]
+            )
+        lines.append("")
+        lines.append(
+            table(
+                rows,
+                [
+                    "task",
+                    "matched",
+                    would,
+                    "to",
+                    "skipped (why)",
+                    "failed",
+                    "already sent" if verb == "replay" else "duplicates",
+                ],
+            )
+        )
+    if result.in_doubt_messages:
+        lines.append("")
+        lines.append(
+            f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
+            "earlier run stopped, so they may already be in the target queue. They stay in "
+            "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
+            "Celery task id) or --in-doubt skip:"
+        )
+        lines.append(
+            table(
+                [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
+                ["task", "task id", "message id"],
+            )
+        )
+    if result.failed_messages:
+        lines.append("")
+        lines.append(f"{result.failed} message(s) failed to send and stay in the DLQ:")
+        lines.append(
+            table(
+                [[m.task, m.message_id, m.detail] for m in result.failed_messages],
+                ["task", "message id", "error"],
+            )
+        )
+    if result.ambiguous_messages:
+        lines.append("")
+        lines.append(
+            f"{result.ambiguous} message(s) held as possible copies: each shares the "
+            "idempotency key of a task already sent, and nothing tells a copy of it from a "
+            "second publish of its task id. They stay in the DLQ. If they are new "
+            "invocations, rerun with --ambiguous move; if copies, purge them (archived):"
+        )
+        lines.append(
+            table(
+                [
+                    [m.task, m.task_id or "-", m.message_id, m.detail]
+                    for m in result.ambiguous_messages
+                ],
+                ["task", "task id", "message id", "why"],
+            )
+        )
+    if result.skipped.get("no-target"):
+        lines.append("")
+        reason = result.no_target_reason or "their source queue is ambiguous"
+        lines.append(
+            f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
+            "pass --to QUEUE"
+            + (
+                f" (one of: {', '.join(result.no_target_candidates)})"
+                if result.no_target_candidates
+                else ""
+            )
+            + " to send them there."
+        )
+    if result.skipped.get("not-celery"):
+        lines.append("")
+        lines.append(
+            f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies are "
+            "not Celery tasks, so a Celery worker would drop them. Look at them with "
+            "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
+            "to send them anyway."
+        )
+    lines.extend(misses_text(result.misses, matched=result.matched))
+    lines.extend(expired_hint(result, verb))
+    if result.still_hidden:
+        lines.append("")
+        until = (
+            "; they reappear by about "
+            f"{datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
+            if result.hidden_until
+            else "; they reappear when the lease of whoever received them runs out"
+        )
+        lines.append(
+            f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
+            f"another run or consumer), so the DLQ is not drained{until}. Rerun then."
+        )
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)
+
+
+def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:
+    """What a damaged archive kept out of an inspect or a partial replay, place by place."""
+    promised = f" (its header promises {report.expected})" if report.expected is not None else ""
+    if replayed:
+        head = f"DAMAGED ARCHIVE: only the {report.readable} record(s) that read cleanly"
+        head += f"{promised} were replayed or skipped as above; not read:"
+    else:
+        head = f"DAMAGED ARCHIVE: the counts above cover only the {report.readable} record(s)"
+        head += f" that read cleanly{promised}; damaged:"
+    lines = [head]
+    for place in report.places:
+        lines.append(f"  {printable(place.location)} at {place.where}: {printable(place.text)}")
+    if report.count > len(report.places):
+        lines.append(f"  ... and {report.count - len(report.places)} more damaged place(s)")
+    return lines
+
+
+def expired_hint(result: MoveResult, verb: str) -> list[str]:
+    """What to do about messages skipped as expired (the table only says ``expired: N``)."""
+    expired = result.skipped.get("expired", 0)
+    if not expired:
+        return []
+    clear = (
+        ""
+        if verb == "replay"
+        else f"; or archive and delete them with `redrive purge {result.target}` and filters "
+        "that select them (inspect shows which tasks hold them)"
+    )
+    return [
+        "",
+        f"hint: {expired} message(s) skipped as expired: their Celery `expires` has passed, so a "
+        f"worker would discard them. --include-expired {verb}s them anyway{clear}",
+    ]
+
+
+def purge_text(result: PurgeResult) -> str:
+    verb = result.command
+    if result.method == "purge-queue":
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"PurgeQueue {'would delete' if result.dry_run else 'deleted'} about "
+            f"{result.matched} message(s), with no archive"
+        )
+        return head
+    if not result.matched:
+        # Nothing to archive or delete: no "would be archived to" a file no one will write.
+        nothing = "archived" if verb == "archive" else "archived or deleted"
+        head = (
+            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+            f"{result.scanned} scanned, 0 matched: nothing "
+            f"{'would be ' if result.dry_run else ''}{nothing}"
+            + ("; the DLQ is unchanged" if not result.dry_run else "")
+        )
+    elif result.dry_run:
+        head = (
+            f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.matched} matched, would be "
+            + ("archived to " + (result.archive or "?") if result.archive else "deleted")
+            + (" and deleted" if result.archive and verb == "purge" else "")
+        )
+    elif verb == "archive":
+        head = (
+            f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.archived} archived to {result.archive}; the DLQ is unchanged"
+        )
+    else:
+        head = (
+            f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
+            f"{result.matched} matched, {result.archived} archived, {result.purged} deleted, "
+            f"{result.failed} failed"
+            + (f"; archive: {result.archive}" if result.archive else "; no archive kept")
+        )
+    lines = [head]
+    if result.by_task:
+        lines.append("")
+        lines.append(table(sorted(result.by_task.items()), ["task", "matched"]))
+    if result.failed:
+        lines.append("")
+        lines.append(
+            f"{result.failed} message(s) could not be deleted: they are archived and still "
+            "in the DLQ (rerun to delete them; replay skips what is already sent)"
+        )
+    lines.extend(misses_text(result.misses, matched=result.matched))
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""``report``: every family's DLQ as a table or Markdown, the Prometheus exposition, and
+what changed since the last report."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from redrive.render.inspect import GROUP_STEPS
+from redrive.render.tables import Narrow, fitted_table, table, when_cell
+from redrive.reporting.alerts import Change
+from redrive.reporting.report import Report
+from redrive.selection import format_duration
+
+REPORT_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "dlq", 16),
+    Narrow("wrap", "error", 20),
+    Narrow("shrink", "dlq", 10),
+)
+
+
+def report_text(report: Report, *, markdown: bool = False, width: int | None = None) -> str:
+    fmt = "github" if markdown else "simple"
+    now = report.generated_at
+    generated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines: list[str] = []
+    if markdown:
+        lines.append(f"# DLQ report, {generated}")
+        lines.append("")
+        lines.append(f"{report.total} message(s) in {len(report.queues)} DLQ(s).")
+    else:
+        lines.append(f"DLQ report, {generated}: {report.total} message(s)")
+    lines.append("")
+    summary = []
+    for q in report.queues:
+        r = q.result
+        summary.append(
+            [
+                q.family,
+                q.dlq or "-",
+                q.messages if r else "-",
+                format_duration(now - r.oldest) if r and r.oldest else "-",
+                r.poison if r else "-",
+                r.expired if r else "-",
+                r.leaving_within_24h if r else "-",
+                q.error or "",
+            ]
+        )
+    headers = ["family", "dlq", "messages", "oldest age", "poison", "expired", "leaving <24h"]
+    if any(q.error for q in report.queues):
+        headers.append("error")
+    else:
+        summary = [row[:-1] for row in summary]
+    lines.append(fitted_table(summary, headers, fmt=fmt, width=width, steps=REPORT_STEPS))
+    for q in report.queues:
+        if not q.result or not q.result.groups:
+            continue
+        lines.append("")
+        lines.append(f"## {q.family} ({q.dlq})" if markdown else f"{q.family} ({q.dlq}):")
+        if markdown:
+            lines.append("")
+        rows = [
+            [
+                g.task,
+                g.count,
+                when_cell(g.oldest, now),
+                g.max_consumer_receives,
+                g.poison,
+                g.expired,
+            ]
+            for g in q.result.groups
+        ]
+        lines.append(
+            fitted_table(
+                rows,
+                ["task", "count", "oldest", "consumer receives", "poison", "expired"],
+                fmt=fmt,
+                width=width,
+                steps=GROUP_STEPS,
+            )
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def report_prometheus(report: Report) -> str:
+    """Text exposition format, for node_exporter's textfile collector."""
+    metrics: list[tuple[str, str, list[str]]] = [
+        ("redrive_dlq_messages", "Messages in the DLQ, as scanned.", []),
+        ("redrive_dlq_task_messages", "Messages in the DLQ per Celery task.", []),
+        ("redrive_dlq_oldest_message_age_seconds", "Age of the DLQ's oldest message.", []),
+        ("redrive_dlq_poison_messages", "Messages redrive already moved max times.", []),
+        ("redrive_dlq_expired_messages", "Messages whose Celery expires has passed.", []),
+        (
+            "redrive_dlq_leaving_within_24h_messages",
+            "Messages the DLQ's retention removes within 24 hours.",
+            [],
+        ),
+        ("redrive_dlq_scan_error", "1 when the family could not be scanned.", []),
+    ]
+    by_name = {name: lines for name, _, lines in metrics}
+    for q in report.queues:
+        base = f'family="{_label(q.family)}",dlq="{_label(q.dlq or "")}"'
+        by_name["redrive_dlq_scan_error"].append(
+            f"redrive_dlq_scan_error{{{base}}} {1 if q.error else 0}"
+        )
+        r = q.result
+        if r is None:
+            continue
+        by_name["redrive_dlq_messages"].append(f"redrive_dlq_messages{{{base}}} {r.total}")
+        for g in r.groups:
+            by_name["redrive_dlq_task_messages"].append(
+                f'redrive_dlq_task_messages{{{base},task="{_label(g.task)}"}} {g.count}'
+            )
+        age = max(0.0, report.generated_at - r.oldest) if r.oldest is not None else 0.0
+        by_name["redrive_dlq_oldest_message_age_seconds"].append(
+            f"redrive_dlq_oldest_message_age_seconds{{{base}}} {age:.0f}"
+        )
+        by_name["redrive_dlq_poison_messages"].append(
+            f"redrive_dlq_poison_messages{{{base}}} {r.poison}"
+        )
+        by_name["redrive_dlq_expired_messages"].append(
+            f"redrive_dlq_expired_messages{{{base}}} {r.expired}"
+        )
+        by_name["redrive_dlq_leaving_within_24h_messages"].append(
+            f"redrive_dlq_leaving_within_24h_messages{{{base}}} {r.leaving_within_24h}"
+        )
+    out: list[str] = []
+    for name, help_text, lines in metrics:
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} gauge")
+        out.extend(lines)
+    out.append("# HELP redrive_report_generated_timestamp_seconds When the report was made.")
+    out.append("# TYPE redrive_report_generated_timestamp_seconds gauge")
+    out.append(f"redrive_report_generated_timestamp_seconds {report.generated_at:.0f}")
+    return "\n".join(out) + "\n"
+
+
+def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str:
+    rows = []
+    for c in changes:
+        if c.previous_messages is None:
+            delta = "first report"
+        else:
+            delta = f"{c.delta:+d}" if c.delta else "unchanged"
+        rows.append(
+            [
+                c.family,
+                c.messages,
+                delta,
+                ", ".join(f"{t} ({n})" for t, n in c.new_tasks.items()) or "-",
+                ", ".join(f"{t} (+{n})" for t, n in c.grown_tasks.items()) or "-",
+            ]
+        )
+    title = "## Since the last report" if markdown else "since the last report:"
+    return (
+        title
+        + ("\n\n" if markdown else "\n")
+        + table(
+            rows,
+            ["family", "messages", "change", "new tasks", "grown tasks"],
+            fmt="github" if markdown else "simple",
+        )
+        + "\n"
+    )
