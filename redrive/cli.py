@@ -27,6 +27,7 @@ from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import Layout, load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
+from redrive.durations import parse_duration
 from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.move import (
     AMBIGUOUS_POLICIES,
@@ -35,7 +36,7 @@ from redrive.operations.move import (
     IN_DOUBT_POLICIES,
     MoveOptions,
 )
-from redrive.selection import Selection, parse_duration
+from redrive.selection import Selection
 
 if TYPE_CHECKING:
     from redrive.dlq.receive_log import ReceiveLog
@@ -200,7 +201,7 @@ def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:
 
     SQS's count is approximate (``~``); past it there is no promise of an end to make.
     """
-    from redrive.selection import format_duration
+    from redrive.durations import format_duration
 
     rate = n / max(elapsed, 1e-6)
     if not total or n >= total:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redrive.durations import parse_duration
 from redrive.errors import ConfigError
 
 #: name, queue, environment variable that overrides the queue, priority (lower = more urgent)
@@ -171,8 +172,6 @@ def _int(table: Mapping[str, Any], key: str, where: str, source: str, *, default
 
 
 def _duration(value: Any, where: str, source: str) -> int:
-    from redrive.selection import parse_duration
-
     if value is None:
         return DEFAULT_DLQ_RETENTION_SECONDS
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:

@@ -7,14 +7,9 @@ import json
 import pytest
 
 from redrive import selection as selection_module
+from redrive.durations import format_duration, parse_duration
 from redrive.messages import UNKNOWN_TASK, TaskInfo, decode, encode
-from redrive.selection import (
-    Selection,
-    Sightings,
-    format_duration,
-    near_matches,
-    parse_duration,
-)
+from redrive.selection import Selection, Sightings, near_matches
 
 NOW = 1_800_000_000.0
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"

@@ -38,13 +38,14 @@ from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
+from redrive.durations import iso_utc
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
 from redrive.messages import TaskInfo, decode
 from redrive.operations.plan import PlanItem
 from redrive.rate import RateLimiter
-from redrive.selection import FilterMisses, Selection, Sightings, iso_utc
+from redrive.selection import FilterMisses, Selection, Sightings
 
 InDoubtPolicy = Literal["hold", "resend", "skip"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")

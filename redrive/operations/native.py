@@ -19,8 +19,8 @@ import botocore.exceptions
 from redrive.aws.errors import ACCESS_CODES, aws_errors, error_code
 from redrive.aws.sqs import Sqs, queue_name
 from redrive.dlq.queues import COUNT_ATTRIBUTES, DlqTarget, QueueRef
+from redrive.durations import iso_utc
 from redrive.errors import AwsError, RedriveError, UsageProblem
-from redrive.selection import iso_utc
 
 #: SQS's ceiling for MaxNumberOfMessagesPerSecond.
 MAX_NATIVE_RATE = 500

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from redrive.durations import format_duration
 from redrive.render.inspect import GROUP_STEPS
 from redrive.render.tables import Narrow, fitted_table, table, when_cell
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import Report
-from redrive.selection import format_duration
 
 REPORT_STEPS = (
     Narrow("tight"),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from redrive.durations import format_duration
 from redrive.render.tables import Narrow, fitted_table
 from redrive.reporting.status import FamilyStatus
-from redrive.selection import format_duration
 
 STATUS_STEPS = (
     Narrow("tight"),

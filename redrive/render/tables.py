@@ -13,7 +13,7 @@ from typing import Any, Literal
 import tabulate as tabulate_module
 from tabulate import tabulate
 
-from redrive.selection import format_duration
+from redrive.durations import format_duration
 
 
 def printable(text: str) -> str:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redrive.aws.identity import local_identity
+from redrive.durations import iso_utc
 from redrive.errors import RedriveError
 from redrive.ledger import Entry, Ledger, RunInfo
-from redrive.selection import iso_utc
 
 
 def run_record(

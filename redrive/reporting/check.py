@@ -15,8 +15,8 @@ from typing import Any
 from redrive.aws.sqs import Sqs, queue_name
 from redrive.config import DLQ_SUFFIX, Layout
 from redrive.dlq.queues import describe_queue, dlq_of
+from redrive.durations import format_duration
 from redrive.errors import AwsUnavailable, RedriveError
-from redrive.selection import format_duration
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
+from redrive.durations import iso_utc
 from redrive.messages import TaskInfo, decode
-from redrive.selection import iso_utc
 
 SAMPLES_PER_GROUP = 3
 # How much of a body that is not a Celery task --show-args shows instead of its arguments.

@@ -12,9 +12,9 @@ from redrive.aws.sqs import Sqs
 from redrive.config import Layout
 from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import ReceiveLog
+from redrive.durations import iso_utc
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.reporting.inspect import InspectResult, inspect_dlq
-from redrive.selection import iso_utc
 
 
 @dataclass(slots=True)
