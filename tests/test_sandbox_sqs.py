@@ -1,7 +1,7 @@
 """The sandbox's extensions of moto answer exactly as stock moto does, without walking queues.
 
 Each differential test runs the same calls against stock moto and against moto with
-``redrive.sandbox_sqs.extended()``, in process (``mock_aws``), and compares every answer
+``redrive.sandbox.moto_sqs.extended()``, in process (``mock_aws``), and compares every answer
 after naming message ids and receipt handles by their first appearance (both are random).
 The one deliberate difference, the 12-hour visibility ceiling counted from the receive, has
 tests of its own.
@@ -25,7 +25,7 @@ from moto import mock_aws
 from moto.core.utils import unix_time_millis
 from moto.sqs.models import Message, Queue, SQSBackend, sqs_backends
 
-from redrive import sandbox_sqs
+from redrive.sandbox import moto_sqs
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -197,7 +197,7 @@ class Script:
 
 
 def run_script(seed: int, *, extended: bool, steps: int = 300) -> list[Any]:
-    with mock_aws(), sandbox_sqs.extended() if extended else contextlib.nullcontext():
+    with mock_aws(), moto_sqs.extended() if extended else contextlib.nullcontext():
         client = boto3.client("sqs", region_name=REGION)
         return Script(client, random.Random(seed)).run(steps)
 
@@ -230,7 +230,7 @@ class CountingList(list[Message]):
 
 @contextlib.contextmanager
 def deep_queue(depth: int, *, extended: bool) -> Iterator[tuple[Any, str, Queue]]:
-    with mock_aws(), sandbox_sqs.extended() if extended else contextlib.nullcontext():
+    with mock_aws(), moto_sqs.extended() if extended else contextlib.nullcontext():
         client = boto3.client("sqs", region_name=REGION)
         url = client.create_queue(QueueName="deep")["QueueUrl"]
         for start in range(0, depth, 10):
@@ -291,7 +291,7 @@ def backdate(url: str, hours: float) -> None:
 
 @pytest.mark.parametrize("extended", [False, True], ids=["stock", "extended"])
 def test_visibility_ceiling_counts_from_the_receive(extended: bool) -> None:
-    with mock_aws(), sandbox_sqs.extended() if extended else contextlib.nullcontext():
+    with mock_aws(), moto_sqs.extended() if extended else contextlib.nullcontext():
         client = boto3.client("sqs", region_name=REGION)
         url = client.create_queue(QueueName="old")["QueueUrl"]
         client.send_message(QueueUrl=url, MessageBody="sent 13 hours ago")
@@ -327,14 +327,14 @@ def test_leaving_restores_stock_moto_and_messages_keep_working() -> None:
     with mock_aws():
         client = boto3.client("sqs", region_name=REGION)
         url = client.create_queue(QueueName="round-trip")["QueueUrl"]
-        with sandbox_sqs.extended():
-            with sandbox_sqs.extended():  # nested: one installation
-                assert sandbox_sqs.installed()
+        with moto_sqs.extended():
+            with moto_sqs.extended():  # nested: one installation
+                assert moto_sqs.installed()
                 client.send_message(QueueUrl=url, MessageBody="x")
                 [got] = client.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"]
-            assert sandbox_sqs.installed()
+            assert moto_sqs.installed()
             assert Queue.__dict__["messages"] is not before["messages"]
-        assert not sandbox_sqs.installed()
+        assert not moto_sqs.installed()
         assert {name: Queue.__dict__[name] for name in before} == before
         assert SQSBackend.__dict__["change_message_visibility"] is backend_before
         assert "reset" not in SQSBackend.__dict__
@@ -350,7 +350,7 @@ def test_leaving_restores_stock_moto_and_messages_keep_working() -> None:
 def test_messages_handed_out_do_not_pile_up_in_motos_instance_list() -> None:
     """moto deep-copies every message a receive hands out, and its BaseModel keeps every
     instance ever made: a scan of 10,000 held on to 11 MB more, every time."""
-    with mock_aws(), sandbox_sqs.extended():
+    with mock_aws(), moto_sqs.extended():
         client = boto3.client("sqs", region_name=REGION)
         url = client.create_queue(QueueName="copies")["QueueUrl"]
         before = len(Message.instances_tracked)
@@ -365,14 +365,14 @@ def test_messages_handed_out_do_not_pile_up_in_motos_instance_list() -> None:
 
 def test_another_moto_series_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(moto, "__version__", "5.3.0")
-    with pytest.raises(RuntimeError, match=r"moto 5\.2\.x, not 5\.3\.0"), sandbox_sqs.extended():
+    with pytest.raises(RuntimeError, match=r"moto 5\.2\.x, not 5\.3\.0"), moto_sqs.extended():
         pass
-    assert not sandbox_sqs.installed()
+    assert not moto_sqs.installed()
 
 
 def test_delayed_and_in_flight_counts_match_stock() -> None:
     def counts(extended: bool) -> dict[str, str]:
-        with mock_aws(), sandbox_sqs.extended() if extended else contextlib.nullcontext():
+        with mock_aws(), moto_sqs.extended() if extended else contextlib.nullcontext():
             client = boto3.client("sqs", region_name=REGION)
             url = client.create_queue(QueueName="counts")["QueueUrl"]
             for i in range(5):

@@ -5,7 +5,7 @@ runbooks rehearse on it. Each DLQ holds what SQS leaves there: messages sent to 
 queue and received ``maxReceiveCount`` times (their ApproximateReceiveCount carries on in the
 DLQ), enqueued at times that tell the stories the runbooks diagnose (a deploy blip, an
 outage, a poison task; see :data:`STORIES`). The server runs moto with the sandbox's
-extensions (:mod:`redrive.sandbox_sqs`: no depth-proportional costs, message move tasks).
+extensions (:mod:`redrive.sandbox.moto_sqs`: no depth-proportional costs, message move tasks).
 
 Every start seeds fresh task ids (a random seed unless one is given) and gets a fresh state
 directory for the ledger and audit trail, which the printed ``export`` lines name
@@ -59,11 +59,11 @@ from moto.moto_server.werkzeug_app import (
 from moto.sqs.models import Message, Queue, sqs_backends
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from redrive import sandbox_sqs
 from redrive.aws.sqs import SendEntry, queue_name, split_batches
 from redrive.config import DLQ_SUFFIX, Family, Layout, load_layout
 from redrive.errors import RedriveError
 from redrive.messages import decode, encode
+from redrive.sandbox import moto_sqs
 
 __all__ = [
     "ACCESS_KEY_ID",
@@ -178,7 +178,7 @@ class SandboxServer:
     port: int
     serial: bool = False
     extended: bool = False
-    """Served with the sandbox's extensions of moto (:mod:`redrive.sandbox_sqs`)."""
+    """Served with the sandbox's extensions of moto (:mod:`redrive.sandbox.moto_sqs`)."""
     state_dir: Path | None = None
     """The fresh state directory of a seeded sandbox (``REDRIVE_STATE_DIR`` of its exports)."""
     seed: int | None = None
@@ -231,13 +231,13 @@ def start_server(
     "Set changed size during iteration", or one message handed to two receivers). In serial
     mode a long poll (WaitTimeSeconds) on an empty queue holds up every other client for
     that long. ``extended`` installs the sandbox's extensions of moto in this process
-    (:mod:`redrive.sandbox_sqs`) until the server stops; without them it is stock moto.
+    (:mod:`redrive.sandbox.moto_sqs`) until the server stops; without them it is stock moto.
     Raises ValueError for a host that is not loopback and OSError when the port is taken.
     """
     cleanup = contextlib.ExitStack()
     try:
         if extended:
-            cleanup.enter_context(sandbox_sqs.extended())
+            cleanup.enter_context(moto_sqs.extended())
         server = _start(port, host=host, serial=serial, log_requests=log_requests)
     except BaseException:
         cleanup.close()

@@ -32,7 +32,7 @@ message's last receive, as SQS documents it, not from when the message was sent.
 refuses every visibility change of a message sent more than 12 hours ago, which every seeded
 message older than that is (and every message of a sandbox left running overnight).
 
-:mod:`redrive.sandbox_move_tasks` adds StartMessageMoveTask, ListMessageMoveTasks and
+:mod:`redrive.sandbox.move_tasks` adds StartMessageMoveTask, ListMessageMoveTasks and
 CancelMessageMoveTask, which moto 5.2 answers with an HTML 500 page.
 
 The extensions are for moto 5.2 only (pyproject pins ``moto>=5.2,<5.3``): every replaced
@@ -58,7 +58,7 @@ from moto.sqs.constants import MAXIMUM_VISIBILITY_TIMEOUT
 from moto.sqs.exceptions import InvalidParameterValue
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from redrive import sandbox_move_tasks
+from redrive.sandbox import move_tasks
 
 __all__ = ["MOTO_SERIES", "extended", "installed", "origin_arn"]
 
@@ -157,14 +157,14 @@ def _install() -> None:
     replacements.append(
         (moto.backends, "list_of_moto_modules", _listed_once(moto.backends.list_of_moto_modules))
     )
-    replacements.extend(sandbox_move_tasks.replacements())
+    replacements.extend(move_tasks.replacements())
     for owner, name, replacement in replacements:
         _originals.append((owner, name, owner.__dict__.get(name, _ABSENT)))
         setattr(owner, name, replacement)
 
 
 def _uninstall() -> None:
-    sandbox_move_tasks.stop_all()
+    move_tasks.stop_all()
     while _originals:
         owner, name, original = _originals.pop()
         if original is _ABSENT:
@@ -359,7 +359,7 @@ def _forgetting_queue(original: Callable[..., None]) -> Callable[..., None]:
 
 def _forgetting_backend(original: Callable[[SQSBackend], None]) -> Callable[[SQSBackend], None]:
     def reset(self: SQSBackend) -> None:
-        sandbox_move_tasks.stop_backend(self)
+        move_tasks.stop_backend(self)
         for queue in list(getattr(self, "queues", {}).values()):
             for message in list(queue._messages):
                 _forget(message)

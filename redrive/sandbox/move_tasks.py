@@ -14,7 +14,7 @@ messages from the DLQ (so no one else can receive them meanwhile), sends each bo
 message attributes to the destination, then deletes it from the DLQ; all through moto's own
 backend calls. ApproximateNumberOfMessagesToMove is the DLQ's visible count at the start;
 the task completes when it has moved that many or the DLQ has no visible message left.
-Installed by :func:`redrive.sandbox_sqs.extended`.
+Installed by :func:`redrive.sandbox.moto_sqs.extended`.
 """
 
 from __future__ import annotations
@@ -315,10 +315,10 @@ def _send_back(task: _Task, copy: Message) -> None:
 
 
 def _origin(task: _Task, copy: Message) -> str:
-    # Imported here: redrive.sandbox_sqs installs this module.
-    from redrive import sandbox_sqs
+    # Imported here: redrive.sandbox.moto_sqs installs this module.
+    from redrive.sandbox import moto_sqs
 
-    arn = sandbox_sqs.origin_arn(copy.receipt_handle or "")
+    arn = moto_sqs.origin_arn(copy.receipt_handle or "")
     if arn is not None:
         return arn
     # A message sent to the DLQ directly has no origin; a DLQ with one source queue names it.
