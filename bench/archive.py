@@ -37,7 +37,7 @@ from datetime import UTC, datetime  # noqa: E402
 
 from bench.common import DLQ, TASKS, arguments, parse_sizes  # noqa: E402
 from redrive.archive import ArchiveRecord, check_archive, open_writer  # noqa: E402
-from redrive.messages import encode  # noqa: E402
+from redrive.sandbox.encoder import encode  # noqa: E402
 
 BATCH = 10  # records per write_batch: a local purge archives each receive of 10
 

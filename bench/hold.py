@@ -126,7 +126,7 @@ def create_family(client: Any) -> str:
 
 
 def seed(client: Any, dlq_url: str, count: int) -> None:
-    from redrive.messages import encode
+    from redrive.sandbox.encoder import encode
 
     for first in range(0, count, 10):
         entries = [

@@ -166,7 +166,7 @@ def realistic_messages(count: int, *, seed: int = 7) -> Iterator[tuple[str, dict
     redrive's own attributes, and about one in 200 bodies Celery did not write."""
     from datetime import UTC, datetime, timedelta
 
-    from redrive.messages import encode
+    from redrive.sandbox.encoder import encode
 
     rng = random.Random(seed)
     names = [name for name, weight in TASKS for _ in range(weight)]

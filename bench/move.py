@@ -11,7 +11,7 @@ BCDEFGA, ...: interleaved, so drift of a busy machine hits every contender alike
 
 1. fresh queues: onion-checkout-dlq and onion-checkout (RedrivePolicy to the DLQ,
    maxReceiveCount 5) are deleted and created again;
-2. the DLQ is seeded with N realistic Celery messages (``redrive.messages.encode``: five
+2. the DLQ is seeded with N realistic Celery messages (``redrive.sandbox.encoder.encode``: five
    tasks, protocol 1 and 2, some compressed, some with an eta, some with message
    attributes, one in 200 not Celery at all; every one movable: none expired, none poison)
    through SendMessageBatch, sent as raw JSON-protocol requests (not timed);
@@ -505,7 +505,7 @@ def movable_messages(count: int, *, seed: int = 11) -> Iterator[dict[str, Any]]:
     no redrive-count at or over --max-redrives (3)."""
     from datetime import UTC, datetime, timedelta
 
-    from redrive.messages import encode
+    from redrive.sandbox.encoder import encode
 
     rng = random.Random(seed)
     names = [name for name, weight in TASKS for _ in range(weight)]

@@ -1,11 +1,10 @@
-"""Read Celery task messages the way kombu's SQS transport wrote them, and write such messages.
+"""Read Celery task messages the way kombu's SQS transport wrote them.
 
 ``decode`` runs on every message of a DLQ scan, so it must be cheap and it must never raise:
 a DLQ collects exactly the messages nobody could process, and one odd body must not stop
 an inspect, a move or a purge. It never unpickles anything.
 
-``encode`` builds a body byte for byte like Celery 5.7 / kombu 5.7 publish a JSON task
-(checked against messages Celery itself sent); the sandbox and the tests use it.
+Writing such messages (:func:`redrive.sandbox.encoder.encode`) is the sandbox's business.
 
 The SQS Body, as kombu's SQS transport writes it::
 
@@ -24,9 +23,7 @@ import bz2
 import json
 import lzma
 import math
-import uuid
 import zlib
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -36,7 +33,7 @@ __all__ = [
     "UNKNOWN_TASK",
     "TaskInfo",
     "decode",
-    "encode",
+    "safe_repr",
 ]
 
 UNKNOWN_TASK: Final = "(unknown)"
@@ -81,27 +78,9 @@ _DECOMPRESSORS: Final = {
     "lzma": _LZMA,
     "xz": _LZMA,
 }
-# What kombu 5.7 writes in headers.compression for each name it accepts.
-_COMPRESSORS: Final[dict[str, tuple[str, Callable[[bytes], bytes]]]] = {
-    "gzip": ("application/x-gzip", zlib.compress),
-    "zlib": ("application/x-gzip", zlib.compress),
-    "application/x-gzip": ("application/x-gzip", zlib.compress),
-    "bzip2": ("application/x-bz2", bz2.compress),
-    "bzip": ("application/x-bz2", bz2.compress),
-    "application/x-bz2": ("application/x-bz2", bz2.compress),
-    "lzma": ("application/x-lzma", lzma.compress),
-    "xz": ("application/x-lzma", lzma.compress),
-    "application/x-lzma": ("application/x-lzma", lzma.compress),
-}
 _B64_CHARS: Final = frozenset(
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_\r\n"
 )
-_EMPTY_EMBED: Final[dict[str, None]] = {
-    "callbacks": None,
-    "errbacks": None,
-    "chain": None,
-    "chord": None,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,8 +259,8 @@ def _from_protocol2(
         # Non-Python producers may leave out the reprs; the body is small, read it then.
         inner, inner_note = _inner_json(envelope, headers, properties, content_type)
         if isinstance(inner, list) and len(inner) >= 2:
-            args = args if args is not None else _safe_repr(inner[0])
-            kwargs = kwargs if kwargs is not None else _safe_repr(inner[1])
+            args = args if args is not None else safe_repr(inner[0])
+            kwargs = kwargs if kwargs is not None else safe_repr(inner[1])
         else:
             note = note or inner_note or "body is not [args, kwargs, embed]"
     return TaskInfo(
@@ -325,8 +304,8 @@ def _from_protocol1(
         retries=_int(inner.get("retries")),
         eta=_time(inner.get("eta")),
         expires=_time(inner.get("expires")),
-        args=_safe_repr(inner["args"]) if "args" in inner else None,
-        kwargs=_safe_repr(inner["kwargs"]) if "kwargs" in inner else None,
+        args=safe_repr(inner["args"]) if "args" in inner else None,
+        kwargs=safe_repr(inner["kwargs"]) if "kwargs" in inner else None,
         content_type=content_type,
         body_format=body_format,
         note=None if task != UNKNOWN_TASK else "task field is not a task name",
@@ -420,11 +399,11 @@ def _int(value: object) -> int | None:
 
 def _short(value: object) -> str:
     """A bounded repr for notes: a producer's junk must not make a note megabytes long."""
-    shown = value if isinstance(value, str) else _safe_repr(value)
+    shown = value if isinstance(value, str) else safe_repr(value)
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
-def _safe_repr(value: object) -> str:
+def safe_repr(value: object) -> str:
     try:
         shown = repr(value)
     except RecursionError:
@@ -465,127 +444,3 @@ def _from_epoch(seconds: float) -> datetime | None:
         return datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, OSError, ValueError):
         return None
-
-
-def encode(
-    task: str,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    protocol: int = 2,
-    task_id: str | None = None,
-    retries: int = 0,
-    eta: datetime | None = None,
-    expires: datetime | None = None,
-    queue: str = "celery",
-    base64_envelope: bool = True,
-    compression: str | None = None,
-    origin: str = "redrive-sandbox",
-) -> str:
-    """Build the SQS Body Celery 5.7 / kombu 5.7 send for a JSON-serialized task.
-
-    ``compression`` takes kombu's names ("gzip", "zlib", "bzip2", "lzma" or the content type);
-    kombu maps both "gzip" and "zlib" to zlib data labelled "application/x-gzip", and so does
-    this. Naive ``eta``/``expires`` are UTC. Raises ValueError for an unknown protocol or
-    compression and TypeError for arguments JSON cannot represent.
-    """
-    if protocol not in (1, 2):
-        raise ValueError(f"Celery message protocol must be 1 or 2, not {protocol!r}")
-    codec = None
-    if compression is not None:
-        codec = _COMPRESSORS.get(compression.strip().lower())
-        if codec is None:
-            known = ", ".join(sorted(_COMPRESSORS))
-            raise ValueError(f"unknown compression {compression!r}; use one of: {known}")
-    task_id = task_id if task_id is not None else str(uuid.uuid4())
-    arg_list = list(args)
-    kwarg_dict = dict(kwargs) if kwargs is not None else {}
-    eta_at = _aware(eta)
-    expires_at = _aware(expires)
-    eta_text = eta_at.isoformat() if eta_at is not None else None
-    expires_text = expires_at.isoformat() if expires_at is not None else None
-
-    headers: dict[str, Any]
-    inner: object
-    if protocol == 2:
-        headers = {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "shadow": None,
-            "eta": eta_text,
-            "expires": expires_text,
-            "group": None,
-            "group_index": None,
-            "retries": retries,
-            "timelimit": [None, None],
-            "root_id": task_id,
-            "parent_id": None,
-            "argsrepr": _safe_repr(tuple(arg_list)),
-            "kwargsrepr": _safe_repr(kwarg_dict),
-            "origin": origin,
-            "ignore_result": False,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        inner = [arg_list, kwarg_dict, dict(_EMPTY_EMBED)]
-    else:
-        headers = {}
-        inner = {
-            "task": task,
-            "id": task_id,
-            "args": arg_list,
-            "kwargs": kwarg_dict,
-            "group": None,
-            "group_index": None,
-            "retries": retries,
-            "eta": eta_text,
-            "expires": expires_text,
-            "utc": True,
-            "callbacks": None,
-            "errbacks": None,
-            "timelimit": [None, None],
-            "taskset": None,
-            "chord": None,
-        }
-    payload = json.dumps(inner).encode("utf-8")
-    if codec is not None:
-        # kombu appends the header after Celery's own, so it comes last.
-        headers["compression"], compress = codec
-        payload = compress(payload)
-
-    # Celery's reply_to is a uuid3 naming the producing app: stable per origin, like one app.
-    properties: dict[str, Any] = {
-        "correlation_id": task_id,
-        "reply_to": str(uuid.uuid3(uuid.NAMESPACE_OID, origin)),
-    }
-    properties["delivery_mode"] = 2
-    if expires_at is not None:
-        # Celery passes the time left as the AMQP expiration, in ms, clamped at 0.
-        left = (expires_at - datetime.now(UTC)).total_seconds()
-        properties["expiration"] = str(int(max(left, 0.0) * 1000))
-    properties["delivery_info"] = {"exchange": "", "routing_key": queue}
-    properties["priority"] = 0
-    properties["body_encoding"] = "base64"
-    properties["delivery_tag"] = str(uuid.uuid4())
-
-    envelope = {
-        "body": base64.b64encode(payload).decode("ascii"),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": properties,
-    }
-    text = json.dumps(envelope)
-    if base64_envelope:
-        return base64.b64encode(text.encode("utf-8")).decode("ascii")
-    return text
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    if moment is None:
-        return None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        return moment.replace(tzinfo=UTC)
-    return moment

@@ -13,11 +13,11 @@ from conftest import Family
 
 from redrive.cli import EXIT_ERROR, EXIT_USAGE, cli
 from redrive.errors import ConfigError
-from redrive.messages import encode
 from redrive.reporting import alerts
 from redrive.reporting.alerts import decide_alert, load_state, save_state
 from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
+from redrive.sandbox.encoder import encode
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0

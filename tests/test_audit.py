@@ -21,9 +21,9 @@ from redrive.config import built_in_layout
 from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
-from redrive.messages import encode
 from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.reporting.audit import list_runs, run_json, run_record, show_run
+from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 
 CHARGE = "apps.shop.tasks.charge"

@@ -27,7 +27,8 @@ from redrive.aws.session import AwsSettings
 from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE, cli
 from redrive.keys import key_for
 from redrive.ledger import Claim, default_ledger_path, open_ledger
-from redrive.messages import decode, encode
+from redrive.messages import decode
+from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

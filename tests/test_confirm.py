@@ -24,7 +24,7 @@ from conftest import Family, MotoServer, make_family
 from redrive import cli as cli_module
 from redrive.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
 from redrive.ledger import default_ledger_path
-from redrive.messages import encode
+from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

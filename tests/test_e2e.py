@@ -30,8 +30,8 @@ from typing import Any
 import pytest
 from conftest import Family, MotoServer, free_port, make_family, start_moto_server
 
-from redrive.messages import encode
 from redrive.sandbox import dead_letter
+from redrive.sandbox.encoder import encode
 
 pytestmark = pytest.mark.e2e
 

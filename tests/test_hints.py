@@ -22,7 +22,7 @@ from conftest import Family, as_json, ok, run
 
 from redrive import cli as cli_module
 from redrive.cli import EXIT_ERROR, cli, progress_text
-from redrive.messages import encode
+from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

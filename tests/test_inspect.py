@@ -20,9 +20,10 @@ from redrive.config import built_in_layout
 from redrive.dlq.queues import DlqTarget, resolve_target
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsError
-from redrive.messages import UNKNOWN_TASK, decode, encode
+from redrive.messages import UNKNOWN_TASK, decode
 from redrive.reporting.inspect import DAY, Grouping, InspectResult, inspect_dlq
 from redrive.sandbox import dead_letter
+from redrive.sandbox.encoder import encode
 
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"
 EMAIL = "apps.notifications.tasks.send_email"

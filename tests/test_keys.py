@@ -18,7 +18,8 @@ from redrive.keys import (
     legacy_key_for,
 )
 from redrive.ledger import MAX_KEY_LENGTH as LEDGER_MAX_KEY_LENGTH
-from redrive.messages import TaskInfo, decode, encode
+from redrive.messages import TaskInfo, decode
+from redrive.sandbox.encoder import encode
 
 # What SQS accepts as a MessageDeduplicationId: 1..128 alphanumerics and punctuation.
 DEDUPLICATION_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")

@@ -43,8 +43,9 @@ from redrive.ledger.dynamodb import (
     DynamoDbLedger,
     init_table,
 )
-from redrive.messages import decode, encode
+from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.sandbox.encoder import encode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLE = "redrive-ledger"

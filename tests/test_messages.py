@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redrive import messages
-from redrive.messages import BODY_FORMATS, UNKNOWN_TASK, TaskInfo, decode, encode
+from redrive.messages import BODY_FORMATS, UNKNOWN_TASK, TaskInfo, decode
+from redrive.sandbox.encoder import encode
 
 FIXTURES = Path(__file__).parent / "fixtures" / "celery-5.7-sqs-samples.jsonl"
 SAMPLES: list[dict[str, Any]] = [
@@ -617,7 +618,7 @@ def test_repr_of_absurd_nesting_is_bounded() -> None:
     nested: list[Any] = []
     for _ in range(100_000):
         nested = [nested]
-    assert messages._safe_repr(nested) == "<too deeply nested to show>"
+    assert messages.safe_repr(nested) == "<too deeply nested to show>"
 
 
 def test_last_resort_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,7 +35,7 @@ from redrive.dlq.queues import DlqTarget, describe_queue, resolve_family, resolv
 from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
-from redrive.messages import decode, encode
+from redrive.messages import decode
 from redrive.operations.move import (
     AMBIGUOUS,
     EXPIRED,
@@ -50,6 +50,7 @@ from redrive.operations.move import (
     MoveResult,
 )
 from redrive.render.move import move_text
+from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 
 TASK = "apps.webhooks.tasks.save_checkout"

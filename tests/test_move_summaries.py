@@ -14,7 +14,8 @@ from click.testing import CliRunner, Result
 from conftest import Family
 
 from redrive.cli import EXIT_ATTENTION, EXIT_USAGE, cli
-from redrive.messages import decode, encode
+from redrive.messages import decode
+from redrive.sandbox.encoder import encode
 
 SEND_EMAIL = "apps.notifications.tasks.send_email"
 CHARGE = "apps.shop.tasks.charge"

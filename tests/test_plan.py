@@ -13,8 +13,9 @@ from conftest import Family, as_json, ok, run
 
 from redrive.cli import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
-from redrive.messages import decode, encode
+from redrive.messages import decode
 from redrive.operations.plan import PLAN_VERSION, PlanItem, PlanWriter, read_plan
+from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"

@@ -31,7 +31,6 @@ from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
-from redrive.messages import encode
 from redrive.operations.purge import (
     S3_BUFFER,
     PurgeOptions,
@@ -39,6 +38,7 @@ from redrive.operations.purge import (
     purge_dlq,
     purge_whole_queue,
 )
+from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 
 REFUND = "apps.payments.tasks.refund"

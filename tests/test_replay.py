@@ -34,10 +34,11 @@ from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
-from redrive.messages import decode, encode
+from redrive.messages import decode
 from redrive.operations.move import MoveOptions, MoveResult
 from redrive.operations.purge import PurgeOptions, purge_dlq
 from redrive.operations.replay import inspect_archive, replay_archive
+from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 
 REFUND = "apps.payments.tasks.refund"

@@ -15,8 +15,9 @@ from conftest import make_family, unreachable
 from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
-from redrive.messages import UNKNOWN_TASK, encode
+from redrive.messages import UNKNOWN_TASK
 from redrive.reporting.report import build_report
+from redrive.sandbox.encoder import encode
 
 BUILT_IN = built_in_layout({})
 CHECKOUT = "apps.webhooks.tasks.save_checkout_ibft"

@@ -9,11 +9,11 @@ from click.testing import CliRunner, Result
 from conftest import Family
 
 from redrive.cli import cli
-from redrive.messages import encode
 from redrive.render.report import report_prometheus, since_last_text
 from redrive.reporting.alerts import changes_since, snapshot
 from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
+from redrive.sandbox.encoder import encode
 
 NOW = 1_800_000_000.0
 CHARGE = "apps.shop.tasks.charge"

@@ -19,6 +19,7 @@ import pytest
 
 from redrive import sandbox
 from redrive.aws.sqs import Sqs
+from redrive.config import Family, Layout
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.operations.native import cancel_move_task, follow_native_move, list_move_tasks
 
@@ -83,7 +84,7 @@ def make_dlq(client: Any, count: int, *, seeded: bool = True) -> Dlq:
     """A source queue and its DLQ, with ``count`` messages dead-lettered by moto (or, without
     ``seeded``, sent to the DLQ directly)."""
     name = f"mt-{uuid.uuid4().hex[:8]}"
-    layout = sandbox.Layout(families=(sandbox.Family(name, name),), source="t")
+    layout = Layout(families=(Family(name, name),), source="t")
     if seeded:
         [family] = sandbox.seed(client, layout, per_family=count)
         return Dlq(client, family.queue_url, family.dlq_url)
@@ -254,7 +255,7 @@ def test_listing_and_cancelling_refusals(client: Any) -> None:
 
 def test_fifo_dlqs_are_not_supported(client: Any) -> None:
     name = f"mt-{uuid.uuid4().hex[:8]}.fifo"
-    layout = sandbox.Layout(families=(sandbox.Family("f", name),), source="t")
+    layout = Layout(families=(Family("f", name),), source="t")
     [(_, _, dlq_url)] = sandbox.create_layout(client, layout)
     arn = client.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])
     code, _ = error_of(

@@ -8,7 +8,8 @@ import pytest
 
 from redrive import selection as selection_module
 from redrive.durations import format_duration, parse_duration
-from redrive.messages import UNKNOWN_TASK, TaskInfo, decode, encode
+from redrive.messages import UNKNOWN_TASK, TaskInfo, decode
+from redrive.sandbox.encoder import encode
 from redrive.selection import Selection, Sightings, near_matches
 
 NOW = 1_800_000_000.0

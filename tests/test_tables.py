@@ -16,7 +16,6 @@ from conftest import Family, as_json, ok, run
 
 from redrive import cli as cli_module
 from redrive.ledger import RunInfo
-from redrive.messages import encode
 from redrive.operations.native import MoveTask
 from redrive.render.audit import audit_table, run_detail_text
 from redrive.render.check import findings_table
@@ -30,6 +29,7 @@ from redrive.reporting.check import Finding
 from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import FamilyStatus, QueueCounts
+from redrive.sandbox.encoder import encode
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0
