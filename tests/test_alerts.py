@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import Family
 
-from redrive.cli import EXIT_ERROR, EXIT_USAGE, cli
+from redrive.cli import cli
+from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import ConfigError
 from redrive.reporting import alerts
 from redrive.reporting.alerts import decide_alert, load_state, save_state

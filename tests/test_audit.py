@@ -16,7 +16,7 @@ from conftest import Family, as_json, ok, run
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.sqs import Sqs
-from redrive.cli import EXIT_ERROR
+from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.config import built_in_layout
 from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
@@ -388,7 +388,7 @@ def test_an_unfiltered_purge_queue_is_audited_too(family: Family) -> None:
 def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
     family: Family, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from redrive import cli as cli_module
+    from redrive.cli import console
 
     for i in range(25):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
@@ -397,7 +397,7 @@ def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
         # What the signal handler does on a second Ctrl-C, at the next progress report.
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_module.Progress, "update", second_ctrl_c)
+    monkeypatch.setattr(console.Progress, "update", second_ctrl_c)
     archive = str(tmp_path / "a.jsonl")
     assert run("purge", "checkout", "--archive", archive, "--execute", "--yes").exit_code != 0
     assert run("move", "checkout", "--execute", "--yes").exit_code != 0

@@ -11,7 +11,8 @@ from click.testing import CliRunner, Result
 from conftest import Family, make_family
 
 from redrive.aws.sqs import Sqs
-from redrive.cli import EXIT_ERROR, cli
+from redrive.cli import cli
+from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.config import built_in_layout, load_layout
 from redrive.reporting.check import Finding, check_layout, expected_dlq_name
 

@@ -24,7 +24,8 @@ from conftest import REGION, Family, free_port, make_family
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
-from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE, cli
+from redrive.cli import cli
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE
 from redrive.keys import key_for
 from redrive.ledger import Claim, default_ledger_path, open_ledger
 from redrive.messages import decode

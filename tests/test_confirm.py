@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import Family, MotoServer, make_family
 
-from redrive import cli as cli_module
-from redrive.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
+from redrive.cli import cli, console
+from redrive.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.ledger import default_ledger_path
 from redrive.sandbox.encoder import encode
 
@@ -54,7 +54,7 @@ def one_line(result: Result, exit_code: int, *fragments: str) -> None:
 @pytest.fixture
 def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a terminal: someone can answer the prompt (CliRunner's streams are no tty)."""
-    monkeypatch.setattr(cli_module, "terminal_attached", lambda: True)
+    monkeypatch.setattr(console, "terminal_attached", lambda: True)
 
 
 @pytest.fixture

@@ -20,8 +20,10 @@ from click.shell_completion import ShellComplete
 from click.testing import Result
 from conftest import Family, as_json, ok, run
 
-from redrive import cli as cli_module
-from redrive.cli import EXIT_ERROR, cli, progress_text
+from redrive.cli import cli, console, look, purge
+from redrive.cli import move as cli_move
+from redrive.cli.console import progress_text
+from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
@@ -70,7 +72,7 @@ def test_a_dry_run_ends_with_the_command_that_does_it(family: Family) -> None:
 def test_on_a_terminal_the_next_command_keeps_the_confirmation(
     family: Family, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli_module, "terminal_attached", lambda: True)
+    monkeypatch.setattr(console, "terminal_attached", lambda: True)
     seed(family)
     assert next_command(ok("move", "checkout"))[-2:] == ["checkout", "--execute"]
 
@@ -334,11 +336,13 @@ def test_progress_text() -> None:
 def test_progress_lines_show_the_total(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
     shown: list[str] = []
 
-    class Recorded(cli_module.Progress):
+    class Recorded(console.Progress):
         def update(self, text: str, *, force: bool = False) -> None:
             shown.append(text)
 
-    monkeypatch.setattr(cli_module, "Progress", Recorded)
+    # Each command module names the class it shows progress with.
+    for commands in (look, cli_move, purge):
+        monkeypatch.setattr(commands, "Progress", Recorded)
     for i in range(25):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
     ok("inspect", "checkout")

@@ -13,7 +13,8 @@ from typing import Any
 from click.testing import CliRunner, Result
 from conftest import Family
 
-from redrive.cli import EXIT_ATTENTION, EXIT_USAGE, cli
+from redrive.cli import cli
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_USAGE
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
 

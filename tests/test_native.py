@@ -24,10 +24,11 @@ from botocore.stub import Stubber
 from click.testing import CliRunner, Result
 from conftest import REGION, Family
 
-from redrive import cli as cli_module
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
-from redrive.cli import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, cli
+from redrive.cli import cli
+from redrive.cli import native as cli_native
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import AwsError, UsageProblem
 from redrive.operations.native import (
@@ -464,7 +465,7 @@ def cli_stub(family: Family, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbe
     with Stubber(client) as stubber:
         hybrid = MoveTaskClient(family.client, client)
         monkeypatch.setattr(AwsSettings, "sqs", lambda self, region=None: Sqs(hybrid))
-        monkeypatch.setattr(cli_module, "NATIVE_POLL_SECONDS", 0.0)
+        monkeypatch.setattr(cli_native, "NATIVE_POLL_SECONDS", 0.0)
         yield stubber
         stubber.assert_no_pending_responses()
 
@@ -600,7 +601,7 @@ def test_cli_stopped_following_leaves_the_task_running(
         stop.set()
         yield stop
 
-    monkeypatch.setattr(cli_module, "following", stopped)
+    monkeypatch.setattr(cli_native, "following", stopped)
     cli_stub.add_response("start_message_move_task", {"TaskHandle": HANDLE})
     cli_stub.add_response(
         "list_message_move_tasks", listing(family_entry(family, RUNNING)), family_list(family)
@@ -616,7 +617,7 @@ def test_ctrl_c_stops_following_and_says_the_task_keeps_running(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     before = signal.getsignal(signal.SIGINT)
-    with cli_module.following() as stop:
+    with cli_native.following() as stop:
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.wait(5)
     assert signal.getsignal(signal.SIGINT) is before

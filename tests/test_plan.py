@@ -11,7 +11,7 @@ import pytest
 from click.testing import Result
 from conftest import Family, as_json, ok, run
 
-from redrive.cli import EXIT_ERROR, EXIT_USAGE
+from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
 from redrive.messages import decode
 from redrive.operations.plan import PLAN_VERSION, PlanItem, PlanWriter, read_plan

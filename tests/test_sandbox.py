@@ -883,7 +883,7 @@ def test_cli_sandbox_limits(args: list[str], complaint: str) -> None:
 
 
 def test_cli_sandbox_takes_ten_thousand_messages_a_dlq() -> None:
-    from redrive.cli import sandbox as command
+    from redrive.cli.sandbox import sandbox as command
 
     option = next(p for p in command.params if p.name == "per_family")
     assert option.type.max == sandbox.MAX_MESSAGES == 10_000  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ import pytest
 from click.testing import Result
 from conftest import Family, as_json, ok, run
 
-from redrive import cli as cli_module
+from redrive.cli import console as cli_module
 from redrive.ledger import RunInfo
 from redrive.operations.native import MoveTask
 from redrive.render.audit import audit_table, run_detail_text

@@ -1,0 +1,257 @@
+"""What a person at the terminal sees and answers: progress on stderr, warnings, JSON and
+tables on stdout, the confirmation before an ``--execute`` run, and the command a dry run
+says to run next."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import click
+
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
+from redrive.durations import format_duration
+
+STOPPING = (
+    "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
+)
+
+
+@contextlib.contextmanager
+def interruptible(message: str = STOPPING) -> Iterator[threading.Event]:
+    """First Ctrl-C (or SIGTERM) asks the operation to stop cleanly; a second one aborts."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        click.echo(f"\n{message}", err=True)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Progress:
+    """A one-line progress display on stderr, only when stderr is a terminal."""
+
+    def __init__(self, label: str, *, enabled: bool | None = None) -> None:
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+        self.total: int | None = None
+        """How many there are to go through, where known (SQS's count at the start)."""
+
+    def set_total(self, total: int | None) -> None:
+        self.total = total
+
+    def of(self, n: int, what: str, total: int | None = None) -> str:
+        """``120 of ~1,000 received (340/s, ~3s left)``."""
+        return progress_text(
+            n, total if total is not None else self.total, what, time.monotonic() - self.started
+        )
+
+    def update(self, text: str, *, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.5:
+            return
+        self._last = now
+        click.echo(f"\r{self.label}: {text}\x1b[K", err=True, nl=False)
+        self._shown = True
+
+    def done(self) -> None:
+        if self.enabled and self._shown:
+            click.echo("\r\x1b[K", err=True, nl=False)
+
+
+def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:
+    """``120 of ~1,000 received (340/s, ~3s left)``; ``120 received (340/s)`` with no total.
+
+    SQS's count is approximate (``~``); past it there is no promise of an end to make.
+    """
+    rate = n / max(elapsed, 1e-6)
+    if not total or n >= total:
+        return f"{n:,} {what} ({rate:,.0f}/s)"
+    left = f", ~{format_duration((total - n) / rate)} left" if n and rate > 0 else ""
+    return f"{n:,} of ~{total:,} {what} ({rate:,.0f}/s{left})"
+
+
+def warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, sort_keys=False))
+
+
+def table_width(wide: bool) -> int | None:
+    """How wide a table may be: the terminal's width; for a pipe or a file COLUMNS if set,
+    else no limit (a pipe to grep or a file should lose nothing); --wide: no limit."""
+    if wide:
+        return None
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
+
+
+class NeedsYes(click.ClickException):
+    """``--execute`` with no one to ask: a usage error (exit 2), before anything changed."""
+
+    exit_code = EXIT_USAGE
+
+
+def terminal_attached() -> bool:
+    """Whether a person can answer a prompt: it is read from stdin and asked on stderr."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def confirm(
+    execute: bool,
+    yes: bool,
+    question: str,
+    *,
+    details: Callable[[], list[str]] | None = None,
+) -> None:
+    """Ask before an ``--execute`` run changes anything, unless ``--yes``.
+
+    With no terminal to ask on (a script, cron, ssh without a tty) it refuses: one typo there
+    must not drain a production DLQ unasked. ``details`` (the DLQ, the filters, how many
+    messages are visible) are fetched only when there is someone to show them to. Answering
+    no exits 1 (``aborted``); Ctrl-C at the prompt is an interruption (130).
+    """
+    if not execute or yes:
+        return
+    if not terminal_attached():
+        raise NeedsYes(
+            "--execute with no terminal to confirm on (stdin and stderr must both be one) "
+            "needs --yes: nothing was changed; add --yes to act without asking"
+        )
+    for line in details() if details is not None else ():
+        click.echo(line, err=True)
+    if not click.confirm(question, default=False, err=True):
+        click.echo("aborted: nothing was changed", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+ARGV = "redrive.argv"
+
+
+def command_words() -> list[str]:
+    """The arguments this command was given, after the program name."""
+    ctx = click.get_current_context(silent=True)
+    words = ctx.meta.get(ARGV) if ctx is not None else None
+    return list(words) if words is not None else sys.argv[1:]
+
+
+def command_line() -> str:
+    """The command as given, shell-quoted so that it pastes back into a shell as it ran."""
+    return shlex.join(["redrive", *command_words()])
+
+
+# Global options that take a value: the first other word is the command's name.
+_GLOBAL_VALUE_OPTIONS = ("--endpoint-url", "--region", "--profile", "--config")
+
+
+def execute_command(*, plan_out: str | None = None) -> str:
+    """What to run to do what this dry run showed: the same command with ``--execute`` (and
+    ``--yes`` where there is no terminal to confirm on); after ``--plan-out``, ``apply``."""
+    words = command_words()
+    yes = [] if terminal_attached() else ["--yes"]
+    if plan_out is not None:
+        at = _command_index(words)
+        return shlex.join(["redrive", *words[:at], "apply", plan_out, "--execute", *yes])
+    kept: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--plan-out":
+            skip = True
+        elif not word.startswith("--plan-out="):
+            kept.append(word)
+    return shlex.join(["redrive", *kept, "--execute", *yes])
+
+
+def _command_index(words: list[str]) -> int:
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in _GLOBAL_VALUE_OPTIONS:
+            i += 2
+        elif word.startswith("-"):
+            i += 1
+        else:
+            return i
+    return len(words)
+
+
+def next_step(words: str) -> str:
+    return f"\nnothing was changed (dry run); to do it, run:\n  {words}"
+
+
+class PlannedView:
+    """A result of ``apply``: also says how many planned messages were gone."""
+
+    def __init__(self, result: Any, planned: int) -> None:
+        self._result = result
+        self.planned = planned
+        self.gone = max(0, planned - result.matched)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._result.to_json()
+        data.update(planned=self.planned, gone=self.gone)
+        return data
+
+
+def finish_move(
+    result: Any,
+    as_json: bool,
+    render: Callable[..., str],
+    *,
+    next_command: str | None = None,
+    **render_kw: Any,
+) -> None:
+    """Print a move, purge or replay result and exit with its code. ``next_command``: what
+    a dry run that would change something tells the reader to run to do it."""
+    if as_json:
+        emit_json(result.to_json())
+    else:
+        click.echo(render(getattr(result, "_result", result), **render_kw))
+        if getattr(result, "gone", 0):
+            click.echo(
+                f"\n{result.gone} of the plan's {result.planned} message(s) are no longer in the "
+                "DLQ (already acted on, or removed by someone else): left as they are"
+            )
+        if next_command is not None and not result.interrupted:
+            click.echo(next_step(next_command))
+    if result.interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    # A dry run reports in-doubt keys it finds, but changed nothing that could need attention.
+    if result.needs_attention and not result.dry_run:
+        sys.exit(EXIT_ATTENTION)

@@ -1,0 +1,171 @@
+"""The state a command runs with (:class:`Context`: AWS settings, the layout, adapters per
+region), the mapping of core errors to one-line failures, and what every run shares."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from redrive.aws.identity import caller_identity
+from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import Sqs, queue_name
+from redrive.cli.console import ARGV, command_line, warn
+from redrive.config import Layout, load_layout
+from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.errors import RedriveError, UsageProblem
+from redrive.ledger import default_ledger_path, open_ledger
+from redrive.render.selection import filters_text
+from redrive.reporting.audit import (
+    run_record,
+)
+from redrive.selection import Selection
+
+# -- shared state and helpers -------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    aws: AwsSettings
+    config: str | None
+    _layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            self._layout = load_layout(self.config)
+        return self._layout
+
+    _spare: dict[str | None, Sqs] = field(default_factory=dict)
+    _receive_log: ReceiveLog | None = None
+
+    def receive_log(self) -> ReceiveLog:
+        """Where redrive counts its own receives (redrive.dlq.receive_log), opened once per command
+        and closed when it ends."""
+        if self._receive_log is None:
+            log = ReceiveLog.open_default()
+            click.get_current_context().call_on_close(log.close)
+            if log.problem:
+                warn(
+                    f"cannot count redrive's own receives: {log.problem}; receive counts "
+                    "will include them"
+                )
+            self._receive_log = log
+        return self._receive_log
+
+    def sqs_for(self, region: str | None = None) -> Sqs:
+        """An adapter with clients of its own (one per worker thread)."""
+        spare = self._spare.pop(region, None)
+        return spare if spare is not None else self.aws.sqs(region=region)
+
+    def _resolver(self, region: str | None = None) -> Sqs:
+        # Resolving a target and the run's first worker share one adapter: each costs two
+        # clients, ~15 ms apiece to create, paid by every run however small.
+        if region not in self._spare:
+            self._spare[region] = self.aws.sqs(region=region)
+        return self._spare[region]
+
+    def target(self, name: str) -> DlqTarget:
+        return resolve_target(self.layout, name, self._resolver)
+
+    def queue(self, name_or_url: str) -> QueueRef:
+        return describe_queue(self._resolver(), name_or_url)
+
+    def is_celery_queue(self, queue: QueueRef) -> bool:
+        """Whether Celery workers consume ``queue``: it is one of the families' queues."""
+        return any(queue_name(f.queue) == queue.name for f in self.layout.families)
+
+    def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
+        """Adapters for the DLQ's own region (a family may name one)."""
+        region = dlq.family.region if dlq.family is not None else None
+        return lambda: self.sqs_for(region)
+
+    def s3_client(self) -> Any:
+        return self.aws.client("s3")
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def fail(message: str) -> NoReturn:
+    raise click.ClickException(message)
+
+
+@contextlib.contextmanager
+def core_errors() -> Iterator[None]:
+    """Core errors become one line and exit 1 (or 2 for usage problems), never a traceback."""
+    try:
+        yield
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from exc
+    except RedriveError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def dlq_details(ctx: Context, dlq: DlqTarget, selection: Selection | None) -> list[str]:
+    """What a confirmation names: the DLQ, how many messages it shows now, the filters."""
+    try:
+        attributes = ctx.sqs_of(dlq)().attributes(dlq.dlq.url, ["ApproximateNumberOfMessages"])
+        visible = f"{int(attributes.get('ApproximateNumberOfMessages', '0')):,} message(s) visible"
+    except Exception as exc:  # the prompt still asks; the run reports any real error
+        visible = f"visible count unknown: {exc}"
+    lines = [f"  DLQ:      {dlq.dlq.name} ({dlq.label}): {visible}"]
+    if selection is not None:
+        lines.append(f"  filters:  {filters_text(selection.describe())}")
+    return lines
+
+
+# -- the group --------------------------------------------------------------------------------
+
+
+class RedriveGroup(click.Group):
+    """Keeps the command line for the audit trail and dry runs' next step, and lists each
+    command's summary whole in ``--help`` (click cuts a long one short with "...")."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The outermost group sees every word; a nested group (ledger) only its own.
+        ctx.meta.setdefault(ARGV, list(args))
+        return super().parse_args(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def execute_record(
+    ctx: Context, target: str, selection: Selection, ledger: Any, *, archive: str | None = None
+) -> dict[str, Any]:
+    """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
+    filters = selection.describe()
+    if len(filters["message_ids"]) > 10:
+        # A plan's ids belong in the plan file, not in every audit listing.
+        filters["message_ids"] = f"{len(filters['message_ids'])} ids (from a plan)"
+    return run_record(
+        command_line=command_line(),
+        target=target,
+        filters=filters,
+        ledger=ledger.location,
+        archive=archive,
+        caller=caller_identity(lambda: ctx.aws.client("sts")),
+    )
+
+
+def dry_run_ledger(uri: str | None, client_factory: Callable[[str], Any] | None = None) -> Any:
+    """A dry run reads the ledger (to report duplicates and in-doubt keys) if it exists,
+    and never creates one."""
+    if uri is None and not default_ledger_path().exists():
+        return None
+    if uri is not None and "://" not in uri and not Path(uri).expanduser().exists():
+        return None
+    return open_ledger(uri, client_factory=client_factory)

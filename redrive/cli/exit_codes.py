@@ -1,0 +1,17 @@
+"""The exit codes of every command (the README lists them)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+
+
+EXIT_ERROR = 1
+
+
+EXIT_USAGE = 2
+
+
+EXIT_ATTENTION = 3
+
+
+EXIT_INTERRUPTED = 130

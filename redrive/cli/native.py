@@ -1,0 +1,233 @@
+"""``move --native`` and ``tasks``: SQS's own server-side moves (StartMessageMoveTask)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width
+from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
+from redrive.cli.options import json_option, target_argument, wide_option
+from redrive.errors import RedriveError
+from redrive.operations.native import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    FAILED,
+    cancel_move_task,
+    destination_label,
+    follow_native_move,
+    list_move_tasks,
+    native_request,
+    plan_native_move,
+    start_native_move,
+)
+from redrive.render.native import move_tasks_table, native_plan_text, native_task_text
+
+# -- native moves: move --native, tasks (StartMessageMoveTask) ------------------------------
+
+
+NATIVE_POLL_SECONDS = 5.0
+
+
+# Options that mean something to ``move --native``; any other one given on the command line
+# is refused, so that no filter or safety option is silently ignored.
+_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"}
+
+
+_NATIVE_REFUSALS = (
+    (
+        {"tasks", "exclude_tasks", "older_than", "newer_than", "limit", "message_ids"},
+        "SQS's server-side move cannot filter: it moves every message in the DLQ",
+    ),
+    (
+        {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
+        "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
+    ),
+    ({"workers", "lease"}, "SQS moves the messages itself, with no workers or leases"),
+)
+
+
+def refuse_native_conflicts(click_ctx: click.Context) -> None:
+    """``--native`` with an option it cannot honour is a usage error that says why."""
+    given: list[tuple[str, str]] = []
+    for param in click_ctx.command.params:
+        name = param.name or ""
+        if name in _NATIVE_OPTIONS:
+            continue
+        # An environment variable (REDRIVE_LEDGER) is a standing default, not a request.
+        if click_ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        value = click_ctx.params.get(name)
+        default = param.get_default(click_ctx)
+        if value == default or (not value and not default):
+            continue  # --workers 1, --in-doubt hold: what --native does anyway
+        given.append((name, param.opts[0] if param.opts else name))
+    if not given:
+        return
+    reasons: list[str] = []
+    for names, reason in _NATIVE_REFUSALS:
+        if any(name in names for name, _ in given):
+            reasons.append(reason)
+    known = set().union(*(names for names, _ in _NATIVE_REFUSALS))
+    if any(name not in known for name, _ in given):
+        reasons.append("only --to, --rate, --execute, --yes and --json apply to it")
+    flags = ", ".join(flag for _, flag in given)
+    raise click.UsageError(
+        f"--native cannot be combined with {flags}: {'; '.join(reasons)}. Drop "
+        f"{'them' if len(given) > 1 else 'it'}, or drop --native to move with redrive's own engine"
+    )
+
+
+def following() -> contextlib.AbstractContextManager[threading.Event]:
+    """Ctrl-C (or SIGTERM) stops following a server-side move; it never cancels the task."""
+    return interruptible(
+        "stopping to follow: the move task keeps running on the server "
+        "(`redrive tasks TARGET --cancel` cancels it)"
+    )
+
+
+def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
+    """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
+    refuse_native_conflicts(click.get_current_context())
+    execute: bool = kwargs["execute"]
+    as_json: bool = kwargs["as_json"]
+    rate: float | None = kwargs["rate"]
+    with core_errors():
+        dlq = ctx.target(target)
+        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
+        sqs = ctx.sqs_of(dlq)()
+        if not execute:
+            plan = plan_native_move(sqs, dlq, destination=to, rate=rate)
+            if as_json:
+                emit_json(plan.to_json())
+            else:
+                click.echo(native_plan_text(plan))
+            return
+        request = native_request(dlq, destination=to, rate=rate)
+        where = destination_label(to, tuple(s.name for s in dlq.sources))
+        confirm(
+            execute,
+            kwargs["yes"],
+            f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
+            details=lambda: dlq_details(ctx, dlq, None),
+        )
+        handle = start_native_move(sqs, dlq, destination=to, rate=rate)
+    click.echo(
+        f"started move task {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
+        "following, not the task)",
+        err=True,
+    )
+    progress = Progress("move task")
+    try:
+        with following() as stop:
+            task = follow_native_move(
+                sqs,
+                dlq,
+                handle,
+                poll_seconds=NATIVE_POLL_SECONDS,
+                stop=stop,
+                on_progress=lambda t: progress.update(
+                    f"{t.status}: {t.moved:,}"
+                    + (f" of {t.to_move:,}" if t.to_move is not None else "")
+                    + " moved",
+                    force=True,
+                ),
+            )
+    except RedriveError as exc:
+        # Losing sight of the task does not stop it: say where to find it.
+        raise click.ClickException(
+            f"{exc} (the move task was started and may still be running: `redrive tasks {target}`)"
+        ) from exc
+    finally:
+        progress.done()
+    if as_json:
+        emit_json(
+            {
+                "native": True,
+                "dry_run": False,
+                "dlq": dlq.dlq.name,
+                "destination": to.name if to else None,
+                "rate": request.get("MaxNumberOfMessagesPerSecond"),
+                **task.to_json(),
+                "task_handle": handle,
+                "following_stopped": not task.terminal,
+            }
+        )
+    else:
+        click.echo(native_task_text(task, dlq=dlq.dlq.name, destination=where))
+    if task.status == COMPLETED:
+        return
+    if task.status == FAILED:
+        fail(
+            f"move task on DLQ {dlq.dlq.name} FAILED after moving {task.moved:,} message(s): "
+            f"{task.failure_reason or 'SQS gave no reason'}"
+        )
+    if task.status in (CANCELLED, CANCELLING):
+        click.echo(
+            f"the move task was cancelled after moving {task.moved:,} message(s); the rest "
+            "stay in the DLQ",
+            err=True,
+        )
+        sys.exit(EXIT_ATTENTION)
+    click.echo(
+        f"{'stopped following' if stop.is_set() else 'gave up following'}: move task "
+        f"{handle} keeps running on the server (it was not cancelled): "
+        f"`redrive tasks {target}` shows it, `redrive tasks {target} --cancel` cancels it",
+        err=True,
+    )
+    sys.exit(EXIT_INTERRUPTED if stop.is_set() else EXIT_ATTENTION)
+
+
+@click.command(short_help="SQS message move tasks of a DLQ (move --native), newest first.")
+@target_argument
+@click.option(
+    "--cancel",
+    is_flag=True,
+    help="Cancel the running move task (what it moved stays moved; the rest stays in the DLQ).",
+)
+@json_option
+@wide_option
+@pass_ctx
+def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) -> None:
+    """SQS message move tasks of a DLQ (started by move --native), newest first.
+
+    With --cancel, cancel the running one instead.
+    """
+    with core_errors():
+        dlq = ctx.target(target)
+        sqs = ctx.sqs_of(dlq)()
+        if not cancel:
+            listed = list_move_tasks(sqs, dlq)
+            if as_json:
+                emit_json(
+                    {
+                        "dlq": dlq.dlq.name,
+                        "dlq_arn": dlq.dlq.arn,
+                        "tasks": [t.to_json() for t in listed],
+                    }
+                )
+            else:
+                click.echo(move_tasks_table(listed, dlq=dlq.dlq.name, width=table_width(wide)))
+            return
+        cancelled = cancel_move_task(sqs, dlq)
+    if cancelled is None:
+        fail(
+            f"nothing cancelled: the move task of DLQ {dlq.dlq.name} finished by itself "
+            f"before the cancel reached it (`redrive tasks {target}` shows how it ended)"
+        )
+    if as_json:
+        emit_json({"dlq": dlq.dlq.name, "cancelled": cancelled.to_json()})
+    else:
+        total = f" of {cancelled.to_move:,}" if cancelled.to_move is not None else ""
+        click.echo(
+            f"cancelling the move task of DLQ {dlq.dlq.name}: {cancelled.moved:,}{total} "
+            "message(s) already moved stay moved, the rest stay in the DLQ; SQS ends the task "
+            f"shortly (`redrive tasks {target}` shows it)"
+        )

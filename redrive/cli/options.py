@@ -1,0 +1,338 @@
+"""The options commands share (selection, --execute/--yes, ledger, lease, workers, rate,
+--json, --wide, --plan-out ...), shell completion, and the global options accepted after the
+command too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import click
+from click.shell_completion import CompletionItem
+
+from redrive.aws.sqs import queue_name
+from redrive.cli.context import Context
+from redrive.config import Layout, load_layout
+from redrive.durations import parse_duration
+from redrive.operations.move import (
+    AMBIGUOUS_POLICIES,
+    DEFAULT_LEASE,
+    DEFAULT_MAX_REDRIVES,
+    IN_DOUBT_POLICIES,
+)
+from redrive.selection import Selection
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# -- shared options (pip-tools style) -------------------------------------------------------
+
+
+def json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(f)
+
+
+def duration(_: Any, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def selection_options(f: F) -> F:
+    options = [
+        click.option(
+            "--task",
+            "tasks",
+            multiple=True,
+            metavar="PATTERN",
+            help="Only tasks with this name or glob (repeatable).",
+        ),
+        click.option(
+            "--exclude-task",
+            "exclude_tasks",
+            multiple=True,
+            metavar="PATTERN",
+            help="Leave out tasks with this name or glob (repeatable).",
+        ),
+        click.option(
+            "--older-than",
+            metavar="DUR",
+            callback=duration,
+            help="Only messages enqueued at least DUR ago (90m, 6h, 3d).",
+        ),
+        click.option(
+            "--newer-than",
+            metavar="DUR",
+            callback=duration,
+            help="Only messages enqueued at most DUR ago.",
+        ),
+        click.option(
+            "--limit",
+            type=click.IntRange(min=1),
+            metavar="N",
+            help="Act on at most N messages.",
+        ),
+        click.option(
+            "--message-id",
+            "message_ids",
+            multiple=True,
+            metavar="ID",
+            help="Only the message with this SQS MessageId (repeatable).",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def make_selection(kwargs: dict[str, Any]) -> Selection:
+    return Selection(
+        tasks=tuple(kwargs.pop("tasks")),
+        exclude_tasks=tuple(kwargs.pop("exclude_tasks")),
+        older_than=kwargs.pop("older_than"),
+        newer_than=kwargs.pop("newer_than"),
+        message_ids=frozenset(kwargs.pop("message_ids")),
+        limit=kwargs.pop("limit"),
+    )
+
+
+def execute_options(f: F) -> F:
+    f = click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")(f)
+    f = click.option(
+        "--execute",
+        is_flag=True,
+        help="Really do it. Without it, nothing changes: a dry run shows the plan.",
+    )(f)
+    return f
+
+
+def ledger_option(f: F) -> F:
+    return click.option(
+        "--ledger",
+        metavar="URI",
+        envvar="REDRIVE_LEDGER",
+        help="Idempotency ledger: a SQLite path, sqlite:///path or dynamodb://TABLE "
+        "(default: the state directory; env REDRIVE_LEDGER).",
+    )(f)
+
+
+def workers_option(f: F) -> F:
+    return workers_doing("receive-send-delete")(f)
+
+
+def workers_doing(work: str) -> Callable[[F], F]:
+    """``--workers``, its help saying what each pipeline does for this command."""
+
+    def decorate(f: F) -> F:
+        return click.option(
+            "--workers",
+            type=click.IntRange(1, 32),
+            default=1,
+            show_default=True,
+            help=f"Parallel {work} pipelines, each with its own client.",
+        )(f)
+
+    return decorate
+
+
+def wide_option(f: F) -> F:
+    return click.option(
+        "--wide",
+        is_flag=True,
+        help="Show every column at full length, however wide the terminal.",
+    )(f)
+
+
+def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | None:
+    # botocore would reject it only when the first client is made, as a bare ValueError.
+    if value is not None:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise click.BadParameter(
+                f"{value!r} is not an http(s) URL, e.g. http://127.0.0.1:4566", param=param
+            )
+    return value
+
+
+def _completion_layout(ctx: click.Context) -> Layout | None:
+    """The layout for shell completion: ``--config`` if given before the command, else
+    REDRIVE_CONFIG or the built-in one. Completion never fails aloud, nor calls AWS."""
+    config = ctx.find_root().params.get("config")
+    try:
+        return load_layout(config)
+    except Exception:
+        return None
+
+
+def _looks_like_path(incomplete: str) -> bool:
+    return incomplete.startswith(("/", ".", "~")) or "/" in incomplete
+
+
+def complete_target(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """A TARGET completes to the layout's family names; a word like a path, to files (an
+    archive for inspect)."""
+    if _looks_like_path(incomplete):
+        return [CompletionItem(incomplete, type="file")]
+    layout = _completion_layout(ctx)
+    if layout is None:
+        return []
+    return [
+        CompletionItem(f.name, help=f"queue {f.queue}")
+        for f in layout.families
+        if f.name.startswith(incomplete)
+    ]
+
+
+def complete_queue(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    """``--to QUEUE`` completes to the layout's queue names."""
+    layout = _completion_layout(ctx)
+    names = [queue_name(f.queue) for f in layout.families] if layout is not None else []
+    return [CompletionItem(n) for n in dict.fromkeys(names) if n.startswith(incomplete)]
+
+
+def complete_file(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="file")]
+
+
+def target_argument(f: F) -> F:
+    return click.argument("target", shell_complete=complete_target)(f)
+
+
+def lease_option(f: F) -> F:
+    return click.option(
+        "--lease",
+        type=click.IntRange(1, 43_200),
+        default=DEFAULT_LEASE,
+        show_default=True,
+        metavar="SECONDS",
+        help="How long a killed run keeps messages hidden: each receive's visibility "
+        "timeout, and the holds a live run renews on what it does not consume.",
+    )(f)
+
+
+# -- move -------------------------------------------------------------------------------------
+
+
+def move_options(f: F) -> F:
+    f = click.option(
+        "--in-doubt",
+        type=click.Choice(IN_DOUBT_POLICIES),
+        default="hold",
+        show_default=True,
+        help="What to do with messages whose earlier send may or may not have happened.",
+    )(f)
+    f = click.option(
+        "--max-redrives",
+        type=click.IntRange(min=1),
+        default=DEFAULT_MAX_REDRIVES,
+        show_default=True,
+        help="Skip messages redrive already moved this many times (poison).",
+    )(f)
+    f = click.option(
+        "--include-expired", is_flag=True, help="Also move tasks whose Celery `expires` passed."
+    )(f)
+    f = click.option(
+        "--include-unknown",
+        is_flag=True,
+        help="Also send bodies that are not Celery tasks to a family's (Celery) queue.",
+    )(f)
+    f = click.option(
+        "--ambiguous",
+        type=click.Choice(AMBIGUOUS_POLICIES),
+        default="hold",
+        show_default=True,
+        help="What to do with a message that shares the key of a task already sent when "
+        "nothing tells a copy from a second publish of its task id.",
+    )(f)
+    return f
+
+
+def plan_out_option(f: F) -> F:
+    return click.option(
+        "--plan-out",
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help="Dry run only: write the exact selection to FILE for review; "
+        "`redrive apply FILE --execute` then acts on exactly that.",
+    )(f)
+
+
+def rate_option(f: F) -> F:
+    return click.option(
+        "--rate",
+        type=click.FloatRange(min=0.1),
+        metavar="N",
+        help="At most N messages per second (all workers together).",
+    )(f)
+
+
+# -- purge, archive, replay -------------------------------------------------------------------
+
+
+def archive_destination(f: F) -> F:
+    return click.option(
+        "--archive",
+        "archive_to",
+        metavar="PATH|s3://BUCKET/PREFIX",
+        help="Where to archive (default: ./redrive-archive/FAMILY-UTCTIME.jsonl.gz).",
+    )(f)
+
+
+# -- global options anywhere --------------------------------------------------------------------
+
+
+def _global_options() -> list[click.Option]:
+    """``--endpoint-url``, ``--region``, ``--profile`` and ``--config`` after the command too,
+    as the AWS CLI accepts them (``redrive inspect checkout --region eu-west-1``)."""
+
+    def setter(attribute: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+            state = ctx.find_object(Context)
+            if value is None or state is None:
+                return
+            if attribute == "config":
+                state.config, state._layout = value, None
+            else:
+                if attribute == "endpoint_url":
+                    endpoint_url(ctx, param, value)
+                setattr(state.aws, attribute, value)
+
+        return callback
+
+    return [
+        click.Option(
+            ["--endpoint-url"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("endpoint_url"),
+            help="As the global option (may also come before the command).",
+        ),
+        click.Option(["--region"], metavar="REGION", expose_value=False, callback=setter("region")),
+        click.Option(["--profile"], metavar="NAME", expose_value=False, callback=setter("profile")),
+        click.Option(
+            ["--config"],
+            metavar="FILE",
+            type=click.Path(dir_okay=False),
+            expose_value=False,
+            callback=setter("config"),
+        ),
+    ]
+
+
+def add_global_options(group: click.Group) -> None:
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            add_global_options(command)
+        else:
+            names = {opt for p in command.params for opt in getattr(p, "opts", [])}
+            command.params.extend(p for p in _global_options() if p.opts[0] not in names)
