@@ -31,8 +31,10 @@ from typing import Any, Final
 __all__ = [
     "BODY_FORMATS",
     "UNKNOWN_TASK",
+    "Payload",
     "TaskInfo",
     "decode",
+    "read_payload",
     "safe_repr",
 ]
 
@@ -444,3 +446,49 @@ def _from_epoch(seconds: float) -> datetime | None:
         return datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """What a message carries beyond :class:`TaskInfo`: the decoded arguments and headers,
+    for ``--where`` and ``--group-by`` expressions that read them. Decoded on demand only:
+    a scan's hot path is :func:`decode`, which reads no arguments it need not read."""
+
+    args: Any = None
+    kwargs: Any = None
+    headers: dict[str, Any] | None = None
+    """The kombu envelope's headers as sent (protocol 2 keeps Celery's fields there)."""
+    json: Any = None
+    """The body's JSON (after any outer base64) when it is not a Celery task; else None."""
+
+
+def read_payload(body: str | bytes | None, info: TaskInfo) -> Payload:
+    """Decode what ``info`` left undecoded. Never raises and never unpickles: a body it
+    cannot read yields an empty payload, as a missing field is null."""
+    try:
+        return _read_payload(body, info)
+    except Exception:  # the same promise as decode(): a DLQ's junk never stops a run
+        return Payload()
+
+
+def _read_payload(body: str | bytes | None, info: TaskInfo) -> Payload:
+    if body is None:
+        return Payload()
+    text = body if isinstance(body, str) else bytes(body).decode("utf-8", errors="strict")
+    if not text or len(text) > _MAX_BODY:
+        return Payload()
+    value, _, text_note = _parse_outer(text)
+    if text_note is not None:
+        return Payload()
+    if not info.is_celery or not isinstance(value, dict):
+        return Payload(json=value)
+    headers = value.get("headers")
+    headers = headers if isinstance(headers, dict) else {}
+    properties = value.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    inner, _ = _inner_json(value, headers, properties, _str(value.get("content-type")))
+    if info.protocol == 2 and isinstance(inner, list) and len(inner) >= 2:
+        return Payload(args=inner[0], kwargs=inner[1], headers=headers)
+    if info.protocol == 1 and isinstance(inner, dict):
+        return Payload(args=inner.get("args"), kwargs=inner.get("kwargs"), headers=headers)
+    return Payload(headers=headers)

@@ -1,4 +1,5 @@
-"""Which messages an operation acts on: task patterns, age, message ids and a count limit."""
+"""Which messages an operation acts on: task patterns, age, message ids, ``--where``
+expressions over each message's record, and a count limit."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import fnmatch
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redrive.messages import TaskInfo
+
+if TYPE_CHECKING:
+    from redrive.aws.sqs import Message
+    from redrive.where import Where
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +28,8 @@ class Selection:
     newer_than: float | None = None
     message_ids: frozenset[str] = field(default_factory=frozenset)
     limit: int | None = None
+    where: Where | None = None
+    """``--where`` expressions (redrive.where), compiled once: every one must hold."""
 
     @property
     def is_filtered(self) -> bool:
@@ -33,12 +40,24 @@ class Selection:
             or self.newer_than is not None
             or self.message_ids
             or self.limit is not None
+            or self.where is not None
         )
 
     def matches(
-        self, info: TaskInfo, *, message_id: str, sent_at: float | None, now: float
+        self,
+        info: TaskInfo,
+        *,
+        message_id: str,
+        sent_at: float | None,
+        now: float,
+        message: Message | None = None,
+        sources: Sequence[str] = (),
     ) -> bool:
-        """Whether one message passes every filter except ``limit`` (the caller counts)."""
+        """Whether one message passes every filter except ``limit`` (the caller counts).
+
+        ``message`` (and the DLQ's source queue names, for the record's ``queue``) is what
+        a ``--where`` reads; the cheap filters run first, so it reads only what they let
+        through. Without ``message`` a ``--where`` matches nothing."""
         if self.message_ids and message_id not in self.message_ids:
             return False
         if self.tasks and not _any_match(info.task, self.tasks):
@@ -53,11 +72,16 @@ class Selection:
                 return False
             if self.newer_than is not None and age > self.newer_than:
                 return False
+        if self.where is not None:
+            return message is not None and self.where.matches(
+                info, message, now=now, sources=sources
+            )
         return True
 
     def describe(self) -> dict[str, Any]:
-        """The filters as plain data, for JSON output, plans and the audit trail."""
-        return {
+        """The filters as plain data, for JSON output, plans and the audit trail
+        (``where``, the expressions' text, only when there are some)."""
+        described: dict[str, Any] = {
             "tasks": list(self.tasks),
             "exclude_tasks": list(self.exclude_tasks),
             "older_than_seconds": self.older_than,
@@ -65,6 +89,9 @@ class Selection:
             "message_ids": sorted(self.message_ids),
             "limit": self.limit,
         }
+        if self.where is not None:
+            described["where"] = list(self.where.texts)
+        return described
 
 
 def _any_match(task: str, patterns: Sequence[str]) -> bool:

@@ -15,9 +15,11 @@ from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
 from redrive.cli.options import (
     duration,
+    group_by_option,
     json_option,
     lease_option,
     target_argument,
+    where_option,
     wide_option,
     workers_doing,
 )
@@ -30,9 +32,10 @@ from redrive.render.report import report_prometheus, report_text, since_last_tex
 from redrive.render.status import status_table
 from redrive.reporting import alerts
 from redrive.reporting.check import check_layout
-from redrive.reporting.inspect import InspectResult, inspect_dlq
+from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
 from redrive.reporting.report import build_report
 from redrive.reporting.status import family_status
+from redrive.where import Expression, Where
 
 # -- status, inspect, report ------------------------------------------------------------------
 
@@ -60,6 +63,8 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @click.option(
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
+@where_option
+@group_by_option
 @workers_doing("receive")
 @lease_option
 @wide_option
@@ -70,6 +75,8 @@ def inspect(
     as_json: bool,
     limit: int | None,
     show_args: bool,
+    where: Where | None,
+    group_by: Expression | None,
     workers: int,
     lease: int,
     wide: bool,
@@ -77,13 +84,15 @@ def inspect(
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
 
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
-    or archive: it is then read offline.
+    or archive: it is then read offline. --where counts only the messages it selects;
+    --group-by groups by an expression instead of the task (fields: see the README).
     """
+    focus = Focus(where=where, group_by=group_by, show_args=show_args)
     if _is_archive(target):
         with core_errors():
             result: InspectResult = inspect_archive(
                 target,
-                show_args=show_args,
+                focus=focus,
                 limit=limit,
                 s3_client_factory=ctx.s3_client,
                 on_problem=warn,
@@ -96,7 +105,7 @@ def inspect(
                 dlq,
                 ctx.sqs_of(dlq),
                 limit=limit,
-                show_args=show_args,
+                focus=focus,
                 workers=workers,
                 stop=stop,
                 on_progress=lambda n: progress.update(progress.of(n, "received")),
@@ -163,6 +172,8 @@ def _is_archive(target: str) -> bool:
     help="With --alert-state: an unchanged DLQ alerts at most once per DUR; "
     "a DLQ that grows or gains a task alerts at once.",
 )
+@where_option
+@group_by_option
 @wide_option
 @pass_ctx
 def report(
@@ -173,6 +184,8 @@ def report(
     since_last: bool,
     alert_state: str | None,
     alert_throttle: float | None,
+    where: Where | None,
+    group_by: Expression | None,
     wide: bool,
 ) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
@@ -189,6 +202,7 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            focus=Focus(where=where, group_by=group_by),
         )
     progress.done()
     changes = None

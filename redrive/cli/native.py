@@ -43,7 +43,7 @@ _NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"
 
 _NATIVE_REFUSALS = (
     (
-        {"tasks", "exclude_tasks", "older_than", "newer_than", "limit", "message_ids"},
+        {"tasks", "exclude_tasks", "older_than", "newer_than", "limit", "message_ids", "where"},
         "SQS's server-side move cannot filter: it moves every message in the DLQ",
     ),
     (

@@ -15,6 +15,7 @@ from redrive.aws.sqs import queue_name
 from redrive.cli.context import Context
 from redrive.config import Layout, load_layout
 from redrive.durations import parse_duration
+from redrive.errors import UsageProblem
 from redrive.operations.move import (
     AMBIGUOUS_POLICIES,
     DEFAULT_LEASE,
@@ -22,6 +23,7 @@ from redrive.operations.move import (
     IN_DOUBT_POLICIES,
 )
 from redrive.selection import Selection
+from redrive.where import Expression, Where, compile_expression, compile_where
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,6 +42,53 @@ def duration(_: Any, param: click.Parameter, value: str | None) -> float | None:
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param=param) from None
+
+
+def where_expressions(_: Any, param: click.Parameter, value: tuple[str, ...]) -> Where | None:
+    """``--where``, compiled once for the run: a bad expression is a usage error (exit 2)
+    that quotes it and marks the place."""
+    try:
+        return compile_where(value)
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+WHERE_HELP = (
+    "Only messages for which this JMESPath expression over the message's record is true, "
+    "e.g. \"kwargs.user_id == '42'\" or 'receive_count >= `6`' (repeatable: all must hold; "
+    "fields in the README)."
+)
+
+
+def where_option(f: F) -> F:
+    return click.option(
+        "--where",
+        "where",
+        multiple=True,
+        metavar="EXPR",
+        callback=where_expressions,
+        help=WHERE_HELP,
+    )(f)
+
+
+def group_by_expression(_: Any, param: click.Parameter, value: str | None) -> Expression | None:
+    if value is None:
+        return None
+    try:
+        return compile_expression(value, option="--group-by")
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def group_by_option(f: F) -> F:
+    return click.option(
+        "--group-by",
+        "group_by",
+        metavar="EXPR",
+        callback=group_by_expression,
+        help="Group by this JMESPath expression over the message's record instead of the "
+        "task name, e.g. kwargs.provider or headers.origin.",
+    )(f)
 
 
 def selection_options(f: F) -> F:
@@ -83,6 +132,7 @@ def selection_options(f: F) -> F:
             metavar="ID",
             help="Only the message with this SQS MessageId (repeatable).",
         ),
+        where_option,
     ]
     for option in reversed(options):
         f = option(f)
@@ -97,6 +147,7 @@ def make_selection(kwargs: dict[str, Any]) -> Selection:
         newer_than=kwargs.pop("newer_than"),
         message_ids=frozenset(kwargs.pop("message_ids")),
         limit=kwargs.pop("limit"),
+        where=kwargs.pop("where", None),
     )
 
 

@@ -591,7 +591,13 @@ class MoveEngine:
                     self._sightings.add(info.task, message.message_id)
         for message, info in decoded:
             if not selection.matches(
-                info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now
+                info,
+                message_id=message.message_id,
+                sent_at=message.sent_timestamp,
+                now=now,
+                # --where (issue 15): the record reads the message and its DLQ's sources.
+                message=message,
+                sources=[s.name for s in self.target.sources],
             ):
                 keep.append(message)
                 continue

@@ -242,6 +242,9 @@ def purge_dlq(
                         message_id=message.message_id,
                         sent_at=message.sent_timestamp,
                         now=clock,
+                        # --where (issue 15): the record reads the message and its sources.
+                        message=message,
+                        sources=[s.name for s in target.sources],
                     ):
                         keep.append(message)
                         continue

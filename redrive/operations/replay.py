@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redrive import attributes
 from redrive.archive import (
     ArchiveDamaged,
     ArchiveReader,
@@ -30,7 +29,12 @@ from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
-from redrive.reporting.inspect import Grouping, InspectResult
+from redrive.reporting.inspect import (
+    DEFAULT_MAX_REDRIVES,
+    Focus,
+    InspectResult,
+    grouping_fields,
+)
 
 
 class ArchiveSource:
@@ -198,45 +202,40 @@ def inspect_archive(
     s3_client_factory: Callable[[], Any] | None = None,
     on_problem: Callable[[str], None] | None = None,
     now: float | None = None,
+    focus: Focus | None = None,
 ) -> ArchiveInspectResult:
-    """The grouped view of a live inspect, read offline from an archive.
+    """The grouped view of a live inspect, read offline from an archive (with the same
+    --where and --group-by when ``focus`` has them).
 
     Damage does not stop it: the result counts what read cleanly and says what did not.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
-    grouping = Grouping(now=now, show_args=show_args)
+    focus = focus or Focus(show_args=show_args)
+    grouping = focus.grouping(now, None, DEFAULT_MAX_REDRIVES)
     dlqs: set[str] = set()
     partial = False
     reader = ArchiveReader(
         source, s3_client_factory=s3_client_factory, on_problem=on_problem, skip_damage=True
     )
     for record in reader:
-        if limit is not None and grouping.total >= limit:
+        if limit is not None and grouping.scanned >= limit:
             partial = True
             break
-        message = as_message(record)
         dlqs.add(record.dlq.rsplit("/", 1)[-1])
-        grouping.add(
-            decode(record.body),
-            message_id=record.message_id,
-            sent_at=message.sent_timestamp,
-            receive_count=message.receive_count,
-            redrive_count=attributes.redrive_count(record.message_attributes),
-            body=record.body,
-            redrive_receives=record.redrive_receives or 0,
-        )
+        # The receives the archive says were redrive's own (its attributes keep SQS's count).
+        message = replace(as_message(record), redrive_receives=record.redrive_receives or 0)
+        grouping.offer(message, decode(record.body))
     return ArchiveInspectResult(
         label=archive_label(source),
         dlq=", ".join(sorted(dlqs)) or "-",
         dlq_url=source,
         sources=[],
-        total=grouping.total,
-        groups=grouping.sorted_groups(),
-        oldest=grouping.oldest,
+        **grouping_fields(grouping),
+        **focus.describe(),
         scanned_at=now,
         seconds=time.monotonic() - started,
-        depth_before=grouping.total,
+        depth_before=grouping.scanned,
         hidden_before=0,
         partial=partial,
         damaged=reader.report(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,23 +59,49 @@ GROUP_STEPS = (
 )
 
 
+def counted_text(result: InspectResult) -> str:
+    """``40 message(s)``; with --where, ``3 matched of 40 message(s) scanned (--where ...)``."""
+    if not result.where:
+        return f"{result.total} message(s)"
+    expressions = " ".join(f"--where {shlex.quote(w)}" for w in result.where)
+    return (
+        f"{result.total} matched of {result.scanned_total} message(s) scanned "
+        f"({printable(expressions)})"
+    )
+
+
+def grouped_columns(
+    group_by: str | None, headers: Sequence[str], steps: tuple[Narrow, ...]
+) -> tuple[list[str], tuple[Narrow, ...]]:
+    """The headers and narrowing steps of a groups table: grouped by --group-by, its
+    expression heads the first column (the task column otherwise)."""
+    if group_by is None:
+        return list(headers), steps
+    first = printable(group_by)
+    return [first, *headers[1:]], tuple(
+        Narrow(n.action, first, n.to) if n.column == "task" else n for n in steps
+    )
+
+
+def group_table(result: InspectResult, width: int | None) -> str:
+    headers, steps = grouped_columns(result.group_by, GROUP_HEADERS, GROUP_STEPS)
+    rows = _group_rows(result.groups, result.scanned_at)
+    return fitted_table(rows, headers, width=width, steps=steps)
+
+
 def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
     now = result.scanned_at
     lines = [
         wrapped(
             f"DLQ {result.dlq} ({result.label}; source: {', '.join(result.sources) or '-'}): "
-            f"{result.total} message(s)"
+            + counted_text(result)
             + (f", oldest {when(result.oldest, now)}" if result.oldest else ""),
             width,
         )
     ]
     if result.groups:
         lines.append("")
-        lines.append(
-            fitted_table(
-                _group_rows(result.groups, now), GROUP_HEADERS, width=width, steps=GROUP_STEPS
-            )
-        )
+        lines.append(group_table(result, width))
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")

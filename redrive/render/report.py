@@ -3,12 +3,13 @@ what changed since the last report."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS
-from redrive.render.tables import Narrow, fitted_table, table, when_cell
+from redrive.render.inspect import GROUP_STEPS, grouped_columns
+from redrive.render.tables import Narrow, fitted_table, printable, table, when_cell
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import Report
 
@@ -32,6 +33,9 @@ def report_text(report: Report, *, markdown: bool = False, width: int | None = N
         lines.append(f"{report.total} message(s) in {len(report.queues)} DLQ(s).")
     else:
         lines.append(f"DLQ report, {generated}: {report.total} message(s)")
+    if report.where:
+        shown = " ".join(f"--where {shlex.quote(w)}" for w in report.where)
+        lines.append(f"Only the messages that match {printable(shown)}.")
     lines.append("")
     summary = []
     for q in report.queues:
@@ -72,15 +76,12 @@ def report_text(report: Report, *, markdown: bool = False, width: int | None = N
             ]
             for g in q.result.groups
         ]
-        lines.append(
-            fitted_table(
-                rows,
-                ["task", "count", "oldest", "consumer receives", "poison", "expired"],
-                fmt=fmt,
-                width=width,
-                steps=GROUP_STEPS,
-            )
+        headers, steps = grouped_columns(
+            report.group_by,
+            ["task", "count", "oldest", "consumer receives", "poison", "expired"],
+            GROUP_STEPS,
         )
+        lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
     return "\n".join(lines) + "\n"
 
 

@@ -79,7 +79,9 @@ def filters_text(filters: Mapping[str, Any]) -> str:
             words += ["--message-id", shlex.quote(str(message_id))]
     if filters.get("limit") is not None:
         words += ["--limit", str(filters["limit"])]
-    known = {"tasks", "exclude_tasks", "older_than_seconds", "newer_than_seconds"}
+    for expression in filters.get("where") or ():
+        words += ["--where", shlex.quote(str(expression))]
+    known = {"tasks", "exclude_tasks", "older_than_seconds", "newer_than_seconds", "where"}
     for key, value in filters.items():
         if key not in known | {"message_ids", "limit"} and value not in (None, [], ""):
             words.append(f"{key}={value}")

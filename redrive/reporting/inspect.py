@@ -1,4 +1,5 @@
-"""Inspect: scan a DLQ without disturbing it and group its messages by Celery task."""
+"""Inspect: scan a DLQ without disturbing it and group its messages by Celery task (or by a
+``--group-by`` expression), counting only the messages a ``--where`` selects."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.aws.sqs import Sqs
+from redrive.aws.sqs import Message, Sqs
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.durations import iso_utc
+from redrive.message_record import RecordBuilder, ResultLookup
 from redrive.messages import TaskInfo, decode
+from redrive.where import Expression, Where, group_value
 
 SAMPLES_PER_GROUP = 3
 # How much of a body that is not a Celery task --show-args shows instead of its arguments.
@@ -24,6 +27,28 @@ SHOWN_BODY_CHARS = 300
 DAY = 86_400
 DEFAULT_MAX_REDRIVES = 3
 DEFAULT_LEASE = 30
+# A group's value in JSON when the group is a task name (the usual case).
+_TASK_NAME: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    """Which group a message counts in: ``identity`` tells groups apart, ``label`` is what
+    a table shows in the task column, ``value`` what JSON shows (the task name, or a
+    --group-by expression's value: a string, a number, null...)."""
+
+    identity: str
+    label: str
+    value: Any = _TASK_NAME
+
+    @classmethod
+    def of_task(cls, info: TaskInfo) -> GroupKey:
+        return cls(info.task, info.task)
+
+    @classmethod
+    def of_value(cls, value: Any) -> GroupKey:
+        identity, label = group_value(value)
+        return cls(identity, label, value)
 
 
 @dataclass(slots=True)
@@ -31,6 +56,7 @@ class TaskGroup:
     """Counters for one task name; never a list of every message."""
 
     task: str
+    """The table's first column: the task name, or the --group-by value as text."""
     count: int = 0
     oldest: float | None = None
     newest: float | None = None
@@ -51,10 +77,12 @@ class TaskGroup:
     sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
+    value: Any = _TASK_NAME
+    """The --group-by value (JSON's "task"); the task name when grouped by task."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "task": self.task,
+            "task": self.task if self.value is _TASK_NAME else self.value,
             "count": self.count,
             "oldest": iso_utc(self.oldest),
             "newest": iso_utc(self.newest),
@@ -78,7 +106,8 @@ class TaskGroup:
 
 @dataclass(slots=True)
 class Grouping:
-    """Accumulates messages into task groups; shared by live inspect and archive inspect."""
+    """Accumulates messages into groups (by task, or by a --group-by expression), counting
+    only what a --where selects; shared by live inspect and archive inspect."""
 
     now: float
     retention_seconds: int | None = None
@@ -86,11 +115,60 @@ class Grouping:
     max_redrives: int = DEFAULT_MAX_REDRIVES
     groups: dict[str, TaskGroup] = field(default_factory=dict)
     total: int = 0
+    where: Where | None = None
+    group_by: Expression | None = None
+    sources: tuple[str, ...] = ()
+    """The DLQ's source queue names (the record's ``queue`` when SQS did not say)."""
+    results: ResultLookup | None = None
+    """The result backend behind the record's ``state`` and ``exception`` (None: null)."""
+    scanned: int = 0
+    """Messages offered, selected or not (``total`` counts the selected ones)."""
     now_utc: datetime = field(init=False)
+    _records: RecordBuilder | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         # Once per scan, not once per message.
         self.now_utc = datetime.fromtimestamp(self.now, UTC)
+        if self.where is not None or self.group_by is not None:
+            fields = (self.where.fields if self.where else frozenset()) | (
+                self.group_by.fields if self.group_by else frozenset()
+            )
+            results = self.results or (self.where.results if self.where else None)
+            self._records = RecordBuilder(tuple(fields), self.sources, results)
+
+    def offer(self, message: Message, info: TaskInfo) -> None:
+        """One scanned message: counted in its group when the --where (if any) selects it."""
+        self.count(message, info, self.place(message, info))
+
+    def place(self, message: Message, info: TaskInfo) -> GroupKey | None:
+        """The group a message counts in; None when the --where leaves it out. Pure: the
+        receive pipelines call it outside the lock that guards the counts.
+
+        The seam for other groupings: a key is any (identity, label, JSON value)."""
+        if self._records is None:
+            return GroupKey.of_task(info)
+        record = self._records.build(info, message, now=self.now)
+        if self.where is not None and not self.where.holds(record):
+            return None
+        if self.group_by is not None:
+            return GroupKey.of_value(self.group_by.evaluate(record))
+        return GroupKey.of_task(info)
+
+    def count(self, message: Message, info: TaskInfo, key: GroupKey | None) -> None:
+        """Count one scanned message (in group ``key``; only as scanned when None)."""
+        self.scanned += 1
+        if key is None:
+            return
+        self.add(
+            info,
+            message_id=message.message_id,
+            sent_at=message.sent_timestamp,
+            receive_count=message.receive_count,
+            redrive_count=attributes.redrive_count(message.message_attributes),
+            body=message.body,
+            redrive_receives=message.redrive_receives,
+            key=key,
+        )
 
     def add(
         self,
@@ -102,10 +180,12 @@ class Grouping:
         redrive_count: int,
         body: str | None = None,
         redrive_receives: int = 0,
+        key: GroupKey | None = None,
     ) -> None:
-        group = self.groups.get(info.task)
+        key = key or GroupKey.of_task(info)
+        group = self.groups.get(key.identity)
         if group is None:
-            group = self.groups[info.task] = TaskGroup(task=info.task)
+            group = self.groups[key.identity] = TaskGroup(task=key.label, value=key.value)
         self.total += 1
         group.count += 1
         if sent_at is not None:
@@ -178,6 +258,16 @@ class InspectResult:
     fifo: bool = False
     receive_log_problem: str | None = None
     """Why redrive's own receives could not be told apart (then they are in the counts)."""
+    scanned: int | None = None
+    """Messages scanned, selected or not (None: as many as ``total``)."""
+    where: tuple[str, ...] = ()
+    """The --where expressions that selected the ``total`` messages counted."""
+    group_by: str | None = None
+    """The --group-by expression the groups are by (None: by task)."""
+
+    @property
+    def scanned_total(self) -> int:
+        return self.total if self.scanned is None else self.scanned
 
     @property
     def incomplete(self) -> bool:
@@ -185,7 +275,7 @@ class InspectResult:
         interrupt: held messages came back before it ended (SQS would not renew their
         holds) or SQS's in-flight quota (about 120,000 per queue) stopped it. Said, never
         silently reported as the whole DLQ."""
-        return not (self.partial or self.interrupted) and self.total < self.depth_before
+        return not (self.partial or self.interrupted) and self.scanned_total < self.depth_before
 
     @property
     def redrive_receives(self) -> int:
@@ -227,6 +317,40 @@ class InspectResult:
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
             "receive_log_problem": self.receive_log_problem,
+            "scanned": self.scanned_total,
+            "where": list(self.where),
+            "matched": self.total if self.where else None,
+            "group_by": self.group_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Focus:
+    """What an inspect counts and how it groups: a --where, a --group-by, the result
+    backend their records may ask (``state``, ``exception``), and --show-args."""
+
+    where: Where | None = None
+    group_by: Expression | None = None
+    results: ResultLookup | None = None
+    show_args: bool = False
+
+    def grouping(self, now: float, target: DlqTarget | None, max_redrives: int) -> Grouping:
+        return Grouping(
+            now=now,
+            retention_seconds=target.dlq.retention_seconds if target is not None else None,
+            show_args=self.show_args,
+            max_redrives=max_redrives,
+            where=self.where,
+            group_by=self.group_by,
+            sources=tuple(s.name for s in target.sources) if target is not None else (),
+            results=self.results,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The InspectResult fields that say what was counted."""
+        return {
+            "where": self.where.texts if self.where is not None else (),
+            "group_by": self.group_by.text if self.group_by is not None else None,
         }
 
 
@@ -244,23 +368,18 @@ def inspect_dlq(
     on_depth: Callable[[int], None] | None = None,
     lease: int = DEFAULT_LEASE,
     receive_log: ReceiveLog | None = None,
+    focus: Focus | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
 
-    ``on_depth`` hears SQS's count of visible messages before the scan starts (a progress
-    display's total). ``lease``: how long a killed inspect hides what it held (holds are
-    renewed while it runs). ``receive_log``: where redrive counts its own receives, so that
-    the receive counts shown leave them out.
-    """
+    ``on_depth`` hears SQS's visible count before the scan (a progress total); ``lease``:
+    how long a killed inspect hides what it held; ``receive_log``: redrive's own receives,
+    left out of the counts; ``focus``: --where, --group-by (``show_args`` is its shorthand)."""
     started = time.monotonic()
     now = time.time() if now is None else now
+    focus = focus or Focus(show_args=show_args)
     sqs = sqs_factory()
-    counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )
-    depth = int(counts.get("ApproximateNumberOfMessages", "0"))
-    hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
+    depth, hidden = _depth(sqs, target)
     if on_depth is not None:
         on_depth(depth)
     scan = DlqScan(
@@ -273,57 +392,76 @@ def inspect_dlq(
         sqs_factory=sqs_factory,
         receive_log=receive_log,
     )
-    grouping = Grouping(
-        now=now,
-        retention_seconds=target.dlq.retention_seconds,
-        show_args=show_args,
-        max_redrives=max_redrives,
+    grouping = focus.grouping(now, target, max_redrives)
+    try:
+        run_pipelines(_counter(scan, grouping), sqs, sqs_factory, workers, scan.stop)
+    finally:
+        # Ctrl-C or an error: what was received goes back all the same.
+        scan.release_all(sqs)
+        scan.close()
+    return InspectResult(
+        **_target_fields(target),
+        **grouping_fields(grouping),
+        **focus.describe(),
+        scanned_at=now,
+        seconds=time.monotonic() - started,
+        depth_before=depth,
+        hidden_before=hidden,
+        partial=limit is not None and grouping.scanned >= limit,
+        interrupted=scan.stop.is_set(),
+        seen_again=scan.stats.seen_again,
+        released=scan.stats.released,
+        receive_log_problem=receive_log.problem if receive_log is not None else None,
     )
+
+
+def _target_fields(target: DlqTarget) -> dict[str, Any]:
+    return {
+        "label": target.label,
+        "dlq": target.dlq.name,
+        "dlq_url": target.dlq.url,
+        "sources": [s.name for s in target.sources],
+        "fifo": target.dlq.fifo,
+    }
+
+
+def grouping_fields(grouping: Grouping) -> dict[str, Any]:
+    """The InspectResult fields a grouping fills (shared with archive inspect)."""
+    return {
+        "total": grouping.total,
+        "groups": grouping.sorted_groups(),
+        "oldest": grouping.oldest,
+        "scanned": grouping.scanned,
+    }
+
+
+def _depth(sqs: Sqs, target: DlqTarget) -> tuple[int, int]:
+    """SQS's visible and in-flight counts of the DLQ, before the scan."""
+    counts = sqs.attributes(
+        target.dlq.url,
+        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )
+    return (
+        int(counts.get("ApproximateNumberOfMessages", "0")),
+        int(counts.get("ApproximateNumberOfMessagesNotVisible", "0")),
+    )
+
+
+def _counter(scan: DlqScan, grouping: Grouping) -> Callable[[Sqs], None]:
+    """One receive pipeline's work: decode each batch, count it, hold it for the release."""
     lock = threading.Lock()
 
     def work(worker_sqs: Sqs) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
-                infos = [(m, decode(m.body)) for m in batch]
+                decoded = [(m, decode(m.body)) for m in batch]
+                placed = [(m, info, grouping.place(m, info)) for m, info in decoded]
                 with lock:
-                    for message, info in infos:
-                        grouping.add(
-                            info,
-                            message_id=message.message_id,
-                            sent_at=message.sent_timestamp,
-                            receive_count=message.receive_count,
-                            redrive_count=attributes.redrive_count(message.message_attributes),
-                            body=message.body,
-                            redrive_receives=message.redrive_receives,
-                        )
+                    for message, info, key in placed:
+                        grouping.count(message, info, key)
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
                 # instead of leaving it hidden for the whole lease.
                 scan.keep(worker_sqs, batch)
 
-    try:
-        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
-    finally:
-        # Ctrl-C or an error: what was received goes back all the same.
-        scan.release_all(sqs)
-        scan.close()
-    interrupted = scan.stop.is_set()
-    return InspectResult(
-        label=target.label,
-        dlq=target.dlq.name,
-        dlq_url=target.dlq.url,
-        sources=[s.name for s in target.sources],
-        total=grouping.total,
-        groups=grouping.sorted_groups(),
-        oldest=grouping.oldest,
-        scanned_at=now,
-        seconds=time.monotonic() - started,
-        depth_before=depth,
-        hidden_before=hidden,
-        partial=limit is not None and grouping.total >= limit,
-        interrupted=interrupted,
-        seen_again=scan.stats.seen_again,
-        released=scan.stats.released,
-        fifo=target.dlq.fifo,
-        receive_log_problem=receive_log.problem if receive_log is not None else None,
-    )
+    return work

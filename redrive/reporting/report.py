@@ -14,7 +14,7 @@ from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
 from redrive.errors import AwsUnavailable, RedriveError
-from redrive.reporting.inspect import InspectResult, inspect_dlq
+from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
 
 
 @dataclass(slots=True)
@@ -51,6 +51,10 @@ class Report:
     generated_at: float
     layout: str
     queues: list[FamilyReport] = field(default_factory=list)
+    where: tuple[str, ...] = ()
+    """The --where expressions: each DLQ's counts are of the messages they select."""
+    group_by: str | None = None
+    """The --group-by expression the groups are by (None: by task)."""
 
     @property
     def total(self) -> int:
@@ -66,6 +70,8 @@ class Report:
             "layout": self.layout,
             "total": self.total,
             "queues": [q.to_json() for q in self.queues],
+            "where": list(self.where),
+            "group_by": self.group_by,
         }
 
 
@@ -89,9 +95,15 @@ def build_report(
     on_progress: Callable[[str, int], None] | None = None,
     now: float | None = None,
     receive_log: ReceiveLog | None = None,
+    focus: Focus | None = None,
 ) -> Report:
+    """Inspect every family's DLQ (with ``focus``: counting what a --where selects, grouped
+    by a --group-by)."""
     now = time.time() if now is None else now
     report = Report(generated_at=now, layout=layout.source)
+    if focus is not None:
+        report.where = tuple(focus.describe()["where"])
+        report.group_by = focus.describe()["group_by"]
     for family in layout.families:
         try:
             target = resolve_family(sqs_for(family.region), family)
@@ -104,6 +116,7 @@ def build_report(
                 else None,
                 now=now,
                 receive_log=receive_log,
+                focus=focus,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
         except AwsUnavailable:

@@ -1,0 +1,266 @@
+"""``--where EXPR`` and ``--group-by EXPR``: JMESPath expressions over a message's record
+(:mod:`redrive.message_record`), compiled once per run.
+
+Compiling also works out which of the record's fields an expression can read, so that each
+message's record holds only those (arguments are decoded only for an expression that reads
+them). A malformed expression, an unknown function or a wrong number of arguments is a
+usage error at compile time, naming the expression and marking the place; while a run
+evaluates, a field that is missing is null, and a type error in one message's data (say
+``length(retries)``) makes that message not match instead of stopping the run.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jmespath
+from jmespath import exceptions as jmespath_errors
+from jmespath.functions import Functions
+from jmespath.lexer import Lexer
+from jmespath.parser import ParsedResult
+from jmespath.visitor import TreeInterpreter
+
+from redrive.aws.sqs import Message
+from redrive.errors import UsageProblem
+from redrive.message_record import FIELDS, RecordBuilder, ResultLookup
+from redrive.messages import TaskInfo
+
+__all__ = ["Expression", "Where", "compile_expression", "compile_where", "group_value"]
+
+# Node types whose children all see the value the node sees.
+_SAME_INPUT = frozenset(
+    {
+        "comparator",
+        "and_expression",
+        "or_expression",
+        "not_expression",
+        "multi_select_list",
+        "multi_select_dict",
+        "key_val_pair",
+        "function_expression",
+    }
+)
+# Node types whose first child sees the node's value and the others see what it yields.
+_FIRST_INPUT = frozenset(
+    {
+        "subexpression",
+        "index_expression",
+        "pipe",
+        "projection",
+        "value_projection",
+        "filter_projection",
+        "flatten",
+    }
+)
+_LEAVES = frozenset({"literal", "index", "slice", "field", "current", "identity", "expref"})
+_WHOLE = frozenset({"current", "identity"})
+
+
+def _root_fields(node: dict[str, Any], at_root: bool = True) -> tuple[set[str], bool]:
+    """The record fields an expression's tree reads from the record itself, and whether it
+    can see the record whole (``@``, ``*``, ``keys(@)``: then every field is built)."""
+    kind = node.get("type")
+    children: list[dict[str, Any]] = node.get("children", [])
+    if kind == "field":
+        return ({str(node["value"])} if at_root else set()), False
+    if kind in _WHOLE:
+        return set(), at_root
+    if kind == "expref":
+        # An expression reference runs on the elements of an array, never on the record.
+        return set(), False
+    names: set[str] = set()
+    whole = kind not in _LEAVES | _SAME_INPUT | _FIRST_INPUT and at_root
+    for position, child in enumerate(children):
+        sees_root = at_root and (kind not in _FIRST_INPUT or position == 0)
+        more, sees_whole = _root_fields(child, sees_root)
+        names |= more
+        whole = whole or sees_whole
+    return names, whole
+
+
+def _functions(node: dict[str, Any]) -> Iterable[tuple[str, int]]:
+    if node.get("type") == "function_expression":
+        yield str(node["value"]), len(node.get("children", []))
+    for child in node.get("children", []):
+        yield from _functions(child)
+
+
+def _check_functions(text: str, parsed: dict[str, Any], option: str) -> None:
+    """Unknown functions and wrong arities are found by JMESPath only when it evaluates:
+    a run must refuse them before it receives anything."""
+    for name, given in _functions(parsed):
+        spec = Functions.FUNCTION_TABLE.get(name)
+        if spec is None:
+            known = ", ".join(sorted(Functions.FUNCTION_TABLE))
+            raise UsageProblem(
+                f"{option} {text!r}: unknown function {name}() (JMESPath has: {known})"
+            )
+        signature = spec["signature"]
+        variadic = bool(signature) and signature[-1].get("variadic")
+        wanted = len(signature)
+        if (variadic and given < wanted) or (not variadic and given != wanted):
+            count = f"at least {wanted}" if variadic else str(wanted)
+            raise UsageProblem(
+                f"{option} {text!r}: {name}() takes {count} argument(s), {given} given"
+            )
+
+
+def _marked(text: str, position: int) -> str:
+    """The expression with the place JMESPath stopped at marked: ``a >>=<< 1``."""
+    position = max(0, min(position, len(text)))
+    if position == len(text):
+        return f"{text}>><< (it ends too soon)"
+    return f"{text[:position]}>>{text[position]}<<{text[position + 1 :]}"
+
+
+def _parse_error(text: str, exc: jmespath_errors.JMESPathError, option: str) -> UsageProblem:
+    if isinstance(exc, jmespath_errors.EmptyExpressionError) or not text.strip():
+        example = "\"kwargs.user_id == '42'\""
+        return UsageProblem(f"{option} needs an expression, e.g. {option} {example}")
+    if isinstance(exc, jmespath_errors.LexerError):
+        position, what = exc.lexer_position, str(exc.message)
+    elif isinstance(exc, jmespath_errors.IncompleteExpressionError):
+        position, what = len(text), "incomplete expression"
+    elif isinstance(exc, jmespath_errors.ParseError):
+        token = exc.token_value
+        position = exc.lex_position
+        what = f"unexpected {token!r}" if token not in (None, "") else "unexpected end"
+    else:
+        position, what = len(text), str(exc)
+    hint = ""
+    if "=" in text and "==" not in text and "!=" not in text:
+        hint = " (comparisons are ==, !=, <, <=, >, >=)"
+    elif '"' in text and "'" not in text:
+        hint = " (a string literal is in single quotes: kwargs.provider == 'stripe')"
+    return UsageProblem(
+        f"{option} {text!r} is not a JMESPath expression: {what} at column {position + 1}: "
+        f"{_marked(text, position)}{hint}"
+    )
+
+
+_COMPARATORS = frozenset({"eq", "ne", "lt", "lte", "gt", "gte"})
+
+
+def _check_quoted_comparisons(text: str, option: str) -> None:
+    """``kwargs.provider == "stripe"`` is valid JMESPath that compares with a *field* named
+    stripe (null): it would match nothing, silently. Nobody means that; say so."""
+    tokens = [t for t in Lexer().tokenize(text) if t["type"] != "eof"]
+    for i, token in enumerate(tokens):
+        if token["type"] != "quoted_identifier":
+            continue
+        before = tokens[i - 1]["type"] if i > 0 else None
+        after = tokens[i + 1]["type"] if i + 1 < len(tokens) else None
+        alone = before != "dot" and after not in ("dot", "lbracket")
+        if alone and (before in _COMPARATORS or after in _COMPARATORS):
+            value = str(token["value"])
+            raise UsageProblem(
+                f'{option} {text!r}: "{value}" (double quotes) is a field name in '
+                f"JMESPath, not a string: write '{value}' (single quotes) at column "
+                f"{token['start'] + 1}: {_marked(text, int(token['start']))}"
+            )
+
+
+def _truthy(value: Any) -> bool:
+    # JMESPath's own truth, as its filters use it: 0 is true, empty things are false.
+    return not (value is None or value is False or value == "" or value == [] or value == {})
+
+
+@dataclass(frozen=True, slots=True)
+class Expression:
+    """One compiled expression and the record fields it reads."""
+
+    text: str
+    parsed: ParsedResult = field(compare=False, repr=False)
+    fields: frozenset[str]
+
+    def evaluate(self, record: dict[str, Any]) -> Any:
+        """The expression's value on one record; None where JMESPath finds a type error
+        (one message's odd data must not stop a run)."""
+        try:
+            return _interpreter().visit(self.parsed.parsed, record)
+        except jmespath_errors.JMESPathError:
+            return None
+
+
+_local = threading.local()
+
+
+def _interpreter() -> TreeInterpreter:
+    # One per thread, not one per evaluation (jmespath's search() makes a new one each call).
+    interpreter: TreeInterpreter | None = getattr(_local, "interpreter", None)
+    if interpreter is None:
+        interpreter = _local.interpreter = TreeInterpreter()
+    return interpreter
+
+
+def compile_expression(text: str, *, option: str = "--where") -> Expression:
+    """Compile ``text``; a UsageProblem (exit 2) naming it and marking the place when it
+    is not a JMESPath expression."""
+    try:
+        parsed = jmespath.compile(text)
+    except jmespath_errors.JMESPathError as exc:
+        raise _parse_error(text, exc, option) from None
+    _check_functions(text, parsed.parsed, option)
+    _check_quoted_comparisons(text, option)
+    names, whole = _root_fields(parsed.parsed)
+    fields = frozenset(FIELDS) if whole else frozenset(names) & frozenset(FIELDS)
+    return Expression(text, parsed, fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Several ``--where`` expressions: a message matches when every one is truthy."""
+
+    expressions: tuple[Expression, ...]
+    results: ResultLookup | None = field(default=None, compare=False)
+    """The result backend that answers ``state`` and ``exception`` (None: they are null)."""
+    _builders: dict[tuple[str, ...], RecordBuilder] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(e.text for e in self.expressions)
+
+    @property
+    def fields(self) -> frozenset[str]:
+        return frozenset().union(*(e.fields for e in self.expressions))
+
+    def builder(self, sources: Sequence[str] = ()) -> RecordBuilder:
+        """The record builder for one DLQ's messages (made once per set of sources)."""
+        key = tuple(sources)
+        builder = self._builders.get(key)
+        if builder is None:
+            fields = self.fields
+            builder = self._builders[key] = RecordBuilder(
+                fields=tuple(f for f in FIELDS if f in fields), sources=key, results=self.results
+            )
+        return builder
+
+    def holds(self, record: dict[str, Any]) -> bool:
+        return all(_truthy(e.evaluate(record)) for e in self.expressions)
+
+    def matches(
+        self, info: TaskInfo, message: Message, *, now: float, sources: Sequence[str] = ()
+    ) -> bool:
+        return self.holds(self.builder(sources).build(info, message, now=now))
+
+
+def compile_where(texts: Sequence[str], *, results: ResultLookup | None = None) -> Where | None:
+    """The ``--where`` options of a command line, compiled once; None when there are none."""
+    if not texts:
+        return None
+    return Where(tuple(compile_expression(t) for t in texts), results=results)
+
+
+def group_value(value: Any) -> tuple[str, str]:
+    """A --group-by value as (the group's identity, the label a table shows): a string as
+    itself, anything else (null, a number, a list) as its JSON text."""
+    if isinstance(value, str):
+        return "s:" + value, value
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+    return "j:" + text, text
