@@ -14,6 +14,8 @@ from redrive.cli.console import Progress, emit_json, interruptible, table_width,
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
 from redrive.cli.options import (
+    compiled_group_by,
+    compiled_where,
     duration,
     group_by_option,
     json_option,
@@ -35,7 +37,6 @@ from redrive.reporting.check import check_layout
 from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
 from redrive.reporting.report import build_report
 from redrive.reporting.status import family_status
-from redrive.where import Expression, Where
 
 # -- status, inspect, report ------------------------------------------------------------------
 
@@ -75,8 +76,8 @@ def inspect(
     as_json: bool,
     limit: int | None,
     show_args: bool,
-    where: Where | None,
-    group_by: Expression | None,
+    where: tuple[str, ...],
+    group_by: str | None,
     workers: int,
     lease: int,
     wide: bool,
@@ -87,7 +88,7 @@ def inspect(
     or archive: it is then read offline. --where counts only the messages it selects;
     --group-by groups by an expression instead of the task (fields: see the README).
     """
-    focus = Focus(where=where, group_by=group_by, show_args=show_args)
+    focus = Focus(compiled_where(where), compiled_group_by(group_by), show_args=show_args)
     if _is_archive(target):
         with core_errors():
             result: InspectResult = inspect_archive(
@@ -184,11 +185,12 @@ def report(
     since_last: bool,
     alert_state: str | None,
     alert_throttle: float | None,
-    where: Where | None,
-    group_by: Expression | None,
+    where: tuple[str, ...],
+    group_by: str | None,
     wide: bool,
 ) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
+    focus = Focus(compiled_where(where), compiled_group_by(group_by))
     if (alert_state or alert_throttle is not None) and not fail_on_messages:
         raise click.UsageError("--alert-state and --alert-throttle go with --fail-on-messages")
     if alert_throttle is not None and not alert_state:
@@ -202,7 +204,7 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
-            focus=Focus(where=where, group_by=group_by),
+            focus=focus,
         )
     progress.done()
     changes = None

@@ -44,11 +44,22 @@ def duration(_: Any, param: click.Parameter, value: str | None) -> float | None:
         raise click.BadParameter(str(exc), param=param) from None
 
 
-def where_expressions(_: Any, param: click.Parameter, value: tuple[str, ...]) -> Where | None:
-    """``--where``, compiled once for the run: a bad expression is a usage error (exit 2)
-    that quotes it and marks the place."""
+def compiled_where(texts: tuple[str, ...]) -> Where | None:
+    """``--where``, compiled once for the run. A bad expression is a usage error (exit 2):
+    one line that quotes it and marks the place. Raised from the command's body, not an
+    option callback, so that click prints that line alone (no usage block above it)."""
     try:
-        return compile_where(value)
+        return compile_where(texts)
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def compiled_group_by(text: str | None) -> Expression | None:
+    """``--group-by``, compiled once; a bad expression is a usage error, as for --where."""
+    if text is None:
+        return None
+    try:
+        return compile_expression(text, option="--group-by")
     except UsageProblem as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -61,23 +72,7 @@ WHERE_HELP = (
 
 
 def where_option(f: F) -> F:
-    return click.option(
-        "--where",
-        "where",
-        multiple=True,
-        metavar="EXPR",
-        callback=where_expressions,
-        help=WHERE_HELP,
-    )(f)
-
-
-def group_by_expression(_: Any, param: click.Parameter, value: str | None) -> Expression | None:
-    if value is None:
-        return None
-    try:
-        return compile_expression(value, option="--group-by")
-    except UsageProblem as exc:
-        raise click.UsageError(str(exc)) from None
+    return click.option("--where", "where", multiple=True, metavar="EXPR", help=WHERE_HELP)(f)
 
 
 def group_by_option(f: F) -> F:
@@ -85,7 +80,6 @@ def group_by_option(f: F) -> F:
         "--group-by",
         "group_by",
         metavar="EXPR",
-        callback=group_by_expression,
         help="Group by this JMESPath expression over the message's record instead of the "
         "task name, e.g. kwargs.provider or headers.origin.",
     )(f)
@@ -147,7 +141,7 @@ def make_selection(kwargs: dict[str, Any]) -> Selection:
         newer_than=kwargs.pop("newer_than"),
         message_ids=frozenset(kwargs.pop("message_ids")),
         limit=kwargs.pop("limit"),
-        where=kwargs.pop("where", None),
+        where=compiled_where(tuple(kwargs.pop("where", ()))),
     )
 
 

@@ -1,0 +1,424 @@
+"""--where and --group-by through the CLI (click's CliRunner, in-process moto): inspect,
+report, move, purge, archive, replay and plans select exactly the messages an expression
+matches, byte for byte; a bad expression is one usage error; nothing matched is 0 matched.
+The record itself is tested in test_message_record.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from conftest import Family
+
+from redrive.archive import read_records
+from redrive.cli import cli
+from redrive.cli.exit_codes import EXIT_USAGE
+from redrive.errors import UsageProblem
+from redrive.messages import decode
+from redrive.sandbox.encoder import encode
+from redrive.selection import Selection
+from redrive.where import compile_expression, compile_where
+
+CHARGE = "apps.payments.tasks.charge"
+REFUND = "apps.payments.tasks.refund"
+MAIL = "apps.notifications.tasks.send_email"
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), prog_name="redrive")
+
+
+def ok(*args: str, code: int = 0) -> Result:
+    result = run(*args)
+    assert result.exit_code == code, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+def usage_error(result: Result, *fragments: str) -> str:
+    assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.output
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def seed(family: Family) -> dict[str, dict[str, Any]]:
+    """Payments of two users through two providers, and mails: by message id, what each
+    message is (its body, as sent)."""
+    sent: dict[str, dict[str, Any]] = {}
+    specs = [
+        (CHARGE, {"user_id": 42, "provider": "stripe"}, 2),
+        (CHARGE, {"user_id": 42, "provider": "adyen"}, 2),
+        (CHARGE, {"user_id": 7, "provider": "stripe"}, 1),
+        (REFUND, {"user_id": 42, "provider": "stripe"}, 2),
+        (REFUND, {"user_id": 9, "provider": "adyen"}, 2),
+        (MAIL, {"to": "a@example.com"}, 2),
+    ]
+    for n, (task, kwargs, protocol) in enumerate(specs):
+        body = encode(task, [n], kwargs, protocol=protocol, task_id=f"t-{n}")
+        attributes = {"tenant": {"DataType": "String", "StringValue": f"tenant-{n % 2}"}}
+        message_id = family.send_to_dlq(body, attributes)
+        sent[message_id] = {"body": body, "kwargs": kwargs, "task": task, "attributes": attributes}
+    return sent
+
+
+def ids_where(sent: dict[str, dict[str, Any]], **kwargs: Any) -> set[str]:
+    return {m for m, s in sent.items() if all(s["kwargs"].get(k) == v for k, v in kwargs.items())}
+
+
+# -- compiling -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("kwargs.user_id = 42", ["'kwargs.user_id = 42'", "column 16", "kwargs.user_id >>=<< 42"]),
+        ("kwargs.", ["'kwargs.'", "kwargs.>><<", "ends too soon"]),
+        ("task == 'x", ["Unclosed ' delimiter", ">>'<<x"]),
+        ("nosuch(kwargs)", ["unknown function nosuch()"]),
+        ("length(args, kwargs)", ["length() takes 1 argument(s), 2 given"]),
+        ('kwargs.provider == "stripe"', ["is a field name in JMESPath", "write 'stripe'"]),
+        ("", ["--where needs an expression"]),
+    ],
+)
+def test_a_bad_expression_is_a_usage_error_quoting_it_and_marking_the_place(
+    text: str, fragments: list[str]
+) -> None:
+    with pytest.raises(UsageProblem) as info:
+        compile_expression(text)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_a_quoted_name_in_a_path_is_still_allowed() -> None:
+    assert compile_expression("kwargs.\"user-id\" == '1'").fields == {"kwargs"}
+
+
+@pytest.mark.parametrize("command", ["inspect", "move", "purge", "archive", "report"])
+def test_every_command_refuses_a_bad_where_with_exit_2_before_touching_the_dlq(
+    family: Family, command: str
+) -> None:
+    seed(family)
+    args = [command] + (["checkout"] if command != "report" else [])
+    usage_error(run(*args, "--where", "kwargs.user_id = 42"), "kwargs.user_id >>=<< 42")
+    assert family.depth() == (6, 0)
+
+
+def test_replay_refuses_a_bad_where(tmp_path: Path) -> None:
+    archive = tmp_path / "a.jsonl"
+    archive.write_text("")
+    usage_error(
+        run("replay", str(archive), "--to", "onion-checkout", "--where", "args[", "--json"),
+        "--where 'args['",
+    )
+
+
+def test_a_bad_group_by_is_a_usage_error(family: Family) -> None:
+    usage_error(run("inspect", "checkout", "--group-by", "kwargs..x"), "--group-by 'kwargs..x'")
+
+
+def test_truth_is_jmespaths_zero_is_true_empty_is_false() -> None:
+    where = compile_where(["receive_count"])
+    assert where is not None
+    assert where.holds({"receive_count": 0})
+    for falsy in (None, False, "", [], {}):
+        assert not where.holds({"receive_count": falsy})
+
+
+def test_a_type_error_in_one_messages_data_is_no_match_not_a_crash() -> None:
+    expression = compile_expression("length(kwargs.email) > `3`")
+    assert expression.evaluate({"kwargs": {"email": 12}}) is None
+    assert expression.evaluate({"kwargs": {"email": "a@b.example"}}) is True
+
+
+def test_selection_describes_its_where_only_when_it_has_one() -> None:
+    assert "where" not in Selection().describe()
+    selection = Selection(tasks=(CHARGE,), where=compile_where(["kwargs.user_id == `42`"]))
+    assert selection.describe()["where"] == ["kwargs.user_id == `42`"]
+    assert selection.is_filtered
+
+
+# -- inspect and report ---------------------------------------------------------------------
+
+
+def test_inspect_where_counts_only_the_matching_messages(family: Family) -> None:
+    seed(family)
+    data = as_json(ok("inspect", "checkout", "--where", "kwargs.user_id == `42`", "--json"))
+    assert data["total"] == 3 and data["matched"] == 3 and data["scanned"] == 6
+    assert data["where"] == ["kwargs.user_id == `42`"]
+    assert {g["task"]: g["count"] for g in data["groups"]} == {CHARGE: 2, REFUND: 1}
+    assert data["incomplete"] is False
+    text = ok("inspect", "checkout", "--where", "kwargs.user_id == `42`").output
+    assert "3 matched of 6 message(s) scanned (--where 'kwargs.user_id == `42`')" in text
+    assert family.depth() == (6, 0)
+
+
+def test_several_wheres_must_all_hold(family: Family) -> None:
+    seed(family)
+    data = as_json(
+        ok(
+            "inspect",
+            "checkout",
+            "--where",
+            "kwargs.user_id == `42`",
+            "--where",
+            "kwargs.provider == 'stripe'",
+            "--json",
+        )
+    )
+    assert data["total"] == 2
+
+
+def test_nothing_matched_is_not_an_error_and_says_0_matched(family: Family) -> None:
+    seed(family)
+    where = "kwargs.user_id == `1000`"
+    data = as_json(ok("inspect", "checkout", "--where", where, "--json"))
+    assert (data["total"], data["matched"], data["scanned"], data["groups"]) == (0, 0, 6, [])
+    assert "0 matched of 6 message(s) scanned" in ok("inspect", "checkout", "--where", where).output
+    moved = ok("move", "checkout", "--where", where).output
+    assert "6 scanned, 0 matched" in moved
+
+
+def test_a_missing_field_is_null_not_an_error(family: Family) -> None:
+    seed(family)
+    data = as_json(ok("inspect", "checkout", "--where", "kwargs.no_such == null", "--json"))
+    assert data["total"] == 6
+    data = as_json(ok("inspect", "checkout", "--where", "nosuchfield.x", "--json"))
+    assert data["total"] == 0
+
+
+def test_group_by_an_expression_keeps_the_columns_with_its_value_for_the_task(
+    family: Family,
+) -> None:
+    seed(family)
+    data = as_json(ok("inspect", "checkout", "--group-by", "kwargs.provider", "--json"))
+    assert data["group_by"] == "kwargs.provider"
+    groups = {g["task"]: g for g in data["groups"]}
+    assert {k: g["count"] for k, g in groups.items()} == {"stripe": 3, "adyen": 2, None: 1}
+    by_task = as_json(ok("inspect", "checkout", "--json"))["groups"][0]
+    assert set(groups["stripe"]) == set(by_task)  # the same columns
+    assert len(groups["stripe"]["sample_task_ids"]) == 3
+    text = ok("inspect", "checkout", "--group-by", "kwargs.provider", "--wide").output
+    header = next(line for line in text.splitlines() if line.startswith("kwargs.provider"))
+    assert "count" in header and "consumer receives" in header
+    assert any(line.startswith("stripe ") for line in text.splitlines())
+    assert any(line.startswith("null ") for line in text.splitlines())
+
+
+def test_group_by_with_where_and_numbers(family: Family) -> None:
+    seed(family)
+    data = as_json(
+        ok(
+            "inspect",
+            "checkout",
+            "--where",
+            "task != 'apps.notifications.tasks.send_email'",
+            "--group-by",
+            "kwargs.user_id",
+            "--json",
+        )
+    )
+    assert {g["task"]: g["count"] for g in data["groups"]} == {42: 3, 7: 1, 9: 1}
+
+
+def test_group_by_message_attribute_and_queue(family: Family) -> None:
+    seed(family)
+    data = as_json(ok("inspect", "checkout", "--group-by", "attributes.tenant", "--json"))
+    assert {g["task"]: g["count"] for g in data["groups"]} == {"tenant-0": 3, "tenant-1": 3}
+    data = as_json(ok("inspect", "checkout", "--group-by", "queue", "--json"))
+    assert {g["task"]: g["count"] for g in data["groups"]} == {"onion-checkout": 6}
+
+
+def test_report_where_and_group_by(all_families: dict[str, Family]) -> None:
+    seed(all_families["checkout"])
+    data = as_json(
+        ok(
+            "report",
+            "--format",
+            "json",
+            "--where",
+            "kwargs.user_id == `42`",
+            "--group-by",
+            "kwargs.provider",
+        )
+    )
+    assert data["where"] == ["kwargs.user_id == `42`"] and data["group_by"] == "kwargs.provider"
+    assert data["total"] == 3
+    (checkout,) = [q for q in data["queues"] if q["family"] == "checkout"]
+    assert {g["task"]: g["count"] for g in checkout["groups"]} == {"stripe": 2, "adyen": 1}
+    text = ok("report", "--where", "kwargs.user_id == `42`", "--group-by", "kwargs.provider")
+    assert "Only the messages that match --where 'kwargs.user_id == `42`'." in text.output
+    assert "kwargs.provider" in text.output
+
+
+# -- move, purge, archive, replay, plans, audit ---------------------------------------------
+
+
+def test_move_by_kwarg_moves_exactly_the_matching_messages_byte_identical(
+    family: Family,
+) -> None:
+    sent = seed(family)
+    where = "kwargs.user_id == `42`"
+    dry = as_json(ok("move", "checkout", "--where", where, "--json"))
+    assert dry["dry_run"] and dry["matched"] == 3 and dry["moved"] == 3
+    assert family.depth() == (6, 0)
+
+    done = as_json(ok("move", "checkout", "--where", where, "--execute", "--yes", "--json"))
+    assert (done["matched"], done["moved"], done["scanned"]) == (3, 3, 6)
+    arrived = family.drain(family.queue_url)
+    wanted = ids_where(sent, user_id=42)
+    assert sorted(m["Body"] for m in arrived) == sorted(sent[i]["body"] for i in wanted)
+    for m in arrived:
+        original = next(s for s in sent.values() if s["body"] == m["Body"])
+        assert m["MessageAttributes"]["tenant"] == original["attributes"]["tenant"]
+    left = {m["Body"] for m in family.drain(family.dlq_url)}
+    assert left == {sent[i]["body"] for i in set(sent) - wanted}
+
+
+def test_where_combines_with_task_and_age_filters(family: Family) -> None:
+    sent = seed(family)
+    data = as_json(
+        ok(
+            "move",
+            "checkout",
+            "--task",
+            REFUND,
+            "--where",
+            "kwargs.user_id == `42`",
+            "--newer-than",
+            "1h",
+            "--json",
+        )
+    )
+    assert data["matched"] == 1 and data["moved"] == 1
+    assert list(data["by_task"]) == [REFUND]
+    (planned,) = ids_where(sent, user_id=42) & {m for m, s in sent.items() if s["task"] == REFUND}
+    assert planned
+    # Every message is minutes old: none is over a day.
+    data = as_json(ok("move", "checkout", "--where", "age_seconds > `86400`", "--json"))
+    assert data["matched"] == 0
+    data = as_json(ok("move", "checkout", "--where", "age_seconds < `86400`", "--json"))
+    assert data["matched"] == 6
+
+
+def test_purge_by_kwarg_archives_and_deletes_exactly_the_matching_messages(
+    family: Family, tmp_path: Path
+) -> None:
+    sent = seed(family)
+    archive = str(tmp_path / "adyen.jsonl.gz")
+    where = "kwargs.provider == 'adyen'"
+    data = as_json(
+        ok(
+            "purge",
+            "checkout",
+            "--where",
+            where,
+            "--archive",
+            archive,
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert (data["matched"], data["archived"], data["purged"]) == (2, 2, 2)
+    wanted = ids_where(sent, provider="adyen")
+    records = list(read_records(archive))
+    assert {r.message_id for r in records} == wanted
+    assert {r.body for r in records} == {sent[i]["body"] for i in wanted}
+    left = {m["MessageId"] for m in family.drain(family.dlq_url)}
+    assert left == set(sent) - wanted
+
+
+def test_archive_and_replay_select_by_where(family: Family, tmp_path: Path) -> None:
+    sent = seed(family)
+    archive = str(tmp_path / "all.jsonl.gz")
+    data = as_json(ok("archive", "checkout", "--archive", archive, "--json"))
+    assert data["archived"] == 6
+    only = str(tmp_path / "seven.jsonl.gz")
+    data = as_json(
+        ok("archive", "checkout", "--where", "kwargs.user_id == `7`", "--archive", only, "--json")
+    )
+    assert data["archived"] == 1
+    assert {r.message_id for r in read_records(only)} == ids_where(sent, user_id=7)
+
+    # Offline: the archive inspected and replayed with the same expression.
+    inspected = as_json(ok("inspect", archive, "--where", "kwargs.provider == 'stripe'", "--json"))
+    assert inspected["total"] == 3 and inspected["scanned"] == 6
+    replayed = as_json(
+        ok(
+            "replay",
+            archive,
+            "--to",
+            "onion-checkout",
+            "--where",
+            "kwargs.provider == 'stripe'",
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert replayed["matched"] == 3 and replayed["replayed"] == 3
+    bodies = sorted(m["Body"] for m in family.drain(family.queue_url))
+    assert bodies == sorted(sent[i]["body"] for i in ids_where(sent, provider="stripe"))
+
+
+def test_plans_record_the_where_and_apply_acts_on_the_planned_ids(
+    family: Family, tmp_path: Path
+) -> None:
+    sent = seed(family)
+    path = tmp_path / "plan.json"
+    where = "kwargs.user_id == `42`"
+    ok("move", "checkout", "--where", where, "--plan-out", str(path))
+    plan = json.loads(path.read_text())
+    assert plan["filters"]["where"] == [where]
+    assert {i["message_id"] for i in plan["items"]} == ids_where(sent, user_id=42)
+    # A new message that matches now is not in the plan: apply leaves it alone.
+    late = family.send_to_dlq(encode(CHARGE, [], {"user_id": 42}, task_id="late"))
+    done = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    assert done["moved"] == 3
+    assert {decode(m["Body"]).task_id for m in family.drain(family.queue_url)} == {
+        "t-0",
+        "t-1",
+        "t-3",
+    }
+    assert late in {m["MessageId"] for m in family.drain(family.dlq_url)}
+
+    purge_plan = tmp_path / "purge.json"
+    ok("purge", "checkout", "--where", "kwargs.provider == 'adyen'", "--plan-out", str(purge_plan))
+    assert json.loads(purge_plan.read_text())["filters"]["where"] == ["kwargs.provider == 'adyen'"]
+
+
+def test_the_audit_records_the_where(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed(family)
+    args = ["move", "checkout", "--where", "kwargs.user_id == `7`", "--execute", "--yes"]
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/redrive", *args])
+    ok(*args)
+    (run_,) = as_json(ok("audit", "--json"))["runs"]
+    assert run_["info"]["filters"]["where"] == ["kwargs.user_id == `7`"]
+    shown = ok("audit", run_["run_id"]).output
+    assert "--where 'kwargs.user_id == `7`'" in shown
+
+
+def test_native_move_refuses_where(family: Family) -> None:
+    usage_error(run("move", "checkout", "--native", "--where", "task"), "--where")
+
+
+@pytest.mark.parametrize("command", ["inspect", "report", "move", "purge", "archive", "replay"])
+def test_help_shows_where(command: str) -> None:
+    text = ok(command, "--help").output
+    assert "--where EXPR" in text
+    if command in ("inspect", "report"):
+        assert "--group-by EXPR" in text
