@@ -1,0 +1,180 @@
+"""End to end with real Celery, selecting by a kwarg: a real Celery producer (protocols 1
+and 2) fills the DLQ, ``redrive move --where`` and ``redrive purge --where`` (subprocesses)
+act on exactly the messages whose kwargs match, byte-identical, and a real ``celery worker``
+runs each moved task exactly once. The app and helpers are test_celery_e2e.py's."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("celery", minversion="5.0")
+pytest.importorskip("kombu.transport.SQS")
+pytest.importorskip("pycurl")
+
+from conftest import MotoServer, make_family
+from test_celery_e2e import (
+    APP,
+    CAPTURE,
+    IBFT,
+    QUEUE,
+    REFUND,
+    dead_letter_as_sqs_does,
+    peek,
+    redrive,
+    runs,
+)
+
+pytestmark = pytest.mark.e2e
+
+PLAN: list[tuple[str, int, int]] = [
+    (CAPTURE, 2, 4),
+    (CAPTURE, 1, 2),
+    (REFUND, 2, 2),
+    (IBFT, 2, 2),
+    (IBFT, 1, 1),
+]
+# The app's capture_payment kwargs: amount_cents 1234 + i: the first two of each protocol.
+CHEAP = "kwargs.amount_cents < `1236`"
+FIRST_IBFT = "kwargs.payload.reference == 'IBFT-000000'"
+
+
+def kwargs_of(body: str) -> dict[str, Any]:
+    envelope = json.loads(base64.b64decode(body))
+    inner = json.loads(base64.b64decode(envelope["body"]))
+    if "task" in envelope["headers"]:
+        return dict(inner[1])
+    return dict(inner["kwargs"])
+
+
+def task_id_of(body: str) -> str:
+    envelope = json.loads(base64.b64decode(body))
+    if "task" in envelope["headers"]:
+        return str(envelope["headers"]["id"])
+    return str(json.loads(base64.b64decode(envelope["body"]))["id"])
+
+
+def start_worker(env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [
+                *(sys.executable, "-m", "celery", "-A", "e2e_app", "worker"),
+                *("--pool", "solo", "-Q", QUEUE, "--loglevel", "INFO", "-n", "where@localhost"),
+                *("--without-heartbeat", "--without-mingle", "--without-gossip"),
+            ],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+
+def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
+    server: MotoServer, tmp_path: Path
+) -> None:
+    family = make_family(server.client(), QUEUE)
+    (tmp_path / "e2e_app.py").write_text(APP)
+    runs_file = tmp_path / "runs.txt"
+    port = server.endpoint_url.rsplit(":", 1)[1]
+    env = {
+        **{k: v for k, v in server.env().items() if not k.startswith("AWS_ENDPOINT")},
+        "PYTHONPATH": str(tmp_path),
+        "E2E_BROKER": f"sqs://sandbox:sandbox@127.0.0.1:{port}",
+        "E2E_QUEUE": QUEUE,
+        "E2E_QUEUE_URL": family.queue_url,
+        "E2E_RUNS": str(runs_file),
+    }
+    produced = subprocess.run(
+        [sys.executable, str(tmp_path / "e2e_app.py"), json.dumps(PLAN)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert produced.returncode == 0, produced.stderr
+    published = [json.loads(line) for line in produced.stdout.splitlines()]
+    assert len(published) == 11
+    original = dead_letter_as_sqs_does(family, len(published))
+    cheap = {
+        m for m, msg in original.items() if kwargs_of(msg["Body"]).get("amount_cents", 9999) < 1236
+    }
+    first_ibft = {
+        m
+        for m, msg in original.items()
+        if kwargs_of(msg["Body"]).get("payload", {}).get("reference") == "IBFT-000000"
+    }
+    assert len(cheap) == 4 and len(first_ibft) == 2  # both protocols in each
+
+    # -- group by a kwarg, then a dry run: what would move, nothing changed ------------------
+    grouped = redrive(server, "inspect", "checkout", "--group-by", "kwargs.currency")
+    assert {g["task"]: g["count"] for g in grouped["groups"]} == {"USD": 6, None: 5}
+    dry = redrive(server, "move", "checkout", "--where", CHEAP)
+    assert dry["matched"] == 4 and dry["moved"] == 4 and family.depth() == (11, 0)
+
+    # -- move by kwarg: exactly those, byte-identical ----------------------------------------
+    ledger = tmp_path / "ledger.sqlite3"
+    moved = redrive(
+        server, "move", "checkout", "--where", CHEAP, "--execute", "--yes", "--ledger", str(ledger)
+    )
+    assert (moved["matched"], moved["moved"], moved["failed"], moved["in_doubt"]) == (4, 4, 0, 0)
+    in_queue = peek(family, family.queue_url)
+    assert sorted(m["Body"] for m in in_queue.values()) == sorted(
+        original[m]["Body"] for m in cheap
+    )
+    assert family.depth() == (7, 0)
+
+    # -- purge by kwarg: exactly those, archived byte-identical ------------------------------
+    archive = tmp_path / "ibft.jsonl.gz"
+    purged = redrive(
+        server,
+        "purge",
+        "checkout",
+        "--where",
+        FIRST_IBFT,
+        "--archive",
+        str(archive),
+        "--execute",
+        "--yes",
+    )
+    assert (purged["matched"], purged["archived"], purged["purged"]) == (2, 2, 2)
+    with gzip.open(archive, "rt", encoding="ascii") as lines:
+        records = [json.loads(line) for line in lines]
+    assert {r["message_id"] for r in records} == first_ibft
+    for record in records:
+        assert record["body"] == original[record["message_id"]]["Body"]
+    left = peek(family, family.dlq_url)
+    assert set(left) == set(original) - cheap - first_ibft
+
+    # -- a real worker runs each moved task exactly once -------------------------------------
+    log = tmp_path / "worker.log"
+    worker = start_worker(env, tmp_path, log)
+    try:
+        deadline = time.monotonic() + 40
+        while sum(runs(runs_file).values()) < 4 and time.monotonic() < deadline:
+            assert worker.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        deadline = time.monotonic() + 10
+        while family.depth(family.queue_url) != (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # long enough for a duplicate to show up
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    expected = Counter({(CAPTURE, task_id_of(original[m]["Body"])): 1 for m in cheap})
+    assert runs(runs_file) == expected, log.read_text()[-3000:]
+    assert family.depth() == (5, 0), "what neither --where selected is still in the DLQ"
