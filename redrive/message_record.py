@@ -160,6 +160,7 @@ _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "headers": lambda s: s.payload.headers,
     "message_id": lambda s: s.message.message_id,
     "receive_count": lambda s: s.message.receive_count,
+    "consumer_receives": lambda s: max(0, s.message.receive_count - s.message.redrive_receives),
     "sent_at": lambda s: iso_utc(s.message.sent_timestamp),
     "age_seconds": _age,
     "attributes": _attributes,

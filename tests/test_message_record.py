@@ -100,6 +100,7 @@ def test_a_celery_task_record_holds_its_decoded_arguments_and_fields(
     assert record["expires"] == "2027-01-15T11:30:00Z"
     assert record["message_id"] == "m-1"
     assert record["receive_count"] == 6
+    assert record["consumer_receives"] == 6  # redrive's own receives unknown here: none
     assert record["sent_at"] == datetime.fromtimestamp(SENT, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert record["age_seconds"] == 90_000
     assert record["queue"] == "onion-checkout"
@@ -247,3 +248,17 @@ def test_keys_of_the_whole_record_lists_every_field() -> None:
     expression = compile_expression("keys(@)")
     record = record_of(encode("t.a"), fields=expression.fields)
     assert sorted(expression.evaluate(record)) == sorted(FIELDS)
+
+
+def test_consumer_receives_leave_out_redrives_own() -> None:
+    base = message(encode("t.a"))
+    msg = Message(
+        message_id=base.message_id,
+        receipt_handle="r",
+        body=base.body,
+        attributes=base.attributes,
+        message_attributes={},
+        redrive_receives=2,
+    )
+    record = record_of("", msg=msg)
+    assert (record["receive_count"], record["consumer_receives"]) == (6, 4)
