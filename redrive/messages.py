@@ -24,7 +24,7 @@ import json
 import lzma
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -103,6 +103,9 @@ class TaskInfo:
     delivery_tag: str | None = None
     """The ``properties.delivery_tag`` kombu's virtual transports (SQS among them) stamp on
     every publish: copies of one publish share it, a second publish of a task id never does."""
+    parsed: Any = field(default=None, compare=False, repr=False)
+    """The body's outer JSON as decode parsed it (the kombu envelope, or a body's own JSON),
+    kept so that :func:`read_payload` (--where) need not parse the body again."""
 
     @property
     def is_celery(self) -> bool:
@@ -191,10 +194,14 @@ def _decode(body: object) -> TaskInfo:
         return _info("text", text_note)
     if isinstance(value, dict) and "properties" in value:
         # kombu's own test: a decoded JSON object with "properties" is an envelope.
-        return _from_envelope(value, "kombu-base64" if was_base64 else "kombu-json")
-    if was_base64:
-        return _info("json", "base64-encoded JSON without a kombu envelope")
-    return _info("json", "JSON without a kombu envelope")
+        info = _from_envelope(value, "kombu-base64" if was_base64 else "kombu-json")
+    elif was_base64:
+        info = _info("json", "base64-encoded JSON without a kombu envelope")
+    else:
+        info = _info("json", "JSON without a kombu envelope")
+    # Frozen, yet set after the fact: the constructors above need not all carry it.
+    object.__setattr__(info, "parsed", value)
+    return info
 
 
 def _parse_outer(text: str) -> tuple[Any, bool, str | None]:
@@ -477,9 +484,12 @@ def _read_payload(body: str | bytes | None, info: TaskInfo) -> Payload:
     text = body if isinstance(body, str) else bytes(body).decode("utf-8", errors="strict")
     if not text or len(text) > _MAX_BODY:
         return Payload()
-    value, _, text_note = _parse_outer(text)
-    if text_note is not None:
-        return Payload()
+    if info.parsed is not None:
+        value = info.parsed
+    else:
+        value, _, text_note = _parse_outer(text)
+        if text_note is not None:
+            return Payload()
     if not info.is_celery or not isinstance(value, dict):
         return Payload(json=value)
     headers = value.get("headers")

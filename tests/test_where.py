@@ -342,6 +342,27 @@ def test_purge_by_kwarg_archives_and_deletes_exactly_the_matching_messages(
     assert left == set(sent) - wanted
 
 
+def test_an_unarchived_purge_with_where_deletes_only_the_matches_never_purgequeue(
+    family: Family,
+) -> None:
+    sent = seed(family)
+    data = as_json(
+        ok(
+            "purge",
+            "checkout",
+            "--where",
+            "kwargs.user_id == `9`",
+            "--no-archive",
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert (data["matched"], data["purged"]) == (1, 1)
+    left = {m["MessageId"] for m in family.drain(family.dlq_url)}
+    assert left == set(sent) - ids_where(sent, user_id=9)
+
+
 def test_archive_and_replay_select_by_where(family: Family, tmp_path: Path) -> None:
     sent = seed(family)
     archive = str(tmp_path / "all.jsonl.gz")
