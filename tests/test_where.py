@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jmespath
 import pytest
 from click.testing import CliRunner, Result
 from conftest import Family
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from redrive.archive import read_records
 from redrive.cli import cli
@@ -443,3 +446,58 @@ def test_help_shows_where(command: str) -> None:
     assert "--where EXPR" in text
     if command in ("inspect", "report"):
         assert "--group-by EXPR" in text
+
+
+def test_an_ordering_comparison_with_a_string_is_no_match_not_a_crash() -> None:
+    # jmespath lets Python's TypeError escape here: it must not stop a run.
+    expression = compile_expression("kwargs.amount > `100`")
+    assert expression.evaluate({"kwargs": {"amount": "250.00"}}) is None
+    assert expression.evaluate({"kwargs": {"amount": 250}}) is True
+
+
+# -- the fast path agrees with jmespath's own interpreter -------------------------------------
+
+NAMES = st.sampled_from(["a", "b", "kwargs", "args"])
+LITERALS = st.sampled_from(
+    ["`1`", "`0`", "`2.5`", "'x'", "''", "`null`", "`true`", "`false`", "`[]`"]
+)
+PATHS = st.builds(
+    lambda first, rest, index: first + "".join(rest) + index,
+    NAMES,
+    st.lists(NAMES.map(lambda n: "." + n), max_size=2),
+    st.sampled_from(["", "[0]", "[-1]", "[3]"]),
+)
+OPERANDS = PATHS | LITERALS
+COMPARISONS = st.builds(
+    lambda a, op, b: f"{a} {op} {b}",
+    OPERANDS,
+    st.sampled_from(["==", "!=", "<", "<=", ">", ">="]),
+    OPERANDS,
+)
+EXPRESSIONS = st.recursive(
+    COMPARISONS | PATHS,
+    lambda inner: (
+        st.builds(lambda a, b: f"({a}) && ({b})", inner, inner)
+        | st.builds(lambda a, b: f"({a}) || ({b})", inner, inner)
+        | inner.map(lambda a: f"!({a})")
+    ),
+    max_leaves=5,
+)
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([2.5, "x", "", "y"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300)
+@given(text=EXPRESSIONS, record=st.dictionaries(NAMES, VALUES, max_size=4))
+def test_the_fast_path_gives_what_jmespath_gives(text: str, record: dict[str, Any]) -> None:
+    expression = compile_expression(text)
+    assert expression.fast is not None, text
+    try:
+        expected = jmespath.search(text, record)
+    except Exception:
+        expected = None  # evaluate() makes any error no match
+    got = expression.evaluate(record)
+    assert got == expected and type(got) is type(expected), (text, record, got, expected)

@@ -156,8 +156,8 @@ class Grouping:
 
     def count(self, message: Message, info: TaskInfo, key: GroupKey | None) -> None:
         """Count one scanned message (in group ``key``; only as scanned when None)."""
-        self.scanned += 1
         if key is None:
+            self.scanned += 1
             return
         self.add(
             info,
@@ -187,6 +187,7 @@ class Grouping:
         if group is None:
             group = self.groups[key.identity] = TaskGroup(task=key.label, value=key.value)
         self.total += 1
+        self.scanned += 1
         group.count += 1
         if sent_at is not None:
             group.oldest = sent_at if group.oldest is None else min(group.oldest, sent_at)
