@@ -60,11 +60,16 @@ _LEAVES = frozenset({"literal", "index", "slice", "field", "current", "identity"
 _WHOLE = frozenset({"current", "identity"})
 
 
+def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    # A slice's children are its numbers (or None), not nodes.
+    return [child for child in node.get("children", []) if isinstance(child, dict)]
+
+
 def _root_fields(node: dict[str, Any], at_root: bool = True) -> tuple[set[str], bool]:
     """The record fields an expression's tree reads from the record itself, and whether it
     can see the record whole (``@``, ``*``, ``keys(@)``: then every field is built)."""
     kind = node.get("type")
-    children: list[dict[str, Any]] = node.get("children", [])
+    children = _nodes(node)
     if kind == "field":
         return ({str(node["value"])} if at_root else set()), False
     if kind in _WHOLE:
@@ -85,7 +90,7 @@ def _root_fields(node: dict[str, Any], at_root: bool = True) -> tuple[set[str], 
 def _functions(node: dict[str, Any]) -> Iterable[tuple[str, int]]:
     if node.get("type") == "function_expression":
         yield str(node["value"]), len(node.get("children", []))
-    for child in node.get("children", []):
+    for child in _nodes(node):
         yield from _functions(child)
 
 
@@ -182,7 +187,9 @@ def _fast(node: dict[str, Any]) -> Evaluator | None:
     walk, with its exact semantics (tests/test_where.py checks the two agree on random
     records). None for any other shape: jmespath's interpreter evaluates it."""
     kind = node["type"]
-    children = [_fast(child) for child in node.get("children", [])]
+    if kind == "slice":
+        return None
+    children = [_fast(child) for child in _nodes(node)]
     if any(child is None for child in children):
         return None
     parts: list[Evaluator] = [c for c in children if c is not None]

@@ -501,3 +501,19 @@ def test_the_fast_path_gives_what_jmespath_gives(text: str, record: dict[str, An
         expected = None  # evaluate() makes any error no match
     got = expression.evaluate(record)
     assert got == expected and type(got) is type(expected), (text, record, got, expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("args[0:2]", [1, 2]),
+        ("length(args[1:]) > `1`", True),
+        ("args[?@ > `1`]", [2, 3]),
+        ("kwargs.*", [1]),
+        ("max(args)", 3),
+    ],
+)
+def test_shapes_beyond_the_fast_path_go_to_jmespath(text: str, expected: Any) -> None:
+    expression = compile_expression(text)
+    assert expression.fast is None
+    assert expression.evaluate({"args": [1, 2, 3], "kwargs": {"a": 1}}) == expected
