@@ -234,6 +234,8 @@ for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch")
 for name in ("run", "_decide", "_execute", "_entries_for", "_entry"):
     timed(redrive.operations.move.MoveEngine, name, "engine." + name)
 timed(redrive.operations.move, "decode", "messages.decode")
+import redrive.selection
+timed(redrive.selection.Selection, "matches", "selection.matches")  # --where runs in it
 timed(redrive.operations.move, "key_for", "keys.key_for")
 started = time.perf_counter()
 def report():
@@ -1340,7 +1342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile-tool",
         default="redrive",
-        choices=("redrive", "redrive-shm"),
+        choices=("redrive", "redrive-shm", "redrive-where"),
     )
     parser.add_argument(
         "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"
