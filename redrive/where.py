@@ -257,6 +257,20 @@ class Expression:
     fields: frozenset[str]
     fast: Evaluator | None = field(default=None, compare=False, repr=False)
     """The closures of :func:`_fast`, when the expression has their shape."""
+    strangers: tuple[str, ...] = ()
+    """Names it reads from the record that no record has (always null): likely a slip, as
+    ``user_id`` for ``kwargs.user_id``."""
+
+    def strangers_note(self, option: str = "--where") -> str | None:
+        """What to say about :attr:`strangers`, or None."""
+        if not self.strangers:
+            return None
+        names = ", ".join(self.strangers)
+        guesses = " or ".join(f"kwargs.{n}" for n in self.strangers)
+        return (
+            f"{option} {self.text!r} reads {names}, which no message's record has (it is "
+            f"null): the fields are {', '.join(FIELDS)}; did you mean {guesses}?"
+        )
 
     def evaluate(self, record: dict[str, Any]) -> Any:
         """The expression's value on one record; None where JMESPath finds a type error
@@ -293,7 +307,8 @@ def compile_expression(text: str, *, option: str = "--where") -> Expression:
     _check_quoted_comparisons(text, option)
     names, whole = _root_fields(parsed.parsed)
     fields = frozenset(FIELDS) if whole else frozenset(names) & frozenset(FIELDS)
-    return Expression(text, parsed, fields, _fast(parsed.parsed))
+    strangers = tuple(sorted(names - set(FIELDS)))
+    return Expression(text, parsed, fields, _fast(parsed.parsed), strangers)
 
 
 @dataclass(frozen=True, slots=True)

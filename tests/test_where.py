@@ -517,3 +517,15 @@ def test_shapes_beyond_the_fast_path_go_to_jmespath(text: str, expected: Any) ->
     expression = compile_expression(text)
     assert expression.fast is None
     assert expression.evaluate({"args": [1, 2, 3], "kwargs": {"a": 1}}) == expected
+
+
+def test_a_name_no_record_has_is_null_and_warned_about(family: Family) -> None:
+    seed(family)
+    result = ok("inspect", "checkout", "--where", "user_id == `42`", "--json")
+    assert as_json(result)["total"] == 0  # null, as promised: not an error
+    assert "reads user_id, which no message's record has" in result.stderr
+    assert "did you mean kwargs.user_id?" in result.stderr
+    quiet = ok("inspect", "checkout", "--where", "kwargs.user_id == `42`", "--json")
+    assert "warning" not in quiet.stderr
+    grouped = ok("inspect", "checkout", "--group-by", "provider", "--json")
+    assert "--group-by 'provider' reads provider" in grouped.stderr

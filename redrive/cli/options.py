@@ -49,9 +49,19 @@ def compiled_where(texts: tuple[str, ...]) -> Where | None:
     one line that quotes it and marks the place. Raised from the command's body, not an
     option callback, so that click prints that line alone (no usage block above it)."""
     try:
-        return compile_where(texts)
+        where = compile_where(texts)
     except UsageProblem as exc:
         raise click.UsageError(str(exc)) from None
+    for expression in where.expressions if where is not None else ():
+        _warn_strangers(expression, "--where")
+    return where
+
+
+def _warn_strangers(expression: Expression, option: str) -> None:
+    # A name no record has is null, as the README promises, but it is most likely a slip.
+    note = expression.strangers_note(option)
+    if note is not None:
+        click.echo(f"warning: {note}", err=True)
 
 
 def compiled_group_by(text: str | None) -> Expression | None:
@@ -59,9 +69,11 @@ def compiled_group_by(text: str | None) -> Expression | None:
     if text is None:
         return None
     try:
-        return compile_expression(text, option="--group-by")
+        expression = compile_expression(text, option="--group-by")
     except UsageProblem as exc:
         raise click.UsageError(str(exc)) from None
+    _warn_strangers(expression, "--group-by")
+    return expression
 
 
 WHERE_HELP = (
