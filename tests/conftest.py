@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, settings
 from moto import mock_aws
+
+from redrive.cli import cli as redrive_group
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGION = "us-east-1"
@@ -303,18 +305,47 @@ def no_long_polling(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- the CLI, through click's runner ----------------------------------------------------------
 
 
-def run(*args: str) -> Result:
-    from redrive.cli import cli
+class Cli:
+    """redrive's click group run in-process by click's CliRunner (the ``cli`` fixture): every
+    CLI test invokes the command this one way, as ``redrive`` (the usage lines say so)."""
 
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
+    def __call__(
+        self,
+        *args: str,
+        input: str | None = None,
+        env: Mapping[str, str | None] | None = None,
+        catch_exceptions: bool = True,
+    ) -> Result:
+        return CliRunner().invoke(
+            redrive_group,
+            list(args),
+            input=input,
+            env=env,
+            prog_name="redrive",
+            catch_exceptions=catch_exceptions,
+        )
+
+    def raising(self, *args: str, input: str | None = None) -> Result:
+        """Run a command letting an unexpected exception out as itself, with its traceback."""
+        return self(*args, input=input, catch_exceptions=False)
+
+    def ok(
+        self,
+        *args: str,
+        input: str | None = None,
+        env: Mapping[str, str | None] | None = None,
+        code: int = 0,
+    ) -> Result:
+        """Run a command that must end with ``code`` (0: success), without a traceback."""
+        result = self(*args, input=input, env=env)
+        assert result.exit_code == code, (result.output, result.exception)
+        assert "Traceback" not in result.output
+        return result
 
 
-def ok(*args: str) -> Result:
-    """Run a command that must succeed, without a traceback."""
-    result = run(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
+@pytest.fixture
+def cli() -> Cli:
+    return Cli()
 
 
 def as_json(result: Result) -> Any:

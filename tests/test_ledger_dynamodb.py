@@ -26,7 +26,7 @@ import boto3
 import botocore.exceptions
 import pytest
 import test_ledger as shared
-from conftest import REGION, Family, MotoServer, start_moto_server
+from conftest import REGION, Cli, Family, MotoServer, start_moto_server
 from moto import mock_aws
 from test_ledger import Clock, claims, one_line, state
 
@@ -854,44 +854,36 @@ def test_two_operators_draining_one_dlq_send_each_task_once(
 # ----------------------------------------------------------------------------- the command
 
 
-def redrive(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from redrive.cli import cli
-
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def test_ledger_init_command(aws_env: None, tmp_path: Path) -> None:
+def test_ledger_init_command(aws_env: None, tmp_path: Path, cli: Cli) -> None:
     with mock_aws():
-        created = redrive("ledger", "init", "dynamodb://team-ledger")
+        created = cli("ledger", "init", "dynamodb://team-ledger")
         assert created.exit_code == 0, created.output
         assert "created the DynamoDB ledger table team-ledger" in created.stdout
-        again = redrive("ledger", "init", "dynamodb://team-ledger")
+        again = cli("ledger", "init", "dynamodb://team-ledger")
         assert again.exit_code == 0 and "is ready" in again.stdout
 
-        bad = redrive("ledger", "init", "dynamodb://no")
+        bad = cli("ledger", "init", "dynamodb://no")
         assert bad.exit_code == 1
         assert bad.stderr.strip().count("\n") == 0 and "not a DynamoDB table name" in bad.stderr
 
     path = tmp_path / "new" / "ledger.sqlite3"
-    made = redrive("ledger", "init", str(path))
+    made = cli("ledger", "init", str(path))
     assert made.exit_code == 0, made.output
     assert path.is_file() and str(path) in made.stdout
 
 
-def test_move_command_with_a_dynamodb_ledger(family: Family) -> None:
+def test_move_command_with_a_dynamodb_ledger(family: Family, cli: Cli) -> None:
     ids = [f"t-{i}" for i in range(12)]
     fill(family.client, family.dlq_url, [body(t) for t in ids])
-    assert redrive("ledger", "init", f"dynamodb://{TABLE}").exit_code == 0
+    assert cli("ledger", "init", f"dynamodb://{TABLE}").exit_code == 0
     move = ("move", "checkout", "--execute", "--yes", "--json", "--ledger", f"dynamodb://{TABLE}")
 
-    first = redrive(*move)
+    first = cli(*move)
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["moved"] == 12
     assert json.loads(first.stdout)["ledger"] == f"dynamodb://{TABLE}"
     assert arrived(family) == {t: 1 for t in ids}
 
-    dry = redrive("move", "checkout", "--json", "--ledger", "dynamodb://absent-table")
+    dry = cli("move", "checkout", "--json", "--ledger", "dynamodb://absent-table")
     assert dry.exit_code == 1
     assert "redrive ledger init dynamodb://absent-table" in dry.stderr

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli
 
 from redrive import sandbox
 from redrive.config import DEFAULT_DLQ_RETENTION_SECONDS, Family, Layout, built_in_layout
@@ -872,12 +873,9 @@ def test_seeded_subprocess_prints_exports_and_stops_on_sigint(tmp_path: Path) ->
     ("args", "complaint"),
     [(["--messages", "10001"], "10000"), (["--seed", "-1"], "--seed")],
 )
-def test_cli_sandbox_limits(args: list[str], complaint: str) -> None:
-    from click.testing import CliRunner
+def test_cli_sandbox_limits(args: list[str], complaint: str, cli: Cli) -> None:
 
-    from redrive.cli import cli
-
-    result = CliRunner().invoke(cli, ["sandbox", *args], prog_name="redrive")
+    result = cli("sandbox", *args)
     assert result.exit_code == 2, result.output
     assert complaint in result.output
 
