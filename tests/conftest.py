@@ -1,5 +1,15 @@
 """Shared fixtures: fake credentials, an in-process SQS (moto) with a queue family, and a
-moto server on 127.0.0.1 for end-to-end tests that run ``redrive`` as a subprocess."""
+moto server on 127.0.0.1 for end-to-end tests that run ``redrive`` as a subprocess.
+
+Unit and end-to-end tests are apart by a mark, not by folders: ``@pytest.mark.e2e`` (or a
+module's ``pytestmark``) on every test that starts another process (``redrive`` or python
+as a subprocess, a moto server, a Celery worker, a bench script); the rest run in this
+process (moto's ``mock_aws``, the sandbox's server thread) and ``make unit`` (``pytest -m
+"not e2e"``) runs only them. A mark, because most modules test one concept both ways
+(test_move.py's crash tests beside its two-operator test on a moto server): folders would
+split a concept's tests across two trees. Tests using a fixture that starts a moto server
+process are marked here (``pytest_collection_modifyitems``), so none can be missed.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +40,17 @@ REGION = "us-east-1"
 # inputs says nothing about redrive there, so its timing checks are off (examples stay).
 settings.register_profile("redrive", suppress_health_check=[HealthCheck.too_slow], deadline=None)
 settings.load_profile("redrive")
+
+
+# Fixtures that start a moto server process (here and in test modules): a test using one is
+# end-to-end, whether or not it says so.
+_SERVER_FIXTURES = frozenset({"moto_server", "server", "serial_server", "serial_moto"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(autouse=True)

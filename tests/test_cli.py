@@ -143,6 +143,7 @@ def test_version_in_process(cli: Cli) -> None:
     assert cli.ok("--version").output.strip() == f"redrive, version {__version__}"
 
 
+@pytest.mark.e2e
 def test_python_m_redrive_version() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "redrive", "--version"],
@@ -721,6 +722,7 @@ def test_rejected_credentials(family: Family, monkeypatch: pytest.MonkeyPatch, c
         assert_one_error(cli(*args), EXIT_ERROR, "rejected the credentials", "InvalidClientTokenId")
 
 
+@pytest.mark.e2e
 def test_errors_never_print_a_traceback_in_a_real_process(tmp_path: Path) -> None:
     """The same one-line error from the installed entry point, not just CliRunner."""
     config = tmp_path / "broken.toml"

@@ -305,6 +305,7 @@ def test_paths_complete_as_files_and_queues_as_queue_names() -> None:
     ]
 
 
+@pytest.mark.e2e
 def test_bash_completion_through_the_real_command() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDRIVE_", "CELERY_"))}
     script = subprocess.run(

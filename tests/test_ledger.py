@@ -249,6 +249,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_processes_racing_for_the_same_keys(tmp_path: Path) -> None:
     path = tmp_path / "state" / "ledger.sqlite3"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

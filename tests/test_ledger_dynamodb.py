@@ -410,6 +410,7 @@ def _env(server: MotoServer) -> dict[str, str]:
     return {**server.env(), "PYTHONPATH": pythonpath}
 
 
+@pytest.mark.e2e
 def test_two_processes_claiming_the_same_keys_win_each_once(
     serial_server: MotoServer, tmp_path: Path
 ) -> None:
@@ -553,6 +554,7 @@ _OPERATOR = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_two_operators_draining_one_dlq_send_each_task_once(
     serial_server: MotoServer, tmp_path: Path
 ) -> None:

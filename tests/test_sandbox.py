@@ -302,6 +302,7 @@ def dry_run(seeded: Seeded, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.e2e
 def test_age_filters_and_inspect_tell_the_stories_apart(seeded: Seeded, tmp_path: Path) -> None:
     checkout = seeded.families["checkout"]
     stories = checkout.by_story
@@ -798,6 +799,7 @@ def _wait_for_port(process: subprocess.Popen[bytes], port: int, log: Path) -> No
     pytest.fail("sandbox did not start within 30 s")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("serial", [False, True], ids=["threaded", "serial"])
 def test_bare_subprocess_answers_and_stops_on_sigterm(tmp_path: Path, serial: bool) -> None:
     port = free_port()
@@ -829,6 +831,7 @@ def test_bare_subprocess_answers_and_stops_on_sigterm(tmp_path: Path, serial: bo
     assert refuses_connections(port)
 
 
+@pytest.mark.e2e
 def test_seeded_subprocess_prints_exports_and_stops_on_sigint(tmp_path: Path) -> None:
     config = tmp_path / "redrive.toml"
     config.write_text('[families.cli]\nqueue = "cli-jobs"\n')

@@ -407,6 +407,7 @@ def serial_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
     server.process.wait(10)
 
 
+@pytest.mark.e2e
 def test_three_workers_share_one_scan(new_scan: NewScan, serial_moto: MotoServer) -> None:
     serial_moto.reset()
     family = make_family(serial_moto.client())
