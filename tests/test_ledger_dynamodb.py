@@ -39,6 +39,7 @@ from redrive.ledger.dynamodb import (
     TTL_SECONDS,
     DynamoDbLedger,
     init_table,
+    ttl_needs_switching_on,
 )
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions
@@ -91,6 +92,29 @@ def test_init_table_creates_an_on_demand_table_with_ttl_and_is_idempotent(
         assert "is ready" in init_table(client, "no-ttl")
         ttl = client.describe_time_to_live(TableName="no-ttl")["TimeToLiveDescription"]
         assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", TTL_ATTRIBUTE)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "needed"),
+    [
+        ({}, True),
+        ({"TimeToLiveStatus": "DISABLED"}, True),
+        ({"TimeToLiveStatus": "ENABLED", "AttributeName": TTL_ATTRIBUTE}, False),
+        ({"TimeToLiveStatus": "ENABLING", "AttributeName": TTL_ATTRIBUTE}, False),
+        ({"TimeToLiveStatus": "ENABLING"}, False),
+    ],
+)
+def test_whether_ttl_needs_switching_on(ttl: dict[str, str], needed: bool) -> None:
+    assert ttl_needs_switching_on(TABLE, ttl) is needed
+
+
+def test_ttl_by_another_attribute_or_being_switched_off_is_refused() -> None:
+    with pytest.raises(LedgerError, match="expires items by 'gone_at'") as e:
+        ttl_needs_switching_on(TABLE, {"TimeToLiveStatus": "ENABLING", "AttributeName": "gone_at"})
+    one_line(e)
+    with pytest.raises(LedgerError, match="is being switched off; wait an hour") as e:
+        ttl_needs_switching_on(TABLE, {"TimeToLiveStatus": "DISABLING"})
+    one_line(e)
 
 
 def _schema_of(client: Any, table: str) -> dict[str, Any]:
