@@ -58,7 +58,6 @@ from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
 from redrive.aws.session import AwsSettings
 from redrive.errors import AwsError, LedgerError
 from redrive.ledger.base import (
-    RUN_OUTCOMES,
     Claim,
     ClaimResult,
     Entry,
@@ -66,6 +65,8 @@ from redrive.ledger.base import (
     Ledger,
     RunInfo,
     check_key,
+    check_outcome,
+    run_not_open,
 )
 
 __all__ = [
@@ -648,10 +649,7 @@ class DynamoDbLedger(Ledger):
             },
         )
         if not applied:
-            raise LedgerError(
-                f"run {run_id} is not open in ledger {self.location} (never started or "
-                "already ended); stop and start a new run"
-            )
+            raise run_not_open(run_id, self.location)
 
     def end_run(
         self,
@@ -661,12 +659,7 @@ class DynamoDbLedger(Ledger):
         counts: Mapping[str, int],
         info: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record how the run ended, adding ``info`` to what it recorded at its start (what
-        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
-        the first outcome: shutdown paths may end a run twice, and the first word is the
-        true one."""
-        if outcome not in RUN_OUTCOMES:
-            raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+        check_outcome(outcome)
         now = self._clock()
         expression = (
             "SET #ended_at = :now, #outcome = :outcome, #counts = :counts, #expires_at = :exp"
