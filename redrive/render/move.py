@@ -4,6 +4,7 @@ that matched nothing, archive damage)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from redrive.archive import DamageReport
 from redrive.operations.move import MoveResult
@@ -78,49 +79,39 @@ def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
     )
 
 
+def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
+    """A section naming messages, one table row each; nothing when there are none."""
+    return ["", intro, table(rows, headers)] if rows else []
+
+
 def _in_doubt_lines(result: MoveResult) -> list[str]:
-    if not result.in_doubt_messages:
-        return []
-    return [
-        "",
+    return _listed(
         f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
         "earlier run stopped, so they may already be in the target queue. They stay in "
         "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
         "Celery task id) or --in-doubt skip:",
-        table(
-            [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
-            ["task", "task id", "message id"],
-        ),
-    ]
+        [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
+        ["task", "task id", "message id"],
+    )
 
 
 def _failed_lines(result: MoveResult) -> list[str]:
-    if not result.failed_messages:
-        return []
-    return [
-        "",
+    return _listed(
         f"{result.failed} message(s) failed to send and stay in the DLQ:",
-        table(
-            [[m.task, m.message_id, m.detail] for m in result.failed_messages],
-            ["task", "message id", "error"],
-        ),
-    ]
+        [[m.task, m.message_id, m.detail] for m in result.failed_messages],
+        ["task", "message id", "error"],
+    )
 
 
 def _ambiguous_lines(result: MoveResult) -> list[str]:
-    if not result.ambiguous_messages:
-        return []
-    return [
-        "",
+    return _listed(
         f"{result.ambiguous} message(s) held as possible copies: each shares the "
         "idempotency key of a task already sent, and nothing tells a copy of it from a "
         "second publish of its task id. They stay in the DLQ. If they are new "
         "invocations, rerun with --ambiguous move; if copies, purge them (archived):",
-        table(
-            [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
-            ["task", "task id", "message id", "why"],
-        ),
-    ]
+        [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
+        ["task", "task id", "message id", "why"],
+    )
 
 
 def _skipped_lines(result: MoveResult) -> list[str]:
