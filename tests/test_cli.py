@@ -496,6 +496,30 @@ def test_config_from_environment(
     assert [f["family"] for f in data["families"]] == ["default", "notify", "export"]
 
 
+def test_config_from_the_cli_fixtures_env(atlas: dict[str, Any], cli: Cli) -> None:
+    # The fixture's env= reaches the command as its environment, for this call only.
+    data = as_json(cli.ok("status", "--json", env={"REDRIVE_CONFIG": atlas["config"]}))
+    assert [f["family"] for f in data["families"]] == ["default", "notify", "export"]
+    assert "REDRIVE_CONFIG" not in os.environ
+    built_in = as_json(cli("status", "--json"))  # the atlas has none of these queues
+    assert "notify" not in [f["family"] for f in built_in["families"]]
+
+
+def test_the_cli_fixture_catches_or_raises_an_unexpected_exception(
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(AwsSettings, "sqs", broken)
+    caught = cli("inspect", "checkout")
+    assert isinstance(caught.exception, RuntimeError) and caught.exit_code == 1
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.raising("inspect", "checkout")
+    with pytest.raises(AssertionError):
+        cli.ok("inspect", "checkout")
+
+
 def test_env_overrides_the_checkout_queue(
     sqs_client: Any, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
