@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from redrive.archive import DamageReport
-from redrive.operations.move import MoveResult
+from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
 from redrive.render.tables import printable, table
@@ -41,7 +41,7 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
                     task,
                     c.matched,
                     c.moved,
-                    ", ".join(f"{n}" for n in sorted(c.targets)) or "-",
+                    targets_cell(c),
                     ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
                     c.failed,
                     c.duplicates,
@@ -115,6 +115,14 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
             )
             + " to send them there."
         )
+    if result.skipped.get("unregistered"):
+        lines.append("")
+        lines.append(
+            f"{result.skipped['unregistered']} message(s) skipped as unregistered: the Celery "
+            "app does not register their task, so a worker would drop them. They stay in the "
+            "DLQ: deploy the task again, purge them (archived), or pass --include-unregistered "
+            "to send them anyway."
+        )
     if result.skipped.get("not-celery"):
         lines.append("")
         lines.append(
@@ -141,6 +149,16 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
         lines.append("")
         lines.append("interrupted: the summary covers what was done; rerun to resume")
     return "\n".join(lines)
+
+
+def targets_cell(counts: TaskCounts) -> str:
+    """Where a task's messages go, and when their route sends them elsewhere than their
+    source (redrive.celery)."""
+    text = ", ".join(sorted(counts.targets)) or "-"
+    if counts.rerouted:
+        sources = ", ".join(f"{n} from {q}" for q, n in sorted(counts.rerouted.items()))
+        text += f" (by route, not the source: {sources})"
+    return text
 
 
 def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:
