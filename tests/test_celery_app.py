@@ -89,12 +89,21 @@ def test_an_app_loads_as_celery_a_does_from_the_current_directory(project: Path)
 
 BAD_APPS = {
     "no module": ("", "nowhere_{id}:app", "no module named 'nowhere_{id}'"),
-    "no attribute": ("from celery import Celery\napp = Celery('x')\n", "{mod}:nope", "no attribute"),
+    "no attribute": (
+        "from celery import Celery\napp = Celery('x')\n",
+        "{mod}:nope",
+        "no attribute",
+    ),
     "not an app": ("app = {{'broker': 'sqs://'}}\n", "{mod}:app", "is a dict, not a Celery app"),
-    "import raises": ("import celery\nraise RuntimeError('settings missing')\n", "{mod}:app",
-                      "raised RuntimeError: settings missing"),
+    "import raises": (
+        "import celery\nraise RuntimeError('settings missing')\n",
+        "{mod}:app",
+        "raised RuntimeError: settings missing",
+    ),
     "its imports fail": (
-        "import missing_dependency_{id}\n", "{mod}:app", "No module named 'missing_dependency_"
+        "import missing_dependency_{id}\n",
+        "{mod}:app",
+        "No module named 'missing_dependency_",
     ),
     "syntax error": ("def broken(:\n", "{mod}:app", "raised SyntaxError"),
     "tasks fail to load": (
@@ -309,9 +318,7 @@ def test_route_source_to_and_include_unregistered(
     assert everything["skipped_by_reason"] == {"not-celery": 1}, "bodies no Celery wrote"
 
 
-def test_config_routes_route_without_an_app(
-    project: Path, all_families: dict[str, Family]
-) -> None:
+def test_config_routes_route_without_an_app(project: Path, all_families: dict[str, Family]) -> None:
     config = project / "redrive.toml"
     config.write_text(
         textwrap.dedent(
