@@ -284,7 +284,7 @@ def test_a_dlq_filled_before_the_split_drains_where_each_task_routes_now(
     assert dry["skipped_by_reason"] == {"unregistered": 1, "not-celery": 1}
     assert dry["tasks"][DELETED]["skipped"] == {"unregistered": 1}
     text = ok("move", "default", "--celery-app", spec).output
-    assert "onion-checkout (by route, not the source: 2 from onion)" in text
+    assert "onion-checkout (by route; source onion)" in text
     assert "skipped as unregistered" in text and f"app {spec}" in text
 
     done = as_json(ok("move", "default", "--celery-app", spec, "--execute", "--yes", "--json"))
@@ -515,3 +515,29 @@ def test_check_celery_needs_an_app_and_plain_check_ignores_the_settings(
     assert result.exit_code == 2 and "check --celery needs the Celery app" in result.output
     spec = split_app(project, extra="app.conf.task_acks_late = False")
     assert as_json(ok("check", "--celery-app", spec, "--json"))["findings"] == []
+
+
+# -- 5. the sandbox -----------------------------------------------------------------------------
+
+
+def test_the_sandbox_seeds_the_default_dlq_as_the_split_found_it() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from redrive.celery.registry import Registry
+    from redrive.sandbox.seeding import sample_dlq
+
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    messages = sample_dlq("default", 40, now=now, queue="onion")
+    split = {IBFT, LESSON, DELETED}
+    found = Counter(decode(m.body).task for m in messages if decode(m.body).task in split)
+    assert set(found) == split
+    for message in messages:
+        if decode(message.body).task in split:
+            assert message.story == "split" and message.sent_at <= now - timedelta(days=3)
+    spec = "redrive.sandbox.celery_app:app"
+    app = load_app(spec)
+    routes, registry = AppRoutes(app, spec), Registry(app, spec)
+    assert routes.queue_for(IBFT) == "onion-checkout"
+    assert routes.queue_for(LESSON) == "onion-progress"
+    assert routes.queue_for(ACTIVATE) == "onion"
+    assert registry.is_unregistered(DELETED) and not registry.is_unregistered(IBFT)

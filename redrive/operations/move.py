@@ -609,10 +609,10 @@ class MoveEngine:
             generation = attributes.redrive_count(message.message_attributes)
             route: QueueRef | None = None
             skip: str | None = None
-            if not self.options.include_expired and info.is_expired(now_dt):
-                skip = EXPIRED
-            elif (unregistered := skip_reason(self.options.celery, info)) is not None:
+            if (unregistered := skip_reason(self.options.celery, info)) is not None:
                 skip = unregistered  # redrive.celery: no worker registers it, it would drop it
+            elif not self.options.include_expired and info.is_expired(now_dt):
+                skip = EXPIRED
             elif (route := self._route(sqs, message, info.task)) is None:
                 skip = NO_TARGET
             elif not info.is_celery and not self.options.include_unknown and self._to_celery:

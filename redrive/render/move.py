@@ -155,9 +155,11 @@ def targets_cell(counts: TaskCounts) -> str:
     """Where a task's messages go, and when their route sends them elsewhere than their
     source (redrive.celery)."""
     text = ", ".join(sorted(counts.targets)) or "-"
-    if counts.rerouted:
-        sources = ", ".join(f"{n} from {q}" for q, n in sorted(counts.rerouted.items()))
-        text += f" (by route, not the source: {sources})"
+    rerouted = sorted(counts.rerouted.items())
+    if len(rerouted) == 1 and sum(counts.targets.values()) == rerouted[0][1]:
+        text += f" (by route; source {rerouted[0][0]})"
+    elif rerouted:
+        text += f" (by route: {', '.join(f'{n} from {q}' for q, n in rerouted)})"
     return text
 
 
