@@ -541,3 +541,13 @@ def test_the_sandbox_seeds_the_default_dlq_as_the_split_found_it() -> None:
     assert routes.queue_for(LESSON) == "onion-progress"
     assert routes.queue_for(ACTIVATE) == "onion"
     assert registry.is_unregistered(DELETED) and not registry.is_unregistered(IBFT)
+
+
+def test_the_new_options_are_in_help() -> None:
+    assert "--celery-app" in ok("--help").output
+    for command in ("move", "replay", "apply"):
+        text = ok(command, "--help").output
+        for option in ("--route", "--include-unregistered", "--celery-app"):
+            assert option in text, (command, option)
+    assert "--celery" in ok("check", "--help").output
+    assert "--celery-app" in ok("inspect", "--help").output
