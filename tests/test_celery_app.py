@@ -399,6 +399,8 @@ def test_a_plan_records_each_target_and_apply_sends_there(
     targets = {i["task"]: i["target"].rsplit("/", 1)[1] for i in data["items"]}
     assert targets[IBFT] == "onion-checkout" and targets[LESSON] == "onion-progress"
     assert data["options"]["route"] == "task"
+    routed = {i["task"]: i.get("routed_from") for i in data["items"]}
+    assert routed[IBFT] == "onion" and routed[LESSON] == "onion" and routed[ACTIVATE] is None
     # Applied without the app: each message goes where the reviewed plan says.
     done = as_json(ok("apply", str(plan), "--execute", "--yes", "--json"))
     assert done["moved"] == 4
@@ -551,3 +553,33 @@ def test_the_new_options_are_in_help() -> None:
             assert option in text, (command, option)
     assert "--celery" in ok("check", "--help").output
     assert "--celery-app" in ok("inspect", "--help").output
+
+
+def test_native_refuses_to_ignore_the_routes(project: Path, family: Family) -> None:
+    spec = split_app(project)
+    for args in (("--route", "task"), ("--include-unregistered",), ("--celery-app", spec)):
+        result = run("move", "checkout", "--native", *args)
+        assert result.exit_code == 2 and "--native" in result.output, (args, result.output)
+    assert "--route source" in run("move", "checkout", "--native", "--celery-app", spec).output
+    # Accepted (in-process moto has no message move tasks, so it goes no further here);
+    # global options after the command were refused with --native before (click's UNSET).
+    for args in (("--celery-app", spec, "--route", "source"), ("--region", "us-east-1")):
+        result = run("move", "checkout", "--native", *args)
+        assert result.exit_code != 2 and "--native" not in result.output, result.output
+
+
+def test_config_routes_and_celery_tables_are_checked(tmp_path: Path) -> None:
+    from redrive.config import parse_config
+    from redrive.errors import ConfigError
+
+    families = {"families": {"default": {"queue": "onion"}}}
+    with pytest.raises(ConfigError, match=r"'routes\.apps\.x' must be a family name or a queue"):
+        parse_config({**families, "routes": {"apps.x": 3}}, "f.toml")
+    with pytest.raises(ConfigError, match=r"unknown key 'celery\.broker'"):
+        parse_config({**families, "celery": {"broker": "sqs://"}}, "f.toml")
+    with pytest.raises(ConfigError, match=r"celery\.deploy_stop_timeout"):
+        parse_config({**families, "celery": {"deploy_stop_timeout": "soon"}}, "f.toml")
+    layout = parse_config(
+        {**families, "celery": {"app": "proj:app", "deploy_stop_timeout": "2m"}}, "f.toml"
+    )
+    assert layout.celery_app == "proj:app" and layout.deploy_stop_timeout == 120

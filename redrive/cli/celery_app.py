@@ -88,6 +88,23 @@ def task_knowledge(
     )
 
 
+def refuse_native_with_routes(
+    ctx: Context, *, route: str | None, include_unregistered: bool, to: str | None
+) -> None:
+    """``move --native`` is SQS's own redrive: every message to its source (or ``--to``)."""
+    if route == "task" or include_unregistered:
+        raise UsageProblem(
+            "--native lets SQS move every message to its source (or --to): it cannot route "
+            "by task or keep unregistered tasks; drop --native"
+        )
+    if route is None and to is None and task_router(ctx) is not None:
+        raise UsageProblem(
+            "--native sends every message back to its source queue, not to the queue its "
+            "task routes to now (--celery-app or [routes] give routes): pass --route source "
+            "to accept that, or drop --native"
+        )
+
+
 def known_tasks(ctx: Context) -> TaskKnowledge | None:
     """What inspect shows of the tasks (routes, registry); None without app or [routes]."""
     loaded = loaded_app(ctx)

@@ -9,7 +9,12 @@ from typing import Any, NoReturn
 import click
 
 from redrive.archive import ArchiveDamaged
-from redrive.cli.celery_app import route_options, routing_note, task_knowledge
+from redrive.cli.celery_app import (
+    refuse_native_with_routes,
+    route_options,
+    routing_note,
+    task_knowledge,
+)
 from redrive.cli.console import (
     PlannedView,
     Progress,
@@ -98,6 +103,13 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     """
 
     if kwargs.pop("native"):
+        with core_errors():
+            refuse_native_with_routes(
+                ctx,
+                route=kwargs.pop("route"),
+                include_unregistered=kwargs.pop("include_unregistered"),
+                to=kwargs["to"],
+            )
         native_move(ctx, target, kwargs)
         return
     selection = make_selection(kwargs)

@@ -868,6 +868,7 @@ class MoveEngine:
                     key=cand.key,
                     target=cand.target.url,
                     action=action,
+                    routed_from=_routed_from(self._source_name(cand.message), cand.target.name),
                 )
             )
 
@@ -1303,6 +1304,11 @@ def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
         "ListDeadLetterSourceQueues) and SQS did not say which one each message came from",
         names,
     )
+
+
+def _routed_from(source: str | None, target: str) -> str | None:
+    """The source a task's route sends a message away from (redrive.celery), else None."""
+    return source if source is not None and source != target else None
 
 
 def _sent_at(entry: Entry) -> float:
