@@ -117,10 +117,15 @@ BAD_APPS = {
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_APPS), ids=list(BAD_APPS))
-@pytest.mark.parametrize("where", ["before", "after", "env", "config"])
+# Every failure given before the command; each other way of naming the app with two of them.
+WHERE = [(case, "before") for case in BAD_APPS] + [
+    (case, where) for where in ("after", "env", "config") for case in ("no module", "import raises")
+]
+
+
+@pytest.mark.parametrize(("case", "where"), WHERE, ids=[f"{c}-{w}" for c, w in WHERE])
 def test_every_bad_celery_app_is_one_line_and_exit_1(
-    case: str, where: str, project: Path, monkeypatch: pytest.MonkeyPatch, family: Family
+    case: str, where: str, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source, spec, fragment = BAD_APPS[case]
     ident = uuid.uuid4().hex[:8]
@@ -495,19 +500,29 @@ def test_a_well_configured_app_gives_no_finding(
 
 
 @pytest.mark.parametrize("case", list(MISCONFIGURED), ids=list(MISCONFIGURED))
-def test_each_misconfiguration_is_a_finding_and_exit_1(
-    case: str, project: Path, all_families: dict[str, Family]
-) -> None:
+def test_each_misconfiguration_is_a_finding(case: str, project: Path) -> None:
+    from redrive.reporting.check import check_celery
+
     setting, expected = MISCONFIGURED[case]
     spec = split_app(project, extra=GOOD + setting)
+    app = load_app(spec)
+    findings = check_celery(app, spec, AppRoutes(app, spec), built_in_layout({}))
+    problems = [f.problem for f in findings]
+    assert any(expected in p for p in problems), problems
+    assert all(f.setting and f.queue == f"app {spec}" for f in findings)
+
+
+def test_check_celery_exits_1_with_findings_in_json_and_the_table(
+    project: Path, all_families: dict[str, Family]
+) -> None:
+    spec = split_app(project, extra=GOOD + "app.conf.task_acks_late = False")
     result = run("check", "--celery", "--celery-app", spec, "--json")
     assert result.exit_code == 1, result.output
-    findings = as_json(result)["findings"]
-    problems = [f["problem"] for f in findings]
-    assert any(expected in p for p in problems), problems
-    assert all(f["setting"] and f["queue"] == f"app {spec}" for f in findings)
-    text = run("check", "--celery", "--celery-app", spec, "--wide").output
-    assert expected.split(":")[0] in text
+    (finding,) = as_json(result)["findings"]
+    assert finding["setting"] == "task_acks_late" and finding["value"] == "False"
+    assert "never reaches the DLQ" in finding["problem"]
+    text = run("check", "--celery", "--celery-app", spec, "--wide")
+    assert text.exit_code == 1 and "task_acks_late = False" in text.output
 
 
 def test_check_celery_needs_an_app_and_plain_check_ignores_the_settings(
