@@ -406,6 +406,12 @@ def test_a_plan_records_each_target_and_apply_sends_there(
     assert data["options"]["route"] == "task"
     routed = {i["task"]: i.get("routed_from") for i in data["items"]}
     assert routed[IBFT] == "onion" and routed[LESSON] == "onion" and routed[ACTIVATE] is None
+    # A plan made without routes applies as made, even with the app named now.
+    plain = tmp_path / "plain.json"
+    ok("move", "default", "--plan-out", str(plain))
+    again = as_json(ok("apply", str(plain), "--celery-app", spec, "--json"))
+    assert again["tasks"][IBFT]["targets"] == {"onion": 2}
+    assert again["tasks"][DELETED]["skipped"] == {"unregistered": 1}, "no worker knows it"
     # Applied without the app: each message goes where the reviewed plan says.
     done = as_json(ok("apply", str(plan), "--execute", "--yes", "--json"))
     assert done["moved"] == 4

@@ -84,7 +84,7 @@ def task_knowledge(
         registry=registry,
         route_by_task=to is None and route != "source" and router is not None,
         include_unregistered=include_unregistered,
-        planned=planned if route is None and to is None else None,
+        planned=planned if to is None else None,
     )
 
 

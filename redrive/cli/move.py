@@ -541,12 +541,14 @@ def plan_knowledge(
     ctx: Context, plan: Any, to: QueueRef | None, route: str | None, include_unregistered: bool
 ) -> Any:
     """A move plan made with task routes sends each message to the target it recorded (what
-    was reviewed), unless ``--route`` asks again; one made without goes as it always did."""
+    was reviewed), one made without to its source, as it always did; ``--route`` decides
+    again instead."""
     routed = plan.options.get("route") == "task"
+    planned = {i.message_id: i.target for i in plan.items if i.target}
     return task_knowledge(
         ctx,
-        route=route,
+        route=route or ("task" if routed else "source"),
         include_unregistered=include_unregistered or bool(plan.options.get("include_unregistered")),
         to=to,
-        planned={i.message_id: i.target for i in plan.items if i.target} if routed else None,
+        planned=planned if routed and route is None else None,
     )
