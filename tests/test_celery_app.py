@@ -464,6 +464,20 @@ MISCONFIGURED = {
         "task_reject_on_worker_lost = False",
     ),
     "no time limit": ("app.conf.task_time_limit = None", "task_time_limit = None"),
+    "one task's own acks_late": (
+        "\n@app.task(name='apps.reports.tasks.export_csv', acks_late=False, shared=False)\n"
+        "def export(*args):\n    pass\n",
+        "task_acks_late = False: a task is acknowledged when a worker receives it, so one "
+        "that fails is never received again and never reaches the DLQ: set task_acks_late = "
+        "True (task apps.reports.tasks.export_csv)",
+    ),
+    "one task's own time limit": (
+        "\n@app.task(name='apps.reports.tasks.export_csv', time_limit=120, shared=False)\n"
+        "def export(*args):\n    pass\n",
+        "task_time_limit = 120s: longer than the deploy's stop timeout (30s): a run still "
+        "going when a deploy stops the worker is SIGKILLed and delivered again after every "
+        "deploy (task apps.reports.tasks.export_csv)",
+    ),
     "time limit over the stop timeout": (
         "app.conf.task_time_limit = 600\n"
         "app.conf.broker_transport_options = {'visibility_timeout': 900}",
