@@ -515,6 +515,7 @@ def test_a_well_configured_app_gives_no_finding(
     spec = split_app(project, extra=GOOD)
     report = as_json(ok("check", "--celery", "--celery-app", spec, "--json"))
     assert report["findings"] == []
+    assert "and the Celery app's settings" in ok("check", "--celery", "--celery-app", spec).output
     sandbox_app = "redrive.sandbox.celery_app:app"
     assert as_json(ok("check", "--celery", "--celery-app", sandbox_app, "--json"))["findings"] == []
 

@@ -284,6 +284,8 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
         findings = check_layout(ctx.layout, ctx.sqs_for) + app_findings
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
+    elif with_celery and not findings:
+        click.echo("no findings: the layout matches what SQS says, and the Celery app's settings")
     else:
         click.echo(findings_table(findings, width=table_width(wide)))
     if findings:
