@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 
 pytest.importorskip("celery", minversion="5.0")
 
@@ -125,7 +125,7 @@ WHERE = [(case, "before") for case in BAD_APPS] + [
 
 @pytest.mark.parametrize(("case", "where"), WHERE, ids=[f"{c}-{w}" for c, w in WHERE])
 def test_every_bad_celery_app_is_one_line_and_exit_1(
-    case: str, where: str, project: Path, monkeypatch: pytest.MonkeyPatch
+    case: str, where: str, project: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     source, spec, fragment = BAD_APPS[case]
     ident = uuid.uuid4().hex[:8]
@@ -144,7 +144,7 @@ def test_every_bad_celery_app_is_one_line_and_exit_1(
             f'[families.checkout]\nqueue = "onion-checkout"\n\n[celery]\napp = "{spec}"\n'
         )
         args = ["--config", str(config), *args]
-    result = run(*args)
+    result = cli(*args)
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
@@ -153,13 +153,13 @@ def test_every_bad_celery_app_is_one_line_and_exit_1(
 
 
 def test_without_celery_every_command_works_and_an_app_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch, family: Family
+    monkeypatch: pytest.MonkeyPatch, family: Family, cli: Cli
 ) -> None:
     monkeypatch.setitem(sys.modules, "celery", None)  # import celery now fails
     family.send_to_dlq(encode(IBFT, [1], {}, task_id="t-1"))
-    assert as_json(ok("move", "checkout", "--json"))["moved"] == 1
-    assert as_json(ok("inspect", "checkout", "--json"))["total"] == 1
-    result = run("move", "checkout", "--celery-app", "proj:app")
+    assert as_json(cli.ok("move", "checkout", "--json"))["moved"] == 1
+    assert as_json(cli.ok("inspect", "checkout", "--json"))["total"] == 1
+    result = cli("move", "checkout", "--celery-app", "proj:app")
     assert result.exit_code == 1 and "pip install 'redrive[celery]'" in result.output
     with pytest.raises(CeleryAppError, match="needs Celery"):
         load_app("proj:app")
@@ -273,13 +273,13 @@ def bodies_in(family: Family, url: str) -> Counter[str]:
 
 
 def test_a_dlq_filled_before_the_split_drains_where_each_task_routes_now(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = split_app(project)
     default = all_families["default"]
     seed_before_the_split(default)
 
-    dry = as_json(ok("--celery-app", spec, "move", "default", "--json"))
+    dry = as_json(cli.ok("--celery-app", spec, "move", "default", "--json"))
     assert dry["dry_run"] and dry["moved"] == 4
     assert dry["tasks"][IBFT]["targets"] == {"onion-checkout": 2}
     assert dry["tasks"][IBFT]["routed_from"] == {"onion": 2}
@@ -288,11 +288,11 @@ def test_a_dlq_filled_before_the_split_drains_where_each_task_routes_now(
     assert dry["tasks"][ACTIVATE]["routed_from"] == {}
     assert dry["skipped_by_reason"] == {"unregistered": 1, "not-celery": 1}
     assert dry["tasks"][DELETED]["skipped"] == {"unregistered": 1}
-    text = ok("move", "default", "--celery-app", spec).output
+    text = cli.ok("move", "default", "--celery-app", spec).output
     assert "onion-checkout (by route; source onion)" in text
     assert "skipped as unregistered" in text and f"app {spec}" in text
 
-    done = as_json(ok("move", "default", "--celery-app", spec, "--execute", "--yes", "--json"))
+    done = as_json(cli.ok("move", "default", "--celery-app", spec, "--execute", "--yes", "--json"))
     assert done["moved"] == 4 and done["failed"] == 0 and done["in_doubt"] == 0
     assert bodies_in(default, all_families["checkout"].queue_url) == {IBFT: 2}
     assert bodies_in(default, all_families["progress"].queue_url) == {LESSON: 1}
@@ -302,28 +302,32 @@ def test_a_dlq_filled_before_the_split_drains_where_each_task_routes_now(
 
 
 def test_route_source_to_and_include_unregistered(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = split_app(project)
     default = all_families["default"]
     seed_before_the_split(default)
-    source = as_json(ok("move", "default", "--celery-app", spec, "--route", "source", "--json"))
+    source = as_json(cli.ok("move", "default", "--celery-app", spec, "--route", "source", "--json"))
     assert {t: c["targets"] for t, c in source["tasks"].items() if c["targets"]} == {
         IBFT: {"onion": 2},
         LESSON: {"onion": 1},
         ACTIVATE: {"onion": 1},
     }
-    to = as_json(ok("move", "default", "--celery-app", spec, "--to", "onion-checkout", "--json"))
+    to = as_json(
+        cli.ok("move", "default", "--celery-app", spec, "--to", "onion-checkout", "--json")
+    )
     assert to["tasks"][LESSON]["targets"] == {"onion-checkout": 1}
     assert to["tasks"][LESSON]["routed_from"] == {}
     everything = as_json(
-        ok("move", "default", "--celery-app", spec, "--include-unregistered", "--json")
+        cli.ok("move", "default", "--celery-app", spec, "--include-unregistered", "--json")
     )
     assert everything["tasks"][DELETED]["targets"] == {"onion": 1}
     assert everything["skipped_by_reason"] == {"not-celery": 1}, "bodies no Celery wrote"
 
 
-def test_config_routes_route_without_an_app(project: Path, all_families: dict[str, Family]) -> None:
+def test_config_routes_route_without_an_app(
+    project: Path, all_families: dict[str, Family], cli: Cli
+) -> None:
     config = project / "redrive.toml"
     config.write_text(
         textwrap.dedent(
@@ -342,22 +346,22 @@ def test_config_routes_route_without_an_app(project: Path, all_families: dict[st
         )
     )
     seed_before_the_split(all_families["default"])
-    dry = as_json(ok("move", "default", "--config", str(config), "--json"))
+    dry = as_json(cli.ok("move", "default", "--config", str(config), "--json"))
     assert dry["tasks"][IBFT]["targets"] == {"onion-checkout": 2}
     assert dry["tasks"][LESSON]["targets"] == {"onion-progress": 1}
     assert dry["tasks"][DELETED]["targets"] == {"onion": 1}, "no app: no registry"
-    seen = as_json(ok("inspect", "default", "--config", str(config), "--json"))
+    seen = as_json(cli.ok("inspect", "default", "--config", str(config), "--json"))
     routes_to = {g["task"]: g.get("routes_to") for g in seen["groups"]}
     assert routes_to[IBFT] == "onion-checkout" and routes_to[ACTIVATE] is None
 
 
-def test_route_task_without_routes_is_a_usage_error(family: Family) -> None:
-    result = run("move", "checkout", "--route", "task")
+def test_route_task_without_routes_is_a_usage_error(family: Family, cli: Cli) -> None:
+    result = cli("move", "checkout", "--route", "task")
     assert result.exit_code == 2 and "--route task needs" in result.output
 
 
 def test_a_route_to_a_queue_that_does_not_exist_keeps_the_task_as_no_target(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = write_app(
         project,
@@ -365,7 +369,7 @@ def test_a_route_to_a_queue_that_does_not_exist_keeps_the_task_as_no_target(
     )
     seed_before_the_split(all_families["default"])
     done = as_json(
-        ok("move", "default", "--celery-app", spec + ":app", "--execute", "--yes", "--json")
+        cli.ok("move", "default", "--celery-app", spec + ":app", "--execute", "--yes", "--json")
     )
     assert done["tasks"][ACTIVATE]["skipped"] == {"no-target": 1}
     assert "onion-gone" in done["no_target"]["reason"]
@@ -373,33 +377,33 @@ def test_a_route_to_a_queue_that_does_not_exist_keeps_the_task_as_no_target(
 
 
 def test_inspect_shows_routes_to_and_unregistered_per_group(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = split_app(project)
     seed_before_the_split(all_families["default"])
-    seen = as_json(ok("inspect", "default", "--celery-app", spec, "--json"))
+    seen = as_json(cli.ok("inspect", "default", "--celery-app", spec, "--json"))
     groups = {g["task"]: g for g in seen["groups"]}
     assert groups[IBFT]["routes_to"] == "onion-checkout" and groups[IBFT]["unregistered"] == 0
     assert groups[LESSON]["routes_to"] == "onion-progress"
     assert groups[ACTIVATE]["routes_to"] is None, "routes to its source: not shown"
     assert groups[DELETED]["unregistered"] == 1
     assert "unregistered" not in groups["(unknown)"], "a body no Celery wrote has no task"
-    text = ok("inspect", "default", "--celery-app", spec, "--wide").output
+    text = cli.ok("inspect", "default", "--celery-app", spec, "--wide").output
     header = next(line for line in text.splitlines() if line.startswith("task"))
     assert "routes to" in header and "unregistered" in header
     assert "move skips them as unregistered" in text
-    plain = ok("inspect", "default", "--wide").output
+    plain = cli.ok("inspect", "default", "--wide").output
     assert "routes to" not in plain, "without an app inspect is as it was"
 
 
 def test_a_plan_records_each_target_and_apply_sends_there(
-    project: Path, all_families: dict[str, Family], tmp_path: Path
+    project: Path, all_families: dict[str, Family], tmp_path: Path, cli: Cli
 ) -> None:
     spec = split_app(project)
     default = all_families["default"]
     seed_before_the_split(default)
     plan = tmp_path / "plan.json"
-    ok("move", "default", "--celery-app", spec, "--plan-out", str(plan))
+    cli.ok("move", "default", "--celery-app", spec, "--plan-out", str(plan))
     data = json.loads(plan.read_text())
     targets = {i["task"]: i["target"].rsplit("/", 1)[1] for i in data["items"]}
     assert targets[IBFT] == "onion-checkout" and targets[LESSON] == "onion-progress"
@@ -408,28 +412,30 @@ def test_a_plan_records_each_target_and_apply_sends_there(
     assert routed[IBFT] == "onion" and routed[LESSON] == "onion" and routed[ACTIVATE] is None
     # A plan made without routes applies as made, even with the app named now.
     plain = tmp_path / "plain.json"
-    ok("move", "default", "--plan-out", str(plain))
-    again = as_json(ok("apply", str(plain), "--celery-app", spec, "--json"))
+    cli.ok("move", "default", "--plan-out", str(plain))
+    again = as_json(cli.ok("apply", str(plain), "--celery-app", spec, "--json"))
     assert again["tasks"][IBFT]["targets"] == {"onion": 2}
     assert again["tasks"][DELETED]["skipped"] == {"unregistered": 1}, "no worker knows it"
     # Applied without the app: each message goes where the reviewed plan says.
-    done = as_json(ok("apply", str(plan), "--execute", "--yes", "--json"))
+    done = as_json(cli.ok("apply", str(plan), "--execute", "--yes", "--json"))
     assert done["moved"] == 4
     assert bodies_in(default, all_families["checkout"].queue_url) == {IBFT: 2}
     assert bodies_in(default, all_families["progress"].queue_url) == {LESSON: 1}
 
 
 def test_replay_without_to_sends_each_task_where_it_routes(
-    project: Path, all_families: dict[str, Family], tmp_path: Path
+    project: Path, all_families: dict[str, Family], tmp_path: Path, cli: Cli
 ) -> None:
     spec = split_app(project)
     default = all_families["default"]
     seed_before_the_split(default)
     archive = tmp_path / "default.jsonl.gz"
-    ok("archive", "default", "--archive", str(archive))
-    refused = run("replay", str(archive))
+    cli.ok("archive", "default", "--archive", str(archive))
+    refused = cli("replay", str(archive))
     assert refused.exit_code == 2 and "replay needs --to QUEUE" in refused.output
-    done = as_json(ok("replay", str(archive), "--celery-app", spec, "--execute", "--yes", "--json"))
+    done = as_json(
+        cli.ok("replay", str(archive), "--celery-app", spec, "--execute", "--yes", "--json")
+    )
     assert done["replayed"] == 4, done
     # A body no Celery wrote has no route, and an archive no source queue to go back to.
     assert done["skipped_by_reason"] == {"unregistered": 1, "no-target": 1}
@@ -510,14 +516,19 @@ MISCONFIGURED = {
 
 
 def test_a_well_configured_app_gives_no_finding(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = split_app(project, extra=GOOD)
-    report = as_json(ok("check", "--celery", "--celery-app", spec, "--json"))
+    report = as_json(cli.ok("check", "--celery", "--celery-app", spec, "--json"))
     assert report["findings"] == []
-    assert "and the Celery app's settings" in ok("check", "--celery", "--celery-app", spec).output
+    assert (
+        "and the Celery app's settings" in cli.ok("check", "--celery", "--celery-app", spec).output
+    )
     sandbox_app = "redrive.sandbox.celery_app:app"
-    assert as_json(ok("check", "--celery", "--celery-app", sandbox_app, "--json"))["findings"] == []
+    assert (
+        as_json(cli.ok("check", "--celery", "--celery-app", sandbox_app, "--json"))["findings"]
+        == []
+    )
 
 
 @pytest.mark.parametrize("case", list(MISCONFIGURED), ids=list(MISCONFIGURED))
@@ -534,25 +545,25 @@ def test_each_misconfiguration_is_a_finding(case: str, project: Path) -> None:
 
 
 def test_check_celery_exits_1_with_findings_in_json_and_the_table(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
     spec = split_app(project, extra=GOOD + "app.conf.task_acks_late = False")
-    result = run("check", "--celery", "--celery-app", spec, "--json")
+    result = cli("check", "--celery", "--celery-app", spec, "--json")
     assert result.exit_code == 1, result.output
     (finding,) = as_json(result)["findings"]
     assert finding["setting"] == "task_acks_late" and finding["value"] == "False"
     assert "never reaches the DLQ" in finding["problem"]
-    text = run("check", "--celery", "--celery-app", spec, "--wide")
+    text = cli("check", "--celery", "--celery-app", spec, "--wide")
     assert text.exit_code == 1 and "task_acks_late = False" in text.output
 
 
 def test_check_celery_needs_an_app_and_plain_check_ignores_the_settings(
-    project: Path, all_families: dict[str, Family]
+    project: Path, all_families: dict[str, Family], cli: Cli
 ) -> None:
-    result = run("check", "--celery")
+    result = cli("check", "--celery")
     assert result.exit_code == 2 and "check --celery needs the Celery app" in result.output
     spec = split_app(project, extra="app.conf.task_acks_late = False")
-    assert as_json(ok("check", "--celery-app", spec, "--json"))["findings"] == []
+    assert as_json(cli.ok("check", "--celery-app", spec, "--json"))["findings"] == []
 
 
 # -- 5. the sandbox -----------------------------------------------------------------------------
@@ -581,26 +592,26 @@ def test_the_sandbox_seeds_the_default_dlq_as_the_split_found_it() -> None:
     assert registry.is_unregistered(DELETED) and not registry.is_unregistered(IBFT)
 
 
-def test_the_new_options_are_in_help() -> None:
-    assert "--celery-app" in ok("--help").output
+def test_the_new_options_are_in_help(cli: Cli) -> None:
+    assert "--celery-app" in cli.ok("--help").output
     for command in ("move", "replay", "apply"):
-        text = ok(command, "--help").output
+        text = cli.ok(command, "--help").output
         for option in ("--route", "--include-unregistered", "--celery-app"):
             assert option in text, (command, option)
-    assert "--celery" in ok("check", "--help").output
-    assert "--celery-app" in ok("inspect", "--help").output
+    assert "--celery" in cli.ok("check", "--help").output
+    assert "--celery-app" in cli.ok("inspect", "--help").output
 
 
-def test_native_refuses_to_ignore_the_routes(project: Path, family: Family) -> None:
+def test_native_refuses_to_ignore_the_routes(project: Path, family: Family, cli: Cli) -> None:
     spec = split_app(project)
     for args in (("--route", "task"), ("--include-unregistered",), ("--celery-app", spec)):
-        result = run("move", "checkout", "--native", *args)
+        result = cli("move", "checkout", "--native", *args)
         assert result.exit_code == 2 and "--native" in result.output, (args, result.output)
-    assert "--route source" in run("move", "checkout", "--native", "--celery-app", spec).output
+    assert "--route source" in cli("move", "checkout", "--native", "--celery-app", spec).output
     # Accepted (in-process moto has no message move tasks, so it goes no further here);
     # global options after the command were refused with --native before (click's UNSET).
     for args in (("--celery-app", spec, "--route", "source"), ("--region", "us-east-1")):
-        result = run("move", "checkout", "--native", *args)
+        result = cli("move", "checkout", "--native", *args)
         assert result.exit_code != 2 and "--native" not in result.output, result.output
 
 
