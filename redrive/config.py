@@ -29,6 +29,7 @@ DLQ_SUFFIX = "-dlq"
 
 _FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_retention"}
 _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
+_CELERY_KEYS = {"result_backend"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,8 @@ class Layout:
     """Where the layout came from: ``built-in`` or the config file's path."""
     prefix: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    result_backend: str | None = None
+    """``[celery] result_backend``: Celery's result backend URL (read-only)."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -91,11 +94,11 @@ def parse_config_file(path: Path) -> Layout:
 
 
 def parse_config(data: Mapping[str, Any], source: str) -> Layout:
-    unknown = set(data) - {"defaults", "families"}
+    unknown = set(data) - {"defaults", "families", "celery"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
-            f"{source}: unknown key '{key}' (expected [defaults] and [families.NAME])"
+            f"{source}: unknown key '{key}' (expected [defaults], [families.NAME] and [celery])"
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
@@ -136,7 +139,14 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         )
     families.sort(key=lambda f: f.priority)
     prefix = _opt_str(defaults, "prefix", "defaults", source)
-    return Layout(families=tuple(families), source=source, prefix=prefix)
+    celery = _table(data.get("celery", {}), "celery", source)
+    _check_keys(celery, _CELERY_KEYS, "celery", source)
+    return Layout(
+        families=tuple(families),
+        source=source,
+        prefix=prefix,
+        result_backend=_opt_str(celery, "result_backend", "celery", source),
+    )
 
 
 def _table(value: Any, where: str, source: str) -> dict[str, Any]:

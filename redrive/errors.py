@@ -49,3 +49,7 @@ class AwsUnavailable(AwsError):
 class SendInDoubt(AwsError):
     """A send whose request may or may not have reached SQS (timeout, dropped connection,
     server error). Retrying it could send a task twice, so it is never retried blindly."""
+
+
+class ResultBackendError(RedriveError):
+    """Celery's result backend cannot be opened or read (bad URL, unreachable, too slow)."""

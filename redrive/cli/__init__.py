@@ -40,6 +40,14 @@ from redrive.cli.options import add_global_options, endpoint_url
     type=click.Path(dir_okay=False),
     help="TOML file with the queue families (default: REDRIVE_CONFIG, else the built-in layout).",
 )
+@click.option(
+    "--result-backend",
+    metavar="URL",
+    envvar="REDRIVE_RESULT_BACKEND",
+    help="Celery's result backend, read-only: why tasks failed, and which already "
+    "succeeded (redis://..., db+sqlite:///...; env REDRIVE_RESULT_BACKEND; "
+    "config [celery] result_backend).",
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -48,6 +56,7 @@ def cli(
     region: str | None,
     profile: str | None,
     config: str | None,
+    result_backend: str | None,
 ) -> None:
     """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
 
@@ -56,6 +65,7 @@ def cli(
     are dry runs unless given --execute.
     """
     ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config)
+    ctx.obj.result_backend = result_backend or None
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import click
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs, queue_name
+from redrive.celery.results import ResultLookup, open_results
 from redrive.cli.console import ARGV, command_line, warn
 from redrive.config import Layout, load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
@@ -43,6 +44,22 @@ class Context:
 
     _spare: dict[str | None, Sqs] = field(default_factory=dict)
     _receive_log: ReceiveLog | None = None
+    result_backend: str | None = None
+    """--result-backend (or REDRIVE_RESULT_BACKEND); else the config's [celery] one."""
+    _results: ResultLookup | None = None
+
+    def results(self, *, probe: bool = True) -> ResultLookup | None:
+        """Celery's result backend, opened once per command (read-only), or None when
+        none is configured. A bad URL is an error; so is a backend that does not answer,
+        with ``probe`` (a move must know before it sends anything; inspect and report say
+        so and go on)."""
+        url = self.result_backend or self.layout.result_backend
+        if not url:
+            return None
+        if self._results is None:
+            self._results = open_results(url, probe=probe)
+            click.get_current_context().call_on_close(self._results.close)
+        return self._results
 
     def receive_log(self) -> ReceiveLog:
         """Where redrive counts its own receives (redrive.dlq.receive_log), opened once per command

@@ -21,6 +21,7 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
+from redrive.errors import UsageProblem
 from redrive.ledger import default_ledger_path
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
@@ -62,6 +63,13 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 )
 @workers_doing("receive")
 @lease_option
+@click.option(
+    "--group-by",
+    type=click.Choice(["task", "exception"]),
+    default="task",
+    show_default=True,
+    help="exception: a group per task and exception type (needs --result-backend).",
+)
 @wide_option
 @pass_ctx
 def inspect(
@@ -72,6 +80,7 @@ def inspect(
     show_args: bool,
     workers: int,
     lease: int,
+    group_by: str,
     wide: bool,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
@@ -92,6 +101,12 @@ def inspect(
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
+            results = ctx.results(probe=False)
+            if group_by == "exception" and results is None:
+                raise UsageProblem(
+                    "--group-by exception reads Celery's result backend: give "
+                    "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
+                )
             result = inspect_dlq(
                 dlq,
                 ctx.sqs_of(dlq),
@@ -105,6 +120,8 @@ def inspect(
                 ),
                 lease=lease,
                 receive_log=ctx.receive_log(),
+                results=results,
+                group_by=group_by if group_by != "task" else None,
             )
         progress.done()
     # An archive's damage: what read cleanly is shown, then it is an error.
@@ -117,10 +134,15 @@ def inspect(
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
+    backend_problem = getattr(result, "result_backend_problem", None)
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.incomplete:
         sys.exit(EXIT_ATTENTION)
+    if backend_problem:
+        sys.exit(EXIT_ERROR)
 
 
 def _is_archive(target: str) -> bool:
@@ -189,6 +211,7 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            results=ctx.results(probe=False),
         )
     progress.done()
     changes = None
@@ -232,6 +255,9 @@ def report(
         click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
+    backend_problem = result.result_backend_problem
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
     if fail_on_messages and alert_state:
@@ -251,7 +277,7 @@ def report(
             sys.exit(EXIT_ERROR)
     elif fail_on_messages and result.total > 0:
         sys.exit(EXIT_ERROR)
-    if result.errors:
+    if result.errors or backend_problem:
         sys.exit(EXIT_ERROR)
 
 

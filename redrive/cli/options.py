@@ -302,6 +302,8 @@ def _global_options() -> list[click.Option]:
                 return
             if attribute == "config":
                 state.config, state._layout = value, None
+            elif attribute == "result_backend":
+                state.result_backend = value or None
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -325,6 +327,12 @@ def _global_options() -> list[click.Option]:
             type=click.Path(dir_okay=False),
             expose_value=False,
             callback=setter("config"),
+        ),
+        click.Option(
+            ["--result-backend"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("result_backend"),
         ),
     ]
 

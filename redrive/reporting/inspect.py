@@ -12,6 +12,13 @@ from typing import Any
 
 from redrive import attributes
 from redrive.aws.sqs import Sqs
+from redrive.celery.results import (
+    BatchReader,
+    ResultCounts,
+    ResultLookup,
+    TaskRecord,
+    exception_group,
+)
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
@@ -51,6 +58,10 @@ class TaskGroup:
     sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
+    results: ResultCounts | None = None
+    """What Celery's result backend says of the group's task ids (--result-backend)."""
+    exception: str | None = None
+    """The exception type the group holds, with --group-by exception."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -73,6 +84,10 @@ class TaskGroup:
             data["notes"] = dict(self.notes)
         if self.sample_args:
             data["sample_args"] = self.sample_args
+        if self.results is not None:
+            data.update(self.results.to_json())
+        if self.exception is not None:
+            data["exception"] = self.exception
         return data
 
 
@@ -86,6 +101,10 @@ class Grouping:
     max_redrives: int = DEFAULT_MAX_REDRIVES
     groups: dict[str, TaskGroup] = field(default_factory=dict)
     total: int = 0
+    with_results: bool = False
+    """Whether records are read (--result-backend): groups then count their states."""
+    group_by: str | None = None
+    """``exception``: a group per task and exception type."""
     now_utc: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -102,10 +121,9 @@ class Grouping:
         redrive_count: int,
         body: str | None = None,
         redrive_receives: int = 0,
+        record: TaskRecord | None = None,
     ) -> None:
-        group = self.groups.get(info.task)
-        if group is None:
-            group = self.groups[info.task] = TaskGroup(task=info.task)
+        group = self._group(info, record)
         self.total += 1
         group.count += 1
         if sent_at is not None:
@@ -136,6 +154,18 @@ class Grouping:
                 group.sample_task_ids.append(info.task_id)
             if self.show_args:
                 group.sample_args.append(_sample(info, body))
+
+    def _group(self, info: TaskInfo, record: TaskRecord | None) -> TaskGroup:
+        exception = exception_group(record) if self.group_by == "exception" else None
+        key = info.task if exception is None else f"{info.task}\0{exception}"
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = TaskGroup(task=info.task, exception=exception)
+            if self.with_results:
+                group.results = ResultCounts()
+        if group.results is not None and record is not None:
+            group.results.add(record, show_args=self.show_args)
+        return group
 
     def sorted_groups(self) -> list[TaskGroup]:
         return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
@@ -178,6 +208,10 @@ class InspectResult:
     fifo: bool = False
     receive_log_problem: str | None = None
     """Why redrive's own receives could not be told apart (then they are in the counts)."""
+    result_backend: str | None = None
+    """The result backend read (password masked), with --result-backend."""
+    result_backend_problem: str | None = None
+    """Why the backend stopped answering: the groups then count only what it said before."""
 
     @property
     def incomplete(self) -> bool:
@@ -227,7 +261,14 @@ class InspectResult:
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
             "receive_log_problem": self.receive_log_problem,
-        }
+        } | (
+            {
+                "result_backend": self.result_backend,
+                "result_backend_problem": self.result_backend_problem,
+            }
+            if self.result_backend is not None
+            else {}
+        )
 
 
 def inspect_dlq(
@@ -244,13 +285,17 @@ def inspect_dlq(
     on_depth: Callable[[int], None] | None = None,
     lease: int = DEFAULT_LEASE,
     receive_log: ReceiveLog | None = None,
+    results: ResultLookup | None = None,
+    group_by: str | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
 
     ``on_depth`` hears SQS's count of visible messages before the scan starts (a progress
     display's total). ``lease``: how long a killed inspect hides what it held (holds are
     renewed while it runs). ``receive_log``: where redrive counts its own receives, so that
-    the receive counts shown leave them out.
+    the receive counts shown leave them out. ``results``: Celery's result backend, read
+    once per received batch (a backend that fails is said and the scan goes on without it);
+    ``group_by="exception"`` splits each task's group by the exception its record holds.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
@@ -278,13 +323,18 @@ def inspect_dlq(
         retention_seconds=target.dlq.retention_seconds,
         show_args=show_args,
         max_redrives=max_redrives,
+        with_results=results is not None,
+        group_by=group_by,
     )
+    reader = BatchReader(results) if results is not None else None
     lock = threading.Lock()
 
     def work(worker_sqs: Sqs) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
                 infos = [(m, decode(m.body)) for m in batch]
+                # One lookup per batch, outside the lock: other workers go on meanwhile.
+                records = reader.read([i.task_id for _, i in infos]) if reader else None
                 with lock:
                     for message, info in infos:
                         grouping.add(
@@ -295,6 +345,7 @@ def inspect_dlq(
                             redrive_count=attributes.redrive_count(message.message_attributes),
                             body=message.body,
                             redrive_receives=message.redrive_receives,
+                            record=records.get(info.task_id) if records and info.task_id else None,
                         )
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
@@ -308,6 +359,10 @@ def inspect_dlq(
         scan.release_all(sqs)
         scan.close()
     interrupted = scan.stop.is_set()
+    if reader is not None and reader.problem is not None:
+        # Counts of part of the scan would read as the whole: none at all, and say why.
+        for group in grouping.groups.values():
+            group.results = None
     return InspectResult(
         label=target.label,
         dlq=target.dlq.name,
@@ -326,4 +381,6 @@ def inspect_dlq(
         released=scan.stats.released,
         fifo=target.dlq.fifo,
         receive_log_problem=receive_log.problem if receive_log is not None else None,
+        result_backend=results.location if results is not None else None,
+        result_backend_problem=reader.problem if reader is not None else None,
     )

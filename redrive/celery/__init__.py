@@ -1,0 +1,1 @@
+"""Celery integrations (the ``celery`` extra): each module imports Celery only when used."""
