@@ -4,6 +4,7 @@ purge plan)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import click
@@ -34,6 +35,7 @@ from redrive.cli.options import (
     complete_file,
     complete_queue,
     execute_options,
+    include_succeeded_option,
     json_option,
     lease_option,
     ledger_option,
@@ -131,6 +133,7 @@ def run_move(
     if plan_out and options.execute:
         raise click.UsageError("--plan-out records a dry run: run without --execute")
     with core_errors():
+        options = with_results(ctx, options)
         to = options.to
         destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
         confirm(
@@ -197,6 +200,14 @@ def run_move(
     )
 
 
+def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
+    """The options with Celery's result backend, checked to answer before anything is
+    sent (none is read with --include-succeeded)."""
+    if options.include_succeeded:
+        return options
+    return replace(options, results=ctx.results())
+
+
 def engine_options(
     kwargs: dict[str, Any],
     selection: Selection,
@@ -218,6 +229,7 @@ def engine_options(
         include_unknown=kwargs["include_unknown"],
         to_celery_queue=to_celery_queue,
         ambiguous=kwargs["ambiguous"],
+        include_succeeded=kwargs["include_succeeded"],
     )
 
 
@@ -230,6 +242,7 @@ def move_plan_options(options: Any) -> dict[str, Any]:
         "in_doubt": options.in_doubt,
         "ambiguous": options.ambiguous,
         "lease": options.lease,
+        "include_succeeded": options.include_succeeded,
     }
 
 
@@ -287,7 +300,10 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     source,
                     to,
                     ledger,
-                    engine_options(kwargs, selection, to_celery_queue=ctx.is_celery_queue(to)),
+                    with_results(
+                        ctx,
+                        engine_options(kwargs, selection, to_celery_queue=ctx.is_celery_queue(to)),
+                    ),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
                     command=command_line(),
@@ -389,6 +405,7 @@ class ReplayView:
     type=click.Choice(IN_DOUBT_POLICIES),
     help="Override the plan's in-doubt policy (move plans).",
 )
+@include_succeeded_option
 @workers_option
 @json_option
 @pass_ctx
@@ -400,6 +417,7 @@ def apply(
     yes: bool,
     ledger: str | None,
     in_doubt: str | None,
+    include_succeeded: bool,
     workers: int,
     as_json: bool,
 ) -> None:
@@ -439,6 +457,7 @@ def apply(
                 include_unknown=bool(opts.get("include_unknown", False)),
                 to_celery_queue=to is None or ctx.is_celery_queue(to),
                 ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
+                include_succeeded=include_succeeded or bool(opts.get("include_succeeded")),
             )
     if plan.kind == "move":
         run_move(

@@ -96,6 +96,13 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
     refuse_native_conflicts(click.get_current_context())
+    if ctx.result_backend or ctx.layout.result_backend:
+        # SQS moves every message: it cannot leave out tasks the backend says succeeded.
+        raise click.UsageError(
+            "--native cannot skip tasks that already succeeded (a result backend is "
+            "configured): drop --native, or drop --result-backend / REDRIVE_RESULT_BACKEND "
+            "to let SQS move them all"
+        )
     execute: bool = kwargs["execute"]
     as_json: bool = kwargs["as_json"]
     rate: float | None = kwargs["rate"]

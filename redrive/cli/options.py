@@ -223,7 +223,17 @@ def lease_option(f: F) -> F:
 # -- move -------------------------------------------------------------------------------------
 
 
+def include_succeeded_option(f: F) -> F:
+    return click.option(
+        "--include-succeeded",
+        is_flag=True,
+        help="Also send tasks whose record in the result backend (--result-backend) is "
+        "SUCCESS (skipped by default: already-succeeded).",
+    )(f)
+
+
 def move_options(f: F) -> F:
+    f = include_succeeded_option(f)
     f = click.option(
         "--in-doubt",
         type=click.Choice(IN_DOUBT_POLICIES),

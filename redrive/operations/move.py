@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+from redrive.celery.results import ALREADY_SUCCEEDED, ResultLookup, succeeded_ids
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
@@ -119,6 +120,11 @@ class MoveOptions:
     ambiguous: AmbiguousPolicy = "hold"
     """What to do with a message that shares the key of a task already sent when nothing
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
+    results: ResultLookup | None = None
+    """Celery's result backend: a task whose record is SUCCESS is skipped
+    (``already-succeeded``; see :mod:`redrive.celery.results`)."""
+    include_succeeded: bool = False
+    """Send such tasks all the same (and do not consult the backend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +408,9 @@ class MoveEngine:
         self.run_info = dict(run_info or {})
         self.pipelined = pipelined
         self.receive_log = receive_log
+        # Celery's result backend (--result-backend): a task that already succeeded is
+        # skipped unless --include-succeeded.
+        self.results = None if options.include_succeeded else options.results
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -585,6 +594,9 @@ class MoveEngine:
         now_dt = datetime.fromtimestamp(now, UTC)
         selection = self.options.selection
         decoded = [(message, decode(message.body)) for message in batch]
+        # redrive.celery.results: one lookup per batch; a backend that cannot answer stops
+        # the run here, before this batch is claimed or sent.
+        succeeded = succeeded_ids(self.results, (info.task_id for _, info in decoded))
         if self._sightings is not None:
             with self._lock:
                 for message, info in decoded:
@@ -600,6 +612,8 @@ class MoveEngine:
             skip: str | None = None
             if not self.options.include_expired and info.is_expired(now_dt):
                 skip = EXPIRED
+            elif info.task_id in succeeded:  # redrive.celery.results
+                skip = ALREADY_SUCCEEDED
             elif (route := self._route(sqs, message)) is None:
                 skip = NO_TARGET
             elif not info.is_celery and not self.options.include_unknown and self._to_celery:

@@ -123,6 +123,14 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
             "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
             "to send them anyway."
         )
+    if result.skipped.get("already-succeeded"):
+        lines.append("")
+        lines.append(
+            f"{result.skipped['already-succeeded']} message(s) skipped as already-succeeded: "
+            "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
+            "running them again would run the task twice. Purge them (archived), or pass "
+            "--include-succeeded to send them anyway."
+        )
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb))
     if result.still_hidden:
