@@ -38,7 +38,7 @@ NATIVE_POLL_SECONDS = 5.0
 
 # Options that mean something to ``move --native``; any other one given on the command line
 # is refused, so that no filter or safety option is silently ignored.
-_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"}
+_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json", "result_backend"}
 
 
 _NATIVE_REFUSALS = (
