@@ -416,3 +416,60 @@ def test_config_celery_table() -> None:
     assert layout.result_backend == "redis://x"
     with pytest.raises(Exception, match=r"celery\.broker"):
         parse_config({"families": {"a": {"queue": "q"}}, "celery": {"broker": "x"}}, "f.toml")
+
+
+# -- in doubt, resolved by evidence ---------------------------------------------------------
+
+
+class Killed(BaseException):
+    """A simulated SIGKILL between the send and its record: the keys stay CLAIMED."""
+
+
+def crash_after_sending(step: str) -> None:
+    if step == "sent":
+        raise Killed(step)
+
+
+@pytest.mark.parametrize(("claim_offset", "proven"), [(-3600.0, 6), (3600.0, 0)])
+def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
+    family: Family,
+    target: DlqTarget,
+    lookup: ResultLookup,
+    tmp_path: Path,
+    claim_offset: float,
+    proven: int,
+) -> None:
+    """The claims are dated ``claim_offset`` from now (the ledger's clock), the worker's
+    records minutes ago: an hour before the claim they prove nothing, an hour after they
+    prove delivery (for dated records only: STARTED and PENDING never do)."""
+    from redrive.ledger.sqlite import SqliteLedger
+
+    dead_letter_jobs(family)
+    path = tmp_path / "ledger.sqlite3"
+    ledger = SqliteLedger(path, clock=lambda: time.time() + claim_offset)
+    engine = MoveEngine(
+        target,
+        ledger,
+        MoveOptions(execute=True, lease=1, results=lookup),
+        sqs_factory=lambda: Sqs(family.client),
+        fault=crash_after_sending,
+    )
+    with pytest.raises(Killed):
+        engine.run()
+    ledger.close()
+    sent = queued_task_ids(family)  # the workers took them
+    assert len(sent) == len(ALL_JOBS) - 2
+    time.sleep(1.2)  # the killed run's lease runs out
+
+    held = run_move(family, target, lookup, tmp_path, execute=True, in_doubt="hold")
+    assert held.in_doubt == len(sent) and held.duplicates == 0
+    time.sleep(1.2)
+    auto = run_move(family, target, lookup, tmp_path, execute=True, in_doubt="auto")
+    assert auto.duplicates == proven
+    assert auto.in_doubt == len(sent) - proven
+    assert auto.moved == 0
+    assert queued_task_ids(family) == []  # nothing sent again
+    assert family.depth()[0] + family.depth()[1] == len(ALL_JOBS) - proven
+    if proven:
+        still = {m.task_id for m in auto.in_doubt_messages}
+        assert still == {"email-vanish-0", "email-never-0"}  # STARTED, PENDING: no proof

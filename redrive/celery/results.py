@@ -421,3 +421,49 @@ class BatchReader:
         except ResultBackendError as exc:
             self.problem = str(exc)
             return None
+
+
+# How much later than redrive's claim a record must be dated to prove the task ran after it:
+# the worker's clock and redrive's may differ by this much (NTP keeps them within
+# milliseconds; a DLQ copy's own last failure is older than the claim by at least the
+# queue's visibility timeout).
+CLOCK_MARGIN = 5.0
+
+
+def proves_delivered(record: TaskRecord | None, claimed_at: float) -> bool:
+    """Whether ``record`` proves a worker received the task after redrive claimed its send:
+    a ready record (SUCCESS, FAILURE, REVOKED) dated more than :data:`CLOCK_MARGIN` after
+    the claim. Nothing else is proof: STARTED and RETRY records carry no date, and no
+    record at all says nothing."""
+    return (
+        record is not None
+        and record.date_done is not None
+        and record.date_done > claimed_at + CLOCK_MARGIN
+    )
+
+
+def delivered_after_claim(
+    results: ResultLookup | None,
+    candidates: Sequence[Any],
+    entries: Mapping[str, Any],
+    run_id: str | None,
+) -> set[str]:
+    """``--in-doubt auto``: the keys, among candidates claimed by another run and never
+    confirmed sent, whose task's record proves it was delivered (:func:`proves_delivered`).
+    One lookup for the batch, and only when it holds such a key."""
+    claimed = {
+        c.key: (c.info.task_id, entries[c.key].updated_at)
+        for c in candidates
+        if c.info.task_id
+        and (entry := entries.get(c.key)) is not None
+        and entry.state.value == "claimed"
+        and entry.run_id != run_id
+    }
+    if results is None or not claimed:
+        return set()
+    records = results.records([task_id for task_id, _ in claimed.values()])
+    return {
+        key
+        for key, (task_id, claimed_at) in claimed.items()
+        if proves_delivered(records.get(task_id), claimed_at)
+    }

@@ -202,10 +202,16 @@ def run_move(
 
 def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
     """The options with Celery's result backend, checked to answer before anything is
-    sent (none is read with --include-succeeded)."""
-    if options.include_succeeded:
+    sent (none is read with --include-succeeded, unless --in-doubt auto)."""
+    if options.include_succeeded and options.in_doubt != "auto":
         return options
-    return replace(options, results=ctx.results())
+    results = ctx.results()
+    if results is None and options.in_doubt == "auto":
+        raise UsageProblem(
+            "--in-doubt auto consults Celery's result backend: give --result-backend URL "
+            "(or REDRIVE_RESULT_BACKEND)"
+        )
+    return replace(options, results=results)
 
 
 def engine_options(

@@ -239,7 +239,8 @@ def move_options(f: F) -> F:
         type=click.Choice(IN_DOUBT_POLICIES),
         default="hold",
         show_default=True,
-        help="What to do with messages whose earlier send may or may not have happened.",
+        help="What to do with messages whose earlier send may or may not have happened "
+        "(auto: delete those Celery's result backend proves delivered, hold the rest).",
     )(f)
     f = click.option(
         "--max-redrives",
