@@ -18,9 +18,10 @@ Celery itself is imported only by :func:`open_results`: redrive works without it
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -467,3 +468,42 @@ def delivered_after_claim(
         for key, (task_id, claimed_at) in claimed.items()
         if proves_delivered(records.get(task_id), claimed_at)
     }
+
+
+class LookupsAhead:
+    """Each batch's lookup, and what is done with its records, on a thread of its own, at
+    most ``depth`` batches behind the scan: the scan's receives never wait for the backend
+    (a read-only scan is bound by its round trips, and this one overlaps them)."""
+
+    def __init__(self, reader: BatchReader, depth: int = 8) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.reader = reader
+        self._room = threading.BoundedSemaphore(depth)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="redrive-results")
+        self._futures: list[Any] = []
+
+    def submit(
+        self,
+        task_ids: Sequence[str | None],
+        then: Callable[[dict[str, TaskRecord] | None], None],
+    ) -> None:
+        self._room.acquire()
+
+        def run() -> None:
+            try:
+                then(self.reader.read(task_ids))
+            finally:
+                self._room.release()
+
+        self._futures = [f for f in self._futures if not f.done() or f.exception()]
+        self._futures.append(self._pool.submit(run))
+
+    def finish(self) -> None:
+        """Wait for every batch submitted; an error in one is raised here."""
+        for future in self._futures:
+            future.result()
+        self._futures.clear()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -11,9 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.aws.sqs import Sqs
+from redrive.aws.sqs import Message, Sqs
 from redrive.celery.results import (
     BatchReader,
+    LookupsAhead,
     ResultCounts,
     ResultLookup,
     TaskRecord,
@@ -326,27 +328,19 @@ def inspect_dlq(
         with_results=results is not None,
         group_by=group_by,
     )
-    reader = BatchReader(results) if results is not None else None
+    ahead = LookupsAhead(BatchReader(results)) if results is not None else None
     lock = threading.Lock()
 
     def work(worker_sqs: Sqs) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
                 infos = [(m, decode(m.body)) for m in batch]
-                # One lookup per batch, outside the lock: other workers go on meanwhile.
-                records = reader.read([i.task_id for _, i in infos]) if reader else None
-                with lock:
-                    for message, info in infos:
-                        grouping.add(
-                            info,
-                            message_id=message.message_id,
-                            sent_at=message.sent_timestamp,
-                            receive_count=message.receive_count,
-                            redrive_count=attributes.redrive_count(message.message_attributes),
-                            body=message.body,
-                            redrive_receives=message.redrive_receives,
-                            record=records.get(info.task_id) if records and info.task_id else None,
-                        )
+                if ahead is None:
+                    _count(grouping, lock, infos, None)
+                else:
+                    # One lookup per batch, on the lookups' own thread: receives go on.
+                    ids = [i.task_id for _, i in infos]
+                    ahead.submit(ids, functools.partial(_count, grouping, lock, infos))
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
                 # instead of leaving it hidden for the whole lease.
@@ -354,12 +348,17 @@ def inspect_dlq(
 
     try:
         run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
+        if ahead is not None:
+            ahead.finish()
     finally:
+        if ahead is not None:
+            ahead.close()
         # Ctrl-C or an error: what was received goes back all the same.
         scan.release_all(sqs)
         scan.close()
     interrupted = scan.stop.is_set()
-    if reader is not None and reader.problem is not None:
+    problem = ahead.reader.problem if ahead is not None else None
+    if problem is not None:
         # Counts of part of the scan would read as the whole: none at all, and say why.
         for group in grouping.groups.values():
             group.results = None
@@ -382,5 +381,25 @@ def inspect_dlq(
         fifo=target.dlq.fifo,
         receive_log_problem=receive_log.problem if receive_log is not None else None,
         result_backend=results.location if results is not None else None,
-        result_backend_problem=reader.problem if reader is not None else None,
+        result_backend_problem=problem,
     )
+
+
+def _count(
+    grouping: Grouping,
+    lock: threading.Lock,
+    infos: list[tuple[Message, TaskInfo]],
+    records: dict[str, TaskRecord] | None,
+) -> None:
+    with lock:
+        for message, info in infos:
+            grouping.add(
+                info,
+                message_id=message.message_id,
+                sent_at=message.sent_timestamp,
+                receive_count=message.receive_count,
+                redrive_count=attributes.redrive_count(message.message_attributes),
+                body=message.body,
+                redrive_receives=message.redrive_receives,
+                record=records.get(info.task_id) if records and info.task_id else None,
+            )
