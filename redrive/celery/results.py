@@ -18,6 +18,8 @@ Celery itself is imported only by :func:`open_results`: redrive works without it
 from __future__ import annotations
 
 import contextlib
+import json
+import queue
 import threading
 import time
 from collections import Counter
@@ -189,7 +191,7 @@ class _KeyValueLookup:
         if value is None:
             return NO_RECORD
         try:
-            meta = self.backend.decode(value)
+            meta = decode_stored(self.backend, value, self.backend.decode)
         except Exception as exc:
             return TaskRecord(UNREADABLE, exception=type(exc).__name__)
         return record_from_meta(meta)
@@ -246,7 +248,7 @@ class _DatabaseLookup:
     def _record(self, status: str, result: Any, date_done: Any) -> TaskRecord:
         decode = getattr(self.backend, "_decode_stored_result", self.backend.decode)
         try:
-            value = decode(result) if result is not None else None
+            value = decode_stored(self.backend, result, decode) if result is not None else None
         except Exception as exc:
             return TaskRecord(UNREADABLE, exception=type(exc).__name__)
         return record_from_meta({"status": status, "result": value, "date_done": date_done})
@@ -294,6 +296,18 @@ class _OneByOneLookup:
 
     def close(self) -> None:
         _close_backend(self.backend)
+
+
+def decode_stored(backend: Any, payload: Any, decode: Callable[[Any], Any]) -> Any:
+    """A stored record, decoded. The JSON Celery writes by default (uncompressed) is read
+    with the standard library's parser, which is several times cheaper than kombu's
+    registry for what redrive reads (status, exception type and message, date); every other
+    serializer or a compressed payload goes through Celery's own ``decode``."""
+    if backend.serializer == "json":
+        raw = payload if isinstance(payload, bytes | str) else None
+        if raw is not None and raw[:1] in (b"{", "{", b"[", "["):
+            return json.loads(raw)
+    return decode(payload)
 
 
 def _close_backend(backend: Any) -> None:
@@ -472,16 +486,20 @@ def delivered_after_claim(
 
 class LookupsAhead:
     """Each batch's lookup, and what is done with its records, on a thread of its own, at
-    most ``depth`` batches behind the scan: the scan's receives never wait for the backend
-    (a read-only scan is bound by its round trips, and this one overlaps them)."""
+    most ``depth`` batches behind the scan: the scan's receives never wait for the backend.
+    Batches that wait for the thread are looked up together (up to ``coalesce`` of them in
+    one round trip), so a backend slower than the scan costs fewer, larger lookups."""
 
-    def __init__(self, reader: BatchReader, depth: int = 8) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
+    def __init__(self, reader: BatchReader, depth: int = 64, coalesce: int = 50) -> None:
         self.reader = reader
+        self.coalesce = coalesce
         self._room = threading.BoundedSemaphore(depth)
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="redrive-results")
-        self._futures: list[Any] = []
+        self._queue: queue.SimpleQueue[tuple[list[str], Callable[..., None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="redrive-results", daemon=True)
+        self._thread.start()
 
     def submit(
         self,
@@ -489,21 +507,38 @@ class LookupsAhead:
         then: Callable[[dict[str, TaskRecord] | None], None],
     ) -> None:
         self._room.acquire()
+        self._queue.put(([i for i in task_ids if i], then))
 
-        def run() -> None:
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            items = [item]
+            while len(items) < self.coalesce:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)  # seen again by the outer loop: the end
+                    break
+                items.append(more)
             try:
-                then(self.reader.read(task_ids))
+                if self._error is None:
+                    records = self.reader.read([i for ids, _ in items for i in ids])
+                    for _, then in items:
+                        then(records)
+            except BaseException as exc:  # raised in the scan's thread, by finish()
+                self._error = exc
             finally:
-                self._room.release()
-
-        self._futures = [f for f in self._futures if not f.done() or f.exception()]
-        self._futures.append(self._pool.submit(run))
+                for _ in items:
+                    self._room.release()
 
     def finish(self) -> None:
         """Wait for every batch submitted; an error in one is raised here."""
-        for future in self._futures:
-            future.result()
-        self._futures.clear()
+        self.close()
+        if self._error is not None:
+            raise self._error
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
