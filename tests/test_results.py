@@ -473,3 +473,41 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     if proven:
         still = {m.task_id for m in auto.in_doubt_messages}
         assert still == {"email-vanish-0", "email-never-0"}  # STARTED, PENDING: no proof
+
+
+# -- the sandbox's result database ---------------------------------------------------------
+
+
+def test_sandbox_result_database_matches_its_seeded_dlqs(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from redrive.messages import decode
+    from redrive.sandbox.results import write_results
+    from redrive.sandbox.seeding import sample_dlq
+
+    layout = built_in_layout({})
+    url = write_results(tmp_path / "results.sqlite3", layout, per_family=40, seed=5)
+    assert url is not None
+    results = open_results(url)
+    for family in layout.families:
+        messages = sample_dlq(family.name, 40, seed=5)
+        ids = {decode(m.body).task_id: m for m in messages if decode(m.body).task_id}
+        records = results.records(list(ids))
+        states = Counter(r.state for r in records.values())
+        assert states["SUCCESS"] == 1, family.name
+        assert states["STARTED"] and states["FAILURE"] and states["PENDING"]
+        (done,) = [i for i, r in records.items() if r.state == "SUCCESS"]
+        assert ids[done].story == "blip"
+        outage = [r for i, r in records.items() if ids[i].story == "outage"]
+        assert outage and all(r.state in ("FAILURE", "STARTED", "PENDING") for r in outage)
+        assert {r.exception for r in records.values()} >= {"WorkerLostError"}
+    results.close()
+
+
+def test_sandbox_exports_its_result_database_only_when_it_has_one() -> None:
+    from redrive.sandbox.server import SandboxServer, sandbox_env
+
+    server = SandboxServer(endpoint_url="http://127.0.0.1:1", host="127.0.0.1", port=1)
+    assert "REDRIVE_RESULT_BACKEND" not in sandbox_env(server)
+    server.result_backend = "db+sqlite:////tmp/x.sqlite3"
+    assert sandbox_env(server)["REDRIVE_RESULT_BACKEND"] == "db+sqlite:////tmp/x.sqlite3"

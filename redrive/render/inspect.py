@@ -85,6 +85,11 @@ def result_columns(
     return rows, headers
 
 
+def _group_name(group: TaskGroup) -> str:
+    name = printable(group.task)
+    return name if group.exception is None else f"{name} ({printable(group.exception)})"
+
+
 def _result_cells(counts: ResultCounts | None) -> tuple[str, str]:
     return (states_cell(counts), exceptions_cell(counts)) if counts else ("-", "-")
 
@@ -99,7 +104,7 @@ def result_lines(groups: Sequence[TaskGroup]) -> list[str]:
         if group.results is None or not group.results.samples:
             continue
         lines.append("")
-        lines.append(f"exception samples of {printable(group.task)}:")
+        lines.append(f"exception samples of {_group_name(group)}:")
         for name, sample in group.results.samples.items():
             lines.append(f"  {printable(name)}: {printable(sample)}")
     return lines
@@ -124,7 +129,7 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")
-            lines.append(f"sample arguments of {printable(group.task)}:")
+            lines.append(f"sample arguments of {_group_name(group)}:")
             for sample in group.sample_args:
                 if "body" in sample:
                     # Not a Celery task: no arguments to show, only what the body holds.
