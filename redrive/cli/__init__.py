@@ -66,6 +66,9 @@ def cli(
     """
     ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config)
     ctx.obj.result_backend = result_backend or None
+    ctx.obj.result_backend_given = (
+        ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE
+    )
 
 
 def main() -> None:

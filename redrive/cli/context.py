@@ -46,6 +46,9 @@ class Context:
     _receive_log: ReceiveLog | None = None
     result_backend: str | None = None
     """--result-backend (or REDRIVE_RESULT_BACKEND); else the config's [celery] one."""
+    result_backend_given: bool = False
+    """--result-backend was on the command line (not a standing default from the env or
+    the config file)."""
     _results: ResultLookup | None = None
 
     def results(self, *, probe: bool = True) -> ResultLookup | None:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width
+from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
 from redrive.cli.options import json_option, target_argument, wide_option
@@ -96,12 +96,17 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
     refuse_native_conflicts(click.get_current_context())
-    if ctx.result_backend or ctx.layout.result_backend:
+    if ctx.result_backend_given:
         # SQS moves every message: it cannot leave out tasks the backend says succeeded.
         raise click.UsageError(
-            "--native cannot skip tasks that already succeeded (a result backend is "
-            "configured): drop --native, or drop --result-backend / REDRIVE_RESULT_BACKEND "
-            "to let SQS move them all"
+            "--native cannot skip tasks that already succeeded: drop --native to let "
+            "redrive's own move skip them, or drop --result-backend"
+        )
+    if ctx.result_backend or ctx.layout.result_backend:
+        # A standing default (REDRIVE_RESULT_BACKEND, the config), not a request: said.
+        warn(
+            "--native moves every message, tasks the result backend says already succeeded "
+            "included; redrive's own move (without --native) skips them"
         )
     execute: bool = kwargs["execute"]
     as_json: bool = kwargs["as_json"]

@@ -314,7 +314,7 @@ def _global_options() -> list[click.Option]:
             if attribute == "config":
                 state.config, state._layout = value, None
             elif attribute == "result_backend":
-                state.result_backend = value or None
+                state.result_backend, state.result_backend_given = value or None, True
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
