@@ -511,3 +511,23 @@ def test_sandbox_exports_its_result_database_only_when_it_has_one() -> None:
     assert "REDRIVE_RESULT_BACKEND" not in sandbox_env(server)
     server.result_backend = "db+sqlite:////tmp/x.sqlite3"
     assert sandbox_env(server)["REDRIVE_RESULT_BACKEND"] == "db+sqlite:////tmp/x.sqlite3"
+
+
+def test_inspect_never_looks_up_one_message_at_a_time(
+    family: Family,
+    target: DlqTarget,
+    factory: Callable[[], Sqs],
+    redis_server: RedisServer,
+    backend_url: str,
+) -> None:
+    if not backend_url.startswith("redis"):
+        pytest.skip("the Redis backend's commands")
+    dead_letter_jobs(family, copies=4)
+    before = {c: redis_server.command_calls(c) for c in ("mget", "get")}
+    results = open_results(backend_url, probe=False)
+    scanned = inspect_dlq(target, factory, results=results)
+    results.close()
+    assert scanned.total == 4 * len(ALL_JOBS)
+    mgets = redis_server.command_calls("mget") - before["mget"]
+    assert 1 <= mgets <= scanned.total // 10 + 1  # at most one per received batch
+    assert redis_server.command_calls("get") == before["get"]
