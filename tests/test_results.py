@@ -531,3 +531,14 @@ def test_inspect_never_looks_up_one_message_at_a_time(
     mgets = redis_server.command_calls("mget") - before["mget"]
     assert 1 <= mgets <= scanned.total // 10 + 1  # at most one per received batch
     assert redis_server.command_calls("get") == before["get"]
+
+
+def test_cli_bad_urls_are_one_line_and_exit_1(family: Family, tmp_path: Path) -> None:
+    dead_letter_jobs(family)
+    for args in (("inspect", "checkout"), ("report",), ("move", "checkout")):
+        result = cli_run(*args, "--result-backend", "nope://somewhere")
+        assert result.exit_code == 1, (args, result.output)
+        lines = [line for line in result.output.splitlines() if "nope" in line]
+        assert len(lines) == 1 and "Celery has no result backend 'nope'" in lines[0], lines
+        assert "Traceback" not in result.output
+    assert queued_task_ids(family) == []

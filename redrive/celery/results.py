@@ -86,9 +86,16 @@ class ResultLookup(Protocol):
     def close(self) -> None: ...
 
 
-def open_results(url: str, *, timeout: float = DEFAULT_TIMEOUT, probe: bool = True) -> ResultLookup:
+def open_results(
+    url: str, *, timeout: float = DEFAULT_TIMEOUT, probe: bool = True, background: bool = False
+) -> ResultLookup:
     """Open the result backend at ``url`` read-only and, with ``probe``, check that it
-    answers (one lookup of an id no task has)."""
+    answers (one lookup of an id no task has). ``background`` (no probe): open it on a
+    thread of its own (importing Celery and the backend's client takes a second on a busy
+    machine) while the caller starts its scan; the first lookup waits for it, and any error
+    opening it is that lookup's."""
+    if background:
+        return _OpeningLookup(url, timeout)
     try:
         from celery import Celery
         from kombu.utils.url import maybe_sanitize_url
@@ -129,6 +136,52 @@ def open_results(url: str, *, timeout: float = DEFAULT_TIMEOUT, probe: bool = Tr
     if probe:
         lookup.records(["redrive-probe-" + str(int(time.time()))])
     return lookup
+
+
+class _OpeningLookup:
+    """A lookup being opened on a thread of its own (``open_results(background=True)``)."""
+
+    batched = True
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self.location = _masked(url)
+        self._opened: list[ResultLookup | ResultBackendError] = []
+
+        def run() -> None:
+            try:
+                self._opened.append(open_results(url, timeout=timeout, probe=False))
+            except ResultBackendError as exc:
+                self._opened.append(exc)
+            except Exception as exc:  # said as the backend's problem, never a traceback
+                self._opened.append(
+                    ResultBackendError(f"cannot open the result backend: {_one_line(exc)}")
+                )
+
+        self._thread = threading.Thread(target=run, name="redrive-results-open", daemon=True)
+        self._thread.start()
+
+    def _lookup(self) -> ResultLookup:
+        self._thread.join()
+        opened = self._opened[0]
+        if isinstance(opened, ResultBackendError):
+            raise opened
+        return opened
+
+    def records(self, task_ids: Sequence[str]) -> dict[str, TaskRecord]:
+        return self._lookup().records(task_ids)
+
+    def close(self) -> None:
+        self._thread.join()
+        if self._opened and not isinstance(self._opened[0], ResultBackendError):
+            self._opened[0].close()
+
+
+def _masked(url: str) -> str:
+    try:
+        from kombu.utils.url import maybe_sanitize_url
+    except ImportError:
+        return url.split("@", 1)[-1] if "@" in url else url
+    return str(maybe_sanitize_url(url))
 
 
 def _why_not(url: str, exc: BaseException) -> str:

@@ -60,7 +60,8 @@ class Context:
         if not url:
             return None
         if self._results is None:
-            self._results = open_results(url, probe=probe)
+            # Without a probe (inspect, report) it opens while the scan starts.
+            self._results = open_results(url, probe=probe, background=not probe)
             click.get_current_context().call_on_close(self._results.close)
         return self._results
 
