@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from redrive.celery.results import ResultLookup
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
@@ -89,24 +90,12 @@ def inspect(
     or archive: it is then read offline.
     """
     if _is_archive(target):
-        with core_errors():
-            result: InspectResult = inspect_archive(
-                target,
-                show_args=show_args,
-                limit=limit,
-                s3_client_factory=ctx.s3_client,
-                on_problem=warn,
-            )
+        result: InspectResult = _inspect_archive(ctx, target, show_args=show_args, limit=limit)
     else:
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
-            results = ctx.results(probe=False)
-            if group_by == "exception" and results is None:
-                raise UsageProblem(
-                    "--group-by exception reads Celery's result backend: give "
-                    "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
-                )
+            results = _results_for(ctx, group_by)
             result = inspect_dlq(
                 dlq,
                 ctx.sqs_of(dlq),
@@ -143,6 +132,29 @@ def inspect(
         sys.exit(EXIT_ATTENTION)
     if backend_problem:
         sys.exit(EXIT_ERROR)
+
+
+def _inspect_archive(
+    ctx: Context, target: str, *, show_args: bool, limit: int | None
+) -> InspectResult:
+    with core_errors():
+        return inspect_archive(
+            target,
+            show_args=show_args,
+            limit=limit,
+            s3_client_factory=ctx.s3_client,
+            on_problem=warn,
+        )
+
+
+def _results_for(ctx: Context, group_by: str) -> ResultLookup | None:
+    results = ctx.results(probe=False)
+    if group_by == "exception" and results is None:
+        raise UsageProblem(
+            "--group-by exception reads Celery's result backend: give "
+            "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
+        )
+    return results
 
 
 def _is_archive(target: str) -> bool:

@@ -93,21 +93,26 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
-def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
-    """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
-    refuse_native_conflicts(click.get_current_context())
+def refuse_native_with_results(ctx: Context) -> None:
+    """SQS moves every message: it cannot leave out tasks the result backend says already
+    succeeded. Asked for on the command line, that is refused; a standing default (env,
+    config) is a warning."""
     if ctx.result_backend_given:
-        # SQS moves every message: it cannot leave out tasks the backend says succeeded.
         raise click.UsageError(
             "--native cannot skip tasks that already succeeded: drop --native to let "
             "redrive's own move skip them, or drop --result-backend"
         )
     if ctx.result_backend or ctx.layout.result_backend:
-        # A standing default (REDRIVE_RESULT_BACKEND, the config), not a request: said.
         warn(
             "--native moves every message, tasks the result backend says already succeeded "
             "included; redrive's own move (without --native) skips them"
         )
+
+
+def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
+    """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
+    refuse_native_conflicts(click.get_current_context())
+    refuse_native_with_results(ctx)
     execute: bool = kwargs["execute"]
     as_json: bool = kwargs["as_json"]
     rate: float | None = kwargs["rate"]

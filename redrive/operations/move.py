@@ -416,9 +416,7 @@ class MoveEngine:
         self.run_info = dict(run_info or {})
         self.pipelined = pipelined
         self.receive_log = receive_log
-        # Celery's result backend (--result-backend): a task that already succeeded is
-        # skipped unless --include-succeeded; --in-doubt auto reads it too.
-        self.results = options.results
+        self.results = options.results  # redrive.celery.results: already-succeeded, auto
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,

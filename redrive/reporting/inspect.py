@@ -302,12 +302,7 @@ def inspect_dlq(
     started = time.monotonic()
     now = time.time() if now is None else now
     sqs = sqs_factory()
-    counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )
-    depth = int(counts.get("ApproximateNumberOfMessages", "0"))
-    hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
+    depth, hidden = _counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     scan = DlqScan(
@@ -328,6 +323,51 @@ def inspect_dlq(
         with_results=results is not None,
         group_by=group_by,
     )
+    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results)
+    return InspectResult(
+        label=target.label,
+        dlq=target.dlq.name,
+        dlq_url=target.dlq.url,
+        sources=[s.name for s in target.sources],
+        total=grouping.total,
+        groups=grouping.sorted_groups(),
+        oldest=grouping.oldest,
+        scanned_at=now,
+        seconds=time.monotonic() - started,
+        depth_before=depth,
+        hidden_before=hidden,
+        partial=limit is not None and grouping.total >= limit,
+        interrupted=scan.stop.is_set(),
+        seen_again=scan.stats.seen_again,
+        released=scan.stats.released,
+        fifo=target.dlq.fifo,
+        receive_log_problem=receive_log.problem if receive_log is not None else None,
+        result_backend=results.location if results is not None else None,
+        result_backend_problem=problem,
+    )
+
+
+def _counts(sqs: Sqs, url: str) -> tuple[int, int]:
+    """SQS's counts of the DLQ's visible and in-flight messages."""
+    counts = sqs.attributes(
+        url, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )
+    return (
+        int(counts.get("ApproximateNumberOfMessages", "0")),
+        int(counts.get("ApproximateNumberOfMessagesNotVisible", "0")),
+    )
+
+
+def _scan_into(
+    grouping: Grouping,
+    scan: DlqScan,
+    sqs: Sqs,
+    sqs_factory: Callable[[], Sqs],
+    workers: int,
+    results: ResultLookup | None,
+) -> str | None:
+    """Run the scan, counting each batch into ``grouping``, and give back everything it
+    received; returns why the result backend stopped answering, if it did."""
     ahead = LookupsAhead(BatchReader(results)) if results is not None else None
     lock = threading.Lock()
 
@@ -356,33 +396,12 @@ def inspect_dlq(
         # Ctrl-C or an error: what was received goes back all the same.
         scan.release_all(sqs)
         scan.close()
-    interrupted = scan.stop.is_set()
     problem = ahead.reader.problem if ahead is not None else None
     if problem is not None:
         # Counts of part of the scan would read as the whole: none at all, and say why.
         for group in grouping.groups.values():
             group.results = None
-    return InspectResult(
-        label=target.label,
-        dlq=target.dlq.name,
-        dlq_url=target.dlq.url,
-        sources=[s.name for s in target.sources],
-        total=grouping.total,
-        groups=grouping.sorted_groups(),
-        oldest=grouping.oldest,
-        scanned_at=now,
-        seconds=time.monotonic() - started,
-        depth_before=depth,
-        hidden_before=hidden,
-        partial=limit is not None and grouping.total >= limit,
-        interrupted=interrupted,
-        seen_again=scan.stats.seen_again,
-        released=scan.stats.released,
-        fifo=target.dlq.fifo,
-        receive_log_problem=receive_log.problem if receive_log is not None else None,
-        result_backend=results.location if results is not None else None,
-        result_backend_problem=problem,
-    )
+    return problem
 
 
 def _count(
