@@ -146,6 +146,8 @@ def test_one_in_query_per_batch_on_the_database_and_the_file_unchanged(backend_u
     statements: list[str] = []
     engine = results.engine  # type: ignore[attr-defined]
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    # SQLite is read through the standard library's driver: its own statement trace.
+    results._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
     results.records([j.task_id for j in ALL_JOBS])
     results.records([j.task_id for j in ALL_JOBS])
     results.close()
