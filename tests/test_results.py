@@ -98,6 +98,7 @@ def dead_letter_jobs(family: Family, copies: int = 1) -> None:
 # -- reading -----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_reads_what_a_real_worker_recorded(lookup: ResultLookup) -> None:
     records = lookup.records([j.task_id for j in ALL_JOBS])
     assert {i: r.state for i, r in records.items()} == {j.task_id: j.expect for j in ALL_JOBS}
@@ -114,6 +115,7 @@ def test_reads_what_a_real_worker_recorded(lookup: ResultLookup) -> None:
     assert not records["cap-declined-0"].worker_died
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_one_mget_per_batch_on_redis_and_never_a_write(
     redis_server: RedisServer, backend_url: str
 ) -> None:
@@ -135,6 +137,7 @@ def test_one_mget_per_batch_on_redis_and_never_a_write(
     )
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_one_in_query_per_batch_on_the_database_and_the_file_unchanged(backend_url: str) -> None:
     if not backend_url.startswith("db+sqlite"):
         pytest.skip("the database backend's queries")
@@ -192,6 +195,7 @@ def test_without_celery_redrive_still_imports_and_says_what_to_install(
 # -- inspect and report ------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_inspect_says_why_each_group_failed(
     family: Family, target: DlqTarget, factory: Callable[[], Sqs], lookup: ResultLookup
 ) -> None:
@@ -222,6 +226,7 @@ def test_inspect_says_why_each_group_failed(
     assert "ValueError: card declined for order" in inspect_text(shown)
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_group_by_exception_splits_the_groups(
     family: Family, target: DlqTarget, factory: Callable[[], Sqs], lookup: ResultLookup
 ) -> None:
@@ -264,6 +269,7 @@ def test_a_backend_that_is_down_is_said_and_the_scan_goes_on(
     assert family.depth() == (len(ALL_JOBS), 0)
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_report_carries_the_states(family: Family, lookup: ResultLookup) -> None:
     dead_letter_jobs(family)
     report = build_report(built_in_layout({}), lambda region: Sqs(family.client), results=lookup)
@@ -305,6 +311,7 @@ def queued_task_ids(family: Family) -> list[str]:
     return sorted(decode(m["Body"]).task_id or "" for m in family.drain(family.queue_url))
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_move_never_sends_a_task_that_already_succeeded(
     family: Family, target: DlqTarget, lookup: ResultLookup, tmp_path: Path
 ) -> None:
@@ -346,6 +353,7 @@ def cli_run(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), prog_name="redrive", env=env)
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_cli_option_before_or_after_the_command_env_and_config(
     family: Family, backend_url: str, tmp_path: Path
 ) -> None:
@@ -378,6 +386,7 @@ def test_cli_option_before_or_after_the_command_env_and_config(
     )
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_cli_move_skips_and_a_dead_backend_stops_it_in_one_line(
     family: Family, backend_url: str
 ) -> None:
@@ -405,6 +414,7 @@ def test_cli_group_by_exception_needs_a_backend(family: Family) -> None:
     assert "--result-backend" in result.output
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_native_move_refuses_a_configured_backend(family: Family, backend_url: str) -> None:
     result = cli_run("move", "checkout", "--native", "--result-backend", backend_url)
     assert result.exit_code == 2
@@ -432,6 +442,7 @@ def crash_after_sending(step: str) -> None:
         raise Killed(step)
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 @pytest.mark.parametrize(("claim_offset", "proven"), [(-3600.0, 6), (3600.0, 0)])
 def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     family: Family,
@@ -515,6 +526,7 @@ def test_sandbox_exports_its_result_database_only_when_it_has_one() -> None:
     assert sandbox_env(server)["REDRIVE_RESULT_BACKEND"] == "db+sqlite:////tmp/x.sqlite3"
 
 
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_inspect_never_looks_up_one_message_at_a_time(
     family: Family,
     target: DlqTarget,
