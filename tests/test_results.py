@@ -556,3 +556,28 @@ def test_cli_bad_urls_are_one_line_and_exit_1(family: Family, tmp_path: Path) ->
         assert len(lines) == 1 and "Celery has no result backend 'nope'" in lines[0], lines
         assert "Traceback" not in result.output
     assert queued_task_ids(family) == []
+
+
+@pytest.mark.e2e  # a real redis-server and Celery worker (processes)
+def test_the_celery_apps_own_backend_when_no_url_is_given(
+    family: Family, backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead_letter_jobs(family)
+    (tmp_path / "resultsapp.py").write_text(
+        f"from celery import Celery\napp = Celery('resultsapp', backend={backend_url!r})\n",
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = cli_run("--celery-app", "resultsapp:app", "inspect", "checkout", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert "the result backend of resultsapp:app" in data["result_backend"]
+    states = {g["task"]: g["states"] for g in data["groups"]}
+    assert states[CAPTURE] == {"FAILURE": 6, "SUCCESS": 1}
+    # The app registers none of the tasks: --include-unregistered, to reach the backend.
+    moved = cli_run(
+        "--celery-app", "resultsapp:app", "move", "checkout", "--include-unregistered", "--json"
+    )
+    assert moved.exit_code == 0, moved.output
+    assert json.loads(moved.stdout)["skipped_by_reason"][ALREADY_SUCCEEDED] == 2

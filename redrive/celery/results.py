@@ -119,6 +119,30 @@ def open_results(
         result_backend_always_retry=False,
         database_create_tables_at_setup=False,
     )
+    return _lookup_for(app, url, location, timeout, probe)
+
+
+def open_app_results(
+    app: Any, spec: str, *, timeout: float = DEFAULT_TIMEOUT, probe: bool = True
+) -> ResultLookup | None:
+    """The result backend of the user's Celery app (``--celery-app``), with the app's own
+    settings (table names, transport options...), read-only as :func:`open_results` reads;
+    None when the app keeps no results. Redis timeouts the app leaves unset get redrive's."""
+    from kombu.utils.url import maybe_sanitize_url
+
+    url = app.conf.result_backend
+    if not url or not isinstance(url, str) or url.split("://", 1)[0] in ("rpc", "disabled"):
+        return None
+    # This process's copy of the app: never create tables, never hang on a dead Redis.
+    app.conf.database_create_tables_at_setup = False
+    for key in ("redis_socket_timeout", "redis_socket_connect_timeout"):
+        if app.conf.get(key) is None:
+            app.conf[key] = timeout
+    location = f"{maybe_sanitize_url(url)} (the result backend of {spec})"
+    return _lookup_for(app, url, location, timeout, probe)
+
+
+def _lookup_for(app: Any, url: str, location: str, timeout: float, probe: bool) -> ResultLookup:
     try:
         backend = app.backend
     except Exception as exc:

@@ -41,6 +41,13 @@ from redrive.cli.options import add_global_options, endpoint_url
     help="TOML file with the queue families (default: REDRIVE_CONFIG, else the built-in layout).",
 )
 @click.option(
+    "--celery-app",
+    metavar="MODULE:ATTR",
+    envvar="REDRIVE_CELERY_APP",
+    help="The Celery app (as `celery -A`): task routes, registered tasks, settings "
+    "(default: REDRIVE_CELERY_APP, else the config's [celery] app).",
+)
+@click.option(
     "--result-backend",
     metavar="URL",
     envvar="REDRIVE_RESULT_BACKEND",
@@ -56,6 +63,7 @@ def cli(
     region: str | None,
     profile: str | None,
     config: str | None,
+    celery_app: str | None,
     result_backend: str | None,
 ) -> None:
     """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
@@ -64,7 +72,7 @@ def cli(
     name or a queue URL; a source queue stands for its DLQ. Commands that change anything
     are dry runs unless given --execute.
     """
-    ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config)
+    ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config, celery_app=celery_app)
     ctx.obj.result_backend = result_backend or None
     ctx.obj.result_backend_given = (
         ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE

@@ -313,6 +313,8 @@ def _global_options() -> list[click.Option]:
                 return
             if attribute == "config":
                 state.config, state._layout = value, None
+            elif attribute == "celery_app":
+                state.celery_app = value
             elif attribute == "result_backend":
                 state.result_backend, state.result_backend_given = value or None, True
             else:
@@ -338,6 +340,13 @@ def _global_options() -> list[click.Option]:
             type=click.Path(dir_okay=False),
             expose_value=False,
             callback=setter("config"),
+        ),
+        click.Option(
+            ["--celery-app"],
+            metavar="MODULE:ATTR",
+            expose_value=False,
+            callback=setter("celery_app"),
+            help="The Celery app, as the global option (may also come before the command).",
         ),
         click.Option(
             ["--result-backend"],

@@ -60,6 +60,10 @@ class TaskGroup:
     sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
+    unregistered: int | None = None
+    """Messages of a task the Celery app does not register (None: no app to ask)."""
+    routes_to: str | None = None
+    """The queue the task routes to now, when that is not the DLQ's source (redrive.celery)."""
     results: ResultCounts | None = None
     """What Celery's result backend says of the group's task ids (--result-backend)."""
     exception: str | None = None
@@ -84,6 +88,10 @@ class TaskGroup:
         }
         if self.notes:
             data["notes"] = dict(self.notes)
+        if self.unregistered is not None:
+            data["unregistered"] = self.unregistered
+        if self.unregistered is not None or self.routes_to is not None:
+            data["routes_to"] = self.routes_to
         if self.sample_args:
             data["sample_args"] = self.sample_args
         if self.results is not None:
