@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from redrive.celery.knowledge import annotate_groups
+from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
@@ -27,6 +28,7 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
+from redrive.errors import UsageProblem
 from redrive.ledger import default_ledger_path
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
@@ -88,24 +90,21 @@ def inspect(
 
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline. --where counts only the messages it selects;
-    --group-by groups by an expression instead of the task (fields: see the README).
+    --group-by groups by an expression instead of the task (fields: see the README), or
+    by task and exception (``exception``, with --result-backend).
     """
-    focus = Focus(compiled_where(where), compiled_group_by(group_by), show_args=show_args)
+    group_by = group_by or "task"
+    expression = None if group_by in ("task", "exception") else group_by
+    focus = Focus(compiled_where(where), compiled_group_by(expression), show_args=show_args)
     with core_errors():
         knowledge = known_tasks(ctx)
     if _is_archive(target):
-        with core_errors():
-            result: InspectResult = inspect_archive(
-                target,
-                focus=focus,
-                limit=limit,
-                s3_client_factory=ctx.s3_client,
-                on_problem=warn,
-            )
+        result: InspectResult = _inspect_archive(ctx, target, focus=focus, limit=limit)
     else:
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
+            results = _results_for(ctx, group_by)
             result = inspect_dlq(
                 dlq,
                 ctx.sqs_of(dlq),
@@ -119,6 +118,8 @@ def inspect(
                 ),
                 lease=lease,
                 receive_log=ctx.receive_log(),
+                results=results,
+                group_by="exception" if group_by == "exception" else None,
             )
         progress.done()
     # Routes and the registry are per task: groups by a --group-by value are not tasks.
@@ -134,10 +135,38 @@ def inspect(
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
+    backend_problem = getattr(result, "result_backend_problem", None)
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.incomplete:
         sys.exit(EXIT_ATTENTION)
+    if backend_problem:
+        sys.exit(EXIT_ERROR)
+
+
+def _inspect_archive(
+    ctx: Context, target: str, *, focus: Focus, limit: int | None
+) -> InspectResult:
+    with core_errors():
+        return inspect_archive(
+            target,
+            focus=focus,
+            limit=limit,
+            s3_client_factory=ctx.s3_client,
+            on_problem=warn,
+        )
+
+
+def _results_for(ctx: Context, group_by: str) -> ResultLookup | None:
+    results = ctx.results(probe=False)
+    if group_by == "exception" and results is None:
+        raise UsageProblem(
+            "--group-by exception reads Celery's result backend: give "
+            "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
+        )
+    return results
 
 
 def _is_archive(target: str) -> bool:
@@ -211,6 +240,7 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            results=ctx.results(probe=False),
             focus=focus,
         )
     progress.done()
@@ -255,6 +285,9 @@ def report(
         click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
+    backend_problem = result.result_backend_problem
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
     if fail_on_messages and alert_state:
@@ -274,7 +307,7 @@ def report(
             sys.exit(EXIT_ERROR)
     elif fail_on_messages and result.total > 0:
         sys.exit(EXIT_ERROR)
-    if result.errors:
+    if result.errors or backend_problem:
         sys.exit(EXIT_ERROR)
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS, grouped_columns
+from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, grouped_columns, result_columns
 from redrive.render.tables import Narrow, fitted_table, printable, table, when_cell
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import Report
@@ -65,23 +65,29 @@ def report_text(report: Report, *, markdown: bool = False, width: int | None = N
         lines.append(f"## {q.family} ({q.dlq})" if markdown else f"{q.family} ({q.dlq}):")
         if markdown:
             lines.append("")
-        rows = [
-            [
-                g.task,
-                g.count,
-                when_cell(g.oldest, now),
-                g.max_consumer_receives,
-                g.poison,
-                g.expired,
-            ]
-            for g in q.result.groups
-        ]
         headers, steps = grouped_columns(
             report.group_by,
             ["task", "count", "oldest", "consumer receives", "poison", "expired"],
             GROUP_STEPS,
         )
-        lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
+        rows, headers = result_columns(
+            q.result.groups,
+            [
+                [
+                    g.task,
+                    g.count,
+                    when_cell(g.oldest, now),
+                    g.max_consumer_receives,
+                    g.poison,
+                    g.expired,
+                ]
+                for g in q.result.groups
+            ],
+            headers,
+        )
+        lines.append(
+            fitted_table(rows, headers, fmt=fmt, width=width, steps=(*RESULT_STEPS, *steps))
+        )
     return "\n".join(lines) + "\n"
 
 

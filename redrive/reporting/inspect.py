@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import threading
 import time
 from collections import Counter
@@ -13,11 +15,20 @@ from typing import Any
 
 from redrive import attributes
 from redrive.aws.sqs import Message, Sqs
+from redrive.celery.results import (
+    BatchReader,
+    LookupsAhead,
+    ResultCounts,
+    ResultLookup,
+    TaskRecord,
+    exception_group,
+)
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.durations import iso_utc
-from redrive.message_record import RecordBuilder, ResultLookup
+from redrive.message_record import RecordBuilder, TaskOutcome
+from redrive.message_record import ResultLookup as RecordLookup
 from redrive.messages import TaskInfo, decode
 from redrive.where import Expression, Where, group_value
 
@@ -83,6 +94,10 @@ class TaskGroup:
     """Messages of a task the Celery app does not register (None: no app to ask)."""
     routes_to: str | None = None
     """The queue the task routes to now, when that is not the DLQ's source (redrive.celery)."""
+    results: ResultCounts | None = None
+    """What Celery's result backend says of the group's task ids (--result-backend)."""
+    exception: str | None = None
+    """The exception type the group holds, with --group-by exception."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -109,6 +124,10 @@ class TaskGroup:
             data["routes_to"] = self.routes_to
         if self.sample_args:
             data["sample_args"] = self.sample_args
+        if self.results is not None:
+            data.update(self.results.to_json())
+        if self.exception is not None:
+            data["exception"] = self.exception
         return data
 
 
@@ -123,12 +142,18 @@ class Grouping:
     max_redrives: int = DEFAULT_MAX_REDRIVES
     groups: dict[str, TaskGroup] = field(default_factory=dict)
     total: int = 0
+    with_results: bool = False
+    """Whether records are read (--result-backend): groups then count their states."""
+    group_by: str | None = None
+    """``exception``: a group per task and exception type."""
     where: Where | None = None
-    group_by: Expression | None = None
+    group_expression: Expression | None = None
+    """--group-by EXPR: groups by the expression's value instead of the task name."""
     sources: tuple[str, ...] = ()
     """The DLQ's source queue names (the record's ``queue`` when SQS did not say)."""
-    results: ResultLookup | None = None
-    """The result backend behind the record's ``state`` and ``exception`` (None: null)."""
+    record_results: RecordLookup | None = None
+    """What answers the record's ``state`` and ``exception`` when no batch of backend
+    records is at hand (None: they are null then)."""
     scanned: int = 0
     """Messages offered, selected or not (``total`` counts the selected ones)."""
     now_utc: datetime = field(init=False)
@@ -137,32 +162,45 @@ class Grouping:
     def __post_init__(self) -> None:
         # Once per scan, not once per message.
         self.now_utc = datetime.fromtimestamp(self.now, UTC)
-        if self.where is not None or self.group_by is not None:
+        if self.where is not None or self.group_expression is not None:
             fields = (self.where.fields if self.where else frozenset()) | (
-                self.group_by.fields if self.group_by else frozenset()
+                self.group_expression.fields if self.group_expression else frozenset()
             )
-            results = self.results or (self.where.results if self.where else None)
+            results = self.record_results or (self.where.results if self.where else None)
             self._records = RecordBuilder(tuple(fields), self.sources, results)
 
     def offer(self, message: Message, info: TaskInfo) -> None:
         """One scanned message: counted in its group when the --where (if any) selects it."""
         self.count(message, info, self.place(message, info))
 
-    def place(self, message: Message, info: TaskInfo) -> GroupKey | None:
-        """The group a message counts in; None when the --where leaves it out. Pure: the
-        receive pipelines call it outside the lock that guards the counts.
+    def place(
+        self, message: Message, info: TaskInfo, backend: TaskRecord | None = None
+    ) -> GroupKey | None:
+        """The group a message counts in; None when the --where leaves it out. Pure.
+        ``backend``: the result backend's record of its task id (the record's ``state``
+        and ``exception``), when inspect read one.
 
         The seam for other groupings: a key is any (identity, label, JSON value)."""
-        if self._records is None:
+        builder = self._records
+        if builder is None:
             return GroupKey.of_task(info)
-        record = self._records.build(info, message, now=self.now)
+        if backend is not None:
+            outcome = TaskOutcome(backend.state, backend.exception)
+            builder = dataclasses.replace(builder, results=lambda _: outcome)
+        record = builder.build(info, message, now=self.now)
         if self.where is not None and not self.where.holds(record):
             return None
-        if self.group_by is not None:
-            return GroupKey.of_value(self.group_by.evaluate(record))
+        if self.group_expression is not None:
+            return GroupKey.of_value(self.group_expression.evaluate(record))
         return GroupKey.of_task(info)
 
-    def count(self, message: Message, info: TaskInfo, key: GroupKey | None) -> None:
+    def count(
+        self,
+        message: Message,
+        info: TaskInfo,
+        key: GroupKey | None,
+        backend: TaskRecord | None = None,
+    ) -> None:
         """Count one scanned message (in group ``key``; only as scanned when None)."""
         if key is None:
             self.scanned += 1
@@ -176,6 +214,7 @@ class Grouping:
             body=message.body,
             redrive_receives=message.redrive_receives,
             key=key,
+            record=backend,
         )
 
     def add(
@@ -189,11 +228,9 @@ class Grouping:
         body: str | None = None,
         redrive_receives: int = 0,
         key: GroupKey | None = None,
+        record: TaskRecord | None = None,
     ) -> None:
-        key = key or GroupKey.of_task(info)
-        group = self.groups.get(key.identity)
-        if group is None:
-            group = self.groups[key.identity] = TaskGroup(task=key.label, value=key.value)
+        group = self._group(key or GroupKey.of_task(info), record)
         self.total += 1
         self.scanned += 1
         group.count += 1
@@ -225,6 +262,20 @@ class Grouping:
                 group.sample_task_ids.append(info.task_id)
             if self.show_args:
                 group.sample_args.append(_sample(info, body))
+
+    def _group(self, key: GroupKey, record: TaskRecord | None) -> TaskGroup:
+        exception = exception_group(record) if self.group_by == "exception" else None
+        identity = key.identity if exception is None else f"{key.identity}\0{exception}"
+        group = self.groups.get(identity)
+        if group is None:
+            group = self.groups[identity] = TaskGroup(
+                task=key.label, value=key.value, exception=exception
+            )
+            if self.with_results:
+                group.results = ResultCounts()
+        if group.results is not None and record is not None:
+            group.results.add(record, show_args=self.show_args)
+        return group
 
     def sorted_groups(self) -> list[TaskGroup]:
         return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
@@ -273,6 +324,10 @@ class InspectResult:
     """The --where expressions that selected the ``total`` messages counted."""
     group_by: str | None = None
     """The --group-by expression the groups are by (None: by task)."""
+    result_backend: str | None = None
+    """The result backend read (password masked), with --result-backend."""
+    result_backend_problem: str | None = None
+    """Why the backend stopped answering: the groups then count only what it said before."""
 
     @property
     def scanned_total(self) -> int:
@@ -330,7 +385,14 @@ class InspectResult:
             "where": list(self.where),
             "matched": self.total if self.where else None,
             "group_by": self.group_by,
-        }
+        } | (
+            {
+                "result_backend": self.result_backend,
+                "result_backend_problem": self.result_backend_problem,
+            }
+            if self.result_backend is not None
+            else {}
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,19 +402,25 @@ class Focus:
 
     where: Where | None = None
     group_by: Expression | None = None
-    results: ResultLookup | None = None
+    results: RecordLookup | None = None
+    """Answers the record's ``state`` and ``exception`` where no backend batch is read."""
     show_args: bool = False
 
-    def grouping(self, now: float, target: DlqTarget | None, max_redrives: int) -> Grouping:
+    def grouping(
+        self, now: float, target: DlqTarget | None, max_redrives: int, **backend: Any
+    ) -> Grouping:
+        """The grouping of one scan; ``backend``: Grouping's ``with_results`` and
+        ``group_by`` (``exception``) for a scan that reads Celery's result backend."""
         return Grouping(
             now=now,
             retention_seconds=target.dlq.retention_seconds if target is not None else None,
             show_args=self.show_args,
             max_redrives=max_redrives,
             where=self.where,
-            group_by=self.group_by,
+            group_expression=self.group_by,
             sources=tuple(s.name for s in target.sources) if target is not None else (),
-            results=self.results,
+            record_results=self.results,
+            **backend,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -378,17 +446,17 @@ def inspect_dlq(
     lease: int = DEFAULT_LEASE,
     receive_log: ReceiveLog | None = None,
     focus: Focus | None = None,
+    results: ResultLookup | None = None,
+    group_by: str | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
-
-    ``on_depth`` hears SQS's visible count before the scan (a progress total); ``lease``:
-    how long a killed inspect hides what it held; ``receive_log``: redrive's own receives,
-    left out of the counts; ``focus``: --where, --group-by (``show_args`` is its shorthand)."""
+    ``focus``: --where, --group-by EXPR; ``results``: Celery's result backend, read once per
+    batch (one that fails is said, the scan goes on); ``group_by="exception"``: by exception."""
     started = time.monotonic()
     now = time.time() if now is None else now
     focus = focus or Focus(show_args=show_args)
     sqs = sqs_factory()
-    depth, hidden = _depth(sqs, target)
+    depth, hidden = _counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     scan = DlqScan(
@@ -401,13 +469,10 @@ def inspect_dlq(
         sqs_factory=sqs_factory,
         receive_log=receive_log,
     )
-    grouping = focus.grouping(now, target, max_redrives)
-    try:
-        run_pipelines(_counter(scan, grouping), sqs, sqs_factory, workers, scan.stop)
-    finally:
-        # Ctrl-C or an error: what was received goes back all the same.
-        scan.release_all(sqs)
-        scan.close()
+    grouping = focus.grouping(
+        now, target, max_redrives, with_results=results is not None, group_by=group_by
+    )
+    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results)
     return InspectResult(
         **_target_fields(target),
         **grouping_fields(grouping),
@@ -421,6 +486,8 @@ def inspect_dlq(
         seen_again=scan.stats.seen_again,
         released=scan.stats.released,
         receive_log_problem=receive_log.problem if receive_log is not None else None,
+        result_backend=results.location if results is not None else None,
+        result_backend_problem=problem,
     )
 
 
@@ -444,11 +511,10 @@ def grouping_fields(grouping: Grouping) -> dict[str, Any]:
     }
 
 
-def _depth(sqs: Sqs, target: DlqTarget) -> tuple[int, int]:
-    """SQS's visible and in-flight counts of the DLQ, before the scan."""
+def _counts(sqs: Sqs, url: str) -> tuple[int, int]:
+    """SQS's counts of the DLQ's visible and in-flight messages."""
     counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        url, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
     )
     return (
         int(counts.get("ApproximateNumberOfMessages", "0")),
@@ -456,21 +522,63 @@ def _depth(sqs: Sqs, target: DlqTarget) -> tuple[int, int]:
     )
 
 
-def _counter(scan: DlqScan, grouping: Grouping) -> Callable[[Sqs], None]:
-    """One receive pipeline's work: decode each batch, count it, hold it for the release."""
+def _scan_into(
+    grouping: Grouping,
+    scan: DlqScan,
+    sqs: Sqs,
+    sqs_factory: Callable[[], Sqs],
+    workers: int,
+    results: ResultLookup | None,
+) -> str | None:
+    """Run the scan, counting each batch into ``grouping``, and give back everything it
+    received; returns why the result backend stopped answering, if it did."""
+    ahead = LookupsAhead(BatchReader(results)) if results is not None else None
     lock = threading.Lock()
 
     def work(worker_sqs: Sqs) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
-                decoded = [(m, decode(m.body)) for m in batch]
-                placed = [(m, info, grouping.place(m, info)) for m, info in decoded]
-                with lock:
-                    for message, info, key in placed:
-                        grouping.count(message, info, key)
+                infos = [(m, decode(m.body)) for m in batch]
+                if ahead is None:
+                    _count(grouping, lock, infos, None)
+                else:
+                    # One lookup per batch, on the lookups' own thread: receives go on.
+                    ids = [i.task_id for _, i in infos]
+                    ahead.submit(ids, functools.partial(_count, grouping, lock, infos))
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
                 # instead of leaving it hidden for the whole lease.
                 scan.keep(worker_sqs, batch)
 
-    return work
+    try:
+        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
+        if ahead is not None:
+            ahead.finish()
+    finally:
+        if ahead is not None:
+            ahead.close()
+        # Ctrl-C or an error: what was received goes back all the same.
+        scan.release_all(sqs)
+        scan.close()
+    problem = ahead.reader.problem if ahead is not None else None
+    if problem is not None:
+        # Counts of part of the scan would read as the whole: none at all, and say why.
+        for group in grouping.groups.values():
+            group.results = None
+    return problem
+
+
+def _count(
+    grouping: Grouping,
+    lock: threading.Lock,
+    infos: list[tuple[Message, TaskInfo]],
+    records: dict[str, TaskRecord] | None,
+) -> None:
+    # Placed (--where, --group-by: pure) outside the lock that guards the counts.
+    placed = []
+    for message, info in infos:
+        backend = records.get(info.task_id) if records and info.task_id else None
+        placed.append((message, info, grouping.place(message, info, backend), backend))
+    with lock:
+        for message, info, key, backend in placed:
+            grouping.count(message, info, key, backend)
