@@ -49,3 +49,7 @@ class AwsUnavailable(AwsError):
 class SendInDoubt(AwsError):
     """A send whose request may or may not have reached SQS (timeout, dropped connection,
     server error). Retrying it could send a task twice, so it is never retried blindly."""
+
+
+class PostFailed(RedriveError):
+    """A report could not be posted to a webhook (refused, timed out, not a 2xx answer)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
 
@@ -58,7 +59,9 @@ GROUP_STEPS = (
 )
 
 
-def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
+def inspect_text(
+    result: InspectResult, *, width: int | None = None, ascii_only: bool = False
+) -> str:
     now = result.scanned_at
     lines = [
         wrapped(
@@ -75,6 +78,10 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
                 _group_rows(result.groups, now), GROUP_HEADERS, width=width, steps=GROUP_STEPS
             )
         )
+        timelines = timeline_lines(result.groups, width=width, ascii_only=ascii_only)
+        if timelines:
+            lines.append("")
+            lines.extend(timelines)
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")

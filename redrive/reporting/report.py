@@ -89,6 +89,7 @@ def build_report(
     on_progress: Callable[[str, int], None] | None = None,
     now: float | None = None,
     receive_log: ReceiveLog | None = None,
+    show_args: bool = False,
 ) -> Report:
     now = time.time() if now is None else now
     report = Report(generated_at=now, layout=layout.source)
@@ -104,6 +105,7 @@ def build_report(
                 else None,
                 now=now,
                 receive_log=receive_log,
+                show_args=show_args,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
         except AwsUnavailable:
