@@ -3,6 +3,7 @@ span, streamed (counts per bucket, never the messages), and drawn in a terminal.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -82,7 +83,7 @@ def test_the_bucket_goes_from_minutes_to_days_with_the_span() -> None:
 
 
 def test_each_width_divides_the_next_so_coarsening_is_exact() -> None:
-    for finer, coarser in zip(BUCKET_LADDER, BUCKET_LADDER[1:], strict=False):
+    for finer, coarser in itertools.pairwise(BUCKET_LADDER):
         assert coarser % finer == 0
 
 
@@ -99,9 +100,7 @@ def test_a_deploy_blip_stands_out_in_one_bucket_over_two_weeks() -> None:
         (g.timeline.start, g.timeline.bucket_seconds, len(g.timeline.counts))
         for g in groups
         if g.timeline
-    } == {  # noqa: E501
-        (blipped.timeline.start, 21_600, len(blipped.timeline.counts))
-    }
+    } == {(blipped.timeline.start, 21_600, len(blipped.timeline.counts))}
 
 
 def test_timeline_json_shape() -> None:
