@@ -19,10 +19,22 @@ POST_TIMEOUT = 10.0
 def shown(url: str) -> str:
     """The URL as it may be printed: scheme and host only. A Slack webhook's path is its
     secret, and stderr goes to cron mail and CI logs."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unreadable URL)"
     host = parts.hostname or "?"
-    port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}/..." if parts.path.strip("/") else url
+
+
+def is_http_url(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def post_json(url: str, payload: Mapping[str, Any], *, timeout: float = POST_TIMEOUT) -> int:

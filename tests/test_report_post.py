@@ -159,6 +159,10 @@ def test_a_post_that_gets_no_answer_in_time_fails(hook: Recorder) -> None:
 def test_post_usage_errors(all_families: dict[str, Family]) -> None:
     bad = run("report", "--post", "ftp://example.com/x")
     assert bad.exit_code == 2 and "not an http(s) URL" in bad.stderr
+    for url in ("http://[::1/x", "http://127.0.0.1:port/x", "127.0.0.1:9/x"):
+        unreadable = run("report", "--post", url)
+        assert unreadable.exit_code == 2 and "not an http(s) URL" in unreadable.stderr, url
+        assert "Traceback" not in unreadable.output
     alone = run("report", "--post", "http://127.0.0.1:9/x", "--post-always")
     assert alone.exit_code == 2 and "--post-always goes with --alert-state" in alone.stderr
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 
@@ -273,7 +272,7 @@ class ReportOptions:
                 "--post-always goes with --alert-state (without it every run posts)"
             )
         for url in self.post_urls:
-            if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+            if not webhook.is_http_url(url):
                 raise click.UsageError(f"--post {webhook.shown(url)}: not an http(s) URL")
 
 
