@@ -91,7 +91,7 @@ def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, rows
 
 
-def test_chromium_renders_the_report_with_a_chart_per_group(tmp_path: Path) -> None:
+def test_chromium_renders_the_report_with_a_chart_per_group_light_and_dark(tmp_path: Path) -> None:
     report = hostile_report()
     page = tmp_path / "report.html"
     page.write_text(report_html(report), encoding="utf-8")
@@ -114,3 +114,15 @@ def test_chromium_renders_the_report_with_a_chart_per_group(tmp_path: Path) -> N
     painted = sum(1 for p in pixels if p != background)
     assert painted > len(pixels) // 50, f"only {painted} of {len(pixels)} pixels painted"
     assert len(set(pixels)) > 8, "text, cards and bars make many colours"
+    assert sum(background) > 600, "light by default"
+
+    dark = tmp_path / "dark.png"
+    done = chromium(
+        "--force-dark-mode",
+        "--window-size=420,900",
+        f"--screenshot={dark}",
+        page.as_uri(),
+        home=tmp_path,
+    )
+    assert done.returncode == 0 and dark.exists(), done.stderr[-2000:]
+    assert sum(png_pixels(dark.read_bytes())[2][0][:3]) < 150, "dark where the reader's is"

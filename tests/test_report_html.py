@@ -109,7 +109,7 @@ def parsed(text: str) -> Page:
 
 TAGS_WE_WRITE = {
     "html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "p", "section",
-    "span", "dl", "div", "dt", "dd", "svg", "rect", "details", "summary", "pre", "table",
+    "span", "dl", "div", "dt", "dd", "svg", "rect", "line", "details", "summary", "pre", "table",
     "thead", "tbody", "tr", "th", "td",
 }  # fmt: skip
 

@@ -46,8 +46,9 @@ h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.15rem; margin: 0
 .count { font-weight: 600; white-space: nowrap; }
 svg.timeline { display: block; width: 100%; height: 3rem; color: var(--bar); }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; font-size: .85rem; }
-table { border-collapse: collapse; width: 100%; } td, th { text-align: left;
-  border-bottom: 1px solid var(--line); padding: .25rem; overflow-wrap: anywhere; }
+table { border-collapse: collapse; width: 100%; font-size: .9rem; } td, th {
+  text-align: left; border-bottom: 1px solid var(--line); padding: .25rem;
+  overflow-wrap: break-word; }
 """
 
 
@@ -80,9 +81,14 @@ def timeline_svg(timeline: Timeline | None, label: str) -> str:
             "</title></rect>"
         )
     width = len(timeline.counts) * BAR_PITCH
+    # The baseline shows where the span starts and ends when the first or last bars are 0.
+    base = (
+        f'<line x1="0" y1="{CHART_HEIGHT - 0.5}" x2="{width}" y2="{CHART_HEIGHT - 0.5}" '
+        'stroke="currentColor" stroke-opacity=".35" vector-effect="non-scaling-stroke"/>'
+    )
     return (
         f'<svg class="timeline" viewBox="0 0 {width} {CHART_HEIGHT}" preserveAspectRatio="none" '
-        f'role="img" aria-label="{esc(label)}: when enqueued">{"".join(bars)}</svg>'
+        f'role="img" aria-label="{esc(label)}: when enqueued">{base}{"".join(bars)}</svg>'
     )
 
 

@@ -79,7 +79,7 @@ def _groups_section(
     timelines = timeline_lines(
         groups,
         width=width,
-        ascii_only=ascii_only and not markdown,
+        ascii_only=ascii_only,
         indent="    " if markdown else "",
     )
     if timelines:
