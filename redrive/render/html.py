@@ -32,7 +32,7 @@ STYLE = """
 body { margin: 0 auto; max-width: 60rem; padding: 1rem; background: var(--bg);
   color: var(--fg); font: 16px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; }
 h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.15rem; margin: 0 0 .5rem; }
-.muted, .span { color: var(--muted); font-size: .9rem; }
+.muted, .span { color: var(--muted); font-size: .85rem; }
 .family { background: var(--card); border-radius: .5rem; padding: 1rem; margin: 1rem 0; }
 .figures { display: grid; grid-template-columns: repeat(auto-fit, minmax(7.5rem, 1fr));
   gap: .5rem; margin: 0 0 .75rem; }
@@ -92,7 +92,7 @@ def timeline_svg(timeline: Timeline | None, label: str) -> str:
     )
 
 
-def _group_html(group: TaskGroup) -> str:
+def _group_html(group: TaskGroup, now: float) -> str:
     samples = ""
     if group.sample_args:
         shown = "\n".join(
@@ -102,9 +102,12 @@ def _group_html(group: TaskGroup) -> str:
             for sample in group.sample_args
         )
         samples = f"<details><summary>sample arguments</summary><pre>{esc(shown)}</pre></details>"
+    oldest = f"oldest {format_duration(now - group.oldest)} ago · " if group.oldest else ""
     return (
         f'<div class="group"><div class="group-head"><span class="task">{esc(group.task)}</span>'
         f'<span class="count">{group.count}</span></div>'
+        f'<div class="muted">{oldest}poison {group.poison} · expired {group.expired} · '
+        f"leaving within 24h {group.leaving_within_24h}</div>"
         f"{timeline_svg(group.timeline, group.task)}{samples}</div>"
     )
 
@@ -135,7 +138,7 @@ def _family_html(q: FamilyReport, now: float) -> str:
             f'<p class="span">enqueued {_stamp(span.start)} to {_stamp(span.end)}, one bar: '
             f"{format_duration(span.bucket_seconds)}</p>"
         )
-    parts.extend(_group_html(g) for g in r.groups)
+    parts.extend(_group_html(g, now) for g in r.groups)
     if not r.groups:
         parts.append('<p class="muted">empty</p>')
     return "".join(parts) + "</section>"

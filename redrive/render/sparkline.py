@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
-from redrive.render.tables import printable, shorten_task
+from redrive.render.tables import printable, shorten_task, wrapped
 from redrive.reporting.inspect import TaskGroup
 from redrive.reporting.timeline import Timeline, rebinned
 
@@ -59,7 +59,8 @@ def timeline_lines(
         room = 8
     factor = rebinned(span.counts, room)[1] if room is not None else 1
     mark = format_duration(span.bucket_seconds * factor)
-    lines = [f"{indent}enqueued {_stamp(span.start)} .. {_stamp(span.end)} (one mark: {mark}):"]
+    heading = f"enqueued {_stamp(span.start)} .. {_stamp(span.end)} (one mark: {mark}):"
+    lines = [indent + wrapped(heading, None if width is None else width - len(indent))]
     for group, timeline in timed:
         counts = rebinned(timeline.counts, room)[0] if room is not None else timeline.counts
         label = shorten_task(printable(group.task), label_width)
