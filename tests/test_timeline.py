@@ -241,3 +241,24 @@ def test_report_json_and_text_have_timelines(all_families: dict[str, Family]) ->
     assert "(one mark: " in ok("report").stdout
     assert "█" not in ok("report", "--ascii").stdout
     assert "--ascii" in run("report", "--help").stdout
+
+
+def test_an_output_that_is_not_utf8_gets_ascii_timelines(all_families: dict[str, Family]) -> None:
+    """Block characters on an ASCII stdout would be an encoding error, not a picture."""
+    from click.testing import CliRunner
+
+    from redrive.cli import cli
+
+    all_families["checkout"].send_to_dlq(encode("apps.shop.tasks.charge", [1]))
+    for args in (["inspect", "checkout"], ["report"]):
+        result = CliRunner(charset="ascii").invoke(cli, args, prog_name="redrive")
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert "(one mark: " in result.stdout and "@" in result.stdout
+
+
+def test_a_task_name_cannot_forge_a_timeline_line() -> None:
+    groups = grouping_of({"apps.t\x1b[2J\nfake line": [NOW]})
+    text = "\n".join(timeline_lines(groups))
+    assert "\x1b" not in text and not any(
+        line.startswith("fake line") for line in text.splitlines()
+    )
