@@ -120,6 +120,23 @@ def test_with_alert_state_it_posts_only_when_the_alert_fires(
     assert always.exit_code == 0 and len(hook.requests) == 2
 
 
+def test_an_alert_whose_post_failed_is_not_held_back_by_the_throttle(
+    all_families: dict[str, Family], hook: Recorder, tmp_path: Path
+) -> None:
+    all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
+    state = str(tmp_path / "alert.json")
+    alerting = ["report", "--fail-on-messages", "--alert-state", state, "--alert-throttle", "6h"]
+    hook.status = 503
+    failed = run(*alerting, "--post", hook.url)
+    assert failed.exit_code == 1 and "it answered 503" in failed.stderr
+    hook.status = 200
+    again = run(*alerting, "--post", hook.url)
+    assert again.exit_code == 1 and "alert FIRES" in again.stderr, "no one was told yet"
+    assert len(hook.requests) == 2
+    held = run(*alerting, "--post", hook.url)
+    assert held.exit_code == 0 and len(hook.requests) == 2
+
+
 @pytest.mark.parametrize("status", [500, 404, 302])
 def test_a_non_2xx_answer_is_one_line_and_exit_1_and_the_file_is_still_written(
     all_families: dict[str, Family], hook: Recorder, tmp_path: Path, status: int

@@ -241,8 +241,13 @@ def report(ctx: Context, /, **options: Any) -> None:
         click.echo(f"warning: {error}", err=True)
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
-    alert = _alert(opts, result)
+    alert, alert_state = _alert(opts, result)
     posted = _post(opts, result, changes, alert)
+    if alert_state is not None and posted:
+        # A post that failed leaves the alert unrecorded: the next run alerts, and posts, again
+        # instead of the throttle holding back what no one was told.
+        with core_errors():
+            alerts.save_state(Path(alert_state[0]), alert_state[1])
     if alert or not posted or result.errors:
         sys.exit(EXIT_ERROR)
 
@@ -327,12 +332,13 @@ def _write_atomically(path: Path, text: str) -> None:
         fail(f"cannot write the report to {path}: {exc.strerror or exc}")
 
 
-def _alert(opts: ReportOptions, result: Report) -> bool:
-    """Whether the alerting exit code fires (throttled with --alert-state)."""
+def _alert(opts: ReportOptions, result: Report) -> tuple[bool, tuple[str, dict[str, Any]] | None]:
+    """Whether the alerting exit code fires (throttled with --alert-state), and the alert
+    state to save (file, state) once the posts, if any, are done."""
     if not opts.fail_on_messages:
-        return False
+        return False, None
     if not opts.alert_state:
-        return result.total > 0
+        return result.total > 0, None
     with core_errors():
         decision, new_state = alerts.decide_alert(
             alerts.load_state(Path(opts.alert_state)),
@@ -340,10 +346,9 @@ def _alert(opts: ReportOptions, result: Report) -> bool:
             throttle=opts.alert_throttle,
             now=result.generated_at,
         )
-        alerts.save_state(Path(opts.alert_state), new_state)
     for family, reason in decision.reasons.items():
         click.echo(f"alert {'FIRES' if decision.fire else 'held'}: {family}: {reason}", err=True)
-    return decision.fire
+    return decision.fire, (opts.alert_state, new_state)
 
 
 def _post(
