@@ -162,8 +162,10 @@ def test_html_changes_since_last() -> None:
     change = Change("checkout", NOW - HOUR, 4, 10, new_tasks={HOSTILE: 8}, grown_tasks={})
     text = report_html(hostile_report(), changes=[change])
     page = parsed(text)
-    assert "Since the last report" in page.text
-    assert "+6" in page.text and f"{HOSTILE} (8)" in page.text
+    words = " ".join(" ".join(page.text).split())
+    assert "since the last report +6" in words
+    assert f"new tasks: {HOSTILE} (8); grown: -" in words
+    assert "since the last report" not in " ".join(parsed(report_html(hostile_report())).text)
 
 
 def test_markdown_cells_and_headings_keep_a_hostile_name_literal() -> None:
@@ -217,7 +219,8 @@ def test_report_html_output_is_written_atomically(
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     page = parsed(text)
     assert sum(1 for t, a in page.tags if t == "svg" and a.get("class") == "timeline") == 2
-    assert "Since the last report" in page.text and "secret-argument" not in text
+    assert "since the last report" in page.text and "first report" in page.text
+    assert "secret-argument" not in text
     shown = run("report", "--format", "html", "--show-args")
     assert shown.exit_code == 0 and "secret-argument" in shown.stdout
     data = json.loads(ok("report", "--format", "json", "--show-args").stdout)

@@ -46,9 +46,6 @@ h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.15rem; margin: 0
 .count { font-weight: 600; white-space: nowrap; }
 svg.timeline { display: block; width: 100%; height: 3rem; color: var(--bar); }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; font-size: .85rem; }
-table { border-collapse: collapse; width: 100%; font-size: .9rem; } td, th {
-  text-align: left; border-bottom: 1px solid var(--line); padding: .25rem;
-  overflow-wrap: break-word; }
 """
 
 
@@ -112,10 +109,10 @@ def _group_html(group: TaskGroup, now: float) -> str:
     )
 
 
-def _family_html(q: FamilyReport, now: float) -> str:
+def _family_html(q: FamilyReport, now: float, change: Change | None) -> str:
     parts = [
-        f'<section class="family"><h2>{esc(q.family)} <span class="muted">{esc(q.dlq or "-")}'
-        "</span></h2>"
+        f'<section class="family"><h2>{esc(q.family)} '
+        f'<span class="muted">{esc(q.dlq or "-")}</span></h2>'
     ]
     r = q.result
     if r is None:
@@ -128,15 +125,20 @@ def _family_html(q: FamilyReport, now: float) -> str:
         ("expired", r.expired),
         ("leaving within 24h", r.leaving_within_24h),
     ]
+    if change is not None:
+        figures.append(("since the last report", _delta(change)))
     parts.append('<dl class="figures">')
     parts.extend(f"<div><dt>{name}</dt><dd>{esc(value)}</dd></div>" for name, value in figures)
     parts.append("</dl>")
+    if change is not None and (change.new_tasks or change.grown_tasks):
+        new = ", ".join(f"{t} ({n})" for t, n in change.new_tasks.items()) or "-"
+        grown = ", ".join(f"{t} (+{n})" for t, n in change.grown_tasks.items()) or "-"
+        parts.append(f'<p class="muted">new tasks: {esc(new)}; grown: {esc(grown)}</p>')
     spans = [g.timeline for g in r.groups if g.timeline is not None]
     if spans:
-        span = spans[0]
         parts.append(
-            f'<p class="span">enqueued {_stamp(span.start)} to {_stamp(span.end)}, one bar: '
-            f"{format_duration(span.bucket_seconds)}</p>"
+            f'<p class="span">enqueued {_stamp(spans[0].start)} to {_stamp(spans[0].end)}, '
+            f"one bar: {format_duration(spans[0].bucket_seconds)}</p>"
         )
     parts.extend(_group_html(g, now) for g in r.groups)
     if not r.groups:
@@ -144,21 +146,10 @@ def _family_html(q: FamilyReport, now: float) -> str:
     return "".join(parts) + "</section>"
 
 
-def _changes_html(changes: Sequence[Change]) -> str:
-    rows = []
-    for c in changes:
-        delta = "first report" if c.delta is None else (f"{c.delta:+d}" if c.delta else "unchanged")
-        new = ", ".join(f"{t} ({n})" for t, n in c.new_tasks.items()) or "-"
-        grown = ", ".join(f"{t} (+{n})" for t, n in c.grown_tasks.items()) or "-"
-        cells = (c.family, c.messages, delta, new, grown)
-        rows.append("<tr>" + "".join(f"<td>{esc(v)}</td>" for v in cells) + "</tr>")
-    head = "".join(
-        f"<th>{h}</th>" for h in ("family", "messages", "change", "new tasks", "grown tasks")
-    )
-    return (
-        '<section class="family since-last"><h2>Since the last report</h2>'
-        f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
-    )
+def _delta(change: Change) -> str:
+    if change.delta is None:
+        return "first report"
+    return f"{change.delta:+d}" if change.delta else "unchanged"
 
 
 def report_html(report: Report, *, changes: Sequence[Change] | None = None) -> str:
@@ -168,9 +159,8 @@ def report_html(report: Report, *, changes: Sequence[Change] | None = None) -> s
         f'<header><h1>{title}</h1><p class="muted">{report.total} message(s) in '
         f"{len(report.queues)} DLQ(s), layout {esc(report.layout)}</p></header>"
     ]
-    if changes is not None:
-        body.append(_changes_html(changes))
-    body.extend(_family_html(q, now) for q in report.queues)
+    by_family = {c.family: c for c in changes or ()}
+    body.extend(_family_html(q, now, by_family.get(q.family)) for q in report.queues)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
