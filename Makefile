@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install demo test test-clock-ahead lint typecheck unit browser bench clean
+.PHONY: install demo test test-clock-ahead lint typecheck unit suite browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +38,16 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The in-process tests only (no subprocess, no moto server process): a quick check while
+# working. Marks, not folders: tests/conftest.py says why.
 unit: install
+	$(BIN)/pytest -q -n 4 -m "not e2e"
+
+# Every test, unit and end-to-end.
+suite: install
 	$(BIN)/pytest -q -n 4 --durations=15
 
-test: lint typecheck browser unit
+test: lint typecheck browser suite
 
 # The HTML report's browser test needs headless Chromium (Debian's package). Installed here
 # when missing and this runs as root with apt-get (as CI does); otherwise that one test skips

@@ -19,10 +19,13 @@ from redrive.render.html import report_html
 CHROMIUM = next(
     (found for name in ("chromium", "chromium-browser") if (found := shutil.which(name))), None
 )
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no chromium on PATH (as root, `make test` installs Debian's chromium package)",
-)
+pytestmark = [
+    pytest.mark.e2e,  # it starts a browser
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium on PATH (as root, `make test` installs Debian's chromium package)",
+    ),
+]
 
 
 def chromium(*args: str, home: Path) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-from conftest import Family, ok, run
+from conftest import Cli, Family
 
 from redrive.render.html import report_html
 from redrive.render.report import report_text, since_last_text
@@ -208,12 +208,12 @@ def test_slack_text_cannot_ping_or_link() -> None:
 
 
 def test_report_html_output_is_written_atomically(
-    all_families: dict[str, Family], tmp_path: Path
+    all_families: dict[str, Family], tmp_path: Path, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(HOSTILE, ["secret-argument"]))
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
     out = tmp_path / "dlq.html"
-    ok("report", "--format", "html", "--output", str(out), "--since-last")
+    cli.ok("report", "--format", "html", "--output", str(out), "--since-last")
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
@@ -221,16 +221,18 @@ def test_report_html_output_is_written_atomically(
     assert sum(1 for t, a in page.tags if t == "svg" and a.get("class") == "timeline") == 2
     assert "since the last report" in page.text and "first report" in page.text
     assert "secret-argument" not in text
-    shown = run("report", "--format", "html", "--show-args")
+    shown = cli("report", "--format", "html", "--show-args")
     assert shown.exit_code == 0 and "secret-argument" in shown.stdout
-    data = json.loads(ok("report", "--format", "json", "--show-args").stdout)
+    data = json.loads(cli.ok("report", "--format", "json", "--show-args").stdout)
     assert any(g.get("sample_args") for g in data["queues"][0]["groups"])
-    help_text = run("report", "--help").stdout
+    help_text = cli("report", "--help").stdout
     for option in ("html", "--show-args", "--post", "--post-format", "--post-always"):
         assert option in help_text
 
 
-def test_report_html_to_an_unwritable_place_is_one_line(tmp_path: Path, family: Family) -> None:
-    result = run("report", "--format", "html", "--output", str(tmp_path / "no" / "r.html"))
+def test_report_html_to_an_unwritable_place_is_one_line(
+    tmp_path: Path, family: Family, cli: Cli
+) -> None:
+    result = cli("report", "--format", "html", "--output", str(tmp_path / "no" / "r.html"))
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and "cannot write the report" in result.stderr

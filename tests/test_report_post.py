@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Family, free_port, run
+from conftest import Cli, Family, free_port
 
 from redrive import webhook
 from redrive.errors import PostFailed
@@ -72,11 +72,11 @@ def hook() -> Iterator[Recorder]:
 
 
 def test_post_sends_slack_text_and_a_block_per_non_empty_dlq(
-    all_families: dict[str, Family], hook: Recorder
+    all_families: dict[str, Family], hook: Recorder, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
     all_families["progress"].send_to_dlq(encode(CHARGE, [2]))
-    result = run("report", "--post", hook.url)
+    result = cli("report", "--post", hook.url)
     assert result.exit_code == 0, result.output
     (request,) = hook.requests
     assert request["path"] == SECRET_PATH
@@ -92,59 +92,59 @@ def test_post_sends_slack_text_and_a_block_per_non_empty_dlq(
 
 
 def test_post_is_repeatable_takes_the_environment_and_posts_json(
-    all_families: dict[str, Family], hook: Recorder, monkeypatch: pytest.MonkeyPatch
+    all_families: dict[str, Family], hook: Recorder, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
-    assert run("report", "--post", hook.url, "--post", hook.url + "/2").exit_code == 0
+    assert cli("report", "--post", hook.url, "--post", hook.url + "/2").exit_code == 0
     assert [r["path"] for r in hook.requests] == [SECRET_PATH, SECRET_PATH + "/2"]
     monkeypatch.setenv("REDRIVE_REPORT_WEBHOOK", hook.url)
-    assert run("report", "--post-format", "json").exit_code == 0
+    assert cli("report", "--post-format", "json").exit_code == 0
     report = hook.bodies()[-1]
     assert report["total"] == 1 and report["queues"][0]["groups"][0]["task"] == CHARGE
     assert "timeline" in report["queues"][0]["groups"][0]
 
 
 def test_with_alert_state_it_posts_only_when_the_alert_fires(
-    all_families: dict[str, Family], hook: Recorder, tmp_path: Path
+    all_families: dict[str, Family], hook: Recorder, tmp_path: Path, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
     state = str(tmp_path / "alert.json")
     alerting = ["report", "--fail-on-messages", "--alert-state", state, "--alert-throttle", "6h"]
-    first = run(*alerting, "--post", hook.url)
+    first = cli(*alerting, "--post", hook.url)
     assert first.exit_code == 1 and "alert FIRES" in first.stderr
     assert len(hook.requests) == 1
-    held = run(*alerting, "--post", hook.url)
+    held = cli(*alerting, "--post", hook.url)
     assert held.exit_code == 0 and "alert held" in held.stderr
     assert len(hook.requests) == 1, "an alert held back posts nothing"
-    always = run(*alerting, "--post", hook.url, "--post-always")
+    always = cli(*alerting, "--post", hook.url, "--post-always")
     assert always.exit_code == 0 and len(hook.requests) == 2
 
 
 def test_an_alert_whose_post_failed_is_not_held_back_by_the_throttle(
-    all_families: dict[str, Family], hook: Recorder, tmp_path: Path
+    all_families: dict[str, Family], hook: Recorder, tmp_path: Path, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
     state = str(tmp_path / "alert.json")
     alerting = ["report", "--fail-on-messages", "--alert-state", state, "--alert-throttle", "6h"]
     hook.status = 503
-    failed = run(*alerting, "--post", hook.url)
+    failed = cli(*alerting, "--post", hook.url)
     assert failed.exit_code == 1 and "it answered 503" in failed.stderr
     hook.status = 200
-    again = run(*alerting, "--post", hook.url)
+    again = cli(*alerting, "--post", hook.url)
     assert again.exit_code == 1 and "alert FIRES" in again.stderr, "no one was told yet"
     assert len(hook.requests) == 2
-    held = run(*alerting, "--post", hook.url)
+    held = cli(*alerting, "--post", hook.url)
     assert held.exit_code == 0 and len(hook.requests) == 2
 
 
 @pytest.mark.parametrize("status", [500, 404, 302])
 def test_a_non_2xx_answer_is_one_line_and_exit_1_and_the_file_is_still_written(
-    all_families: dict[str, Family], hook: Recorder, tmp_path: Path, status: int
+    all_families: dict[str, Family], hook: Recorder, tmp_path: Path, status: int, cli: Cli
 ) -> None:
     all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
     hook.status = status
     out = tmp_path / "report.md"
-    result = run("report", "--format", "markdown", "--output", str(out), "--post", hook.url)
+    result = cli("report", "--format", "markdown", "--output", str(out), "--post", hook.url)
     assert result.exit_code == 1
     assert out.read_text().startswith("# DLQ report")
     assert result.stderr.count("\n") == 1, result.stderr
@@ -157,9 +157,9 @@ def test_a_non_2xx_answer_is_one_line_and_exit_1_and_the_file_is_still_written(
     assert "Traceback" not in result.output
 
 
-def test_a_refused_post_is_one_line_and_exit_1(all_families: dict[str, Family]) -> None:
+def test_a_refused_post_is_one_line_and_exit_1(all_families: dict[str, Family], cli: Cli) -> None:
     url = f"http://127.0.0.1:{free_port()}/hook"
-    result = run("report", "--post", url)
+    result = cli("report", "--post", url)
     assert result.exit_code == 1
     assert result.stderr.startswith("error: cannot post the report to http://127.0.0.1:")
     assert "refused" in result.stderr.lower() and result.stderr.count("\n") == 1
@@ -173,14 +173,14 @@ def test_a_post_that_gets_no_answer_in_time_fails(hook: Recorder) -> None:
     assert time.monotonic() - started < 1.0
 
 
-def test_post_usage_errors(all_families: dict[str, Family]) -> None:
-    bad = run("report", "--post", "ftp://example.com/x")
+def test_post_usage_errors(all_families: dict[str, Family], cli: Cli) -> None:
+    bad = cli("report", "--post", "ftp://example.com/x")
     assert bad.exit_code == 2 and "not an http(s) URL" in bad.stderr
     for url in ("http://[::1/x", "http://127.0.0.1:port/x", "127.0.0.1:9/x"):
-        unreadable = run("report", "--post", url)
+        unreadable = cli("report", "--post", url)
         assert unreadable.exit_code == 2 and "not an http(s) URL" in unreadable.stderr, url
         assert "Traceback" not in unreadable.output
-    alone = run("report", "--post", "http://127.0.0.1:9/x", "--post-always")
+    alone = cli("report", "--post", "http://127.0.0.1:9/x", "--post-always")
     assert alone.exit_code == 2 and "--post-always goes with --alert-state" in alone.stderr
 
 

@@ -7,7 +7,7 @@ import itertools
 import json
 from typing import Any
 
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -215,36 +215,37 @@ def test_ascii_where_the_output_is_not_utf8() -> None:
 # -- the commands ----------------------------------------------------------------------------
 
 
-def test_inspect_json_and_text_have_a_timeline_per_group(family: Family) -> None:
+def test_inspect_json_and_text_have_a_timeline_per_group(family: Family, cli: Cli) -> None:
     for i in range(3):
         family.send_to_dlq(encode("apps.shop.tasks.charge", [i]))
     family.send_to_dlq("not celery")
-    data = as_json(ok("inspect", "checkout", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--json"))
     for group in data["groups"]:
         timeline = group["timeline"]
         assert set(timeline) == {"start", "bucket_seconds", "counts"}
         assert timeline["bucket_seconds"] in BUCKET_LADDER
         assert sum(timeline["counts"]) == group["count"]
-    text = ok("inspect", "checkout").stdout
+    text = cli.ok("inspect", "checkout").stdout
     assert "enqueued " in text and "(one mark: " in text
-    assert "█" in ok("inspect", "checkout").stdout
-    ascii_text = ok("inspect", "checkout", "--ascii").stdout
+    assert "█" in cli.ok("inspect", "checkout").stdout
+    ascii_text = cli.ok("inspect", "checkout", "--ascii").stdout
     assert "█" not in ascii_text and "@" in ascii_text
-    assert "--ascii" in run("inspect", "--help").stdout
+    assert "--ascii" in cli("inspect", "--help").stdout
 
 
-def test_report_json_and_text_have_timelines(all_families: dict[str, Family]) -> None:
+def test_report_json_and_text_have_timelines(all_families: dict[str, Family], cli: Cli) -> None:
     all_families["checkout"].send_to_dlq(encode("apps.shop.tasks.charge", [1]))
-    data = as_json(ok("report", "--format", "json"))
+    data = as_json(cli.ok("report", "--format", "json"))
     (group,) = data["queues"][0]["groups"]
     assert sum(group["timeline"]["counts"]) == 1
-    assert "(one mark: " in ok("report").stdout
-    assert "█" not in ok("report", "--ascii").stdout
-    assert "--ascii" in run("report", "--help").stdout
+    assert "(one mark: " in cli.ok("report").stdout
+    assert "█" not in cli.ok("report", "--ascii").stdout
+    assert "--ascii" in cli("report", "--help").stdout
 
 
 def test_an_output_that_is_not_utf8_gets_ascii_timelines(all_families: dict[str, Family]) -> None:
-    """Block characters on an ASCII stdout would be an encoding error, not a picture."""
+    """Block characters on an ASCII stdout would be an encoding error, not a picture. (The
+    ``cli`` fixture's runner writes UTF-8; this one needs an ASCII stdout.)"""
     from click.testing import CliRunner
 
     from redrive.cli import cli
