@@ -29,7 +29,9 @@ demo: install
 	echo '$$ redrive report'; $(BIN)/redrive report; echo; \
 	echo '$$ redrive inspect checkout'; $(BIN)/redrive inspect checkout; echo; \
 	echo '$$ redrive move checkout --task "apps.payments.*"   # a dry run: nothing changes'; \
-	$(BIN)/redrive move checkout --task 'apps.payments.*'
+	$(BIN)/redrive move checkout --task 'apps.payments.*'; echo; \
+	echo '$$ redrive --celery-app redrive.sandbox.celery_app:app move default   # routed by the app'; \
+	$(BIN)/redrive --celery-app redrive.sandbox.celery_app:app move default
 
 lint: install
 	$(BIN)/ruff check .

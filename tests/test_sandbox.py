@@ -43,6 +43,10 @@ TASKS = {
         "apps.notifications.tasks.send_email",
         "apps.users.tasks.activate_user",
         "apps.reports.tasks.export_csv",
+        # Issue 13: dead-lettered before the onion split, and a task deleted since.
+        "apps.webhooks.tasks.save_checkout_ibft",
+        "apps.engagements.tasks.save_progress_lesson",
+        "apps.inventory.tasks.resync_stock",
     },
     "progress": {
         "apps.engagements.tasks.save_progress_lesson",

@@ -9,6 +9,12 @@ from typing import Any, NoReturn
 import click
 
 from redrive.archive import ArchiveDamaged
+from redrive.cli.celery_app import (
+    refuse_native_with_routes,
+    route_options,
+    routing_note,
+    task_knowledge,
+)
 from redrive.cli.console import (
     PlannedView,
     Progress,
@@ -85,6 +91,7 @@ from redrive.selection import Selection
 @workers_option
 @rate_option
 @plan_out_option
+@route_options
 @json_option
 @pass_ctx
 def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
@@ -96,14 +103,32 @@ def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
     """
 
     if kwargs.pop("native"):
+        with core_errors():
+            refuse_native_with_routes(
+                ctx,
+                route=kwargs.pop("route"),
+                include_unregistered=kwargs.pop("include_unregistered"),
+                to=kwargs["to"],
+            )
         native_move(ctx, target, kwargs)
         return
     selection = make_selection(kwargs)
     with core_errors():
+        # The app first: its errors are local, and one line, before any AWS call.
+        knowledge = task_knowledge(
+            ctx,
+            route=kwargs["route"],
+            include_unregistered=kwargs["include_unregistered"],
+            to=kwargs["to"],
+        )
         dlq = ctx.target(target)
         to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
         options = engine_options(
-            kwargs, selection, to=to, to_celery_queue=to is None or ctx.is_celery_queue(to)
+            kwargs,
+            selection,
+            to=to,
+            to_celery_queue=to is None or ctx.is_celery_queue(to),
+            celery=knowledge,
         )
     run_move(
         ctx,
@@ -133,6 +158,8 @@ def run_move(
     with core_errors():
         to = options.to
         destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
+        if to is None and options.celery is not None and routing_note(options.celery):
+            destination = "the queue each task routes to"
         confirm(
             options.execute,
             yes,
@@ -192,9 +219,22 @@ def run_move(
     finish_move(
         shown,
         as_json,
-        move_text,
+        routed_text(options.celery),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
+
+
+def routed_text(knowledge: Any, render: Any = move_text) -> Any:
+    """``render``, with a first line saying where the routes came from when tasks were
+    sent where their route names (redrive.celery)."""
+    note = routing_note(knowledge)
+    if note is None:
+        return render
+
+    def text(result: Any, **kw: Any) -> str:
+        return f"{note}\n{render(result, **kw)}"
+
+    return text
 
 
 def engine_options(
@@ -203,6 +243,7 @@ def engine_options(
     *,
     to: QueueRef | None = None,
     to_celery_queue: bool = True,
+    celery: Any = None,
 ) -> MoveOptions:
     """The engine's options from the shared move and replay options (replay has no --lease)."""
     return MoveOptions(
@@ -218,10 +259,12 @@ def engine_options(
         include_unknown=kwargs["include_unknown"],
         to_celery_queue=to_celery_queue,
         ambiguous=kwargs["ambiguous"],
+        celery=celery,
     )
 
 
 def move_plan_options(options: Any) -> dict[str, Any]:
+    knowledge = options.celery
     return {
         "to": options.to.url if options.to else None,
         "include_expired": options.include_expired,
@@ -230,6 +273,8 @@ def move_plan_options(options: Any) -> dict[str, Any]:
         "in_doubt": options.in_doubt,
         "ambiguous": options.ambiguous,
         "lease": options.lease,
+        "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
+        "include_unregistered": knowledge is not None and knowledge.include_unregistered,
     }
 
 
@@ -238,10 +283,10 @@ def move_plan_options(options: Any) -> dict[str, Any]:
 @click.option(
     "--to",
     "to",
-    required=True,
     metavar="QUEUE",
     shell_complete=complete_queue,
-    help="Queue to send to (name or URL).",
+    help="Queue to send to (name or URL); required unless --celery-app or [routes] route "
+    "each task.",
 )
 @selection_options
 @execute_options
@@ -254,6 +299,7 @@ def move_plan_options(options: Any) -> dict[str, Any]:
     is_flag=True,
     help="Replay what reads cleanly from a damaged archive, skipping the damage (exit 3).",
 )
+@route_options
 @json_option
 @pass_ctx
 def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
@@ -266,12 +312,24 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     selection = make_selection(kwargs)
     execute: bool = kwargs["execute"]
     with core_errors():
-        to = ctx.queue(kwargs["to"])
+        knowledge = task_knowledge(
+            ctx,
+            route=kwargs["route"],
+            include_unregistered=kwargs["include_unregistered"],
+            to=kwargs["to"],
+        )
+        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
+        if to is None and (knowledge is None or not knowledge.route_by_task):
+            raise UsageProblem(
+                "replay needs --to QUEUE, or the tasks' routes (--celery-app MODULE:ATTR or "
+                "a [routes] table) to send each task to the queue its route names"
+            )
+        destination = to.name if to else "the queue each task routes to"
         confirm(
             execute,
             kwargs["yes"],
-            f"Send the selected archived messages to {to.name}?",
-            details=lambda: replay_details(source, to, selection),
+            f"Send the selected archived messages to {destination}?",
+            details=lambda: replay_details(source, destination, selection),
         )
         ledger = (
             open_ledger(kwargs["ledger"], client_factory=ctx.aws.client)
@@ -287,7 +345,12 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     source,
                     to,
                     ledger,
-                    engine_options(kwargs, selection, to_celery_queue=ctx.is_celery_queue(to)),
+                    engine_options(
+                        kwargs,
+                        selection,
+                        to_celery_queue=to is None or ctx.is_celery_queue(to),
+                        celery=knowledge,
+                    ),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
                     command=command_line(),
@@ -312,7 +375,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
     damage = outcome.damage
 
     def render(result: Any, **kw: Any) -> str:
-        text = move_text(result, **kw)
+        text: str = routed_text(knowledge)(result, **kw)
         if damage is not None:
             text += "\n\n" + "\n".join(archive_damage_lines(damage, replayed=True))
         return text
@@ -344,10 +407,10 @@ def refuse_damaged_archive(source: str, report: Any, execute: bool, as_json: boo
     )
 
 
-def replay_details(source: str, to: QueueRef, selection: Selection) -> list[str]:
+def replay_details(source: str, to: str, selection: Selection) -> list[str]:
     return [
         f"  archive:  {source}",
-        f"  to:       {to.name}",
+        f"  to:       {to}",
         f"  filters:  {filters_text(selection.describe())}",
     ]
 
@@ -390,6 +453,7 @@ class ReplayView:
     help="Override the plan's in-doubt policy (move plans).",
 )
 @workers_option
+@route_options
 @json_option
 @pass_ctx
 def apply(
@@ -401,6 +465,8 @@ def apply(
     ledger: str | None,
     in_doubt: str | None,
     workers: int,
+    route: str | None,
+    include_unregistered: bool,
     as_json: bool,
 ) -> None:
     """Act on exactly the messages of a plan written by `move/purge --plan-out`.
@@ -439,6 +505,7 @@ def apply(
                 include_unknown=bool(opts.get("include_unknown", False)),
                 to_celery_queue=to is None or ctx.is_celery_queue(to),
                 ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
+                celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
             )
     if plan.kind == "move":
         run_move(
@@ -468,3 +535,20 @@ def apply(
         "as_json": as_json,
     }
     run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
+
+
+def plan_knowledge(
+    ctx: Context, plan: Any, to: QueueRef | None, route: str | None, include_unregistered: bool
+) -> Any:
+    """A move plan made with task routes sends each message to the target it recorded (what
+    was reviewed), one made without to its source, as it always did; ``--route`` decides
+    again instead."""
+    routed = plan.options.get("route") == "task"
+    planned = {i.message_id: i.target for i in plan.items if i.target}
+    return task_knowledge(
+        ctx,
+        route=route or ("task" if routed else "source"),
+        include_unregistered=include_unregistered or bool(plan.options.get("include_unregistered")),
+        to=to,
+        planned=planned if routed and route is None else None,
+    )

@@ -38,7 +38,8 @@ NATIVE_POLL_SECONDS = 5.0
 
 # Options that mean something to ``move --native``; any other one given on the command line
 # is refused, so that no filter or safety option is silently ignored.
-_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"}
+# (``--route source`` says what --native does anyway; move refuses ``--route task`` itself.)
+_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json", "route"}
 
 
 _NATIVE_REFUSALS = (
@@ -59,8 +60,8 @@ def refuse_native_conflicts(click_ctx: click.Context) -> None:
     given: list[tuple[str, str]] = []
     for param in click_ctx.command.params:
         name = param.name or ""
-        if name in _NATIVE_OPTIONS:
-            continue
+        if name in _NATIVE_OPTIONS or not param.expose_value:
+            continue  # not exposed: a global option given after the command (--region ...)
         # An environment variable (REDRIVE_LEDGER) is a standing default, not a request.
         if click_ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
             continue

@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+from redrive.celery.knowledge import TaskKnowledge, skip_reason
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
@@ -119,6 +120,8 @@ class MoveOptions:
     ambiguous: AmbiguousPolicy = "hold"
     """What to do with a message that shares the key of a task already sent when nothing
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
+    celery: TaskKnowledge | None = None
+    """Where each task routes to now and which tasks the app registers (redrive.celery)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,13 @@ class TaskCounts:
     failed: int = 0
     duplicates: int = 0
     targets: Counter[str] = field(default_factory=Counter)
+    rerouted: Counter[str] = field(default_factory=Counter)
+    """Source queue -> messages sent elsewhere than their source by their task's route."""
+
+    def sent_to(self, target: str, source: str | None) -> None:
+        self.targets[target] += 1
+        if source is not None and source != target:
+            self.rerouted[source] += 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -158,6 +168,7 @@ class TaskCounts:
             "failed": self.failed,
             "duplicates_deleted": self.duplicates,
             "targets": dict(self.targets),
+            "routed_from": dict(self.rerouted),
         }
 
 
@@ -598,9 +609,11 @@ class MoveEngine:
             generation = attributes.redrive_count(message.message_attributes)
             route: QueueRef | None = None
             skip: str | None = None
-            if not self.options.include_expired and info.is_expired(now_dt):
+            if (unregistered := skip_reason(self.options.celery, info)) is not None:
+                skip = unregistered  # redrive.celery: no worker registers it, it would drop it
+            elif not self.options.include_expired and info.is_expired(now_dt):
                 skip = EXPIRED
-            elif (route := self._route(sqs, message)) is None:
+            elif (route := self._route(sqs, message, info.task)) is None:
                 skip = NO_TARGET
             elif not info.is_celery and not self.options.include_unknown and self._to_celery:
                 # A Celery worker cannot decode it: it would drop it, or fail it back here.
@@ -773,7 +786,7 @@ class MoveEngine:
             for cand, _ in sent:
                 counts = self.result.task(cand.info.task)
                 counts.moved += 1
-                counts.targets[cand.target.name] += 1
+                counts.sent_to(cand.target.name, self._source_name(cand.message))
                 self.result.moved += 1
             for cand, error in failed:
                 self.result.failed += 1
@@ -831,7 +844,7 @@ class MoveEngine:
                 self._planned.add(digest(cand.key))
                 counts = self.result.task(cand.info.task)
                 counts.moved += 1
-                counts.targets[cand.target.name] += 1
+                counts.sent_to(cand.target.name, self._source_name(cand.message))
                 self.result.moved += 1
                 keep.append(cand.message)
                 for follower in followers.get(cand.key, []):
@@ -855,6 +868,7 @@ class MoveEngine:
                     key=cand.key,
                     target=cand.target.url,
                     action=action,
+                    routed_from=_routed_from(self._source_name(cand.message), cand.target.name),
                 )
             )
 
@@ -1139,9 +1153,16 @@ class MoveEngine:
             self._last_heartbeat = now
         self.ledger.heartbeat(self.run_id, lease_until=self.now() + self.options.lease)
 
-    def _route(self, sqs: Sqs, message: Message) -> QueueRef | None:
+    def _route(self, sqs: Sqs, message: Message, task: str | None = None) -> QueueRef | None:
         if self.options.to is not None:
             return self.options.to
+        # redrive.celery: the queue the task routes to now (or a plan's target), if known.
+        if self.options.celery is not None and task is not None:
+            routed = self.options.celery.route(sqs, task, message.message_id)
+            if routed is not None:
+                if routed.queue is None and routed.problem is not None:
+                    self._no_target(*routed.problem)
+                return routed.queue
         arn = message.attributes.get("DeadLetterQueueSourceArn")
         if not arn:
             if self.target.single_source is None:
@@ -1164,6 +1185,16 @@ class MoveEngine:
         with self._lock:
             self._routes[arn] = route
         return route
+
+    def _source_name(self, message: Message) -> str | None:
+        """The queue the message came from, when it is not sent there by choice (``--to``):
+        a task's route may send it elsewhere (redrive.celery)."""
+        if self.options.to is not None:
+            return None
+        arn = message.attributes.get("DeadLetterQueueSourceArn")
+        if arn:
+            return queue_name(arn)
+        return self.target.single_source.name if self.target.single_source else None
 
     def _no_target(self, reason: str, candidates: Sequence[str]) -> None:
         with self._lock:
@@ -1273,6 +1304,11 @@ def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
         "ListDeadLetterSourceQueues) and SQS did not say which one each message came from",
         names,
     )
+
+
+def _routed_from(source: str | None, target: str) -> str | None:
+    """The source a task's route sends a message away from (redrive.celery), else None."""
+    return source if source is not None and source != target else None
 
 
 def _sent_at(entry: Entry) -> float:

@@ -111,7 +111,7 @@ class ReplayResult:
 
 def replay_archive(
     source: str,
-    to: QueueRef,
+    to: QueueRef | None,
     ledger: Ledger | None,
     options: MoveOptions,
     *,
@@ -126,7 +126,8 @@ def replay_archive(
     run_info: Mapping[str, Any] | None = None,
     allow_partial: bool = False,
 ) -> ReplayResult:
-    """Send every selected archived message to ``to``, byte-identical, each task once.
+    """Send every selected archived message to ``to`` (None: where each task's route names,
+    ``options.celery``), byte-identical, each task once.
 
     The whole archive is checked first (``on_check`` hears the records read so far): a
     damaged one raises :class:`ArchiveDamaged` before anything is sent, unless

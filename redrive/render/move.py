@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.archive import DamageReport
-from redrive.operations.move import MoveResult
+from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
 from redrive.render.tables import printable, table
@@ -59,7 +59,7 @@ def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
                 task,
                 c.matched,
                 c.moved,
-                ", ".join(f"{n}" for n in sorted(c.targets)) or "-",
+                targets_cell(c),
                 ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
                 c.failed,
                 c.duplicates,
@@ -115,7 +115,7 @@ def _ambiguous_lines(result: MoveResult) -> list[str]:
 
 
 def _skipped_lines(result: MoveResult) -> list[str]:
-    """What to do about messages skipped as no-target or not-celery."""
+    """What to do about messages skipped as no-target, unregistered or not-celery."""
     lines: list[str] = []
     if result.skipped.get("no-target"):
         reason = result.no_target_reason or "their source queue is ambiguous"
@@ -129,6 +129,14 @@ def _skipped_lines(result: MoveResult) -> list[str]:
             f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
             f"pass --to QUEUE{candidates} to send them there.",
         ]
+    if result.skipped.get("unregistered"):
+        lines += [
+            "",
+            f"{result.skipped['unregistered']} message(s) skipped as unregistered: the Celery "
+            "app does not register their task, so a worker would drop them. They stay in the "
+            "DLQ: deploy the task again, purge them (archived), or pass --include-unregistered "
+            "to send them anyway.",
+        ]
     if result.skipped.get("not-celery"):
         lines += [
             "",
@@ -138,6 +146,18 @@ def _skipped_lines(result: MoveResult) -> list[str]:
             "to send them anyway.",
         ]
     return lines
+
+
+def targets_cell(counts: TaskCounts) -> str:
+    """Where a task's messages go, and when their route sends them elsewhere than their
+    source (redrive.celery)."""
+    text = ", ".join(sorted(counts.targets)) or "-"
+    rerouted = sorted(counts.rerouted.items())
+    if len(rerouted) == 1 and sum(counts.targets.values()) == rerouted[0][1]:
+        text += f" (by route; source {rerouted[0][0]})"
+    elif rerouted:
+        text += f" (by route: {', '.join(f'{n} from {q}' for q, n in rerouted)})"
+    return text
 
 
 def _still_hidden_lines(result: MoveResult) -> list[str]:
