@@ -263,3 +263,9 @@ def test_a_task_name_cannot_forge_a_timeline_line() -> None:
     assert "\x1b" not in text and not any(
         line.startswith("fake line") for line in text.splitlines()
     )
+
+
+def test_with_group_by_exception_each_line_names_its_exception() -> None:
+    (group,) = grouping_of({"apps.t": [NOW]})
+    group.exception = "ValueError"
+    assert timeline_lines([group])[1].startswith("  apps.t (ValueError)  █")

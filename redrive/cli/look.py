@@ -15,6 +15,7 @@ import click
 
 from redrive import webhook
 from redrive.celery.knowledge import annotate_groups
+from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
@@ -27,7 +28,7 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
-from redrive.errors import PostFailed
+from redrive.errors import PostFailed, UsageProblem
 from redrive.ledger import default_ledger_path
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
@@ -85,6 +86,13 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @workers_doing("receive")
 @lease_option
 @ascii_option
+@click.option(
+    "--group-by",
+    type=click.Choice(["task", "exception"]),
+    default="task",
+    show_default=True,
+    help="exception: a group per task and exception type (needs --result-backend).",
+)
 @wide_option
 @pass_ctx
 def inspect(
@@ -96,6 +104,7 @@ def inspect(
     workers: int,
     lease: int,
     ascii_only: bool,
+    group_by: str,
     wide: bool,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
@@ -106,18 +115,12 @@ def inspect(
     with core_errors():
         knowledge = known_tasks(ctx)
     if _is_archive(target):
-        with core_errors():
-            result: InspectResult = inspect_archive(
-                target,
-                show_args=show_args,
-                limit=limit,
-                s3_client_factory=ctx.s3_client,
-                on_problem=warn,
-            )
+        result: InspectResult = _inspect_archive(ctx, target, show_args=show_args, limit=limit)
     else:
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
+            results = _results_for(ctx, group_by)
             result = inspect_dlq(
                 dlq,
                 ctx.sqs_of(dlq),
@@ -131,6 +134,8 @@ def inspect(
                 ),
                 lease=lease,
                 receive_log=ctx.receive_log(),
+                results=results,
+                group_by=group_by if group_by != "task" else None,
             )
         progress.done()
     if knowledge is not None:
@@ -150,10 +155,38 @@ def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, w
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
+    backend_problem = getattr(result, "result_backend_problem", None)
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.incomplete:
         sys.exit(EXIT_ATTENTION)
+    if backend_problem:
+        sys.exit(EXIT_ERROR)
+
+
+def _inspect_archive(
+    ctx: Context, target: str, *, show_args: bool, limit: int | None
+) -> InspectResult:
+    with core_errors():
+        return inspect_archive(
+            target,
+            show_args=show_args,
+            limit=limit,
+            s3_client_factory=ctx.s3_client,
+            on_problem=warn,
+        )
+
+
+def _results_for(ctx: Context, group_by: str) -> ResultLookup | None:
+    results = ctx.results(probe=False)
+    if group_by == "exception" and results is None:
+        raise UsageProblem(
+            "--group-by exception reads Celery's result backend: give "
+            "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
+        )
+    return results
 
 
 def _is_archive(target: str) -> bool:
@@ -239,6 +272,7 @@ def report(ctx: Context, /, **options: Any) -> None:
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
             show_args=opts.show_args,
+            results=ctx.results(probe=False),
         )
     progress.done()
     changes = _since_last(ctx, result) if opts.since_last else None
@@ -249,6 +283,9 @@ def report(ctx: Context, /, **options: Any) -> None:
         click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
+    backend_problem = result.result_backend_problem
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
     alert, alert_state = _alert(opts, result)
@@ -258,7 +295,7 @@ def report(ctx: Context, /, **options: Any) -> None:
         # instead of the throttle holding back what no one was told.
         with core_errors():
             alerts.save_state(Path(alert_state[0]), alert_state[1])
-    if alert or not posted or result.errors:
+    if alert or not posted or result.errors or backend_problem:
         sys.exit(EXIT_ERROR)
 
 

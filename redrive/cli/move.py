@@ -4,6 +4,7 @@ purge plan)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any, NoReturn
 
 import click
@@ -40,6 +41,7 @@ from redrive.cli.options import (
     complete_file,
     complete_queue,
     execute_options,
+    include_succeeded_option,
     json_option,
     lease_option,
     ledger_option,
@@ -156,6 +158,7 @@ def run_move(
     if plan_out and options.execute:
         raise click.UsageError("--plan-out records a dry run: run without --execute")
     with core_errors():
+        options = with_results(ctx, options)
         to = options.to
         destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
         if to is None and options.celery is not None and routing_note(options.celery):
@@ -224,6 +227,20 @@ def run_move(
     )
 
 
+def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
+    """The options with Celery's result backend, checked to answer before anything is
+    sent (none is read with --include-succeeded, unless --in-doubt auto)."""
+    if options.include_succeeded and options.in_doubt != "auto":
+        return options
+    results = ctx.results()
+    if results is None and options.in_doubt == "auto":
+        raise UsageProblem(
+            "--in-doubt auto consults Celery's result backend: give --result-backend URL "
+            "(or REDRIVE_RESULT_BACKEND)"
+        )
+    return replace(options, results=results)
+
+
 def routed_text(knowledge: Any, render: Any = move_text) -> Any:
     """``render``, with a first line saying where the routes came from when tasks were
     sent where their route names (redrive.celery)."""
@@ -259,6 +276,7 @@ def engine_options(
         include_unknown=kwargs["include_unknown"],
         to_celery_queue=to_celery_queue,
         ambiguous=kwargs["ambiguous"],
+        include_succeeded=kwargs["include_succeeded"],
         celery=celery,
     )
 
@@ -273,6 +291,7 @@ def move_plan_options(options: Any) -> dict[str, Any]:
         "in_doubt": options.in_doubt,
         "ambiguous": options.ambiguous,
         "lease": options.lease,
+        "include_succeeded": options.include_succeeded,
         "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
         "include_unregistered": knowledge is not None and knowledge.include_unregistered,
     }
@@ -345,11 +364,14 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     source,
                     to,
                     ledger,
-                    engine_options(
-                        kwargs,
-                        selection,
-                        to_celery_queue=to is None or ctx.is_celery_queue(to),
-                        celery=knowledge,
+                    with_results(
+                        ctx,
+                        engine_options(
+                            kwargs,
+                            selection,
+                            to_celery_queue=to is None or ctx.is_celery_queue(to),
+                            celery=knowledge,
+                        ),
                     ),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
@@ -452,6 +474,7 @@ class ReplayView:
     type=click.Choice(IN_DOUBT_POLICIES),
     help="Override the plan's in-doubt policy (move plans).",
 )
+@include_succeeded_option
 @workers_option
 @route_options
 @json_option
@@ -464,6 +487,7 @@ def apply(
     yes: bool,
     ledger: str | None,
     in_doubt: str | None,
+    include_succeeded: bool,
     workers: int,
     route: str | None,
     include_unregistered: bool,
@@ -505,6 +529,7 @@ def apply(
                 include_unknown=bool(opts.get("include_unknown", False)),
                 to_celery_queue=to is None or ctx.is_celery_queue(to),
                 ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
+                include_succeeded=include_succeeded or bool(opts.get("include_succeeded")),
                 celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
             )
     if plan.kind == "move":

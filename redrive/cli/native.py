@@ -10,7 +10,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width
+from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
 from redrive.cli.options import json_option, target_argument, wide_option
@@ -39,7 +39,10 @@ NATIVE_POLL_SECONDS = 5.0
 # Options that mean something to ``move --native``; any other one given on the command line
 # is refused, so that no filter or safety option is silently ignored.
 # (``--route source`` says what --native does anyway; move refuses ``--route task`` itself.)
-_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json", "route"}
+_NATIVE_OPTIONS = {
+    *("target", "to", "native", "execute", "yes", "rate", "as_json", "route"),
+    "result_backend",
+}
 
 
 _NATIVE_REFUSALS = (
@@ -94,9 +97,26 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
+def refuse_native_with_results(ctx: Context) -> None:
+    """SQS moves every message: it cannot leave out tasks the result backend says already
+    succeeded. Asked for on the command line, that is refused; a standing default (env,
+    config) is a warning."""
+    if ctx.result_backend_given:
+        raise click.UsageError(
+            "--native cannot skip tasks that already succeeded: drop --native to let "
+            "redrive's own move skip them, or drop --result-backend"
+        )
+    if ctx.result_backend or ctx.layout.result_backend:
+        warn(
+            "--native moves every message, tasks the result backend says already succeeded "
+            "included; redrive's own move (without --native) skips them"
+        )
+
+
 def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
     refuse_native_conflicts(click.get_current_context())
+    refuse_native_with_results(ctx)
     execute: bool = kwargs["execute"]
     as_json: bool = kwargs["as_json"]
     rate: float | None = kwargs["rate"]

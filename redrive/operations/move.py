@@ -36,6 +36,12 @@ from typing import Any, Literal, Protocol
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 from redrive.celery.knowledge import TaskKnowledge, skip_reason
+from redrive.celery.results import (
+    ALREADY_SUCCEEDED,
+    ResultLookup,
+    delivered_after_claim,
+    succeeded_ids,
+)
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
@@ -48,8 +54,8 @@ from redrive.operations.plan import PlanItem
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection, Sightings
 
-InDoubtPolicy = Literal["hold", "resend", "skip"]
-IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")
+InDoubtPolicy = Literal["hold", "resend", "skip", "auto"]
+IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip", "auto")
 AmbiguousPolicy = Literal["hold", "move"]
 AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
@@ -122,6 +128,11 @@ class MoveOptions:
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
     celery: TaskKnowledge | None = None
     """Where each task routes to now and which tasks the app registers (redrive.celery)."""
+    results: ResultLookup | None = None
+    """Celery's result backend: a task whose record is SUCCESS is skipped
+    (``already-succeeded``; see :mod:`redrive.celery.results`)."""
+    include_succeeded: bool = False
+    """Send such tasks all the same (and do not consult the backend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +328,9 @@ class _Decided:
     followers: dict[str, list[_Candidate]] = field(default_factory=dict)
     """Key -> further copies of that key in this batch: they follow the first copy."""
     resolve_skip: list[tuple[_Candidate, str]] = field(default_factory=list)
+    proven: list[tuple[_Candidate, str]] = field(default_factory=list)
+    """In doubt, and proven delivered by the result backend (--in-doubt auto): (copy, the
+    dead run that claimed it); also in ``duplicates``, to be deleted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +427,7 @@ class MoveEngine:
         self.run_info = dict(run_info or {})
         self.pipelined = pipelined
         self.receive_log = receive_log
+        self.results = options.results  # redrive.celery.results: already-succeeded, auto
         self.run_id = uuid.uuid4().hex[:16] if options.execute else None
         self.result = MoveResult(
             dry_run=not options.execute,
@@ -596,6 +611,12 @@ class MoveEngine:
         now_dt = datetime.fromtimestamp(now, UTC)
         selection = self.options.selection
         decoded = [(message, decode(message.body)) for message in batch]
+        # redrive.celery.results: one lookup per batch; a backend that cannot answer stops
+        # the run here, before this batch is claimed or sent.
+        succeeded = succeeded_ids(
+            None if self.options.include_succeeded else self.results,
+            (info.task_id for _, info in decoded),
+        )
         if self._sightings is not None:
             with self._lock:
                 for message, info in decoded:
@@ -613,6 +634,8 @@ class MoveEngine:
                 skip = unregistered  # redrive.celery: no worker registers it, it would drop it
             elif not self.options.include_expired and info.is_expired(now_dt):
                 skip = EXPIRED
+            elif info.task_id in succeeded:  # redrive.celery.results
+                skip = ALREADY_SUCCEEDED
             elif (route := self._route(sqs, message, info.task)) is None:
                 skip = NO_TARGET
             elif not info.is_celery and not self.options.include_unknown and self._to_celery:
@@ -652,6 +675,13 @@ class MoveEngine:
         duplicates: list[tuple[_Candidate, str]] = []  # (copy, key already sent)
         followers: dict[str, list[_Candidate]] = {}  # key -> more copies of a key in this batch
         resolve_skip: list[tuple[_Candidate, str]] = []
+        proven: list[tuple[_Candidate, str]] = []
+        # redrive.celery.results: which in-doubt tasks the result backend proves delivered.
+        delivered = (
+            delivered_after_claim(self.results, candidates, entries, self.run_id)
+            if self.options.in_doubt == "auto"
+            else set()
+        )
         with self._lock:
             for cand in candidates:
                 if cand.held is not None:
@@ -708,6 +738,10 @@ class MoveEngine:
                     self._skip(cand.info, RESOLVED_SKIP)
                     keep.append(cand.message)
                     continue
+                elif cand.key in delivered:  # --in-doubt auto: redrive.celery.results
+                    duplicates.append((cand, entry.key))
+                    proven.append((cand, entry.run_id))
+                    continue
                 else:
                     self._in_doubt(
                         cand,
@@ -722,7 +756,15 @@ class MoveEngine:
             keep = self._plan_only(keep, to_send, takeovers, duplicates, followers)
             return _Decided(batch, received_at, keep)
         return _Decided(
-            batch, received_at, keep, to_send, takeovers, duplicates, followers, resolve_skip
+            batch,
+            received_at,
+            keep,
+            to_send,
+            takeovers,
+            duplicates,
+            followers,
+            resolve_skip,
+            proven,
         )
 
     def _execute(self, sqs: Sqs, decided: _Decided) -> list[Message]:
@@ -736,6 +778,8 @@ class MoveEngine:
         assert self.ledger is not None and self.run_id is not None
 
         # -- claim ---------------------------------------------------------------------
+        if decided.proven:
+            duplicates = self._adopt_delivered(decided.proven, duplicates, keep)
         if resolve_skip:
             self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in resolve_skip])
         claimed: list[_Candidate] = []
@@ -828,6 +872,22 @@ class MoveEngine:
         if deleted_keys:
             self.ledger.mark_done_many(self.run_id, sorted(deleted_keys))
         return keep
+
+    def _adopt_delivered(
+        self,
+        proven: Sequence[tuple[_Candidate, str]],
+        duplicates: list[tuple[_Candidate, str]],
+        keep: list[Message],
+    ) -> list[tuple[_Candidate, str]]:
+        """--in-doubt auto: take over the keys the result backend proved delivered and
+        record them SENT (by the dead run's copy), so their DLQ copies are deleted as
+        duplicates and the keys end DONE. A key another run took meanwhile stays held."""
+        assert self.ledger is not None and self.run_id is not None
+        taken = self.ledger.takeover_many(self.run_id, [(c.key, run) for c, run in proven])
+        self.ledger.mark_sent_many(self.run_id, {key: "" for key in taken})
+        untaken = {id(c) for c, _ in proven if c.key not in taken}
+        keep.extend(c.message for c, _ in proven if id(c) in untaken)
+        return [(c, k) for c, k in duplicates if id(c) not in untaken]
 
     def _plan_only(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
+from redrive.render.sparkline import group_label
 from redrive.render.tables import printable
 from redrive.reporting.alerts import Change
 from redrive.reporting.inspect import TaskGroup
@@ -99,13 +100,14 @@ def _group_html(group: TaskGroup, now: float) -> str:
             for sample in group.sample_args
         )
         samples = f"<details><summary>sample arguments</summary><pre>{esc(shown)}</pre></details>"
+    label = group_label(group)
     oldest = f"oldest {format_duration(now - group.oldest)} ago · " if group.oldest else ""
     return (
-        f'<div class="group"><div class="group-head"><span class="task">{esc(group.task)}</span>'
+        f'<div class="group"><div class="group-head"><span class="task">{esc(label)}</span>'
         f'<span class="count">{group.count}</span></div>'
         f'<div class="muted">{oldest}poison {group.poison} · expired {group.expired} · '
         f"leaving within 24h {group.leaving_within_24h}</div>"
-        f"{timeline_svg(group.timeline, group.task)}{samples}</div>"
+        f"{timeline_svg(group.timeline, label)}{samples}</div>"
     )
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS
+from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, result_columns
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import Narrow, fitted_table, markdown_text, table, when_cell
 from redrive.reporting.alerts import Change
@@ -74,7 +74,9 @@ def _groups_section(
         for g in groups
     ]
     headers = ["task", "count", "oldest", "consumer receives", "poison", "expired"]
-    lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=GROUP_STEPS))
+    rows, headers = result_columns(groups, rows, headers)
+    steps = (*RESULT_STEPS, *GROUP_STEPS)
+    lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
     # Markdown: an indented code block, where nothing a task name holds is markup.
     timelines = timeline_lines(
         groups,

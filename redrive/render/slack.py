@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.durations import format_duration
-from redrive.render.sparkline import sparkline
+from redrive.render.sparkline import group_label, sparkline
 from redrive.render.tables import printable, shorten_task
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import FamilyReport, Report
@@ -56,7 +56,7 @@ def _family_block(q: FamilyReport, now: float) -> dict[str, Any]:
         marks = ""
         if g.timeline is not None:
             marks = " `" + sparkline(rebinned(g.timeline.counts, MARKS)[0]) + "`"
-        lines.append(f"• {slack_code(shorten_task(g.task, TASK_CHARS))} {g.count}{marks}")
+        lines.append(f"• {slack_code(shorten_task(group_label(g), TASK_CHARS))} {g.count}{marks}")
     if len(groups) > GROUPS_PER_BLOCK:
         lines.append(f"… and {len(groups) - GROUPS_PER_BLOCK} more task(s)")
     return {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}}

@@ -31,6 +31,12 @@ def sparkline(counts: Sequence[int], *, ascii_only: bool = False) -> str:
     )
 
 
+def group_label(group: TaskGroup) -> str:
+    """The task, and its exception type with --group-by exception (as raw text: each sink
+    escapes it for where it goes)."""
+    return group.task if group.exception is None else f"{group.task} ({group.exception})"
+
+
 def _stamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ")
 
@@ -49,7 +55,7 @@ def timeline_lines(
     if not timed:
         return []
     span: Timeline = timed[0][1]
-    label_width = max(len(printable(g.task)) for g, _ in timed)
+    label_width = max(len(printable(group_label(g))) for g, _ in timed)
     if width is not None:
         label_width = min(LABEL_MOST, label_width)
     room = None if width is None else width - len(indent + INDENT) - label_width - 2
@@ -63,7 +69,7 @@ def timeline_lines(
     lines = [indent + wrapped(heading, None if width is None else width - len(indent))]
     for group, timeline in timed:
         counts = rebinned(timeline.counts, room)[0] if room is not None else timeline.counts
-        label = shorten_task(printable(group.task), label_width)
+        label = shorten_task(printable(group_label(group)), label_width)
         line = sparkline(counts, ascii_only=ascii_only)
         lines.append(f"{indent}{INDENT}{label.ljust(label_width)}  {line}".rstrip())
     return lines
