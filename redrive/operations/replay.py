@@ -212,7 +212,7 @@ def inspect_archive(
     """
     started = time.monotonic()
     now = time.time() if now is None else now
-    focus = focus or Focus(show_args=show_args)
+    focus = Focus.of(focus, show_args)
     grouping = focus.grouping(now, None, DEFAULT_MAX_REDRIVES)
     dlqs: set[str] = set()
     partial = False

@@ -30,6 +30,7 @@ from redrive.durations import iso_utc
 from redrive.message_record import RecordBuilder, TaskOutcome
 from redrive.message_record import ResultLookup as RecordLookup
 from redrive.messages import TaskInfo, decode
+from redrive.reporting.timeline import SentTimes, Timeline, fit_timelines
 from redrive.where import Expression, Where, group_value
 
 SAMPLES_PER_GROUP = 3
@@ -90,6 +91,9 @@ class TaskGroup:
     notes: Counter[str] = field(default_factory=Counter)
     value: Any = _TASK_NAME
     """The --group-by value (JSON's "task"); the task name when grouped by task."""
+    sent_times: SentTimes = field(default_factory=SentTimes)
+    timeline: Timeline | None = None
+    """When the group's messages were enqueued, over the DLQ's span (set by sorted_groups)."""
     unregistered: int | None = None
     """Messages of a task the Celery app does not register (None: no app to ask)."""
     routes_to: str | None = None
@@ -115,6 +119,7 @@ class TaskGroup:
             "sample_task_ids": self.sample_task_ids,
             "sample_message_ids": self.sample_message_ids,
             "protocols": dict(self.protocols),
+            "timeline": self.timeline.to_json() if self.timeline is not None else None,
         }
         if self.notes:
             data["notes"] = dict(self.notes)
@@ -235,6 +240,7 @@ class Grouping:
         self.scanned += 1
         group.count += 1
         if sent_at is not None:
+            group.sent_times.add(sent_at)  # timeline seam: counts per bucket, per group key
             group.oldest = sent_at if group.oldest is None else min(group.oldest, sent_at)
             group.newest = sent_at if group.newest is None else max(group.newest, sent_at)
             if (
@@ -278,7 +284,13 @@ class Grouping:
         return group
 
     def sorted_groups(self) -> list[TaskGroup]:
-        return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
+        groups = sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
+        # The scan is over: every group's timeline over the span of them all.
+        for group, timeline in zip(
+            groups, fit_timelines([g.sent_times for g in groups]), strict=True
+        ):
+            group.timeline = timeline
+        return groups
 
     @property
     def oldest(self) -> float | None:
@@ -406,6 +418,12 @@ class Focus:
     """Answers the record's ``state`` and ``exception`` where no backend batch is read."""
     show_args: bool = False
 
+    @classmethod
+    def of(cls, focus: Focus | None, show_args: bool) -> Focus:
+        """``focus`` (or none), showing arguments when either asks for them."""
+        focus = focus or cls()
+        return dataclasses.replace(focus, show_args=True) if show_args else focus
+
     def grouping(
         self, now: float, target: DlqTarget | None, max_redrives: int, **backend: Any
     ) -> Grouping:
@@ -454,7 +472,7 @@ def inspect_dlq(
     batch (one that fails is said, the scan goes on); ``group_by="exception"``: by exception."""
     started = time.monotonic()
     now = time.time() if now is None else now
-    focus = focus or Focus(show_args=show_args)
+    focus = Focus.of(focus, show_args)
     sqs = sqs_factory()
     depth, hidden = _counts(sqs, target.dlq.url)
     if on_depth is not None:

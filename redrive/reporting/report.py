@@ -103,6 +103,7 @@ def build_report(
     now: float | None = None,
     receive_log: ReceiveLog | None = None,
     focus: Focus | None = None,
+    show_args: bool = False,
     results: ResultLookup | None = None,
 ) -> Report:
     """Inspect every family's DLQ (with ``focus``: counting what a --where selects, grouped
@@ -125,6 +126,7 @@ def build_report(
                 now=now,
                 receive_log=receive_log,
                 focus=focus,
+                show_args=show_args,
                 results=results,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
