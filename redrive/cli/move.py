@@ -45,7 +45,7 @@ from redrive.cli.options import (
     target_argument,
     workers_option,
 )
-from redrive.cli.purge import run_purge
+from redrive.cli.purge import purge_command
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
 from redrive.ledger import open_ledger
@@ -57,6 +57,7 @@ from redrive.operations.move import (
     MoveOptions,
 )
 from redrive.operations.plan import PlanWriter, read_plan
+from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import replay_archive
 from redrive.render.move import archive_damage_lines, move_text
 from redrive.render.selection import filters_text
@@ -451,20 +452,24 @@ def apply(
             planned=len(plan.items),
         )
         return
-    kwargs: dict[str, Any] = {
-        "tasks": (),
-        "exclude_tasks": (),
-        "older_than": None,
-        "newer_than": None,
-        "limit": None,
-        "message_ids": tuple(plan.message_ids),
-        "archive_to": plan.options.get("archive"),
-        "no_archive": bool(plan.options.get("no_archive")),
-        "execute": execute,
-        "yes": yes,
-        "ledger": ledger,
-        "lease": 30,
-        "workers": workers,
-        "as_json": as_json,
-    }
-    run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
+    no_archive = bool(plan.options.get("no_archive"))
+    archive_to = plan.options.get("archive")
+    if no_archive and archive_to:
+        raise click.UsageError("--archive and --no-archive contradict each other")
+    purge_options = PurgeOptions(
+        selection=selection,
+        execute=execute,
+        archive=not no_archive,
+        archive_to=archive_to,
+        lease=DEFAULT_LEASE,
+        workers=workers,
+    )
+    purge_command(
+        ctx,
+        dlq,
+        purge_options,
+        yes=yes,
+        ledger_uri=ledger,
+        as_json=as_json,
+        planned=len(plan.items),
+    )

@@ -21,12 +21,9 @@ harmless: the next run finds SENT keys and only deletes, or finds nothing and st
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import socket
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,9 +38,10 @@ from redrive.dlq.scan import DlqScan, digest, run_pipelines
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
-from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
+from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.plan import PlanItem
+from redrive.operations.run import Outcome, RunLifecycle, run_is_live
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection, Sightings
 
@@ -53,9 +51,6 @@ AmbiguousPolicy = Literal["hold", "move"]
 AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
 DEFAULT_MAX_REDRIVES = 3
-# A run that has not heartbeaten for this long, and whose lease has run out, is dead.
-STALE_AFTER = 120.0
-HEARTBEAT_EVERY = 5.0
 MAX_LISTED = 100
 # Message sizes (bytes, body plus attributes) queues accept: SQS's old maximum, which many
 # queues still set as MaximumMessageSize, and its current one.
@@ -73,9 +68,6 @@ AMBIGUOUS = "ambiguous-copy"
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
-
-_ACTIVE_RUNS: set[str] = set()
-"""Runs alive in this process: a run id recorded with our pid but not in here has crashed."""
 
 
 class MessageSource(Protocol):
@@ -399,10 +391,24 @@ class MoveEngine:
         self.now = now
         self.source = source
         self.plan_sink = plan_sink
-        self.run_info = dict(run_info or {})
         self.pipelined = pipelined
         self.receive_log = receive_log
-        self.run_id = uuid.uuid4().hex[:16] if options.execute else None
+        self._life = RunLifecycle(
+            ledger,
+            execute=options.execute,
+            command=command,
+            info={
+                "target": target.label,
+                "dlq": target.dlq.url,
+                "filters": options.selection.describe(),
+                **(run_info or {}),
+            },
+            lease=options.lease,
+            stop=self.stop,
+            clock=now,
+            counts=self._counts,
+        )
+        self.run_id = self._life.run_id
         self.result = MoveResult(
             dry_run=not options.execute,
             target=target.label,
@@ -415,7 +421,6 @@ class MoveEngine:
         self._limit_left = options.selection.limit
         self._routes: dict[str, QueueRef | None] = {}
         self._rate = RateLimiter(options.rate)
-        self._last_heartbeat = 0.0
         self._liveness: dict[str, bool] = {}
         # In a dry run, keys this run "would claim": a second copy is then a duplicate.
         # Digests, not keys: a dry run of a million messages must not hold a million strings.
@@ -452,46 +457,31 @@ class MoveEngine:
                 receive_log=self.receive_log,
             )
         self._scan = scan
-        if self.ledger is not None and self.run_id is not None:
-            self.ledger.start_run(
-                self.run_id,
-                command=self.command,
-                info={
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "target": self.target.label,
-                    "dlq": self.target.dlq.url,
-                    "filters": self.options.selection.describe(),
-                    **self.run_info,
-                },
-            )
-            _ACTIVE_RUNS.add(self.run_id)
-        try:
+        with self._life:
             try:
-                run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
-            except (Exception, KeyboardInterrupt) as exc:
-                # Give back what is held and end the run as failed. A real crash (SIGKILL)
-                # never gets here, nor do the simulated ones in the tests (a BaseException
-                # subclass): then leases run out by themselves and the ledger keeps what was
-                # claimed.
-                if isinstance(exc, RedriveError):
-                    self.result.error = str(exc)
-                # A second Ctrl-C is an interruption the operator asked for, not a failure.
-                how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-                with contextlib.suppress(Exception):
-                    self._finish(self.sqs_factory(), scan, how, started)
-                raise
-            self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
-        finally:
-            # Process-local bookkeeping, dropped however the run ends: after a crash that
-            # skipped _finish, this run no longer sends anything, so its claims are in doubt
-            # (as they are when a real crash takes the whole process and this set with it).
-            if self.run_id is not None:
-                _ACTIVE_RUNS.discard(self.run_id)
-            scan.close()
+                try:
+                    run_pipelines(
+                        self._work, sqs, self.sqs_factory, self.options.workers, self.stop
+                    )
+                except (Exception, KeyboardInterrupt) as exc:
+                    # Give back what is held and end the run as failed. A real crash (SIGKILL)
+                    # never gets here, nor do the simulated ones in the tests (a BaseException
+                    # subclass): then leases run out by themselves and the ledger keeps what
+                    # was claimed.
+                    if isinstance(exc, RedriveError):
+                        self.result.error = str(exc)
+                    # A second Ctrl-C is an interruption the operator asked for.
+                    how: Outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                    with contextlib.suppress(Exception):
+                        self._finish(self.sqs_factory(), scan, how, started)
+                    raise
+                outcome: Outcome = "interrupted" if self.stop.is_set() else "completed"
+                self._finish(sqs, scan, outcome, started)
+            finally:
+                scan.close()
         return self.result
 
-    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: str, started: float) -> None:
+    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: Outcome, started: float) -> None:
         scan.release_all(sqs)
         scan.close()
         result = self.result
@@ -507,28 +497,14 @@ class MoveEngine:
                 self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]
             ).get("ApproximateNumberOfMessagesNotVisible", "0")
             result.still_hidden = int(hidden) if hidden.isdigit() else 0
-        if self.ledger is not None:
-            if result.still_hidden:
-                leases = [
-                    r.lease_until
-                    for r in self.ledger.runs(since=self.now() - 86_400)
-                    if r.run_id != self.run_id and r.lease_until > self.now()
-                ]
-                result.hidden_until = max(leases) if leases else None
-            if self.run_id is not None:
-                self.ledger.end_run(
-                    self.run_id,
-                    outcome=outcome,
-                    counts={
-                        "matched": result.matched,
-                        "moved": result.moved,
-                        "skipped": result.skipped_total,
-                        "failed": result.failed,
-                        "in_doubt": result.in_doubt,
-                        "duplicates_deleted": result.duplicates,
-                    },
-                )
-                _ACTIVE_RUNS.discard(self.run_id)
+        if self.ledger is not None and result.still_hidden:
+            leases = [
+                r.lease_until
+                for r in self.ledger.runs(since=self.now() - 86_400)
+                if r.run_id != self.run_id and r.lease_until > self.now()
+            ]
+            result.hidden_until = max(leases) if leases else None
+        self._life.end(outcome)
 
     def _work(self, sqs: Sqs) -> None:
         # A FIFO queue hands out nothing more of a message group while a batch of it is in
@@ -755,7 +731,7 @@ class MoveEngine:
                     keep.extend(f.message for f in followers.pop(cand.key, []))
                     with self._lock:
                         self._skip(cand.info, BUSY)
-        self._heartbeat()
+        self._life.heartbeat()
         self.fault("claimed")
 
         # -- send ----------------------------------------------------------------------
@@ -1129,15 +1105,17 @@ class MoveEngine:
         if time.monotonic() - received_at > self.options.lease / 2:
             self._scan.extend(sqs, batch, self.options.lease)
 
-    def _heartbeat(self) -> None:
-        if self.ledger is None or self.run_id is None:
-            return
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last_heartbeat < HEARTBEAT_EVERY:
-                return
-            self._last_heartbeat = now
-        self.ledger.heartbeat(self.run_id, lease_until=self.now() + self.options.lease)
+    def _counts(self) -> dict[str, int]:
+        """What the run's end records."""
+        result = self.result
+        return {
+            "matched": result.matched,
+            "moved": result.moved,
+            "skipped": result.skipped_total,
+            "failed": result.failed,
+            "in_doubt": result.in_doubt,
+            "duplicates_deleted": result.duplicates,
+        }
 
     def _route(self, sqs: Sqs, message: Message) -> QueueRef | None:
         if self.options.to is not None:
@@ -1178,7 +1156,7 @@ class MoveEngine:
                 return self._liveness[run_id]
         assert self.ledger is not None
         run = self.ledger.run(run_id)
-        live = run is not None and _run_is_live(run, self.now())
+        live = run is not None and run_is_live(run, self.now())
         with self._lock:
             self._liveness[run_id] = live
         return live
@@ -1241,23 +1219,6 @@ class MoveEngine:
             self.result.ambiguous_messages.append(
                 Listed(cand.info.task, cand.info.task_id, cand.message.message_id, cand.key, detail)
             )
-
-
-def _run_is_live(run: RunInfo, now: float) -> bool:
-    if run.ended_at is not None:
-        return False
-    info = run.info or {}
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-        pid = int(info["pid"])
-        if pid == os.getpid():
-            return run.run_id in _ACTIVE_RUNS
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-    return run.is_live(now=now, stale_after=STALE_AFTER)
 
 
 def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:

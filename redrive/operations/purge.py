@@ -10,21 +10,24 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from redrive.archive import ArchiveRecord, ArchiveWriter
+from redrive.archive import ArchiveRecord, ArchiveWriter, default_archive_path, open_writer
 from redrive.aws.sqs import Message, Sqs
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.errors import ArchiveError, AwsError, UsageProblem
+from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.plan import PlanItem
+from redrive.operations.run import RunLifecycle, new_run_id
+from redrive.reporting.audit import DeletedMessages, absolute_location
 from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30
@@ -47,6 +50,9 @@ class PurgeOptions:
     lease: int = DEFAULT_LEASE
     workers: int = 1
     buffer: int = LOCAL_BUFFER
+    """Messages per archive write to a local file (an S3 archive writes S3_BUFFER)."""
+    archive_to: str | None = None
+    """Where to archive (a path or s3:// prefix); None: ./redrive-archive/FAMILY-TIME.jsonl.gz."""
 
 
 @dataclass(slots=True)
@@ -114,6 +120,122 @@ class _Pending:
     at: float
 
 
+def run_purge(
+    target: DlqTarget,
+    options: PurgeOptions,
+    *,
+    sqs_factory: Callable[[], Sqs],
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+    s3_client_factory: Callable[[], Any] | None = None,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[PurgeResult], None] | None = None,
+    plan_sink: Callable[[PlanItem], None] | None = None,
+    receive_log: ReceiveLog | None = None,
+    now: Callable[[], float] = time.time,
+) -> PurgeResult:
+    """``purge`` or ``archive`` as a command runs it: the archive opened where the options say
+    (a dry run checks the execute could write there), the run recorded in ``ledger`` for the
+    audit trail (``record``: its who and what), and an archive that holds nothing removed."""
+    where = archive_location(target, options, now)
+    if where and not options.execute:
+        # The dry run says "would be archived to" only where the execute could write.
+        check_archive_path(where)
+    writer = (
+        open_writer(where, s3_client_factory=s3_client_factory)
+        if where and options.execute
+        else None
+    )
+    if where and where.startswith("s3://"):
+        options = replace(options, buffer=S3_BUFFER)
+    stop = stop or threading.Event()
+    ended = _PurgeEnd(DeletedMessages())
+    life = RunLifecycle(
+        ledger,
+        execute=options.execute,
+        command=command,
+        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        lease=options.lease,
+        stop=stop,
+        clock=now,
+        counts=ended.counts,
+        end_info=ended.info,
+    )
+    with life:
+        try:
+            result = purge_dlq(
+                target,
+                options,
+                sqs_factory=sqs_factory,
+                writer=writer,
+                stop=stop,
+                on_progress=on_progress,
+                now=now,
+                plan_sink=plan_sink,
+                # The archive's records name the run the ledger and the audit trail know.
+                run_id=life.run_id,
+                on_deleted=ended.deleted.add if ledger is not None else None,
+                receive_log=receive_log,
+            )
+        finally:
+            if writer is not None:
+                writer.close()
+        ended.dropped = _drop_empty_archive(where, result.archived) if writer is not None else False
+        result.archive = None if ended.dropped else result.archive or where
+        ended.result = result
+    return result
+
+
+def archive_location(
+    target: DlqTarget, options: PurgeOptions, now: Callable[[], float] = time.time
+) -> str | None:
+    """Where the run archives: the options' destination, or the default path; None with
+    ``--no-archive``."""
+    if not options.archive:
+        return None
+    return options.archive_to or default_archive_path(
+        target.label, datetime.fromtimestamp(now(), UTC)
+    )
+
+
+@dataclass(slots=True)
+class _PurgeEnd:
+    """What a purge's run records at its end: the counts, and the messages it deleted."""
+
+    deleted: DeletedMessages
+    result: PurgeResult | None = None
+    dropped: bool = False
+
+    def counts(self) -> dict[str, int]:
+        result = self.result
+        if result is None:
+            # Failed or interrupted: the run still says what it had deleted by then.
+            return {"purged": self.deleted.total}
+        return {
+            "matched": result.matched,
+            "archived": result.archived,
+            "purged": result.purged,
+            "failed": result.failed,
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {"deleted": self.deleted.items, **({"archive": None} if self.dropped else {})}
+
+
+def _drop_empty_archive(where: str | None, archived: int) -> bool:
+    """Remove the file a run that archived nothing created (its writer made it new, with
+    O_EXCL, and it holds only the archive's header): an archive that holds no message is no
+    evidence of anything, and would block a rerun that names the same path."""
+    if where is None or "://" in where or archived:
+        return False
+    try:
+        Path(where).expanduser().unlink()
+    except OSError:
+        return False
+    return True
+
+
 def purge_dlq(
     target: DlqTarget,
     options: PurgeOptions,
@@ -150,7 +272,7 @@ def purge_dlq(
         dlq=target.dlq.name,
         archive=writer.location if writer is not None else None,
         command="purge" if options.delete else "archive",
-        run_id=(run_id or uuid.uuid4().hex[:16]) if options.execute else None,
+        run_id=(run_id or new_run_id()) if options.execute else None,
     )
     sqs = sqs_factory()
     depth = int(
@@ -343,8 +465,19 @@ def check_archive_path(destination: str) -> None:
         )
 
 
-def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeResult:
-    """SQS PurgeQueue: unfiltered, unarchived, cannot be undone, once per 60 s per queue."""
+def purge_whole_queue(
+    target: DlqTarget,
+    sqs: Sqs,
+    *,
+    execute: bool,
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+) -> PurgeResult:
+    """SQS PurgeQueue: unfiltered, unarchived, cannot be undone, once per 60 s per queue.
+
+    With a ``ledger``, an executed purge is a run in it, for the audit trail (``record``: the
+    who and what of :func:`redrive.reporting.audit.run_record`)."""
     counts = sqs.attributes(
         target.dlq.url,
         ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
@@ -352,6 +485,8 @@ def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeRes
     depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
         counts.get("ApproximateNumberOfMessagesNotVisible", "0")
     )
+    info = {**(record or {}), "archive": None, "dlq": target.dlq.url}
+    life = RunLifecycle(ledger, execute=execute, command=command, info=info)
     result = PurgeResult(
         dry_run=not execute,
         target=target.label,
@@ -359,20 +494,28 @@ def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeRes
         archive=None,
         method="purge-queue",
         matched=depth,
-        run_id=uuid.uuid4().hex[:16] if execute else None,
+        run_id=life.run_id,
     )
-    if execute:
-        try:
-            sqs.purge(target.dlq.url)
-        except AwsError as exc:
-            if "PurgeQueueInProgress" in str(exc):
-                raise AwsError(
-                    f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
-                    "already in progress: wait a minute and rerun"
-                ) from exc
-            raise
-        result.purged = depth
+    with life:
+        if execute:
+            _purge_queue(target, sqs)
+            result.purged = depth
+            life.counts = lambda: {"matched": result.matched, "purged": result.purged}
+            # SQS does not say which messages PurgeQueue deleted: the record says so.
+            life.end_info = lambda: {"deleted": [], "method": "purge-queue"}
     return result
+
+
+def _purge_queue(target: DlqTarget, sqs: Sqs) -> None:
+    try:
+        sqs.purge(target.dlq.url)
+    except AwsError as exc:
+        if "PurgeQueueInProgress" in str(exc):
+            raise AwsError(
+                f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
+                "already in progress: wait a minute and rerun"
+            ) from exc
+        raise
 
 
 def _as_boto(message: Message) -> dict[str, Any]:
