@@ -20,6 +20,7 @@ import click
 
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
+from redrive.operations.observer import RunObserver
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -82,6 +83,27 @@ class Progress:
     def done(self) -> None:
         if self.enabled and self._shown:
             click.echo("\r\x1b[K", err=True, nl=False)
+
+
+class ProgressDisplay(RunObserver[Any]):
+    """A run's progress line, as the run's observer: ``line`` says what a result shows; an
+    archive's check and its problems are shown too."""
+
+    def __init__(self, label: str, line: Callable[[Any, Progress], str]) -> None:
+        self.progress = Progress(label)
+        self._line = line
+
+    def on_progress(self, result: Any) -> None:
+        self.progress.update(self._line(result, self.progress))
+
+    def on_check(self, read: int) -> None:
+        self.progress.update(f"checking the archive: {read} read")
+
+    def on_problem(self, problem: str) -> None:
+        warn(problem)
+
+    def done(self) -> None:
+        self.progress.done()
 
 
 def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:

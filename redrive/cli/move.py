@@ -12,6 +12,7 @@ from redrive.archive import ArchiveDamaged
 from redrive.cli.console import (
     PlannedView,
     Progress,
+    ProgressDisplay,
     command_line,
     confirm,
     emit_json,
@@ -55,10 +56,13 @@ from redrive.operations.move import (
     IN_DOUBT_POLICIES,
     MoveEngine,
     MoveOptions,
+    MoveResult,
 )
+from redrive.operations.observer import Observers
 from redrive.operations.plan import PlanWriter, read_plan
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import replay_archive
+from redrive.operations.run import RunRecord
 from redrive.render.move import archive_damage_lines, move_text
 from redrive.render.selection import filters_text
 from redrive.selection import Selection
@@ -158,7 +162,7 @@ def run_move(
             if plan_out
             else None
         )
-    progress = Progress("move")
+    display = ProgressDisplay("move", move_progress)
     try:
         with core_errors(), interruptible() as stop:
             engine = MoveEngine(
@@ -166,14 +170,9 @@ def run_move(
                 ledger,
                 options,
                 sqs_factory=ctx.sqs_of(dlq),
-                command=command_line(),
+                observer=Observers(display, writer) if writer else display,
                 stop=stop,
-                on_progress=lambda r: progress.update(
-                    f"{r.moved:,} moved / {r.matched:,} matched / "
-                    + progress.of(r.scanned, "scanned", r.depth_before)
-                ),
-                plan_sink=writer.add if writer else None,
-                run_info=run_info if options.execute else None,
+                record=RunRecord(command_line(), run_info if options.execute else {}),
                 receive_log=ctx.receive_log(),
             )
             result = engine.run()
@@ -184,7 +183,7 @@ def run_move(
     finally:
         if ledger is not None:
             ledger.close()
-    progress.done()
+    display.done()
     if writer is not None:
         writer.close()
         click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
@@ -195,6 +194,12 @@ def run_move(
         as_json,
         move_text,
         next_command=execute_command(plan_out=plan_out) if would_act else None,
+    )
+
+
+def move_progress(r: MoveResult, progress: Progress) -> str:
+    return f"{r.moved:,} moved / {r.matched:,} matched / " + progress.of(
+        r.scanned, "scanned", r.depth_before
     )
 
 
@@ -280,7 +285,7 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
             else dry_run_ledger(kwargs["ledger"], ctx.aws.client)
         )
     allow_partial: bool = kwargs["allow_partial"]
-    progress = Progress("replay")
+    display = ProgressDisplay("replay", lambda r, _: f"{r.moved} replayed / {r.scanned} read")
     try:
         with core_errors(), interruptible() as stop:
             try:
@@ -291,25 +296,23 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
                     engine_options(kwargs, selection, to_celery_queue=ctx.is_celery_queue(to)),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
-                    command=command_line(),
+                    observer=display,
                     stop=stop,
-                    on_problem=warn,
-                    on_check=lambda n: progress.update(f"checking the archive: {n} read"),
-                    on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
-                    run_info=(
+                    record=RunRecord(
+                        command_line(),
                         execute_record(ctx, source, selection, ledger, archive=source)
                         if execute and ledger
-                        else None
+                        else {},
                     ),
                     allow_partial=allow_partial,
                 )
             except ArchiveDamaged as exc:
-                progress.done()
+                display.done()
                 refuse_damaged_archive(source, exc.report, execute, kwargs["as_json"])
     finally:
         if ledger is not None:
             ledger.close()
-    progress.done()
+    display.done()
     damage = outcome.damage
 
     def render(result: Any, **kw: Any) -> str:

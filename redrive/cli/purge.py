@@ -9,6 +9,7 @@ import click
 from redrive.cli.console import (
     PlannedView,
     Progress,
+    ProgressDisplay,
     command_line,
     confirm,
     execute_command,
@@ -29,8 +30,9 @@ from redrive.cli.options import (
 )
 from redrive.dlq.queues import DlqTarget
 from redrive.ledger import open_ledger
+from redrive.operations.observer import Observers
 from redrive.operations.plan import PlanWriter
-from redrive.operations.purge import PurgeOptions, purge_whole_queue, run_purge
+from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue, run_purge
 from redrive.render.move import purge_text
 from redrive.selection import Selection
 
@@ -63,7 +65,7 @@ def purge_command(
         # Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
         execute = options.execute and options.delete
         ledger = open_ledger(ledger_uri, client_factory=ctx.aws.client) if execute else None
-    progress = Progress(dlq.label)
+    display = ProgressDisplay(dlq.label, purge_progress)
     try:
         with core_errors(), interruptible() as stop:
             result = run_purge(
@@ -76,12 +78,8 @@ def purge_command(
                 if ledger
                 else None,
                 s3_client_factory=ctx.s3_client,
+                observer=Observers(display, plan) if plan else display,
                 stop=stop,
-                on_progress=lambda r: progress.update(
-                    f"{r.archived:,} archived / {r.purged:,} deleted / {r.matched:,} matched / "
-                    + progress.of(r.scanned, "scanned", r.depth_before)
-                ),
-                plan_sink=plan.add if plan else None,
                 receive_log=ctx.receive_log(),
             )
     except BaseException:
@@ -91,7 +89,7 @@ def purge_command(
     finally:
         if ledger is not None:
             ledger.close()
-    progress.done()
+    display.done()
     if plan is not None:
         plan.close()
         click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
@@ -103,6 +101,13 @@ def purge_command(
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
+    )
+
+
+def purge_progress(r: PurgeResult, progress: Progress) -> str:
+    return (
+        f"{r.archived:,} archived / {r.purged:,} deleted / {r.matched:,} matched / "
+        + progress.of(r.scanned, "scanned", r.depth_before)
     )
 
 

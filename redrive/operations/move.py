@@ -40,8 +40,9 @@ from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.messages import TaskInfo, decode
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
-from redrive.operations.run import Outcome, RunLifecycle, run_is_live
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection, Sightings
 
@@ -111,6 +112,9 @@ class MoveOptions:
     ambiguous: AmbiguousPolicy = "hold"
     """What to do with a message that shares the key of a task already sent when nothing
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
+    pipelined: bool = True
+    """Receive and decide the next batch while this one is sent (False: one stage, batch
+    after batch, as a FIFO DLQ always goes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,45 +371,40 @@ class MoveEngine:
         options: MoveOptions,
         *,
         sqs_factory: Callable[[], Sqs],
-        command: str = "move",
+        observer: RunObserver[MoveResult] = NULL_OBSERVER,
         stop: threading.Event | None = None,
-        on_progress: Callable[[MoveResult], None] | None = None,
-        fault: Callable[[str], None] | None = None,
-        now: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time,
         source: MessageSource | None = None,
-        plan_sink: Callable[[PlanItem], None] | None = None,
-        run_info: Mapping[str, Any] | None = None,
-        pipelined: bool = True,
+        record: RunRecord | None = None,
         receive_log: ReceiveLog | None = None,
     ) -> None:
+        """``source``: where the messages come from (default: a scan of the target's DLQ);
+        ``record``: what the run's ledger record says of it (the audit trail's command line,
+        who and what); ``receive_log``: where the DLQ scan counts redrive's own receives."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
         self.ledger = ledger
         self.options = options
         self.sqs_factory = sqs_factory
-        self.command = command
+        self.observer = observer
         self.stop = stop or threading.Event()
-        self.on_progress = on_progress
-        self.fault = fault or (lambda step: None)
-        self.now = now
+        self.now = clock
         self.source = source
-        self.plan_sink = plan_sink
-        self.pipelined = pipelined
         self.receive_log = receive_log
         self._life = RunLifecycle(
             ledger,
             execute=options.execute,
-            command=command,
+            command=record.command if record is not None else "move",
             info={
                 "target": target.label,
                 "dlq": target.dlq.url,
                 "filters": options.selection.describe(),
-                **(run_info or {}),
+                **(record.info if record is not None else {}),
             },
             lease=options.lease,
             stop=self.stop,
-            clock=now,
+            clock=clock,
             counts=self._counts,
         )
         self.run_id = self._life.run_id
@@ -509,7 +508,7 @@ class MoveEngine:
     def _work(self, sqs: Sqs) -> None:
         # A FIFO queue hands out nothing more of a message group while a batch of it is in
         # flight: a receive ahead would come back empty and end the scan early.
-        if not self.pipelined or (self._scan.deletes and self.target.dlq.fifo):
+        if not self.options.pipelined or (self._scan.deletes and self.target.dlq.fifo):
             while (decided := self._receive_and_decide(sqs)) is not None:
                 self._complete(sqs, decided)
             return
@@ -536,7 +535,7 @@ class MoveEngine:
         if batch is None:
             return None
         received_at = time.monotonic()
-        self.fault("received")
+        self.observer.on_step("received")
         decided = self._decide(sqs, batch, received_at)
         with self._lock:
             if self._limit_left is not None and self._limit_left <= 0:
@@ -548,8 +547,7 @@ class MoveEngine:
         self._scan.keep(sqs, keep)
         with self._lock:
             self.result.scanned += len(decided.batch)
-        if self.on_progress is not None:
-            self.on_progress(self.result)
+        self.observer.on_progress(self.result)
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -732,19 +730,19 @@ class MoveEngine:
                     with self._lock:
                         self._skip(cand.info, BUSY)
         self._life.heartbeat()
-        self.fault("claimed")
+        self.observer.on_step("claimed")
 
         # -- send ----------------------------------------------------------------------
         self._extend_if_slow(sqs, batch, received_at)
         sent, failed, doubtful = self._send(sqs, claimed)
-        self.fault("sent")
+        self.observer.on_step("sent")
 
         # -- record --------------------------------------------------------------------
         if sent:
             self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent})
         if failed:
             self.ledger.release_many(self.run_id, [c.key for c, _ in failed])
-        self.fault("recorded")
+        self.observer.on_step("recorded")
         with self._lock:
             for cand, _ in sent:
                 counts = self.result.task(cand.info.task)
@@ -787,7 +785,7 @@ class MoveEngine:
                 self._duplicate(cand.info)
         deleted_keys, not_deleted = self._delete(sqs, deletable)
         keep.extend(not_deleted)
-        self.fault("deleted")
+        self.observer.on_step("deleted")
         if deleted_keys:
             self.ledger.mark_done_many(self.run_id, sorted(deleted_keys))
         return keep
@@ -822,17 +820,16 @@ class MoveEngine:
         return keep
 
     def _to_plan(self, cand: _Candidate, action: str) -> None:
-        if self.plan_sink is not None:
-            self.plan_sink(
-                PlanItem(
-                    message_id=cand.message.message_id,
-                    task=cand.info.task,
-                    task_id=cand.info.task_id,
-                    key=cand.key,
-                    target=cand.target.url,
-                    action=action,
-                )
+        self.observer.on_plan(
+            PlanItem(
+                message_id=cand.message.message_id,
+                task=cand.info.task,
+                task_id=cand.info.task_id,
+                key=cand.key,
+                target=cand.target.url,
+                action=action,
             )
+        )
 
     # -- steps ---------------------------------------------------------------------------
 

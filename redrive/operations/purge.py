@@ -25,6 +25,7 @@ from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.errors import ArchiveError, AwsError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import RunLifecycle, new_run_id
 from redrive.reporting.audit import DeletedMessages, absolute_location
@@ -129,16 +130,15 @@ def run_purge(
     command: str = "purge",
     record: Mapping[str, Any] | None = None,
     s3_client_factory: Callable[[], Any] | None = None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
-    on_progress: Callable[[PurgeResult], None] | None = None,
-    plan_sink: Callable[[PlanItem], None] | None = None,
     receive_log: ReceiveLog | None = None,
-    now: Callable[[], float] = time.time,
+    clock: Callable[[], float] = time.time,
 ) -> PurgeResult:
     """``purge`` or ``archive`` as a command runs it: the archive opened where the options say
     (a dry run checks the execute could write there), the run recorded in ``ledger`` for the
     audit trail (``record``: its who and what), and an archive that holds nothing removed."""
-    where = archive_location(target, options, now)
+    where = archive_location(target, options, clock)
     if where and not options.execute:
         # The dry run says "would be archived to" only where the execute could write.
         check_archive_path(where)
@@ -158,7 +158,7 @@ def run_purge(
         info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
         lease=options.lease,
         stop=stop,
-        clock=now,
+        clock=clock,
         counts=ended.counts,
         end_info=ended.info,
     )
@@ -169,10 +169,9 @@ def run_purge(
                 options,
                 sqs_factory=sqs_factory,
                 writer=writer,
+                observer=observer,
                 stop=stop,
-                on_progress=on_progress,
-                now=now,
-                plan_sink=plan_sink,
+                clock=clock,
                 # The archive's records name the run the ledger and the audit trail know.
                 run_id=life.run_id,
                 on_deleted=ended.deleted.add if ledger is not None else None,
@@ -242,11 +241,9 @@ def purge_dlq(
     *,
     sqs_factory: Callable[[], Sqs],
     writer: ArchiveWriter | None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
-    on_progress: Callable[[PurgeResult], None] | None = None,
-    fault: Callable[[str], None] | None = None,
-    now: Callable[[], float] = time.time,
-    plan_sink: Callable[[PlanItem], None] | None = None,
+    clock: Callable[[], float] = time.time,
     run_id: str | None = None,
     on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None = None,
     receive_log: ReceiveLog | None = None,
@@ -264,7 +261,8 @@ def purge_dlq(
     if not options.delete and writer is None and options.execute:
         raise UsageProblem("archive needs a destination")
     stop = stop or threading.Event()
-    fault = fault or (lambda step: None)
+    now = clock
+    fault = observer.on_step
     started = time.monotonic()
     result = PurgeResult(
         dry_run=not options.execute,
@@ -376,16 +374,15 @@ def purge_dlq(
                         result.matched += 1
                         result.by_task[info.task] += 1
                     pending.append(_Pending(message, info, time.monotonic()))
-                    if plan_sink is not None:
-                        plan_sink(
-                            PlanItem(
-                                message_id=message.message_id,
-                                task=info.task,
-                                task_id=info.task_id,
-                                key=None,
-                                action="purge" if options.delete else "archive",
-                            )
+                    observer.on_plan(
+                        PlanItem(
+                            message_id=message.message_id,
+                            task=info.task,
+                            task_id=info.task_id,
+                            key=None,
+                            action="purge" if options.delete else "archive",
                         )
+                    )
                 scan.keep(worker_sqs, keep)
                 unsorted = []
                 with lock:
@@ -404,8 +401,7 @@ def purge_dlq(
                 ):
                     flush(worker_sqs, pending)
                     pending = []
-                if on_progress is not None:
-                    on_progress(result)
+                observer.on_progress(result)
             flush(worker_sqs, pending)
             pending = []
         except (Exception, KeyboardInterrupt):

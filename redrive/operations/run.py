@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal
 
@@ -28,6 +29,15 @@ HEARTBEAT_EVERY = 5.0
 
 _ACTIVE_RUNS: set[str] = set()
 """Runs alive in this process: a run id recorded with our pid but not in here has crashed."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """What an executed run's ledger record says of it: the command line, and the audit
+    trail's who and what (:func:`redrive.reporting.audit.run_record`)."""
+
+    command: str
+    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 def new_run_id() -> str:
