@@ -1,0 +1,182 @@
+"""The move engine's decision per message (redrive.operations.verdict), from facts alone:
+no SQS, no ledger. One test per fate, and the precedence between them."""
+
+from __future__ import annotations
+
+import pytest
+
+from redrive.ledger import KeyState
+from redrive.operations.verdict import (
+    AMBIGUOUS,
+    BUSY,
+    EXPIRED,
+    IN_DOUBT,
+    NO_TARGET,
+    NOT_CELERY,
+    POISON,
+    RESOLVED_SKIP,
+    DecisionOptions,
+    EntryFacts,
+    Fate,
+    MessageFacts,
+    RunFacts,
+    Verdict,
+    decide,
+    screen,
+)
+
+RUN = RunFacts(run_id="this-run")
+OPTIONS = DecisionOptions()
+PLAIN = MessageFacts()
+
+
+def fate(
+    message: MessageFacts = PLAIN,
+    entry: EntryFacts | None = None,
+    run: RunFacts = RUN,
+    **options: object,
+) -> Verdict:
+    return decide(message, entry, run, DecisionOptions(**options))  # type: ignore[arg-type]
+
+
+def claimed(by: str = "dead-run", *, live: bool = False) -> EntryFacts:
+    return EntryFacts(KeyState.CLAIMED, by, owner_live=live)
+
+
+def test_a_fresh_key_is_sent() -> None:
+    verdict = fate()
+    assert verdict == Verdict(Fate.SEND)
+    assert verdict.sends and verdict.matched and verdict.skip_reason is None
+
+
+def test_a_message_the_filters_leave_out_is_not_selected_and_not_counted() -> None:
+    verdict = fate(MessageFacts(selected=False, expired=True))
+    assert verdict.fate is Fate.NOT_SELECTED
+    assert not verdict.matched and verdict.skip_reason is None
+
+
+def test_an_expired_task_is_skipped_unless_expired_ones_are_included() -> None:
+    assert fate(MessageFacts(expired=True)).skip_reason == EXPIRED
+    assert fate(MessageFacts(expired=True), include_expired=True).fate is Fate.SEND
+
+
+def test_a_message_with_no_queue_to_go_to_has_no_target() -> None:
+    verdict = fate(MessageFacts(routed=False, celery=False))
+    assert (verdict.fate, verdict.skip_reason) == (Fate.NO_TARGET, NO_TARGET)
+
+
+def test_a_body_celery_cannot_read_stays_out_of_a_celery_queue() -> None:
+    assert fate(MessageFacts(celery=False)).skip_reason == NOT_CELERY
+    assert fate(MessageFacts(celery=False), include_unknown=True).fate is Fate.SEND
+    # A --to queue no Celery worker consumes takes anything.
+    assert fate(MessageFacts(celery=False), to_celery=False).fate is Fate.SEND
+
+
+def test_a_gate_s_reason_skips_the_message_under_that_reason() -> None:
+    verdict = fate(MessageFacts(gate="unregistered"))
+    assert verdict == Verdict(Fate.GATED, "unregistered")
+    assert verdict.skip_reason == "unregistered" and verdict.matched
+    # The built-in skips come first: an expired task is counted as expired.
+    assert fate(MessageFacts(gate="unregistered", expired=True)).fate is Fate.EXPIRED
+
+
+def test_a_held_ambiguous_copy_is_held_before_its_key_decides() -> None:
+    sent = EntryFacts(KeyState.SENT, "old-run")
+    verdict = fate(MessageFacts(held="same task id", generation=9), sent)
+    assert verdict == Verdict(Fate.AMBIGUOUS, "same task id")
+    assert verdict.skip_reason == AMBIGUOUS
+
+
+def test_a_second_copy_in_the_batch_follows_the_first_and_is_counted_later() -> None:
+    verdict = fate(MessageFacts(in_batch=True), EntryFacts(KeyState.SENT, "r"))
+    assert verdict.fate is Fate.FOLLOWER and not verdict.matched
+
+
+def test_a_copy_of_a_key_this_dry_run_would_send_is_a_planned_duplicate() -> None:
+    verdict = fate(MessageFacts(planned=True))
+    assert verdict.fate is Fate.PLANNED_DUPLICATE and verdict.matched
+    # The ledger's word comes first.
+    assert fate(MessageFacts(planned=True), claimed()).fate is Fate.IN_DOUBT
+
+
+@pytest.mark.parametrize("state", [KeyState.SENT, KeyState.DONE])
+def test_a_copy_of_a_key_sent_is_a_duplicate_even_when_poison(state: KeyState) -> None:
+    verdict = fate(MessageFacts(generation=5), EntryFacts(state, "old-run"))
+    assert verdict.fate is Fate.DUPLICATE and verdict.skip_reason is None
+
+
+def test_a_message_redriven_max_redrives_times_is_poison() -> None:
+    assert fate(MessageFacts(generation=3)).skip_reason == POISON
+    assert fate(MessageFacts(generation=2)).fate is Fate.SEND
+    assert fate(MessageFacts(generation=3), max_redrives=4).fate is Fate.SEND
+
+
+def test_past_the_limit_nothing_more_is_decided_or_counted() -> None:
+    full = RunFacts(run_id="this-run", limit_reached=True)
+    for entry in (None, claimed(), EntryFacts(KeyState.SKIPPED, "r")):
+        verdict = fate(MessageFacts(), entry, full)
+        assert verdict.fate is Fate.LIMIT_REACHED and not verdict.matched
+    # Duplicates and poison are still told: they send nothing.
+    assert fate(MessageFacts(generation=3), None, full).fate is Fate.POISON
+
+
+def test_a_key_an_operator_resolved_as_skip_stays_skipped() -> None:
+    verdict = fate(MessageFacts(), EntryFacts(KeyState.SKIPPED, "r"), in_doubt="resend")
+    assert (verdict.fate, verdict.skip_reason) == (Fate.RESOLVED_SKIP, RESOLVED_SKIP)
+
+
+def test_a_key_claimed_earlier_in_this_run_is_sent_with_its_claim() -> None:
+    verdict = fate(MessageFacts(), claimed("this-run"))
+    assert verdict.fate is Fate.SEND and verdict.sends
+
+
+def test_a_key_a_live_run_claimed_is_busy() -> None:
+    verdict = fate(MessageFacts(), claimed(live=True), in_doubt="resend")
+    assert (verdict.fate, verdict.skip_reason) == (Fate.BUSY, BUSY)
+
+
+def test_an_in_doubt_key_is_held_and_says_which_run_claimed_it() -> None:
+    verdict = fate(MessageFacts(), claimed("dead-run"))
+    assert verdict.fate is Fate.IN_DOUBT and verdict.skip_reason == IN_DOUBT
+    assert "dead-run" in verdict.detail and not verdict.sends
+
+
+def test_an_in_doubt_key_is_taken_over_with_resend() -> None:
+    verdict = fate(MessageFacts(), claimed("dead-run"), in_doubt="resend")
+    assert verdict == Verdict(Fate.TAKEOVER, "dead-run") and verdict.sends
+
+
+def test_an_in_doubt_key_is_marked_skipped_with_skip() -> None:
+    verdict = fate(MessageFacts(), claimed("dead-run"), in_doubt="skip")
+    assert verdict == Verdict(Fate.RESOLVE_SKIP, "dead-run")
+    assert verdict.skip_reason == RESOLVED_SKIP and not verdict.sends
+
+
+def test_screen_decides_only_what_needs_no_key() -> None:
+    assert screen(MessageFacts(), OPTIONS) is None
+    assert screen(MessageFacts(generation=7), OPTIONS) is None  # poison needs the ledger first
+    screened = screen(MessageFacts(expired=True), OPTIONS)
+    assert screened is not None and screened.fate is Fate.EXPIRED
+
+
+def test_every_fate_has_a_test() -> None:
+    tested = {
+        Fate.SEND,
+        Fate.NOT_SELECTED,
+        Fate.EXPIRED,
+        Fate.NO_TARGET,
+        Fate.NOT_CELERY,
+        Fate.GATED,
+        Fate.AMBIGUOUS,
+        Fate.FOLLOWER,
+        Fate.PLANNED_DUPLICATE,
+        Fate.DUPLICATE,
+        Fate.POISON,
+        Fate.LIMIT_REACHED,
+        Fate.RESOLVED_SKIP,
+        Fate.BUSY,
+        Fate.IN_DOUBT,
+        Fate.TAKEOVER,
+        Fate.RESOLVE_SKIP,
+    }
+    assert tested == set(Fate)
