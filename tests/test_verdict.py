@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from redrive.ledger import KeyState
+from redrive.operations.limit import Limit
+from redrive.operations.purge import PurgeFate, decide_purge
 from redrive.operations.verdict import (
     AMBIGUOUS,
     BUSY,
@@ -180,3 +182,19 @@ def test_every_fate_has_a_test() -> None:
         Fate.RESOLVE_SKIP,
     }
     assert tested == set(Fate)
+
+
+def test_purge_takes_each_selected_message_while_the_limit_leaves_room() -> None:
+    assert decide_purge(selected=True, limit_left=True) is PurgeFate.TAKE
+    assert decide_purge(selected=True, limit_left=False) is PurgeFate.LIMIT_REACHED
+    assert decide_purge(selected=False, limit_left=True) is PurgeFate.NOT_SELECTED
+
+
+def test_the_limit_is_taken_one_at_a_time_and_given_back() -> None:
+    limit = Limit(2)
+    assert not limit.reached and limit.take() and limit.take()
+    assert limit.reached and not limit.take()
+    limit.give_back()
+    assert not limit.reached and limit.take()
+    unlimited = Limit(None)
+    assert all(unlimited.take() for _ in range(1000)) and not unlimited.reached

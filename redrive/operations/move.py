@@ -41,6 +41,7 @@ from redrive.keys import Verdict as CopyVerdict
 from redrive.keys import copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.messages import TaskInfo, decode
+from redrive.operations.limit import Limit
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
@@ -357,36 +358,6 @@ class DeleteOutcome:
     """Copies not deleted: kept hidden, found again by the next run."""
 
 
-class Limit:
-    """--limit: how many more messages the run may send (None: no limit). Shared by the
-    workers, under its own lock."""
-
-    def __init__(self, limit: int | None) -> None:
-        self._left = limit
-        self._lock = threading.Lock()
-
-    @property
-    def reached(self) -> bool:
-        with self._lock:
-            return self._left is not None and self._left <= 0
-
-    def take(self) -> bool:
-        """Take one; False when none is left."""
-        with self._lock:
-            if self._left is None:
-                return True
-            if self._left <= 0:
-                return False
-            self._left -= 1
-            return True
-
-    def give_back(self) -> None:
-        """One taken for a send that did not happen (its claim was lost)."""
-        with self._lock:
-            if self._left is not None:
-                self._left += 1
-
-
 class _PlannedKeys:
     """A dry run's keys it "would claim": a second copy is then a duplicate. Digests, not
     keys: a dry run of a million messages must not hold a million strings."""
@@ -597,8 +568,8 @@ class MoveEngine:
         receive_log: ReceiveLog | None = None,
     ) -> None:
         """``source``: where the messages come from (default: a scan of the target's DLQ);
-        ``record``: what the run's ledger record says of it (the audit trail's command line,
-        who and what); ``receive_log``: where the DLQ scan counts redrive's own receives."""
+        ``record``: what the run's ledger record says of it (its command line, who, what);
+        ``receive_log``: where the DLQ scan counts redrive's own receives."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
@@ -610,16 +581,13 @@ class MoveEngine:
         self.now = clock
         self.source = source
         self.receive_log = receive_log
+        record = record or RunRecord("move")
+        info = {"target": target.label, "dlq": target.dlq.url}
         self._life = RunLifecycle(
             ledger,
             execute=options.execute,
-            command=record.command if record is not None else "move",
-            info={
-                "target": target.label,
-                "dlq": target.dlq.url,
-                "filters": options.selection.describe(),
-                **(record.info if record is not None else {}),
-            },
+            command=record.command,
+            info={**info, "filters": options.selection.describe(), **record.info},
             lease=options.lease,
             stop=self.stop,
             clock=clock,
@@ -644,15 +612,7 @@ class MoveEngine:
         self._routes: dict[str, QueueRef | None] = {}
         self._liveness: dict[str, bool] = {}
         self._legacy = ledger is not None and ledger.legacy_keys
-        self._decision_options = DecisionOptions(
-            include_expired=options.include_expired,
-            include_unknown=options.include_unknown,
-            # Non-Celery bodies are kept out of Celery queues: every message's own source
-            # is one, and so is a --to that names a family's queue.
-            to_celery=options.to is None or options.to_celery_queue,
-            max_redrives=options.max_redrives,
-            in_doubt=options.in_doubt,
-        )
+        self._decision_options = _decision_options(options)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -1329,6 +1289,18 @@ class MoveEngine:
         self._tally.skipped(cand.info, BUSY)
         decided.keep.append(cand.message)
         decided.keep.extend(f.message for f in more)
+
+
+def _decision_options(options: MoveOptions) -> DecisionOptions:
+    return DecisionOptions(
+        include_expired=options.include_expired,
+        include_unknown=options.include_unknown,
+        # Non-Celery bodies are kept out of Celery queues: every message's own source is
+        # one, and so is a --to that names a family's queue.
+        to_celery=options.to is None or options.to_celery_queue,
+        max_redrives=options.max_redrives,
+        in_doubt=options.in_doubt,
+    )
 
 
 def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
