@@ -7,7 +7,6 @@ from typing import Any
 import click
 
 from redrive.cli.console import (
-    PlannedView,
     Progress,
     ProgressDisplay,
     command_line,
@@ -29,7 +28,7 @@ from redrive.cli.options import (
     workers_doing,
 )
 from redrive.dlq.queues import DlqTarget
-from redrive.ledger import open_ledger
+from redrive.ledger import Ledger, open_ledger
 from redrive.operations.observer import Observers
 from redrive.operations.plan import PlanWriter
 from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue, run_purge
@@ -46,26 +45,19 @@ def purge_command(
     ledger_uri: str | None,
     as_json: bool,
     plan_out: str | None = None,
-    planned: int | None = None,
 ) -> None:
-    """Confirm, run the purge (or archive) and render it; shared by purge, archive, apply."""
+    """Confirm, run the purge (or archive) and render it; shared by purge and archive."""
     with core_errors():
         if not options.archive and not options.selection.is_filtered and not plan_out:
             _purge_whole_queue(ctx, dlq, options, yes=yes, ledger_uri=ledger_uri, as_json=as_json)
             return
         if options.delete:
-            confirm(
-                options.execute,
-                yes,
-                f"Delete the selected messages from {dlq.dlq.name}"
-                + (" after archiving them?" if options.archive else " without an archive?"),
-                details=lambda: dlq_details(ctx, dlq, options.selection),
-            )
+            confirm_purge(ctx, dlq, options, yes)
         plan = purge_plan_writer(dlq, options, plan_out) if plan_out else None
         # Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
         execute = options.execute and options.delete
         ledger = open_ledger(ledger_uri, client_factory=ctx.aws.client) if execute else None
-    display = ProgressDisplay(dlq.label, purge_progress)
+    display = ProgressDisplay(Progress(dlq.label), purge_progress)
     try:
         with core_errors(), interruptible() as stop:
             result = run_purge(
@@ -74,9 +66,7 @@ def purge_command(
                 sqs_factory=ctx.sqs_of(dlq),
                 ledger=ledger,
                 command=command_line(),
-                record=execute_record(ctx, dlq.label, options.selection, ledger)
-                if ledger
-                else None,
+                record=purge_record(ctx, dlq, options, ledger),
                 s3_client_factory=ctx.s3_client,
                 observer=Observers(display, plan) if plan else display,
                 stop=stop,
@@ -93,15 +83,31 @@ def purge_command(
     if plan is not None:
         plan.close()
         click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
-    shown: Any = PlannedView(result, planned) if planned is not None else result
     finish_move(
-        shown,
+        result,
         as_json,
-        purge_text,
+        lambda: purge_text(result),
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
     )
+
+
+def confirm_purge(ctx: Context, dlq: DlqTarget, options: PurgeOptions, yes: bool) -> None:
+    confirm(
+        options.execute,
+        yes,
+        f"Delete the selected messages from {dlq.dlq.name}"
+        + (" after archiving them?" if options.archive else " without an archive?"),
+        details=lambda: dlq_details(ctx, dlq, options.selection),
+    )
+
+
+def purge_record(
+    ctx: Context, dlq: DlqTarget, options: PurgeOptions, ledger: Ledger | None
+) -> dict[str, Any] | None:
+    """The audit trail's who and what of an executed purge (None without a ledger)."""
+    return execute_record(ctx, dlq.label, options.selection, ledger) if ledger else None
 
 
 def purge_progress(r: PurgeResult, progress: Progress) -> str:
@@ -155,7 +161,7 @@ def _purge_whole_queue(
     finish_move(
         result,
         as_json,
-        purge_text,
+        lambda: purge_text(result),
         next_command=execute_command() if result.dry_run and result.matched else None,
     )
 

@@ -110,6 +110,34 @@ class ReplayResult:
     move: MoveResult
     damage: DamageReport | None = None
 
+    @property
+    def dry_run(self) -> bool:
+        return self.move.dry_run
+
+    @property
+    def interrupted(self) -> bool:
+        return self.move.interrupted
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.move.needs_attention
+
+    def to_json(self) -> dict[str, Any]:
+        """The engine's JSON, in the words of a replay: ``replayed``, ``already_sent``,
+        ``archive``, ``damaged``."""
+        data = self.move.to_json()
+        data = {"replayed": data["moved"], **data}
+        # Replaying twice: what was already sent counts as skipped (there is nothing to
+        # delete). A dry run too knows what was already sent: it is a fact, not a plan.
+        data.pop("duplicates_deleted")
+        data.pop("duplicates_to_delete", None)
+        data["already_sent"] = self.move.duplicates
+        data["skipped"] += data["already_sent"]
+        data["archive"] = data.pop("target")
+        data.pop("dlq", None)
+        data["damaged"] = self.damage.to_json() if self.damage is not None else None
+        return data
+
 
 def replay_archive(
     source: str,
