@@ -568,25 +568,25 @@ def purge_whole_queue(
 
     With a ``ledger``, an executed purge is a run in it, for the audit trail (``record``: the
     who and what of :func:`redrive.reporting.audit.run_record`)."""
-    counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )
-    depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
-        counts.get("ApproximateNumberOfMessagesNotVisible", "0")
-    )
     info = {**(record or {}), "archive": None, "dlq": target.dlq.url}
     life = RunLifecycle(ledger, execute=execute, command=command, info=info)
-    result = PurgeResult(
-        dry_run=not execute,
-        target=target.label,
-        dlq=target.dlq.name,
-        archive=None,
-        method="purge-queue",
-        matched=depth,
-        run_id=life.run_id,
-    )
     with life:
+        counts = sqs.attributes(
+            target.dlq.url,
+            ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )
+        depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
+            counts.get("ApproximateNumberOfMessagesNotVisible", "0")
+        )
+        result = PurgeResult(
+            dry_run=not execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            archive=None,
+            method="purge-queue",
+            matched=depth,
+            run_id=life.run_id,
+        )
         if execute:
             _purge_queue(target, sqs)
             result.purged = depth
