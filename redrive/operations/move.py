@@ -45,6 +45,7 @@ from redrive.operations.limit import Limit
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
+from redrive.operations.seen import SeenByFilters
 from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for callers)
     AMBIGUOUS,
     BUSY,
@@ -64,7 +65,7 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
     screen,
 )
 from redrive.rate import RateLimiter
-from redrive.selection import FilterMisses, Selection, Sightings
+from redrive.selection import FilterMisses, Selection
 
 InDoubtPolicy = Literal["hold", "resend", "skip"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")
@@ -381,22 +382,10 @@ class MoveTally:
     """The run's counts, its MoveResult: changed only here, under the tally's own lock (the
     workers share it)."""
 
-    def __init__(self, result: MoveResult, sightings: Sightings | None) -> None:
+    def __init__(self, result: MoveResult, seen: SeenByFilters) -> None:
         self.result = result
-        self._sightings = sightings
+        self.seen = seen
         self._lock = threading.Lock()
-
-    def sight(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> None:
-        """What a --task or --message-id filter saw, to say what it missed."""
-        if self._sightings is None:
-            return
-        with self._lock:
-            for message, info in decoded:
-                self._sightings.add(info.task, message.message_id)
-
-    def misses(self) -> FilterMisses | None:
-        with self._lock:
-            return self._sightings.misses() if self._sightings is not None else None
 
     def decided(
         self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
@@ -602,8 +591,7 @@ class MoveEngine:
             ledger=ledger.location if ledger is not None else None,
         )
         selection = options.selection
-        sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
-        self._tally = MoveTally(self.result, sightings)
+        self._tally = MoveTally(self.result, SeenByFilters(selection))
         self._limit = Limit(selection.limit)
         self._planned = _PlannedKeys()
         self._rate = RateLimiter(options.rate)
@@ -667,7 +655,7 @@ class MoveEngine:
         scan.release_all(sqs)
         scan.close()
         result = self.result
-        result.misses = self._tally.misses()
+        result.misses = self._tally.seen.misses()
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
@@ -738,7 +726,7 @@ class MoveEngine:
         now = self.now()
         now_dt = datetime.fromtimestamp(now, UTC)
         decoded = [(message, decode(message.body)) for message in batch]
-        self._tally.sight(decoded)
+        self._tally.seen.add(decoded)
         for message, info in decoded:
             facts, route = self._message_facts(sqs, message, info, now, now_dt)
             screened = screen(facts, self._decision_options)

@@ -30,8 +30,9 @@ from redrive.operations.limit import Limit
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import RunLifecycle, new_run_id
+from redrive.operations.seen import SeenByFilters
 from redrive.reporting.audit import DeletedMessages, absolute_location
-from redrive.selection import FilterMisses, Selection, Sightings
+from redrive.selection import FilterMisses, Selection
 
 DEFAULT_LEASE = 30
 # Messages buffered before one archive write: S3 wants large objects, and every buffered
@@ -300,21 +301,10 @@ def decide_purge(*, selected: bool, limit_left: bool) -> PurgeFate:
 class _PurgeTally:
     """A purge's counts (its PurgeResult), under the tally's own lock: workers share it."""
 
-    def __init__(self, result: PurgeResult, sightings: Sightings | None) -> None:
+    def __init__(self, result: PurgeResult, seen: SeenByFilters) -> None:
         self.result = result
-        self._sightings = sightings
+        self.seen = seen
         self._lock = threading.Lock()
-
-    def sight(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> None:
-        if self._sightings is None:
-            return
-        with self._lock:
-            for message, info in decoded:
-                self._sightings.add(info.task, message.message_id)
-
-    def misses(self) -> FilterMisses | None:
-        with self._lock:
-            return self._sightings.misses() if self._sightings is not None else None
 
     def matched(self, info: TaskInfo) -> None:
         with self._lock:
@@ -376,8 +366,7 @@ class _Purge:
             run_id=run_id,
         )
         selection = options.selection
-        sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
-        self._tally = _PurgeTally(self.result, sightings)
+        self._tally = _PurgeTally(self.result, SeenByFilters(selection))
         self._limit = Limit(selection.limit)
         self._write_lock = threading.Lock()  # one archive, written one batch at a time
 
@@ -404,7 +393,7 @@ class _Purge:
             self.result.redelivered = self._scan.stats.redelivered
             self.result.interrupted = self.stop.is_set()
             self.result.seconds = time.monotonic() - started
-            self.result.misses = self._tally.misses()
+            self.result.misses = self._tally.seen.misses()
         hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
             "ApproximateNumberOfMessagesNotVisible", "0"
         )
@@ -454,7 +443,7 @@ class _Purge:
         taken: list[_Pending] = []
         now = self.clock()
         decoded = [(message, decode(message.body)) for message in batch]
-        self._tally.sight(decoded)
+        self._tally.seen.add(decoded)
         action = "purge" if self.options.delete else "archive"
         for message, info in decoded:
             selected = self.options.selection.matches(
