@@ -198,9 +198,9 @@ def audit_runs() -> list[RunInfo]:
 
 def test_audit_at_80_columns() -> None:
     runs = audit_runs()
-    full = audit_table(runs)
+    full = audit_table(runs, now=NOW)
     assert widest(full) > 200
-    narrow = audit_table(runs, width=80)
+    narrow = audit_table(runs, width=80, now=NOW)
     assert widest(narrow) <= 80, narrow
     for each in runs:
         assert each.run_id in narrow, "the run id is what `audit RUN` takes"

@@ -27,7 +27,9 @@ AUDIT_STEPS = (
 )
 
 
-def audit_table(runs: Sequence[RunInfo], *, width: int | None = None) -> str:
+def audit_table(
+    runs: Sequence[RunInfo], *, width: int | None = None, now: float | None = None
+) -> str:
     if not runs:
         return "no runs recorded"
     rows = []
@@ -37,7 +39,7 @@ def audit_table(runs: Sequence[RunInfo], *, width: int | None = None) -> str:
         rows.append(
             [
                 run.run_id,
-                when_cell(run.started_at),
+                when_cell(run.started_at, now),
                 run.outcome or "running/crashed",
                 who,
                 info.get("target", "-"),
