@@ -3,10 +3,20 @@ no SQS, no ledger. One test per fate, and the precedence between them."""
 
 from __future__ import annotations
 
-import pytest
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
 
-from redrive.ledger import KeyState
+import pytest
+from conftest import Family
+
+from redrive.aws.sqs import Message, Sqs
+from redrive.config import built_in_layout
+from redrive.dlq.queues import resolve_family
+from redrive.ledger import KeyState, SqliteLedger
+from redrive.messages import TaskInfo
 from redrive.operations.limit import Limit
+from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.operations.purge import PurgeFate, decide_purge
 from redrive.operations.verdict import (
     AMBIGUOUS,
@@ -26,10 +36,12 @@ from redrive.operations.verdict import (
     decide,
     screen,
 )
+from redrive.sandbox.encoder import encode
 
 RUN = RunFacts(run_id="this-run")
 OPTIONS = DecisionOptions()
 PLAIN = MessageFacts()
+CHARGE = "apps.shop.tasks.charge"
 
 
 def fate(
@@ -198,3 +210,26 @@ def test_the_limit_is_taken_one_at_a_time_and_given_back() -> None:
     assert not limit.reached and limit.take()
     unlimited = Limit(None)
     assert all(unlimited.take() for _ in range(1000)) and not unlimited.reached
+
+
+def test_a_gate_s_reason_reaches_the_engine_s_counts_and_sends_nothing(
+    family: Family, tmp_path: Path
+) -> None:
+    # How a gate (a task the Celery app does not register, one whose result says it
+    # succeeded) slots in: a reason per MessageId, asked once per received batch.
+    ids = [family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"g-{i}")) for i in range(4)]
+    gated = set(ids[:2])
+
+    class Gated(MoveEngine):
+        def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> dict[str, str]:
+            return {m.message_id: "unregistered" for m, _ in decoded if m.message_id in gated}
+
+    target = resolve_family(Sqs(family.client), built_in_layout({}).family("checkout"))  # type: ignore[arg-type]
+    with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+        result = Gated(
+            target, ledger, MoveOptions(execute=True), sqs_factory=lambda: Sqs(family.client)
+        ).run()
+    assert (result.matched, result.moved) == (4, 2)
+    assert result.skipped == Counter({"unregistered": 2})
+    assert result.tasks[CHARGE].skipped == Counter({"unregistered": 2})
+    assert family.depth() == (2, 0)  # the gated ones stay in the DLQ, visible

@@ -727,8 +727,11 @@ class MoveEngine:
         now_dt = datetime.fromtimestamp(now, UTC)
         decoded = [(message, decode(message.body)) for message in batch]
         self._tally.seen.add(decoded)
+        gates = self._gate_reasons(decoded)
         for message, info in decoded:
             facts, route = self._message_facts(sqs, message, info, now, now_dt)
+            if facts.selected and message.message_id in gates:
+                facts = replace(facts, gate=gates[message.message_id])
             screened = screen(facts, self._decision_options)
             if screened is not None or route is None:
                 self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
@@ -753,10 +756,14 @@ class MoveEngine:
         facts = MessageFacts(
             routed=route is not None,
             celery=info.is_celery,
-            # A gate's per-message reason to skip goes here: gate=...
             generation=attributes.redrive_count(message.message_attributes),
         )
         return facts, route
+
+    def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> Mapping[str, str]:
+        """Gates' reasons to skip messages of a batch (MessageId -> reason, e.g. a task the
+        Celery app does not register), asked once per received batch: none yet."""
+        return {}
 
     def _candidate(
         self, message: Message, info: TaskInfo, generation: int, route: QueueRef
