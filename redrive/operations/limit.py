@@ -15,14 +15,16 @@ class Limit:
 
     @property
     def reached(self) -> bool:
+        if self._left is None:  # never changes: no lock needed to read it
+            return False
         with self._lock:
             return self._left is not None and self._left <= 0
 
     def take(self) -> bool:
         """Take one; False when none is left."""
+        if self._left is None:
+            return True
         with self._lock:
-            if self._left is None:
-                return True
             if self._left <= 0:
                 return False
             self._left -= 1

@@ -372,10 +372,10 @@ class _PlannedKeys:
             self._digests.add(digest(key))
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
+        if not isinstance(key, str) or not self._digests:  # an executed run plans nothing
             return False
         with self._lock:
-            return bool(self._digests) and digest(key) in self._digests
+            return digest(key) in self._digests
 
 
 class MoveTally:
@@ -601,6 +601,7 @@ class MoveEngine:
         self._liveness: dict[str, bool] = {}
         self._legacy = ledger is not None and ledger.legacy_keys
         self._decision_options = _decision_options(options)
+        self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -814,10 +815,11 @@ class MoveEngine:
             else None
         )
         options = self._decision_options
-        verdict = decide(facts, known, RunFacts(self.run_id, self._limit.reached), options)
+        run = self._run_full if self._limit.reached else self._run_open
+        verdict = decide(facts, known, run, options)
         if verdict.sends and not self._limit.take():
             # Another worker took the last one meanwhile.
-            verdict = decide(facts, known, RunFacts(self.run_id, limit_reached=True), options)
+            verdict = decide(facts, known, self._run_full, options)
         return verdict
 
     def _execute(self, sqs: Sqs, decided: _Decided) -> list[Message]:
