@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install demo test test-clock-ahead lint typecheck unit bench clean
+.PHONY: install demo test test-clock-ahead lint typecheck unit suite bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,9 @@ demo: install
 	echo '$$ redrive report'; $(BIN)/redrive report; echo; \
 	echo '$$ redrive inspect checkout'; $(BIN)/redrive inspect checkout; echo; \
 	echo '$$ redrive move checkout --task "apps.payments.*"   # a dry run: nothing changes'; \
-	$(BIN)/redrive move checkout --task 'apps.payments.*'
+	$(BIN)/redrive move checkout --task 'apps.payments.*'; echo; \
+	echo '$$ redrive --celery-app redrive.sandbox.celery_app:app move default   # routed by the app'; \
+	$(BIN)/redrive --celery-app redrive.sandbox.celery_app:app move default
 
 lint: install
 	$(BIN)/ruff check .
@@ -38,10 +40,16 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The in-process tests only (no subprocess, no moto server process): a quick check while
+# working. Marks, not folders: tests/conftest.py says why.
 unit: install
+	$(BIN)/pytest -q -n 4 -m "not e2e"
+
+# Every test, unit and end-to-end.
+suite: install
 	$(BIN)/pytest -q -n 4 --durations=15
 
-test: lint typecheck unit
+test: lint typecheck suite
 
 # The suite with the wall clock two years ahead, subprocesses included: no test may depend on
 # today's date. libfaketime from PyPI, because its vendored build sleeps correctly with the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,11 @@ BUILT_IN_PREFIX = "onion"
 DEFAULT_MAX_RECEIVE_COUNT = 5
 DEFAULT_DLQ_RETENTION_SECONDS = 14 * 24 * 3600
 DLQ_SUFFIX = "-dlq"
+DEFAULT_DEPLOY_STOP_TIMEOUT = 30.0
 
 _FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_retention"}
 _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
+_CELERY_KEYS = {"app", "deploy_stop_timeout"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,12 @@ class Layout:
     """Where the layout came from: ``built-in`` or the config file's path."""
     prefix: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    routes: Mapping[str, str] = field(default_factory=dict)
+    """``[routes]``: task name or glob -> family name or queue (see redrive.celery.routes)."""
+    celery_app: str | None = None
+    """``[celery] app``: the Celery app, as ``--celery-app`` names it."""
+    deploy_stop_timeout: float = DEFAULT_DEPLOY_STOP_TIMEOUT
+    """``[celery] deploy_stop_timeout``: how long a deploy lets a worker finish before SIGKILL."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -91,11 +99,12 @@ def parse_config_file(path: Path) -> Layout:
 
 
 def parse_config(data: Mapping[str, Any], source: str) -> Layout:
-    unknown = set(data) - {"defaults", "families"}
+    unknown = set(data) - {"defaults", "families", "routes", "celery"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
-            f"{source}: unknown key '{key}' (expected [defaults] and [families.NAME])"
+            f"{source}: unknown key '{key}' (expected [defaults], [families.NAME], [routes] "
+            "and [celery])"
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
@@ -136,7 +145,36 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         )
     families.sort(key=lambda f: f.priority)
     prefix = _opt_str(defaults, "prefix", "defaults", source)
-    return Layout(families=tuple(families), source=source, prefix=prefix)
+    return _with_celery(
+        Layout(families=tuple(families), source=source, prefix=prefix), data, source
+    )
+
+
+def _with_celery(layout: Layout, data: Mapping[str, Any], source: str) -> Layout:
+    """The layout with the config's ``[routes]`` and ``[celery]`` tables, checked."""
+    celery = _table(data.get("celery"), "celery", source)
+    _check_keys(celery, _CELERY_KEYS, "celery", source)
+    return replace(
+        layout,
+        routes=_routes(data.get("routes"), source),
+        celery_app=_opt_str(celery, "app", "celery", source),
+        deploy_stop_timeout=(
+            _duration(celery["deploy_stop_timeout"], "celery.deploy_stop_timeout", source)
+            if "deploy_stop_timeout" in celery
+            else DEFAULT_DEPLOY_STOP_TIMEOUT
+        ),
+    )
+
+
+def _routes(value: Any, source: str) -> dict[str, str]:
+    """``[routes]``: each key a task name or glob, each value a family name or a queue."""
+    table = _table(value, "routes", source)
+    for task, destination in table.items():
+        if not isinstance(destination, str) or not destination:
+            raise ConfigError(
+                f"{source}: key 'routes.{task}' must be a family name or a queue (name or URL)"
+            )
+    return dict(table)
 
 
 def _table(value: Any, where: str, source: str) -> dict[str, Any]:

@@ -49,3 +49,8 @@ class AwsUnavailable(AwsError):
 class SendInDoubt(AwsError):
     """A send whose request may or may not have reached SQS (timeout, dropped connection,
     server error). Retrying it could send a task twice, so it is never retried blindly."""
+
+
+class CeleryAppError(ConfigError):
+    """The Celery app named by ``--celery-app`` (or REDRIVE_CELERY_APP, or ``[celery] app``)
+    cannot be loaded or used: Celery missing, module or attribute missing, the import raised."""

@@ -1,5 +1,15 @@
 """Shared fixtures: fake credentials, an in-process SQS (moto) with a queue family, and a
-moto server on 127.0.0.1 for end-to-end tests that run ``redrive`` as a subprocess."""
+moto server on 127.0.0.1 for end-to-end tests that run ``redrive`` as a subprocess.
+
+Unit and end-to-end tests are apart by a mark, not by folders: ``@pytest.mark.e2e`` (or a
+module's ``pytestmark``) on every test that starts another process (``redrive`` or python
+as a subprocess, a moto server, a Celery worker, a bench script); the rest run in this
+process (moto's ``mock_aws``, the sandbox's server thread) and ``make unit`` (``pytest -m
+"not e2e"``) runs only them. A mark, because most modules test one concept both ways
+(test_move.py's crash tests beside its two-operator test on a moto server): folders would
+split a concept's tests across two trees. Tests using a fixture that starts a moto server
+process are marked here (``pytest_collection_modifyitems``), so none can be missed.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,8 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
+from redrive.cli import cli as redrive_group
+
 FIXTURES = Path(__file__).parent / "fixtures"
 REGION = "us-east-1"
 
@@ -28,6 +40,17 @@ REGION = "us-east-1"
 # inputs says nothing about redrive there, so its timing checks are off (examples stay).
 settings.register_profile("redrive", suppress_health_check=[HealthCheck.too_slow], deadline=None)
 settings.load_profile("redrive")
+
+
+# Fixtures that start a moto server process (here and in test modules): a test using one is
+# end-to-end, whether or not it says so.
+_SERVER_FIXTURES = frozenset({"moto_server", "server", "serial_server", "serial_moto"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(autouse=True)
@@ -303,18 +326,47 @@ def no_long_polling(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- the CLI, through click's runner ----------------------------------------------------------
 
 
-def run(*args: str) -> Result:
-    from redrive.cli import cli
+class Cli:
+    """redrive's click group run in-process by click's CliRunner (the ``cli`` fixture): every
+    CLI test invokes the command this one way, as ``redrive`` (the usage lines say so)."""
 
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
+    def __call__(
+        self,
+        *args: str,
+        input: str | None = None,
+        env: Mapping[str, str | None] | None = None,
+        catch_exceptions: bool = True,
+    ) -> Result:
+        return CliRunner().invoke(
+            redrive_group,
+            list(args),
+            input=input,
+            env=env,
+            prog_name="redrive",
+            catch_exceptions=catch_exceptions,
+        )
+
+    def raising(self, *args: str, input: str | None = None) -> Result:
+        """Run a command letting an unexpected exception out as itself, with its traceback."""
+        return self(*args, input=input, catch_exceptions=False)
+
+    def ok(
+        self,
+        *args: str,
+        input: str | None = None,
+        env: Mapping[str, str | None] | None = None,
+        code: int = 0,
+    ) -> Result:
+        """Run a command that must end with ``code`` (0: success), without a traceback."""
+        result = self(*args, input=input, env=env)
+        assert result.exit_code == code, (result.output, result.exception)
+        assert "Traceback" not in result.output
+        return result
 
 
-def ok(*args: str) -> Result:
-    """Run a command that must succeed, without a traceback."""
-    result = run(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
+@pytest.fixture
+def cli() -> Cli:
+    return Cli()
 
 
 def as_json(result: Result) -> Any:

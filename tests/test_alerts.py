@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family
+from click.testing import Result
+from conftest import Cli, Family
 
-from redrive.cli import cli
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import ConfigError
 from redrive.reporting import alerts
@@ -178,12 +177,8 @@ def test_corrupt_or_foreign_state(tmp_path: Path) -> None:
 # -- through the CLI --------------------------------------------------------------------------
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def alert_run(state: Path, throttle: str = "1h") -> Result:
-    result = run(
+def alert_run(cli: Cli, state: Path, throttle: str = "1h") -> Result:
+    result = cli(
         "report",
         "--format",
         "json",
@@ -203,46 +198,48 @@ def add(family: Family, task: str, n: int) -> None:
         family.send_to_dlq(encode(task, [i], {}))
 
 
-def test_cli_alert_throttle(all_families: dict[str, Family], tmp_path: Path) -> None:
+def test_cli_alert_throttle(all_families: dict[str, Family], tmp_path: Path, cli: Cli) -> None:
     state = tmp_path / "alert.json"
     checkout = all_families["checkout"]
-    quiet = alert_run(state)
+    quiet = alert_run(cli, state)
     assert quiet.exit_code == 0  # empty DLQs never alert
     assert state.exists()
 
     add(checkout, CHARGE, 2)
-    first = alert_run(state)
+    first = alert_run(cli, state)
     assert first.exit_code == EXIT_ERROR
     assert "alert FIRES: checkout: grew to 2" in first.stderr
     assert json.loads(first.stdout)["total"] == 2  # the report is still printed
 
-    held = alert_run(state)
+    held = alert_run(cli, state)
     assert held.exit_code == 0
     assert "alert held: checkout: unchanged (2)" in held.stderr
 
     add(checkout, CHARGE, 1)
-    assert alert_run(state).exit_code == EXIT_ERROR  # grew: at once
+    assert alert_run(cli, state).exit_code == EXIT_ERROR  # grew: at once
 
     add(checkout, MAIL, 1)
-    grown = alert_run(state)
+    grown = alert_run(cli, state)
     assert grown.exit_code == EXIT_ERROR
 
     # After the throttle (made to have passed by rewinding the state's last alert).
-    assert alert_run(state).exit_code == 0
+    assert alert_run(cli, state).exit_code == 0
     data = json.loads(state.read_text())
     data["families"]["checkout"]["last_fired_at"] -= 2 * HOUR
     state.write_text(json.dumps(data))
-    again = alert_run(state)
+    again = alert_run(cli, state)
     assert again.exit_code == EXIT_ERROR
     assert "still 4" in again.stderr
 
 
-def test_cli_alert_without_a_throttle_fires_while_non_empty(family: Family, tmp_path: Path) -> None:
+def test_cli_alert_without_a_throttle_fires_while_non_empty(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     add(family, CHARGE, 1)
     state = str(tmp_path / "alert.json")
     args = ["report", "--fail-on-messages", "--alert-state", state]
-    assert run(*args).exit_code == EXIT_ERROR
-    assert run(*args).exit_code == EXIT_ERROR
+    assert cli(*args).exit_code == EXIT_ERROR
+    assert cli(*args).exit_code == EXIT_ERROR
 
 
 @pytest.mark.parametrize(
@@ -255,29 +252,34 @@ def test_cli_alert_without_a_throttle_fires_while_non_empty(family: Family, tmp_
     ],
 )
 def test_cli_alert_usage_errors(
-    sqs_client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], fragment: str
+    sqs_client: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    fragment: str,
+    cli: Cli,
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    result = run("report", *args)
+    result = cli("report", *args)
     assert result.exit_code == EXIT_USAGE, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and fragment in errors[0]
     assert not (tmp_path / "s.json").exists()
 
 
-def test_cli_bad_throttle_duration(sqs_client: Any, tmp_path: Path) -> None:
+def test_cli_bad_throttle_duration(sqs_client: Any, tmp_path: Path, cli: Cli) -> None:
     state = str(tmp_path / "s.json")
-    result = run(
+    result = cli(
         "report", "--fail-on-messages", "--alert-state", state, "--alert-throttle", "often"
     )
     assert result.exit_code == EXIT_USAGE
 
 
-def test_cli_corrupt_state_file_is_one_line(family: Family, tmp_path: Path) -> None:
+def test_cli_corrupt_state_file_is_one_line(family: Family, tmp_path: Path, cli: Cli) -> None:
     add(family, CHARGE, 1)
     state = tmp_path / "alert.json"
     state.write_text("{garbage")
-    result = run("report", "--fail-on-messages", "--alert-state", str(state))
+    result = cli("report", "--fail-on-messages", "--alert-state", str(state))
     assert result.exit_code == EXIT_ERROR
     assert "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]

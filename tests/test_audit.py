@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.sqs import Sqs
@@ -60,9 +60,9 @@ def argv(monkeypatch: pytest.MonkeyPatch) -> Any:
     return set_argv
 
 
-def cli_run(argv: Any, *args: str) -> Result:
+def cli_run(cli: Cli, argv: Any, *args: str) -> Result:
     argv(*args)
-    return ok(*args)
+    return cli.ok(*args)
 
 
 # -- the core ---------------------------------------------------------------------------------
@@ -132,23 +132,23 @@ def test_list_and_show_runs(tmp_path: Path) -> None:
 # -- through the CLI --------------------------------------------------------------------------
 
 
-def test_no_ledger_yet(sqs_client: Any) -> None:
-    assert ok("audit").output.strip() == "no runs recorded yet"
-    assert as_json(ok("audit", "--json")) == {"runs": []}
-    one_error(run("audit", "abc"), EXIT_ERROR, "no ledger yet")
+def test_no_ledger_yet(sqs_client: Any, cli: Cli) -> None:
+    assert cli.ok("audit").output.strip() == "no runs recorded yet"
+    assert as_json(cli.ok("audit", "--json")) == {"runs": []}
+    one_error(cli("audit", "abc"), EXIT_ERROR, "no ledger yet")
     assert not default_ledger_path().exists()
 
 
 def test_move_purge_replay_are_audited_newest_first(
-    family: Family, tmp_path: Path, argv: Any
+    family: Family, tmp_path: Path, argv: Any, cli: Cli
 ) -> None:
     seed(family, charges=2, mails=1)
     archive = str(tmp_path / "a.jsonl")
-    cli_run(argv, "move", "checkout", "--task", CHARGE, "--execute", "--yes", "--json")
-    cli_run(argv, "purge", "checkout", "--archive", archive, "--execute", "--yes", "--json")
-    cli_run(argv, "replay", archive, "--to", "onion-checkout", "--execute", "--yes", "--json")
+    cli_run(cli, argv, "move", "checkout", "--task", CHARGE, "--execute", "--yes", "--json")
+    cli_run(cli, argv, "purge", "checkout", "--archive", archive, "--execute", "--yes", "--json")
+    cli_run(cli, argv, "replay", archive, "--to", "onion-checkout", "--execute", "--yes", "--json")
 
-    data = as_json(ok("audit", "--json"))
+    data = as_json(cli.ok("audit", "--json"))
     assert data["ledger"].startswith("sqlite://")
     runs = data["runs"]
     assert len(runs) == 3
@@ -173,31 +173,31 @@ def test_move_purge_replay_are_audited_newest_first(
     assert replay_run["info"]["target"] == archive
     assert replay_run["counts"]["moved"] == 1
 
-    table = ok("audit").output
+    table = cli.ok("audit").output
     for r in runs:
         assert r["run_id"] in table
     assert "completed" in table
 
     # One run in detail, by id and by a unique prefix: the keys it moved.
-    shown = as_json(ok("audit", move_run["run_id"], "--json"))
+    shown = as_json(cli.ok("audit", move_run["run_id"], "--json"))
     assert shown["run_id"] == move_run["run_id"]
     assert sorted(k["task"] for k in shown["keys"]) == [CHARGE, CHARGE]
     assert {k["state"] for k in shown["keys"]} == {"done"}
-    by_prefix = as_json(ok("audit", move_run["run_id"][:10], "--json"))
+    by_prefix = as_json(cli.ok("audit", move_run["run_id"][:10], "--json"))
     assert by_prefix["run_id"] == move_run["run_id"]
-    text = ok("audit", move_run["run_id"]).output
+    text = cli.ok("audit", move_run["run_id"]).output
     assert move_run["run_id"] in text and "redrive move" in text and CHARGE in text
-    assert as_json(ok("audit", purge_run["run_id"], "--json"))["info"]["archive"] == archive
+    assert as_json(cli.ok("audit", purge_run["run_id"], "--json"))["info"]["archive"] == archive
 
 
-def test_unknown_run_id(family: Family, argv: Any) -> None:
+def test_unknown_run_id(family: Family, argv: Any, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
-    cli_run(argv, "move", "checkout", "--execute", "--yes")
-    one_error(run("audit", "nosuchrun"), EXIT_ERROR, "no run nosuchrun")
-    one_error(run("audit", "nosuchrun", "--json"), EXIT_ERROR, "no run nosuchrun")
+    cli_run(cli, argv, "move", "checkout", "--execute", "--yes")
+    one_error(cli("audit", "nosuchrun"), EXIT_ERROR, "no run nosuchrun")
+    one_error(cli("audit", "nosuchrun", "--json"), EXIT_ERROR, "no run nosuchrun")
 
 
-def test_since_narrows(family: Family, argv: Any) -> None:
+def test_since_narrows(family: Family, argv: Any, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
     old = SqliteLedger(default_ledger_path(), clock=lambda: time.time() - 10 * 86400)
     try:
@@ -205,15 +205,15 @@ def test_since_narrows(family: Family, argv: Any) -> None:
         old.end_run("oldrun00", outcome="completed", counts={"moved": 1})
     finally:
         old.close()
-    cli_run(argv, "move", "checkout", "--execute", "--yes")
-    assert len(as_json(ok("audit", "--json"))["runs"]) == 2
-    recent = as_json(ok("audit", "--since", "7d", "--json"))["runs"]
+    cli_run(cli, argv, "move", "checkout", "--execute", "--yes")
+    assert len(as_json(cli.ok("audit", "--json"))["runs"]) == 2
+    recent = as_json(cli.ok("audit", "--since", "7d", "--json"))["runs"]
     assert len(recent) == 1 and recent[0]["run_id"] != "oldrun00"
-    assert as_json(ok("audit", "--since", "30d", "--json"))["runs"][-1]["run_id"] == "oldrun00"
-    assert run("audit", "--since", "soon").exit_code == 2
+    assert as_json(cli.ok("audit", "--since", "30d", "--json"))["runs"][-1]["run_id"] == "oldrun00"
+    assert cli("audit", "--since", "soon").exit_code == 2
 
 
-def test_interrupted_run_shows_interrupted(family: Family) -> None:
+def test_interrupted_run_shows_interrupted(family: Family, cli: Cli) -> None:
     for i in range(25):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
     target = resolve_target(built_in_layout({}), "checkout", lambda region=None: Sqs(family.client))
@@ -242,30 +242,30 @@ def test_interrupted_run_shows_interrupted(family: Family) -> None:
     finally:
         ledger.close()
     assert result.interrupted
-    runs = as_json(ok("audit", "--json"))["runs"]
+    runs = as_json(cli.ok("audit", "--json"))["runs"]
     assert len(runs) == 1 and runs[0]["outcome"] == "interrupted"
-    assert "interrupted" in ok("audit").output
+    assert "interrupted" in cli.ok("audit").output
 
 
-def test_many_message_ids_are_stored_as_a_count(family: Family, argv: Any) -> None:
+def test_many_message_ids_are_stored_as_a_count(family: Family, argv: Any, cli: Cli) -> None:
     ids = [family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}")) for i in range(12)]
     args = ["move", "checkout", "--execute", "--yes", "--json"]
     for message_id in ids:
         args += ["--message-id", message_id]
-    assert as_json(cli_run(argv, *args))["moved"] == 12
+    assert as_json(cli_run(cli, argv, *args))["moved"] == 12
     few = ["move", "checkout", "--execute", "--yes", "--message-id", "not-there"]
-    cli_run(argv, *few)
-    newest, first = as_json(ok("audit", "--json"))["runs"]
+    cli_run(cli, argv, *few)
+    newest, first = as_json(cli.ok("audit", "--json"))["runs"]
     assert first["info"]["filters"]["message_ids"] == "12 ids (from a plan)"
     assert newest["info"]["filters"]["message_ids"] == ["not-there"]
 
 
-def test_apply_is_audited(family: Family, tmp_path: Path, argv: Any) -> None:
+def test_apply_is_audited(family: Family, tmp_path: Path, argv: Any, cli: Cli) -> None:
     seed(family, charges=1, mails=1)
     plan = str(tmp_path / "p.json")
-    ok("move", "checkout", "--plan-out", plan)
-    cli_run(argv, "apply", plan, "--execute", "--yes")
-    runs = as_json(ok("audit", "--json"))["runs"]
+    cli.ok("move", "checkout", "--plan-out", plan)
+    cli_run(cli, argv, "apply", plan, "--execute", "--yes")
+    runs = as_json(cli.ok("audit", "--json"))["runs"]
     assert len(runs) == 1
     assert runs[0]["outcome"] == "completed"
     assert runs[0]["info"]["command_line"].startswith("redrive apply")
@@ -275,11 +275,13 @@ def test_apply_is_audited(family: Family, tmp_path: Path, argv: Any) -> None:
 # -- issue 11: an audit trail that serves incident notes --------------------------------------
 
 
-def test_the_command_line_is_shell_quoted_and_pastes_back(family: Family, argv: Any) -> None:
+def test_the_command_line_is_shell_quoted_and_pastes_back(
+    family: Family, argv: Any, cli: Cli
+) -> None:
     seed(family, charges=2, mails=1)
     args = ["move", "checkout", "--task", "apps.shop.*", "--exclude-task", "a b", "--execute"]
-    cli_run(argv, *args, "--yes", "--json")
-    run_info = as_json(ok("audit", "--json"))["runs"][0]["info"]
+    cli_run(cli, argv, *args, "--yes", "--json")
+    run_info = as_json(cli.ok("audit", "--json"))["runs"][0]["info"]
     line = run_info["command_line"]
     assert line == (
         "redrive move checkout --task 'apps.shop.*' --exclude-task 'a b' --execute --yes --json"
@@ -287,51 +289,57 @@ def test_the_command_line_is_shell_quoted_and_pastes_back(family: Family, argv: 
     assert shlex.split(line) == ["redrive", *args, "--yes", "--json"]
 
 
-def test_python_m_redrive_is_recorded_as_redrive(family: Family, monkeypatch: Any) -> None:
+def test_python_m_redrive_is_recorded_as_redrive(
+    family: Family, monkeypatch: Any, cli: Cli
+) -> None:
     seed(family, charges=1, mails=0)
     monkeypatch.setattr(sys, "argv", ["/x/redrive/__main__.py", "move", "checkout"])
-    ok("move", "checkout", "--execute", "--yes")
-    line = as_json(ok("audit", "--json"))["runs"][0]["info"]["command_line"]
+    cli.ok("move", "checkout", "--execute", "--yes")
+    line = as_json(cli.ok("audit", "--json"))["runs"][0]["info"]["command_line"]
     assert line == "redrive move checkout --execute --yes"
 
 
 def test_the_working_directory_is_kept_and_archive_paths_are_absolute(
-    family: Family, tmp_path: Path, monkeypatch: Any
+    family: Family, tmp_path: Path, monkeypatch: Any, cli: Cli
 ) -> None:
     seed(family, charges=2, mails=1)
     monkeypatch.chdir(tmp_path)
-    ok("purge", "checkout", "--task", CHARGE, "--archive", "rel/a.jsonl", "--execute", "--yes")
-    ok("replay", "rel/a.jsonl", "--to", "onion-checkout", "--execute", "--yes")
-    replay_run, purge_run = as_json(ok("audit", "--json"))["runs"]
+    cli.ok("purge", "checkout", "--task", CHARGE, "--archive", "rel/a.jsonl", "--execute", "--yes")
+    cli.ok("replay", "rel/a.jsonl", "--to", "onion-checkout", "--execute", "--yes")
+    replay_run, purge_run = as_json(cli.ok("audit", "--json"))["runs"]
     assert purge_run["info"]["cwd"] == str(tmp_path)
     assert purge_run["info"]["archive"] == str(tmp_path / "rel" / "a.jsonl")
     assert replay_run["info"]["archive"] == str(tmp_path / "rel" / "a.jsonl")
     assert replay_run["info"]["cwd"] == str(tmp_path)
-    text = ok("audit", purge_run["run_id"]).output
+    text = cli.ok("audit", purge_run["run_id"]).output
     assert f"cwd:      {tmp_path}" in text and f"archive:  {tmp_path / 'rel' / 'a.jsonl'}" in text
 
 
-def test_audit_shows_filters_and_counts_as_text_not_python_reprs(family: Family, argv: Any) -> None:
+def test_audit_shows_filters_and_counts_as_text_not_python_reprs(
+    family: Family, argv: Any, cli: Cli
+) -> None:
     seed(family, charges=2, mails=1)
     args = ("move", "checkout", "--task", "apps.shop.*", "--older-than", "0s", "--execute")
-    cli_run(argv, *args, "--yes")
-    run_id = as_json(ok("audit", "--json"))["runs"][0]["run_id"]
-    text = ok("audit", run_id).output
+    cli_run(cli, argv, *args, "--yes")
+    run_id = as_json(cli.ok("audit", "--json"))["runs"][0]["run_id"]
+    text = cli.ok("audit", run_id).output
     assert "filters:  --task 'apps.shop.*' --older-than 0s" in text
     assert "counts:   matched 2, moved 2, skipped 0, failed 0, in doubt 0" in text
     assert "{" not in text and "[" not in text and "'tasks'" not in text
-    listing = ok("audit").output
+    listing = cli.ok("audit").output
     assert "matched 2, moved 2" in listing and "{" not in listing
 
 
-def test_a_purge_records_which_messages_it_deleted(family: Family, tmp_path: Path) -> None:
+def test_a_purge_records_which_messages_it_deleted(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     ids = {
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}")): f"c-{i}" for i in range(3)
     }
     kept = family.send_to_dlq(encode(MAIL, [], {}, task_id="m-0"))
     archive = str(tmp_path / "a.jsonl")
     purged = as_json(
-        ok(
+        cli.ok(
             "purge",
             "checkout",
             "--task",
@@ -343,11 +351,11 @@ def test_a_purge_records_which_messages_it_deleted(family: Family, tmp_path: Pat
             "--json",
         )
     )
-    shown = as_json(ok("audit", purged["run_id"], "--json"))
+    shown = as_json(cli.ok("audit", purged["run_id"], "--json"))
     deleted = shown["info"]["deleted"]
     assert {m[0]: m[2] for m in deleted} == ids and {m[1] for m in deleted} == {CHARGE}
     assert kept not in {m[0] for m in deleted}
-    text = ok("audit", purged["run_id"]).output
+    text = cli.ok("audit", purged["run_id"]).output
     assert "deleted from the DLQ: 3 message(s):" in text
     for message_id, task_id in ids.items():
         line = next(line for line in text.splitlines() if line.startswith(message_id))
@@ -355,7 +363,7 @@ def test_a_purge_records_which_messages_it_deleted(family: Family, tmp_path: Pat
 
 
 def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
-    family: Family, tmp_path: Path, monkeypatch: Any
+    family: Family, tmp_path: Path, monkeypatch: Any, cli: Cli
 ) -> None:
     from redrive.reporting import audit
 
@@ -363,7 +371,7 @@ def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
     for i in range(5):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
     purged = as_json(
-        ok(
+        cli.ok(
             "purge",
             "checkout",
             "--archive",
@@ -373,25 +381,25 @@ def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
             "--json",
         )
     )
-    shown = as_json(ok("audit", purged["run_id"], "--json"))
+    shown = as_json(cli.ok("audit", purged["run_id"], "--json"))
     assert len(shown["info"]["deleted"]) == 2 and shown["counts"]["purged"] == 5
-    text = ok("audit", purged["run_id"]).output
+    text = cli.ok("audit", purged["run_id"]).output
     assert "deleted from the DLQ: 5 message(s); the first 2 are listed" in text
     assert f"the archive holds every one, with run_id {purged['run_id']}" in text
 
 
-def test_an_unfiltered_purge_queue_is_audited_too(family: Family) -> None:
+def test_an_unfiltered_purge_queue_is_audited_too(family: Family, cli: Cli) -> None:
     seed(family, charges=2, mails=1)
-    ok("purge", "checkout", "--no-archive", "--execute", "--yes")
-    runs = as_json(ok("audit", "--json"))["runs"]
+    cli.ok("purge", "checkout", "--no-archive", "--execute", "--yes")
+    runs = as_json(cli.ok("audit", "--json"))["runs"]
     assert len(runs) == 1 and runs[0]["outcome"] == "completed"
     assert runs[0]["info"]["method"] == "purge-queue" and runs[0]["counts"]["purged"] == 3
-    text = ok("audit", runs[0]["run_id"]).output
+    text = cli.ok("audit", runs[0]["run_id"]).output
     assert "by SQS PurgeQueue, which does not say which" in text
 
 
 def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
-    family: Family, tmp_path: Path, monkeypatch: Any
+    family: Family, tmp_path: Path, monkeypatch: Any, cli: Cli
 ) -> None:
     from redrive.cli import console
 
@@ -404,9 +412,9 @@ def test_a_second_ctrl_c_is_recorded_as_interrupted_not_failed(
 
     monkeypatch.setattr(console.Progress, "update", second_ctrl_c)
     archive = str(tmp_path / "a.jsonl")
-    assert run("purge", "checkout", "--archive", archive, "--execute", "--yes").exit_code != 0
-    assert run("move", "checkout", "--execute", "--yes").exit_code != 0
-    move_run, purge_run = as_json(ok("audit", "--json"))["runs"]
+    assert cli("purge", "checkout", "--archive", archive, "--execute", "--yes").exit_code != 0
+    assert cli("move", "checkout", "--execute", "--yes").exit_code != 0
+    move_run, purge_run = as_json(cli.ok("audit", "--json"))["runs"]
     assert move_run["outcome"] == "interrupted", move_run
     assert purge_run["outcome"] == "interrupted", purge_run
     # What the purge had deleted when it stopped is on record.

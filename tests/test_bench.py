@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import boto3
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -33,6 +34,7 @@ def run_bench(script: str, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.e2e
 def test_bench_move_runs_every_contender_and_each_passes_its_checks() -> None:
     tools = ("redrive", "batched", "per-message", "null")
     out = run_bench(
@@ -46,6 +48,7 @@ def test_bench_move_runs_every_contender_and_each_passes_its_checks() -> None:
     assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
 
 
+@pytest.mark.e2e
 def test_bench_inspect_runs_and_each_scan_counts_every_message() -> None:
     out = run_bench("inspect.py", "--server", "fast", "--sizes", "100", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| 100 |")]
@@ -77,12 +80,14 @@ def test_fast_sqs_latency_delays_every_answer() -> None:
         server.server_close()
 
 
+@pytest.mark.e2e
 def test_bench_archive_checks_every_record_it_wrote() -> None:
     out = run_bench("archive.py", "--sizes", "200", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| 200 |")]
     assert len(rows) == 1 and rows[0].rstrip(" |").endswith("yes"), out
 
 
+@pytest.mark.e2e
 def test_bench_hold_runs_and_a_killed_runs_holds_end_within_their_bound() -> None:
     import json
 

@@ -7,18 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family, make_family
+from conftest import Cli, Family, make_family
 
 from redrive.aws.sqs import Sqs
-from redrive.cli import cli
 from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.config import built_in_layout, load_layout
 from redrive.reporting.check import Finding, check_layout, expected_dlq_name
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
 
 
 def findings_of(client: Any, config: str | None = None) -> list[Finding]:
@@ -35,12 +29,12 @@ def test_expected_dlq_name() -> None:
     assert expected_dlq_name("https://sqs.us-east-1.amazonaws.com/1/jobs.fifo") == "jobs-dlq.fifo"
 
 
-def test_clean_layout_has_no_findings(all_families: dict[str, Family]) -> None:
+def test_clean_layout_has_no_findings(all_families: dict[str, Family], cli: Cli) -> None:
     assert findings_of(all_families["checkout"].client) == []
-    result = run("check")
+    result = cli("check")
     assert result.exit_code == 0, result.output
     assert "no findings" in result.output
-    data = json.loads(run("check", "--json").stdout)
+    data = json.loads(cli("check", "--json").stdout)
     assert data == {"layout": "built-in", "findings": []}
 
 
@@ -107,18 +101,18 @@ def test_missing_family_queue(sqs_client: Any) -> None:
     assert "does not exist" in found[0].problem or "onion-progress" in found[0].problem
 
 
-def test_cli_findings_exit_1_and_json_shape(all_families: dict[str, Family]) -> None:
+def test_cli_findings_exit_1_and_json_shape(all_families: dict[str, Family], cli: Cli) -> None:
     client = all_families["checkout"].client
     client.create_queue(QueueName="onion-legacy")
     client.set_queue_attributes(
         QueueUrl=all_families["progress"].dlq_url,
         Attributes={"MessageRetentionPeriod": str(4 * 86400)},
     )
-    result = run("check")
+    result = cli("check")
     assert result.exit_code == EXIT_ERROR, result.output
     assert "Traceback" not in result.output
     assert "onion-legacy" in result.output and "retention is 4d" in result.output
-    data_result = run("check", "--json")
+    data_result = cli("check", "--json")
     assert data_result.exit_code == EXIT_ERROR
     data = json.loads(data_result.stdout)
     assert data["layout"] == "built-in"
@@ -166,14 +160,16 @@ def atlas(sqs_client: Any, tmp_path: Path) -> str:
     return str(path)
 
 
-def test_config_overrides_expectations(sqs_client: Any, atlas: str) -> None:
+def test_config_overrides_expectations(sqs_client: Any, atlas: str, cli: Cli) -> None:
     assert findings_of(sqs_client, atlas) == []
-    result = run("--config", atlas, "check", "--json")
+    result = cli("--config", atlas, "check", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"layout": atlas, "findings": []}
 
 
-def test_config_expectations_are_checked(sqs_client: Any, atlas: str, tmp_path: Path) -> None:
+def test_config_expectations_are_checked(
+    sqs_client: Any, atlas: str, tmp_path: Path, cli: Cli
+) -> None:
     strict = tmp_path / "strict.toml"
     strict.write_text(
         CONFIG.replace('dlq = "atlas-jobs-dead"', 'dlq = "atlas-jobs-dlq"').replace(
@@ -190,7 +186,7 @@ def test_config_expectations_are_checked(sqs_client: Any, atlas: str, tmp_path: 
         ("jobs", "atlas-jobs", "maxReceiveCount is 3, expected 5"),
         ("jobs", "atlas-jobs-dead", "retention is 4d, expected 14d"),
     ]
-    assert run("--config", str(strict), "check").exit_code == EXIT_ERROR
+    assert cli("--config", str(strict), "check").exit_code == EXIT_ERROR
 
 
 def test_a_dlq_named_in_the_config_is_not_a_stray(sqs_client: Any, tmp_path: Path) -> None:

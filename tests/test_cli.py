@@ -19,12 +19,12 @@ import click
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
-from click.testing import CliRunner, Result
-from conftest import REGION, Family, free_port, make_family
+from click.testing import Result
+from conftest import REGION, Cli, Family, as_json, free_port, make_family
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
-from redrive.cli import cli
+from redrive.cli import cli as redrive_group
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE
 from redrive.keys import key_for
 from redrive.ledger import Claim, default_ledger_path, open_ledger
@@ -33,21 +33,6 @@ from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"
-
-
-def run(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), input=input, prog_name="redrive")
-
-
-def ok(*args: str) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, result.output
-    assert "Traceback" not in result.output
-    return result
-
-
-def as_json(result: Result) -> Any:
-    return json.loads(result.stdout)
 
 
 def assert_one_error(result: Result, exit_code: int, *fragments: str) -> str:
@@ -98,24 +83,24 @@ KEY_OPTIONS = {
 }
 
 
-def test_group_help_lists_every_command_and_global_option() -> None:
+def test_group_help_lists_every_command_and_global_option(cli: Cli) -> None:
     for flag in ("--help", "-h"):
-        text = ok(flag).output
+        text = cli.ok(flag).output
         assert "Usage: redrive" in text
-        for name in cli.commands:
+        for name in redrive_group.commands:
             assert name in text
         for option in ("--endpoint-url", "--region", "--profile", "--config", "--version"):
             assert option in text
 
 
-def test_no_command_shows_usage() -> None:
-    result = run()
+def test_no_command_shows_usage(cli: Cli) -> None:
+    result = cli()
     assert result.exit_code in (0, 2)
     assert "Usage: redrive" in result.output
 
 
 def test_the_core_commands_exist() -> None:
-    assert {"status", "inspect", "report", "move"} <= set(cli.commands)
+    assert {"status", "inspect", "report", "move"} <= set(redrive_group.commands)
 
 
 def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -128,14 +113,14 @@ def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tupl
     return paths
 
 
-@pytest.mark.parametrize("path", command_paths(cli), ids=" ".join)
-def test_every_command_help_mentions_its_options(path: tuple[str, ...]) -> None:
-    command: click.Command = cli
+@pytest.mark.parametrize("path", command_paths(redrive_group), ids=" ".join)
+def test_every_command_help_mentions_its_options(path: tuple[str, ...], cli: Cli) -> None:
+    command: click.Command = redrive_group
     for name in path:
         assert isinstance(command, click.Group)
         command = command.commands[name]
     for flag in ("--help", "-h"):
-        text = ok(*path, flag).output
+        text = cli.ok(*path, flag).output
         assert text.startswith(f"Usage: redrive {' '.join(path)}")
         documented = [
             opt
@@ -154,10 +139,11 @@ def test_every_command_help_mentions_its_options(path: tuple[str, ...]) -> None:
         assert first_line[:30] in " ".join(text.split())
 
 
-def test_version_in_process() -> None:
-    assert ok("--version").output.strip() == f"redrive, version {__version__}"
+def test_version_in_process(cli: Cli) -> None:
+    assert cli.ok("--version").output.strip() == f"redrive, version {__version__}"
 
 
+@pytest.mark.e2e
 def test_python_m_redrive_version() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "redrive", "--version"],
@@ -173,9 +159,9 @@ def test_python_m_redrive_version() -> None:
 # -- status ---------------------------------------------------------------------------------
 
 
-def test_status_table(all_families: dict[str, Family]) -> None:
+def test_status_table(all_families: dict[str, Family], cli: Cli) -> None:
     seed(all_families["checkout"], charges=2, mails=0)
-    lines = ok("status").output.splitlines()
+    lines = cli.ok("status").output.splitlines()
     assert "family" in lines[0]
     checkout = next(line for line in lines if line.startswith("checkout"))
     assert "onion-checkout-dlq" in checkout and "2 / 0 / 0" in checkout
@@ -183,9 +169,9 @@ def test_status_table(all_families: dict[str, Family]) -> None:
     assert any(line.startswith("progress") for line in lines)
 
 
-def test_status_json_shape(all_families: dict[str, Family]) -> None:
+def test_status_json_shape(all_families: dict[str, Family], cli: Cli) -> None:
     seed(all_families["default"], charges=1, mails=1)
-    data = as_json(ok("status", "--json"))
+    data = as_json(cli.ok("status", "--json"))
     assert data["layout"] == "built-in"
     by_name = {f["family"]: f for f in data["families"]}
     assert list(by_name) == ["checkout", "default", "progress"]
@@ -197,9 +183,9 @@ def test_status_json_shape(all_families: dict[str, Family]) -> None:
     assert default["error"] is None
 
 
-def test_status_missing_family_is_reported_in_its_row(family: Family) -> None:
+def test_status_missing_family_is_reported_in_its_row(family: Family, cli: Cli) -> None:
     # Only checkout exists: the other rows carry their error, and the exit code says so.
-    result = run("status", "--json")
+    result = cli("status", "--json")
     assert result.exit_code == EXIT_ERROR
     assert "Traceback" not in result.output
     by_name = {f["family"]: f for f in as_json(result)["families"]}
@@ -210,10 +196,10 @@ def test_status_missing_family_is_reported_in_its_row(family: Family) -> None:
 # -- inspect --------------------------------------------------------------------------------
 
 
-def test_inspect_text_groups_by_task_and_leaves_the_dlq(family: Family) -> None:
+def test_inspect_text_groups_by_task_and_leaves_the_dlq(family: Family, cli: Cli) -> None:
     seed(family, charges=3, mails=1)
     family.send_to_dlq("not a celery message")
-    text = ok("inspect", "checkout").output
+    text = cli.ok("inspect", "checkout").output
     assert "onion-checkout-dlq" in text and "5 message(s)" in text
     charge = next(line for line in text.splitlines() if line.startswith(CHARGE))
     assert " 3 " in charge and "charge-0" in charge
@@ -222,9 +208,9 @@ def test_inspect_text_groups_by_task_and_leaves_the_dlq(family: Family) -> None:
     assert family.depth() == (5, 0)
 
 
-def test_inspect_json_shape(family: Family) -> None:
+def test_inspect_json_shape(family: Family, cli: Cli) -> None:
     seed(family, charges=3, mails=2)
-    data = as_json(ok("inspect", "checkout", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--json"))
     assert data["total"] == 5
     assert data["target"] == "checkout" and data["dlq"] == "onion-checkout-dlq"
     assert data["sources"] == ["onion-checkout"]
@@ -238,42 +224,44 @@ def test_inspect_json_shape(family: Family) -> None:
     assert family.depth() == (5, 0)
 
 
-def test_inspect_limit(family: Family) -> None:
+def test_inspect_limit(family: Family, cli: Cli) -> None:
     seed(family, charges=12, mails=0)
-    data = as_json(ok("inspect", "checkout", "--limit", "4", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--limit", "4", "--json"))
     assert data["total"] == 4
     assert data["partial"] is True
-    assert "--limit" in ok("inspect", "checkout", "--limit", "4").output
+    assert "--limit" in cli.ok("inspect", "checkout", "--limit", "4").output
     assert family.depth() == (12, 0)
 
 
-def test_inspect_show_args(family: Family) -> None:
+def test_inspect_show_args(family: Family, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
-    assert "sample arguments" not in ok("inspect", "checkout").output
-    text = ok("inspect", "checkout", "--show-args").output
+    assert "sample arguments" not in cli.ok("inspect", "checkout").output
+    text = cli.ok("inspect", "checkout", "--show-args").output
     assert f"sample arguments of {CHARGE}:" in text
     assert "args=(0,) kwargs={'card': 'tok'}" in text
-    data = as_json(ok("inspect", "checkout", "--show-args", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--show-args", "--json"))
     assert data["groups"][0]["sample_args"] == [{"args": "(0,)", "kwargs": "{'card': 'tok'}"}]
 
 
-def test_inspect_by_queue_name_and_url(family: Family) -> None:
+def test_inspect_by_queue_name_and_url(family: Family, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
-    assert as_json(ok("inspect", "onion-checkout-dlq", "--json"))["total"] == 1
-    assert as_json(ok("inspect", "onion-checkout", "--json"))["total"] == 1
-    assert as_json(ok("inspect", family.dlq_url, "--json"))["total"] == 1
+    assert as_json(cli.ok("inspect", "onion-checkout-dlq", "--json"))["total"] == 1
+    assert as_json(cli.ok("inspect", "onion-checkout", "--json"))["total"] == 1
+    assert as_json(cli.ok("inspect", family.dlq_url, "--json"))["total"] == 1
 
 
 # -- report ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
-def test_report_to_a_file(all_families: dict[str, Family], tmp_path: Path, fmt: str) -> None:
+def test_report_to_a_file(
+    all_families: dict[str, Family], tmp_path: Path, fmt: str, cli: Cli
+) -> None:
     seed(all_families["checkout"], charges=2, mails=1)
     out = tmp_path / "reports" / f"dlq.{fmt}"
     out.parent.mkdir()
     out.write_text("an older report\n")
-    result = ok("report", "--format", fmt, "--output", str(out))
+    result = cli.ok("report", "--format", fmt, "--output", str(out))
     assert result.stdout == ""
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no temp file left
     text = out.read_text()
@@ -299,30 +287,30 @@ def test_report_to_a_file(all_families: dict[str, Family], tmp_path: Path, fmt: 
     assert all_families["checkout"].depth() == (3, 0)
 
 
-def test_report_to_stdout(all_families: dict[str, Family]) -> None:
+def test_report_to_stdout(all_families: dict[str, Family], cli: Cli) -> None:
     seed(all_families["progress"], charges=1, mails=0)
-    text = ok("report").stdout
+    text = cli.ok("report").stdout
     assert "progress (onion-progress-dlq):" in text and CHARGE in text
 
 
-def test_report_fail_on_messages(all_families: dict[str, Family]) -> None:
-    ok("report", "--fail-on-messages")
+def test_report_fail_on_messages(all_families: dict[str, Family], cli: Cli) -> None:
+    cli.ok("report", "--fail-on-messages")
     seed(all_families["progress"], charges=1, mails=0)
-    result = run("report", "--fail-on-messages", "--format", "json")
+    result = cli("report", "--fail-on-messages", "--format", "json")
     assert result.exit_code == EXIT_ERROR
     assert as_json(result)["total"] == 1
-    ok("report")  # without the flag, messages are no failure
+    cli.ok("report")  # without the flag, messages are no failure
 
 
 def test_report_output_into_a_missing_directory(
-    all_families: dict[str, Family], tmp_path: Path
+    all_families: dict[str, Family], tmp_path: Path, cli: Cli
 ) -> None:
-    result = run("report", "--output", str(tmp_path / "nope" / "r.md"))
+    result = cli("report", "--output", str(tmp_path / "nope" / "r.md"))
     assert_one_error(result, EXIT_ERROR, str(tmp_path / "nope" / "r.md"))
 
 
 def test_report_write_failure_keeps_the_old_report(
-    all_families: dict[str, Family], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    all_families: dict[str, Family], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     import errno
 
@@ -333,7 +321,7 @@ def test_report_write_failure_keeps_the_old_report(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "fsync", disk_full)
-    result = run("report", "--format", "markdown", "--output", str(out))
+    result = cli("report", "--format", "markdown", "--output", str(out))
     assert_one_error(result, EXIT_ERROR, str(out), "No space left on device")
     assert out.read_text() == "the previous report\n"
     # No temporary left beside it ("state" is conftest's REDRIVE_STATE_DIR: the report's
@@ -344,22 +332,22 @@ def test_report_write_failure_keeps_the_old_report(
 # -- move -----------------------------------------------------------------------------------
 
 
-def test_move_dry_run_changes_nothing(family: Family) -> None:
+def test_move_dry_run_changes_nothing(family: Family, cli: Cli) -> None:
     seed(family, charges=3, mails=1)
-    text = ok("move", "checkout").output
+    text = cli.ok("move", "checkout").output
     assert text.startswith("DRY RUN")
     assert "4 would move" in text
     assert family.depth() == (4, 0)
     assert family.depth(family.queue_url) == (0, 0)
     assert not default_ledger_path().exists()
-    data = as_json(ok("move", "checkout", "--json"))
+    data = as_json(cli.ok("move", "checkout", "--json"))
     assert data["dry_run"] is True and data["moved"] == 4
     assert family.depth() == (4, 0)
 
 
-def test_move_execute_json(family: Family) -> None:
+def test_move_execute_json(family: Family, cli: Cli) -> None:
     seed(family, charges=3, mails=1)
-    data = as_json(ok("move", "checkout", "--execute", "--yes", "--json"))
+    data = as_json(cli.ok("move", "checkout", "--execute", "--yes", "--json"))
     assert {"dry_run", "matched", "moved", "skipped", "failed", "in_doubt", "by_task"} <= set(data)
     assert data["dry_run"] is False
     assert (data["matched"], data["moved"], data["failed"], data["in_doubt"]) == (4, 4, 0, 0)
@@ -374,27 +362,31 @@ def test_move_execute_json(family: Family) -> None:
         "mail-0",
     ]
     # A rerun finds nothing left to do.
-    again = as_json(ok("move", "checkout", "--execute", "--yes", "--json"))
+    again = as_json(cli.ok("move", "checkout", "--execute", "--yes", "--json"))
     assert again["matched"] == 0 and again["moved"] == 0
 
 
-def test_move_execute_without_yes_refuses_when_stdin_is_not_a_terminal(family: Family) -> None:
+def test_move_execute_without_yes_refuses_when_stdin_is_not_a_terminal(
+    family: Family, cli: Cli
+) -> None:
     # Issue 11: with no terminal to confirm on, --execute alone must not act (test_confirm.py).
     seed(family, charges=2, mails=0)
-    result = run("move", "checkout", "--execute")
+    result = cli("move", "checkout", "--execute")
     assert result.exit_code == EXIT_USAGE
     assert "--yes" in result.output and "[y/N]" not in result.output
     assert family.depth(family.queue_url) == (0, 0) and family.depth() == (2, 0)
 
 
-def test_move_with_filters(family: Family) -> None:
+def test_move_with_filters(family: Family, cli: Cli) -> None:
     seed(family, charges=2, mails=2)
-    data = as_json(ok("move", "checkout", "--task", "apps.mail.*", "--execute", "-y", "--json"))
+    data = as_json(cli.ok("move", "checkout", "--task", "apps.mail.*", "--execute", "-y", "--json"))
     assert data["by_task"] == {MAIL: 2}
     assert family.depth() == (2, 0)
 
 
-def test_move_failed_sends_exit_3(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_move_failed_sends_exit_3(
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     from redrive.aws.sqs import BatchResult, Sqs
 
     def refuse(self: Sqs, url: str, entries: Any) -> BatchResult:
@@ -402,7 +394,7 @@ def test_move_failed_sends_exit_3(family: Family, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(Sqs, "send_batch", refuse)
     seed(family, charges=2, mails=0)
-    result = run("move", "checkout", "--execute", "--yes")
+    result = cli("move", "checkout", "--execute", "--yes")
     assert result.exit_code == EXIT_ATTENTION, result.output
     assert "Traceback" not in result.output
     assert "2 failed" in result.output
@@ -410,7 +402,7 @@ def test_move_failed_sends_exit_3(family: Family, monkeypatch: pytest.MonkeyPatc
     assert family.depth() == (2, 0)  # nothing lost
 
 
-def test_move_in_doubt_exit_3_and_lists_task_and_id(family: Family) -> None:
+def test_move_in_doubt_exit_3_and_lists_task_and_id(family: Family, cli: Cli) -> None:
     body = encode(CHARGE, [7], {}, task_id="in-doubt-task")
     message_id = family.send_to_dlq(body)
     seed(family, charges=1, mails=0)
@@ -424,14 +416,14 @@ def test_move_in_doubt_exit_3_and_lists_task_and_id(family: Family) -> None:
     finally:
         ledger.close()
 
-    result = run("move", "checkout", "--execute", "--yes")
+    result = cli("move", "checkout", "--execute", "--yes")
     assert result.exit_code == EXIT_ATTENTION, result.output
     assert "1 in doubt" in result.output
     line = next(line for line in result.output.splitlines() if "in-doubt-task" in line)
     assert CHARGE in line and message_id in line
     assert family.depth() == (1, 0)  # held in the DLQ, neither resent nor deleted
 
-    data = as_json(run("move", "checkout", "--execute", "--yes", "--json"))
+    data = as_json(cli("move", "checkout", "--execute", "--yes", "--json"))
     assert data["in_doubt"] == 1
     assert data["in_doubt_messages"][0]["task_id"] == "in-doubt-task"
 
@@ -469,9 +461,9 @@ def atlas(sqs_client: Any, tmp_path: Path) -> dict[str, Any]:
     return {"families": families, "export_dlq": export_dlq, "config": str(config)}
 
 
-def test_config_layout_status(atlas: dict[str, Any]) -> None:
+def test_config_layout_status(atlas: dict[str, Any], cli: Cli) -> None:
     seed(atlas["families"]["notify"], charges=1, mails=2)
-    data = as_json(ok("--config", atlas["config"], "status", "--json"))
+    data = as_json(cli.ok("--config", atlas["config"], "status", "--json"))
     assert data["layout"] == atlas["config"]
     by_name = {f["family"]: f for f in data["families"]}
     assert list(by_name) == ["default", "notify", "export"]
@@ -481,68 +473,98 @@ def test_config_layout_status(atlas: dict[str, Any]) -> None:
     assert all(f["error"] is None for f in data["families"])
 
 
-def test_config_layout_inspect_and_move(atlas: dict[str, Any], sqs_client: Any) -> None:
+def test_config_layout_inspect_and_move(atlas: dict[str, Any], sqs_client: Any, cli: Cli) -> None:
     seed(atlas["families"]["notify"], charges=2, mails=0)
-    data = as_json(ok("--config", atlas["config"], "inspect", "notify", "--json"))
+    data = as_json(cli.ok("--config", atlas["config"], "inspect", "notify", "--json"))
     assert data["target"] == "notify" and data["total"] == 2
     sqs_client.send_message(QueueUrl=atlas["export_dlq"], MessageBody=encode(MAIL, [], {}))
-    moved = as_json(ok("--config", atlas["config"], "move", "export", "--execute", "-y", "--json"))
+    moved = as_json(
+        cli.ok("--config", atlas["config"], "move", "export", "--execute", "-y", "--json")
+    )
     assert moved["moved"] == 1 and moved["by_task"] == {MAIL: 1}
     export_url = sqs_client.get_queue_url(QueueName="atlas-prod-export")["QueueUrl"]
     assert len(sqs_client.receive_message(QueueUrl=export_url)["Messages"]) == 1
     # The built-in names mean nothing under this layout.
-    assert_one_error(run("--config", atlas["config"], "inspect", "checkout"), EXIT_ERROR)
+    assert_one_error(cli("--config", atlas["config"], "inspect", "checkout"), EXIT_ERROR)
 
 
-def test_config_from_environment(atlas: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_from_environment(
+    atlas: dict[str, Any], monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     monkeypatch.setenv("REDRIVE_CONFIG", atlas["config"])
-    data = as_json(ok("status", "--json"))
+    data = as_json(cli.ok("status", "--json"))
     assert [f["family"] for f in data["families"]] == ["default", "notify", "export"]
 
 
-def test_env_overrides_the_checkout_queue(sqs_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_config_from_the_cli_fixtures_env(atlas: dict[str, Any], cli: Cli) -> None:
+    # The fixture's env= reaches the command as its environment, for this call only.
+    data = as_json(cli.ok("status", "--json", env={"REDRIVE_CONFIG": atlas["config"]}))
+    assert [f["family"] for f in data["families"]] == ["default", "notify", "export"]
+    assert "REDRIVE_CONFIG" not in os.environ
+    built_in = as_json(cli("status", "--json"))  # the atlas has none of these queues
+    assert "notify" not in [f["family"] for f in built_in["families"]]
+
+
+def test_the_cli_fixture_catches_or_raises_an_unexpected_exception(
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(AwsSettings, "sqs", broken)
+    caught = cli("inspect", "checkout")
+    assert isinstance(caught.exception, RuntimeError) and caught.exit_code == 1
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.raising("inspect", "checkout")
+    with pytest.raises(AssertionError):
+        cli.ok("inspect", "checkout")
+
+
+def test_env_overrides_the_checkout_queue(
+    sqs_client: Any, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     monkeypatch.setenv("CELERY_CHECKOUT_QUEUE", "shop-checkout")
     shop = make_family(sqs_client, "shop-checkout")
     make_family(sqs_client, "onion")
     make_family(sqs_client, "onion-progress")
     seed(shop, charges=2, mails=0)
-    data = as_json(ok("inspect", "checkout", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--json"))
     assert data["dlq"] == "shop-checkout-dlq" and data["total"] == 2
-    status = {f["family"]: f for f in as_json(ok("status", "--json"))["families"]}
+    status = {f["family"]: f for f in as_json(cli.ok("status", "--json"))["families"]}
     assert status["checkout"]["queue"] == "shop-checkout"
 
 
 # -- errors: one line, a documented exit code, never a traceback --------------------------------
 
 
-def test_unknown_family_or_queue(family: Family) -> None:
-    assert_one_error(run("inspect", "nosuch"), EXIT_ERROR, "'nosuch'", "checkout")
-    assert_one_error(run("move", "nosuch", "--execute", "-y"), EXIT_ERROR, "'nosuch'")
+def test_unknown_family_or_queue(family: Family, cli: Cli) -> None:
+    assert_one_error(cli("inspect", "nosuch"), EXIT_ERROR, "'nosuch'", "checkout")
+    assert_one_error(cli("move", "nosuch", "--execute", "-y"), EXIT_ERROR, "'nosuch'")
 
 
-def test_unknown_queue_url(family: Family) -> None:
+def test_unknown_queue_url(family: Family, cli: Cli) -> None:
     url = family.dlq_url.replace("onion-checkout-dlq", "gone-dlq")
-    assert_one_error(run("inspect", url), EXIT_ERROR, "gone-dlq", "nor an existing queue")
+    assert_one_error(cli("inspect", url), EXIT_ERROR, "gone-dlq", "nor an existing queue")
 
 
-def test_family_whose_queue_is_missing(sqs_client: Any) -> None:
-    assert_one_error(run("inspect", "checkout"), EXIT_ERROR, "onion-checkout", "does not exist")
+def test_family_whose_queue_is_missing(sqs_client: Any, cli: Cli) -> None:
+    assert_one_error(cli("inspect", "checkout"), EXIT_ERROR, "onion-checkout", "does not exist")
 
 
-def test_queue_without_a_dlq(sqs_client: Any) -> None:
+def test_queue_without_a_dlq(sqs_client: Any, cli: Cli) -> None:
     sqs_client.create_queue(QueueName="lonely")
-    assert_one_error(run("inspect", "lonely"), EXIT_ERROR, "lonely", "no DLQ")
-    assert_one_error(run("move", "lonely"), EXIT_ERROR, "lonely")
+    assert_one_error(cli("inspect", "lonely"), EXIT_ERROR, "lonely", "no DLQ")
+    assert_one_error(cli("move", "lonely"), EXIT_ERROR, "lonely")
 
 
-def test_family_queue_without_redrive_policy(sqs_client: Any) -> None:
+def test_family_queue_without_redrive_policy(sqs_client: Any, cli: Cli) -> None:
     sqs_client.create_queue(QueueName="onion-checkout")
-    assert_one_error(run("inspect", "checkout"), EXIT_ERROR, "RedrivePolicy")
+    assert_one_error(cli("inspect", "checkout"), EXIT_ERROR, "RedrivePolicy")
 
 
-def test_dlq_named_by_redrive_policy_is_gone(family: Family) -> None:
+def test_dlq_named_by_redrive_policy_is_gone(family: Family, cli: Cli) -> None:
     family.client.delete_queue(QueueUrl=family.dlq_url)
-    assert_one_error(run("inspect", "checkout"), EXIT_ERROR, "onion-checkout-dlq")
+    assert_one_error(cli("inspect", "checkout"), EXIT_ERROR, "onion-checkout-dlq")
 
 
 @pytest.mark.parametrize(
@@ -558,18 +580,18 @@ def test_dlq_named_by_redrive_policy_is_gone(family: Family) -> None:
     ids=["bad-toml", "unknown-key", "missing-queue", "bad-type", "unknown-top-key", "empty"],
 )
 def test_broken_config_names_file_and_key(
-    sqs_client: Any, tmp_path: Path, text: str, fragments: list[str]
+    sqs_client: Any, tmp_path: Path, text: str, fragments: list[str], cli: Cli
 ) -> None:
     config = tmp_path / "broken.toml"
     config.write_text(text)
     for command in (["status"], ["inspect", "main"], ["report"]):
-        result = run("--config", str(config), *command)
+        result = cli("--config", str(config), *command)
         assert_one_error(result, EXIT_ERROR, str(config), *fragments)
 
 
-def test_missing_config_file(tmp_path: Path) -> None:
+def test_missing_config_file(tmp_path: Path, cli: Cli) -> None:
     missing = tmp_path / "absent.toml"
-    assert_one_error(run("--config", str(missing), "status"), EXIT_ERROR, str(missing))
+    assert_one_error(cli("--config", str(missing), "status"), EXIT_ERROR, str(missing))
 
 
 @pytest.mark.parametrize(
@@ -586,25 +608,25 @@ def test_missing_config_file(tmp_path: Path) -> None:
         (["move", "checkout", "--no-such-option"], "--no-such-option"),
     ],
 )
-def test_bad_option_values_exit_2(family: Family, args: list[str], option: str) -> None:
-    result = run(*args)
+def test_bad_option_values_exit_2(family: Family, args: list[str], option: str, cli: Cli) -> None:
+    result = cli(*args)
     assert_one_error(result, EXIT_USAGE, option)
     assert result.stdout == ""
     assert family.depth() == (0, 0)
 
 
-def test_unknown_command_exits_2() -> None:
-    assert_one_error(run("redrive-everything"), EXIT_USAGE, "redrive-everything")
+def test_unknown_command_exits_2(cli: Cli) -> None:
+    assert_one_error(cli("redrive-everything"), EXIT_USAGE, "redrive-everything")
 
 
-def test_bad_ledger_uri(family: Family) -> None:
+def test_bad_ledger_uri(family: Family, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
-    result = run("move", "checkout", "--execute", "-y", "--ledger", "ftp://somewhere")
+    result = cli("move", "checkout", "--execute", "-y", "--ledger", "ftp://somewhere")
     assert_one_error(result, EXIT_ERROR, "ftp://somewhere")
     assert family.depth() == (1, 0)
 
 
-def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cli: Cli) -> None:
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     # Keep botocore's credential chain on this machine: no instance metadata, no ~/.boto.
@@ -612,46 +634,48 @@ def test_no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     monkeypatch.setenv("BOTO_CONFIG", str(tmp_path / "boto-absent"))
     endpoint = f"http://127.0.0.1:{free_port()}"
     for args in (["status"], ["inspect", "checkout"], ["report"], ["move", "checkout"]):
-        result = run("--endpoint-url", endpoint, *args)
+        result = cli("--endpoint-url", endpoint, *args)
         assert_one_error(result, EXIT_ERROR, "no AWS credentials", "AWS_PROFILE")
 
 
-def test_unknown_profile() -> None:
-    result = run("--profile", "nonexistent-profile", "status")
+def test_unknown_profile(cli: Cli) -> None:
+    result = cli("--profile", "nonexistent-profile", "status")
     assert_one_error(result, EXIT_ERROR, "nonexistent-profile")
 
 
-def test_no_region(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_region(monkeypatch: pytest.MonkeyPatch, cli: Cli) -> None:
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     endpoint = f"http://127.0.0.1:{free_port()}"
-    assert_one_error(run("--endpoint-url", endpoint, "status"), EXIT_ERROR, "--region")
+    assert_one_error(cli("--endpoint-url", endpoint, "status"), EXIT_ERROR, "--region")
 
 
-def test_malformed_endpoint_url() -> None:
-    assert_one_error(run("--endpoint-url", "not a url", "status"), EXIT_USAGE, "--endpoint-url")
-    assert_one_error(run("--endpoint-url", "127.0.0.1:4566", "status"), EXIT_USAGE)
+def test_malformed_endpoint_url(cli: Cli) -> None:
+    assert_one_error(cli("--endpoint-url", "not a url", "status"), EXIT_USAGE, "--endpoint-url")
+    assert_one_error(cli("--endpoint-url", "127.0.0.1:4566", "status"), EXIT_USAGE)
 
 
-def test_malformed_endpoint_url_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malformed_endpoint_url_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
     for args in (["status"], ["inspect", "checkout"], ["report"]):
-        assert_one_error(run(*args), EXIT_ERROR, "AWS_ENDPOINT_URL", "not a url")
+        assert_one_error(cli(*args), EXIT_ERROR, "AWS_ENDPOINT_URL", "not a url")
 
 
-def test_invalid_region(family: Family) -> None:
-    assert_one_error(run("--region", "bad region!", "inspect", "checkout"), EXIT_ERROR, "--region")
+def test_invalid_region(family: Family, cli: Cli) -> None:
+    assert_one_error(cli("--region", "bad region!", "inspect", "checkout"), EXIT_ERROR, "--region")
     # status keeps one row per family, each naming the problem.
-    result = run("--region", "bad region!", "status")
+    result = cli("--region", "bad region!", "status")
     assert result.exit_code == EXIT_ERROR
     assert "Traceback" not in result.output
     assert result.output.count("bad region!") == 3
 
 
-def test_unreachable_endpoint_fails_fast() -> None:
+def test_unreachable_endpoint_fails_fast(cli: Cli) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     for args in (["status"], ["inspect", "checkout"], ["move", "checkout", "--execute", "-y"]):
         started = time.monotonic()
-        result = run("--endpoint-url", endpoint, *args)
+        result = cli("--endpoint-url", endpoint, *args)
         elapsed = time.monotonic() - started
         assert_one_error(result, EXIT_ERROR, "cannot reach SQS", endpoint)
         assert elapsed < 10, f"{args}: a dead endpoint took {elapsed:.1f} s to report"
@@ -683,12 +707,12 @@ def fail_operation(
 
 
 def test_access_denied_names_the_iam_action(
-    family: Family, monkeypatch: pytest.MonkeyPatch
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     seed(family, charges=1, mails=0)
     failed = fail_operation(monkeypatch, "ReceiveMessage", "AccessDenied", 403)
     for args in (["inspect", "checkout"], ["move", "checkout", "--execute", "-y"], ["report"]):
-        result = run(*args)
+        result = cli(*args)
         if args == ["report"]:
             # report goes on with the other families and names the failure.
             assert result.exit_code == EXIT_ERROR
@@ -699,27 +723,30 @@ def test_access_denied_names_the_iam_action(
     assert family.depth() == (1, 0)
 
 
-def test_access_denied_on_send(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_access_denied_on_send(family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli) -> None:
     seed(family, charges=1, mails=0)
     fail_operation(monkeypatch, "SendMessageBatch", "AccessDenied", 403)
-    result = run("move", "checkout", "--execute", "-y")
+    result = cli("move", "checkout", "--execute", "-y")
     assert_one_error(result, EXIT_ERROR, "sqs:SendMessage ")
     assert family.depth(family.queue_url) == (0, 0)
 
 
-def test_throttling_that_outlasts_retries(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_throttling_that_outlasts_retries(
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     seed(family, charges=1, mails=0)
     fail_operation(monkeypatch, "ReceiveMessage", "ThrottlingException", 400)
-    line = assert_one_error(run("inspect", "checkout"), EXIT_ERROR, "throttl", "ReceiveMessage")
+    line = assert_one_error(cli("inspect", "checkout"), EXIT_ERROR, "throttl", "ReceiveMessage")
     assert "rerun" in line
 
 
-def test_rejected_credentials(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rejected_credentials(family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli) -> None:
     fail_operation(monkeypatch, "GetQueueUrl", "InvalidClientTokenId", 403)
     for args in (["status"], ["inspect", "checkout"], ["report"]):
-        assert_one_error(run(*args), EXIT_ERROR, "rejected the credentials", "InvalidClientTokenId")
+        assert_one_error(cli(*args), EXIT_ERROR, "rejected the credentials", "InvalidClientTokenId")
 
 
+@pytest.mark.e2e
 def test_errors_never_print_a_traceback_in_a_real_process(tmp_path: Path) -> None:
     """The same one-line error from the installed entry point, not just CliRunner."""
     config = tmp_path / "broken.toml"
@@ -741,7 +768,7 @@ def test_errors_never_print_a_traceback_in_a_real_process(tmp_path: Path) -> Non
 
 
 def test_a_family_in_another_region_is_inspected_moved_and_purged_there(
-    sqs_client: Any, tmp_path: Path
+    sqs_client: Any, tmp_path: Path, cli: Cli
 ) -> None:
     # The default region is REGION; this family lives in eu-west-1 only. Every worker of a
     # run must call that region, not only the resolution of the target.
@@ -753,10 +780,10 @@ def test_a_family_in_another_region_is_inspected_moved_and_purged_there(
     config.write_text('[families.far]\nqueue = "far-away"\nregion = "eu-west-1"\n')
     base = ("--config", str(config))
 
-    assert as_json(ok(*base, "inspect", "far", "--json"))["total"] == 3
+    assert as_json(cli.ok(*base, "inspect", "far", "--json"))["total"] == 3
     ledger = str(tmp_path / "l.sqlite3")
     moved = as_json(
-        ok(
+        cli.ok(
             *base,
             "move",
             "far",
@@ -771,7 +798,7 @@ def test_a_family_in_another_region_is_inspected_moved_and_purged_there(
     )
     assert (moved["moved"], moved["failed"]) == (2, 0)
     purged = as_json(
-        ok(
+        cli.ok(
             *base,
             "purge",
             "far",

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family, MotoServer, make_family
+from click.testing import Result
+from conftest import Cli, Family, MotoServer, make_family
 
-from redrive.cli import cli, console
+from redrive.cli import console
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.ledger import default_ledger_path
 from redrive.sandbox.encoder import encode
@@ -30,10 +30,6 @@ CHARGE = "apps.shop.tasks.charge"
 MAIL = "apps.mail.tasks.send_receipt"
 REDRIVE = [sys.executable, "-m", "redrive"]
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(*args: str, input: str | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), input=input, prog_name="redrive")
 
 
 def seed(family: Family) -> None:
@@ -58,20 +54,20 @@ def terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def archive(family: Family, tmp_path: Path) -> str:
+def archive(family: Family, tmp_path: Path, cli: Cli) -> str:
     """An archive of the seeded DLQ, from ``archive`` (which asks nothing: it deletes nothing)."""
     seed(family)
     path = str(tmp_path / "snapshot.jsonl")
-    result = run("archive", "checkout", "--archive", path)
+    result = cli("archive", "checkout", "--archive", path)
     assert result.exit_code == 0, result.output
     return path
 
 
 @pytest.fixture
-def plan(family: Family, tmp_path: Path) -> str:
+def plan(family: Family, tmp_path: Path, cli: Cli) -> str:
     seed(family)
     path = str(tmp_path / "plan.json")
-    assert run("move", "checkout", "--plan-out", path).exit_code == 0
+    assert cli("move", "checkout", "--plan-out", path).exit_code == 0
     return path
 
 
@@ -95,7 +91,7 @@ EXECUTES = {
 
 @pytest.mark.parametrize("name", EXECUTES)
 def test_without_a_terminal_execute_needs_yes_and_changes_nothing(
-    name: str, family: Family, tmp_path: Path, request: pytest.FixtureRequest
+    name: str, family: Family, tmp_path: Path, request: pytest.FixtureRequest, cli: Cli
 ) -> None:
     words = " ".join(EXECUTES[name])
     values = {"tmp": str(tmp_path)}
@@ -106,61 +102,63 @@ def test_without_a_terminal_execute_needs_yes_and_changes_nothing(
     else:
         seed(family)
     args = [word.format(**values) for word in EXECUTES[name]]
-    one_line(run(*args), EXIT_USAGE, "--yes", "no terminal", "nothing was changed")
+    one_line(cli(*args), EXIT_USAGE, "--yes", "no terminal", "nothing was changed")
     assert family.depth() == (3, 0), "the DLQ is as it was"
     assert family.depth(family.queue_url) == (0, 0), "nothing was sent"
     assert not default_ledger_path().exists(), "no run was recorded: none happened"
     assert not (tmp_path / "purged.jsonl").exists()
     if name != "move --native":  # moto has no StartMessageMoveTask (test_native stubs it)
         # The same command with --yes acts.
-        assert run(*args, "--yes").exit_code in (0, 3), name
+        assert cli(*args, "--yes").exit_code in (0, 3), name
 
 
-def test_yes_without_a_terminal_acts(family: Family) -> None:
+def test_yes_without_a_terminal_acts(family: Family, cli: Cli) -> None:
     seed(family)
-    result = run("move", "checkout", "--execute", "--yes")
+    result = cli("move", "checkout", "--execute", "--yes")
     assert result.exit_code == 0, result.output
     assert family.depth(family.queue_url) == (3, 0)
 
 
 def test_prompt_names_the_dlq_the_filters_and_the_visible_count(
-    family: Family, terminal: None
+    family: Family, terminal: None, cli: Cli
 ) -> None:
     seed(family)
-    result = run("move", "checkout", "--task", "apps.shop.*", "--older-than", "0s", "--execute")
+    result = cli("move", "checkout", "--task", "apps.shop.*", "--older-than", "0s", "--execute")
     text = result.stderr
     assert "DLQ:      onion-checkout-dlq (checkout): 3 message(s) visible" in text
     assert "filters:  --task 'apps.shop.*' --older-than 0s" in text
     assert "Move the selected messages from onion-checkout-dlq to onion-checkout? [y/N]" in text
 
 
-def test_answering_no_exits_1_aborted_and_changes_nothing(family: Family, terminal: None) -> None:
+def test_answering_no_exits_1_aborted_and_changes_nothing(
+    family: Family, terminal: None, cli: Cli
+) -> None:
     seed(family)
-    result = run("move", "checkout", "--execute", input="n\n")
+    result = cli("move", "checkout", "--execute", input="n\n")
     assert result.exit_code == EXIT_ERROR, result.output
     assert result.stderr.strip().splitlines()[-1] == "aborted: nothing was changed"
     assert family.depth() == (3, 0) and family.depth(family.queue_url) == (0, 0)
     assert not default_ledger_path().exists()
 
 
-def test_the_default_answer_is_no(family: Family, terminal: None) -> None:
+def test_the_default_answer_is_no(family: Family, terminal: None, cli: Cli) -> None:
     seed(family)
-    result = run("move", "checkout", "--execute", input="\n")
+    result = cli("move", "checkout", "--execute", input="\n")
     assert result.exit_code == EXIT_ERROR and "aborted" in result.stderr
     assert family.depth() == (3, 0)
 
 
-def test_answering_yes_acts(family: Family, terminal: None) -> None:
+def test_answering_yes_acts(family: Family, terminal: None, cli: Cli) -> None:
     seed(family)
-    result = run("move", "checkout", "--execute", "--json", input="y\n")
+    result = cli("move", "checkout", "--execute", "--json", input="y\n")
     assert result.exit_code == 0, result.output
     assert family.depth(family.queue_url) == (3, 0) and family.depth() == (0, 0)
 
 
-def test_purge_prompt_and_no(family: Family, terminal: None, tmp_path: Path) -> None:
+def test_purge_prompt_and_no(family: Family, terminal: None, tmp_path: Path, cli: Cli) -> None:
     seed(family)
     archive = tmp_path / "a.jsonl"
-    result = run(
+    result = cli(
         "purge", "checkout", "--task", CHARGE, "--archive", str(archive), "--execute", input="n\n"
     )
     assert result.exit_code == EXIT_ERROR, result.output
@@ -173,18 +171,18 @@ def test_purge_prompt_and_no(family: Family, terminal: None, tmp_path: Path) -> 
     assert family.depth() == (3, 0) and not archive.exists()
 
 
-def test_purge_queue_prompt_says_every_message(family: Family, terminal: None) -> None:
+def test_purge_queue_prompt_says_every_message(family: Family, terminal: None, cli: Cli) -> None:
     seed(family)
-    result = run("purge", "checkout", "--no-archive", "--execute", input="n\n")
+    result = cli("purge", "checkout", "--no-archive", "--execute", input="n\n")
     assert result.exit_code == EXIT_ERROR
     assert "3 message(s) visible" in result.stderr and "EVERY message" in result.stderr
     assert family.depth() == (3, 0)
 
 
 def test_replay_prompt_names_the_archive_and_the_queue(
-    family: Family, terminal: None, archive: str
+    family: Family, terminal: None, archive: str, cli: Cli
 ) -> None:
-    result = run(
+    result = cli(
         "replay", archive, "--to", "onion-checkout", "--task", MAIL, "--execute", input="n\n"
     )
     assert result.exit_code == EXIT_ERROR, result.output
@@ -194,25 +192,25 @@ def test_replay_prompt_names_the_archive_and_the_queue(
     assert family.depth(family.queue_url) == (0, 0)
 
 
-def test_apply_prompt(family: Family, terminal: None, plan: str) -> None:
-    result = run("apply", plan, "--execute", input="n\n")
+def test_apply_prompt(family: Family, terminal: None, plan: str, cli: Cli) -> None:
+    result = cli("apply", plan, "--execute", input="n\n")
     assert result.exit_code == EXIT_ERROR, result.output
     assert "onion-checkout-dlq" in result.stderr and "aborted" in result.stderr
     assert family.depth() == (3, 0)
 
 
-def test_archive_asks_nothing(family: Family, tmp_path: Path) -> None:
+def test_archive_asks_nothing(family: Family, tmp_path: Path, cli: Cli) -> None:
     """archive deletes and sends nothing: like inspect, it needs neither --execute nor --yes."""
     seed(family)
-    result = run("archive", "checkout", "--archive", str(tmp_path / "x.jsonl"))
+    result = cli("archive", "checkout", "--archive", str(tmp_path / "x.jsonl"))
     assert result.exit_code == 0, result.output
     assert family.depth() == (3, 0)
 
 
-def test_a_dry_run_asks_nothing(family: Family) -> None:
+def test_a_dry_run_asks_nothing(family: Family, cli: Cli) -> None:
     seed(family)
-    assert run("move", "checkout").exit_code == 0
-    assert run("purge", "checkout").exit_code == 0
+    assert cli("move", "checkout").exit_code == 0
+    assert cli("purge", "checkout").exit_code == 0
 
 
 # -- a real terminal: the prompt, "no" and Ctrl-C in a pseudo-terminal -------------------------

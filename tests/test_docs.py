@@ -240,7 +240,8 @@ def test_make_demo_runs() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "REDRIVE_"))}
     env["REDRIVE_RECEIVE_WAIT"] = "0"  # a local endpoint needs no long polling
     done = subprocess.run(
-        ["make", "demo", "MESSAGES=10"],
+        # 20: enough for the default DLQ to hold the tasks from before the onion split.
+        ["make", "demo", "MESSAGES=20"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -250,6 +251,9 @@ def test_make_demo_runs() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for text in ("redrive status", "onion-checkout-dlq", "DRY RUN"):
         assert text in done.stdout
+    # Issue 13: the dry run routes the tasks from before the split to their queues now.
+    assert "onion-checkout (by route; source onion)" in done.stdout
+    assert "onion-progress (by route; source onion)" in done.stdout
 
 
 # -- rehearsing twice in a row ------------------------------------------------------------------

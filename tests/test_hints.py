@@ -18,9 +18,10 @@ import click
 import pytest
 from click.shell_completion import ShellComplete
 from click.testing import Result
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 
-from redrive.cli import cli, console, look, purge
+from redrive.cli import cli as redrive_group
+from redrive.cli import console, look, purge
 from redrive.cli import move as cli_move
 from redrive.cli.console import progress_text
 from redrive.cli.exit_codes import EXIT_ERROR
@@ -47,9 +48,9 @@ def next_command(result: Result) -> list[str]:
 # -- a dry run says what to run next ------------------------------------------------------------
 
 
-def test_a_dry_run_ends_with_the_command_that_does_it(family: Family) -> None:
+def test_a_dry_run_ends_with_the_command_that_does_it(family: Family, cli: Cli) -> None:
     seed(family)
-    dry = ok("move", "checkout", "--task", "apps.shop.*", "--limit", "5")
+    dry = cli.ok("move", "checkout", "--task", "apps.shop.*", "--limit", "5")
     words = next_command(dry)
     # No terminal to confirm on here: the command carries --yes, or it would be refused.
     assert words == [
@@ -64,60 +65,64 @@ def test_a_dry_run_ends_with_the_command_that_does_it(family: Family) -> None:
         "--yes",
     ]
     # Pasted back, it does what the dry run showed.
-    done = ok(*words[1:], "--json")
+    done = cli.ok(*words[1:], "--json")
     assert as_json(done)["moved"] == 2
     assert family.depth(family.queue_url) == (2, 0)
 
 
 def test_on_a_terminal_the_next_command_keeps_the_confirmation(
-    family: Family, monkeypatch: pytest.MonkeyPatch
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     monkeypatch.setattr(console, "terminal_attached", lambda: True)
     seed(family)
-    assert next_command(ok("move", "checkout"))[-2:] == ["checkout", "--execute"]
+    assert next_command(cli.ok("move", "checkout"))[-2:] == ["checkout", "--execute"]
 
 
-def test_after_plan_out_the_next_command_applies_the_plan(family: Family, tmp_path: Path) -> None:
+def test_after_plan_out_the_next_command_applies_the_plan(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     seed(family)
     plan = str(tmp_path / "plan.json")
-    words = next_command(ok("--region", "us-east-1", "move", "checkout", "--plan-out", plan))
+    words = next_command(cli.ok("--region", "us-east-1", "move", "checkout", "--plan-out", plan))
     assert words == ["redrive", "--region", "us-east-1", "apply", plan, "--execute", "--yes"]
-    assert next_command(ok("apply", plan)) == ["redrive", "apply", plan, "--execute", "--yes"]
+    assert next_command(cli.ok("apply", plan)) == ["redrive", "apply", plan, "--execute", "--yes"]
 
 
-def test_purge_and_replay_dry_runs_say_what_to_run_next(family: Family, tmp_path: Path) -> None:
+def test_purge_and_replay_dry_runs_say_what_to_run_next(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     seed(family)
     archive = str(tmp_path / "a.jsonl")
-    words = next_command(ok("purge", "checkout", "--task", CHARGE, "--archive", archive))
+    words = next_command(cli.ok("purge", "checkout", "--task", CHARGE, "--archive", archive))
     assert words[-2:] == ["--execute", "--yes"] and archive in words
-    ok(*words[1:])
-    assert next_command(ok("replay", archive, "--to", "onion-checkout"))[:3] == [
+    cli.ok(*words[1:])
+    assert next_command(cli.ok("replay", archive, "--to", "onion-checkout"))[:3] == [
         "redrive",
         "replay",
         archive,
     ]
 
 
-def test_no_next_command_when_nothing_would_change_or_for_json(family: Family) -> None:
+def test_no_next_command_when_nothing_would_change_or_for_json(family: Family, cli: Cli) -> None:
     seed(family)
-    assert "to do it" not in ok("move", "checkout", "--task", "nothing.matches").stdout
-    assert "to do it" not in ok("purge", "checkout", "--task", "nothing.matches").stdout
-    json.loads(ok("move", "checkout", "--json").stdout)  # JSON alone on stdout
+    assert "to do it" not in cli.ok("move", "checkout", "--task", "nothing.matches").stdout
+    assert "to do it" not in cli.ok("purge", "checkout", "--task", "nothing.matches").stdout
+    json.loads(cli.ok("move", "checkout", "--json").stdout)  # JSON alone on stdout
 
 
 # -- an expired count says what to do about it ---------------------------------------------------
 
 
-def test_expired_messages_get_a_hint(family: Family) -> None:
+def test_expired_messages_get_a_hint(family: Family, cli: Cli) -> None:
     past = datetime.now(UTC) - timedelta(days=1)
     family.send_to_dlq(encode(CHARGE, [1], {}, task_id="gone", expires=past))
     seed(family, charges=1, mails=0)
-    text = ok("move", "checkout").stdout
+    text = cli.ok("move", "checkout").stdout
     assert "expired: 1" in text
     hint = next(line for line in text.splitlines() if line.startswith("hint: 1 message(s)"))
     assert "--include-expired" in hint and "redrive purge checkout" in hint
-    assert "--include-expired" in ok("inspect", "checkout").stdout
-    assert "expired" not in next_command(ok("move", "checkout", "--include-expired"))
+    assert "--include-expired" in cli.ok("inspect", "checkout").stdout
+    assert "expired" not in next_command(cli.ok("move", "checkout", "--include-expired"))
 
 
 # -- a purge dry run checks its archive could be written -----------------------------------------
@@ -125,12 +130,12 @@ def test_expired_messages_get_a_hint(family: Family) -> None:
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_dry_run_into_a_read_only_directory_fails_like_the_execute_would(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, cli: Cli
 ) -> None:
     seed(family)
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    result = run("purge", "checkout", "--archive", str(locked / "a.jsonl.gz"))
+    result = cli("purge", "checkout", "--archive", str(locked / "a.jsonl.gz"))
     assert result.exit_code == EXIT_ERROR
     assert result.output.startswith("Error: permission denied writing archive")
     assert len(result.output.strip().splitlines()) == 1
@@ -146,42 +151,44 @@ def test_a_dry_run_into_a_read_only_directory_fails_like_the_execute_would(
     ],
 )
 def test_a_dry_run_refuses_an_archive_path_the_execute_would_refuse(
-    family: Family, tmp_path: Path, where: str, says: str
+    family: Family, tmp_path: Path, where: str, says: str, cli: Cli
 ) -> None:
     seed(family)
     (tmp_path / "file.txt").write_text("x")
     (tmp_path / "old.jsonl.gz").write_bytes(b"")
     (tmp_path / "somedir").mkdir()
-    dry = run("purge", "checkout", "--archive", str(tmp_path / where))
+    dry = cli("purge", "checkout", "--archive", str(tmp_path / where))
     assert dry.exit_code == EXIT_ERROR, dry.output
     assert says in dry.output and len(dry.output.strip().splitlines()) == 1
-    executed = run("purge", "checkout", "--archive", str(tmp_path / where), "--execute", "--yes")
+    executed = cli("purge", "checkout", "--archive", str(tmp_path / where), "--execute", "--yes")
     assert executed.exit_code == EXIT_ERROR, "the dry run said what the execute meets"
     assert family.depth() == (3, 0)
 
 
 def test_a_dry_run_into_a_new_directory_is_fine_and_creates_nothing(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, cli: Cli
 ) -> None:
     seed(family)
     where = tmp_path / "new" / "dirs" / "a.jsonl.gz"
-    assert "would be archived to" in ok("purge", "checkout", "--archive", str(where)).stdout
+    assert "would be archived to" in cli.ok("purge", "checkout", "--archive", str(where)).stdout
     assert not (tmp_path / "new").exists()
 
 
 # -- nothing matched: nothing promised, no empty archive left ------------------------------------
 
 
-def test_a_purge_that_matches_nothing_promises_nothing(family: Family, tmp_path: Path) -> None:
+def test_a_purge_that_matches_nothing_promises_nothing(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     seed(family)
     archive = tmp_path / "a.jsonl.gz"
-    dry = ok("purge", "checkout", "--task", "no.such.task", "--archive", str(archive)).stdout
+    dry = cli.ok("purge", "checkout", "--task", "no.such.task", "--archive", str(archive)).stdout
     assert dry.startswith(
         "DRY RUN: DLQ onion-checkout-dlq (checkout): 3 scanned, 0 matched: nothing would be "
         "archived or deleted"
     )
     assert "would be archived to" not in dry
-    done = ok(
+    done = cli.ok(
         "purge",
         "checkout",
         "--task",
@@ -193,11 +200,11 @@ def test_a_purge_that_matches_nothing_promises_nothing(family: Family, tmp_path:
     )
     assert "0 matched: nothing archived or deleted" in done.stdout
     assert not archive.exists(), "no empty archive is left behind"
-    run_id = as_json(ok("audit", "--json"))["runs"][0]["run_id"]
-    assert as_json(ok("audit", run_id, "--json"))["info"]["archive"] is None
+    run_id = as_json(cli.ok("audit", "--json"))["runs"][0]["run_id"]
+    assert as_json(cli.ok("audit", run_id, "--json"))["info"]["archive"] is None
     assert (
         "0 matched: nothing archived"
-        in ok("archive", "checkout", "--task", "no.such.task", "--archive", str(archive)).stdout
+        in cli.ok("archive", "checkout", "--task", "no.such.task", "--archive", str(archive)).stdout
     )
     assert not archive.exists()
 
@@ -205,21 +212,23 @@ def test_a_purge_that_matches_nothing_promises_nothing(family: Family, tmp_path:
 # -- dry-run JSON names what would happen --------------------------------------------------------
 
 
-def test_dry_run_json_says_duplicates_to_delete_not_deleted(family: Family, tmp_path: Path) -> None:
+def test_dry_run_json_says_duplicates_to_delete_not_deleted(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     body = encode(CHARGE, [1], {}, task_id="charge-1")
     family.send_to_dlq(body)
-    ok("move", "checkout", "--execute", "--yes")
+    cli.ok("move", "checkout", "--execute", "--yes")
     family.send_to_dlq(body)  # a second copy of a task already sent
-    dry = as_json(ok("move", "checkout", "--json"))
+    dry = as_json(cli.ok("move", "checkout", "--json"))
     assert dry["dry_run"] is True
     assert dry["duplicates_to_delete"] == 1 and dry["duplicates_deleted"] == 0
-    done = as_json(ok("move", "checkout", "--execute", "--yes", "--json"))
+    done = as_json(cli.ok("move", "checkout", "--execute", "--yes", "--json"))
     assert done["duplicates_deleted"] == 1 and "duplicates_to_delete" not in done
     # replay: what was already sent is a fact in a dry run too.
     family.send_to_dlq(body)
     archive = str(tmp_path / "a.jsonl")
-    ok("archive", "checkout", "--archive", archive)
-    replay = as_json(ok("replay", archive, "--to", "onion-checkout", "--json"))
+    cli.ok("archive", "checkout", "--archive", archive)
+    replay = as_json(cli.ok("replay", archive, "--to", "onion-checkout", "--json"))
     assert replay["already_sent"] == 1 and "duplicates_to_delete" not in replay
 
 
@@ -236,19 +245,19 @@ def test_dry_run_json_says_duplicates_to_delete_not_deleted(family: Family, tmp_
     ],
 )
 def test_workers_help_says_what_each_command_does(
-    command: str, says: str, never: str | None
+    command: str, says: str, never: str | None, cli: Cli
 ) -> None:
-    text = " ".join(ok(command, "--help").output.split())
+    text = " ".join(cli.ok(command, "--help").output.split())
     assert says in text
     workers = text[text.index("--workers") :].split("--endpoint-url")[0]
     if never:
         assert never not in workers and "delet" not in workers.replace("archive-delete", "")
 
 
-def test_group_help_summaries_are_not_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_group_help_summaries_are_not_cut_off(monkeypatch: pytest.MonkeyPatch, cli: Cli) -> None:
     monkeypatch.setenv("COLUMNS", "80")
-    for path, group in (([], cli), (["ledger"], cli.commands["ledger"])):
-        text = ok(*path, "--help").output
+    for path, group in (([], redrive_group), (["ledger"], redrive_group.commands["ledger"])):
+        text = cli.ok(*path, "--help").output
         rows = text[text.index("\nCommands:\n") :].splitlines()[2:]
         assert "..." not in "\n".join(rows)
         assert isinstance(group, click.Group)
@@ -263,7 +272,9 @@ def test_group_help_summaries_are_not_cut_off(monkeypatch: pytest.MonkeyPatch) -
 
 
 def completions(words: list[str], incomplete: str) -> list[Any]:
-    return ShellComplete(cli, {}, "redrive", "_REDRIVE_COMPLETE").get_completions(words, incomplete)
+    return ShellComplete(redrive_group, {}, "redrive", "_REDRIVE_COMPLETE").get_completions(
+        words, incomplete
+    )
 
 
 def test_targets_complete_to_family_names() -> None:
@@ -294,6 +305,7 @@ def test_paths_complete_as_files_and_queues_as_queue_names() -> None:
     ]
 
 
+@pytest.mark.e2e
 def test_bash_completion_through_the_real_command() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDRIVE_", "CELERY_"))}
     script = subprocess.run(
@@ -333,7 +345,9 @@ def test_progress_text() -> None:
     assert progress_text(0, 1000, "scanned", 0.0) == "0 of ~1,000 scanned (0/s)"
 
 
-def test_progress_lines_show_the_total(family: Family, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_progress_lines_show_the_total(
+    family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
     shown: list[str] = []
 
     class Recorded(console.Progress):
@@ -345,14 +359,14 @@ def test_progress_lines_show_the_total(family: Family, monkeypatch: pytest.Monke
         monkeypatch.setattr(commands, "Progress", Recorded)
     for i in range(25):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
-    ok("inspect", "checkout")
+    cli.ok("inspect", "checkout")
     assert any("of ~25 received" in line and "left" in line for line in shown), shown
     shown.clear()
-    ok("move", "checkout", "--task", CHARGE)
+    cli.ok("move", "checkout", "--task", CHARGE)
     assert any("of ~25 scanned" in line for line in shown), shown
     shown.clear()
-    ok("purge", "checkout")
+    cli.ok("purge", "checkout")
     assert any("of ~25 scanned" in line for line in shown), shown
     shown.clear()
-    ok("inspect", "checkout", "--limit", "12")
+    cli.ok("inspect", "checkout", "--limit", "12")
     assert any("of ~12 received" in line for line in shown), shown

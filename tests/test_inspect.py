@@ -377,6 +377,7 @@ def test_a_failure_while_counting_a_batch_still_releases_that_batch(
     assert family.depth() == (30, 0)
 
 
+@pytest.mark.e2e
 def test_several_workers(tmp_path: Path) -> None:
     # In-process moto is not safe for concurrent receives on one queue: a server on
     # 127.0.0.1 that serves one request at a time.

@@ -1,3 +1,6 @@
+"""The SQLite ledger's own: its file, schema and upgrades, opening by URI, processes racing on
+one file (the contract both backends keep is test_ledger_contract.py)."""
+
 from __future__ import annotations
 
 import json
@@ -7,22 +10,19 @@ import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 
 import pytest
 from moto import mock_aws
+from test_ledger_contract import Clock, claims, one_line, state
 
 from redrive.errors import LedgerError
 from redrive.ledger import (
-    MAX_KEY_LENGTH,
     SCHEMA_VERSION,
     Claim,
-    ClaimResult,
-    Entry,
     KeyState,
-    Ledger,
     SqliteLedger,
     default_ledger_path,
     open_ledger,
@@ -32,251 +32,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 Q = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
 
 
-class Clock:
-    """A hand-wound clock, so liveness tests do not sleep."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def ledger(tmp_path: Path, clock: Clock) -> Iterator[SqliteLedger]:
-    with SqliteLedger(tmp_path / "ledger.sqlite3", clock=clock) as led:
-        for run_id in ("A", "B", "C"):
-            led.start_run(run_id, command="move", info={})
-        yield led
-
-
-def claims(*keys: str, message_prefix: str = "m-") -> list[Claim]:
-    return [
-        Claim(key=k, task="app.tasks.charge", message_id=message_prefix + k, target=Q) for k in keys
-    ]
-
-
-def state(led: Ledger, key: str) -> tuple[KeyState, str] | None:
-    entry = led.get_many([key]).get(key)
-    return None if entry is None else (entry.state, entry.run_id)
-
-
-def one_line(e: pytest.ExceptionInfo[LedgerError]) -> str:
-    msg = str(e.value)
-    assert "\n" not in msg
-    return msg
-
-
 # ----------------------------------------------------------------------------- claims
 
 
-def test_claim_absent_keys_wins_them_all(ledger: SqliteLedger, clock: Clock) -> None:
-    result = ledger.claim_many("A", claims("k1", "k2"))
-
-    assert isinstance(result, ClaimResult)
-    assert result.won == {"k1", "k2"}
-    assert list(result) == ["k1", "k2"]
-    assert result["k1"] == Entry(
-        key="k1",
-        state=KeyState.CLAIMED,
-        run_id="A",
-        task="app.tasks.charge",
-        message_id="m-k1",
-        target=Q,
-        sent_message_id=None,
-        updated_at=clock.now,
-    )
-
-
-def test_claim_of_existing_key_returns_it_and_is_not_won(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("k1"))
-
-    other = ledger.claim_many("B", claims("k1", "k2", message_prefix="other-"))
-    assert other.won == {"k2"}
-    assert other["k1"].run_id == "A"
-    assert other["k1"].message_id == "m-k1"  # the first claim's details are kept
-
-    again = ledger.claim_many("A", claims("k1"))  # "already mine", not "won now"
-    assert again.won == frozenset()
-    assert (again["k1"].state, again["k1"].run_id) == (KeyState.CLAIMED, "A")
-
-
-def test_claim_of_sent_or_done_key_is_not_won(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("s", "d"))
-    ledger.mark_sent_many("A", {"s": "sqs-1", "d": "sqs-2"})
-    ledger.mark_done_many("A", ["d"])
-
-    result = ledger.claim_many("B", claims("s", "d"))
-    assert result.won == frozenset()
-    assert result["s"].state is KeyState.SENT
-    assert result["d"].state is KeyState.DONE
-
-
-def test_duplicate_key_in_one_batch_first_copy_wins(ledger: SqliteLedger) -> None:
-    batch = [Claim("k", "t", "copy-1", Q), Claim("k", "t", "copy-2", Q)]
-    result = ledger.claim_many("A", batch)
-    assert result.won == {"k"}
-    assert len(result) == 1
-    assert result["k"].message_id == "copy-1"
-
-
-def test_claim_result_is_a_mapping_and_empty_batch_is_fine(ledger: SqliteLedger) -> None:
-    empty = ledger.claim_many("A", [])
-    assert isinstance(empty, Mapping)
-    assert dict(empty) == {}
-    assert empty.won == frozenset()
-
-
-def test_key_length_is_checked(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("x" * MAX_KEY_LENGTH))
-    with pytest.raises(ValueError, match=r"1\.\.128"):
-        ledger.claim_many("A", claims("y" * (MAX_KEY_LENGTH + 1)))
-    with pytest.raises(ValueError):
-        ledger.claim_many("A", claims(""))
-
-
-def test_get_many_leaves_out_absent_keys_and_handles_many(ledger: SqliteLedger) -> None:
-    keys = [f"k{i}" for i in range(1200)]  # more than one IN (...) chunk
-    result = ledger.claim_many("A", claims(*keys))
-    assert len(result.won) == 1200
-    got = ledger.get_many([*keys, "nope"])
-    assert list(got) == keys
-    assert ledger.get_many([]) == {}
-
-
 # ----------------------------------------------------------------------------- transitions
-
-
-def test_mark_sent_only_by_the_owner_of_a_claim(ledger: SqliteLedger, clock: Clock) -> None:
-    ledger.claim_many("A", claims("k1", "k2"))
-    clock.now += 5
-
-    ledger.mark_sent_many("B", {"k1": "sqs-B"})
-    assert state(ledger, "k1") == (KeyState.CLAIMED, "A")
-
-    ledger.mark_sent_many("A", {"k1": "sqs-A", "absent": "sqs-X"})
-    entry = ledger.get_many(["k1"])["k1"]
-    assert (entry.state, entry.sent_message_id, entry.updated_at) == (
-        KeyState.SENT,
-        "sqs-A",
-        clock.now,
-    )
-    assert ledger.get_many(["absent"]) == {}
-
-    ledger.mark_sent_many("A", {"k1": "sqs-again"})  # SENT is not CLAIMED: unchanged
-    assert ledger.get_many(["k1"])["k1"].sent_message_id == "sqs-A"
-    assert state(ledger, "k2") == (KeyState.CLAIMED, "A")
-
-
-def test_the_time_of_the_send_is_kept_when_the_key_is_done(
-    ledger: SqliteLedger, clock: Clock
-) -> None:
-    # What tells a copy from the same bytes sent again later (redrive.keys.copy_verdict).
-    ledger.claim_many("A", claims("k1"))
-    assert ledger.get_many(["k1"])["k1"].sent_at is None
-    clock.now += 5
-    ledger.mark_sent_many("A", {"k1": "sqs-1"})
-    sent_at = clock.now
-    clock.now += 3600
-    ledger.mark_done_many("B", ["k1"])
-    entry = ledger.get_many(["k1"])["k1"]
-    assert (entry.state, entry.sent_at, entry.updated_at) == (KeyState.DONE, sent_at, clock.now)
-
-
-def test_release_forgets_own_claims_only(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("k1", "k2", "k3"))
-    ledger.mark_sent_many("A", {"k3": "sqs-3"})
-
-    ledger.release_many("B", ["k1"])
-    assert state(ledger, "k1") == (KeyState.CLAIMED, "A")
-
-    ledger.release_many("A", ["k1", "k3", "absent"])
-    assert state(ledger, "k1") is None
-    assert state(ledger, "k3") == (KeyState.SENT, "A")  # sent is never released
-
-    assert ledger.claim_many("B", claims("k1")).won == {"k1"}  # back to none: claimable
-
-
-def test_mark_done_from_sent_by_any_run(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("k1", "k2"))
-    ledger.mark_sent_many("A", {"k1": "sqs-1"})
-
-    ledger.mark_done_many("B", ["k1", "k2", "absent"])
-    done = ledger.get_many(["k1"])["k1"]
-    assert (done.state, done.run_id, done.sent_message_id) == (KeyState.DONE, "A", "sqs-1")
-    assert state(ledger, "k2") == (KeyState.CLAIMED, "A")  # never sent: not done
-
-    ledger.mark_done_many("A", ["k1"])  # idempotent
-    assert state(ledger, "k1") == (KeyState.DONE, "A")
-
-
-def test_takeover_only_from_the_named_dead_run(ledger: SqliteLedger, clock: Clock) -> None:
-    ledger.claim_many("A", claims("k1", "k2", "k3", "k4"))
-    ledger.mark_sent_many("A", {"k4": "sqs-4"})
-
-    taken = ledger.takeover_many("C", [("k1", "B"), ("k2", "A"), ("k4", "A"), ("absent", "A")])
-    assert taken == {"k2"}
-    assert state(ledger, "k1") == (KeyState.CLAIMED, "A")  # wrong old run named
-    assert state(ledger, "k2") == (KeyState.CLAIMED, "C")
-    assert state(ledger, "k4") == (KeyState.SENT, "A")  # sent is not in doubt
-
-    assert ledger.takeover_many("B", [("k2", "A")]) == set()  # A no longer owns it
-    assert ledger.takeover_many("C", [("k2", "C")]) == set()  # nothing to take from oneself
-
-    ledger.mark_sent_many("C", {"k2": "sqs-2"})  # the new owner may now send
-    assert state(ledger, "k2") == (KeyState.SENT, "C")
-
-
-def test_takeover_and_skip_refused_while_owner_lease_runs(
-    ledger: SqliteLedger, clock: Clock
-) -> None:
-    ledger.claim_many("A", claims("k1", "k2"))
-    ledger.heartbeat("A", lease_until=clock.now + 60)
-
-    assert ledger.takeover_many("B", [("k1", "A")]) == set()
-    ledger.mark_skipped_many("B", ["k2"])
-    assert state(ledger, "k2") == (KeyState.CLAIMED, "A")
-
-    clock.now += 61
-    assert ledger.takeover_many("B", [("k1", "A")]) == {"k1"}
-
-
-def test_mark_skipped_resolves_claims_of_dead_runs(ledger: SqliteLedger) -> None:
-    ledger.claim_many("A", claims("k1", "k2"))
-    ledger.claim_many("C", claims("mine"))
-    ledger.mark_sent_many("A", {"k2": "sqs-2"})
-
-    ledger.mark_skipped_many("C", ["k1", "k2", "mine", "absent"])
-    assert state(ledger, "k1") == (KeyState.SKIPPED, "C")  # the run that decided owns it
-    assert state(ledger, "k2") == (KeyState.SENT, "A")
-    assert state(ledger, "mine") == (KeyState.CLAIMED, "C")  # own claim is not in doubt
-    assert ledger.claim_many("B", claims("k1")).won == frozenset()
-
-    # A run that ended (even without a lease running out) is dead.
-    ledger.claim_many("B", claims("k3"))
-    ledger.heartbeat("B", lease_until=1e12)
-    ledger.end_run("B", outcome="failed", counts={})
-    ledger.mark_skipped_many("C", ["k3"])
-    assert state(ledger, "k3") == (KeyState.SKIPPED, "C")
-
-
-def test_keys_for_run(ledger: SqliteLedger, clock: Clock) -> None:
-    ledger.claim_many("A", claims("a2", "a1"))
-    clock.now += 1
-    ledger.mark_sent_many("A", {"a2": "sqs"})
-    ledger.claim_many("B", claims("b1"))
-
-    assert [(e.key, e.state) for e in ledger.keys_for_run("A")] == [
-        ("a1", KeyState.CLAIMED),
-        ("a2", KeyState.SENT),
-    ]
-    assert [e.key for e in ledger.keys_for_run("B")] == ["b1"]
-    assert ledger.keys_for_run("nobody") == []
 
 
 # ----------------------------------------------------------------------------- runs
@@ -485,6 +249,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_processes_racing_for_the_same_keys(tmp_path: Path) -> None:
     path = tmp_path / "state" / "ledger.sqlite3"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

@@ -1,8 +1,7 @@
 """The DynamoDB ledger.
 
-First the SQLite ledger's behavioural tests (the very functions of test_ledger.py) and a few
-backend-neutral ones, each run on both backends; then what is DynamoDB's own: the table,
-TTL, errors, retried writes, two processes sharing one table on a moto server, and moves.
+What is DynamoDB's own: the table, TTL, errors, retried writes, two processes sharing one
+table on a moto server, and moves (the contract both backends keep is test_ledger_contract.py).
 
 DynamoDB is moto's: in-process ``mock_aws``, or a moto server on 127.0.0.1 serving one
 request at a time where separate processes share a table (so a double could only be ours).
@@ -15,26 +14,24 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, closing
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import boto3
 import botocore.exceptions
 import pytest
-import test_ledger as shared
-from conftest import REGION, Family, MotoServer, start_moto_server
+from conftest import REGION, Cli, Family, MotoServer, start_moto_server
 from moto import mock_aws
-from test_ledger import Clock, claims, one_line, state
+from test_ledger_contract import Clock, claims, one_line, state
 
 from redrive.aws.sqs import Sqs
 from redrive.config import built_in_layout
 from redrive.dlq.queues import resolve_family
 from redrive.errors import LedgerError
-from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
+from redrive.ledger import Claim, KeyState, open_ledger
 from redrive.ledger.dynamodb import (
     KEYS_BY_RUN,
     RUNS_BY_START,
@@ -42,6 +39,7 @@ from redrive.ledger.dynamodb import (
     TTL_SECONDS,
     DynamoDbLedger,
     init_table,
+    ttl_needs_switching_on,
 )
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions
@@ -56,242 +54,12 @@ TASK = "apps.payments.tasks.refund"
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
 def dynamodb(aws_env: None) -> Iterator[Any]:
     """A DynamoDB client on in-process moto, with the ledger table created."""
     with mock_aws():
         client = boto3.client("dynamodb", region_name=REGION)
         init_table(client, TABLE)
         yield client
-
-
-@pytest.fixture(params=["sqlite", "dynamodb"])
-def new_ledger(
-    request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
-) -> Iterator[Callable[[], Ledger]]:
-    """Opens the backend's ledger: each call a new object on the same file or table."""
-    with ExitStack() as stack:
-        if request.param == "dynamodb":
-            stack.enter_context(mock_aws())
-            client = boto3.client("dynamodb", region_name=REGION)
-            init_table(client, TABLE)
-
-            def make() -> Ledger:
-                return stack.enter_context(DynamoDbLedger(TABLE, client, clock=clock))
-
-        else:
-
-            def make() -> Ledger:
-                return stack.enter_context(SqliteLedger(tmp_path / "l.sqlite3", clock=clock))
-
-        yield make
-
-
-@pytest.fixture
-def ledger(new_ledger: Callable[[], Ledger]) -> Ledger:
-    led = new_ledger()
-    for run_id in ("A", "B", "C"):
-        led.start_run(run_id, command="move", info={})
-    return led
-
-
-# ----------------------------------------------------------------------------- both backends
-
-# test_ledger.py's own tests, collected here again with this module's `ledger` fixture.
-test_claim_absent_keys_wins_them_all = shared.test_claim_absent_keys_wins_them_all
-test_claim_of_existing_key_returns_it_and_is_not_won = (
-    shared.test_claim_of_existing_key_returns_it_and_is_not_won
-)
-test_claim_of_sent_or_done_key_is_not_won = shared.test_claim_of_sent_or_done_key_is_not_won
-test_duplicate_key_in_one_batch_first_copy_wins = (
-    shared.test_duplicate_key_in_one_batch_first_copy_wins
-)
-test_claim_result_is_a_mapping_and_empty_batch_is_fine = (
-    shared.test_claim_result_is_a_mapping_and_empty_batch_is_fine
-)
-test_key_length_is_checked = shared.test_key_length_is_checked
-test_get_many_leaves_out_absent_keys_and_handles_many = (
-    shared.test_get_many_leaves_out_absent_keys_and_handles_many
-)
-test_mark_sent_only_by_the_owner_of_a_claim = shared.test_mark_sent_only_by_the_owner_of_a_claim
-test_release_forgets_own_claims_only = shared.test_release_forgets_own_claims_only
-test_the_time_of_the_send_is_kept_when_the_key_is_done = (
-    shared.test_the_time_of_the_send_is_kept_when_the_key_is_done
-)
-test_mark_done_from_sent_by_any_run = shared.test_mark_done_from_sent_by_any_run
-test_takeover_only_from_the_named_dead_run = shared.test_takeover_only_from_the_named_dead_run
-test_takeover_and_skip_refused_while_owner_lease_runs = (
-    shared.test_takeover_and_skip_refused_while_owner_lease_runs
-)
-test_mark_skipped_resolves_claims_of_dead_runs = (
-    shared.test_mark_skipped_resolves_claims_of_dead_runs
-)
-test_keys_for_run = shared.test_keys_for_run
-
-
-# Run-level and sharing tests, written once for both backends (SQLite's own stay in
-# test_ledger.py).
-
-
-def test_run_lifecycle(new_ledger: Callable[[], Ledger], clock: Clock, tmp_path: Path) -> None:
-    led = new_ledger()
-    assert led.run("r1") is None
-    led.start_run("r1", command="move", info={"dlq": "orders-dlq", "path": tmp_path})
-    with pytest.raises(LedgerError, match="r1 already exists") as e:
-        led.start_run("r1", command="move", info={})
-    one_line(e)
-
-    info = led.run("r1")
-    assert info is not None
-    assert (info.command, info.started_at, info.heartbeat_at) == ("move", clock.now, clock.now)
-    assert info.info == {"dlq": "orders-dlq", "path": str(tmp_path)}
-    assert (info.ended_at, info.outcome, info.counts) == (None, None, {})
-
-    clock.now += 10
-    led.heartbeat("r1", lease_until=clock.now + 30.25)
-    info = led.run("r1")
-    assert info is not None
-    assert (info.heartbeat_at, info.lease_until) == (clock.now, clock.now + 30.25)
-
-    with pytest.raises(ValueError, match="outcome"):
-        led.end_run("r1", outcome="great", counts={})
-    led.end_run("r1", outcome="completed", counts={"moved": 3, "skipped": 1})
-    led.end_run("r1", outcome="failed", counts={})  # the first ending stands
-    info = led.run("r1")
-    assert info is not None
-    assert (info.ended_at, info.outcome, info.counts) == (
-        clock.now,
-        "completed",
-        {"moved": 3, "skipped": 1},
-    )
-
-    with pytest.raises(LedgerError, match="not open") as e:
-        led.heartbeat("r1", lease_until=clock.now + 30)
-    one_line(e)
-    with pytest.raises(LedgerError, match="not open"):
-        led.heartbeat("never", lease_until=clock.now + 30)
-    with pytest.raises(LedgerError, match="never started"):
-        led.end_run("never", outcome="completed", counts={})
-
-
-def test_end_run_adds_what_only_the_end_knows_to_the_info(
-    new_ledger: Callable[[], Ledger], clock: Clock
-) -> None:
-    led = new_ledger()
-    led.start_run("p1", command="purge", info={"target": "checkout", "archive": "/a.jsonl"})
-    deleted = [["m-1", "apps.t", "id-1"], ["m-2", "(unknown)", None]]
-    led.end_run("p1", outcome="completed", counts={"purged": 2}, info={"deleted": deleted})
-    # A second ending changes neither the outcome nor the info.
-    led.end_run("p1", outcome="failed", counts={}, info={"deleted": []})
-    run = new_ledger().run("p1")
-    assert run is not None and run.outcome == "completed" and run.counts == {"purged": 2}
-    assert run.info == {"target": "checkout", "archive": "/a.jsonl", "deleted": deleted}
-    # Without info, the start's record stays as it was.
-    led.start_run("p2", command="move", info={"target": "x"})
-    led.end_run("p2", outcome="interrupted", counts={})
-    assert led.run("p2").info == {"target": "x"}  # type: ignore[union-attr]
-    with pytest.raises(LedgerError, match="never started"):
-        led.end_run("never", outcome="completed", counts={}, info={"deleted": []})
-
-
-def test_runs_since_orders_and_filters(new_ledger: Callable[[], Ledger], clock: Clock) -> None:
-    led = new_ledger()
-    for run_id in ("r1", "r2", "r3"):
-        led.start_run(run_id, command="move", info={})
-        clock.now += 100
-    assert [r.run_id for r in led.runs()] == ["r1", "r2", "r3"]
-    assert [r.run_id for r in led.runs(since=clock.now - 200)] == ["r2", "r3"]
-    assert led.runs(since=clock.now) == []
-    clock.now -= 100
-    led.start_run("r0", command="move", info={})  # starts with r3: ties go by run id
-    assert [r.run_id for r in led.runs(since=clock.now)] == ["r0", "r3"]
-    assert [r.run_id for r in led.runs(since=float("-inf"))] == ["r1", "r2", "r0", "r3"]
-
-
-def test_liveness_by_heartbeat_and_lease(new_ledger: Callable[[], Ledger], clock: Clock) -> None:
-    led = new_ledger()
-    led.start_run("quiet", command="move", info={})
-    clock.now += 1
-    led.start_run("leased", command="move", info={})
-    led.start_run("ended", command="move", info={})
-    led.heartbeat("leased", lease_until=clock.now + 300)
-    led.end_run("ended", outcome="interrupted", counts={})
-
-    def live() -> list[str]:
-        return [r.run_id for r in led.live_runs(stale_after=60)]
-
-    assert live() == ["quiet", "leased"]
-    clock.now += 58
-    assert live() == ["quiet", "leased"]
-    assert led.is_live("quiet", stale_after=60)
-    clock.now += 2  # 61 s since the last heartbeat: stale
-    assert live() == ["leased"]  # its lease still runs
-    assert not led.is_live("quiet", stale_after=60)
-    assert led.is_live("quiet", stale_after=120)
-    assert led.is_live("leased", stale_after=60)
-    clock.now += 300
-    assert live() == []
-    assert not led.is_live("leased", stale_after=60)
-    assert not led.is_live("ended", stale_after=1e9)
-    assert not led.is_live("unknown", stale_after=1e9)
-
-
-def test_two_objects_on_one_store_see_each_other(new_ledger: Callable[[], Ledger]) -> None:
-    first, second = new_ledger(), new_ledger()
-    first.start_run("A", command="move", info={})
-    second.start_run("B", command="move", info={})
-    assert first.claim_many("A", claims("k")).won == {"k"}
-    assert second.claim_many("B", claims("k")).won == frozenset()
-    assert state(second, "k") == (KeyState.CLAIMED, "A")
-    assert {r.run_id for r in second.runs()} == {"A", "B"}
-
-
-def test_one_ledger_shared_by_threads(
-    new_ledger: Callable[[], Ledger], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # moto's in-process Table.put_item reads the current item, evaluates the condition and
-    # writes, with no lock: two threads can both pass attribute_not_exists (seen once in CI:
-    # a key won twice). DynamoDB evaluates a condition atomically with its write; give moto
-    # that property, so that what this test checks is the ledger's own logic.
-    from moto.dynamodb.models.table import Table
-
-    atomic = threading.Lock()
-    put_item = Table.put_item
-
-    def put_item_atomically(self: Table, *args: Any, **kwargs: Any) -> Any:
-        with atomic:
-            return put_item(self, *args, **kwargs)
-
-    monkeypatch.setattr(Table, "put_item", put_item_atomically)
-    led = new_ledger()
-    keys = [f"k{i}" for i in range(100)]
-    won: dict[str, list[str]] = {}
-
-    def worker(run_id: str) -> None:
-        mine: list[str] = []
-        for i in range(0, len(keys), 10):
-            mine += led.claim_many(run_id, claims(*keys[i : i + 10])).won
-        won[run_id] = mine
-
-    threads = [threading.Thread(target=worker, args=(f"t{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    all_won = [k for ks in won.values() for k in ks]
-    assert sorted(all_won) == sorted(keys)
-
-
-def test_closed_ledger_refuses_work(new_ledger: Callable[[], Ledger]) -> None:
-    led = new_ledger()
-    led.close()
-    led.close()  # idempotent
-    with pytest.raises(LedgerError, match="closed"):
-        led.get_many(["k"])
 
 
 # ----------------------------------------------------------------------------- the table
@@ -324,6 +92,29 @@ def test_init_table_creates_an_on_demand_table_with_ttl_and_is_idempotent(
         assert "is ready" in init_table(client, "no-ttl")
         ttl = client.describe_time_to_live(TableName="no-ttl")["TimeToLiveDescription"]
         assert (ttl["TimeToLiveStatus"], ttl["AttributeName"]) == ("ENABLED", TTL_ATTRIBUTE)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "needed"),
+    [
+        ({}, True),
+        ({"TimeToLiveStatus": "DISABLED"}, True),
+        ({"TimeToLiveStatus": "ENABLED", "AttributeName": TTL_ATTRIBUTE}, False),
+        ({"TimeToLiveStatus": "ENABLING", "AttributeName": TTL_ATTRIBUTE}, False),
+        ({"TimeToLiveStatus": "ENABLING"}, False),
+    ],
+)
+def test_whether_ttl_needs_switching_on(ttl: dict[str, str], needed: bool) -> None:
+    assert ttl_needs_switching_on(TABLE, ttl) is needed
+
+
+def test_ttl_by_another_attribute_or_being_switched_off_is_refused() -> None:
+    with pytest.raises(LedgerError, match="expires items by 'gone_at'") as e:
+        ttl_needs_switching_on(TABLE, {"TimeToLiveStatus": "ENABLING", "AttributeName": "gone_at"})
+    one_line(e)
+    with pytest.raises(LedgerError, match="is being switched off; wait an hour") as e:
+        ttl_needs_switching_on(TABLE, {"TimeToLiveStatus": "DISABLING"})
+    one_line(e)
 
 
 def _schema_of(client: Any, table: str) -> dict[str, Any]:
@@ -643,6 +434,7 @@ def _env(server: MotoServer) -> dict[str, str]:
     return {**server.env(), "PYTHONPATH": pythonpath}
 
 
+@pytest.mark.e2e
 def test_two_processes_claiming_the_same_keys_win_each_once(
     serial_server: MotoServer, tmp_path: Path
 ) -> None:
@@ -786,6 +578,7 @@ _OPERATOR = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_two_operators_draining_one_dlq_send_each_task_once(
     serial_server: MotoServer, tmp_path: Path
 ) -> None:
@@ -854,44 +647,36 @@ def test_two_operators_draining_one_dlq_send_each_task_once(
 # ----------------------------------------------------------------------------- the command
 
 
-def redrive(*args: str) -> Any:
-    from click.testing import CliRunner
-
-    from redrive.cli import cli
-
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def test_ledger_init_command(aws_env: None, tmp_path: Path) -> None:
+def test_ledger_init_command(aws_env: None, tmp_path: Path, cli: Cli) -> None:
     with mock_aws():
-        created = redrive("ledger", "init", "dynamodb://team-ledger")
+        created = cli("ledger", "init", "dynamodb://team-ledger")
         assert created.exit_code == 0, created.output
         assert "created the DynamoDB ledger table team-ledger" in created.stdout
-        again = redrive("ledger", "init", "dynamodb://team-ledger")
+        again = cli("ledger", "init", "dynamodb://team-ledger")
         assert again.exit_code == 0 and "is ready" in again.stdout
 
-        bad = redrive("ledger", "init", "dynamodb://no")
+        bad = cli("ledger", "init", "dynamodb://no")
         assert bad.exit_code == 1
         assert bad.stderr.strip().count("\n") == 0 and "not a DynamoDB table name" in bad.stderr
 
     path = tmp_path / "new" / "ledger.sqlite3"
-    made = redrive("ledger", "init", str(path))
+    made = cli("ledger", "init", str(path))
     assert made.exit_code == 0, made.output
     assert path.is_file() and str(path) in made.stdout
 
 
-def test_move_command_with_a_dynamodb_ledger(family: Family) -> None:
+def test_move_command_with_a_dynamodb_ledger(family: Family, cli: Cli) -> None:
     ids = [f"t-{i}" for i in range(12)]
     fill(family.client, family.dlq_url, [body(t) for t in ids])
-    assert redrive("ledger", "init", f"dynamodb://{TABLE}").exit_code == 0
+    assert cli("ledger", "init", f"dynamodb://{TABLE}").exit_code == 0
     move = ("move", "checkout", "--execute", "--yes", "--json", "--ledger", f"dynamodb://{TABLE}")
 
-    first = redrive(*move)
+    first = cli(*move)
     assert first.exit_code == 0, first.output
     assert json.loads(first.stdout)["moved"] == 12
     assert json.loads(first.stdout)["ledger"] == f"dynamodb://{TABLE}"
     assert arrived(family) == {t: 1 for t in ids}
 
-    dry = redrive("move", "checkout", "--json", "--ledger", "dynamodb://absent-table")
+    dry = cli("move", "checkout", "--json", "--ledger", "dynamodb://absent-table")
     assert dry.exit_code == 1
     assert "redrive ledger init dynamodb://absent-table" in dry.stderr

@@ -26,7 +26,7 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
-from conftest import Family, Redelivery, make_family, start_moto_server
+from conftest import Cli, Family, Redelivery, make_family, start_moto_server
 
 from redrive import attributes
 from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
@@ -1152,14 +1152,12 @@ def test_a_dry_run_reads_the_ledger_but_never_writes_it(family: Family, tmp_path
     assert family.depth() == (2, 0)
 
 
-def test_the_cli_dry_run_creates_no_ledger(family: Family) -> None:
-    from click.testing import CliRunner
+def test_the_cli_dry_run_creates_no_ledger(family: Family, cli: Cli) -> None:
 
-    from redrive.cli import cli
     from redrive.ledger import default_ledger_path
 
     seed_for_plan(family)
-    outcome = CliRunner().invoke(cli, ["move", "checkout", "--json"], catch_exceptions=False)
+    outcome = cli.raising("move", "checkout", "--json")
 
     assert outcome.exit_code == 0, outcome.output
     plan = json.loads(outcome.stdout)

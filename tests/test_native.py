@@ -21,12 +21,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from click.testing import CliRunner, Result
-from conftest import REGION, Family
+from conftest import REGION, Cli, Family
 
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
-from redrive.cli import cli
+from redrive.cli import cli as redrive_group
 from redrive.cli import native as cli_native
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.dlq.queues import DlqTarget, QueueRef
@@ -470,10 +469,6 @@ def cli_stub(family: Family, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbe
         stubber.assert_no_pending_responses()
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
 def family_list(family: Family) -> dict[str, Any]:
     return {"SourceArn": family.dlq_arn, "MaxResults": 10}
 
@@ -482,11 +477,11 @@ def family_entry(family: Family, status: str, **kwargs: Any) -> dict[str, Any]:
     return entry(status, SourceArn=family.dlq_arn, **kwargs)
 
 
-def test_cli_dry_run_starts_nothing(family: Family, cli_stub: Stubber) -> None:
+def test_cli_dry_run_starts_nothing(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     family.send_to_dlq("a")
     family.send_to_dlq("b")
     cli_stub.add_response("list_message_move_tasks", listing(), family_list(family))
-    result = run("move", "checkout", "--native")
+    result = cli("move", "checkout", "--native")
     assert result.exit_code == 0, result.output
     text = result.stdout
     assert "DRY RUN" in text and "StartMessageMoveTask" in text
@@ -495,14 +490,14 @@ def test_cli_dry_run_starts_nothing(family: Family, cli_stub: Stubber) -> None:
     assert "chosen by SQS" in text and "rerun with --execute" in text
 
 
-def test_cli_dry_run_json_with_to_and_rate(family: Family, cli_stub: Stubber) -> None:
+def test_cli_dry_run_json_with_to_and_rate(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     family.client.create_queue(QueueName="onion-elsewhere")
     cli_stub.add_response(
         "list_message_move_tasks",
         listing(family_entry(family, RUNNING, moved=4)),
         family_list(family),
     )
-    result = run(
+    result = cli(
         "move", "checkout", "--native", "--to", "onion-elsewhere", "--rate", "50", "--json"
     )
     assert result.exit_code == 0, result.output
@@ -517,7 +512,7 @@ def test_cli_dry_run_json_with_to_and_rate(family: Family, cli_stub: Stubber) ->
     assert data["running_task"]["status"] == RUNNING
 
 
-def test_cli_execute_follows_until_completed(family: Family, cli_stub: Stubber) -> None:
+def test_cli_execute_follows_until_completed(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     cli_stub.add_response(
         "start_message_move_task",
         {"TaskHandle": HANDLE},
@@ -528,7 +523,7 @@ def test_cli_execute_follows_until_completed(family: Family, cli_stub: Stubber) 
         family_entry(family, COMPLETED, moved=30, to_move=30),
     ):
         cli_stub.add_response("list_message_move_tasks", listing(raw), family_list(family))
-    result = run("move", "checkout", "--native", "--execute", "--yes", "--rate", "100", "--json")
+    result = cli("move", "checkout", "--native", "--execute", "--yes", "--rate", "100", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["native"] is True and data["dry_run"] is False
@@ -542,7 +537,7 @@ def test_cli_execute_follows_until_completed(family: Family, cli_stub: Stubber) 
     assert f"started move task {HANDLE}" in result.stderr
 
 
-def test_cli_execute_to_another_queue(family: Family, cli_stub: Stubber) -> None:
+def test_cli_execute_to_another_queue(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     url = family.client.create_queue(QueueName="onion-elsewhere")["QueueUrl"]
     arn = family.client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
         "Attributes"
@@ -557,20 +552,22 @@ def test_cli_execute_to_another_queue(family: Family, cli_stub: Stubber) -> None
         listing(family_entry(family, COMPLETED, moved=3, DestinationArn=arn)),
         family_list(family),
     )
-    result = run("move", "checkout", "--native", "--to", "onion-elsewhere", "--execute", "--yes")
+    result = cli("move", "checkout", "--native", "--to", "onion-elsewhere", "--execute", "--yes")
     assert result.exit_code == 0, result.output
     assert "move task COMPLETED: 3 message(s) moved, from DLQ onion-checkout-dlq to " in (
         result.stdout
     )
 
 
-def test_cli_failed_task_exits_1_with_the_reason(family: Family, cli_stub: Stubber) -> None:
+def test_cli_failed_task_exits_1_with_the_reason(
+    family: Family, cli_stub: Stubber, cli: Cli
+) -> None:
     cli_stub.add_response("start_message_move_task", {"TaskHandle": HANDLE})
     failed = family_entry(
         family, FAILED, moved=4, to_move=10, FailureReason="AccessDenied:\nsqs:SendMessage"
     )
     cli_stub.add_response("list_message_move_tasks", listing(failed), family_list(family))
-    result = run("move", "checkout", "--native", "--execute", "--yes")
+    result = cli("move", "checkout", "--native", "--execute", "--yes")
     assert result.exit_code == EXIT_ERROR, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors == [
@@ -580,20 +577,20 @@ def test_cli_failed_task_exits_1_with_the_reason(family: Family, cli_stub: Stubb
     assert "move task FAILED" in result.stdout
 
 
-def test_cli_cancelled_task_needs_attention(family: Family, cli_stub: Stubber) -> None:
+def test_cli_cancelled_task_needs_attention(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     cli_stub.add_response("start_message_move_task", {"TaskHandle": HANDLE})
     cli_stub.add_response(
         "list_message_move_tasks",
         listing(family_entry(family, "CANCELLED", moved=2)),
         family_list(family),
     )
-    result = run("move", "checkout", "--native", "--execute", "--yes")
+    result = cli("move", "checkout", "--native", "--execute", "--yes")
     assert result.exit_code == EXIT_ATTENTION, result.output
     assert "cancelled after moving 2 message(s)" in result.stderr
 
 
 def test_cli_stopped_following_leaves_the_task_running(
-    family: Family, cli_stub: Stubber, monkeypatch: pytest.MonkeyPatch
+    family: Family, cli_stub: Stubber, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     @contextlib.contextmanager
     def stopped() -> Iterator[threading.Event]:
@@ -606,7 +603,7 @@ def test_cli_stopped_following_leaves_the_task_running(
     cli_stub.add_response(
         "list_message_move_tasks", listing(family_entry(family, RUNNING)), family_list(family)
     )
-    result = run("move", "checkout", "--native", "--execute", "--yes", "--json")
+    result = cli("move", "checkout", "--native", "--execute", "--yes", "--json")
     assert result.exit_code == EXIT_INTERRUPTED, result.output
     assert json.loads(result.stdout)["following_stopped"] is True
     assert "keeps running on the server (it was not cancelled)" in result.stderr
@@ -625,11 +622,11 @@ def test_ctrl_c_stops_following_and_says_the_task_keeps_running(
 
 
 def test_cli_losing_sight_of_the_task_says_it_may_still_run(
-    family: Family, cli_stub: Stubber
+    family: Family, cli_stub: Stubber, cli: Cli
 ) -> None:
     cli_stub.add_response("start_message_move_task", {"TaskHandle": HANDLE})
     cli_stub.add_client_error("list_message_move_tasks", service_error_code="AccessDenied")
-    result = run("move", "checkout", "--native", "--execute", "--yes")
+    result = cli("move", "checkout", "--native", "--execute", "--yes")
     assert result.exit_code == EXIT_ERROR
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1
@@ -637,7 +634,7 @@ def test_cli_losing_sight_of_the_task_says_it_may_still_run(
     assert errors[0].endswith("may still be running: `redrive tasks checkout`)")
 
 
-def test_cli_already_running(family: Family, cli_stub: Stubber) -> None:
+def test_cli_already_running(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     cli_stub.add_client_error(
         "start_message_move_task",
         service_error_code="InvalidParameterValue",
@@ -646,7 +643,7 @@ def test_cli_already_running(family: Family, cli_stub: Stubber) -> None:
     cli_stub.add_response(
         "list_message_move_tasks", listing(family_entry(family, RUNNING)), family_list(family)
     )
-    result = run("move", "checkout", "--native", "--execute", "--yes")
+    result = cli("move", "checkout", "--native", "--execute", "--yes")
     assert result.exit_code == EXIT_ERROR
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: a move task is already running")
@@ -669,9 +666,9 @@ def test_cli_already_running(family: Family, cli_stub: Stubber) -> None:
     ],
 )
 def test_cli_refuses_native_with_options_it_cannot_honour(
-    args: list[str], reason: str, sqs_client: Any
+    args: list[str], reason: str, sqs_client: Any, cli: Cli
 ) -> None:
-    result = run("move", "checkout", "--native", *args)
+    result = cli("move", "checkout", "--native", *args)
     assert result.exit_code == EXIT_USAGE, result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1
@@ -679,56 +676,56 @@ def test_cli_refuses_native_with_options_it_cannot_honour(
     assert reason in errors[0]
 
 
-def test_cli_refuses_native_with_plan_options(sqs_client: Any, tmp_path: Any) -> None:
-    flags = {opt for p in cli.commands["move"].params for opt in getattr(p, "opts", [])}
+def test_cli_refuses_native_with_plan_options(sqs_client: Any, tmp_path: Any, cli: Cli) -> None:
+    flags = {opt for p in redrive_group.commands["move"].params for opt in getattr(p, "opts", [])}
     if "--plan-out" not in flags:
         pytest.skip("move has no plan options")
-    result = run("move", "checkout", "--native", "--plan-out", str(tmp_path / "plan.jsonl"))
+    result = cli("move", "checkout", "--native", "--plan-out", str(tmp_path / "plan.jsonl"))
     assert result.exit_code == EXIT_USAGE, result.output
     assert "--native cannot be combined with --plan-out" in result.output
     assert "only --to, --rate, --execute, --yes and --json apply" in result.output
 
 
-def test_cli_refusal_lists_every_conflict(sqs_client: Any) -> None:
-    result = run("move", "checkout", "--native", "--task", "x", "--workers", "2")
+def test_cli_refusal_lists_every_conflict(sqs_client: Any, cli: Cli) -> None:
+    result = cli("move", "checkout", "--native", "--task", "x", "--workers", "2")
     assert result.exit_code == EXIT_USAGE
     assert "--task, --workers" in result.output
     assert "cannot filter" in result.output and "no workers" in result.output
 
 
 def test_cli_native_accepts_defaults_and_the_ledger_variable(
-    family: Family, cli_stub: Stubber, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    family: Family, cli_stub: Stubber, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, cli: Cli
 ) -> None:
     monkeypatch.setenv("REDRIVE_LEDGER", str(tmp_path / "ledger.sqlite3"))
     cli_stub.add_response("list_message_move_tasks", listing(), family_list(family))
-    result = run("move", "checkout", "--native", "--workers", "1", "--in-doubt", "hold")
+    result = cli("move", "checkout", "--native", "--workers", "1", "--in-doubt", "hold")
     assert result.exit_code == 0, result.output
 
 
-def test_cli_native_rate_out_of_range(family: Family, cli_stub: Stubber) -> None:
-    result = run("move", "checkout", "--native", "--rate", "501")
+def test_cli_native_rate_out_of_range(family: Family, cli_stub: Stubber, cli: Cli) -> None:
+    result = cli("move", "checkout", "--native", "--rate", "501")
     assert result.exit_code == EXIT_USAGE, result.output
     assert "1 to 500" in result.output
 
 
-def test_cli_tasks_lists_recent_tasks(family: Family, cli_stub: Stubber) -> None:
+def test_cli_tasks_lists_recent_tasks(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     tasks = listing(
         family_entry(family, RUNNING, moved=5, to_move=50),
         family_entry(family, FAILED, StartedTimestamp=NOW_MS - 7_200_000, FailureReason="boom"),
     )
     cli_stub.add_response("list_message_move_tasks", tasks, family_list(family))
     cli_stub.add_response("list_message_move_tasks", tasks, family_list(family))
-    result = run("tasks", "checkout")
+    result = cli("tasks", "checkout")
     assert result.exit_code == 0, result.output
     assert "move tasks of DLQ onion-checkout-dlq" in result.stdout
     assert "RUNNING" in result.stdout and "FAILED" in result.stdout and "boom" in result.stdout
-    data = json.loads(run("tasks", "checkout", "--json").stdout)
+    data = json.loads(cli("tasks", "checkout", "--json").stdout)
     assert data["dlq"] == "onion-checkout-dlq"
     assert [t["status"] for t in data["tasks"]] == [RUNNING, FAILED]
     assert data["tasks"][0]["task_handle"] == HANDLE
 
 
-def test_cli_tasks_cancel(family: Family, cli_stub: Stubber) -> None:
+def test_cli_tasks_cancel(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     cli_stub.add_response(
         "list_message_move_tasks",
         listing(family_entry(family, RUNNING, moved=5, to_move=50)),
@@ -737,15 +734,15 @@ def test_cli_tasks_cancel(family: Family, cli_stub: Stubber) -> None:
     cli_stub.add_response(
         "cancel_message_move_task", {"ApproximateNumberOfMessagesMoved": 6}, {"TaskHandle": HANDLE}
     )
-    result = run("tasks", "checkout", "--cancel", "--json")
+    result = cli("tasks", "checkout", "--cancel", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["cancelled"]["status"] == CANCELLING and data["cancelled"]["moved"] == 6
 
 
-def test_cli_tasks_cancel_with_nothing_running(family: Family, cli_stub: Stubber) -> None:
+def test_cli_tasks_cancel_with_nothing_running(family: Family, cli_stub: Stubber, cli: Cli) -> None:
     cli_stub.add_response("list_message_move_tasks", listing(), family_list(family))
-    result = run("tasks", "checkout", "--cancel")
+    result = cli("tasks", "checkout", "--cancel")
     assert result.exit_code == EXIT_ERROR
     assert result.output.strip().splitlines() == [
         "Error: no move task is running for DLQ onion-checkout-dlq: nothing to cancel"

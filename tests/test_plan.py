@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
@@ -162,24 +162,26 @@ def test_read_plan_refuses_bad_files(tmp_path: Path, name: str) -> None:
 
 @pytest.mark.parametrize("name", ["missing", "truncated", "future version", "item without id"])
 def test_apply_refuses_bad_plans_with_one_line_exit_2(
-    family: Family, tmp_path: Path, name: str
+    family: Family, tmp_path: Path, name: str, cli: Cli
 ) -> None:
     content, fragment = BAD_PLANS[name]
     path = tmp_path / "p.json"
     if isinstance(content, str):
         path.write_text(content)
-    one_error(run("apply", str(path), "--execute", "--yes"), EXIT_USAGE, fragment)
+    one_error(cli("apply", str(path), "--execute", "--yes"), EXIT_USAGE, fragment)
 
 
 # -- move plans through the CLI ---------------------------------------------------------------
 
 
-def test_move_plan_out_writes_the_dry_run_selection(family: Family, tmp_path: Path) -> None:
+def test_move_plan_out_writes_the_dry_run_selection(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     c0, c1 = charge(family, 0), charge(family, 1)
     dup = family.send_to_dlq(charge_body(0))  # a second copy
     mail(family, 0)
     path = tmp_path / "p.json"
-    result = ok("move", "checkout", "--task", CHARGE, "--plan-out", str(path))
+    result = cli.ok("move", "checkout", "--task", CHARGE, "--plan-out", str(path))
     assert "plan written to" in result.output
     assert family.depth() == (4, 0)  # a dry run: nothing changed
     data = json.loads(path.read_text())
@@ -201,16 +203,16 @@ def test_move_plan_out_writes_the_dry_run_selection(family: Family, tmp_path: Pa
         assert item["task_id"] in ("charge-0", "charge-1")
 
 
-def test_plan_out_with_execute_is_a_usage_error(family: Family, tmp_path: Path) -> None:
+def test_plan_out_with_execute_is_a_usage_error(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     path = tmp_path / "p.json"
     one_error(
-        run("move", "checkout", "--execute", "--yes", "--plan-out", str(path)),
+        cli("move", "checkout", "--execute", "--yes", "--plan-out", str(path)),
         EXIT_USAGE,
         "--plan-out",
     )
     one_error(
-        run("purge", "checkout", "--execute", "--yes", "--plan-out", str(path)),
+        cli("purge", "checkout", "--execute", "--yes", "--plan-out", str(path)),
         EXIT_USAGE,
         "--plan-out",
     )
@@ -218,37 +220,37 @@ def test_plan_out_with_execute_is_a_usage_error(family: Family, tmp_path: Path) 
     assert family.depth() == (1, 0)
 
 
-def test_apply_dry_run_changes_nothing(family: Family, tmp_path: Path) -> None:
+def test_apply_dry_run_changes_nothing(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     charge(family, 1)
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--plan-out", str(path))
-    data = as_json(ok("apply", str(path), "--json"))
+    cli.ok("move", "checkout", "--plan-out", str(path))
+    data = as_json(cli.ok("apply", str(path), "--json"))
     assert data["dry_run"] is True
     assert data["planned"] == 2 and data["gone"] == 0 and data["moved"] == 2
     assert family.depth() == (2, 0)
     assert family.depth(family.queue_url) == (0, 0)
 
 
-def test_apply_moves_exactly_the_plan(family: Family, tmp_path: Path) -> None:
+def test_apply_moves_exactly_the_plan(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     removed = charge(family, 1)
     charge(family, 2)
     mail(family, 0)
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--task", CHARGE, "--plan-out", str(path))
+    cli.ok("move", "checkout", "--task", CHARGE, "--plan-out", str(path))
     assert read_plan(str(path)).by_task == {CHARGE: 3}
     # After the review: a planned message is removed, a new matching one arrives.
     _delete_message(family, removed)
     charge(family, 3)
 
-    data = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    data = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
     assert data["dry_run"] is False
     assert (data["planned"], data["gone"], data["moved"]) == (3, 1, 2)
     assert task_ids(family, family.queue_url) == ["charge-0", "charge-2"]
     assert family.depth() == (2, 0)  # charge-3 (not planned) and the mail stay
 
-    again = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    again = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
     assert (again["planned"], again["gone"], again["moved"]) == (3, 3, 0)
     assert family.depth() == (2, 0)
     assert family.depth(family.queue_url) == (0, 0)
@@ -256,53 +258,55 @@ def test_apply_moves_exactly_the_plan(family: Family, tmp_path: Path) -> None:
     assert left == ["charge-3", "mail-0"]
 
 
-def test_apply_text_says_how_many_are_gone(family: Family, tmp_path: Path) -> None:
+def test_apply_text_says_how_many_are_gone(family: Family, tmp_path: Path, cli: Cli) -> None:
     gone = charge(family, 0)
     charge(family, 1)
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--plan-out", str(path))
+    cli.ok("move", "checkout", "--plan-out", str(path))
     _delete_message(family, gone)
-    text = ok("apply", str(path), "--execute", "--yes").output
+    text = cli.ok("apply", str(path), "--execute", "--yes").output
     assert "1 of the plan's 2 message(s) are no longer in the DLQ" in text
     assert task_ids(family, family.queue_url) == ["charge-1"]
 
 
-def test_apply_a_plan_with_a_duplicate_sends_the_task_once(family: Family, tmp_path: Path) -> None:
+def test_apply_a_plan_with_a_duplicate_sends_the_task_once(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     charge(family, 0)
     family.send_to_dlq(charge_body(0))  # a copy of that publish
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--plan-out", str(path))
-    data = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    cli.ok("move", "checkout", "--plan-out", str(path))
+    data = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
     assert data["planned"] == 2 and data["gone"] == 0 and data["moved"] == 1
     assert task_ids(family, family.queue_url) == ["charge-0"]
     assert family.depth() == (0, 0)
 
 
-def test_apply_an_empty_move_plan_moves_nothing(family: Family, tmp_path: Path) -> None:
+def test_apply_an_empty_move_plan_moves_nothing(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--task", "no.such.task", "--plan-out", str(path))
+    cli.ok("move", "checkout", "--task", "no.such.task", "--plan-out", str(path))
     assert read_plan(str(path)).items == []
-    data = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    data = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
     assert data["moved"] == 0
     assert family.depth() == (1, 0)
 
 
-def test_apply_an_empty_purge_plan_purges_nothing(family: Family, tmp_path: Path) -> None:
+def test_apply_an_empty_purge_plan_purges_nothing(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     path = tmp_path / "p.json"
-    ok("purge", "checkout", "--task", "no.such.task", "--no-archive", "--plan-out", str(path))
+    cli.ok("purge", "checkout", "--task", "no.such.task", "--no-archive", "--plan-out", str(path))
     assert read_plan(str(path)).items == []
-    ok("apply", str(path), "--execute", "--yes", "--json")
+    cli.ok("apply", str(path), "--execute", "--yes", "--json")
     assert family.depth() == (1, 0)
 
 
-def test_apply_a_plan_for_a_queue_that_is_gone(family: Family, tmp_path: Path) -> None:
+def test_apply_a_plan_for_a_queue_that_is_gone(family: Family, tmp_path: Path, cli: Cli) -> None:
     charge(family, 0)
     path = tmp_path / "p.json"
-    ok("move", "checkout", "--plan-out", str(path))
+    cli.ok("move", "checkout", "--plan-out", str(path))
     family.client.delete_queue(QueueUrl=family.dlq_url)
-    result = run("apply", str(path), "--execute", "--yes")
+    result = cli("apply", str(path), "--execute", "--yes")
     assert result.exit_code in (EXIT_ERROR, EXIT_USAGE), result.output
     assert "Traceback" not in result.output
 
@@ -311,14 +315,16 @@ def test_apply_a_plan_for_a_queue_that_is_gone(family: Family, tmp_path: Path) -
 
 
 def test_purge_plan_applied_archives_and_deletes_exactly_those(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, cli: Cli
 ) -> None:
     charge(family, 0)
     charge(family, 1)
     mail(family, 0)
     path = tmp_path / "p.json"
     archive = tmp_path / "a.jsonl.gz"
-    ok("purge", "checkout", "--task", CHARGE, "--archive", str(archive), "--plan-out", str(path))
+    cli.ok(
+        "purge", "checkout", "--task", CHARGE, "--archive", str(archive), "--plan-out", str(path)
+    )
     assert not archive.exists()
     assert family.depth() == (3, 0)
     data = json.loads(path.read_text())
@@ -327,11 +333,11 @@ def test_purge_plan_applied_archives_and_deletes_exactly_those(
     assert data["options"] == {"archive": str(archive), "no_archive": False}
 
     charge(family, 2)  # arrives after the plan, matches --task: left alone
-    dry = as_json(ok("apply", str(path), "--json"))
+    dry = as_json(cli.ok("apply", str(path), "--json"))
     assert dry["dry_run"] is True and dry["planned"] == 2
     assert family.depth() == (4, 0) and not archive.exists()
 
-    done = as_json(ok("apply", str(path), "--execute", "--yes", "--json"))
+    done = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
     assert (done["planned"], done["gone"], done["archived"], done["purged"]) == (2, 0, 2, 2)
     with gzip.open(archive, "rt") as handle:
         records = [json.loads(line) for line in handle if line.strip()]

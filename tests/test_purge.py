@@ -21,13 +21,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from click.testing import CliRunner
-from conftest import REGION, Family, Redelivery, make_family
+from conftest import REGION, Cli, Family, Redelivery, make_family
 
 import redrive.archive.writer as archive_writer
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
 from redrive.aws.sqs import BatchResult, Message, Sqs
-from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
@@ -137,10 +135,6 @@ def run_purge(
         writer=writer,
         observer=Callbacks(on_step=fault),
     )
-
-
-def invoke(args: Sequence[str]) -> Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def json_of(result: Any) -> dict[str, Any]:
@@ -725,7 +719,7 @@ def test_failed_deletes_are_counted_and_stay_in_dlq_and_archive(
 
 
 def test_cli_purge_with_failed_deletes_exits_3(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     seed(family, [(REFUND, 5)])
     real = Sqs.delete_batch
@@ -737,7 +731,7 @@ def test_cli_purge_with_failed_deletes_exits_3(
 
     monkeypatch.setattr(Sqs, "delete_batch", first_fails)
     path = str(tmp_path / "a.jsonl.gz")
-    result = invoke(["purge", "checkout", "--archive", path, "--execute", "--yes", "--json"])
+    result = cli.raising("purge", "checkout", "--archive", path, "--execute", "--yes", "--json")
     assert result.exit_code == 3
     data = json_of(result)
     assert (data["archived"], data["purged"], data["failed"]) == (5, 4, 1)
@@ -748,11 +742,11 @@ def test_cli_purge_with_failed_deletes_exits_3(
 
 
 def test_purge_is_a_dry_run_by_default(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     monkeypatch.chdir(tmp_path)
     seed(family, [(REFUND, 6), (RECEIPT, 4)])
-    result = invoke(["purge", "checkout", "--task", REFUND, "--json"])
+    result = cli.raising("purge", "checkout", "--task", REFUND, "--json")
     assert result.exit_code == 0, result.output
     data = json_of(result)
     assert {"dry_run", "matched", "purged", "archive"} <= set(data)
@@ -763,7 +757,7 @@ def test_purge_is_a_dry_run_by_default(
     assert not (tmp_path / "redrive-archive").exists()
     assert family.depth() == (10, 0)
 
-    text = invoke(["purge", "checkout"])
+    text = cli.raising("purge", "checkout")
     assert text.exit_code == 0 and "DRY RUN" in text.stdout
     assert not (tmp_path / "redrive-archive").exists()
     assert family.depth() == (10, 0)
@@ -782,11 +776,11 @@ def test_core_purge_defaults_to_a_dry_run(family: Family) -> None:
 
 
 def test_cli_purge_execute_archives_to_the_default_path(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     monkeypatch.chdir(tmp_path)
     sent = seed(family, [(REFUND, 6), (RECEIPT, 4)])
-    result = invoke(["purge", "checkout", "--task", REFUND, "--execute", "--yes", "--json"])
+    result = cli.raising("purge", "checkout", "--task", REFUND, "--execute", "--yes", "--json")
     data = json_of(result)
     assert result.exit_code == 0
     assert data["dry_run"] is False and (data["matched"], data["purged"]) == (6, 6)
@@ -798,10 +792,10 @@ def test_cli_purge_execute_archives_to_the_default_path(
     assert set(peek(family.client, family.dlq_url)) == of_task(sent, RECEIPT)
 
 
-def test_archive_command_deletes_nothing(family: Family, tmp_path: Path) -> None:
+def test_archive_command_deletes_nothing(family: Family, tmp_path: Path, cli: Cli) -> None:
     sent = seed(family, [(REFUND, 8), (RECEIPT, 5)])
     path = str(tmp_path / "snapshot.jsonl.gz")
-    result = invoke(["archive", "checkout", "--task", REFUND, "--archive", path, "--json"])
+    result = cli.raising("archive", "checkout", "--task", REFUND, "--archive", path, "--json")
     data = json_of(result)
     assert result.exit_code == 0
     assert data["command"] == "archive"
@@ -814,42 +808,42 @@ def test_archive_command_deletes_nothing(family: Family, tmp_path: Path) -> None
     assert {r.message_id for r in records} == of_task(sent, REFUND)
 
     everything = str(tmp_path / "all.jsonl")
-    assert invoke(["archive", "checkout", "--archive", everything]).exit_code == 0
+    assert cli.raising("archive", "checkout", "--archive", everything).exit_code == 0
     assert len(archived(everything)[0]) == 13 and family.depth() == (13, 0)
 
 
 # -- --no-archive and PurgeQueue ----------------------------------------------------------
 
 
-def test_archive_and_no_archive_together_is_a_usage_error(family: Family, tmp_path: Path) -> None:
+def test_archive_and_no_archive_together_is_a_usage_error(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     seed(family, [(REFUND, 2)])
     path = tmp_path / "x.jsonl.gz"
-    result = CliRunner().invoke(
-        cli, ["purge", "checkout", "--archive", str(path), "--no-archive", "--execute", "--yes"]
-    )
+    result = cli("purge", "checkout", "--archive", str(path), "--no-archive", "--execute", "--yes")
     assert result.exit_code == 2
     assert "--no-archive" in result.output
     assert not path.exists() and family.depth() == (2, 0)
 
 
 def test_unfiltered_no_archive_purge_uses_purge_queue_once_a_minute(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     monkeypatch.setenv("MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR", "true")
     monkeypatch.chdir(tmp_path)
     seed(family, [(REFUND, 4), (RECEIPT, 3)])
-    dry = json_of(invoke(["purge", "checkout", "--no-archive", "--json"]))
+    dry = json_of(cli.raising("purge", "checkout", "--no-archive", "--json"))
     assert dry["dry_run"] is True and dry["method"] == "purge-queue" and dry["matched"] == 7
     assert family.depth() == (7, 0)
 
-    data = json_of(invoke(["purge", "checkout", "--no-archive", "--execute", "--yes", "--json"]))
+    data = json_of(cli.raising("purge", "checkout", "--no-archive", "--execute", "--yes", "--json"))
     assert data["method"] == "purge-queue" and data["archive"] is None
     assert (data["dry_run"], data["purged"]) == (False, 7)
     assert family.depth() == (0, 0)
     assert not (tmp_path / "redrive-archive").exists()
 
     seed(family, [(REFUND, 1)])
-    again = CliRunner().invoke(cli, ["purge", "checkout", "--no-archive", "--execute", "--yes"])
+    again = cli("purge", "checkout", "--no-archive", "--execute", "--yes")
     assert again.exit_code == 1
     assert "Traceback" not in again.output
     [line] = again.stderr.strip().splitlines()
@@ -892,7 +886,7 @@ def test_purge_queue_in_progress_is_one_clear_line_whatever_moto_does() -> None:
 
 
 def test_filtered_no_archive_purge_deletes_without_purge_queue(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     monkeypatch.chdir(tmp_path)
     sent = seed(family, [(REFUND, 4), (RECEIPT, 3)])
@@ -902,8 +896,8 @@ def test_filtered_no_archive_purge_deletes_without_purge_queue(
 
     monkeypatch.setattr(Sqs, "purge", no_purge_queue)
     data = json_of(
-        invoke(
-            ["purge", "checkout", "--task", RECEIPT, "--no-archive", "--execute", "--yes", "--json"]
+        cli.raising(
+            "purge", "checkout", "--task", RECEIPT, "--no-archive", "--execute", "--yes", "--json"
         )
     )
     assert data["method"] == "delete" and data["archive"] is None
@@ -912,20 +906,20 @@ def test_filtered_no_archive_purge_deletes_without_purge_queue(
     assert not (tmp_path / "redrive-archive").exists()
 
 
-def test_cli_purge_to_s3_then_the_objects_hold_the_messages(family: Family, s3: Any) -> None:
+def test_cli_purge_to_s3_then_the_objects_hold_the_messages(
+    family: Family, s3: Any, cli: Cli
+) -> None:
     sent = seed(family, [(REFUND, 12), (PROGRESS, 3)])
-    result = invoke(
-        [
-            "purge",
-            "checkout",
-            "--task",
-            REFUND,
-            "--archive",
-            "s3://dlq-archive/checkout",
-            "--execute",
-            "--yes",
-            "--json",
-        ]
+    result = cli.raising(
+        "purge",
+        "checkout",
+        "--task",
+        REFUND,
+        "--archive",
+        "s3://dlq-archive/checkout",
+        "--execute",
+        "--yes",
+        "--json",
     )
     data = json_of(result)
     assert data["purged"] == 12 and data["archive"].startswith("s3://dlq-archive/checkout/")
@@ -951,10 +945,14 @@ def test_purge_run_id_can_be_given_so_the_archive_names_the_ledger_run(
     assert {r.run_id for r in archived(path)[0]} == {"ledger-run-1"}
 
 
-def test_cli_purge_run_id_names_the_archived_records(family: Family, tmp_path: Path) -> None:
+def test_cli_purge_run_id_names_the_archived_records(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     # The JSON summary, the ledger's audit and the archive must agree on which run it was.
     seed(family, [(REFUND, 3)])
     path = str(tmp_path / "a.jsonl.gz")
-    data = json_of(invoke(["purge", "checkout", "--archive", path, "--execute", "--yes", "--json"]))
+    data = json_of(
+        cli.raising("purge", "checkout", "--archive", path, "--execute", "--yes", "--json")
+    )
     records, _ = archived(path)
     assert {r.run_id for r in records} == {data["run_id"]}

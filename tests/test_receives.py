@@ -8,6 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from redrive.dlq import receive_log
 from redrive.dlq.receive_log import KEEP_DAYS, ReceiveLog, default_path, message_digest
 
@@ -40,6 +42,7 @@ def test_each_receive_counts_this_one_included_across_processes(tmp_path: Path) 
     assert entries(path) == {message_digest("a"): 3, message_digest("b"): 2, message_digest("c"): 1}
 
 
+@pytest.mark.e2e
 def test_several_processes_and_threads_at_once_lose_no_count(tmp_path: Path) -> None:
     path = tmp_path / "receives.sqlite3"
     ids = [f"m-{i}" for i in range(50)]

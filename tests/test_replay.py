@@ -17,8 +17,7 @@ from typing import Any
 
 import boto3
 import pytest
-from click.testing import CliRunner
-from conftest import REGION, Family, make_family
+from conftest import REGION, Cli, Family, make_family
 
 from redrive import attributes
 from redrive.archive import (
@@ -30,7 +29,6 @@ from redrive.archive import (
     read_records,
 )
 from redrive.aws.sqs import Sqs
-from redrive.cli import cli
 from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
@@ -137,10 +135,6 @@ def replay(
     ).move
 
 
-def invoke(args: Sequence[str]) -> Any:
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
 def json_of(result: Any) -> dict[str, Any]:
     assert result.exit_code == 0, (result.exit_code, result.output)
     data: dict[str, Any] = json.loads(result.stdout)
@@ -217,13 +211,15 @@ def test_replay_sends_bodies_and_attributes_back_byte_identical(
 # -- each task once -----------------------------------------------------------------------
 
 
-def test_replaying_twice_sends_nothing_the_second_time(family: Family, tmp_path: Path) -> None:
+def test_replaying_twice_sends_nothing_the_second_time(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     sent = seed(family, [(REFUND, 7), (RECEIPT, 5)])
     path = str(tmp_path / "a.jsonl.gz")
     purge_to(family.client, path)
 
     first = json_of(
-        invoke(["replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json"])
+        cli.raising("replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json")
     )
     assert {"dry_run", "matched", "replayed", "skipped"} <= set(first)
     assert first["dry_run"] is False
@@ -231,7 +227,7 @@ def test_replaying_twice_sends_nothing_the_second_time(family: Family, tmp_path:
     assert first["failed"] == 0 and first["in_doubt"] == 0
 
     second = json_of(
-        invoke(["replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json"])
+        cli.raising("replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json")
     )
     assert (second["matched"], second["replayed"], second["skipped"]) == (12, 0, 12)
     assert second["already_sent"] == 12
@@ -296,17 +292,15 @@ def test_an_archive_replayed_before_the_upgrade_sends_nothing_again(
     assert family.drain(family.queue_url) == [] and len(sent) == 3
 
 
-def test_replay_task_filter_then_the_rest(family: Family, tmp_path: Path) -> None:
+def test_replay_task_filter_then_the_rest(family: Family, tmp_path: Path, cli: Cli) -> None:
     sent = seed(family, [(REFUND, 6), (RECEIPT, 4), (PROGRESS, 3)])
     path = str(tmp_path / "a.jsonl")
     purge_to(family.client, path)
 
     only = json_of(
-        invoke(
-            [
-                *("replay", path, "--to", "onion-checkout", "--task", "*.refund"),
-                *("--execute", "--yes", "--json"),
-            ]
+        cli.raising(
+            *("replay", path, "--to", "onion-checkout", "--task", "*.refund"),
+            *("--execute", "--yes", "--json"),
         )
     )
     assert (only["matched"], only["replayed"]) == (6, 6)
@@ -315,7 +309,7 @@ def test_replay_task_filter_then_the_rest(family: Family, tmp_path: Path) -> Non
     assert {decode(m["Body"]).task for m in arrived} == {REFUND}
 
     rest = json_of(
-        invoke(["replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json"])
+        cli.raising("replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json")
     )
     assert (rest["matched"], rest["replayed"], rest["already_sent"]) == (13, 7, 6)
     arrived += family.drain(family.queue_url)
@@ -362,12 +356,12 @@ def test_replay_into_a_fifo_queue_keeps_message_group_ids_and_order(
     assert got == order
 
 
-def test_replay_is_a_dry_run_by_default(family: Family, tmp_path: Path) -> None:
+def test_replay_is_a_dry_run_by_default(family: Family, tmp_path: Path, cli: Cli) -> None:
     seed(family, [(REFUND, 4), (RECEIPT, 2)])
     path = str(tmp_path / "a.jsonl.gz")
     purge_to(family.client, path)
 
-    data = json_of(invoke(["replay", path, "--to", "onion-checkout", "--json"]))
+    data = json_of(cli.raising("replay", path, "--to", "onion-checkout", "--json"))
     assert {"dry_run", "matched", "replayed", "skipped"} <= set(data)
     assert data["dry_run"] is True
     assert (data["matched"], data["replayed"], data["skipped"]) == (6, 6, 0)
@@ -375,7 +369,7 @@ def test_replay_is_a_dry_run_by_default(family: Family, tmp_path: Path) -> None:
     # A dry run never creates the ledger.
     assert not (tmp_path / "state" / "ledger.sqlite3").exists()
 
-    text = invoke(["replay", path, "--to", "onion-checkout"])
+    text = cli.raising("replay", path, "--to", "onion-checkout")
     assert text.exit_code == 0 and "DRY RUN" in text.stdout
     assert family.depth(family.queue_url) == (0, 0)
 
@@ -408,16 +402,16 @@ def test_a_replayed_task_that_fails_again_can_be_replayed_from_a_new_archive(
 
 
 def test_replay_after_move_sent_the_same_tasks_sends_nothing(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, cli: Cli
 ) -> None:
     sent = seed(family, [(REFUND, 5), (RECEIPT, 3)])
     path = str(tmp_path / "snapshot.jsonl.gz")
-    assert invoke(["archive", "checkout", "--archive", path]).exit_code == 0
-    assert invoke(["move", "checkout", "--execute", "--yes"]).exit_code == 0
+    assert cli.raising("archive", "checkout", "--archive", path).exit_code == 0
+    assert cli.raising("move", "checkout", "--execute", "--yes").exit_code == 0
     assert family.depth() == (0, 0)
 
     data = json_of(
-        invoke(["replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json"])
+        cli.raising("replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json")
     )
     assert (data["replayed"], data["already_sent"], data["skipped"]) == (0, 8, 8)
     arrived = family.drain(family.queue_url)
@@ -482,7 +476,9 @@ def test_a_killed_replay_never_sends_a_task_twice(
 # -- inspect ARCHIVE ----------------------------------------------------------------------
 
 
-def test_inspect_archive_groups_like_a_live_inspect(family: Family, tmp_path: Path) -> None:
+def test_inspect_archive_groups_like_a_live_inspect(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
     seed(family, [(REFUND, 6), (RECEIPT, 4), (PROGRESS, 2)])
     past = datetime.now(UTC) - timedelta(hours=1)
     family.send_to_dlq(encode(PROGRESS, [9], task_id="gone", expires=past))
@@ -491,15 +487,15 @@ def test_inspect_archive_groups_like_a_live_inspect(family: Family, tmp_path: Pa
         {attributes.COUNT: {"DataType": "Number", "StringValue": "3"}},
     )
     family.send_to_dlq("{not json")
-    live = json_of(invoke(["inspect", "checkout", "--json"]))
+    live = json_of(cli.raising("inspect", "checkout", "--json"))
     assert live["total"] == 15
 
     path = str(tmp_path / "a.jsonl.gz")
     purge_data = json_of(
-        invoke(["purge", "checkout", "--archive", path, "--execute", "--yes", "--json"])
+        cli.raising("purge", "checkout", "--archive", path, "--execute", "--yes", "--json")
     )
     assert purge_data["purged"] == 15
-    offline = json_of(invoke(["inspect", path, "--json"]))
+    offline = json_of(cli.raising("inspect", path, "--json"))
     assert offline["total"] == live["total"]
     assert groups(offline) == groups(live)
     assert [g["task"] for g in offline["groups"]] == [g["task"] for g in live["groups"]]
@@ -510,16 +506,18 @@ def test_inspect_archive_groups_like_a_live_inspect(family: Family, tmp_path: Pa
     core = inspect_archive(path, limit=5)
     assert core.partial and core.total == 5
 
-    text = invoke(["inspect", path])
+    text = cli.raising("inspect", path)
     assert text.exit_code == 0 and REFUND in text.stdout
 
 
 # -- S3 archives --------------------------------------------------------------------------
 
 
-def test_s3_archive_round_trip_through_inspect_and_replay(family: Family, s3: Any) -> None:
+def test_s3_archive_round_trip_through_inspect_and_replay(
+    family: Family, s3: Any, cli: Cli
+) -> None:
     sent = seed(family, [(REFUND, 23), (RECEIPT, 4)])
-    live = json_of(invoke(["inspect", "checkout", "--json"]))
+    live = json_of(cli.raising("inspect", "checkout", "--json"))
     records = purge_to(
         family.client,
         "s3://dlq-archive/checkout",
@@ -531,14 +529,14 @@ def test_s3_archive_round_trip_through_inspect_and_replay(family: Family, s3: An
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="dlq-archive")["Contents"]]
     assert len(keys) >= 5 and all(k.endswith(".jsonl.gz") for k in keys)
 
-    offline = json_of(invoke(["inspect", "s3://dlq-archive/checkout", "--json"]))
+    offline = json_of(cli.raising("inspect", "s3://dlq-archive/checkout", "--json"))
     assert groups(offline) == {REFUND: groups(live)[REFUND]}
 
     uri = "s3://dlq-archive/checkout"
     args = ["replay", uri, "--to", "onion-checkout", "--execute", "--yes", "--json"]
-    first = json_of(invoke(args))
+    first = json_of(cli.raising(*args))
     assert (first["replayed"], first["skipped"]) == (23, 0)
-    assert json_of(invoke(args))["replayed"] == 0
+    assert json_of(cli.raising(*args))["replayed"] == 0
     arrived = family.drain(family.queue_url)
     expected = Counter(m["task_id"] for m in sent.values() if m["task"] == REFUND)
     assert task_ids(arrived) == expected
@@ -549,7 +547,7 @@ def test_s3_archive_round_trip_through_inspect_and_replay(family: Family, s3: An
 
 
 def test_replay_of_a_killed_purges_archive_sends_the_intact_records_and_warns(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     seed(family, [(REFUND, 25)])
     path = tmp_path / "a.jsonl.gz"
@@ -561,7 +559,7 @@ def test_replay_of_a_killed_purges_archive_sends_the_intact_records_and_warns(
     intact = list(read_records(str(path), on_problem=lambda _: None))
     assert intact == records
 
-    result = invoke(["replay", str(path), "--to", "onion-checkout", "--execute", "--yes"])
+    result = cli.raising("replay", str(path), "--to", "onion-checkout", "--execute", "--yes")
     assert result.exit_code == 0, result.output
     assert "incomplete gzip member" in result.stderr and "stopped mid-batch" in result.stderr
     assert "DAMAGED" not in result.stdout
@@ -618,12 +616,12 @@ def damaged(family: Family, tmp_path: Path, request: pytest.FixtureRequest) -> t
 
 @pytest.mark.parametrize("damaged", DAMAGE, indirect=True)
 def test_replay_of_a_damaged_archive_sends_nothing_and_says_where(
-    family: Family, damaged: tuple[Path, int]
+    family: Family, damaged: tuple[Path, int], cli: Cli
 ) -> None:
     path, readable = damaged
     assert readable < 30
     for args in (["--execute", "--yes"], []):
-        result = CliRunner().invoke(cli, ["replay", str(path), "--to", "onion-checkout", *args])
+        result = cli("replay", str(path), "--to", "onion-checkout", *args)
         assert result.exit_code == 1, result.output
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in result.output
@@ -632,9 +630,7 @@ def test_replay_of_a_damaged_archive_sends_nothing_and_says_where(
         assert "--allow-partial" in lines[0] and "mid-batch" not in lines[0]
     assert family.drain(family.queue_url) == []
 
-    as_json = CliRunner().invoke(
-        cli, ["replay", str(path), "--to", "onion-checkout", "--execute", "--yes", "--json"]
-    )
+    as_json = cli("replay", str(path), "--to", "onion-checkout", "--execute", "--yes", "--json")
     assert as_json.exit_code == 1
     data = json.loads(as_json.stdout)
     assert data["replayed"] == 0 and data["archive"] == str(path)
@@ -645,13 +641,13 @@ def test_replay_of_a_damaged_archive_sends_nothing_and_says_where(
 
 @pytest.mark.parametrize("damaged", ["truncated", "flipped"], indirect=True)
 def test_allow_partial_replays_what_reads_cleanly_and_exits_3(
-    family: Family, damaged: tuple[Path, int]
+    family: Family, damaged: tuple[Path, int], cli: Cli
 ) -> None:
     path, readable = damaged
     clean = list(read_records(str(path), on_problem=lambda _: None, on_damage=lambda _: None))
     assert len(clean) == readable > 0
     args = ["replay", str(path), "--to", "onion-checkout", "--execute", "--yes", "--allow-partial"]
-    result = CliRunner().invoke(cli, [*args, "--json"])
+    result = cli(*args, "--json")
     assert result.exit_code == 3, result.output
     data = json.loads(result.stdout)
     assert data["replayed"] == readable and data["failed"] == 0
@@ -661,7 +657,7 @@ def test_allow_partial_replays_what_reads_cleanly_and_exits_3(
     assert sorted(m["Body"] for m in arrived) == sorted(r.body for r in clean)
 
     # Again: nothing is sent twice; the text says what was skipped.
-    again = CliRunner().invoke(cli, args)
+    again = cli(*args)
     assert again.exit_code == 3
     assert "DAMAGED ARCHIVE" in again.stdout and str(path) in again.stdout
     assert family.drain(family.queue_url) == []
@@ -693,15 +689,17 @@ def test_replay_archive_refuses_a_damaged_archive_before_any_send(
 
 
 @pytest.mark.parametrize("damaged", DAMAGE, indirect=True)
-def test_inspect_of_a_damaged_archive_is_an_error_saying_where(damaged: tuple[Path, int]) -> None:
+def test_inspect_of_a_damaged_archive_is_an_error_saying_where(
+    damaged: tuple[Path, int], cli: Cli
+) -> None:
     path, readable = damaged
-    result = CliRunner().invoke(cli, ["inspect", str(path)])
+    result = cli("inspect", str(path))
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "is damaged at" in lines[0]
     assert f"{readable} message(s)" in result.stdout and "DAMAGED ARCHIVE" in result.stdout
 
-    as_json = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
+    as_json = cli("inspect", str(path), "--json")
     assert as_json.exit_code == 1
     data = json.loads(as_json.stdout)
     assert data["total"] == readable and data["damaged"]["readable"] == readable
@@ -709,7 +707,7 @@ def test_inspect_of_a_damaged_archive_is_an_error_saying_where(damaged: tuple[Pa
 
 
 def test_inspect_of_a_killed_purges_archive_warns_and_exits_0(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     seed(family, [(REFUND, 12)])
     path = tmp_path / "killed.jsonl.gz"
@@ -717,14 +715,16 @@ def test_inspect_of_a_killed_purges_archive_warns_and_exits_0(
     purge_to(family.client, str(path))
     with path.open("ab") as handle:
         handle.write(unfinished_member()[:50])
-    result = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
+    result = cli("inspect", str(path), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["damaged"] is None
     assert json.loads(result.stdout)["total"] == 12
     assert "stopped mid-batch" in result.stderr
 
 
-def test_s3_damaged_part_refuses_the_replay_naming_the_object(family: Family, s3: Any) -> None:
+def test_s3_damaged_part_refuses_the_replay_naming_the_object(
+    family: Family, s3: Any, cli: Cli
+) -> None:
     seed(family, [(REFUND, 12)])
     purge_to(
         family.client, "s3://dlq-archive/checkout", s3_client_factory=lambda: s3, chunk_records=4
@@ -735,27 +735,26 @@ def test_s3_damaged_part_refuses_the_replay_naming_the_object(family: Family, s3
     s3.put_object(Bucket="dlq-archive", Key=keys[2], Body=bytes(body))
 
     args = ["replay", "s3://dlq-archive/checkout", "--to", "onion-checkout", "--execute", "--yes"]
-    result = CliRunner().invoke(cli, args)
+    result = cli(*args)
     assert result.exit_code == 1 and f"s3://dlq-archive/{keys[2]}" in result.stderr
     assert family.drain(family.queue_url) == []
-    partial = CliRunner().invoke(cli, [*args, "--allow-partial", "--json"])
+    partial = cli(*args, "--allow-partial", "--json")
     assert partial.exit_code == 3 and json.loads(partial.stdout)["replayed"] == 8
-    inspected = CliRunner().invoke(cli, ["inspect", "s3://dlq-archive/checkout", "--json"])
+    inspected = cli("inspect", "s3://dlq-archive/checkout", "--json")
     assert inspected.exit_code == 1
     assert json.loads(inspected.stdout)["damaged"]["file"] == f"s3://dlq-archive/{keys[2]}"
 
 
-def test_replay_errors_are_one_line(family: Family, tmp_path: Path) -> None:
-    missing = CliRunner().invoke(
-        cli,
-        ["replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute", "--yes"],
+def test_replay_errors_are_one_line(family: Family, tmp_path: Path, cli: Cli) -> None:
+    missing = cli(
+        "replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout", "--execute", "--yes"
     )
     assert missing.exit_code == 1 and "Traceback" not in missing.output
     assert len(missing.stderr.strip().splitlines()) == 1 and "no archive" in missing.stderr
 
     path = tmp_path / "a.jsonl"
     path.write_text("")
-    no_queue = CliRunner().invoke(cli, ["replay", str(path), "--to", "no-such-queue"])
+    no_queue = cli("replay", str(path), "--to", "no-such-queue")
     assert no_queue.exit_code == 1 and "Traceback" not in no_queue.output
     assert len(no_queue.stderr.strip().splitlines()) == 1
 
@@ -764,7 +763,7 @@ def test_replay_errors_are_one_line(family: Family, tmp_path: Path) -> None:
 
 
 def test_purge_one_task_then_replay_it_every_task_once(
-    family: Family, tmp_path: Path, samples: list[dict[str, Any]]
+    family: Family, tmp_path: Path, samples: list[dict[str, Any]], cli: Cli
 ) -> None:
     # Real Celery 5.7 messages of this family plus more of several tasks.
     for sample in samples:
@@ -775,16 +774,14 @@ def test_purge_one_task_then_replay_it_every_task_once(
     expected_ids = sample_ids | {m["task_id"] for m in sent.values() if m["task"] == IBFT}
     assert len(expected_ids) == 10
 
-    live = json_of(invoke(["inspect", "checkout", "--json"]))
+    live = json_of(cli.raising("inspect", "checkout", "--json"))
     assert groups(live)[IBFT]["count"] == 10
 
     path = str(tmp_path / "ibft.jsonl.gz")
     purged = json_of(
-        invoke(
-            [
-                *("purge", "checkout", "--task", IBFT, "--archive", path),
-                *("--execute", "--yes", "--json"),
-            ]
+        cli.raising(
+            *("purge", "checkout", "--task", IBFT, "--archive", path),
+            *("--execute", "--yes", "--json"),
         )
     )
     assert {"dry_run", "matched", "purged", "archive"} <= set(purged)
@@ -795,12 +792,12 @@ def test_purge_one_task_then_replay_it_every_task_once(
     records = list(read_records(path))
     assert {r.task for r in records} == {IBFT}
     assert {r.task_id for r in records} == expected_ids
-    assert groups(json_of(invoke(["inspect", path, "--json"]))) == {IBFT: groups(live)[IBFT]}
+    assert groups(json_of(cli.raising("inspect", path, "--json"))) == {IBFT: groups(live)[IBFT]}
 
     args = ["replay", path, "--to", "onion-checkout", "--execute", "--yes", "--json"]
-    first = json_of(invoke(args))
+    first = json_of(cli.raising(*args))
     assert (first["replayed"], first["failed"], first["in_doubt"]) == (10, 0, 0)
-    second = json_of(invoke(args))
+    second = json_of(cli.raising(*args))
     assert (second["replayed"], second["skipped"]) == (0, 10)
 
     arrived = family.drain(family.queue_url)

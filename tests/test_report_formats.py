@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from click.testing import CliRunner, Result
-from conftest import Family
+from conftest import Cli, Family
 
-from redrive.cli import cli
 from redrive.render.report import report_prometheus, since_last_text
 from redrive.reporting.alerts import changes_since, snapshot
 from redrive.reporting.inspect import InspectResult, TaskGroup
@@ -50,16 +48,6 @@ def parse_exposition(text: str) -> dict[str, list[tuple[str, float]]]:
         labels = [labels for labels, _ in lines]
         assert len(labels) == len(set(labels)), "a series appears twice"
     return samples
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def ok(*args: str) -> Result:
-    result = run(*args)
-    assert result.exit_code == 0, (result.output, result.exception)
-    return result
 
 
 def add(family: Family, task: str, n: int) -> None:
@@ -106,13 +94,13 @@ def test_prometheus_escapes_label_values() -> None:
     assert samples["redrive_report_generated_timestamp_seconds"] == [("", NOW)]
 
 
-def test_prometheus_through_the_cli(all_families: dict[str, Family]) -> None:
+def test_prometheus_through_the_cli(all_families: dict[str, Family], cli: Cli) -> None:
     add(all_families["checkout"], CHARGE, 2)
     add(all_families["checkout"], MAIL, 1)
     add(all_families["progress"], MAIL, 1)
     # The default family's queue goes missing: its scan-error gauge is 1.
     all_families["default"].client.delete_queue(QueueUrl=all_families["default"].queue_url)
-    result = run("report", "--format", "prometheus")
+    result = cli("report", "--format", "prometheus")
     assert result.exit_code == 1  # a family could not be read
     samples = parse_exposition(result.stdout)
     for name in (
@@ -169,30 +157,30 @@ def test_changes_since_core() -> None:
     assert "+4" in text and "a.z (2)" in text and "a.x (+3)" in text
 
 
-def test_since_last_through_the_cli(all_families: dict[str, Family]) -> None:
+def test_since_last_through_the_cli(all_families: dict[str, Family], cli: Cli) -> None:
     family = all_families["checkout"]
     add(family, CHARGE, 1)
-    first = ok("report", "--since-last").stdout
+    first = cli.ok("report", "--since-last").stdout
     assert "since the last report:" in first and "first report" in first
 
-    unchanged = ok("report", "--since-last").stdout
+    unchanged = cli.ok("report", "--since-last").stdout
     assert "unchanged" in unchanged
 
     add(family, CHARGE, 2)
     add(family, MAIL, 1)
-    text = ok("report", "--since-last", "--format", "markdown").stdout
+    text = cli.ok("report", "--since-last", "--format", "markdown").stdout
     assert "## Since the last report" in text
     row = next(line for line in text.splitlines() if line.startswith("| checkout") and "+3" in line)
     assert f"{MAIL} (1)" in row and f"{CHARGE} (+2)" in row
 
     add(family, MAIL, 2)
-    data = json.loads(ok("report", "--since-last", "--format", "json").stdout)
+    data = json.loads(cli.ok("report", "--since-last", "--format", "json").stdout)
     change = next(c for c in data["since_last"] if c["family"] == "checkout")
     assert (change["previous_messages"], change["messages"], change["delta"]) == (4, 6, 2)
     assert change["new_tasks"] == {} and change["grown_tasks"] == {MAIL: 2}
     assert isinstance(change["previous_report_at"], float)
     # Without --since-last: no section, and the snapshot is not touched.
-    plain = json.loads(ok("report", "--format", "json").stdout)
+    plain = json.loads(cli.ok("report", "--format", "json").stdout)
     assert "since_last" not in plain
-    again = json.loads(ok("report", "--since-last", "--format", "json").stdout)
+    again = json.loads(cli.ok("report", "--since-last", "--format", "json").stdout)
     assert next(c for c in again["since_last"] if c["family"] == "checkout")["delta"] == 0

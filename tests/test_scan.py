@@ -17,7 +17,15 @@ from moto.sqs.models import Message as MotoMessage
 from moto.sqs.models import SQSBackend, sqs_backends
 
 from redrive.aws.sqs import BatchResult, Message, Sqs, queue_name
-from redrive.dlq.scan import MAX_VISIBILITY, DlqScan, hold_seconds, renew_ahead, run_pipelines
+from redrive.dlq.scan import (
+    MAX_VISIBILITY,
+    DlqScan,
+    digest,
+    hold_seconds,
+    renew_ahead,
+    run_pipelines,
+    sort_received,
+)
 from redrive.errors import AwsError
 
 
@@ -407,6 +415,7 @@ def serial_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer
     server.process.wait(10)
 
 
+@pytest.mark.e2e
 def test_three_workers_share_one_scan(new_scan: NewScan, serial_moto: MotoServer) -> None:
     serial_moto.reset()
     family = make_family(serial_moto.client())
@@ -525,3 +534,48 @@ def test_deleted_messages_are_forgotten_so_memory_follows_what_is_held(
     assert scan.stats.received == 30
     scan.release_all(sqs)
     assert family.depth() == (9, 0)
+
+
+# -- sorting a receive (a pure decision) -----------------------------------------------------
+
+
+def received(*ids: str) -> tuple[list[Message], list[int]]:
+    messages = [Message(i, f"handle-{i}", "{}", {}, {}) for i in ids]
+    return messages, [digest(i) for i in ids]
+
+
+def ids_of(messages: list[Message]) -> list[str]:
+    return [m.message_id for m in messages]
+
+
+def test_a_receive_sorts_into_fresh_stale_and_deleted_again() -> None:
+    messages, digests = received("new", "seen", "gone", "new-2")
+    batch = sort_received(
+        messages, digests, seen={digest("seen")}, deleted={digest("gone")}, room=None
+    )
+    assert (ids_of(batch.fresh), ids_of(batch.stale), ids_of(batch.again)) == (
+        ["new", "new-2"],
+        ["seen"],
+        ["gone"],
+    )
+    assert batch.first_seen == [digest("new"), digest("new-2")]
+
+
+def test_a_message_twice_in_one_receive_is_fresh_once() -> None:
+    messages, digests = received("m", "m")
+    batch = sort_received(messages, digests, seen=set(), deleted=set(), room=None)
+    assert (ids_of(batch.fresh), ids_of(batch.stale)) == (["m"], ["m"])
+    assert batch.first_seen == [digest("m")]
+
+
+@pytest.mark.parametrize(
+    ("room", "fresh"), [(2, ["a", "b"]), (0, []), (-3, []), (9, ["a", "b", "c"])]
+)
+def test_what_the_limit_leaves_no_room_for_is_held_again_yet_seen(
+    room: int, fresh: list[str]
+) -> None:
+    messages, digests = received("a", "b", "c")
+    batch = sort_received(messages, digests, seen=set(), deleted=set(), room=room)
+    assert ids_of(batch.fresh) == fresh
+    assert ids_of(batch.stale) == [i for i in ("a", "b", "c") if i not in fresh]
+    assert batch.first_seen == digests  # over the limit, yet seen: not handed out later

@@ -15,7 +15,7 @@ import pytest
 from botocore.stub import Stubber
 
 from redrive.aws import sqs as sqs_module
-from redrive.aws.errors import aws_errors
+from redrive.aws.errors import aws_error, aws_errors
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import MAX_BATCH_BYTES, SendEntry, Sqs, _batch_result, split_batches
 from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError, SendInDoubt
@@ -546,3 +546,19 @@ def test_other_exceptions_pass_through() -> None:
 def test_service_name_appears_in_messages() -> None:
     err = raised(client_error("AccessDenied"), "PutObject", resource="s3://b/k", service="s3")
     assert "s3:PutObject" in str(err)
+
+
+def test_the_translation_is_a_function_of_the_exception_alone() -> None:
+    # aws_errors raises what aws_error returns: the decision is testable without a raise.
+    denied = aws_error(client_error("AccessDenied"), "SendMessageBatch", resource="q")
+    assert type(denied) is AwsError
+    assert str(denied).startswith("access denied: the caller may not sqs:SendMessage on q;")
+    missing = aws_error(client_error("QueueDoesNotExist"), "GetQueueUrl", resource="q")
+    assert type(missing) is QueueNotFound
+    assert type(aws_error(bx.NoRegionError(), "ListQueues")) is AwsUnavailable
+    refused = aws_error(bx.ParamValidationError(report="bad"), "SendMessage", service="sqs")
+    assert str(refused) == "SendMessage: invalid request: Parameter validation failed: bad"
+    with pytest.raises(AwsError) as raised, aws_errors("SendMessageBatch", resource="q"):
+        raise client_error("AccessDenied")
+    assert str(raised.value) == str(denied)
+    assert isinstance(raised.value.__cause__, bx.ClientError)

@@ -32,6 +32,7 @@ def test_the_package_has_its_sub_packages() -> None:
         assert f"redrive.{role}" in MODULES
 
 
+@pytest.mark.e2e
 def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     # One interpreter per module would take ~70 s; a fresh interpreter that imports each module
     # after clearing redrive's modules from sys.modules finds the same cycles in one process.

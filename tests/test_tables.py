@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import Family, as_json, ok, run
+from conftest import Cli, Family, as_json
 
 from redrive.cli import console as cli_module
 from redrive.ledger import RunInfo
@@ -264,38 +264,40 @@ def columns(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
 
 
-def test_cli_inspect_fits_columns_and_wide_shows_everything(family: Family, columns: None) -> None:
+def test_cli_inspect_fits_columns_and_wide_shows_everything(
+    family: Family, columns: None, cli: Cli
+) -> None:
     seed(family)
-    narrow = ok("inspect", "checkout")
+    narrow = cli.ok("inspect", "checkout")
     assert max(len(line) for line in lines_of(narrow)) <= 80, narrow.stdout
     assert "sample ids" not in narrow.stdout
-    wide = ok("inspect", "checkout", "--wide")
+    wide = cli.ok("inspect", "checkout", "--wide")
     assert "sample ids" in wide.stdout and f"0000-{UUIDS[0]}" in wide.stdout
     assert "apps.engagements.tasks.save_progress_lesson" in wide.stdout
     assert max(len(line) for line in lines_of(wide)) > 80
 
 
 def test_cli_status_report_check_audit_fit_columns(
-    all_families: dict[str, Family], columns: None, tmp_path: Path
+    all_families: dict[str, Family], columns: None, tmp_path: Path, cli: Cli
 ) -> None:
     seed(all_families["checkout"])
-    assert ok("move", "checkout", "--execute", "--yes").exit_code == 0
+    assert cli.ok("move", "checkout", "--execute", "--yes").exit_code == 0
     seed(all_families["checkout"])
     for args in (("status",), ("report",), ("check",), ("audit",)):
-        result = run(*args)
+        result = cli(*args)
         assert result.exit_code in (0, 1), result.output
         assert max(len(line) for line in lines_of(result)) <= 80, (args, result.stdout)
-    wide = ok("audit", "--wide").stdout
+    wide = cli.ok("audit", "--wide").stdout
     assert "who" in wide and "redrive move checkout --execute --yes" in wide
     # A report to a file has no terminal: every column, whatever COLUMNS says.
     out = tmp_path / "report.txt"
-    ok("report", "--output", str(out))
+    cli.ok("report", "--output", str(out))
     assert "apps.engagements.tasks.save_progress_lesson" in out.read_text()
 
 
-def test_a_pipe_without_columns_shows_everything(family: Family) -> None:
+def test_a_pipe_without_columns_shows_everything(family: Family, cli: Cli) -> None:
     seed(family)
-    text = ok("inspect", "checkout").stdout
+    text = cli.ok("inspect", "checkout").stdout
     assert "sample ids" in text and "apps.engagements.tasks.save_progress_lesson" in text
 
 
@@ -317,7 +319,7 @@ def test_table_width(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli_module.table_width(False) == 97, "a terminal: its width"
 
 
-def test_json_is_never_narrowed(family: Family, columns: None) -> None:
+def test_json_is_never_narrowed(family: Family, columns: None, cli: Cli) -> None:
     seed(family)
-    data = as_json(ok("inspect", "checkout", "--json"))
+    data = as_json(cli.ok("inspect", "checkout", "--json"))
     assert {g["task"] for g in data["groups"]} == set(LONG_TASKS[:3])

@@ -90,8 +90,8 @@ def test_a_gate_s_reason_skips_the_message_under_that_reason() -> None:
     verdict = fate(MessageFacts(gate="unregistered"))
     assert verdict == Verdict(Fate.GATED, "unregistered")
     assert verdict.skip_reason == "unregistered" and verdict.matched
-    # The built-in skips come first: an expired task is counted as expired.
-    assert fate(MessageFacts(gate="unregistered", expired=True)).fate is Fate.EXPIRED
+    # A gate comes first: an unregistered task is that, expired or not.
+    assert fate(MessageFacts(gate="unregistered", expired=True)).fate is Fate.GATED
 
 
 def test_a_held_ambiguous_copy_is_held_before_its_key_decides() -> None:

@@ -14,7 +14,7 @@ from typing import Final
 
 import botocore.exceptions
 
-from redrive.errors import AwsError, AwsUnavailable, QueueNotFound
+from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError
 
 # SQS's answers for a queue that does not exist (S3 and DynamoDB name theirs per resource).
 QUEUE_NOT_FOUND_CODES: Final = frozenset(
@@ -87,70 +87,99 @@ def error_code(exc: botocore.exceptions.ClientError) -> str:
 @contextlib.contextmanager
 def aws_errors(action: str, *, resource: str | None = None, service: str = "sqs") -> Iterator[None]:
     """Turn botocore's exceptions into one-line errors that say what to do."""
-    on = f" on {resource}" if resource else ""
     try:
         yield
-    except botocore.exceptions.NoCredentialsError as exc:
-        raise AwsUnavailable(
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        raise aws_error(exc, action, resource=resource, service=service) from exc
+
+
+def aws_error(
+    exc: botocore.exceptions.BotoCoreError | botocore.exceptions.ClientError,
+    action: str,
+    *,
+    resource: str | None = None,
+    service: str = "sqs",
+) -> RedriveError:
+    """The one-line error saying what to do about botocore's ``exc`` from ``action``."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return _answer_error(exc, action, resource=resource, service=service)
+    setup = _setup_error(exc, service)
+    if setup is not None:
+        return setup
+    on = f" on {resource}" if resource else ""
+    if isinstance(exc, botocore.exceptions.ParamValidationError):
+        return AwsError(f"{action}{on}: invalid request: {one_line(str(exc))}")
+    return AwsError(f"{action}{on} failed: {one_line(str(exc))}")
+
+
+_CONNECTION_ERRORS: Final = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+    botocore.exceptions.ReadTimeoutError,
+    botocore.exceptions.ConnectionClosedError,
+)
+
+
+def _setup_error(exc: botocore.exceptions.BotoCoreError, service: str) -> AwsError | None:
+    """What is wrong with the credentials, profile, region or endpoint, if that is it."""
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return AwsUnavailable(
             "no AWS credentials found: set AWS_PROFILE (or pass --profile), or "
             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY; for the local sandbox use the "
             "lines `redrive sandbox` prints"
-        ) from exc
-    except botocore.exceptions.ProfileNotFound as exc:
-        raise AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config") from exc
-    except botocore.exceptions.NoRegionError as exc:
-        raise AwsUnavailable("no AWS region: pass --region or set AWS_REGION") from exc
-    except botocore.exceptions.InvalidRegionError as exc:
+        )
+    if isinstance(exc, botocore.exceptions.ProfileNotFound):
+        return AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config")
+    if isinstance(exc, botocore.exceptions.NoRegionError):
+        return AwsUnavailable("no AWS region: pass --region or set AWS_REGION")
+    if isinstance(exc, botocore.exceptions.InvalidRegionError):
         # Not AwsUnavailable: a typo in one family's region must not hide the other families.
-        raise AwsError(
+        return AwsError(
             f"{str(exc).rstrip('.')}: check --region / AWS_REGION and the config's regions"
-        ) from exc
-    except (
-        botocore.exceptions.EndpointConnectionError,
-        botocore.exceptions.ConnectTimeoutError,
-        botocore.exceptions.ReadTimeoutError,
-        botocore.exceptions.ConnectionClosedError,
-    ) as exc:
+        )
+    if isinstance(exc, _CONNECTION_ERRORS):
         endpoint = getattr(exc, "kwargs", {}).get("endpoint_url", "") or "the endpoint"
-        raise AwsUnavailable(
+        return AwsUnavailable(
             f"cannot reach {service.upper()} at {endpoint} ({type(exc).__name__}): check "
             "--endpoint-url / AWS_ENDPOINT_URL and your network (is the sandbox running?)"
-        ) from exc
-    except botocore.exceptions.ParamValidationError as exc:
-        raise AwsError(f"{action}{on}: invalid request: {one_line(str(exc))}") from exc
-    except botocore.exceptions.ClientError as exc:
-        code = error_code(exc)
-        message = str(exc.response.get("Error", {}).get("Message", "")) or code
-        foreign = _not_an_aws_error(exc)
-        if foreign is not None:
-            raise AwsError(
-                f"{action}{on} failed: {foreign}; it may not implement {action}: check "
-                "--endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
-            ) from exc
-        if code in QUEUE_NOT_FOUND_CODES:
-            raise QueueNotFound(
-                f"queue {resource or ''} does not exist: check the name, --region "
-                "and the account (`redrive status` lists the configured families)"
-            ) from exc
-        if code in ACCESS_CODES:
-            iam = IAM_ACTION.get(action, action)
-            raise AwsError(
-                f"access denied: the caller may not {service}:{iam}{on}; grant that IAM "
-                "action or use another --profile"
-            ) from exc
-        if code in CREDENTIAL_CODES:
-            raise AwsUnavailable(
-                f"AWS rejected the credentials ({code}): refresh them (e.g. `aws sso login`) "
-                "or check AWS_PROFILE / AWS_ACCESS_KEY_ID"
-            ) from exc
-        if code in THROTTLE_CODES:
-            raise AwsError(
-                f"{service.upper()} kept throttling {action}{on} after retries: wait a minute "
-                "and rerun, with fewer --workers or a lower --rate"
-            ) from exc
-        raise AwsError(f"{action}{on} failed: {code}: {one_line(message)}") from exc
-    except botocore.exceptions.BotoCoreError as exc:
-        raise AwsError(f"{action}{on} failed: {one_line(str(exc))}") from exc
+        )
+    return None
+
+
+def _answer_error(
+    exc: botocore.exceptions.ClientError, action: str, *, resource: str | None, service: str
+) -> RedriveError:
+    """The error for an answer AWS (or something in its place) gave."""
+    on = f" on {resource}" if resource else ""
+    code = error_code(exc)
+    foreign = _not_an_aws_error(exc)
+    if foreign is not None:
+        return AwsError(
+            f"{action}{on} failed: {foreign}; it may not implement {action}: check "
+            "--endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
+        )
+    if code in QUEUE_NOT_FOUND_CODES:
+        return QueueNotFound(
+            f"queue {resource or ''} does not exist: check the name, --region "
+            "and the account (`redrive status` lists the configured families)"
+        )
+    if code in ACCESS_CODES:
+        return AwsError(
+            f"access denied: the caller may not {service}:{IAM_ACTION.get(action, action)}{on}; "
+            "grant that IAM action or use another --profile"
+        )
+    if code in CREDENTIAL_CODES:
+        return AwsUnavailable(
+            f"AWS rejected the credentials ({code}): refresh them (e.g. `aws sso login`) "
+            "or check AWS_PROFILE / AWS_ACCESS_KEY_ID"
+        )
+    if code in THROTTLE_CODES:
+        return AwsError(
+            f"{service.upper()} kept throttling {action}{on} after retries: wait a minute "
+            "and rerun, with fewer --workers or a lower --rate"
+        )
+    message = str(exc.response.get("Error", {}).get("Message", "")) or code
+    return AwsError(f"{action}{on} failed: {code}: {one_line(message)}")
 
 
 _MARKUP = re.compile(r"<\s*(?:!doctype|html|head|body|title|h1)\b", re.IGNORECASE)

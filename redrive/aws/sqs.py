@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import botocore.exceptions
 
@@ -21,6 +21,11 @@ from redrive.errors import AwsError, SendInDoubt
 MAX_BATCH_BYTES = 262_144
 MAX_BATCH_ENTRIES = 10
 MAX_MESSAGE_ATTRIBUTES = 10
+# The paginated listings, by API action: botocore names its paginators in snake case.
+_OPERATIONS: Final = {
+    "ListDeadLetterSourceQueues": "list_dead_letter_source_queues",
+    "ListQueues": "list_queues",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,19 +169,20 @@ class Sqs:
         return dict(response.get("Attributes", {}))
 
     def dead_letter_sources(self, url: str) -> list[str]:
-        urls: list[str] = []
-        with aws_errors("ListDeadLetterSourceQueues", resource=url):
-            paginator = self.client.get_paginator("list_dead_letter_source_queues")
-            for page in paginator.paginate(QueueUrl=url):
-                urls.extend(page.get("queueUrls", []))
-        return urls
+        return self._every_url(
+            "ListDeadLetterSourceQueues", "queueUrls", resource=url, QueueUrl=url
+        )
 
     def list_queues(self, prefix: str) -> list[str]:
+        return self._every_url("ListQueues", "QueueUrls", resource=prefix, QueueNamePrefix=prefix)
+
+    def _every_url(self, action: str, key: str, *, resource: str, **params: str) -> list[str]:
+        """The queue URLs of every page of a listing (SQS spells ``key`` per action)."""
         urls: list[str] = []
-        with aws_errors("ListQueues", resource=prefix):
-            paginator = self.client.get_paginator("list_queues")
-            for page in paginator.paginate(QueueNamePrefix=prefix):
-                urls.extend(page.get("QueueUrls", []))
+        with aws_errors(action, resource=resource):
+            paginator = self.client.get_paginator(_OPERATIONS[action])
+            for page in paginator.paginate(**params):
+                urls.extend(page.get(key, []))
         return urls
 
     def receive(

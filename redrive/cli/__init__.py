@@ -40,6 +40,13 @@ from redrive.cli.options import add_global_options, endpoint_url
     type=click.Path(dir_okay=False),
     help="TOML file with the queue families (default: REDRIVE_CONFIG, else the built-in layout).",
 )
+@click.option(
+    "--celery-app",
+    metavar="MODULE:ATTR",
+    envvar="REDRIVE_CELERY_APP",
+    help="The Celery app (as `celery -A`): task routes, registered tasks, settings "
+    "(default: REDRIVE_CELERY_APP, else the config's [celery] app).",
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -48,6 +55,7 @@ def cli(
     region: str | None,
     profile: str | None,
     config: str | None,
+    celery_app: str | None,
 ) -> None:
     """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
 
@@ -55,7 +63,7 @@ def cli(
     name or a queue URL; a source queue stands for its DLQ. Commands that change anything
     are dry runs unless given --execute.
     """
-    ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config)
+    ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config, celery_app=celery_app)
 
 
 def main() -> None:

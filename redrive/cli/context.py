@@ -43,6 +43,10 @@ class Context:
 
     _spare: dict[str | None, Sqs] = field(default_factory=dict)
     _receive_log: ReceiveLog | None = None
+    celery_app: str | None = None
+    """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
+    _celery: Any = None
+    """The loaded app (redrive.cli.celery_app), once a command asked for it."""
 
     def receive_log(self) -> ReceiveLog:
         """Where redrive counts its own receives (redrive.dlq.receive_log), opened once per command

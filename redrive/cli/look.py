@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from redrive.celery.knowledge import annotate_groups
+from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
@@ -79,6 +81,8 @@ def inspect(
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline.
     """
+    with core_errors():
+        knowledge = known_tasks(ctx)
     if _is_archive(target):
         with core_errors():
             result: InspectResult = inspect_archive(
@@ -107,6 +111,8 @@ def inspect(
                 receive_log=ctx.receive_log(),
             )
         progress.done()
+    if knowledge is not None:
+        annotate_groups(result.groups, knowledge, result.sources)
     # An archive's damage: what read cleanly is shown, then it is an error.
     damaged = getattr(result, "damaged", None)
     if as_json:
@@ -259,16 +265,27 @@ def report(
 
 
 @click.command(short_help="Audit the families against SQS: policies, DLQs, receive counts.")
+@click.option(
+    "--celery",
+    "with_celery",
+    is_flag=True,
+    help="Also audit the Celery app's settings (needs --celery-app): acks, time limits, "
+    "visibility timeout, routes against the families.",
+)
 @json_option
 @wide_option
 @pass_ctx
-def check(ctx: Context, as_json: bool, wide: bool) -> None:
+def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
     """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
-    and stray queues with the layout's prefix. Exits 1 when there are findings."""
+    and stray queues with the layout's prefix; with --celery, the Celery app's settings that
+    decide whether failing tasks reach a DLQ. Exits 1 when there are findings."""
     with core_errors():
-        findings = check_layout(ctx.layout, ctx.sqs_for)
+        app_findings = celery_findings(ctx) if with_celery else []
+        findings = check_layout(ctx.layout, ctx.sqs_for) + app_findings
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
+    elif with_celery and not findings:
+        click.echo("no findings: the layout matches what SQS says, and the Celery app's settings")
     else:
         click.echo(findings_table(findings, width=table_width(wide)))
     if findings:

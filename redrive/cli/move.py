@@ -9,6 +9,12 @@ from typing import Any, Literal, NoReturn
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.celery.knowledge import TaskKnowledge
+from redrive.cli.celery_app import (
+    route_options,
+    routing_note,
+    task_knowledge,
+)
 from redrive.cli.console import (
     Progress,
     ProgressDisplay,
@@ -29,7 +35,7 @@ from redrive.cli.context import (
     pass_ctx,
 )
 from redrive.cli.exit_codes import EXIT_ATTENTION
-from redrive.cli.native import native_move
+from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
     complete_file,
     complete_queue,
@@ -95,6 +101,7 @@ from redrive.selection import Selection
 @workers_option
 @rate_option
 @plan_out_option
+@route_options
 @json_option
 @pass_ctx
 def move(
@@ -116,6 +123,8 @@ def move(
     workers: int,
     rate: float | None,
     plan_out: str | None,
+    route: str | None,
+    include_unregistered: bool,
     as_json: bool,
 ) -> None:
     """Send DLQ messages back to their source queue, each task once.
@@ -125,9 +134,16 @@ def move(
     harmless.
     """
     if native:
-        native_move(ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json)
+        routes = NativeRoutes(route, include_unregistered)
+        native_move(
+            ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
+        )
         return
     with core_errors():
+        # The app first: its errors are local, and one line, before any AWS call.
+        knowledge = task_knowledge(
+            ctx, route=route, include_unregistered=include_unregistered, to=to
+        )
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
     if plan_out and execute:
@@ -145,6 +161,7 @@ def move(
         include_unknown=include_unknown,
         to_celery_queue=queue is None or ctx.is_celery_queue(queue),
         ambiguous=ambiguous,
+        celery=knowledge,
     )
     run_move(ctx, dlq, options, ledger_uri=ledger, yes=yes, as_json=as_json, plan_out=plan_out)
 
@@ -192,7 +209,7 @@ def run_move(
     finish_move(
         result,
         as_json,
-        lambda: move_text(result),
+        lambda: routed_text(options.celery, move_text(result)),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
 
@@ -200,6 +217,8 @@ def run_move(
 def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) -> None:
     to = options.to
     destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
+    if to is None and options.celery is not None and routing_note(options.celery):
+        destination = "the queue each task routes to"
     confirm(
         options.execute,
         yes,
@@ -246,7 +265,15 @@ def move_progress(r: MoveResult, progress: Progress) -> str:
     )
 
 
+def routed_text(knowledge: TaskKnowledge | None, text: str) -> str:
+    """``text``, with a first line saying where the routes came from when tasks were sent
+    where their route names (redrive.celery)."""
+    note = routing_note(knowledge)
+    return text if note is None else f"{note}\n{text}"
+
+
 def move_plan_options(options: MoveOptions) -> dict[str, Any]:
+    knowledge = options.celery
     return {
         "to": options.to.url if options.to else None,
         "include_expired": options.include_expired,
@@ -255,6 +282,8 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
         "in_doubt": options.in_doubt,
         "ambiguous": options.ambiguous,
         "lease": options.lease,
+        "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
+        "include_unregistered": knowledge is not None and knowledge.include_unregistered,
     }
 
 
@@ -263,10 +292,10 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @click.option(
     "--to",
     "to",
-    required=True,
     metavar="QUEUE",
     shell_complete=complete_queue,
-    help="Queue to send to (name or URL).",
+    help="Queue to send to (name or URL); required unless --celery-app or [routes] route "
+    "each task.",
 )
 @selected
 @execute_options
@@ -279,13 +308,14 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
     is_flag=True,
     help="Replay what reads cleanly from a damaged archive, skipping the damage (exit 3).",
 )
+@route_options
 @json_option
 @pass_ctx
 def replay(
     ctx: Context,
     /,
     source: str,
-    to: str,
+    to: str | None,
     selection: Selection,
     execute: bool,
     yes: bool,
@@ -298,6 +328,8 @@ def replay(
     workers: int,
     rate: float | None,
     allow_partial: bool,
+    route: str | None,
+    include_unregistered: bool,
     as_json: bool,
 ) -> None:
     """Send archived messages to a queue, byte-identical, each task once.
@@ -307,7 +339,7 @@ def replay(
     archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
     """
     with core_errors():
-        queue = ctx.queue(to)
+        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
     options = MoveOptions(
         selection=selection,
         execute=execute,
@@ -317,8 +349,9 @@ def replay(
         workers=workers,
         rate=rate,
         include_unknown=include_unknown,
-        to_celery_queue=ctx.is_celery_queue(queue),
+        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
         ambiguous=ambiguous,
+        celery=knowledge,
     )
     outcome = run_replay(
         ctx,
@@ -333,7 +366,7 @@ def replay(
     finish_move(
         outcome,
         as_json,
-        lambda: replay_text(outcome),
+        lambda: replay_text(outcome, knowledge),
         next_command=(execute_command() if outcome.move.dry_run and outcome.move.moved else None),
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
@@ -349,10 +382,24 @@ def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None
         sys.exit(EXIT_ATTENTION)
 
 
+def replay_destination(
+    ctx: Context, to: str | None, route: str | None, include_unregistered: bool
+) -> tuple[QueueRef | None, TaskKnowledge | None]:
+    """Where a replay sends: ``--to``, or where each task's route names."""
+    knowledge = task_knowledge(ctx, route=route, include_unregistered=include_unregistered, to=to)
+    queue = ctx.queue(to) if to else None
+    if queue is None and (knowledge is None or not knowledge.route_by_task):
+        raise UsageProblem(
+            "replay needs --to QUEUE, or the tasks' routes (--celery-app MODULE:ATTR or "
+            "a [routes] table) to send each task to the queue its route names"
+        )
+    return queue, knowledge
+
+
 def run_replay(
     ctx: Context,
     source: str,
-    to: QueueRef,
+    to: QueueRef | None,
     options: MoveOptions,
     *,
     yes: bool,
@@ -361,12 +408,13 @@ def run_replay(
     as_json: bool,
 ) -> ReplayResult:
     """Confirm, open the ledger, replay; a damaged archive is refused here."""
+    destination = to.name if to else "the queue each task routes to"
     with core_errors():
         confirm(
             options.execute,
             yes,
-            f"Send the selected archived messages to {to.name}?",
-            details=lambda: replay_details(source, to, options.selection),
+            f"Send the selected archived messages to {destination}?",
+            details=lambda: replay_details(source, destination, options.selection),
         )
         ledger = move_ledger(ctx, ledger_uri, options.execute)
     info = (
@@ -402,8 +450,8 @@ def run_replay(
     return outcome
 
 
-def replay_text(outcome: ReplayResult) -> str:
-    text = move_text(outcome.move, verb="replay")
+def replay_text(outcome: ReplayResult, knowledge: TaskKnowledge | None) -> str:
+    text = routed_text(knowledge, move_text(outcome.move, verb="replay"))
     if outcome.damage is not None:
         text += "\n\n" + "\n".join(archive_damage_lines(outcome.damage, replayed=True))
     return text
@@ -423,10 +471,10 @@ def refuse_damaged_archive(
     )
 
 
-def replay_details(source: str, to: QueueRef, selection: Selection) -> list[str]:
+def replay_details(source: str, to: str, selection: Selection) -> list[str]:
     return [
         f"  archive:  {source}",
-        f"  to:       {to.name}",
+        f"  to:       {to}",
         f"  filters:  {filters_text(selection.describe())}",
     ]
 
@@ -444,6 +492,7 @@ def replay_details(source: str, to: QueueRef, selection: Selection) -> list[str]
     help="Override the plan's in-doubt policy (move plans).",
 )
 @workers_option
+@route_options
 @json_option
 @pass_ctx
 def apply(
@@ -455,6 +504,8 @@ def apply(
     ledger: str | None,
     in_doubt: InDoubtPolicy | None,
     workers: int,
+    route: str | None,
+    include_unregistered: bool,
     as_json: bool,
 ) -> None:
     """Act on exactly the messages of a plan written by `move/purge --plan-out`.
@@ -475,14 +526,15 @@ def apply(
             emit_json(ApplyResult(kind, 0, None, not execute).to_json())
         return
     with core_errors():
-        options = apply_options(ctx, plan, ApplyOptions(execute, in_doubt, workers))
+        applying = ApplyOptions(execute, in_doubt, workers)
+        options = apply_options(ctx, plan, applying, route, include_unregistered)
         confirm_apply(ctx, dlq, options, yes)
         opened = apply_ledger(ctx, ledger, options)
     result = run_apply(ctx, dlq, plan, options, opened)
     finish_move(
         result,
         as_json,
-        lambda: apply_text(result),
+        lambda: apply_text(result, getattr(options, "celery", None)),
         next_command=execute_command() if would_act(result) else None,
     )
 
@@ -497,12 +549,40 @@ def would_act(applied: ApplyResult) -> bool:
     return bool(result.matched)
 
 
-def apply_options(ctx: Context, plan: Plan, applying: ApplyOptions) -> MoveOptions | PurgeOptions:
+def apply_options(
+    ctx: Context,
+    plan: Plan,
+    applying: ApplyOptions,
+    route: str | None,
+    include_unregistered: bool,
+) -> MoveOptions | PurgeOptions:
     if plan.kind != "move":
         return plan_purge_options(plan, applying)
     to = ctx.queue(plan.options["to"]) if plan.options.get("to") else None
-    celery = to is None or ctx.is_celery_queue(to)
-    return plan_move_options(plan, applying, to=to, to_celery_queue=celery)
+    return plan_move_options(
+        plan,
+        applying,
+        to=to,
+        to_celery_queue=to is None or ctx.is_celery_queue(to),
+        celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
+    )
+
+
+def plan_knowledge(
+    ctx: Context, plan: Plan, to: QueueRef | None, route: str | None, include_unregistered: bool
+) -> TaskKnowledge | None:
+    """A move plan made with task routes sends each message to the target it recorded (what
+    was reviewed), one made without to its source, as it always did; ``--route`` decides
+    again instead."""
+    routed = plan.options.get("route") == "task"
+    planned = {i.message_id: i.target for i in plan.items if i.target}
+    return task_knowledge(
+        ctx,
+        route=route or ("task" if routed else "source"),
+        include_unregistered=include_unregistered or bool(plan.options.get("include_unregistered")),
+        to=to,
+        planned=planned if routed and route is None else None,
+    )
 
 
 def confirm_apply(
@@ -558,10 +638,10 @@ def run_apply(
     return result
 
 
-def apply_text(applied: ApplyResult) -> str:
+def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
     result = applied.result
     if isinstance(result, MoveResult):
-        text = move_text(result)
+        text = routed_text(knowledge, move_text(result))
     else:
         assert result is not None  # an empty plan is not rendered
         text = purge_text(result)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+from dataclasses import dataclass
 
 import click
 from click.core import ParameterSource
 
 from redrive.aws.sqs import Sqs
+from redrive.cli.celery_app import refuse_native_with_routes
 from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
@@ -40,7 +42,8 @@ NATIVE_POLL_SECONDS = 5.0
 
 # Options that mean something to ``move --native``; any other one given on the command line
 # is refused, so that no filter or safety option is silently ignored.
-_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json"}
+# (``--route source`` says what --native does anyway; move refuses ``--route task`` itself.)
+_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json", "route"}
 
 
 _NATIVE_REFUSALS = (
@@ -61,8 +64,8 @@ def refuse_native_conflicts(click_ctx: click.Context) -> None:
     given: list[tuple[str, str]] = []
     for param in click_ctx.command.params:
         name = param.name or ""
-        if name in _NATIVE_OPTIONS:
-            continue
+        if name in _NATIVE_OPTIONS or not param.expose_value:
+            continue  # not exposed: a global option given after the command (--region ...)
         # An environment variable (REDRIVE_LEDGER) is a standing default, not a request.
         if click_ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
             continue
@@ -95,6 +98,15 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class NativeRoutes:
+    """``--route`` and ``--include-unregistered`` as ``move --native`` was given them (it
+    refuses what it cannot honour)."""
+
+    route: str | None = None
+    include_unregistered: bool = False
+
+
 def native_move(
     ctx: Context,
     target: str,
@@ -104,8 +116,13 @@ def native_move(
     yes: bool,
     rate: float | None,
     as_json: bool,
+    routes: NativeRoutes,
 ) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
+    with core_errors():
+        refuse_native_with_routes(
+            ctx, route=routes.route, include_unregistered=routes.include_unregistered, to=to
+        )
     refuse_native_conflicts(click.get_current_context())
     with core_errors():
         dlq = ctx.target(target)

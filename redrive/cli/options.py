@@ -313,6 +313,8 @@ def _global_options() -> list[click.Option]:
                 return
             if attribute == "config":
                 state.config, state._layout = value, None
+            elif attribute == "celery_app":
+                state.celery_app = value
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -336,6 +338,13 @@ def _global_options() -> list[click.Option]:
             type=click.Path(dir_okay=False),
             expose_value=False,
             callback=setter("config"),
+        ),
+        click.Option(
+            ["--celery-app"],
+            metavar="MODULE:ATTR",
+            expose_value=False,
+            callback=setter("celery_app"),
+            help="The Celery app, as the global option (may also come before the command).",
         ),
     ]
 

@@ -26,8 +26,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
@@ -230,6 +231,49 @@ class _Holds:
 
 
 @dataclass
+class ReceivedBatch:
+    """One receive, sorted against what the scan has seen."""
+
+    fresh: list[Message]
+    """Never seen in this scan: handed to the operation."""
+    stale: list[Message]
+    """Seen before (or over ``--limit``): held again, not handed out."""
+    again: list[Message]
+    """Deleted by this scan before: SQS delivered a copy again, deleted once more."""
+    first_seen: list[int]
+    """The digests this receive saw first (over-limit ones included)."""
+
+
+def sort_received(
+    messages: Sequence[Message],
+    digests: Sequence[int],
+    *,
+    seen: AbstractSet[int],
+    deleted: AbstractSet[int],
+    room: int | None,
+) -> ReceivedBatch:
+    """Sort one receive: a message is again (deleted before), stale (seen before, in an
+    earlier receive or earlier in this one) or fresh. Past ``room`` (what ``--limit``
+    leaves), fresh ones count as stale: concurrent receivers may overshoot it."""
+    batch = ReceivedBatch([], [], [], [])
+    first: set[int] = set()
+    for message, seen_as in zip(messages, digests, strict=True):
+        if seen_as in deleted:
+            batch.again.append(message)
+        elif seen_as in seen or seen_as in first:
+            batch.stale.append(message)
+        else:
+            first.add(seen_as)
+            batch.first_seen.append(seen_as)
+            batch.fresh.append(message)
+    if room is not None:
+        room = max(0, room)
+        batch.stale.extend(batch.fresh[room:])
+        batch.fresh = batch.fresh[:room]
+    return batch
+
+
+@dataclass
 class DlqScan:
     """One pass over a queue, shared by any number of worker threads (each with its own Sqs)."""
 
@@ -294,13 +338,9 @@ class DlqScan:
         Messages seen before are held again without being returned.
         """
         while not self.done:
-            with self._lock:
-                want = MAX_BATCH_ENTRIES
-                if self.max_messages is not None:
-                    want = min(want, self.max_messages - self.stats.received)
-                    if want <= 0:
-                        self._done = True
-                        return None
+            want = self._batch_size()
+            if want <= 0:
+                return None
             visibility = self.hold() if self.receive_held else self.lease
             messages = sqs.receive(
                 self.url,
@@ -310,20 +350,7 @@ class DlqScan:
                 ),
                 max_messages=want,
             )
-            fresh: list[Message] = []
-            stale: list[Message] = []
-            again: list[Message] = []
-            with self._lock:
-                self.stats.receives += 1
-                if not messages:
-                    self.stats.empty_receives += 1
-                    self._consecutive_empty += 1
-                    if self._consecutive_empty >= self.stop_after_empty:
-                        self._done = True
-                    empty = self._consecutive_empty
-                else:
-                    empty = 0
-            if empty:
+            if self._count_receive(empty=not messages):
                 # An empty long poll and a queue that counts nothing visible: covered. One
                 # attribute call, where a second long poll would cost a second of waiting.
                 if not self._done and self._nothing_visible(sqs):
@@ -331,56 +358,68 @@ class DlqScan:
                         self._done = True
                 continue
             digests = [digest(m.message_id) for m in messages]
-            if self.receive_log is not None:
-                # Every receive raised the message's ApproximateReceiveCount, repeats too.
-                counts = self.receive_log.record_digests(digests)
-                messages = [
-                    Message(
-                        m.message_id,
-                        m.receipt_handle,
-                        m.body,
-                        m.attributes,
-                        m.message_attributes,
-                        m.hidden_until,
-                        redrive_receives=n,
-                    )
-                    for m, n in zip(messages, counts, strict=True)
-                ]
-            with self._lock:
-                self._consecutive_empty = 0
-                for message, seen in zip(messages, digests, strict=True):
-                    if seen in self._deleted:
-                        again.append(message)
-                    elif seen in self._seen:
-                        stale.append(message)
-                    else:
-                        self._seen.add(seen)
-                        fresh.append(message)
-                if self.max_messages is not None:
-                    # Concurrent receivers may overshoot --limit; what is over it goes back.
-                    room = max(0, self.max_messages - self.stats.received)
-                    stale.extend(fresh[room:])
-                    fresh = fresh[:room]
-                self.stats.received += len(fresh)
-                self.stats.seen_again += len(stale)
-                self.stats.redelivered += len(again)
-                # Seen messages come back when their lease ran out (a slow consumer), and SQS
-                # may return them before the unseen ones: a few stale receives in a row do not
-                # mean the queue is covered. Each stale receive hides what it got again, so
-                # once every seen message came back with nothing new among them, it is.
-                self._stale_run = 0 if fresh else self._stale_run + len(stale)
-                if self._stale_run > len(self._seen):
-                    self._done = True
-                received = self.stats.received
-            if stale:
-                self.keep(sqs, stale)
-            if again:
-                self._delete_again(sqs, again)
-            if fresh:
+            messages = self._with_receive_counts(messages, digests)
+            batch, received = self._take(messages, digests)
+            if batch.stale:
+                self.keep(sqs, batch.stale)
+            if batch.again:
+                self._delete_again(sqs, batch.again)
+            if batch.fresh:
                 if self.on_receive is not None:
                     self.on_receive(received)
-                return fresh
+                return batch.fresh
         return None
+
+    def _batch_size(self) -> int:
+        """How many messages the next receive asks for; at 0 or below the scan is over."""
+        with self._lock:
+            if self.max_messages is None:
+                return MAX_BATCH_ENTRIES
+            want = min(MAX_BATCH_ENTRIES, self.max_messages - self.stats.received)
+            if want <= 0:
+                self._done = True
+            return want
+
+    def _count_receive(self, *, empty: bool) -> int:
+        """Count a receive; the empty receives in a row so far (0 after one with messages)."""
+        with self._lock:
+            self.stats.receives += 1
+            if not empty:
+                return 0
+            self.stats.empty_receives += 1
+            self._consecutive_empty += 1
+            if self._consecutive_empty >= self.stop_after_empty:
+                self._done = True
+            return self._consecutive_empty
+
+    def _with_receive_counts(self, messages: list[Message], digests: list[int]) -> list[Message]:
+        if self.receive_log is None:
+            return messages
+        # Every receive raised the message's ApproximateReceiveCount, repeats too.
+        counts = self.receive_log.record_digests(digests)
+        return [replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)]
+
+    def _take(self, messages: list[Message], digests: list[int]) -> tuple[ReceivedBatch, int]:
+        """Sort a receive against what the scan saw, and count it: the batch, and the
+        messages received so far."""
+        with self._lock:
+            self._consecutive_empty = 0
+            room = None if self.max_messages is None else self.max_messages - self.stats.received
+            batch = sort_received(
+                messages, digests, seen=self._seen, deleted=self._deleted, room=room
+            )
+            self._seen.update(batch.first_seen)
+            self.stats.received += len(batch.fresh)
+            self.stats.seen_again += len(batch.stale)
+            self.stats.redelivered += len(batch.again)
+            # Seen messages come back when their lease ran out (a slow consumer), and SQS
+            # may return them before the unseen ones: a few stale receives in a row do not
+            # mean the queue is covered. Each stale receive hides what it got again, so
+            # once every seen message came back with nothing new among them, it is.
+            self._stale_run = 0 if batch.fresh else self._stale_run + len(batch.stale)
+            if self._stale_run > len(self._seen):
+                self._done = True
+            return batch, self.stats.received
 
     def _nothing_visible(self, sqs: Sqs) -> bool:
         counts = sqs.attributes(self.url, ["ApproximateNumberOfMessages"])

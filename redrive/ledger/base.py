@@ -22,6 +22,8 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any, Protocol, Self
 
+from redrive.errors import LedgerError
+
 MAX_KEY_LENGTH = 128
 RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
 
@@ -140,7 +142,15 @@ class Ledger(Protocol):
         outcome: str,
         counts: Mapping[str, int],
         info: Mapping[str, Any] | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Record how the run ended, adding ``info`` to what it recorded at its start (what
+        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
+        the first outcome: shutdown paths may end a run twice, and the first word is the
+        true one.
+
+        A ValueError for an outcome not in RUN_OUTCOMES (see :func:`check_outcome`).
+        """
+        ...
 
     def run(self, run_id: str) -> RunInfo | None: ...
 
@@ -181,6 +191,19 @@ class Ledger(Protocol):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def check_outcome(outcome: str) -> None:
+    if outcome not in RUN_OUTCOMES:
+        raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+
+
+def run_not_open(run_id: str, location: str) -> LedgerError:
+    """The error for a heartbeat of a run that never started or has ended."""
+    return LedgerError(
+        f"run {run_id} is not open in ledger {location} (never started or "
+        "already ended); stop and start a new run"
+    )
 
 
 def check_key(key: str) -> None:

@@ -58,7 +58,6 @@ from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
 from redrive.aws.session import AwsSettings
 from redrive.errors import AwsError, LedgerError
 from redrive.ledger.base import (
-    RUN_OUTCOMES,
     Claim,
     ClaimResult,
     Entry,
@@ -66,6 +65,8 @@ from redrive.ledger.base import (
     Ledger,
     RunInfo,
     check_key,
+    check_outcome,
+    run_not_open,
 )
 
 __all__ = [
@@ -290,6 +291,33 @@ def init_table(client: Any, table: str) -> str:
     """
     check_table_name(table)
     region = getattr(getattr(client, "meta", None), "region_name", None)
+    call = _translated_calls(client, table, region)
+    created = _create_table(client, table, region)
+    _wait_until_active(client, table, region, call)
+    problems = _schema_problems(call("DescribeTable", TableName=table)["Table"])
+    if problems:
+        raise LedgerError(
+            f"the DynamoDB table {table} exists but is not a redrive ledger "
+            f"({'; '.join(problems)}); choose another table name"
+        )
+    ttl = call("DescribeTimeToLive", TableName=table).get("TimeToLiveDescription", {})
+    if ttl_needs_switching_on(table, ttl):
+        call(
+            "UpdateTimeToLive",
+            TableName=table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        )
+    days = TTL_SECONDS // 86_400
+    if created:
+        return (
+            f"created the DynamoDB ledger table {table} (on-demand billing; an entry expires "
+            f"{days} days after its last change)"
+        )
+    return f"the DynamoDB ledger table {table} is ready (entries expire {days} days after use)"
+
+
+def _translated_calls(client: Any, table: str, region: str | None) -> Callable[..., Any]:
+    """Calls of the client by API action name, their errors translated."""
 
     def call(action: str, **kwargs: Any) -> Any:
         try:
@@ -297,15 +325,25 @@ def init_table(client: Any, table: str) -> str:
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             raise _translate(exc, action, table, region) from exc
 
-    created = True
+    return call
+
+
+def _create_table(client: Any, table: str, region: str | None) -> bool:
+    """Create the table; False when it exists already (or is being made)."""
     try:
         client.create_table(**_create_request(table))
     except botocore.exceptions.ClientError as exc:
-        if error_code(exc) != "ResourceInUseException":  # in use: it exists (or is being made)
+        if error_code(exc) != "ResourceInUseException":
             raise _translate(exc, "CreateTable", table, region) from exc
-        created = False
+        return False
     except botocore.exceptions.BotoCoreError as exc:
         raise _translate(exc, "CreateTable", table, region) from exc
+    return True
+
+
+def _wait_until_active(
+    client: Any, table: str, region: str | None, call: Callable[..., Any]
+) -> None:
     try:
         client.get_waiter("table_exists").wait(
             TableName=table, WaiterConfig={"Delay": 2, "MaxAttempts": 150}
@@ -320,14 +358,12 @@ def init_table(client: Any, table: str) -> str:
         ) from exc
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         raise _translate(exc, "DescribeTable", table, region) from exc
-    description = call("DescribeTable", TableName=table)["Table"]
-    problems = _schema_problems(description)
-    if problems:
-        raise LedgerError(
-            f"the DynamoDB table {table} exists but is not a redrive ledger "
-            f"({'; '.join(problems)}); choose another table name"
-        )
-    ttl = call("DescribeTimeToLive", TableName=table).get("TimeToLiveDescription", {})
+
+
+def ttl_needs_switching_on(table: str, ttl: Mapping[str, Any]) -> bool:
+    """Whether a ledger table whose TTL is described by ``ttl`` (DescribeTimeToLive's
+    TimeToLiveDescription) needs TTL switched on; a LedgerError when it expires items by
+    another attribute (not ours) or TTL is being switched off."""
     status, attribute = ttl.get("TimeToLiveStatus", "DISABLED"), ttl.get("AttributeName")
     if status in ("ENABLED", "ENABLING") and attribute not in (None, TTL_ATTRIBUTE):
         raise LedgerError(
@@ -339,19 +375,7 @@ def init_table(client: Any, table: str) -> str:
             f"TTL of the DynamoDB table {table} is being switched off; wait an hour, then "
             "run `redrive ledger init` again"
         )
-    if status == "DISABLED":
-        call(
-            "UpdateTimeToLive",
-            TableName=table,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
-        )
-    days = TTL_SECONDS // 86_400
-    if created:
-        return (
-            f"created the DynamoDB ledger table {table} (on-demand billing; an entry expires "
-            f"{days} days after its last change)"
-        )
-    return f"the DynamoDB ledger table {table} is ready (entries expire {days} days after use)"
+    return bool(status == "DISABLED")
 
 
 def open_dynamodb(
@@ -625,10 +649,7 @@ class DynamoDbLedger(Ledger):
             },
         )
         if not applied:
-            raise LedgerError(
-                f"run {run_id} is not open in ledger {self.location} (never started or "
-                "already ended); stop and start a new run"
-            )
+            raise run_not_open(run_id, self.location)
 
     def end_run(
         self,
@@ -638,12 +659,7 @@ class DynamoDbLedger(Ledger):
         counts: Mapping[str, int],
         info: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record how the run ended, adding ``info`` to what it recorded at its start (what
-        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
-        the first outcome: shutdown paths may end a run twice, and the first word is the
-        true one."""
-        if outcome not in RUN_OUTCOMES:
-            raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+        check_outcome(outcome)
         now = self._clock()
         expression = (
             "SET #ended_at = :now, #outcome = :outcome, #counts = :counts, #expires_at = :exp"

@@ -15,7 +15,6 @@ from typing import Any
 
 from redrive.errors import LedgerError
 from redrive.ledger.base import (
-    RUN_OUTCOMES,
     Claim,
     ClaimResult,
     Entry,
@@ -23,6 +22,8 @@ from redrive.ledger.base import (
     Ledger,
     RunInfo,
     check_key,
+    check_outcome,
+    run_not_open,
 )
 
 SCHEMA_VERSION = 3
@@ -441,10 +442,7 @@ class SqliteLedger(Ledger):
                 (self._clock(), lease_until, run_id),
             )
             if cur.rowcount != 1:
-                raise LedgerError(
-                    f"run {run_id} is not open in ledger {self.location} (never started or "
-                    "already ended); stop and start a new run"
-                )
+                raise run_not_open(run_id, self.location)
 
     def end_run(
         self,
@@ -454,12 +452,7 @@ class SqliteLedger(Ledger):
         counts: Mapping[str, int],
         info: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record how the run ended, adding ``info`` to what it recorded at its start (what
-        only its end knows, such as the messages a purge deleted). Ending an ended run keeps
-        the first outcome: shutdown paths may end a run twice, and the first word is the
-        true one."""
-        if outcome not in RUN_OUTCOMES:
-            raise ValueError(f"outcome must be one of {sorted(RUN_OUTCOMES)}, got {outcome!r}")
+        check_outcome(outcome)
         counts_json = json.dumps(dict(counts), sort_keys=True)
         with self._write("end run") as conn:
             row = (

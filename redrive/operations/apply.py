@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from redrive.aws.sqs import Sqs
+from redrive.celery.knowledge import TaskKnowledge
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import UsageProblem
@@ -80,7 +81,12 @@ def plan_selection(plan: Plan) -> Selection:
 
 
 def plan_move_options(
-    plan: Plan, options: ApplyOptions, *, to: QueueRef | None, to_celery_queue: bool
+    plan: Plan,
+    options: ApplyOptions,
+    *,
+    to: QueueRef | None,
+    to_celery_queue: bool,
+    celery: TaskKnowledge | None = None,
 ) -> MoveOptions:
     """The engine's options for a move plan: the plan's, with ``options`` over them."""
     opts = plan.options
@@ -97,6 +103,7 @@ def plan_move_options(
         include_unknown=bool(opts.get("include_unknown", False)),
         to_celery_queue=to_celery_queue,
         ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
+        celery=celery,
     )
 
 

@@ -32,6 +32,7 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+from redrive.celery.knowledge import TaskKnowledge, skip_reason
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
@@ -126,6 +127,8 @@ class MoveOptions:
     pipelined: bool = True
     """Receive and decide the next batch while this one is sent (False: one stage, batch
     after batch, as a FIFO DLQ always goes)."""
+    celery: TaskKnowledge | None = None
+    """Where each task routes to now and which tasks the app registers (redrive.celery)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,13 @@ class TaskCounts:
     failed: int = 0
     duplicates: int = 0
     targets: Counter[str] = field(default_factory=Counter)
+    rerouted: Counter[str] = field(default_factory=Counter)
+    """Source queue -> messages sent elsewhere than their source by their task's route."""
+
+    def sent_to(self, target: str, source: str | None) -> None:
+        self.targets[target] += 1
+        if source is not None and source != target:
+            self.rerouted[source] += 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -165,6 +175,7 @@ class TaskCounts:
             "failed": self.failed,
             "duplicates_deleted": self.duplicates,
             "targets": dict(self.targets),
+            "routed_from": dict(self.rerouted),
         }
 
 
@@ -382,9 +393,16 @@ class MoveTally:
     """The run's counts, its MoveResult: changed only here, under the tally's own lock (the
     workers share it)."""
 
-    def __init__(self, result: MoveResult, seen: SeenByFilters) -> None:
+    def __init__(
+        self,
+        result: MoveResult,
+        seen: SeenByFilters,
+        source_of: Callable[[Message], str | None],
+    ) -> None:
         self.result = result
         self.seen = seen
+        self._source_of = source_of
+        """The queue a message came from (its target may be another: a task's route)."""
         self._lock = threading.Lock()
 
     def decided(
@@ -473,7 +491,7 @@ class MoveTally:
     def _moved(self, cand: _Candidate) -> None:
         counts = self.result.task(cand.info.task)
         counts.moved += 1
-        counts.targets[cand.target.name] += 1
+        counts.sent_to(cand.target.name, self._source_of(cand.message))
         self.result.moved += 1
 
 
@@ -591,7 +609,7 @@ class MoveEngine:
             ledger=ledger.location if ledger is not None else None,
         )
         selection = options.selection
-        self._tally = MoveTally(self.result, SeenByFilters(selection))
+        self._tally = MoveTally(self.result, SeenByFilters(selection), self._source_name)
         self._limit = Limit(selection.limit)
         self._planned = _PlannedKeys()
         self._rate = RateLimiter(options.rate)
@@ -730,9 +748,8 @@ class MoveEngine:
         self._tally.seen.add(decoded)
         gates = self._gate_reasons(decoded)
         for message, info in decoded:
-            facts, route = self._message_facts(sqs, message, info, now, now_dt)
-            if facts.selected and message.message_id in gates:
-                facts = replace(facts, gate=gates[message.message_id])
+            gate = gates.get(message.message_id)
+            facts, route = self._message_facts(sqs, message, info, now, now_dt, gate)
             screened = screen(facts, self._decision_options)
             if screened is not None or route is None:
                 self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
@@ -742,7 +759,13 @@ class MoveEngine:
         return candidates
 
     def _message_facts(
-        self, sqs: Sqs, message: Message, info: TaskInfo, now: float, now_dt: datetime
+        self,
+        sqs: Sqs,
+        message: Message,
+        info: TaskInfo,
+        now: float,
+        now_dt: datetime,
+        gate: str | None,
     ) -> tuple[MessageFacts, QueueRef | None]:
         """What :func:`screen` needs to know of a message, found in its order: a fact that
         already decides spares the rest (an expired message is not routed)."""
@@ -751,9 +774,12 @@ class MoveEngine:
             info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now
         ):
             return MessageFacts(selected=False), None
+        # redrive.celery: a task no worker registers would be dropped.
+        if (gate := gate or skip_reason(self.options.celery, info)) is not None:
+            return MessageFacts(gate=gate), None
         if not self.options.include_expired and info.is_expired(now_dt):
             return MessageFacts(expired=True), None
-        route = self._route(sqs, message)
+        route = self._route(sqs, message, info.task)
         facts = MessageFacts(
             routed=route is not None,
             celery=info.is_celery,
@@ -762,8 +788,8 @@ class MoveEngine:
         return facts, route
 
     def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> Mapping[str, str]:
-        """Gates' reasons to skip messages of a batch (MessageId -> reason, e.g. a task the
-        Celery app does not register), asked once per received batch: none yet."""
+        """Gates' reasons to skip messages of a batch (MessageId -> reason, e.g. a task whose
+        result says it succeeded), asked once per received batch: none yet."""
         return {}
 
     def _candidate(
@@ -951,6 +977,7 @@ class MoveEngine:
                 key=cand.key,
                 target=cand.target.url,
                 action=action,
+                routed_from=_routed_from(self._source_name(cand.message), cand.target.name),
             )
         )
 
@@ -1234,9 +1261,16 @@ class MoveEngine:
             "duplicates_deleted": result.duplicates,
         }
 
-    def _route(self, sqs: Sqs, message: Message) -> QueueRef | None:
+    def _route(self, sqs: Sqs, message: Message, task: str | None = None) -> QueueRef | None:
         if self.options.to is not None:
             return self.options.to
+        # redrive.celery: the queue the task routes to now (or a plan's target), if known.
+        if self.options.celery is not None and task is not None:
+            routed = self.options.celery.route(sqs, task, message.message_id)
+            if routed is not None:
+                if routed.queue is None and routed.problem is not None:
+                    self._tally.no_target(*routed.problem)
+                return routed.queue
         arn = message.attributes.get("DeadLetterQueueSourceArn")
         if not arn:
             if self.target.single_source is None:
@@ -1259,6 +1293,16 @@ class MoveEngine:
         with self._cache_lock:
             self._routes[arn] = route
         return route
+
+    def _source_name(self, message: Message) -> str | None:
+        """The queue the message came from, when it is not sent there by choice (``--to``):
+        a task's route may send it elsewhere (redrive.celery)."""
+        if self.options.to is not None:
+            return None
+        arn = message.attributes.get("DeadLetterQueueSourceArn")
+        if arn:
+            return queue_name(arn)
+        return self.target.single_source.name if self.target.single_source else None
 
     def _is_live(self, run_id: str) -> bool:
         """Whether the run that holds a claim may still be sending it."""
@@ -1313,6 +1357,11 @@ def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
         "ListDeadLetterSourceQueues) and SQS did not say which one each message came from",
         names,
     )
+
+
+def _routed_from(source: str | None, target: str) -> str | None:
+    """The source a task's route sends a message away from (redrive.celery), else None."""
+    return source if source is not None and source != target else None
 
 
 def _sent_at(entry: Entry) -> float:

@@ -38,6 +38,8 @@ class PlanItem:
     """Queue the message would go to (move)."""
     action: str = "send"
     """``send``, ``delete-duplicate`` (a copy of a task that is or will be sent) or ``purge``."""
+    routed_from: str | None = None
+    """The message's source queue, when its task's route sends it elsewhere (redrive.celery)."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -51,6 +53,8 @@ class PlanItem:
             data["key"] = self.key
         if self.target is not None:
             data["target"] = self.target
+        if self.routed_from is not None:
+            data["routed_from"] = self.routed_from
         return data
 
 
@@ -165,6 +169,7 @@ def read_plan(path: str) -> Plan:
                 key=raw.get("key"),
                 target=raw.get("target"),
                 action=str(raw.get("action", "send")),
+                routed_from=raw.get("routed_from"),
             )
             for raw in data.get("items", [])
         ]

@@ -141,7 +141,7 @@ class ReplayResult:
 
 def replay_archive(
     source: str,
-    to: QueueRef,
+    to: QueueRef | None,
     ledger: Ledger | None,
     options: MoveOptions,
     *,
@@ -152,7 +152,8 @@ def replay_archive(
     record: RunRecord | None = None,
     allow_partial: bool = False,
 ) -> ReplayResult:
-    """Send every selected archived message to ``to``, byte-identical, each task once.
+    """Send every selected archived message to ``to`` (None: where each task's route names,
+    ``options.celery``), byte-identical, each task once.
 
     The whole archive is checked first (``observer.on_check`` hears the records read so far,
     ``on_problem`` what is damaged): a damaged one raises :class:`ArchiveDamaged` before

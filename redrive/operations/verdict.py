@@ -2,9 +2,10 @@
 of the message, its key's ledger entry, the run and the options. Nothing here reads SQS or
 the ledger; the engine gathers the facts, :func:`decide` sorts the message, the engine acts.
 
-The order of the checks is the order of precedence: a message that is both expired and
-poison is counted as expired, one whose key was sent is a duplicate however often it was
-redriven, a held ambiguous copy is held before anything else is asked of its key.
+The order of the checks is the order of precedence: a gate's reason first (a task no
+worker registers); a message both expired and poison is counted as expired; one whose key
+was sent is a duplicate however often it was redriven; a held ambiguous copy is held before
+anything else is asked of its key.
 
 Features slot in as facts: a per-message skip reason from a gate (:attr:`MessageFacts.gate`,
 e.g. a task the Celery app does not register, or one whose result says it succeeded), a
@@ -165,6 +166,9 @@ def screen(message: MessageFacts, options: DecisionOptions) -> Verdict | None:
     message that needs no key (left out or skipped), None for one that does."""
     if not message.selected:
         return _PLAIN[Fate.NOT_SELECTED]
+    if message.gate is not None:
+        # A gate's reason comes first: a task no worker registers is that, expired or not.
+        return Verdict(Fate.GATED, message.gate)
     if message.expired and not options.include_expired:
         return _PLAIN[Fate.EXPIRED]
     if not message.routed:
@@ -172,8 +176,6 @@ def screen(message: MessageFacts, options: DecisionOptions) -> Verdict | None:
     if not message.celery and not options.include_unknown and options.to_celery:
         # A Celery worker cannot decode it: it would drop it, or fail it back here.
         return _PLAIN[Fate.NOT_CELERY]
-    if message.gate is not None:
-        return Verdict(Fate.GATED, message.gate)
     return None
 
 

@@ -70,11 +70,10 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
     ]
     if result.groups:
         lines.append("")
-        lines.append(
-            fitted_table(
-                _group_rows(result.groups, now), GROUP_HEADERS, width=width, steps=GROUP_STEPS
-            )
+        rows, headers = with_celery_columns(
+            result.groups, _group_rows(result.groups, now), GROUP_HEADERS
         )
+        lines.append(fitted_table(rows, headers, width=width, steps=GROUP_STEPS))
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")
@@ -97,8 +96,40 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def inspect_notes(result: InspectResult) -> list[str]:
+def with_celery_columns(
+    groups: Sequence[TaskGroup], rows: list[list[Any]], headers: list[str]
+) -> tuple[list[list[Any]], list[str]]:
+    """``routes to`` and ``unregistered`` after ``count``, each only when some group has one."""
+    columns: list[tuple[str, list[Any]]] = [
+        ("routes to", [g.routes_to or "" for g in groups]),
+        ("unregistered", [g.unregistered or "" for g in groups]),
+    ]
+    for name, cells in reversed(columns):
+        if any(cells):
+            headers = [*headers[:2], name, *headers[2:]]
+            rows = [[*row[:2], cell, *row[2:]] for row, cell in zip(rows, cells, strict=True)]
+    return rows, headers
+
+
+def celery_notes(result: InspectResult) -> list[str]:
     notes = []
+    unregistered = sum(g.unregistered or 0 for g in result.groups)
+    if unregistered:
+        notes.append(
+            f"hint: {unregistered} message(s) of tasks the Celery app does not register (a "
+            "worker would drop them): move skips them as unregistered unless "
+            "--include-unregistered; purge archives and deletes them"
+        )
+    if any(g.routes_to for g in result.groups):
+        notes.append(
+            "note: routes to = the queue the task routes to now, where that is not the DLQ's "
+            "source: move sends it there (--route source: back to the source)"
+        )
+    return notes
+
+
+def inspect_notes(result: InspectResult) -> list[str]:
+    notes = celery_notes(result)
     if result.partial:
         notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
     if result.interrupted:

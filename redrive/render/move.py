@@ -4,9 +4,10 @@ that matched nothing, archive damage)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from redrive.archive import DamageReport
-from redrive.operations.move import MoveResult
+from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
 from redrive.render.tables import printable, table
@@ -15,132 +16,163 @@ from redrive.render.tables import printable, table
 def move_text(result: MoveResult, *, verb: str = "move") -> str:
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
+    lines = [_move_head(result, verb, would)]
+    if result.tasks:
+        lines += ["", _tasks_table(result, verb, would)]
+    lines += _in_doubt_lines(result)
+    lines += _failed_lines(result)
+    lines += _ambiguous_lines(result)
+    lines += _skipped_lines(result)
+    lines.extend(misses_text(result.misses, matched=result.matched))
+    lines.extend(expired_hint(result, verb))
+    lines += _still_hidden_lines(result)
+    if result.interrupted:
+        lines.append("")
+        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    return "\n".join(lines)
+
+
+def _move_head(result: MoveResult, verb: str, would: str) -> str:
     if verb == "replay":
         # An archive has no copies to delete: a key already sent is simply skipped.
-        head = (
+        return (
             f"{'DRY RUN: ' if result.dry_run else ''}archive {result.target}: "
             f"{result.scanned} read, {result.matched} matched, {result.moved} {would}, "
             f"{result.duplicates} already sent (skipped), {result.skipped_total} skipped "
             f"otherwise, {result.failed} failed, {result.in_doubt} in doubt"
         )
-    else:
-        head = (
-            f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
-            f"{result.scanned} scanned, {result.matched} matched, {result.moved} {would}, "
-            f"{result.skipped_total} skipped, "
-            f"{result.failed} failed, {result.in_doubt} in doubt, "
-            f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
-            f"{'would be deleted' if result.dry_run else 'deleted'}"
+    return (
+        f"{'DRY RUN: ' if result.dry_run else ''}DLQ {result.dlq} ({result.target}): "
+        f"{result.scanned} scanned, {result.matched} matched, {result.moved} {would}, "
+        f"{result.skipped_total} skipped, "
+        f"{result.failed} failed, {result.in_doubt} in doubt, "
+        f"{result.duplicates} duplicate cop{'y' if result.duplicates == 1 else 'ies'} "
+        f"{'would be deleted' if result.dry_run else 'deleted'}"
+    )
+
+
+def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
+    rows = []
+    for task, c in sorted(result.tasks.items()):
+        rows.append(
+            [
+                task,
+                c.matched,
+                c.moved,
+                targets_cell(c),
+                ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
+                c.failed,
+                c.duplicates,
+            ]
         )
-    lines = [head]
-    if result.tasks:
-        rows = []
-        for task, c in sorted(result.tasks.items()):
-            rows.append(
-                [
-                    task,
-                    c.matched,
-                    c.moved,
-                    ", ".join(f"{n}" for n in sorted(c.targets)) or "-",
-                    ", ".join(f"{reason}: {n}" for reason, n in sorted(c.skipped.items())) or "-",
-                    c.failed,
-                    c.duplicates,
-                ]
-            )
-        lines.append("")
-        lines.append(
-            table(
-                rows,
-                [
-                    "task",
-                    "matched",
-                    would,
-                    "to",
-                    "skipped (why)",
-                    "failed",
-                    "already sent" if verb == "replay" else "duplicates",
-                ],
-            )
-        )
-    if result.in_doubt_messages:
-        lines.append("")
-        lines.append(
-            f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
-            "earlier run stopped, so they may already be in the target queue. They stay in "
-            "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
-            "Celery task id) or --in-doubt skip:"
-        )
-        lines.append(
-            table(
-                [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
-                ["task", "task id", "message id"],
-            )
-        )
-    if result.failed_messages:
-        lines.append("")
-        lines.append(f"{result.failed} message(s) failed to send and stay in the DLQ:")
-        lines.append(
-            table(
-                [[m.task, m.message_id, m.detail] for m in result.failed_messages],
-                ["task", "message id", "error"],
-            )
-        )
-    if result.ambiguous_messages:
-        lines.append("")
-        lines.append(
-            f"{result.ambiguous} message(s) held as possible copies: each shares the "
-            "idempotency key of a task already sent, and nothing tells a copy of it from a "
-            "second publish of its task id. They stay in the DLQ. If they are new "
-            "invocations, rerun with --ambiguous move; if copies, purge them (archived):"
-        )
-        lines.append(
-            table(
-                [
-                    [m.task, m.task_id or "-", m.message_id, m.detail]
-                    for m in result.ambiguous_messages
-                ],
-                ["task", "task id", "message id", "why"],
-            )
-        )
+    return table(
+        rows,
+        [
+            "task",
+            "matched",
+            would,
+            "to",
+            "skipped (why)",
+            "failed",
+            "already sent" if verb == "replay" else "duplicates",
+        ],
+    )
+
+
+def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
+    """A section naming messages, one table row each; nothing when there are none."""
+    return ["", intro, table(rows, headers)] if rows else []
+
+
+def _in_doubt_lines(result: MoveResult) -> list[str]:
+    return _listed(
+        f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
+        "earlier run stopped, so they may already be in the target queue. They stay in "
+        "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
+        "Celery task id) or --in-doubt skip:",
+        [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
+        ["task", "task id", "message id"],
+    )
+
+
+def _failed_lines(result: MoveResult) -> list[str]:
+    return _listed(
+        f"{result.failed} message(s) failed to send and stay in the DLQ:",
+        [[m.task, m.message_id, m.detail] for m in result.failed_messages],
+        ["task", "message id", "error"],
+    )
+
+
+def _ambiguous_lines(result: MoveResult) -> list[str]:
+    return _listed(
+        f"{result.ambiguous} message(s) held as possible copies: each shares the "
+        "idempotency key of a task already sent, and nothing tells a copy of it from a "
+        "second publish of its task id. They stay in the DLQ. If they are new "
+        "invocations, rerun with --ambiguous move; if copies, purge them (archived):",
+        [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
+        ["task", "task id", "message id", "why"],
+    )
+
+
+def _skipped_lines(result: MoveResult) -> list[str]:
+    """What to do about messages skipped as no-target, unregistered or not-celery."""
+    lines: list[str] = []
     if result.skipped.get("no-target"):
-        lines.append("")
         reason = result.no_target_reason or "their source queue is ambiguous"
-        lines.append(
+        candidates = (
+            f" (one of: {', '.join(result.no_target_candidates)})"
+            if result.no_target_candidates
+            else ""
+        )
+        lines += [
+            "",
             f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
-            "pass --to QUEUE"
-            + (
-                f" (one of: {', '.join(result.no_target_candidates)})"
-                if result.no_target_candidates
-                else ""
-            )
-            + " to send them there."
-        )
+            f"pass --to QUEUE{candidates} to send them there.",
+        ]
+    if result.skipped.get("unregistered"):
+        lines += [
+            "",
+            f"{result.skipped['unregistered']} message(s) skipped as unregistered: the Celery "
+            "app does not register their task, so a worker would drop them. They stay in the "
+            "DLQ: deploy the task again, purge them (archived), or pass --include-unregistered "
+            "to send them anyway.",
+        ]
     if result.skipped.get("not-celery"):
-        lines.append("")
-        lines.append(
-            f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies are "
-            "not Celery tasks, so a Celery worker would drop them. Look at them with "
+        lines += [
+            "",
+            f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies "
+            "are not Celery tasks, so a Celery worker would drop them. Look at them with "
             "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
-            "to send them anyway."
-        )
-    lines.extend(misses_text(result.misses, matched=result.matched))
-    lines.extend(expired_hint(result, verb))
-    if result.still_hidden:
-        lines.append("")
-        until = (
-            "; they reappear by about "
-            f"{datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
-            if result.hidden_until
-            else "; they reappear when the lease of whoever received them runs out"
-        )
-        lines.append(
-            f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
-            f"another run or consumer), so the DLQ is not drained{until}. Rerun then."
-        )
-    if result.interrupted:
-        lines.append("")
-        lines.append("interrupted: the summary covers what was done; rerun to resume")
-    return "\n".join(lines)
+            "to send them anyway.",
+        ]
+    return lines
+
+
+def targets_cell(counts: TaskCounts) -> str:
+    """Where a task's messages go, and when their route sends them elsewhere than their
+    source (redrive.celery)."""
+    text = ", ".join(sorted(counts.targets)) or "-"
+    rerouted = sorted(counts.rerouted.items())
+    if len(rerouted) == 1 and sum(counts.targets.values()) == rerouted[0][1]:
+        text += f" (by route; source {rerouted[0][0]})"
+    elif rerouted:
+        text += f" (by route: {', '.join(f'{n} from {q}' for q, n in rerouted)})"
+    return text
+
+
+def _still_hidden_lines(result: MoveResult) -> list[str]:
+    if not result.still_hidden:
+        return []
+    until = (
+        f"; they reappear by about {datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
+        if result.hidden_until
+        else "; they reappear when the lease of whoever received them runs out"
+    )
+    return [
+        "",
+        f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
+        f"another run or consumer), so the DLQ is not drained{until}. Rerun then.",
+    ]
 
 
 def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:

@@ -3,7 +3,7 @@
 Findings: a source queue without a RedrivePolicy, a DLQ not named ``QUEUE-dlq`` (unless the
 config names it), a maxReceiveCount or DLQ retention other than expected (5 and 14 days,
 unless the config says otherwise), and any queue with the layout's prefix that belongs to
-no family.
+no family. With ``--celery``, the app's settings too (:mod:`redrive.celery.settings_audit`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redrive.aws.sqs import Sqs, queue_name
-from redrive.config import DLQ_SUFFIX, Layout
+from redrive.celery.routes import AppRoutes
+from redrive.celery.settings_audit import audit_app
+from redrive.config import DLQ_SUFFIX, Family, Layout
 from redrive.dlq.queues import describe_queue, dlq_of
 from redrive.durations import format_duration
 from redrive.errors import AwsUnavailable, RedriveError
@@ -24,9 +26,15 @@ class Finding:
     family: str | None
     queue: str
     problem: str
+    setting: str | None = None
+    """A Celery setting (``check --celery``), and its value."""
+    value: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"family": self.family, "queue": self.queue, "problem": self.problem}
+        data = {"family": self.family, "queue": self.queue, "problem": self.problem}
+        if self.setting is not None:
+            data.update(setting=self.setting, value=self.value)
+        return data
 
 
 def expected_dlq_name(queue: str) -> str:
@@ -43,55 +51,7 @@ def check_layout(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[F
         if family.dlq:
             # The config names this family's DLQ: never a stray, whatever else is wrong.
             known.add(queue_name(family.dlq))
-        sqs = sqs_for(family.region)
-        try:
-            source = describe_queue(sqs, family.queue)
-        except AwsUnavailable:
-            raise
-        except RedriveError as exc:
-            findings.append(Finding(family.name, queue_name(family.queue), str(exc)))
-            continue
-        known.add(source.name)
-        policy = source.redrive_policy
-        if not policy:
-            findings.append(Finding(family.name, source.name, "has no RedrivePolicy (no DLQ)"))
-            continue
-        try:
-            dlq = dlq_of(sqs, source)
-        except AwsUnavailable:
-            raise
-        except RedriveError as exc:
-            findings.append(Finding(family.name, source.name, str(exc)))
-            continue
-        known.add(dlq.name)
-        wanted = queue_name(family.dlq) if family.dlq else expected_dlq_name(source.name)
-        if dlq.name != wanted:
-            findings.append(
-                Finding(
-                    family.name,
-                    source.name,
-                    f"RedrivePolicy points to {dlq.name}, expected {wanted}",
-                )
-            )
-        if source.max_receive_count != family.max_receive_count:
-            findings.append(
-                Finding(
-                    family.name,
-                    source.name,
-                    f"maxReceiveCount is {source.max_receive_count}, "
-                    f"expected {family.max_receive_count}",
-                )
-            )
-        if dlq.retention_seconds != family.dlq_retention_seconds:
-            findings.append(
-                Finding(
-                    family.name,
-                    dlq.name,
-                    "retention is "
-                    f"{format_duration(dlq.retention_seconds or 0)}, expected "
-                    f"{format_duration(family.dlq_retention_seconds)}",
-                )
-            )
+        findings += _check_family(family, sqs_for(family.region), known)
     if layout.prefix:
         for url in sqs_for(None).list_queues(layout.prefix):
             name = queue_name(url)
@@ -104,3 +64,58 @@ def check_layout(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[F
                     )
                 )
     return findings
+
+
+def _check_family(family: Family, sqs: Sqs, known: set[str]) -> list[Finding]:
+    """One family's findings; adds the queues it finds to ``known``."""
+    try:
+        source = describe_queue(sqs, family.queue)
+    except AwsUnavailable:
+        raise
+    except RedriveError as exc:
+        return [Finding(family.name, queue_name(family.queue), str(exc))]
+    known.add(source.name)
+    if not source.redrive_policy:
+        return [Finding(family.name, source.name, "has no RedrivePolicy (no DLQ)")]
+    try:
+        dlq = dlq_of(sqs, source)
+    except AwsUnavailable:
+        raise
+    except RedriveError as exc:
+        return [Finding(family.name, source.name, str(exc))]
+    known.add(dlq.name)
+    findings = []
+    wanted = queue_name(family.dlq) if family.dlq else expected_dlq_name(source.name)
+    if dlq.name != wanted:
+        findings.append(
+            Finding(
+                family.name, source.name, f"RedrivePolicy points to {dlq.name}, expected {wanted}"
+            )
+        )
+    if source.max_receive_count != family.max_receive_count:
+        findings.append(
+            Finding(
+                family.name,
+                source.name,
+                f"maxReceiveCount is {source.max_receive_count}, "
+                f"expected {family.max_receive_count}",
+            )
+        )
+    if dlq.retention_seconds != family.dlq_retention_seconds:
+        findings.append(
+            Finding(
+                family.name,
+                dlq.name,
+                f"retention is {format_duration(dlq.retention_seconds or 0)}, expected "
+                f"{format_duration(family.dlq_retention_seconds)}",
+            )
+        )
+    return findings
+
+
+def check_celery(app: Any, spec: str, routes: AppRoutes, layout: Layout) -> list[Finding]:
+    """``check --celery``: the app's settings findings (redrive.celery.settings_audit)."""
+    return [
+        Finding(None, f"app {spec}", f"{f.setting} = {f.value}: {f.problem}", f.setting, f.value)
+        for f in audit_app(app, routes, layout)
+    ]

@@ -51,6 +51,10 @@ class TaskGroup:
     sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
+    unregistered: int | None = None
+    """Messages of a task the Celery app does not register (None: no app to ask)."""
+    routes_to: str | None = None
+    """The queue the task routes to now, when that is not the DLQ's source (redrive.celery)."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -71,6 +75,10 @@ class TaskGroup:
         }
         if self.notes:
             data["notes"] = dict(self.notes)
+        if self.unregistered is not None:
+            data["unregistered"] = self.unregistered
+        if self.unregistered is not None or self.routes_to is not None:
+            data["routes_to"] = self.routes_to
         if self.sample_args:
             data["sample_args"] = self.sample_args
         return data

@@ -12,6 +12,7 @@ import lzma
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -61,70 +62,117 @@ def encode(
     """
     if protocol not in (1, 2):
         raise ValueError(f"Celery message protocol must be 1 or 2, not {protocol!r}")
-    codec = None
-    if compression is not None:
-        codec = _COMPRESSORS.get(compression.strip().lower())
-        if codec is None:
-            known = ", ".join(sorted(_COMPRESSORS))
-            raise ValueError(f"unknown compression {compression!r}; use one of: {known}")
-    task_id = task_id if task_id is not None else str(uuid.uuid4())
-    arg_list = list(args)
-    kwarg_dict = dict(kwargs) if kwargs is not None else {}
-    eta_at = _aware(eta)
+    codec = _codec(compression)
     expires_at = _aware(expires)
-    eta_text = eta_at.isoformat() if eta_at is not None else None
-    expires_text = expires_at.isoformat() if expires_at is not None else None
-
-    headers: dict[str, Any]
+    fields = _TaskFields(
+        task=task,
+        task_id=task_id if task_id is not None else str(uuid.uuid4()),
+        args=list(args),
+        kwargs=dict(kwargs) if kwargs is not None else {},
+        retries=retries,
+        eta=_iso(_aware(eta)),
+        expires=_iso(expires_at),
+        origin=origin,
+    )
+    headers: dict[str, Any] = {}
     inner: object
     if protocol == 2:
-        headers = {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "shadow": None,
-            "eta": eta_text,
-            "expires": expires_text,
-            "group": None,
-            "group_index": None,
-            "retries": retries,
-            "timelimit": [None, None],
-            "root_id": task_id,
-            "parent_id": None,
-            "argsrepr": safe_repr(tuple(arg_list)),
-            "kwargsrepr": safe_repr(kwarg_dict),
-            "origin": origin,
-            "ignore_result": False,
-            "replaced_task_nesting": 0,
-            "stamped_headers": None,
-            "stamps": {},
-        }
-        inner = [arg_list, kwarg_dict, dict(_EMPTY_EMBED)]
+        headers, inner = _protocol_2(fields)
     else:
-        headers = {}
-        inner = {
-            "task": task,
-            "id": task_id,
-            "args": arg_list,
-            "kwargs": kwarg_dict,
-            "group": None,
-            "group_index": None,
-            "retries": retries,
-            "eta": eta_text,
-            "expires": expires_text,
-            "utc": True,
-            "callbacks": None,
-            "errbacks": None,
-            "timelimit": [None, None],
-            "taskset": None,
-            "chord": None,
-        }
+        inner = _protocol_1(fields)
     payload = json.dumps(inner).encode("utf-8")
     if codec is not None:
         # kombu appends the header after Celery's own, so it comes last.
         headers["compression"], compress = codec
         payload = compress(payload)
+    envelope = {
+        "body": base64.b64encode(payload).decode("ascii"),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": _properties(fields.task_id, origin, expires_at, queue),
+    }
+    text = json.dumps(envelope)
+    if base64_envelope:
+        return base64.b64encode(text.encode("utf-8")).decode("ascii")
+    return text
 
+
+@dataclass(frozen=True)
+class _TaskFields:
+    """What both protocols carry of a task, as JSON will hold it."""
+
+    task: str
+    task_id: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    retries: int
+    eta: str | None
+    expires: str | None
+    origin: str
+
+
+def _codec(compression: str | None) -> tuple[str, Callable[[bytes], bytes]] | None:
+    if compression is None:
+        return None
+    codec = _COMPRESSORS.get(compression.strip().lower())
+    if codec is None:
+        known = ", ".join(sorted(_COMPRESSORS))
+        raise ValueError(f"unknown compression {compression!r}; use one of: {known}")
+    return codec
+
+
+def _protocol_2(task: _TaskFields) -> tuple[dict[str, Any], object]:
+    """Protocol 2: the task in the headers, the body ``[args, kwargs, embed]``."""
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "task": task.task,
+        "id": task.task_id,
+        "shadow": None,
+        "eta": task.eta,
+        "expires": task.expires,
+        "group": None,
+        "group_index": None,
+        "retries": task.retries,
+        "timelimit": [None, None],
+        "root_id": task.task_id,
+        "parent_id": None,
+        "argsrepr": safe_repr(tuple(task.args)),
+        "kwargsrepr": safe_repr(task.kwargs),
+        "origin": task.origin,
+        "ignore_result": False,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    return headers, [task.args, task.kwargs, dict(_EMPTY_EMBED)]
+
+
+def _protocol_1(task: _TaskFields) -> dict[str, Any]:
+    """Protocol 1: no headers, everything in the body."""
+    return {
+        "task": task.task,
+        "id": task.task_id,
+        "args": task.args,
+        "kwargs": task.kwargs,
+        "group": None,
+        "group_index": None,
+        "retries": task.retries,
+        "eta": task.eta,
+        "expires": task.expires,
+        "utc": True,
+        "callbacks": None,
+        "errbacks": None,
+        "timelimit": [None, None],
+        "taskset": None,
+        "chord": None,
+    }
+
+
+def _properties(
+    task_id: str, origin: str, expires_at: datetime | None, queue: str
+) -> dict[str, Any]:
+    """The envelope's properties, in kombu's order."""
     # Celery's reply_to is a uuid3 naming the producing app: stable per origin, like one app.
     properties: dict[str, Any] = {
         "correlation_id": task_id,
@@ -139,18 +187,11 @@ def encode(
     properties["priority"] = 0
     properties["body_encoding"] = "base64"
     properties["delivery_tag"] = str(uuid.uuid4())
+    return properties
 
-    envelope = {
-        "body": base64.b64encode(payload).decode("ascii"),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": properties,
-    }
-    text = json.dumps(envelope)
-    if base64_envelope:
-        return base64.b64encode(text.encode("utf-8")).decode("ascii")
-    return text
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
 
 
 def _aware(moment: datetime | None) -> datetime | None:

@@ -65,6 +65,15 @@ STORIES: Final = {
         timedelta(days=5),
         "poison over 5 days",
     ),
+    # Checkout and progress tasks published to the default queue before the onion split
+    # moved them to queues of their own (redrive.sandbox.celery_app routes them there now),
+    # and a task deleted since: in the default DLQ, every message of theirs is this old.
+    "split": Story(
+        "split",
+        timedelta(days=3),
+        timedelta(days=3, hours=1),
+        "before the onion split, 3 days ago",
+    ),
 }
 
 
@@ -85,6 +94,9 @@ _TASKS: Final[dict[str, tuple[tuple[str, int, str], ...]]] = {
         ("apps.notifications.tasks.send_email", 3, "outage"),
         ("apps.users.tasks.activate_user", 2, "blip"),
         ("apps.reports.tasks.export_csv", 1, "poison"),
+        ("apps.webhooks.tasks.save_checkout_ibft", 1, "split"),
+        ("apps.engagements.tasks.save_progress_lesson", 1, "split"),
+        ("apps.inventory.tasks.resync_stock", 1, "split"),  # the app registers it no more
     ),
     "progress": (
         ("apps.engagements.tasks.save_progress_lesson", 3, "blip"),
@@ -360,6 +372,8 @@ def _stories(family: str, tasks: list[str], kinds: list[str], rng: random.Random
             if name == task and kind not in ("text", "json")
         ]
         own = max(1 if len(mine) >= 2 else 0, round(len(mine) * _OWN_STORY_SHARE))
+        if story == "split":
+            own = len(mine)  # published before the split: none of them later
         for index in rng.sample(mine, own):
             stories[index] = story
     return stories
@@ -399,6 +413,8 @@ def _arguments(task: str, rng: random.Random) -> tuple[list[Any], dict[str, Any]
         return [ident], {"columns": ["id", "email", "created_at"], "requested_by": name}
     if short == "save_progress_lesson":
         return [ident, f"lesson-{rng.randint(1, 40)}", round(rng.random(), 2)], {}
+    if short == "resync_stock":
+        return [f"store-{rng.randint(1, 90)}"], {"full": rng.random() < 0.5}
     if short == "save_progress_quiz":
         return [ident, f"quiz-{rng.randint(1, 12)}"], {"score": rng.randint(0, 10), "out_of": 10}
     return [ident], {}

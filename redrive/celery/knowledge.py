@@ -1,0 +1,123 @@
+"""What the engine asks about each message's task: where it goes (the queue its route names
+now, or the one a plan recorded), and whether to keep it in the DLQ because no worker
+registers it. :class:`TaskKnowledge` is the one object ``MoveOptions.celery`` carries; the
+engine calls :meth:`~TaskKnowledge.route` in ``MoveEngine._route`` and
+:func:`skip_reason` in ``MoveEngine._select``'s skip chain.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from redrive.aws.sqs import Sqs, queue_name
+from redrive.celery.registry import Registry
+from redrive.celery.routes import TaskRouter
+from redrive.dlq.queues import QueueRef, describe_queue
+from redrive.errors import AwsUnavailable, RedriveError
+from redrive.messages import UNKNOWN_TASK, TaskInfo
+from redrive.reporting.inspect import TaskGroup
+
+RouteMode = Literal["task", "source"]
+ROUTE_MODES: tuple[RouteMode, ...] = ("task", "source")
+#: The skip reason of a task the app does not register (``skipped_by_reason.unregistered``).
+UNREGISTERED = "unregistered"
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """Where a task's route sends a message: ``queue``, or nowhere for ``problem``
+    (a reason and the candidate queues, as for ``no-target``)."""
+
+    queue: QueueRef | None
+    problem: tuple[str, list[str]] | None = None
+
+
+@dataclass
+class TaskKnowledge:
+    router: TaskRouter | None = None
+    registry: Registry | None = None
+    route_by_task: bool = False
+    include_unregistered: bool = False
+    planned: Mapping[str, str] | None = None
+    """A plan's MessageId -> target URL: ``apply`` sends each message where it was reviewed."""
+    _queues: dict[str, Routed] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def routes_known(self) -> bool:
+        return self.router is not None
+
+    def address_for(self, task: str) -> str | None:
+        """The SQS queue (name or URL) ``task`` routes to; None for no route (or not a task)."""
+        if self.router is None or task == UNKNOWN_TASK:
+            return None
+        return self.router.queue_for(task)
+
+    def route(self, sqs: Sqs, task: str, message_id: str) -> Routed | None:
+        """Where the message goes instead of its source; None: to its source."""
+        if self.planned is not None:
+            url = self.planned.get(message_id)
+            return self._resolve(sqs, url, f"message {message_id}'s target") if url else None
+        if not self.route_by_task:
+            return None
+        try:
+            address = self.address_for(task)
+        except RedriveError as exc:
+            return Routed(None, (f"{exc}: pass --route source or --to QUEUE", []))
+        if address is None:
+            return None
+        return self._resolve(sqs, address, f"task {task} routes to {queue_name(address)}")
+
+    def _resolve(self, sqs: Sqs, address: str, why: str) -> Routed:
+        with self._lock:
+            known = self._queues.get(address)
+        if known is not None:
+            return known
+        try:
+            routed = Routed(describe_queue(sqs, address))
+        except AwsUnavailable:
+            raise  # no queue can be reached: the run stops, as it would for its source
+        except RedriveError as exc:
+            routed = Routed(
+                None,
+                (
+                    f"{why} ({self.router.origin if self.router else 'plan'}), which cannot be "
+                    f"used: {exc}",
+                    [queue_name(address)],
+                ),
+            )
+        with self._lock:
+            self._queues[address] = routed
+        return routed
+
+
+def skip_reason(knowledge: TaskKnowledge | None, info: TaskInfo) -> str | None:
+    """``unregistered`` for a task the app does not register (a worker would drop it),
+    unless ``--include-unregistered``; None otherwise (and for bodies that are not tasks)."""
+    if knowledge is None or knowledge.registry is None or knowledge.include_unregistered:
+        return None
+    return UNREGISTERED if knowledge.registry.is_unregistered(info.task) else None
+
+
+def annotate_groups(
+    groups: Sequence[TaskGroup], knowledge: TaskKnowledge, sources: Sequence[str]
+) -> None:
+    """Inspect's groups learn how many messages no worker registers (with an app) and the
+    queue each task routes to now where that is not one of the DLQ's ``sources``."""
+    for group in groups:
+        if group.task == UNKNOWN_TASK:
+            continue
+        if knowledge.registry is not None:
+            group.unregistered = (
+                group.count if knowledge.registry.is_unregistered(group.task) else 0
+            )
+        try:
+            address = knowledge.address_for(group.task)
+        except RedriveError as exc:
+            group.routes_to = f"? ({exc})"
+            continue
+        if address is not None and queue_name(address) not in sources:
+            group.routes_to = queue_name(address)
