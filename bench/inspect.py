@@ -46,6 +46,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
 import socket  # noqa: E402
@@ -57,6 +58,7 @@ import urllib.request  # noqa: E402
 from collections import Counter  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench.common import (  # noqa: E402
@@ -90,6 +92,8 @@ _ONE_EMPTY = (
     "from redrive.cli import main\n"
     "sys.exit(main())\n"
 )
+BACKEND_KINDS = ("redis", "sqlite")
+BACKEND_TOOLS = tuple(f"redrive+{k}" for k in BACKEND_KINDS)
 CHILD_TIMEOUT = 3_600  # seconds one scan may take before it is killed
 SEED_TIMEOUT = 3_600  # seconds seeding one size may take
 
@@ -378,9 +382,12 @@ class Run:
         return self.n / self.scan_s if self.scan_s else None
 
 
-def tool_command(tool: str, n: int, wait: int) -> list[str]:
+def tool_command(tool: str, n: int, wait: int, backends: dict[str, str] | None = None) -> list[str]:
     if tool == "redrive":
         return [PYTHON, "-m", "redrive", "inspect", FAMILY, "--json"]
+    if tool.startswith("redrive+"):
+        url = (backends or {})[tool.removeprefix("redrive+")]
+        return [PYTHON, "-m", "redrive", "inspect", FAMILY, "--json", "--result-backend", url]
     if tool == "redrive-1empty":
         return [PYTHON, "-c", _ONE_EMPTY, "inspect", FAMILY, "--json"]
     command = [PYTHON, "-P", os.path.abspath(__file__), "--child", "--expect", str(n)]
@@ -397,13 +404,14 @@ def measure(
     rnd: int,
     env: dict[str, str],
     wait: int,
+    backends: dict[str, str] | None = None,
 ) -> Run:
     load = os.getloadavg()[0]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         cpu_before = server.cpu_seconds()
         started = time.perf_counter()
         process = subprocess.Popen(
-            tool_command(tool, n, wait), cwd=ROOT, env=env, stdout=out, stderr=err
+            tool_command(tool, n, wait, backends), cwd=ROOT, env=env, stdout=out, stderr=err
         )
         result: list[tuple[int, int, Any]] = []
         waiter = threading.Thread(target=lambda: result.append(os.wait4(process.pid, 0)))
@@ -431,6 +439,11 @@ def measure(
         scan_s = float(data["seconds"])
         if counted != n:
             problems.append(f"counted {counted}, expected {n}")
+        if tool.startswith("redrive+"):
+            if data.get("result_backend_problem"):
+                problems.append(f"result backend: {data['result_backend_problem']}")
+            elif not any(g.get("states") for g in data["groups"]):
+                problems.append("no states read from the result backend")
     if (visible, hidden) != (n, 0):
         problems.append(f"DLQ afterwards: {visible} visible, {hidden} in flight (expected {n}, 0)")
     return Run(
@@ -464,6 +477,29 @@ class SizeResult:
     runs: list[Run] = field(default_factory=list)
 
 
+@contextlib.contextmanager
+def result_backends(tools: Sequence[str], n: int, directory: str) -> Iterator[dict[str, str]]:
+    """The result backends the ``redrive+KIND`` tools read, holding records for the
+    seeded messages' task ids (bench/result_backends.py)."""
+    from bench import result_backends as rb
+    from redrive.messages import decode
+
+    kinds = [t.removeprefix("redrive+") for t in tools if t.startswith("redrive+")]
+    if not kinds:
+        yield {}
+        return
+    ids = [i for body, _ in realistic_messages(n) if (i := decode(body).task_id)]
+    urls: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        if "redis" in kinds:
+            urls["redis"] = stack.enter_context(rb.redis_server(directory))
+            log(f"[N={n:,}] redis: {rb.fill_redis(urls['redis'], ids):,} records")
+        if "sqlite" in kinds:
+            urls["sqlite"], count = rb.fill_sqlite(Path(directory) / "results.sqlite", ids)
+            log(f"[N={n:,}] sqlite: {count:,} records")
+        yield urls
+
+
 def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str], wait: int) -> SizeResult:
     log(f"[{kind} N={n:,}] starting the server")
     server = start_server(kind)
@@ -479,12 +515,15 @@ def bench_size(kind: str, n: int, rounds: int, tools: Sequence[str], wait: int) 
             raise RuntimeError(f"seeding left {seeded} (visible, in flight), expected ({n}, 0)")
         result = SizeResult(kind, n, seed_s, server.cpu_seconds() - cpu0, server.rss_mb())
         log(f"[{kind} N={n:,}] seeded in {seed_s:.1f} s ({n / seed_s:,.0f} msgs/s)")
-        with tempfile.TemporaryDirectory(prefix="redrive-bench-") as state:
+        with (
+            tempfile.TemporaryDirectory(prefix="redrive-bench-") as state,
+            result_backends(tools, n, state) as backends,
+        ):
             env = child_env(server.endpoint, state, wait)
             for rnd in range(rounds):
                 shift = rnd % len(tools)
                 for tool in [*tools[shift:], *tools[:shift]]:
-                    run = measure(server, client, dlq_url, tool, n, rnd + 1, env, wait)
+                    run = measure(server, client, dlq_url, tool, n, rnd + 1, env, wait, backends)
                     result.runs.append(run)
                     log(
                         f"[{kind} N={n:,}] round {rnd + 1} {tool:<14} {run.wall_s:7.2f} s "
@@ -588,6 +627,7 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
             for i, (c, w) in enumerate(zip(line, widths, strict=True))
         ]
         text.append("| " + " | ".join(cells) + " |")
+    text.extend(backend_ratios(results, tools))
     failures = [r for result in results for r in result.runs if not r.ok]
     if failures:
         text.append("")
@@ -603,6 +643,24 @@ def render(kind: str, results: Sequence[SizeResult], tools: Sequence[str]) -> st
             f"server RSS after seeding {result.server_rss_mb:.0f} MB"
         )
     return "\n".join(text)
+
+
+def backend_ratios(results: Sequence[SizeResult], tools: Sequence[str]) -> list[str]:
+    """redrive with a result backend against redrive without one, same run (medians)."""
+    lines = []
+    for result in results:
+        rows = {row["tool"]: row for row in summary_rows(result, tools)}
+        if "redrive" not in rows:
+            continue
+        for tool, row in rows.items():
+            if tool.startswith("redrive+"):
+                lines.append(
+                    f"  N={result.n:,}: {tool} / redrive = "
+                    f"{row['msgs/s'] / rows['redrive']['msgs/s']:.2f}x (wall), "
+                    f"{(row['scan msgs/s'] or 0) / (rows['redrive']['scan msgs/s'] or 1):.2f}x "
+                    "(scan)"
+                )
+    return ["", "with a result backend (--result-backend):", *lines] if lines else []
 
 
 def _size_result(item: dict[str, Any]) -> SizeResult:
@@ -639,6 +697,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="long poll of every receive, for every tool alike (redrive through "
         "REDRIVE_RECEIVE_WAIT); default 1, redrive's own default",
     )
+    parser.add_argument(
+        "--result-backend",
+        choices=(*BACKEND_KINDS, "both"),
+        help="also run redrive with --result-backend on a real redis-server and/or Celery's "
+        "database backend on SQLite, holding records for the seeded task ids "
+        "(tools redrive+redis, redrive+sqlite)",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--from-json",
@@ -659,7 +724,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    unknown = set(tools) - set(TOOLS + EXTRA_TOOLS)
+    if args.result_backend:
+        kinds_asked = BACKEND_KINDS if args.result_backend == "both" else (args.result_backend,)
+        tools += [f"redrive+{k}" for k in kinds_asked if f"redrive+{k}" not in tools]
+    unknown = set(tools) - set(TOOLS + EXTRA_TOOLS + BACKEND_TOOLS)
     if unknown or not tools:
         parser.error(
             f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS + EXTRA_TOOLS)}"

@@ -30,7 +30,7 @@ DEFAULT_DEPLOY_STOP_TIMEOUT = 30.0
 
 _FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_retention"}
 _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
-_CELERY_KEYS = {"app", "deploy_stop_timeout"}
+_CELERY_KEYS = {"app", "deploy_stop_timeout", "result_backend"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,8 @@ class Layout:
     """``[celery] app``: the Celery app, as ``--celery-app`` names it."""
     deploy_stop_timeout: float = DEFAULT_DEPLOY_STOP_TIMEOUT
     """``[celery] deploy_stop_timeout``: how long a deploy lets a worker finish before SIGKILL."""
+    result_backend: str | None = None
+    """``[celery] result_backend``: Celery's result backend URL (read-only)."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -158,6 +160,7 @@ def _with_celery(layout: Layout, data: Mapping[str, Any], source: str) -> Layout
         layout,
         routes=_routes(data.get("routes"), source),
         celery_app=_opt_str(celery, "app", "celery", source),
+        result_backend=_opt_str(celery, "result_backend", "celery", source),
         deploy_stop_timeout=(
             _duration(celery["deploy_stop_timeout"], "celery.deploy_stop_timeout", source)
             if "deploy_stop_timeout" in celery

@@ -54,3 +54,7 @@ class SendInDoubt(AwsError):
 class CeleryAppError(ConfigError):
     """The Celery app named by ``--celery-app`` (or REDRIVE_CELERY_APP, or ``[celery] app``)
     cannot be loaded or used: Celery missing, module or attribute missing, the import raised."""
+
+
+class ResultBackendError(RedriveError):
+    """Celery's result backend cannot be opened or read (bad URL, unreachable, too slow)."""

@@ -56,6 +56,23 @@ def test_bench_inspect_runs_and_each_scan_counts_every_message() -> None:
     assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
 
 
+@pytest.mark.e2e
+def test_bench_inspect_with_result_backends_reads_their_records() -> None:
+    out = run_bench(
+        "inspect.py",
+        *("--server", "fast", "--sizes", "100", "--rounds", "1", "--tools", "redrive"),
+        *("--result-backend", "both"),
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| 100 |")]
+    assert {row.split("|")[2].strip() for row in rows} == {
+        "redrive",
+        "redrive+redis",
+        "redrive+sqlite",
+    }
+    assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
+    assert "redrive+redis / redrive = " in out and "redrive+sqlite / redrive = " in out
+
+
 def load_fast_sqs() -> ModuleType:
     spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
     assert spec is not None and spec.loader is not None

@@ -166,6 +166,22 @@ def test_an_in_doubt_key_is_marked_skipped_with_skip() -> None:
     assert verdict.skip_reason == RESOLVED_SKIP and not verdict.sends
 
 
+def test_an_in_doubt_key_the_result_backend_proves_delivered_is_adopted_with_auto() -> None:
+    proven = EntryFacts(KeyState.CLAIMED, "dead-run", delivered=True)
+    verdict = fate(MessageFacts(), proven, in_doubt="auto")
+    assert verdict == Verdict(Fate.PROVEN, "dead-run")
+    assert verdict.matched and not verdict.sends and verdict.skip_reason is None
+    assert fate(MessageFacts(), claimed("dead-run"), in_doubt="auto").fate is Fate.IN_DOUBT
+    assert fate(MessageFacts(), proven).fate is Fate.IN_DOUBT  # hold: the proof is not asked
+
+
+def test_a_late_gate_yields_to_expiry() -> None:
+    succeeded = MessageFacts(late_gate="already-succeeded")
+    assert fate(succeeded) == Verdict(Fate.GATED, "already-succeeded")
+    late = MessageFacts(late_gate="already-succeeded", expired=True)
+    assert fate(late).fate is Fate.EXPIRED
+
+
 def test_screen_decides_only_what_needs_no_key() -> None:
     assert screen(MessageFacts(), OPTIONS) is None
     assert screen(MessageFacts(generation=7), OPTIONS) is None  # poison needs the ledger first
@@ -192,6 +208,7 @@ def test_every_fate_has_a_test() -> None:
         Fate.IN_DOUBT,
         Fate.TAKEOVER,
         Fate.RESOLVE_SKIP,
+        Fate.PROVEN,
     }
     assert tested == set(Fate)
 

@@ -47,6 +47,14 @@ from redrive.cli.options import add_global_options, endpoint_url
     help="The Celery app (as `celery -A`): task routes, registered tasks, settings "
     "(default: REDRIVE_CELERY_APP, else the config's [celery] app).",
 )
+@click.option(
+    "--result-backend",
+    metavar="URL",
+    envvar="REDRIVE_RESULT_BACKEND",
+    help="Celery's result backend, read-only: why tasks failed, and which already "
+    "succeeded (redis://..., db+sqlite:///...; env REDRIVE_RESULT_BACKEND; "
+    "config [celery] result_backend).",
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -56,6 +64,7 @@ def cli(
     profile: str | None,
     config: str | None,
     celery_app: str | None,
+    result_backend: str | None,
 ) -> None:
     """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
 
@@ -64,6 +73,10 @@ def cli(
     are dry runs unless given --execute.
     """
     ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config, celery_app=celery_app)
+    ctx.obj.result_backend = result_backend or None
+    ctx.obj.result_backend_given = (
+        ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE
+    )
 
 
 def main() -> None:

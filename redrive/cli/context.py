@@ -14,6 +14,7 @@ import click
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs, queue_name
+from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.console import ARGV, command_line, warn
 from redrive.config import Layout, load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
@@ -47,6 +48,36 @@ class Context:
     """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
     _celery: Any = None
     """The loaded app (redrive.cli.celery_app), once a command asked for it."""
+    result_backend: str | None = None
+    """--result-backend (or REDRIVE_RESULT_BACKEND); else the config's [celery] one."""
+    result_backend_given: bool = False
+    """--result-backend was on the command line (not a standing default from the env or
+    the config file)."""
+    _results: ResultLookup | None = None
+
+    def results(self, *, probe: bool = True) -> ResultLookup | None:
+        """Celery's result backend, opened once per command (read-only), or None when
+        none is configured. A bad URL is an error; so is a backend that does not answer,
+        with ``probe`` (a move must know before it sends anything; inspect and report say
+        so and go on)."""
+        if self._results is None:
+            url = self.result_backend or self.layout.result_backend
+            if url:
+                # Without a probe (inspect, report) it opens while the scan starts.
+                self._results = open_results(url, probe=probe, background=not probe)
+            else:
+                self._results = self._app_results(probe)
+            if self._results is not None:
+                click.get_current_context().call_on_close(self._results.close)
+        return self._results
+
+    def _app_results(self, probe: bool) -> ResultLookup | None:
+        """The result backend of ``--celery-app``'s app, when one is named and keeps
+        results (the app is loaded once per command, by redrive.cli.celery_app)."""
+        from redrive.cli.celery_app import loaded_app
+
+        loaded = loaded_app(self)
+        return open_app_results(*loaded, probe=probe) if loaded is not None else None
 
     def receive_log(self) -> ReceiveLog:
         """Where redrive counts its own receives (redrive.dlq.receive_log), opened once per command

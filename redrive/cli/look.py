@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from redrive.celery.knowledge import annotate_groups
+from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
@@ -23,6 +24,7 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
+from redrive.errors import UsageProblem
 from redrive.ledger import default_ledger_path
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
@@ -64,6 +66,13 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 )
 @workers_doing("receive")
 @lease_option
+@click.option(
+    "--group-by",
+    type=click.Choice(["task", "exception"]),
+    default="task",
+    show_default=True,
+    help="exception: a group per task and exception type (needs --result-backend).",
+)
 @wide_option
 @pass_ctx
 def inspect(
@@ -74,6 +83,7 @@ def inspect(
     show_args: bool,
     workers: int,
     lease: int,
+    group_by: str,
     wide: bool,
 ) -> None:
     """Group a DLQ's messages by Celery task, leaving the DLQ as it was.
@@ -84,18 +94,12 @@ def inspect(
     with core_errors():
         knowledge = known_tasks(ctx)
     if _is_archive(target):
-        with core_errors():
-            result: InspectResult = inspect_archive(
-                target,
-                show_args=show_args,
-                limit=limit,
-                s3_client_factory=ctx.s3_client,
-                on_problem=warn,
-            )
+        result: InspectResult = _inspect_archive(ctx, target, show_args=show_args, limit=limit)
     else:
         progress = Progress("scanning")
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
+            results = _results_for(ctx, group_by)
             result = inspect_dlq(
                 dlq,
                 ctx.sqs_of(dlq),
@@ -109,6 +113,8 @@ def inspect(
                 ),
                 lease=lease,
                 receive_log=ctx.receive_log(),
+                results=results,
+                group_by=group_by if group_by != "task" else None,
             )
         progress.done()
     if knowledge is not None:
@@ -123,10 +129,38 @@ def inspect(
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
+    backend_problem = getattr(result, "result_backend_problem", None)
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if result.incomplete:
         sys.exit(EXIT_ATTENTION)
+    if backend_problem:
+        sys.exit(EXIT_ERROR)
+
+
+def _inspect_archive(
+    ctx: Context, target: str, *, show_args: bool, limit: int | None
+) -> InspectResult:
+    with core_errors():
+        return inspect_archive(
+            target,
+            show_args=show_args,
+            limit=limit,
+            s3_client_factory=ctx.s3_client,
+            on_problem=warn,
+        )
+
+
+def _results_for(ctx: Context, group_by: str) -> ResultLookup | None:
+    results = ctx.results(probe=False)
+    if group_by == "exception" and results is None:
+        raise UsageProblem(
+            "--group-by exception reads Celery's result backend: give "
+            "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
+        )
+    return results
 
 
 def _is_archive(target: str) -> bool:
@@ -195,6 +229,7 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            results=ctx.results(probe=False),
         )
     progress.done()
     changes = None
@@ -238,6 +273,9 @@ def report(
         click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
+    backend_problem = result.result_backend_problem
+    if backend_problem:
+        warn(f"{backend_problem}; states and exceptions left out")
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
     if fail_on_messages and alert_state:
@@ -257,7 +295,7 @@ def report(
             sys.exit(EXIT_ERROR)
     elif fail_on_messages and result.total > 0:
         sys.exit(EXIT_ERROR)
-    if result.errors:
+    if result.errors or backend_problem:
         sys.exit(EXIT_ERROR)
 
 

@@ -4,6 +4,7 @@ purge plan)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any, Literal, NoReturn
 
 import click
@@ -40,6 +41,7 @@ from redrive.cli.options import (
     complete_file,
     complete_queue,
     execute_options,
+    include_succeeded_option,
     json_option,
     lease_option,
     ledger_option,
@@ -119,6 +121,7 @@ def move(
     include_expired: bool,
     include_unknown: bool,
     ambiguous: AmbiguousPolicy,
+    include_succeeded: bool,
     lease: int,
     workers: int,
     rate: float | None,
@@ -146,8 +149,6 @@ def move(
         )
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
-    if plan_out and execute:
-        raise click.UsageError("--plan-out records a dry run: run without --execute")
     options = MoveOptions(
         selection=selection,
         execute=execute,
@@ -162,6 +163,7 @@ def move(
         to_celery_queue=queue is None or ctx.is_celery_queue(queue),
         ambiguous=ambiguous,
         celery=knowledge,
+        include_succeeded=include_succeeded,
     )
     run_move(ctx, dlq, options, ledger_uri=ledger, yes=yes, as_json=as_json, plan_out=plan_out)
 
@@ -177,7 +179,10 @@ def run_move(
     plan_out: str | None = None,
 ) -> None:
     """Confirm, open the ledger, run the engine, render."""
+    if plan_out and options.execute:
+        raise click.UsageError("--plan-out records a dry run: run without --execute")
     with core_errors():
+        options = with_results(ctx, options)
         confirm_move(ctx, dlq, options, yes)
         ledger = move_ledger(ctx, ledger_uri, options.execute)
         record = move_record(ctx, dlq.label, options, ledger)
@@ -212,6 +217,20 @@ def run_move(
         lambda: routed_text(options.celery, move_text(result)),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
+
+
+def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
+    """The options with Celery's result backend, checked to answer before anything is
+    sent (none is read with --include-succeeded, unless --in-doubt auto)."""
+    if options.include_succeeded and options.in_doubt != "auto":
+        return options
+    results = ctx.results()
+    if results is None and options.in_doubt == "auto":
+        raise UsageProblem(
+            "--in-doubt auto consults Celery's result backend: give --result-backend URL "
+            "(or REDRIVE_RESULT_BACKEND)"
+        )
+    return replace(options, results=results)
 
 
 def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) -> None:
@@ -284,6 +303,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
         "lease": options.lease,
         "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
         "include_unregistered": knowledge is not None and knowledge.include_unregistered,
+        "include_succeeded": options.include_succeeded,
     }
 
 
@@ -325,6 +345,7 @@ def replay(
     include_expired: bool,
     include_unknown: bool,
     ambiguous: AmbiguousPolicy,
+    include_succeeded: bool,
     workers: int,
     rate: float | None,
     allow_partial: bool,
@@ -352,6 +373,7 @@ def replay(
         to_celery_queue=queue is None or ctx.is_celery_queue(queue),
         ambiguous=ambiguous,
         celery=knowledge,
+        include_succeeded=include_succeeded,
     )
     outcome = run_replay(
         ctx,
@@ -363,11 +385,18 @@ def replay(
         allow_partial=allow_partial,
         as_json=as_json,
     )
+    finish_replay(outcome, knowledge, as_json=as_json, allow_partial=allow_partial)
+
+
+def finish_replay(
+    outcome: ReplayResult, knowledge: TaskKnowledge | None, *, as_json: bool, allow_partial: bool
+) -> None:
+    would_act = outcome.move.dry_run and outcome.move.moved
     finish_move(
         outcome,
         as_json,
         lambda: replay_text(outcome, knowledge),
-        next_command=(execute_command() if outcome.move.dry_run and outcome.move.moved else None),
+        next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
 
@@ -432,7 +461,7 @@ def run_replay(
                     source,
                     to,
                     ledger,
-                    options,
+                    with_results(ctx, options),
                     sqs_factory=ctx.sqs_for,
                     s3_client_factory=ctx.s3_client,
                     observer=display,
@@ -491,6 +520,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
     type=click.Choice(IN_DOUBT_POLICIES),
     help="Override the plan's in-doubt policy (move plans).",
 )
+@include_succeeded_option
 @workers_option
 @route_options
 @json_option
@@ -503,6 +533,7 @@ def apply(
     yes: bool,
     ledger: str | None,
     in_doubt: InDoubtPolicy | None,
+    include_succeeded: bool,
     workers: int,
     route: str | None,
     include_unregistered: bool,
@@ -526,8 +557,10 @@ def apply(
             emit_json(ApplyResult(kind, 0, None, not execute).to_json())
         return
     with core_errors():
-        applying = ApplyOptions(execute, in_doubt, workers)
+        applying = ApplyOptions(execute, in_doubt, workers, include_succeeded)
         options = apply_options(ctx, plan, applying, route, include_unregistered)
+        if isinstance(options, MoveOptions):
+            options = with_results(ctx, options)
         confirm_apply(ctx, dlq, options, yes)
         opened = apply_ledger(ctx, ledger, options)
     result = run_apply(ctx, dlq, plan, options, opened)

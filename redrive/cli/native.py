@@ -12,7 +12,7 @@ from click.core import ParameterSource
 
 from redrive.aws.sqs import Sqs
 from redrive.cli.celery_app import refuse_native_with_routes
-from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width
+from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
 from redrive.cli.options import json_option, target_argument, wide_option
@@ -43,7 +43,10 @@ NATIVE_POLL_SECONDS = 5.0
 # Options that mean something to ``move --native``; any other one given on the command line
 # is refused, so that no filter or safety option is silently ignored.
 # (``--route source`` says what --native does anyway; move refuses ``--route task`` itself.)
-_NATIVE_OPTIONS = {"target", "to", "native", "execute", "yes", "rate", "as_json", "route"}
+_NATIVE_OPTIONS = {
+    *("target", "to", "native", "execute", "yes", "rate", "as_json", "route"),
+    "result_backend",
+}
 
 
 _NATIVE_REFUSALS = (
@@ -98,6 +101,33 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
+def refuse_native_extras(ctx: Context, to: str | None, routes: NativeRoutes) -> None:
+    """What ``--native`` cannot honour is refused: task routes, the options it ignores,
+    a result backend."""
+    with core_errors():
+        refuse_native_with_routes(
+            ctx, route=routes.route, include_unregistered=routes.include_unregistered, to=to
+        )
+    refuse_native_conflicts(click.get_current_context())
+    refuse_native_with_results(ctx)
+
+
+def refuse_native_with_results(ctx: Context) -> None:
+    """SQS moves every message: it cannot leave out tasks the result backend says already
+    succeeded. Asked for on the command line, that is refused; a standing default (env,
+    config) is a warning."""
+    if ctx.result_backend_given:
+        raise click.UsageError(
+            "--native cannot skip tasks that already succeeded: drop --native to let "
+            "redrive's own move skip them, or drop --result-backend"
+        )
+    if ctx.result_backend or ctx.layout.result_backend:
+        warn(
+            "--native moves every message, tasks the result backend says already succeeded "
+            "included; redrive's own move (without --native) skips them"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class NativeRoutes:
     """``--route`` and ``--include-unregistered`` as ``move --native`` was given them (it
@@ -119,11 +149,7 @@ def native_move(
     routes: NativeRoutes,
 ) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
-    with core_errors():
-        refuse_native_with_routes(
-            ctx, route=routes.route, include_unregistered=routes.include_unregistered, to=to
-        )
-    refuse_native_conflicts(click.get_current_context())
+    refuse_native_extras(ctx, to, routes)
     with core_errors():
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None

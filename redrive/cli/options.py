@@ -234,13 +234,24 @@ def lease_option(f: F) -> F:
 # -- move -------------------------------------------------------------------------------------
 
 
+def include_succeeded_option(f: F) -> F:
+    return click.option(
+        "--include-succeeded",
+        is_flag=True,
+        help="Also send tasks whose record in the result backend (--result-backend) is "
+        "SUCCESS (skipped by default: already-succeeded).",
+    )(f)
+
+
 def move_options(f: F) -> F:
+    f = include_succeeded_option(f)
     f = click.option(
         "--in-doubt",
         type=click.Choice(IN_DOUBT_POLICIES),
         default="hold",
         show_default=True,
-        help="What to do with messages whose earlier send may or may not have happened.",
+        help="What to do with messages whose earlier send may or may not have happened "
+        "(auto: delete those Celery's result backend proves delivered, hold the rest).",
     )(f)
     f = click.option(
         "--max-redrives",
@@ -315,6 +326,8 @@ def _global_options() -> list[click.Option]:
                 state.config, state._layout = value, None
             elif attribute == "celery_app":
                 state.celery_app = value
+            elif attribute == "result_backend":
+                state.result_backend, state.result_backend_given = value or None, True
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -345,6 +358,12 @@ def _global_options() -> list[click.Option]:
             expose_value=False,
             callback=setter("celery_app"),
             help="The Celery app, as the global option (may also come before the command).",
+        ),
+        click.Option(
+            ["--result-backend"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("result_backend"),
         ),
     ]
 

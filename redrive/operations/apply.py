@@ -39,6 +39,8 @@ class ApplyOptions:
     in_doubt: InDoubtPolicy | None = None
     """Overrides the plan's in-doubt policy (move plans)."""
     workers: int = 1
+    include_succeeded: bool = False
+    """Send tasks the result backend says already succeeded (move plans)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +106,7 @@ def plan_move_options(
         to_celery_queue=to_celery_queue,
         ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
         celery=celery,
+        include_succeeded=options.include_succeeded or bool(opts.get("include_succeeded")),
     )
 
 

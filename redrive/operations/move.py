@@ -33,6 +33,12 @@ from typing import Any, Literal, Protocol
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
 from redrive.celery.knowledge import TaskKnowledge, skip_reason
+from redrive.celery.results import (
+    ALREADY_SUCCEEDED,
+    ResultLookup,
+    delivered_after_claim,
+    succeeded_ids,
+)
 from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
@@ -68,8 +74,8 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection
 
-InDoubtPolicy = Literal["hold", "resend", "skip"]
-IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip")
+InDoubtPolicy = Literal["hold", "resend", "skip", "auto"]
+IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip", "auto")
 AmbiguousPolicy = Literal["hold", "move"]
 AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
@@ -129,6 +135,11 @@ class MoveOptions:
     after batch, as a FIFO DLQ always goes)."""
     celery: TaskKnowledge | None = None
     """Where each task routes to now and which tasks the app registers (redrive.celery)."""
+    results: ResultLookup | None = None
+    """Celery's result backend: a task whose record is SUCCESS is skipped
+    (``already-succeeded``; see :mod:`redrive.celery.results`)."""
+    include_succeeded: bool = False
+    """Send such tasks all the same (and do not consult the backend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +335,9 @@ class _Decided:
     followers: dict[str, list[_Candidate]] = field(default_factory=dict)
     """Key -> further copies of that key in this batch: they follow the first copy."""
     resolve_skip: list[tuple[_Candidate, str]] = field(default_factory=list)
+    proven: list[tuple[_Candidate, str]] = field(default_factory=list)
+    """In doubt, and proven delivered by the result backend (--in-doubt auto): (copy, the
+    dead run that claimed it); also in ``duplicates``, to be deleted."""
 
     def add(self, cand: _Candidate, verdict: Verdict, entry: Entry | None) -> None:
         """Put a candidate where its verdict says."""
@@ -338,6 +352,9 @@ class _Decided:
             self.takeovers.append((cand, entry.run_id))
         elif fate is Fate.DUPLICATE and entry is not None:
             self.duplicates.append((cand, entry.key))
+        elif fate is Fate.PROVEN and entry is not None:
+            self.duplicates.append((cand, entry.key))
+            self.proven.append((cand, entry.run_id))
         elif fate is Fate.RESOLVE_SKIP and entry is not None:
             self.resolve_skip.append((cand, entry.run_id))
             self.keep.append(cand.message)
@@ -747,9 +764,16 @@ class MoveEngine:
         decoded = [(message, decode(message.body)) for message in batch]
         self._tally.seen.add(decoded)
         gates = self._gate_reasons(decoded)
+        # redrive.celery.results: one lookup per batch; a backend that cannot answer stops
+        # the run here, before this batch is claimed or sent.
+        succeeded = succeeded_ids(
+            None if self.options.include_succeeded else self.options.results,
+            (info.task_id for _, info in decoded),
+        )
         for message, info in decoded:
             gate = gates.get(message.message_id)
-            facts, route = self._message_facts(sqs, message, info, now, now_dt, gate)
+            done = info.task_id in succeeded
+            facts, route = self._message_facts(sqs, message, info, (now, now_dt), gate, done)
             screened = screen(facts, self._decision_options)
             if screened is not None or route is None:
                 self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
@@ -763,22 +787,24 @@ class MoveEngine:
         sqs: Sqs,
         message: Message,
         info: TaskInfo,
-        now: float,
-        now_dt: datetime,
+        now: tuple[float, datetime],
         gate: str | None,
+        succeeded: bool,
     ) -> tuple[MessageFacts, QueueRef | None]:
         """What :func:`screen` needs to know of a message, found in its order: a fact that
         already decides spares the rest (an expired message is not routed)."""
         selection = self.options.selection
         if not selection.matches(
-            info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now
+            info, message_id=message.message_id, sent_at=message.sent_timestamp, now=now[0]
         ):
             return MessageFacts(selected=False), None
         # redrive.celery: a task no worker registers would be dropped.
         if (gate := gate or skip_reason(self.options.celery, info)) is not None:
             return MessageFacts(gate=gate), None
-        if not self.options.include_expired and info.is_expired(now_dt):
+        if not self.options.include_expired and info.is_expired(now[1]):
             return MessageFacts(expired=True), None
+        if succeeded:  # redrive.celery.results: the result backend says it succeeded
+            return MessageFacts(late_gate=ALREADY_SUCCEEDED), None
         route = self._route(sqs, message, info.task)
         facts = MessageFacts(
             routed=route is not None,
@@ -814,9 +840,15 @@ class MoveEngine:
             for e in entries.values()
             if e.state == KeyState.CLAIMED and e.run_id != self.run_id and self._is_live(e.run_id)
         }
+        # redrive.celery.results: which in-doubt tasks the result backend proves delivered.
+        delivered = (
+            delivered_after_claim(self.options.results, candidates, entries, self.run_id)
+            if self.options.in_doubt == "auto"
+            else set()
+        )
         for cand in candidates:
             entry = entries.get(cand.key)
-            verdict = self._verdict(cand, entry, live_owners, decided)
+            verdict = self._verdict(cand, entry, (live_owners, delivered), decided)
             self._tally.decided(cand.info, verdict, cand.message.message_id, cand.key)
             decided.add(cand, verdict, entry)
             if verdict.fate is Fate.PLANNED_DUPLICATE:
@@ -826,7 +858,11 @@ class MoveEngine:
         return decided
 
     def _verdict(
-        self, cand: _Candidate, entry: Entry | None, live_owners: set[str], decided: _Decided
+        self,
+        cand: _Candidate,
+        entry: Entry | None,
+        known_of: tuple[set[str], set[str]],
+        decided: _Decided,
     ) -> Verdict:
         """The candidate's verdict; one that would send takes one of --limit's messages."""
         facts = MessageFacts(
@@ -835,8 +871,14 @@ class MoveEngine:
             in_batch=cand.key in decided.followers,
             planned=entry is None and cand.key in self._planned,
         )
+        live_owners, delivered = known_of
         known = (
-            EntryFacts(entry.state, entry.run_id, owner_live=entry.run_id in live_owners)
+            EntryFacts(
+                entry.state,
+                entry.run_id,
+                owner_live=entry.run_id in live_owners,
+                delivered=cand.key in delivered,
+            )
             if entry is not None
             else None
         )
@@ -874,6 +916,10 @@ class MoveEngine:
         """Claim the keys to send (and take over the in-doubt ones to resend, mark the ones
         to skip): durable before anything is sent."""
         assert self.ledger is not None and self.run_id is not None
+        if decided.proven:
+            decided.duplicates = self._adopt_delivered(
+                decided.proven, decided.duplicates, decided.keep
+            )
         if decided.resolve_skip:
             self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in decided.resolve_skip])
         outcome = ClaimOutcome()
@@ -895,6 +941,22 @@ class MoveEngine:
         if decided.takeovers:
             self._take_over(decided, outcome)
         return outcome
+
+    def _adopt_delivered(
+        self,
+        proven: Sequence[tuple[_Candidate, str]],
+        duplicates: list[tuple[_Candidate, str]],
+        keep: list[Message],
+    ) -> list[tuple[_Candidate, str]]:
+        """--in-doubt auto: take over the keys the result backend proved delivered and
+        record them SENT (by the dead run's copy), so their DLQ copies are deleted as
+        duplicates and the keys end DONE. A key another run took meanwhile stays held."""
+        assert self.ledger is not None and self.run_id is not None
+        taken = self.ledger.takeover_many(self.run_id, [(c.key, run) for c, run in proven])
+        self.ledger.mark_sent_many(self.run_id, {key: "" for key in taken})
+        untaken = {id(c) for c, _ in proven if c.key not in taken}
+        keep.extend(c.message for c, _ in proven if id(c) in untaken)
+        return [(c, k) for c, k in duplicates if id(c) not in untaken]
 
     def _take_over(self, decided: _Decided, outcome: ClaimOutcome) -> None:
         assert self.ledger is not None and self.run_id is not None

@@ -64,6 +64,9 @@ class Fate(enum.Enum):
     """Its key is in doubt and --in-doubt resend: take the claim over and send."""
     RESOLVE_SKIP = "resolve-skip"
     """Its key is in doubt and --in-doubt skip: mark the key skipped."""
+    PROVEN = "proven"
+    """Its key is in doubt and --in-doubt auto, and the result backend proves the dead run's
+    copy delivered: the key is taken over as sent, this copy deleted as a duplicate."""
     IN_DOUBT = "in-doubt"
     """Its key was claimed by a run that ended before confirming the send: held, reported."""
 
@@ -123,6 +126,8 @@ class MessageFacts:
     celery: bool = True
     gate: str | None = None
     """Why a gate says to skip it (a per-message reason; None: no objection)."""
+    late_gate: str | None = None
+    """A gate's reason that yields to expiry (a task whose result says it succeeded)."""
     generation: int = 0
     """How often redrive sent it before (its redrive-count)."""
     held: str | None = None
@@ -141,6 +146,8 @@ class EntryFacts:
     run_id: str
     owner_live: bool = False
     """Whether ``run_id`` (another run, holding a claim) may still be sending it."""
+    delivered: bool = False
+    """Whether the result backend proves the claimant's copy delivered (--in-doubt auto)."""
 
 
 @dataclass(slots=True)  # not frozen: a frozen one costs 4x to make, per message
@@ -171,6 +178,8 @@ def screen(message: MessageFacts, options: DecisionOptions) -> Verdict | None:
         return Verdict(Fate.GATED, message.gate)
     if message.expired and not options.include_expired:
         return _PLAIN[Fate.EXPIRED]
+    if message.late_gate is not None:
+        return Verdict(Fate.GATED, message.late_gate)
     if not message.routed:
         return _PLAIN[Fate.NO_TARGET]
     if not message.celery and not options.include_unknown and options.to_celery:
@@ -221,6 +230,8 @@ def _decide_claimed(entry: EntryFacts, run: RunFacts, options: DecisionOptions) 
         return Verdict(Fate.TAKEOVER, entry.run_id)
     if options.in_doubt == "skip":
         return Verdict(Fate.RESOLVE_SKIP, entry.run_id)
+    if options.in_doubt == "auto" and entry.delivered:
+        return Verdict(Fate.PROVEN, entry.run_id)
     return Verdict(
         Fate.IN_DOUBT, f"claimed by run {entry.run_id}, which ended before confirming the send"
     )

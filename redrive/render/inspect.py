@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
 
@@ -58,6 +59,57 @@ GROUP_STEPS = (
 )
 
 
+def states_cell(counts: ResultCounts) -> str:
+    """``FAILURE 8, STARTED 3, PENDING 1; 3: worker died while running it``."""
+    text = ", ".join(f"{state} {n}" for state, n in counts.states.most_common())
+    if counts.worker_died:
+        text += f"; {counts.worker_died}: {WORKER_DIED}"
+    return text or "-"
+
+
+def exceptions_cell(counts: ResultCounts) -> str:
+    return ", ".join(f"{name} {n}" for name, n in counts.exceptions.most_common()) or "-"
+
+
+def result_columns(
+    groups: Sequence[TaskGroup], rows: list[list[Any]], headers: list[str]
+) -> tuple[list[list[Any]], list[str]]:
+    """The rows and headers with the result backend's columns (exception, states,
+    exceptions), where the groups have them."""
+    if any(g.exception is not None for g in groups):
+        rows = [[*r[:1], g.exception or "-", *r[1:]] for r, g in zip(rows, groups, strict=True)]
+        headers = [headers[0], "exception", *headers[1:]]
+    if any(g.results is not None for g in groups):
+        rows = [[*r, *_result_cells(g.results)] for r, g in zip(rows, groups, strict=True)]
+        headers = [*headers, "states", "exceptions"]
+    return rows, headers
+
+
+def _group_name(group: TaskGroup) -> str:
+    name = printable(group.task)
+    return name if group.exception is None else f"{name} ({printable(group.exception)})"
+
+
+def _result_cells(counts: ResultCounts | None) -> tuple[str, str]:
+    return (states_cell(counts), exceptions_cell(counts)) if counts else ("-", "-")
+
+
+RESULT_STEPS = (Narrow("wrap", "states", 24), Narrow("wrap", "exceptions", 20))
+
+
+def result_lines(groups: Sequence[TaskGroup]) -> list[str]:
+    """The exception samples (with --show-args)."""
+    lines: list[str] = []
+    for group in groups:
+        if group.results is None or not group.results.samples:
+            continue
+        lines.append("")
+        lines.append(f"exception samples of {_group_name(group)}:")
+        for name, sample in group.results.samples.items():
+            lines.append(f"  {printable(name)}: {printable(sample)}")
+    return lines
+
+
 def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
     now = result.scanned_at
     lines = [
@@ -73,11 +125,12 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
         rows, headers = with_celery_columns(
             result.groups, _group_rows(result.groups, now), GROUP_HEADERS
         )
-        lines.append(fitted_table(rows, headers, width=width, steps=GROUP_STEPS))
+        rows, headers = result_columns(result.groups, rows, headers)
+        lines.append(fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *GROUP_STEPS)))
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")
-            lines.append(f"sample arguments of {printable(group.task)}:")
+            lines.append(f"sample arguments of {_group_name(group)}:")
             for sample in group.sample_args:
                 if "body" in sample:
                     # Not a Celery task: no arguments to show, only what the body holds.
@@ -89,6 +142,7 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
                 # argsrepr/kwargsrepr are headers the producer wrote, not our own repr().
                 args, kwargs = (printable(str(sample[k])) for k in ("args", "kwargs"))
                 lines.append(f"  args={args} kwargs={kwargs}")
+    lines.extend(result_lines(result.groups))
     notes = inspect_notes(result)
     if notes:
         lines.append("")

@@ -115,7 +115,8 @@ def _ambiguous_lines(result: MoveResult) -> list[str]:
 
 
 def _skipped_lines(result: MoveResult) -> list[str]:
-    """What to do about messages skipped as no-target, unregistered or not-celery."""
+    """What to do about messages skipped as no-target, unregistered, not-celery or
+    already-succeeded."""
     lines: list[str] = []
     if result.skipped.get("no-target"):
         reason = result.no_target_reason or "their source queue is ambiguous"
@@ -144,6 +145,14 @@ def _skipped_lines(result: MoveResult) -> list[str]:
             "are not Celery tasks, so a Celery worker would drop them. Look at them with "
             "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
             "to send them anyway.",
+        ]
+    if result.skipped.get("already-succeeded"):
+        lines += [
+            "",
+            f"{result.skipped['already-succeeded']} message(s) skipped as already-succeeded: "
+            "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
+            "running them again would run the task twice. Purge them (archived), or pass "
+            "--include-succeeded to send them anyway.",
         ]
     return lines
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS
+from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, result_columns
 from redrive.render.tables import Narrow, fitted_table, table, when_cell
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import Report
@@ -61,25 +61,23 @@ def report_text(report: Report, *, markdown: bool = False, width: int | None = N
         lines.append(f"## {q.family} ({q.dlq})" if markdown else f"{q.family} ({q.dlq}):")
         if markdown:
             lines.append("")
-        rows = [
+        rows, headers = result_columns(
+            q.result.groups,
             [
-                g.task,
-                g.count,
-                when_cell(g.oldest, now),
-                g.max_consumer_receives,
-                g.poison,
-                g.expired,
-            ]
-            for g in q.result.groups
-        ]
+                [
+                    g.task,
+                    g.count,
+                    when_cell(g.oldest, now),
+                    g.max_consumer_receives,
+                    g.poison,
+                    g.expired,
+                ]
+                for g in q.result.groups
+            ],
+            ["task", "count", "oldest", "consumer receives", "poison", "expired"],
+        )
         lines.append(
-            fitted_table(
-                rows,
-                ["task", "count", "oldest", "consumer receives", "poison", "expired"],
-                fmt=fmt,
-                width=width,
-                steps=GROUP_STEPS,
-            )
+            fitted_table(rows, headers, fmt=fmt, width=width, steps=(*RESULT_STEPS, *GROUP_STEPS))
         )
     return "\n".join(lines) + "\n"
 

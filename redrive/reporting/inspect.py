@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
@@ -11,7 +12,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.aws.sqs import Sqs
+from redrive.aws.sqs import Message, Sqs
+from redrive.celery.results import (
+    BatchReader,
+    LookupsAhead,
+    ResultCounts,
+    ResultLookup,
+    TaskRecord,
+    exception_group,
+)
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
@@ -55,6 +64,10 @@ class TaskGroup:
     """Messages of a task the Celery app does not register (None: no app to ask)."""
     routes_to: str | None = None
     """The queue the task routes to now, when that is not the DLQ's source (redrive.celery)."""
+    results: ResultCounts | None = None
+    """What Celery's result backend says of the group's task ids (--result-backend)."""
+    exception: str | None = None
+    """The exception type the group holds, with --group-by exception."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -81,6 +94,10 @@ class TaskGroup:
             data["routes_to"] = self.routes_to
         if self.sample_args:
             data["sample_args"] = self.sample_args
+        if self.results is not None:
+            data.update(self.results.to_json())
+        if self.exception is not None:
+            data["exception"] = self.exception
         return data
 
 
@@ -94,6 +111,10 @@ class Grouping:
     max_redrives: int = DEFAULT_MAX_REDRIVES
     groups: dict[str, TaskGroup] = field(default_factory=dict)
     total: int = 0
+    with_results: bool = False
+    """Whether records are read (--result-backend): groups then count their states."""
+    group_by: str | None = None
+    """``exception``: a group per task and exception type."""
     now_utc: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,10 +131,9 @@ class Grouping:
         redrive_count: int,
         body: str | None = None,
         redrive_receives: int = 0,
+        record: TaskRecord | None = None,
     ) -> None:
-        group = self.groups.get(info.task)
-        if group is None:
-            group = self.groups[info.task] = TaskGroup(task=info.task)
+        group = self._group(info, record)
         self.total += 1
         group.count += 1
         if sent_at is not None:
@@ -144,6 +164,18 @@ class Grouping:
                 group.sample_task_ids.append(info.task_id)
             if self.show_args:
                 group.sample_args.append(_sample(info, body))
+
+    def _group(self, info: TaskInfo, record: TaskRecord | None) -> TaskGroup:
+        exception = exception_group(record) if self.group_by == "exception" else None
+        key = info.task if exception is None else f"{info.task}\0{exception}"
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = TaskGroup(task=info.task, exception=exception)
+            if self.with_results:
+                group.results = ResultCounts()
+        if group.results is not None and record is not None:
+            group.results.add(record, show_args=self.show_args)
+        return group
 
     def sorted_groups(self) -> list[TaskGroup]:
         return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
@@ -186,6 +218,10 @@ class InspectResult:
     fifo: bool = False
     receive_log_problem: str | None = None
     """Why redrive's own receives could not be told apart (then they are in the counts)."""
+    result_backend: str | None = None
+    """The result backend read (password masked), with --result-backend."""
+    result_backend_problem: str | None = None
+    """Why the backend stopped answering: the groups then count only what it said before."""
 
     @property
     def incomplete(self) -> bool:
@@ -235,7 +271,14 @@ class InspectResult:
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
             "receive_log_problem": self.receive_log_problem,
-        }
+        } | (
+            {
+                "result_backend": self.result_backend,
+                "result_backend_problem": self.result_backend_problem,
+            }
+            if self.result_backend is not None
+            else {}
+        )
 
 
 def inspect_dlq(
@@ -252,23 +295,22 @@ def inspect_dlq(
     on_depth: Callable[[int], None] | None = None,
     lease: int = DEFAULT_LEASE,
     receive_log: ReceiveLog | None = None,
+    results: ResultLookup | None = None,
+    group_by: str | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
 
     ``on_depth`` hears SQS's count of visible messages before the scan starts (a progress
     display's total). ``lease``: how long a killed inspect hides what it held (holds are
     renewed while it runs). ``receive_log``: where redrive counts its own receives, so that
-    the receive counts shown leave them out.
+    the receive counts shown leave them out. ``results``: Celery's result backend, read
+    once per received batch (a backend that fails is said and the scan goes on without it);
+    ``group_by="exception"`` splits each task's group by the exception its record holds.
     """
     started = time.monotonic()
     now = time.time() if now is None else now
     sqs = sqs_factory()
-    counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )
-    depth = int(counts.get("ApproximateNumberOfMessages", "0"))
-    hidden = int(counts.get("ApproximateNumberOfMessagesNotVisible", "0"))
+    depth, hidden = _counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     scan = DlqScan(
@@ -286,36 +328,10 @@ def inspect_dlq(
         retention_seconds=target.dlq.retention_seconds,
         show_args=show_args,
         max_redrives=max_redrives,
+        with_results=results is not None,
+        group_by=group_by,
     )
-    lock = threading.Lock()
-
-    def work(worker_sqs: Sqs) -> None:
-        while (batch := scan.next_batch(worker_sqs)) is not None:
-            try:
-                infos = [(m, decode(m.body)) for m in batch]
-                with lock:
-                    for message, info in infos:
-                        grouping.add(
-                            info,
-                            message_id=message.message_id,
-                            sent_at=message.sent_timestamp,
-                            receive_count=message.receive_count,
-                            redrive_count=attributes.redrive_count(message.message_attributes),
-                            body=message.body,
-                            redrive_receives=message.redrive_receives,
-                        )
-            finally:
-                # Spooled even if counting failed, so release_all gives this batch back too
-                # instead of leaving it hidden for the whole lease.
-                scan.keep(worker_sqs, batch)
-
-    try:
-        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
-    finally:
-        # Ctrl-C or an error: what was received goes back all the same.
-        scan.release_all(sqs)
-        scan.close()
-    interrupted = scan.stop.is_set()
+    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results)
     return InspectResult(
         label=target.label,
         dlq=target.dlq.name,
@@ -329,9 +345,88 @@ def inspect_dlq(
         depth_before=depth,
         hidden_before=hidden,
         partial=limit is not None and grouping.total >= limit,
-        interrupted=interrupted,
+        interrupted=scan.stop.is_set(),
         seen_again=scan.stats.seen_again,
         released=scan.stats.released,
         fifo=target.dlq.fifo,
         receive_log_problem=receive_log.problem if receive_log is not None else None,
+        result_backend=results.location if results is not None else None,
+        result_backend_problem=problem,
     )
+
+
+def _counts(sqs: Sqs, url: str) -> tuple[int, int]:
+    """SQS's counts of the DLQ's visible and in-flight messages."""
+    counts = sqs.attributes(
+        url, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    )
+    return (
+        int(counts.get("ApproximateNumberOfMessages", "0")),
+        int(counts.get("ApproximateNumberOfMessagesNotVisible", "0")),
+    )
+
+
+def _scan_into(
+    grouping: Grouping,
+    scan: DlqScan,
+    sqs: Sqs,
+    sqs_factory: Callable[[], Sqs],
+    workers: int,
+    results: ResultLookup | None,
+) -> str | None:
+    """Run the scan, counting each batch into ``grouping``, and give back everything it
+    received; returns why the result backend stopped answering, if it did."""
+    ahead = LookupsAhead(BatchReader(results)) if results is not None else None
+    lock = threading.Lock()
+
+    def work(worker_sqs: Sqs) -> None:
+        while (batch := scan.next_batch(worker_sqs)) is not None:
+            try:
+                infos = [(m, decode(m.body)) for m in batch]
+                if ahead is None:
+                    _count(grouping, lock, infos, None)
+                else:
+                    # One lookup per batch, on the lookups' own thread: receives go on.
+                    ids = [i.task_id for _, i in infos]
+                    ahead.submit(ids, functools.partial(_count, grouping, lock, infos))
+            finally:
+                # Spooled even if counting failed, so release_all gives this batch back too
+                # instead of leaving it hidden for the whole lease.
+                scan.keep(worker_sqs, batch)
+
+    try:
+        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
+        if ahead is not None:
+            ahead.finish()
+    finally:
+        if ahead is not None:
+            ahead.close()
+        # Ctrl-C or an error: what was received goes back all the same.
+        scan.release_all(sqs)
+        scan.close()
+    problem = ahead.reader.problem if ahead is not None else None
+    if problem is not None:
+        # Counts of part of the scan would read as the whole: none at all, and say why.
+        for group in grouping.groups.values():
+            group.results = None
+    return problem
+
+
+def _count(
+    grouping: Grouping,
+    lock: threading.Lock,
+    infos: list[tuple[Message, TaskInfo]],
+    records: dict[str, TaskRecord] | None,
+) -> None:
+    with lock:
+        for message, info in infos:
+            grouping.add(
+                info,
+                message_id=message.message_id,
+                sent_at=message.sent_timestamp,
+                receive_count=message.receive_count,
+                redrive_count=attributes.redrive_count(message.message_attributes),
+                body=message.body,
+                redrive_receives=message.redrive_receives,
+                record=records.get(info.task_id) if records and info.task_id else None,
+            )

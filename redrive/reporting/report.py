@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redrive.aws.sqs import Sqs
+from redrive.celery.results import ResultLookup
 from redrive.config import Layout
 from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import ReceiveLog
@@ -57,6 +58,12 @@ class Report:
         return sum(q.messages for q in self.queues)
 
     @property
+    def result_backend_problem(self) -> str | None:
+        """Why Celery's result backend did not answer (said once; the report goes on)."""
+        problems = [q.result.result_backend_problem for q in self.queues if q.result]
+        return next((p for p in problems if p), None)
+
+    @property
     def errors(self) -> list[str]:
         return [f"{q.family}: {q.error}" for q in self.queues if q.error]
 
@@ -89,6 +96,7 @@ def build_report(
     on_progress: Callable[[str, int], None] | None = None,
     now: float | None = None,
     receive_log: ReceiveLog | None = None,
+    results: ResultLookup | None = None,
 ) -> Report:
     now = time.time() if now is None else now
     report = Report(generated_at=now, layout=layout.source)
@@ -104,6 +112,7 @@ def build_report(
                 else None,
                 now=now,
                 receive_log=receive_log,
+                results=results,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
         except AwsUnavailable:

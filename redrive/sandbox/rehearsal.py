@@ -14,6 +14,7 @@ from typing import Final
 
 from redrive.aws.sqs import queue_name
 from redrive.config import Layout
+from redrive.sandbox.results import write_results
 from redrive.sandbox.seeding import STORIES, SeededFamily
 from redrive.sandbox.seeding import seed as seed_layout
 from redrive.sandbox.server import SandboxServer, client_for, start_server
@@ -90,6 +91,9 @@ def run(
                 seeded = seed_layout(client, layout, per_family=per_family, seed=chosen)
             finally:
                 client.close()
+            server.result_backend = write_results(
+                state_dir / "results.sqlite3", layout, per_family=per_family, seed=chosen
+            )
             on_ready(server, seeded)
             # A timeout keeps the main thread responsive to signals on every platform.
             while not stop.wait(0.5):
@@ -112,4 +116,6 @@ def seeded_lines(server: SandboxServer, seeded: Sequence[SeededFamily]) -> list[
         lines.append(f"# ledger and audit trail of this sandbox: {server.state_dir}")
     if server.seed is not None:
         lines.append(f"# tasks drawn from --seed {server.seed}")
+    if server.result_backend is not None:
+        lines.append(f"# Celery result database (why they failed): {server.result_backend}")
     return lines

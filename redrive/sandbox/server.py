@@ -53,6 +53,8 @@ class SandboxServer:
     """The fresh state directory of a seeded sandbox (``REDRIVE_STATE_DIR`` of its exports)."""
     seed: int | None = None
     """What the seeded tasks were drawn from (``--seed`` draws the same again)."""
+    result_backend: str | None = None
+    """Its Celery result database (``REDRIVE_RESULT_BACKEND`` of its exports), if any."""
     _server: BaseWSGIServer | None = field(default=None, repr=False, compare=False)
     _thread: threading.Thread | None = field(default=None, repr=False, compare=False)
     _cleanup: contextlib.ExitStack | None = field(default=None, repr=False, compare=False)
@@ -206,6 +208,8 @@ def sandbox_env(server: SandboxServer) -> dict[str, str]:
     }
     if server.state_dir is not None:
         env["REDRIVE_STATE_DIR"] = str(server.state_dir)
+    if server.result_backend is not None:
+        env["REDRIVE_RESULT_BACKEND"] = server.result_backend
     return env
 
 
