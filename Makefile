@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install demo test test-clock-ahead lint typecheck unit suite bench clean
+.PHONY: install demo test test-clock-ahead lint typecheck unit suite browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,20 @@ unit: install
 suite: install
 	$(BIN)/pytest -q -n 4 --durations=15
 
-test: lint typecheck suite
+test: lint typecheck browser suite
+
+# The HTML report's browser test needs headless Chromium (Debian's package). Installed here
+# when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
+# and the summary says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing chromium for the browser test'; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
+	    echo 'chromium could not be installed: the browser test will skip'; \
+	  else echo 'no chromium (and not root with apt-get): the browser test will skip'; fi; }
 
 # The suite with the wall clock two years ahead, subprocesses included: no test may depend on
 # today's date. libfaketime from PyPI, because its vendored build sleeps correctly with the

@@ -51,6 +51,10 @@ class SendInDoubt(AwsError):
     server error). Retrying it could send a task twice, so it is never retried blindly."""
 
 
+class PostFailed(RedriveError):
+    """A report could not be posted to a webhook (refused, timed out, not a 2xx answer)."""
+
+
 class CeleryAppError(ConfigError):
     """The Celery app named by ``--celery-app`` (or REDRIVE_CELERY_APP, or ``[celery] app``)
     cannot be loaded or used: Celery missing, module or attribute missing, the import raised."""

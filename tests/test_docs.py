@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gzip
+import http.server
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
@@ -39,6 +41,7 @@ DOCS = [ROOT / "README.md", *RUNBOOKS]
 FENCE = re.compile(r"^```(\w*)\s*$")
 EXPECT = re.compile(r"\s#\s*expect exit (\d+)\s*$")
 ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=\$\((.*)\)$")
+CRON_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 # Started by the test itself (and tested end to end in test_e2e.py); it runs until stopped.
 NOT_RUN_HERE = ("redrive sandbox",)
 
@@ -60,6 +63,8 @@ def commands(doc: Path) -> list[Command]:
             continue
         if fence == "console" and raw.startswith("$ "):
             text = raw[2:].strip()
+        elif fence == "crontab" and CRON_ENV.match(raw):
+            continue  # the jobs' environment: the test gives its own (a webhook on loopback)
         elif fence == "crontab" and raw.strip() and not raw.lstrip().startswith("#"):
             # Five schedule fields, then the command; the `||` fallback posts elsewhere.
             text = raw.split(None, 5)[5].split(" || ")[0]
@@ -76,8 +81,40 @@ def commands(doc: Path) -> list[Command]:
     return found
 
 
+class Received(list[bytes]):
+    """The bodies posted to a webhook, and its URL."""
+
+    url = ""
+
+
 @pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
+def webhook() -> Iterator[Received]:
+    """A chat webhook on 127.0.0.1 that records every body posted to it."""
+    received = Received()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    received.url = f"http://127.0.0.1:{server.server_port}/services/T0/B0/x"
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, webhook: Received) -> Iterator[dict[str, str]]:
     server = start_server(0)
     try:
         # moto's state is per process, shared by every server in it: start from nothing.
@@ -94,6 +131,8 @@ def sandbox(tmp_path: Path) -> Iterator[dict[str, str]]:
         env["REDRIVE_STATE_DIR"] = str(tmp_path / "state")
         env["REDRIVE_RECEIVE_WAIT"] = "0"  # moto answers short polls with every message
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # What a crontab's environment line gives its jobs, on loopback.
+        env["REDRIVE_REPORT_WEBHOOK"] = webhook.url
         yield env
     finally:
         server.stop()
@@ -119,7 +158,8 @@ def test_every_runbook_lists_iam_permissions() -> None:
 
 MAIN_RUNBOOK = ROOT / "runbooks" / "draining-an-sqs-dead-letter-queue.md"
 BLIP_RUNBOOK = ROOT / "runbooks" / "dlq-blip-after-deploy.md"
-OTHER_DOCS = [d for d in DOCS if d not in (MAIN_RUNBOOK, BLIP_RUNBOOK)]
+SCHEDULED_RUNBOOK = ROOT / "runbooks" / "scheduled-dlq-report.md"
+OTHER_DOCS = [d for d in DOCS if d not in (MAIN_RUNBOOK, BLIP_RUNBOOK, SCHEDULED_RUNBOOK)]
 
 
 @pytest.mark.e2e
@@ -177,6 +217,19 @@ def run_commands(
             after(command)
         done_all.append((command, done))
     return done_all
+
+
+@pytest.mark.e2e
+def test_the_scheduled_runbooks_jobs_write_the_page_and_post_to_chat(
+    sandbox: dict[str, str], tmp_path: Path, webhook: Received
+) -> None:
+    """Issue 16: the crontab's jobs write the HTML page and post to the chat webhook (its
+    environment line's URL, here on loopback)."""
+    run_doc(SCHEDULED_RUNBOOK, sandbox, tmp_path)
+    page = (tmp_path / "work" / "dlq-report.html").read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and '<svg class="timeline"' in page
+    posts = [json.loads(body) for body in webhook]
+    assert posts and all("blocks" in post and "text" in post for post in posts)
 
 
 @pytest.mark.e2e

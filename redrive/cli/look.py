@@ -6,10 +6,14 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
+from redrive import webhook
 from redrive.celery.knowledge import annotate_groups
 from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
@@ -24,19 +28,34 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
-from redrive.errors import UsageProblem
+from redrive.errors import PostFailed, UsageProblem
 from redrive.ledger import default_ledger_path
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
+from redrive.render.html import report_html
 from redrive.render.inspect import inspect_text
 from redrive.render.move import archive_damage_lines
 from redrive.render.report import report_prometheus, report_text, since_last_text
+from redrive.render.slack import slack_payload
+from redrive.render.sparkline import wants_ascii
 from redrive.render.status import status_table
 from redrive.reporting import alerts
 from redrive.reporting.check import check_layout
 from redrive.reporting.inspect import InspectResult, inspect_dlq
-from redrive.reporting.report import build_report
+from redrive.reporting.report import Report, build_report
 from redrive.reporting.status import family_status
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def ascii_option(f: F) -> F:
+    return click.option(
+        "--ascii",
+        "ascii_only",
+        is_flag=True,
+        help="Draw timelines in plain ASCII (the default when the output is not UTF-8).",
+    )(f)
+
 
 # -- status, inspect, report ------------------------------------------------------------------
 
@@ -66,6 +85,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 )
 @workers_doing("receive")
 @lease_option
+@ascii_option
 @click.option(
     "--group-by",
     type=click.Choice(["task", "exception"]),
@@ -83,6 +103,7 @@ def inspect(
     show_args: bool,
     workers: int,
     lease: int,
+    ascii_only: bool,
     group_by: str,
     wide: bool,
 ) -> None:
@@ -119,12 +140,17 @@ def inspect(
         progress.done()
     if knowledge is not None:
         annotate_groups(result.groups, knowledge, result.sources)
+    _show_inspected(result, as_json=as_json, ascii_only=ascii_only, wide=wide)
+
+
+def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, wide: bool) -> None:
     # An archive's damage: what read cleanly is shown, then it is an error.
     damaged = getattr(result, "damaged", None)
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(inspect_text(result, width=table_width(wide)))
+        ascii_only = ascii_only or wants_ascii(sys.stdout.encoding)
+        click.echo(inspect_text(result, width=table_width(wide), ascii_only=ascii_only))
         if damaged is not None:
             click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
     if damaged is not None:
@@ -171,10 +197,11 @@ def _is_archive(target: str) -> bool:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["table", "markdown", "json", "prometheus"]),
+    type=click.Choice(["table", "markdown", "json", "prometheus", "html"]),
     default="table",
     show_default=True,
-    help="prometheus: text exposition format for node_exporter's textfile collector.",
+    help="prometheus: text exposition format for node_exporter's textfile collector; "
+    "html: one self-contained page (charts included, fetches nothing).",
 )
 @click.option(
     "--output",
@@ -203,24 +230,39 @@ def _is_archive(target: str) -> bool:
     help="With --alert-state: an unchanged DLQ alerts at most once per DUR; "
     "a DLQ that grows or gains a task alerts at once.",
 )
+@click.option(
+    "--show-args",
+    is_flag=True,
+    help="Include sample task arguments in html and json (they may hold personal data).",
+)
+@click.option(
+    "--post",
+    "post_urls",
+    multiple=True,
+    metavar="URL",
+    envvar="REDRIVE_REPORT_WEBHOOK",
+    help="POST the report to URL (a Slack-compatible incoming webhook; repeatable; "
+    "env REDRIVE_REPORT_WEBHOOK). With --alert-state: only when the alert fires.",
+)
+@click.option(
+    "--post-format",
+    type=click.Choice(["slack", "json"]),
+    default="slack",
+    show_default=True,
+    help="slack: text plus one block per non-empty DLQ; json: the --format json report.",
+)
+@click.option(
+    "--post-always",
+    is_flag=True,
+    help="With --alert-state: post every run, not only when the alert fires.",
+)
+@ascii_option
 @wide_option
 @pass_ctx
-def report(
-    ctx: Context,
-    fmt: str,
-    output: str | None,
-    fail_on_messages: bool,
-    since_last: bool,
-    alert_state: str | None,
-    alert_throttle: float | None,
-    wide: bool,
-) -> None:
+def report(ctx: Context, /, **options: Any) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
-    if (alert_state or alert_throttle is not None) and not fail_on_messages:
-        raise click.UsageError("--alert-state and --alert-throttle go with --fail-on-messages")
-    if alert_throttle is not None and not alert_state:
-        raise click.UsageError("--alert-throttle needs --alert-state FILE to remember alerts")
-
+    opts = ReportOptions(**options)
+    opts.check()
     progress = Progress("report")
     with core_errors(), interruptible() as stop:
         result = build_report(
@@ -229,46 +271,14 @@ def report(
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            show_args=opts.show_args,
             results=ctx.results(probe=False),
         )
     progress.done()
-    changes = None
-    if since_last:
-        with core_errors():
-            state_path = alerts.since_last_path(default_ledger_path().parent, ctx.layout.source)
-            previous = alerts.load_state(state_path)
-            changes = alerts.changes_since(previous, result)
-            alerts.save_state(
-                state_path,
-                {"generated_at": result.generated_at, "families": alerts.snapshot(result)},
-            )
-    if fmt == "json":
-        data = result.to_json()
-        if changes is not None:
-            data["since_last"] = [c.to_json() for c in changes]
-        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    elif fmt == "prometheus":
-        text = report_prometheus(result)
-    else:
-        # A file (a dashboard, a mail) gets every column: no terminal decides its width.
-        width = None if output else table_width(wide)
-        text = report_text(result, markdown=fmt == "markdown", width=width)
-        if changes is not None:
-            text += "\n" + since_last_text(changes, markdown=fmt == "markdown")
-    if output:
-        path = Path(output)
-        tmp = path.with_name(f".{path.name}.tmp")
-        # Readers (a dashboard, an alert) see the old report or the new one, never half.
-        try:
-            with tmp.open("w", encoding="utf-8") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            fail(f"cannot write the report to {path}: {exc.strerror or exc}")
+    changes = _since_last(ctx, result) if opts.since_last else None
+    text = _report_document(opts, result, changes)
+    if opts.output:
+        _write_atomically(Path(opts.output), text)
     else:
         click.echo(text, nl=False)
     for error in result.errors:
@@ -278,25 +288,135 @@ def report(
         warn(f"{backend_problem}; states and exceptions left out")
     if stop.is_set():
         sys.exit(EXIT_INTERRUPTED)
-    if fail_on_messages and alert_state:
+    alert, alert_state = _alert(opts, result)
+    posted = _post(opts, result, changes, alert)
+    if alert_state is not None and posted:
+        # A post that failed leaves the alert unrecorded: the next run alerts, and posts, again
+        # instead of the throttle holding back what no one was told.
         with core_errors():
-            decision, new_state = alerts.decide_alert(
-                alerts.load_state(Path(alert_state)),
-                result,
-                throttle=alert_throttle,
-                now=result.generated_at,
-            )
-            alerts.save_state(Path(alert_state), new_state)
-        for family, reason in decision.reasons.items():
-            click.echo(
-                f"alert {'FIRES' if decision.fire else 'held'}: {family}: {reason}", err=True
-            )
-        if decision.fire:
-            sys.exit(EXIT_ERROR)
-    elif fail_on_messages and result.total > 0:
+            alerts.save_state(Path(alert_state[0]), alert_state[1])
+    if alert or not posted or result.errors or backend_problem:
         sys.exit(EXIT_ERROR)
-    if result.errors or backend_problem:
-        sys.exit(EXIT_ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportOptions:
+    fmt: str
+    output: str | None
+    fail_on_messages: bool
+    since_last: bool
+    alert_state: str | None
+    alert_throttle: float | None
+    show_args: bool
+    post_urls: tuple[str, ...]
+    post_format: str
+    post_always: bool
+    ascii_only: bool
+    wide: bool
+
+    def check(self) -> None:
+        if (self.alert_state or self.alert_throttle is not None) and not self.fail_on_messages:
+            raise click.UsageError("--alert-state and --alert-throttle go with --fail-on-messages")
+        if self.alert_throttle is not None and not self.alert_state:
+            raise click.UsageError("--alert-throttle needs --alert-state FILE to remember alerts")
+        if self.post_always and not self.alert_state:
+            raise click.UsageError(
+                "--post-always goes with --alert-state (without it every run posts)"
+            )
+        for url in self.post_urls:
+            if not webhook.is_http_url(url):
+                raise click.UsageError(f"--post {webhook.shown(url)}: not an http(s) URL")
+
+
+def _since_last(ctx: Context, result: Report) -> list[alerts.Change]:
+    with core_errors():
+        state_path = alerts.since_last_path(default_ledger_path().parent, ctx.layout.source)
+        changes = alerts.changes_since(alerts.load_state(state_path), result)
+        alerts.save_state(
+            state_path, {"generated_at": result.generated_at, "families": alerts.snapshot(result)}
+        )
+    return changes
+
+
+def _report_json(result: Report, changes: list[alerts.Change] | None) -> dict[str, Any]:
+    data = result.to_json()
+    if changes is not None:
+        data["since_last"] = [c.to_json() for c in changes]
+    return data
+
+
+def _report_document(
+    opts: ReportOptions, result: Report, changes: list[alerts.Change] | None
+) -> str:
+    if opts.fmt == "json":
+        return json.dumps(_report_json(result, changes), indent=2, ensure_ascii=False) + "\n"
+    if opts.fmt == "prometheus":
+        return report_prometheus(result)
+    if opts.fmt == "html":
+        return report_html(result, changes=changes)
+    # A file (a dashboard, a mail) gets every column: no terminal decides its width.
+    width = None if opts.output else table_width(opts.wide)
+    markdown = opts.fmt == "markdown"
+    ascii_only = opts.ascii_only or (not opts.output and wants_ascii(sys.stdout.encoding))
+    text = report_text(result, markdown=markdown, width=width, ascii_only=ascii_only)
+    if changes is not None:
+        text += "\n" + since_last_text(changes, markdown=markdown)
+    return text
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    # Readers (a dashboard, an alert) see the old report or the new one, never half.
+    try:
+        with tmp.open("w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        fail(f"cannot write the report to {path}: {exc.strerror or exc}")
+
+
+def _alert(opts: ReportOptions, result: Report) -> tuple[bool, tuple[str, dict[str, Any]] | None]:
+    """Whether the alerting exit code fires (throttled with --alert-state), and the alert
+    state to save (file, state) once the posts, if any, are done."""
+    if not opts.fail_on_messages:
+        return False, None
+    if not opts.alert_state:
+        return result.total > 0, None
+    with core_errors():
+        decision, new_state = alerts.decide_alert(
+            alerts.load_state(Path(opts.alert_state)),
+            result,
+            throttle=opts.alert_throttle,
+            now=result.generated_at,
+        )
+    for family, reason in decision.reasons.items():
+        click.echo(f"alert {'FIRES' if decision.fire else 'held'}: {family}: {reason}", err=True)
+    return decision.fire, (opts.alert_state, new_state)
+
+
+def _post(
+    opts: ReportOptions, result: Report, changes: list[alerts.Change] | None, alert: bool
+) -> bool:
+    """Post to every --post URL (with --alert-state, only when the alert fires); False when
+    a post failed, each failure said on one line."""
+    if not opts.post_urls or (opts.alert_state and not alert and not opts.post_always):
+        return True
+    if opts.post_format == "json":
+        payload = _report_json(result, changes)
+    else:
+        payload = slack_payload(result, changes=changes)
+    ok = True
+    for url in opts.post_urls:
+        try:
+            webhook.post_json(url, payload)
+        except PostFailed as exc:
+            click.echo(f"error: {exc}", err=True)
+            ok = False
+    return ok
 
 
 # -- check: layout audit ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
+from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
 
@@ -110,7 +111,9 @@ def result_lines(groups: Sequence[TaskGroup]) -> list[str]:
     return lines
 
 
-def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
+def inspect_text(
+    result: InspectResult, *, width: int | None = None, ascii_only: bool = False
+) -> str:
     now = result.scanned_at
     lines = [
         wrapped(
@@ -127,6 +130,10 @@ def inspect_text(result: InspectResult, *, width: int | None = None) -> str:
         )
         rows, headers = result_columns(result.groups, rows, headers)
         lines.append(fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *GROUP_STEPS)))
+        timelines = timeline_lines(result.groups, width=width, ascii_only=ascii_only)
+        if timelines:
+            lines.append("")
+            lines.extend(timelines)
         shown_args = [g for g in result.groups if g.sample_args]
         for group in shown_args:
             lines.append("")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from redrive.durations import format_duration
 from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, result_columns
-from redrive.render.tables import Narrow, fitted_table, table, when_cell
+from redrive.render.sparkline import timeline_lines
+from redrive.render.tables import Narrow, fitted_table, markdown_text, table, when_cell
 from redrive.reporting.alerts import Change
-from redrive.reporting.report import Report
+from redrive.reporting.report import FamilyReport, Report
 
 REPORT_STEPS = (
     Narrow("tight"),
@@ -21,65 +23,71 @@ REPORT_STEPS = (
 )
 
 
-def report_text(report: Report, *, markdown: bool = False, width: int | None = None) -> str:
+def report_text(
+    report: Report, *, markdown: bool = False, width: int | None = None, ascii_only: bool = False
+) -> str:
     fmt = "github" if markdown else "simple"
-    now = report.generated_at
-    generated = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M UTC")
-    lines: list[str] = []
+    generated = datetime.fromtimestamp(report.generated_at, UTC).strftime("%Y-%m-%d %H:%M UTC")
     if markdown:
-        lines.append(f"# DLQ report, {generated}")
-        lines.append("")
+        lines = [f"# DLQ report, {generated}", ""]
         lines.append(f"{report.total} message(s) in {len(report.queues)} DLQ(s).")
     else:
-        lines.append(f"DLQ report, {generated}: {report.total} message(s)")
+        lines = [f"DLQ report, {generated}: {report.total} message(s)"]
     lines.append("")
-    summary = []
+    rows, headers = _summary(report)
+    lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=REPORT_STEPS))
+    for q in report.queues:
+        if q.result and q.result.groups:
+            lines.append("")
+            lines.extend(_groups_section(q, report.generated_at, fmt, width, ascii_only))
+    return "\n".join(lines) + "\n"
+
+
+def _summary(report: Report) -> tuple[list[list[Any]], list[str]]:
+    now = report.generated_at
+    rows: list[list[Any]] = []
     for q in report.queues:
         r = q.result
-        summary.append(
-            [
-                q.family,
-                q.dlq or "-",
-                q.messages if r else "-",
-                format_duration(now - r.oldest) if r and r.oldest else "-",
-                r.poison if r else "-",
-                r.expired if r else "-",
-                r.leaving_within_24h if r else "-",
-                q.error or "",
-            ]
-        )
+        cells: list[Any] = [q.family, q.dlq or "-"]
+        if r is None:
+            cells += ["-"] * 5
+        else:
+            age = format_duration(now - r.oldest) if r.oldest else "-"
+            cells += [q.messages, age, r.poison, r.expired, r.leaving_within_24h]
+        rows.append([*cells, q.error or ""])
     headers = ["family", "dlq", "messages", "oldest age", "poison", "expired", "leaving <24h"]
     if any(q.error for q in report.queues):
-        headers.append("error")
-    else:
-        summary = [row[:-1] for row in summary]
-    lines.append(fitted_table(summary, headers, fmt=fmt, width=width, steps=REPORT_STEPS))
-    for q in report.queues:
-        if not q.result or not q.result.groups:
-            continue
+        return rows, [*headers, "error"]
+    return [row[:-1] for row in rows], headers
+
+
+def _groups_section(
+    q: FamilyReport, now: float, fmt: str, width: int | None, ascii_only: bool
+) -> list[str]:
+    assert q.result is not None
+    markdown = fmt == "github"
+    title = f"{q.family} ({q.dlq})"
+    lines = [f"## {markdown_text(title)}", ""] if markdown else [f"{title}:"]
+    groups = q.result.groups
+    rows = [
+        [g.task, g.count, when_cell(g.oldest, now), g.max_consumer_receives, g.poison, g.expired]
+        for g in groups
+    ]
+    headers = ["task", "count", "oldest", "consumer receives", "poison", "expired"]
+    rows, headers = result_columns(groups, rows, headers)
+    steps = (*RESULT_STEPS, *GROUP_STEPS)
+    lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
+    # Markdown: an indented code block, where nothing a task name holds is markup.
+    timelines = timeline_lines(
+        groups,
+        width=width,
+        ascii_only=ascii_only,
+        indent="    " if markdown else "",
+    )
+    if timelines:
         lines.append("")
-        lines.append(f"## {q.family} ({q.dlq})" if markdown else f"{q.family} ({q.dlq}):")
-        if markdown:
-            lines.append("")
-        rows, headers = result_columns(
-            q.result.groups,
-            [
-                [
-                    g.task,
-                    g.count,
-                    when_cell(g.oldest, now),
-                    g.max_consumer_receives,
-                    g.poison,
-                    g.expired,
-                ]
-                for g in q.result.groups
-            ],
-            ["task", "count", "oldest", "consumer receives", "poison", "expired"],
-        )
-        lines.append(
-            fitted_table(rows, headers, fmt=fmt, width=width, steps=(*RESULT_STEPS, *GROUP_STEPS))
-        )
-    return "\n".join(lines) + "\n"
+        lines.extend(timelines)
+    return lines
 
 
 def _label(value: str) -> str:

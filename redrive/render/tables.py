@@ -27,6 +27,16 @@ def printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+# A "|" would split a Markdown table's cell in two (and a backslash before it unescape it),
+# "<" start HTML, "[" "]" a link, "`" a code span: each is taken literally once escaped.
+_MARKDOWN_SPECIAL = str.maketrans({c: "\\" + c for c in "\\|<>[]`"})
+
+
+def markdown_text(text: str) -> str:
+    """Text from a message made literal in Markdown (a table cell, a heading)."""
+    return printable(text).translate(_MARKDOWN_SPECIAL)
+
+
 def table(
     rows: Iterable[Sequence[Any]],
     headers: Sequence[str],
@@ -41,8 +51,7 @@ def table(
         if not isinstance(value, str):
             return value
         value = printable(value)
-        # A "|" in a cell would split it in two in a Markdown table.
-        return value.replace("|", "\\|") if fmt == "github" else value
+        return markdown_text(value) if fmt == "github" else value
 
     body = [[cell(v) for v in row] for row in rows]
     return str(

@@ -26,6 +26,7 @@ from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.durations import iso_utc
 from redrive.messages import TaskInfo, decode
+from redrive.reporting.timeline import SentTimes, Timeline, fit_timelines
 
 SAMPLES_PER_GROUP = 3
 # How much of a body that is not a Celery task --show-args shows instead of its arguments.
@@ -60,6 +61,9 @@ class TaskGroup:
     sample_args: list[dict[str, str | int | None]] = field(default_factory=list)
     protocols: Counter[str] = field(default_factory=Counter)
     notes: Counter[str] = field(default_factory=Counter)
+    sent_times: SentTimes = field(default_factory=SentTimes)
+    timeline: Timeline | None = None
+    """When the group's messages were enqueued, over the DLQ's span (set by sorted_groups)."""
     unregistered: int | None = None
     """Messages of a task the Celery app does not register (None: no app to ask)."""
     routes_to: str | None = None
@@ -85,6 +89,7 @@ class TaskGroup:
             "sample_task_ids": self.sample_task_ids,
             "sample_message_ids": self.sample_message_ids,
             "protocols": dict(self.protocols),
+            "timeline": self.timeline.to_json() if self.timeline is not None else None,
         }
         if self.notes:
             data["notes"] = dict(self.notes)
@@ -137,6 +142,7 @@ class Grouping:
         self.total += 1
         group.count += 1
         if sent_at is not None:
+            group.sent_times.add(sent_at)  # timeline seam: counts per bucket, per group key
             group.oldest = sent_at if group.oldest is None else min(group.oldest, sent_at)
             group.newest = sent_at if group.newest is None else max(group.newest, sent_at)
             if (
@@ -178,7 +184,13 @@ class Grouping:
         return group
 
     def sorted_groups(self) -> list[TaskGroup]:
-        return sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
+        groups = sorted(self.groups.values(), key=lambda g: (-g.count, g.task))
+        # The scan is over: every group's timeline over the span of them all.
+        for group, timeline in zip(
+            groups, fit_timelines([g.sent_times for g in groups]), strict=True
+        ):
+            group.timeline = timeline
+        return groups
 
     @property
     def oldest(self) -> float | None:

@@ -96,6 +96,7 @@ def build_report(
     on_progress: Callable[[str, int], None] | None = None,
     now: float | None = None,
     receive_log: ReceiveLog | None = None,
+    show_args: bool = False,
     results: ResultLookup | None = None,
 ) -> Report:
     now = time.time() if now is None else now
@@ -112,6 +113,7 @@ def build_report(
                 else None,
                 now=now,
                 receive_log=receive_log,
+                show_args=show_args,
                 results=results,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
