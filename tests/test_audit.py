@@ -22,6 +22,8 @@ from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.operations.observer import Callbacks
+from redrive.operations.run import RunRecord
 from redrive.reporting.audit import list_runs, run_json, run_record, show_run
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
@@ -224,14 +226,17 @@ def test_interrupted_run_shows_interrupted(family: Family, cli: Cli) -> None:
             MoveOptions(selection=Selection(), execute=True),
             sqs_factory=lambda: Sqs(family.client),
             stop=stop,
-            on_progress=lambda _: stop.set(),
-            run_info=run_record(
-                command_line="redrive move checkout --execute",
-                target="checkout",
-                filters={},
-                ledger=ledger.location,
-                archive=None,
-                caller={},
+            observer=Callbacks(on_progress=lambda _: stop.set()),
+            record=RunRecord(
+                "move",
+                run_record(
+                    command_line="redrive move checkout --execute",
+                    target="checkout",
+                    filters={},
+                    ledger=ledger.location,
+                    archive=None,
+                    caller={},
+                ),
             ),
         ).run()
     finally:

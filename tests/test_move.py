@@ -49,6 +49,7 @@ from redrive.operations.move import (
     MoveOptions,
     MoveResult,
 )
+from redrive.operations.observer import Callbacks
 from redrive.render.move import move_text
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
@@ -228,18 +229,16 @@ def move(
     # A run that dies keeps its batch hidden for its lease, so those are short; the others
     # get a long one, which a slow (loaded) test machine cannot outlast mid-batch.
     options.setdefault("lease", LEASE if fault is not None else 30)
-    extra: dict[str, Any] = {"now": now} if now is not None else {}
+    extra: dict[str, Any] = {"clock": now} if now is not None else {}
     ledger = SqliteLedger(ledger_path, clock=ledger_clock) if ledger_path is not None else None
     try:
         return MoveEngine(
             target or checkout(client),
             ledger,
-            MoveOptions(**options),
+            MoveOptions(pipelined=pipelined, **options),
             sqs_factory=sqs or (lambda: Sqs(client)),
-            fault=fault,
+            observer=Callbacks(on_step=fault, on_progress=on_progress),
             stop=stop,
-            on_progress=on_progress,
-            pipelined=pipelined,
             **extra,
         ).run()
     finally:

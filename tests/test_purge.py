@@ -29,6 +29,7 @@ from redrive.aws.sqs import BatchResult, Message, Sqs
 from redrive.config import load_layout
 from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
+from redrive.operations.observer import Callbacks
 from redrive.operations.purge import (
     S3_BUFFER,
     PurgeOptions,
@@ -132,7 +133,7 @@ def run_purge(
         PurgeOptions(selection=Selection(tasks=tuple(tasks)), **options),
         sqs_factory=sqs_factory or (lambda: Sqs(client)),
         writer=writer,
-        fault=fault,
+        observer=Callbacks(on_step=fault),
     )
 
 

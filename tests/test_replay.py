@@ -34,6 +34,7 @@ from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import MoveOptions, MoveResult
+from redrive.operations.observer import Callbacks
 from redrive.operations.purge import PurgeOptions, purge_dlq
 from redrive.operations.replay import inspect_archive, replay_archive
 from redrive.sandbox.encoder import encode
@@ -129,7 +130,7 @@ def replay(
             include_unknown=include_unknown,
         ),
         sqs_factory=lambda: Sqs(client),
-        fault=fault,
+        observer=Callbacks(on_step=fault),
         **kw,
     ).move
 

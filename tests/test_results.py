@@ -45,6 +45,7 @@ from redrive.config import built_in_layout, parse_config
 from redrive.dlq.queues import DlqTarget, resolve_target
 from redrive.errors import ResultBackendError
 from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.operations.observer import Callbacks
 from redrive.render.inspect import inspect_text
 from redrive.reporting.inspect import inspect_dlq
 from redrive.reporting.report import build_report
@@ -465,7 +466,7 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
         ledger,
         MoveOptions(execute=True, lease=1, results=lookup),
         sqs_factory=lambda: Sqs(family.client),
-        fault=crash_after_sending,
+        observer=Callbacks(on_step=crash_after_sending),
     )
     with pytest.raises(Killed):
         engine.run()

@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import click
 
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
+from redrive.operations.observer import RunObserver
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -82,6 +83,27 @@ class Progress:
     def done(self) -> None:
         if self.enabled and self._shown:
             click.echo("\r\x1b[K", err=True, nl=False)
+
+
+class ProgressDisplay(RunObserver[Any]):
+    """A run's progress line, as the run's observer: ``line`` says what a result shows; an
+    archive's check and its problems are shown too."""
+
+    def __init__(self, progress: Progress, line: Callable[[Any, Progress], str]) -> None:
+        self.progress = progress
+        self._line = line
+
+    def on_progress(self, result: Any) -> None:
+        self.progress.update(self._line(result, self.progress))
+
+    def on_check(self, read: int) -> None:
+        self.progress.update(f"checking the archive: {read} read")
+
+    def on_problem(self, problem: str) -> None:
+        warn(problem)
+
+    def done(self) -> None:
+        self.progress.done()
 
 
 def progress_text(n: int, total: int | None, what: str, elapsed: float) -> str:
@@ -212,42 +234,35 @@ def next_step(words: str) -> str:
     return f"\nnothing was changed (dry run); to do it, run:\n  {words}"
 
 
-class PlannedView:
-    """A result of ``apply``: also says how many planned messages were gone."""
+class Finished(Protocol):
+    """A run's result as a command ends with it (move, purge, replay, apply)."""
 
-    def __init__(self, result: Any, planned: int) -> None:
-        self._result = result
-        self.planned = planned
-        self.gone = max(0, planned - result.matched)
+    @property
+    def dry_run(self) -> bool: ...
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._result, name)
+    @property
+    def interrupted(self) -> bool: ...
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = self._result.to_json()
-        data.update(planned=self.planned, gone=self.gone)
-        return data
+    @property
+    def needs_attention(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def finish_move(
-    result: Any,
+    result: Finished,
     as_json: bool,
-    render: Callable[..., str],
+    render: Callable[[], str],
     *,
     next_command: str | None = None,
-    **render_kw: Any,
 ) -> None:
-    """Print a move, purge or replay result and exit with its code. ``next_command``: what
-    a dry run that would change something tells the reader to run to do it."""
+    """Print a move, purge or replay result (``render``: its text for people) and exit with
+    its code. ``next_command``: what a dry run that would change something tells the reader
+    to run to do it."""
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(render(getattr(result, "_result", result), **render_kw))
-        if getattr(result, "gone", 0):
-            click.echo(
-                f"\n{result.gone} of the plan's {result.planned} message(s) are no longer in the "
-                "DLQ (already acted on, or removed by someone else): left as they are"
-            )
+        click.echo(render())
         if next_command is not None and not result.interrupted:
             click.echo(next_step(next_command))
     if result.interrupted:

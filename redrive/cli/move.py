@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import click
 
-from redrive.archive import ArchiveDamaged
+from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
-    refuse_native_with_routes,
     route_options,
     routing_note,
     task_knowledge,
 )
 from redrive.cli.console import (
-    PlannedView,
     Progress,
+    ProgressDisplay,
     command_line,
     confirm,
     emit_json,
@@ -36,7 +36,7 @@ from redrive.cli.context import (
     pass_ctx,
 )
 from redrive.cli.exit_codes import EXIT_ATTENTION
-from redrive.cli.native import native_move
+from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
     complete_file,
     complete_queue,
@@ -45,35 +45,45 @@ from redrive.cli.options import (
     json_option,
     lease_option,
     ledger_option,
-    make_selection,
     move_options,
     plan_out_option,
     rate_option,
-    selection_options,
+    selected,
     target_argument,
     workers_option,
 )
-from redrive.cli.purge import run_purge
+from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
-from redrive.ledger import open_ledger
+from redrive.ledger import Ledger, open_ledger
+from redrive.operations.apply import (
+    ApplyOptions,
+    ApplyResult,
+    apply_plan,
+    plan_move_options,
+    plan_purge_options,
+)
 from redrive.operations.move import (
-    DEFAULT_LEASE,
-    DEFAULT_MAX_REDRIVES,
     IN_DOUBT_POLICIES,
+    AmbiguousPolicy,
+    InDoubtPolicy,
     MoveEngine,
     MoveOptions,
+    MoveResult,
 )
-from redrive.operations.plan import PlanWriter, read_plan
-from redrive.operations.replay import replay_archive
-from redrive.render.move import archive_damage_lines, move_text
+from redrive.operations.observer import Observers, RunObserver
+from redrive.operations.plan import Plan, PlanWriter, read_plan
+from redrive.operations.purge import PurgeOptions
+from redrive.operations.replay import ReplayResult, replay_archive
+from redrive.operations.run import RunRecord
+from redrive.render.move import archive_damage_lines, move_text, purge_text
 from redrive.render.selection import filters_text
 from redrive.selection import Selection
 
 
 @click.command(short_help="Send DLQ messages back to their source queue, each task once.")
 @target_argument
-@selection_options
+@selected
 @click.option(
     "--to",
     "to",
@@ -96,98 +106,88 @@ from redrive.selection import Selection
 @route_options
 @json_option
 @pass_ctx
-def move(ctx: Context, /, target: str, **kwargs: Any) -> None:
+def move(
+    ctx: Context,
+    /,
+    target: str,
+    selection: Selection,
+    to: str | None,
+    native: bool,
+    execute: bool,
+    yes: bool,
+    ledger: str | None,
+    in_doubt: InDoubtPolicy,
+    max_redrives: int,
+    include_expired: bool,
+    include_unknown: bool,
+    ambiguous: AmbiguousPolicy,
+    include_succeeded: bool,
+    lease: int,
+    workers: int,
+    rate: float | None,
+    plan_out: str | None,
+    route: str | None,
+    include_unregistered: bool,
+    as_json: bool,
+) -> None:
     """Send DLQ messages back to their source queue, each task once.
 
     A dry run unless --execute. Each message keeps its body and attributes byte for byte;
     an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
     harmless.
     """
-
-    if kwargs.pop("native"):
-        with core_errors():
-            refuse_native_with_routes(
-                ctx,
-                route=kwargs.pop("route"),
-                include_unregistered=kwargs.pop("include_unregistered"),
-                to=kwargs["to"],
-            )
-        native_move(ctx, target, kwargs)
+    if native:
+        routes = NativeRoutes(route, include_unregistered)
+        native_move(
+            ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
+        )
         return
-    selection = make_selection(kwargs)
     with core_errors():
         # The app first: its errors are local, and one line, before any AWS call.
         knowledge = task_knowledge(
-            ctx,
-            route=kwargs["route"],
-            include_unregistered=kwargs["include_unregistered"],
-            to=kwargs["to"],
+            ctx, route=route, include_unregistered=include_unregistered, to=to
         )
         dlq = ctx.target(target)
-        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
-        options = engine_options(
-            kwargs,
-            selection,
-            to=to,
-            to_celery_queue=to is None or ctx.is_celery_queue(to),
-            celery=knowledge,
-        )
-    run_move(
-        ctx,
-        dlq,
-        options,
-        ledger_uri=kwargs["ledger"],
-        yes=kwargs["yes"],
-        as_json=kwargs["as_json"],
-        plan_out=kwargs["plan_out"],
+        queue = ctx.queue(to) if to else None
+    options = MoveOptions(
+        selection=selection,
+        execute=execute,
+        to=queue,
+        include_expired=include_expired,
+        max_redrives=max_redrives,
+        in_doubt=in_doubt,
+        lease=lease,
+        workers=workers,
+        rate=rate,
+        include_unknown=include_unknown,
+        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
+        ambiguous=ambiguous,
+        celery=knowledge,
+        include_succeeded=include_succeeded,
     )
+    run_move(ctx, dlq, options, ledger_uri=ledger, yes=yes, as_json=as_json, plan_out=plan_out)
 
 
 def run_move(
     ctx: Context,
     dlq: DlqTarget,
-    options: Any,
+    options: MoveOptions,
     *,
     ledger_uri: str | None,
     yes: bool,
     as_json: bool,
     plan_out: str | None = None,
-    planned: int | None = None,
 ) -> None:
-    """Confirm, open the ledger, run the engine, render; shared by ``move`` and ``apply``."""
+    """Confirm, open the ledger, run the engine, render."""
     if plan_out and options.execute:
         raise click.UsageError("--plan-out records a dry run: run without --execute")
     with core_errors():
         options = with_results(ctx, options)
-        to = options.to
-        destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
-        if to is None and options.celery is not None and routing_note(options.celery):
-            destination = "the queue each task routes to"
-        confirm(
-            options.execute,
-            yes,
-            f"Move the selected messages from {dlq.dlq.name} to {destination}?",
-            details=lambda: dlq_details(ctx, dlq, options.selection),
-        )
-        ledger = (
-            open_ledger(ledger_uri, client_factory=ctx.aws.client)
-            if options.execute
-            else dry_run_ledger(ledger_uri, ctx.aws.client)
-        )
-        run_info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
-        writer = (
-            PlanWriter(
-                plan_out,
-                kind="move",
-                target=dlq.label,
-                dlq_url=dlq.dlq.url,
-                filters=options.selection.describe(),
-                options=move_plan_options(options),
-            )
-            if plan_out
-            else None
-        )
-    progress = Progress("move")
+        confirm_move(ctx, dlq, options, yes)
+        ledger = move_ledger(ctx, ledger_uri, options.execute)
+        record = move_record(ctx, dlq.label, options, ledger)
+        writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
+    display = ProgressDisplay(Progress("move"), move_progress)
     try:
         with core_errors(), interruptible() as stop:
             engine = MoveEngine(
@@ -195,14 +195,9 @@ def run_move(
                 ledger,
                 options,
                 sqs_factory=ctx.sqs_of(dlq),
-                command=command_line(),
+                observer=Observers(display, writer) if writer else display,
                 stop=stop,
-                on_progress=lambda r: progress.update(
-                    f"{r.moved:,} moved / {r.matched:,} matched / "
-                    + progress.of(r.scanned, "scanned", r.depth_before)
-                ),
-                plan_sink=writer.add if writer else None,
-                run_info=run_info if options.execute else None,
+                record=record,
                 receive_log=ctx.receive_log(),
             )
             result = engine.run()
@@ -213,16 +208,13 @@ def run_move(
     finally:
         if ledger is not None:
             ledger.close()
-    progress.done()
-    if writer is not None:
-        writer.close()
-        click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
-    shown: Any = PlannedView(result, planned) if planned is not None else result
+    display.done()
+    close_plan(writer, plan_out)
     would_act = result.dry_run and (result.moved or result.duplicates)
     finish_move(
-        shown,
+        result,
         as_json,
-        routed_text(options.celery),
+        lambda: routed_text(options.celery, move_text(result)),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
 
@@ -241,47 +233,65 @@ def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
     return replace(options, results=results)
 
 
-def routed_text(knowledge: Any, render: Any = move_text) -> Any:
-    """``render``, with a first line saying where the routes came from when tasks were
-    sent where their route names (redrive.celery)."""
-    note = routing_note(knowledge)
-    if note is None:
-        return render
-
-    def text(result: Any, **kw: Any) -> str:
-        return f"{note}\n{render(result, **kw)}"
-
-    return text
-
-
-def engine_options(
-    kwargs: dict[str, Any],
-    selection: Selection,
-    *,
-    to: QueueRef | None = None,
-    to_celery_queue: bool = True,
-    celery: Any = None,
-) -> MoveOptions:
-    """The engine's options from the shared move and replay options (replay has no --lease)."""
-    return MoveOptions(
-        selection=selection,
-        execute=kwargs["execute"],
-        to=to,
-        include_expired=kwargs["include_expired"],
-        max_redrives=kwargs["max_redrives"],
-        in_doubt=kwargs["in_doubt"],
-        lease=kwargs.get("lease", DEFAULT_LEASE),
-        workers=kwargs["workers"],
-        rate=kwargs["rate"],
-        include_unknown=kwargs["include_unknown"],
-        to_celery_queue=to_celery_queue,
-        ambiguous=kwargs["ambiguous"],
-        include_succeeded=kwargs["include_succeeded"],
-        celery=celery,
+def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) -> None:
+    to = options.to
+    destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
+    if to is None and options.celery is not None and routing_note(options.celery):
+        destination = "the queue each task routes to"
+    confirm(
+        options.execute,
+        yes,
+        f"Move the selected messages from {dlq.dlq.name} to {destination}?",
+        details=lambda: dlq_details(ctx, dlq, options.selection),
     )
 
 
-def move_plan_options(options: Any) -> dict[str, Any]:
+def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
+    """The ledger a move (or replay) runs with: opened (made if need be) to execute; read,
+    if it exists, by a dry run."""
+    if execute:
+        return open_ledger(uri, client_factory=ctx.aws.client)
+    ledger: Ledger | None = dry_run_ledger(uri, ctx.aws.client)
+    return ledger
+
+
+def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
+    """What an executed move's ledger record says of it (who, what, the command line)."""
+    info = execute_record(ctx, label, options.selection, ledger) if ledger else {}
+    return RunRecord(command_line(), info if options.execute else {})
+
+
+def move_plan_writer(dlq: DlqTarget, options: MoveOptions, plan_out: str) -> PlanWriter:
+    return PlanWriter(
+        plan_out,
+        kind="move",
+        target=dlq.label,
+        dlq_url=dlq.dlq.url,
+        filters=options.selection.describe(),
+        options=move_plan_options(options),
+    )
+
+
+def close_plan(writer: PlanWriter | None, plan_out: str | None) -> None:
+    if writer is not None:
+        writer.close()
+        click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
+
+
+def move_progress(r: MoveResult, progress: Progress) -> str:
+    return f"{r.moved:,} moved / {r.matched:,} matched / " + progress.of(
+        r.scanned, "scanned", r.depth_before
+    )
+
+
+def routed_text(knowledge: TaskKnowledge | None, text: str) -> str:
+    """``text``, with a first line saying where the routes came from when tasks were sent
+    where their route names (redrive.celery)."""
+    note = routing_note(knowledge)
+    return text if note is None else f"{note}\n{text}"
+
+
+def move_plan_options(options: MoveOptions) -> dict[str, Any]:
     knowledge = options.celery
     return {
         "to": options.to.url if options.to else None,
@@ -291,9 +301,9 @@ def move_plan_options(options: Any) -> dict[str, Any]:
         "in_doubt": options.in_doubt,
         "ambiguous": options.ambiguous,
         "lease": options.lease,
-        "include_succeeded": options.include_succeeded,
         "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
         "include_unregistered": knowledge is not None and knowledge.include_unregistered,
+        "include_succeeded": options.include_succeeded,
     }
 
 
@@ -307,7 +317,7 @@ def move_plan_options(options: Any) -> dict[str, Any]:
     help="Queue to send to (name or URL); required unless --celery-app or [routes] route "
     "each task.",
 )
-@selection_options
+@selected
 @execute_options
 @ledger_option
 @move_options
@@ -321,94 +331,78 @@ def move_plan_options(options: Any) -> dict[str, Any]:
 @route_options
 @json_option
 @pass_ctx
-def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
+def replay(
+    ctx: Context,
+    /,
+    source: str,
+    to: str | None,
+    selection: Selection,
+    execute: bool,
+    yes: bool,
+    ledger: str | None,
+    in_doubt: InDoubtPolicy,
+    max_redrives: int,
+    include_expired: bool,
+    include_unknown: bool,
+    ambiguous: AmbiguousPolicy,
+    include_succeeded: bool,
+    workers: int,
+    rate: float | None,
+    allow_partial: bool,
+    route: str | None,
+    include_unregistered: bool,
+    as_json: bool,
+) -> None:
     """Send archived messages to a queue, byte-identical, each task once.
 
     ARCHIVE is a file written by purge or archive (.jsonl or .jsonl.gz) or an s3:// prefix.
     A dry run unless --execute; replaying twice sends nothing the second time. The whole
     archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
     """
-    selection = make_selection(kwargs)
-    execute: bool = kwargs["execute"]
     with core_errors():
-        knowledge = task_knowledge(
-            ctx,
-            route=kwargs["route"],
-            include_unregistered=kwargs["include_unregistered"],
-            to=kwargs["to"],
-        )
-        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
-        if to is None and (knowledge is None or not knowledge.route_by_task):
-            raise UsageProblem(
-                "replay needs --to QUEUE, or the tasks' routes (--celery-app MODULE:ATTR or "
-                "a [routes] table) to send each task to the queue its route names"
-            )
-        destination = to.name if to else "the queue each task routes to"
-        confirm(
-            execute,
-            kwargs["yes"],
-            f"Send the selected archived messages to {destination}?",
-            details=lambda: replay_details(source, destination, selection),
-        )
-        ledger = (
-            open_ledger(kwargs["ledger"], client_factory=ctx.aws.client)
-            if execute
-            else dry_run_ledger(kwargs["ledger"], ctx.aws.client)
-        )
-    allow_partial: bool = kwargs["allow_partial"]
-    progress = Progress("replay")
-    try:
-        with core_errors(), interruptible() as stop:
-            try:
-                outcome = replay_archive(
-                    source,
-                    to,
-                    ledger,
-                    with_results(
-                        ctx,
-                        engine_options(
-                            kwargs,
-                            selection,
-                            to_celery_queue=to is None or ctx.is_celery_queue(to),
-                            celery=knowledge,
-                        ),
-                    ),
-                    sqs_factory=ctx.sqs_for,
-                    s3_client_factory=ctx.s3_client,
-                    command=command_line(),
-                    stop=stop,
-                    on_problem=warn,
-                    on_check=lambda n: progress.update(f"checking the archive: {n} read"),
-                    on_progress=lambda r: progress.update(f"{r.moved} replayed / {r.scanned} read"),
-                    run_info=(
-                        execute_record(ctx, source, selection, ledger, archive=source)
-                        if execute and ledger
-                        else None
-                    ),
-                    allow_partial=allow_partial,
-                )
-            except ArchiveDamaged as exc:
-                progress.done()
-                refuse_damaged_archive(source, exc.report, execute, kwargs["as_json"])
-    finally:
-        if ledger is not None:
-            ledger.close()
-    progress.done()
-    damage = outcome.damage
-
-    def render(result: Any, **kw: Any) -> str:
-        text: str = routed_text(knowledge)(result, **kw)
-        if damage is not None:
-            text += "\n\n" + "\n".join(archive_damage_lines(damage, replayed=True))
-        return text
-
-    finish_move(
-        ReplayView(outcome.move, damage),
-        kwargs["as_json"],
-        render,
-        verb="replay",
-        next_command=(execute_command() if outcome.move.dry_run and outcome.move.moved else None),
+        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
+    options = MoveOptions(
+        selection=selection,
+        execute=execute,
+        include_expired=include_expired,
+        max_redrives=max_redrives,
+        in_doubt=in_doubt,
+        workers=workers,
+        rate=rate,
+        include_unknown=include_unknown,
+        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
+        ambiguous=ambiguous,
+        celery=knowledge,
+        include_succeeded=include_succeeded,
     )
+    outcome = run_replay(
+        ctx,
+        source,
+        queue,
+        options,
+        yes=yes,
+        ledger_uri=ledger,
+        allow_partial=allow_partial,
+        as_json=as_json,
+    )
+    finish_replay(outcome, knowledge, as_json=as_json, allow_partial=allow_partial)
+
+
+def finish_replay(
+    outcome: ReplayResult, knowledge: TaskKnowledge | None, *, as_json: bool, allow_partial: bool
+) -> None:
+    would_act = outcome.move.dry_run and outcome.move.moved
+    finish_move(
+        outcome,
+        as_json,
+        lambda: replay_text(outcome, knowledge),
+        next_command=execute_command() if would_act else None,
+    )
+    end_with_damage(outcome.damage, allow_partial=allow_partial)
+
+
+def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None:
+    """A replay that met damage: an error, or (--allow-partial) exit 3."""
     if damage is not None and not allow_partial:
         # Damaged after the check passed (the archive changed meanwhile): stopped there.
         raise click.ClickException(f"{damage.describe()}; the replay stopped there")
@@ -417,7 +411,84 @@ def replay(ctx: Context, /, source: str, **kwargs: Any) -> None:
         sys.exit(EXIT_ATTENTION)
 
 
-def refuse_damaged_archive(source: str, report: Any, execute: bool, as_json: bool) -> NoReturn:
+def replay_destination(
+    ctx: Context, to: str | None, route: str | None, include_unregistered: bool
+) -> tuple[QueueRef | None, TaskKnowledge | None]:
+    """Where a replay sends: ``--to``, or where each task's route names."""
+    knowledge = task_knowledge(ctx, route=route, include_unregistered=include_unregistered, to=to)
+    queue = ctx.queue(to) if to else None
+    if queue is None and (knowledge is None or not knowledge.route_by_task):
+        raise UsageProblem(
+            "replay needs --to QUEUE, or the tasks' routes (--celery-app MODULE:ATTR or "
+            "a [routes] table) to send each task to the queue its route names"
+        )
+    return queue, knowledge
+
+
+def run_replay(
+    ctx: Context,
+    source: str,
+    to: QueueRef | None,
+    options: MoveOptions,
+    *,
+    yes: bool,
+    ledger_uri: str | None,
+    allow_partial: bool,
+    as_json: bool,
+) -> ReplayResult:
+    """Confirm, open the ledger, replay; a damaged archive is refused here."""
+    destination = to.name if to else "the queue each task routes to"
+    with core_errors():
+        confirm(
+            options.execute,
+            yes,
+            f"Send the selected archived messages to {destination}?",
+            details=lambda: replay_details(source, destination, options.selection),
+        )
+        ledger = move_ledger(ctx, ledger_uri, options.execute)
+    info = (
+        execute_record(ctx, source, options.selection, ledger, archive=source)
+        if options.execute and ledger
+        else {}
+    )
+    display = ProgressDisplay(
+        Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
+    )
+    try:
+        with core_errors(), interruptible() as stop:
+            try:
+                outcome = replay_archive(
+                    source,
+                    to,
+                    ledger,
+                    with_results(ctx, options),
+                    sqs_factory=ctx.sqs_for,
+                    s3_client_factory=ctx.s3_client,
+                    observer=display,
+                    stop=stop,
+                    record=RunRecord(command_line(), info),
+                    allow_partial=allow_partial,
+                )
+            except ArchiveDamaged as exc:
+                display.done()
+                refuse_damaged_archive(source, exc.report, options.execute, as_json)
+    finally:
+        if ledger is not None:
+            ledger.close()
+    display.done()
+    return outcome
+
+
+def replay_text(outcome: ReplayResult, knowledge: TaskKnowledge | None) -> str:
+    text = routed_text(knowledge, move_text(outcome.move, verb="replay"))
+    if outcome.damage is not None:
+        text += "\n\n" + "\n".join(archive_damage_lines(outcome.damage, replayed=True))
+    return text
+
+
+def refuse_damaged_archive(
+    source: str, report: DamageReport, execute: bool, as_json: bool
+) -> NoReturn:
     """A damaged archive sends nothing without --allow-partial: say where, exit 1."""
     if as_json:
         emit_json(
@@ -437,32 +508,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
     ]
 
 
-class ReplayView:
-    """A move result that speaks of replaying: JSON gains ``replayed`` and ``damaged``."""
-
-    def __init__(self, result: Any, damage: Any = None) -> None:
-        self._result = result
-        self._damage = damage
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._result, name)
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = self._result.to_json()
-        data = {"replayed": data["moved"], **data}
-        # Replaying twice: what was already sent counts as skipped (there is nothing to delete).
-        # A dry run too knows what was already sent: it is a fact, not a plan.
-        data.pop("duplicates_deleted")
-        data.pop("duplicates_to_delete", None)
-        data["already_sent"] = self._result.duplicates
-        data["skipped"] += data["already_sent"]
-        data["archive"] = data.pop("target")
-        data.pop("dlq", None)
-        data["damaged"] = self._damage.to_json() if self._damage is not None else None
-        return data
-
-
-# -- audit and plans: audit, apply ------------------------------------------------------------
+# -- plans: apply --------------------------------------------------------------------------
 
 
 @click.command(short_help="Act on exactly the messages of a plan (move/purge --plan-out).")
@@ -486,7 +532,7 @@ def apply(
     execute: bool,
     yes: bool,
     ledger: str | None,
-    in_doubt: str | None,
+    in_doubt: InDoubtPolicy | None,
     include_succeeded: bool,
     workers: int,
     route: str | None,
@@ -504,67 +550,60 @@ def apply(
         dlq = ctx.target(plan.dlq_url)
         if dlq.dlq.url != plan.dlq_url:
             raise UsageProblem(f"plan {plan_path} is for {plan.dlq_url}, which is not a DLQ now")
-        if not plan.items:
-            # An empty id set would select *every* message: an empty plan must do nothing.
-            click.echo(f"plan {plan_path} selects no message: nothing to do", err=True)
-            if as_json:
-                emit_json(
-                    {"dry_run": not execute, "kind": plan.kind, "planned": 0, "matched": 0}
-                    | {"moved" if plan.kind == "move" else "purged": 0, "gone": 0}
-                )
-            return
-        selection = Selection(message_ids=plan.message_ids)
-        if plan.kind == "move":
-            opts = plan.options
-            to = ctx.queue(opts["to"]) if opts.get("to") else None
-            options = MoveOptions(
-                selection=selection,
-                execute=execute,
-                to=to,
-                include_expired=bool(opts.get("include_expired", False)),
-                max_redrives=int(opts.get("max_redrives", DEFAULT_MAX_REDRIVES)),
-                in_doubt=in_doubt or opts.get("in_doubt", "hold"),  # type: ignore[arg-type]
-                lease=int(opts.get("lease", DEFAULT_LEASE)),
-                workers=workers,
-                include_unknown=bool(opts.get("include_unknown", False)),
-                to_celery_queue=to is None or ctx.is_celery_queue(to),
-                ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
-                include_succeeded=include_succeeded or bool(opts.get("include_succeeded")),
-                celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
-            )
-    if plan.kind == "move":
-        run_move(
-            ctx,
-            dlq,
-            options,
-            ledger_uri=ledger,
-            yes=yes,
-            as_json=as_json,
-            planned=len(plan.items),
-        )
+    if not plan.items:
+        click.echo(f"plan {plan_path} selects no message: nothing to do", err=True)
+        if as_json:
+            kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
+            emit_json(ApplyResult(kind, 0, None, not execute).to_json())
         return
-    kwargs: dict[str, Any] = {
-        "tasks": (),
-        "exclude_tasks": (),
-        "older_than": None,
-        "newer_than": None,
-        "limit": None,
-        "message_ids": tuple(plan.message_ids),
-        "archive_to": plan.options.get("archive"),
-        "no_archive": bool(plan.options.get("no_archive")),
-        "execute": execute,
-        "yes": yes,
-        "ledger": ledger,
-        "lease": 30,
-        "workers": workers,
-        "as_json": as_json,
-    }
-    run_purge(ctx, dlq.label, kwargs, delete=True, dlq=dlq, planned=len(plan.items))
+    with core_errors():
+        applying = ApplyOptions(execute, in_doubt, workers, include_succeeded)
+        options = apply_options(ctx, plan, applying, route, include_unregistered)
+        if isinstance(options, MoveOptions):
+            options = with_results(ctx, options)
+        confirm_apply(ctx, dlq, options, yes)
+        opened = apply_ledger(ctx, ledger, options)
+    result = run_apply(ctx, dlq, plan, options, opened)
+    finish_move(
+        result,
+        as_json,
+        lambda: apply_text(result, getattr(options, "celery", None)),
+        next_command=execute_command() if would_act(result) else None,
+    )
+
+
+def would_act(applied: ApplyResult) -> bool:
+    """Whether the plan's dry run found something the execute would do."""
+    result = applied.result
+    if not applied.dry_run or result is None:
+        return False
+    if isinstance(result, MoveResult):
+        return bool(result.moved or result.duplicates)
+    return bool(result.matched)
+
+
+def apply_options(
+    ctx: Context,
+    plan: Plan,
+    applying: ApplyOptions,
+    route: str | None,
+    include_unregistered: bool,
+) -> MoveOptions | PurgeOptions:
+    if plan.kind != "move":
+        return plan_purge_options(plan, applying)
+    to = ctx.queue(plan.options["to"]) if plan.options.get("to") else None
+    return plan_move_options(
+        plan,
+        applying,
+        to=to,
+        to_celery_queue=to is None or ctx.is_celery_queue(to),
+        celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
+    )
 
 
 def plan_knowledge(
-    ctx: Context, plan: Any, to: QueueRef | None, route: str | None, include_unregistered: bool
-) -> Any:
+    ctx: Context, plan: Plan, to: QueueRef | None, route: str | None, include_unregistered: bool
+) -> TaskKnowledge | None:
     """A move plan made with task routes sends each message to the target it recorded (what
     was reviewed), one made without to its source, as it always did; ``--route`` decides
     again instead."""
@@ -577,3 +616,71 @@ def plan_knowledge(
         to=to,
         planned=planned if routed and route is None else None,
     )
+
+
+def confirm_apply(
+    ctx: Context, dlq: DlqTarget, options: MoveOptions | PurgeOptions, yes: bool
+) -> None:
+    if isinstance(options, MoveOptions):
+        confirm_move(ctx, dlq, options, yes)
+        return
+    confirm_purge(ctx, dlq, options, yes)
+
+
+def apply_ledger(
+    ctx: Context, uri: str | None, options: MoveOptions | PurgeOptions
+) -> Ledger | None:
+    if isinstance(options, MoveOptions):
+        return move_ledger(ctx, uri, options.execute)
+    # A purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
+    return open_ledger(uri, client_factory=ctx.aws.client) if options.execute else None
+
+
+def run_apply(
+    ctx: Context,
+    dlq: DlqTarget,
+    plan: Plan,
+    options: MoveOptions | PurgeOptions,
+    ledger: Ledger | None,
+) -> ApplyResult:
+    info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
+    display: ProgressDisplay
+    if isinstance(options, MoveOptions):
+        display = ProgressDisplay(Progress("move"), move_progress)
+    else:
+        display = ProgressDisplay(Progress(dlq.label), purge_progress)
+    observer: RunObserver[Any] = display
+    try:
+        with core_errors(), interruptible() as stop:
+            result = apply_plan(
+                dlq,
+                plan,
+                options,
+                sqs_factory=ctx.sqs_of(dlq),
+                ledger=ledger,
+                record=RunRecord(command_line(), info if options.execute else {}),
+                s3_client_factory=ctx.s3_client,
+                observer=observer,
+                stop=stop,
+                receive_log=ctx.receive_log(),
+            )
+    finally:
+        if ledger is not None:
+            ledger.close()
+    display.done()
+    return result
+
+
+def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
+    result = applied.result
+    if isinstance(result, MoveResult):
+        text = routed_text(knowledge, move_text(result))
+    else:
+        assert result is not None  # an empty plan is not rendered
+        text = purge_text(result)
+    if applied.gone:
+        text += (
+            f"\n\n{applied.gone} of the plan's {applied.planned} message(s) are no longer in "
+            "the DLQ (already acted on, or removed by someone else): left as they are"
+        )
+    return text

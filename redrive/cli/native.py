@@ -5,21 +5,25 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any
+from dataclasses import dataclass
 
 import click
 from click.core import ParameterSource
 
+from redrive.aws.sqs import Sqs
+from redrive.cli.celery_app import refuse_native_with_routes
 from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
 from redrive.cli.options import json_option, target_argument, wide_option
+from redrive.dlq.queues import DlqTarget
 from redrive.errors import RedriveError
 from redrive.operations.native import (
     CANCELLED,
     CANCELLING,
     COMPLETED,
     FAILED,
+    MoveTask,
     cancel_move_task,
     destination_label,
     follow_native_move,
@@ -97,6 +101,17 @@ def following() -> contextlib.AbstractContextManager[threading.Event]:
     )
 
 
+def refuse_native_extras(ctx: Context, to: str | None, routes: NativeRoutes) -> None:
+    """What ``--native`` cannot honour is refused: task routes, the options it ignores,
+    a result backend."""
+    with core_errors():
+        refuse_native_with_routes(
+            ctx, route=routes.route, include_unregistered=routes.include_unregistered, to=to
+        )
+    refuse_native_conflicts(click.get_current_context())
+    refuse_native_with_results(ctx)
+
+
 def refuse_native_with_results(ctx: Context) -> None:
     """SQS moves every message: it cannot leave out tasks the result backend says already
     succeeded. Asked for on the command line, that is refused; a standing default (env,
@@ -113,68 +128,62 @@ def refuse_native_with_results(ctx: Context) -> None:
         )
 
 
-def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
+@dataclass(frozen=True, slots=True)
+class NativeRoutes:
+    """``--route`` and ``--include-unregistered`` as ``move --native`` was given them (it
+    refuses what it cannot honour)."""
+
+    route: str | None = None
+    include_unregistered: bool = False
+
+
+def native_move(
+    ctx: Context,
+    target: str,
+    *,
+    to: str | None,
+    execute: bool,
+    yes: bool,
+    rate: float | None,
+    as_json: bool,
+    routes: NativeRoutes,
+) -> None:
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
-    refuse_native_conflicts(click.get_current_context())
-    refuse_native_with_results(ctx)
-    execute: bool = kwargs["execute"]
-    as_json: bool = kwargs["as_json"]
-    rate: float | None = kwargs["rate"]
+    refuse_native_extras(ctx, to, routes)
     with core_errors():
         dlq = ctx.target(target)
-        to = ctx.queue(kwargs["to"]) if kwargs["to"] else None
+        queue = ctx.queue(to) if to else None
         sqs = ctx.sqs_of(dlq)()
         if not execute:
-            plan = plan_native_move(sqs, dlq, destination=to, rate=rate)
+            plan = plan_native_move(sqs, dlq, destination=queue, rate=rate)
             if as_json:
                 emit_json(plan.to_json())
             else:
                 click.echo(native_plan_text(plan))
             return
-        request = native_request(dlq, destination=to, rate=rate)
-        where = destination_label(to, tuple(s.name for s in dlq.sources))
+        request = native_request(dlq, destination=queue, rate=rate)
+        where = destination_label(queue, tuple(s.name for s in dlq.sources))
         confirm(
             execute,
-            kwargs["yes"],
+            yes,
             f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
             details=lambda: dlq_details(ctx, dlq, None),
         )
-        handle = start_native_move(sqs, dlq, destination=to, rate=rate)
+        handle = start_native_move(sqs, dlq, destination=queue, rate=rate)
     click.echo(
         f"started move task {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
         "following, not the task)",
         err=True,
     )
-    progress = Progress("move task")
-    try:
-        with following() as stop:
-            task = follow_native_move(
-                sqs,
-                dlq,
-                handle,
-                poll_seconds=NATIVE_POLL_SECONDS,
-                stop=stop,
-                on_progress=lambda t: progress.update(
-                    f"{t.status}: {t.moved:,}"
-                    + (f" of {t.to_move:,}" if t.to_move is not None else "")
-                    + " moved",
-                    force=True,
-                ),
-            )
-    except RedriveError as exc:
-        # Losing sight of the task does not stop it: say where to find it.
-        raise click.ClickException(
-            f"{exc} (the move task was started and may still be running: `redrive tasks {target}`)"
-        ) from exc
-    finally:
-        progress.done()
+    with following() as stop:
+        task = follow_task(sqs, dlq, handle, target, stop)
     if as_json:
         emit_json(
             {
                 "native": True,
                 "dry_run": False,
                 "dlq": dlq.dlq.name,
-                "destination": to.name if to else None,
+                "destination": queue.name if queue else None,
                 "rate": request.get("MaxNumberOfMessagesPerSecond"),
                 **task.to_json(),
                 "task_handle": handle,
@@ -183,6 +192,42 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
         )
     else:
         click.echo(native_task_text(task, dlq=dlq.dlq.name, destination=where))
+    exit_for_task(task, dlq, handle, target, stopped=stop.is_set())
+
+
+def follow_task(
+    sqs: Sqs, dlq: DlqTarget, handle: str, target: str, stop: threading.Event
+) -> MoveTask:
+    """Follow the started task until it ends (or Ctrl-C), its progress on stderr."""
+    progress = Progress("move task")
+    try:
+        return follow_native_move(
+            sqs,
+            dlq,
+            handle,
+            poll_seconds=NATIVE_POLL_SECONDS,
+            stop=stop,
+            on_progress=lambda t: progress.update(
+                f"{t.status}: {t.moved:,}"
+                + (f" of {t.to_move:,}" if t.to_move is not None else "")
+                + " moved",
+                force=True,
+            ),
+        )
+    except RedriveError as exc:
+        # Losing sight of the task does not stop it: say where to find it.
+        raise click.ClickException(
+            f"{exc} (the move task was started and may still be running: `redrive tasks {target}`)"
+        ) from exc
+    finally:
+        progress.done()
+
+
+def exit_for_task(
+    task: MoveTask, dlq: DlqTarget, handle: str, target: str, *, stopped: bool
+) -> None:
+    """Exit as the task ended: 0 completed, 1 failed, 3 cancelled or still running, 130
+    when the operator stopped following."""
     if task.status == COMPLETED:
         return
     if task.status == FAILED:
@@ -198,12 +243,12 @@ def native_move(ctx: Context, target: str, kwargs: dict[str, Any]) -> None:
         )
         sys.exit(EXIT_ATTENTION)
     click.echo(
-        f"{'stopped following' if stop.is_set() else 'gave up following'}: move task "
+        f"{'stopped following' if stopped else 'gave up following'}: move task "
         f"{handle} keeps running on the server (it was not cancelled): "
         f"`redrive tasks {target}` shows it, `redrive tasks {target} --cancel` cancels it",
         err=True,
     )
-    sys.exit(EXIT_INTERRUPTED if stop.is_set() else EXIT_ATTENTION)
+    sys.exit(EXIT_INTERRUPTED if stopped else EXIT_ATTENTION)
 
 
 @click.command(short_help="SQS message move tasks of a DLQ (move --native), newest first.")

@@ -4,6 +4,7 @@ command too."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -156,6 +157,16 @@ def make_selection(kwargs: dict[str, Any]) -> Selection:
         limit=kwargs.pop("limit"),
         where=compiled_where(tuple(kwargs.pop("where", ()))),
     )
+
+
+def selected(f: Callable[..., None]) -> Callable[..., None]:
+    """The selection options, handed to the command as one ``selection: Selection``."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> None:
+        f(*args, selection=make_selection(kwargs), **kwargs)
+
+    return selection_options(command)
 
 
 def execute_options(f: F) -> F:

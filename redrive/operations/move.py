@@ -21,12 +21,9 @@ harmless: the next run finds SENT keys and only deletes, or finds nothing and st
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import socket
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,12 +44,35 @@ from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError, UsageProblem
-from redrive.keys import Verdict, copy_verdict, key_for, legacy_key_for
-from redrive.ledger import Claim, Entry, KeyState, Ledger, RunInfo
+from redrive.keys import Verdict as CopyVerdict
+from redrive.keys import copy_verdict, key_for, legacy_key_for
+from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.messages import TaskInfo, decode
+from redrive.operations.limit import Limit
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
+from redrive.operations.seen import SeenByFilters
+from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for callers)
+    AMBIGUOUS,
+    BUSY,
+    EXPIRED,
+    IN_DOUBT,
+    NO_TARGET,
+    NOT_CELERY,
+    POISON,
+    RESOLVED_SKIP,
+    DecisionOptions,
+    EntryFacts,
+    Fate,
+    MessageFacts,
+    RunFacts,
+    Verdict,
+    decide,
+    screen,
+)
 from redrive.rate import RateLimiter
-from redrive.selection import FilterMisses, Selection, Sightings
+from redrive.selection import FilterMisses, Selection
 
 InDoubtPolicy = Literal["hold", "resend", "skip", "auto"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip", "auto")
@@ -60,29 +80,13 @@ AmbiguousPolicy = Literal["hold", "move"]
 AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
 DEFAULT_MAX_REDRIVES = 3
-# A run that has not heartbeaten for this long, and whose lease has run out, is dead.
-STALE_AFTER = 120.0
-HEARTBEAT_EVERY = 5.0
 MAX_LISTED = 100
 # Message sizes (bytes, body plus attributes) queues accept: SQS's old maximum, which many
 # queues still set as MaximumMessageSize, and its current one.
 MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
 
-# Reasons a selected message is not sent; the keys of MoveResult.skipped.
-EXPIRED = "expired"
-POISON = "poison"
-IN_DOUBT = "in-doubt"
-BUSY = "claimed-by-another-run"
-RESOLVED_SKIP = "in-doubt-resolved-skip"
-NO_TARGET = "no-target"
-NOT_CELERY = "not-celery"
-AMBIGUOUS = "ambiguous-copy"
-
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
-
-_ACTIVE_RUNS: set[str] = set()
-"""Runs alive in this process: a run id recorded with our pid but not in here has crashed."""
 
 
 class MessageSource(Protocol):
@@ -126,6 +130,9 @@ class MoveOptions:
     ambiguous: AmbiguousPolicy = "hold"
     """What to do with a message that shares the key of a task already sent when nothing
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
+    pipelined: bool = True
+    """Receive and decide the next batch while this one is sent (False: one stage, batch
+    after batch, as a FIFO DLQ always goes)."""
     celery: TaskKnowledge | None = None
     """Where each task routes to now and which tasks the app registers (redrive.celery)."""
     results: ResultLookup | None = None
@@ -332,6 +339,183 @@ class _Decided:
     """In doubt, and proven delivered by the result backend (--in-doubt auto): (copy, the
     dead run that claimed it); also in ``duplicates``, to be deleted."""
 
+    def add(self, cand: _Candidate, verdict: Verdict, entry: Entry | None) -> None:
+        """Put a candidate where its verdict says."""
+        fate = verdict.fate
+        if fate is Fate.FOLLOWER:
+            self.followers[cand.key].append(cand)
+        elif fate is Fate.SEND:
+            self.followers[cand.key] = []
+            self.to_send.append(cand)
+        elif fate is Fate.TAKEOVER and entry is not None:
+            self.followers[cand.key] = []
+            self.takeovers.append((cand, entry.run_id))
+        elif fate is Fate.DUPLICATE and entry is not None:
+            self.duplicates.append((cand, entry.key))
+        elif fate is Fate.PROVEN and entry is not None:
+            self.duplicates.append((cand, entry.key))
+            self.proven.append((cand, entry.run_id))
+        elif fate is Fate.RESOLVE_SKIP and entry is not None:
+            self.resolve_skip.append((cand, entry.run_id))
+            self.keep.append(cand.message)
+        else:
+            self.keep.append(cand.message)
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    claimed: list[_Candidate] = field(default_factory=list)
+    lost: list[_Candidate] = field(default_factory=list)
+    """Claimed by another run between the read and the claim (or taken over first)."""
+
+
+@dataclass(slots=True)
+class SendOutcome:
+    sent: list[tuple[_Candidate, str]] = field(default_factory=list)
+    """Confirmed, with the MessageId SQS gave the copy."""
+    refused: list[tuple[_Candidate, str]] = field(default_factory=list)
+    """Refused by SQS, with its error: the claim is given back."""
+    unconfirmed: list[_Candidate] = field(default_factory=list)
+    """Named in neither list of SQS's answer: may have been queued, so in doubt."""
+
+
+@dataclass(slots=True)
+class DeleteOutcome:
+    done: set[str] = field(default_factory=set)
+    """Keys whose DLQ copies are all gone."""
+    kept: list[Message] = field(default_factory=list)
+    """Copies not deleted: kept hidden, found again by the next run."""
+
+
+class _PlannedKeys:
+    """A dry run's keys it "would claim": a second copy is then a duplicate. Digests, not
+    keys: a dry run of a million messages must not hold a million strings."""
+
+    def __init__(self) -> None:
+        self._digests: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, key: str) -> None:
+        with self._lock:
+            self._digests.add(digest(key))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str) or not self._digests:  # an executed run plans nothing
+            return False
+        with self._lock:
+            return digest(key) in self._digests
+
+
+class MoveTally:
+    """The run's counts, its MoveResult: changed only here, under the tally's own lock (the
+    workers share it)."""
+
+    def __init__(
+        self,
+        result: MoveResult,
+        seen: SeenByFilters,
+        source_of: Callable[[Message], str | None],
+    ) -> None:
+        self.result = result
+        self.seen = seen
+        self._source_of = source_of
+        """The queue a message came from (its target may be another: a task's route)."""
+        self._lock = threading.Lock()
+
+    def decided(
+        self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
+    ) -> None:
+        """Count a message as its verdict says, as soon as it is decided."""
+        if not verdict.matched:
+            return
+        with self._lock:
+            self._matched(info)
+            reason = verdict.skip_reason
+            if reason is not None:
+                self._skip(info.task, reason)
+            if verdict.fate is Fate.IN_DOUBT:
+                self.result.in_doubt += 1
+                listing = self.result.in_doubt_messages
+                _add_listed(
+                    listing, Listed(info.task, info.task_id, message_id, key, verdict.detail)
+                )
+            elif verdict.fate is Fate.AMBIGUOUS:
+                listing = self.result.ambiguous_messages
+                _add_listed(
+                    listing, Listed(info.task, info.task_id, message_id, key, verdict.detail)
+                )
+            elif verdict.fate is Fate.PLANNED_DUPLICATE:
+                self._duplicate(info)
+
+    def matched(self, info: TaskInfo) -> None:
+        with self._lock:
+            self._matched(info)
+
+    def skipped(self, info: TaskInfo, reason: str) -> None:
+        with self._lock:
+            self._skip(info.task, reason)
+
+    def duplicate(self, info: TaskInfo, *, matched: bool = False) -> None:
+        with self._lock:
+            if matched:
+                self._matched(info)
+            self._duplicate(info)
+
+    def in_doubt(self, listed: Listed) -> None:
+        with self._lock:
+            self.result.in_doubt += 1
+            self._skip(listed.task, IN_DOUBT)
+            _add_listed(self.result.in_doubt_messages, listed)
+
+    def moved(self, cand: _Candidate) -> None:
+        with self._lock:
+            self._moved(cand)
+
+    def sent(self, outcome: SendOutcome, listed: Callable[[_Candidate, str], Listed]) -> None:
+        with self._lock:
+            for cand, _ in outcome.sent:
+                self._moved(cand)
+            for cand, error in outcome.refused:
+                self.result.failed += 1
+                self.result.task(cand.info.task).failed += 1
+                _add_listed(self.result.failed_messages, listed(cand, error))
+
+    def scanned(self, n: int) -> None:
+        with self._lock:
+            self.result.scanned += n
+
+    def no_target(self, reason: str, candidates: Sequence[str]) -> None:
+        """Why messages had no single target (the first reason found is kept)."""
+        with self._lock:
+            if self.result.no_target_reason is None:
+                self.result.no_target_reason = reason
+                self.result.no_target_candidates = list(candidates)
+
+    # -- callers hold self._lock -------------------------------------------------------
+
+    def _matched(self, info: TaskInfo) -> None:
+        self.result.matched += 1
+        self.result.task(info.task).matched += 1
+
+    def _skip(self, task: str, reason: str) -> None:
+        self.result.skipped[reason] += 1
+        self.result.task(task).skipped[reason] += 1
+
+    def _duplicate(self, info: TaskInfo) -> None:
+        self.result.duplicates += 1
+        self.result.task(info.task).duplicates += 1
+
+    def _moved(self, cand: _Candidate) -> None:
+        counts = self.result.task(cand.info.task)
+        counts.moved += 1
+        counts.sent_to(cand.target.name, self._source_of(cand.message))
+        self.result.moved += 1
+
+
+def _add_listed(listing: list[Listed], listed: Listed) -> None:
+    if len(listing) < MAX_LISTED:
+        listing.append(listed)
+
 
 @dataclass(frozen=True, slots=True)
 class _Raised:
@@ -400,35 +584,40 @@ class MoveEngine:
         options: MoveOptions,
         *,
         sqs_factory: Callable[[], Sqs],
-        command: str = "move",
+        observer: RunObserver[MoveResult] = NULL_OBSERVER,
         stop: threading.Event | None = None,
-        on_progress: Callable[[MoveResult], None] | None = None,
-        fault: Callable[[str], None] | None = None,
-        now: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time,
         source: MessageSource | None = None,
-        plan_sink: Callable[[PlanItem], None] | None = None,
-        run_info: Mapping[str, Any] | None = None,
-        pipelined: bool = True,
+        record: RunRecord | None = None,
         receive_log: ReceiveLog | None = None,
     ) -> None:
+        """``source``: where the messages come from (default: a scan of the target's DLQ);
+        ``record``: what the run's ledger record says of it (its command line, who, what);
+        ``receive_log``: where the DLQ scan counts redrive's own receives."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
         self.ledger = ledger
         self.options = options
         self.sqs_factory = sqs_factory
-        self.command = command
+        self.observer = observer
         self.stop = stop or threading.Event()
-        self.on_progress = on_progress
-        self.fault = fault or (lambda step: None)
-        self.now = now
+        self.now = clock
         self.source = source
-        self.plan_sink = plan_sink
-        self.run_info = dict(run_info or {})
-        self.pipelined = pipelined
         self.receive_log = receive_log
-        self.results = options.results  # redrive.celery.results: already-succeeded, auto
-        self.run_id = uuid.uuid4().hex[:16] if options.execute else None
+        record = record or RunRecord("move")
+        info = {"target": target.label, "dlq": target.dlq.url}
+        self._life = RunLifecycle(
+            ledger,
+            execute=options.execute,
+            command=record.command,
+            info={**info, "filters": options.selection.describe(), **record.info},
+            lease=options.lease,
+            stop=self.stop,
+            clock=clock,
+            counts=self._counts,
+        )
+        self.run_id = self._life.run_id
         self.result = MoveResult(
             dry_run=not options.execute,
             target=target.label,
@@ -436,22 +625,18 @@ class MoveEngine:
             run_id=self.run_id,
             ledger=ledger.location if ledger is not None else None,
         )
-        # Reentrant: the per-batch decisions hold it and call helpers that take it too.
-        self._lock = threading.RLock()
-        self._limit_left = options.selection.limit
-        self._routes: dict[str, QueueRef | None] = {}
-        self._rate = RateLimiter(options.rate)
-        self._last_heartbeat = 0.0
-        self._liveness: dict[str, bool] = {}
-        # In a dry run, keys this run "would claim": a second copy is then a duplicate.
-        # Digests, not keys: a dry run of a million messages must not hold a million strings.
-        self._planned: set[int] = set()
-        self._legacy = ledger is not None and ledger.legacy_keys
-        # Non-Celery bodies are kept out of Celery queues: every message's own source is
-        # one, and so is a --to that names a family's queue.
-        self._to_celery = options.to is None or options.to_celery_queue
         selection = options.selection
-        self._sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
+        self._tally = MoveTally(self.result, SeenByFilters(selection), self._source_name)
+        self._limit = Limit(selection.limit)
+        self._planned = _PlannedKeys()
+        self._rate = RateLimiter(options.rate)
+        # Routes per source ARN and liveness per run id, found once per run.
+        self._cache_lock = threading.Lock()
+        self._routes: dict[str, QueueRef | None] = {}
+        self._liveness: dict[str, bool] = {}
+        self._legacy = ledger is not None and ledger.legacy_keys
+        self._decision_options = _decision_options(options)
+        self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
 
     # -- the run -------------------------------------------------------------------------
 
@@ -478,51 +663,35 @@ class MoveEngine:
                 receive_log=self.receive_log,
             )
         self._scan = scan
-        if self.ledger is not None and self.run_id is not None:
-            self.ledger.start_run(
-                self.run_id,
-                command=self.command,
-                info={
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "target": self.target.label,
-                    "dlq": self.target.dlq.url,
-                    "filters": self.options.selection.describe(),
-                    **self.run_info,
-                },
-            )
-            _ACTIVE_RUNS.add(self.run_id)
-        try:
+        with self._life:
             try:
-                run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
-            except (Exception, KeyboardInterrupt) as exc:
-                # Give back what is held and end the run as failed. A real crash (SIGKILL)
-                # never gets here, nor do the simulated ones in the tests (a BaseException
-                # subclass): then leases run out by themselves and the ledger keeps what was
-                # claimed.
-                if isinstance(exc, RedriveError):
-                    self.result.error = str(exc)
-                # A second Ctrl-C is an interruption the operator asked for, not a failure.
-                how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-                with contextlib.suppress(Exception):
-                    self._finish(self.sqs_factory(), scan, how, started)
-                raise
-            self._finish(sqs, scan, "interrupted" if self.stop.is_set() else "completed", started)
-        finally:
-            # Process-local bookkeeping, dropped however the run ends: after a crash that
-            # skipped _finish, this run no longer sends anything, so its claims are in doubt
-            # (as they are when a real crash takes the whole process and this set with it).
-            if self.run_id is not None:
-                _ACTIVE_RUNS.discard(self.run_id)
-            scan.close()
+                try:
+                    run_pipelines(
+                        self._work, sqs, self.sqs_factory, self.options.workers, self.stop
+                    )
+                except (Exception, KeyboardInterrupt) as exc:
+                    # Give back what is held and end the run as failed. A real crash (SIGKILL)
+                    # never gets here, nor do the simulated ones in the tests (a BaseException
+                    # subclass): then leases run out by themselves and the ledger keeps what
+                    # was claimed.
+                    if isinstance(exc, RedriveError):
+                        self.result.error = str(exc)
+                    # A second Ctrl-C is an interruption the operator asked for.
+                    how: Outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+                    with contextlib.suppress(Exception):
+                        self._finish(self.sqs_factory(), scan, how, started)
+                    raise
+                outcome: Outcome = "interrupted" if self.stop.is_set() else "completed"
+                self._finish(sqs, scan, outcome, started)
+            finally:
+                scan.close()
         return self.result
 
-    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: str, started: float) -> None:
+    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: Outcome, started: float) -> None:
         scan.release_all(sqs)
         scan.close()
         result = self.result
-        if self._sightings is not None:
-            result.misses = self._sightings.misses()
+        result.misses = self._tally.seen.misses()
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
         result.throttled = sqs.throttled
@@ -533,33 +702,19 @@ class MoveEngine:
                 self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]
             ).get("ApproximateNumberOfMessagesNotVisible", "0")
             result.still_hidden = int(hidden) if hidden.isdigit() else 0
-        if self.ledger is not None:
-            if result.still_hidden:
-                leases = [
-                    r.lease_until
-                    for r in self.ledger.runs(since=self.now() - 86_400)
-                    if r.run_id != self.run_id and r.lease_until > self.now()
-                ]
-                result.hidden_until = max(leases) if leases else None
-            if self.run_id is not None:
-                self.ledger.end_run(
-                    self.run_id,
-                    outcome=outcome,
-                    counts={
-                        "matched": result.matched,
-                        "moved": result.moved,
-                        "skipped": result.skipped_total,
-                        "failed": result.failed,
-                        "in_doubt": result.in_doubt,
-                        "duplicates_deleted": result.duplicates,
-                    },
-                )
-                _ACTIVE_RUNS.discard(self.run_id)
+        if self.ledger is not None and result.still_hidden:
+            leases = [
+                r.lease_until
+                for r in self.ledger.runs(since=self.now() - 86_400)
+                if r.run_id != self.run_id and r.lease_until > self.now()
+            ]
+            result.hidden_until = max(leases) if leases else None
+        self._life.end(outcome)
 
     def _work(self, sqs: Sqs) -> None:
         # A FIFO queue hands out nothing more of a message group while a batch of it is in
         # flight: a receive ahead would come back empty and end the scan early.
-        if not self.pipelined or (self._scan.deletes and self.target.dlq.fifo):
+        if not self.options.pipelined or (self._scan.deletes and self.target.dlq.fifo):
             while (decided := self._receive_and_decide(sqs)) is not None:
                 self._complete(sqs, decided)
             return
@@ -586,20 +741,17 @@ class MoveEngine:
         if batch is None:
             return None
         received_at = time.monotonic()
-        self.fault("received")
+        self.observer.on_step("received")
         decided = self._decide(sqs, batch, received_at)
-        with self._lock:
-            if self._limit_left is not None and self._limit_left <= 0:
-                self._scan.stop_receiving()
+        if self._limit.reached:
+            self._scan.stop_receiving()
         return decided
 
     def _complete(self, sqs: Sqs, decided: _Decided) -> None:
         keep = self._execute(sqs, decided)
         self._scan.keep(sqs, keep)
-        with self._lock:
-            self.result.scanned += len(decided.batch)
-        if self.on_progress is not None:
-            self.on_progress(self.result)
+        self._tally.scanned(len(decided.batch))
+        self.observer.on_progress(self.result)
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -609,275 +761,192 @@ class MoveEngine:
         candidates: list[_Candidate] = []
         now = self.now()
         now_dt = datetime.fromtimestamp(now, UTC)
-        selection = self.options.selection
         decoded = [(message, decode(message.body)) for message in batch]
+        self._tally.seen.add(decoded)
+        gates = self._gate_reasons(decoded)
         # redrive.celery.results: one lookup per batch; a backend that cannot answer stops
         # the run here, before this batch is claimed or sent.
         succeeded = succeeded_ids(
-            None if self.options.include_succeeded else self.results,
+            None if self.options.include_succeeded else self.options.results,
             (info.task_id for _, info in decoded),
         )
-        if self._sightings is not None:
-            with self._lock:
-                for message, info in decoded:
-                    self._sightings.add(info.task, message.message_id)
         for message, info in decoded:
-            if not selection.matches(
-                info,
-                message_id=message.message_id,
-                sent_at=message.sent_timestamp,
-                now=now,
-                # --where (issue 15): the record reads the message and its DLQ's sources.
-                message=message,
-                sources=[s.name for s in self.target.sources],
-            ):
+            gate = gates.get(message.message_id)
+            done = info.task_id in succeeded
+            facts, route = self._message_facts(sqs, message, info, (now, now_dt), gate, done)
+            screened = screen(facts, self._decision_options)
+            if screened is not None or route is None:
+                self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
                 keep.append(message)
                 continue
-            generation = attributes.redrive_count(message.message_attributes)
-            route: QueueRef | None = None
-            skip: str | None = None
-            if (unregistered := skip_reason(self.options.celery, info)) is not None:
-                skip = unregistered  # redrive.celery: no worker registers it, it would drop it
-            elif not self.options.include_expired and info.is_expired(now_dt):
-                skip = EXPIRED
-            elif info.task_id in succeeded:  # redrive.celery.results
-                skip = ALREADY_SUCCEEDED
-            elif (route := self._route(sqs, message, info.task)) is None:
-                skip = NO_TARGET
-            elif not info.is_celery and not self.options.include_unknown and self._to_celery:
-                # A Celery worker cannot decode it: it would drop it, or fail it back here.
-                skip = NOT_CELERY
-            if skip is not None or route is None:
-                with self._lock:
-                    self._count_matched(info)
-                    self._skip(info, skip or NO_TARGET)
-                keep.append(message)
-                continue
-            key = key_for(
-                info, message_id=message.message_id, generation=generation, body=message.body
-            )
-            legacy = (
-                legacy_key_for(info, message_id=message.message_id, generation=generation)
-                if self._legacy and info.task_id
-                else None
-            )
-            candidates.append(_Candidate(message, info, key, generation, route, legacy))
+            candidates.append(self._candidate(message, info, facts.generation, route))
         return candidates
+
+    def _message_facts(
+        self,
+        sqs: Sqs,
+        message: Message,
+        info: TaskInfo,
+        now: tuple[float, datetime],
+        gate: str | None,
+        succeeded: bool,
+    ) -> tuple[MessageFacts, QueueRef | None]:
+        """What :func:`screen` needs to know of a message, found in its order: a fact that
+        already decides spares the rest (an expired message is not routed)."""
+        selection = self.options.selection
+        if not selection.matches(
+            info,
+            message_id=message.message_id,
+            sent_at=message.sent_timestamp,
+            now=now[0],
+            # --where (issue 15): the record reads the message and its DLQ's sources.
+            message=message,
+            sources=[s.name for s in self.target.sources],
+        ):
+            return MessageFacts(selected=False), None
+        # redrive.celery: a task no worker registers would be dropped.
+        if (gate := gate or skip_reason(self.options.celery, info)) is not None:
+            return MessageFacts(gate=gate), None
+        if not self.options.include_expired and info.is_expired(now[1]):
+            return MessageFacts(expired=True), None
+        if succeeded:  # redrive.celery.results: the result backend says it succeeded
+            return MessageFacts(late_gate=ALREADY_SUCCEEDED), None
+        route = self._route(sqs, message, info.task)
+        facts = MessageFacts(
+            routed=route is not None,
+            celery=info.is_celery,
+            generation=attributes.redrive_count(message.message_attributes),
+        )
+        return facts, route
+
+    def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> Mapping[str, str]:
+        """Gates' reasons to skip messages of a batch (MessageId -> reason, e.g. a task whose
+        result says it succeeded), asked once per received batch: none yet."""
+        return {}
+
+    def _candidate(
+        self, message: Message, info: TaskInfo, generation: int, route: QueueRef
+    ) -> _Candidate:
+        key = key_for(info, message_id=message.message_id, generation=generation, body=message.body)
+        legacy = (
+            legacy_key_for(info, message_id=message.message_id, generation=generation)
+            if self._legacy and info.task_id
+            else None
+        )
+        return _Candidate(message, info, key, generation, route, legacy)
 
     def _decide(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> _Decided:
         """Decode a batch and decide each message's fate from the ledger as it stands; a
         dry run ends here."""
-        keep: list[Message] = []
-        candidates = self._select(sqs, batch, keep)
+        decided = _Decided(batch, received_at, keep=[])
+        candidates = self._select(sqs, batch, decided.keep)
         entries = self._entries_for(candidates)
-        # Asked before taking self._lock, which _is_live takes itself (and it reads the ledger).
         live_owners = {
             e.run_id
             for e in entries.values()
             if e.state == KeyState.CLAIMED and e.run_id != self.run_id and self._is_live(e.run_id)
         }
-        to_send: list[_Candidate] = []
-        takeovers: list[tuple[_Candidate, str]] = []
-        duplicates: list[tuple[_Candidate, str]] = []  # (copy, key already sent)
-        followers: dict[str, list[_Candidate]] = {}  # key -> more copies of a key in this batch
-        resolve_skip: list[tuple[_Candidate, str]] = []
-        proven: list[tuple[_Candidate, str]] = []
         # redrive.celery.results: which in-doubt tasks the result backend proves delivered.
         delivered = (
-            delivered_after_claim(self.results, candidates, entries, self.run_id)
+            delivered_after_claim(self.options.results, candidates, entries, self.run_id)
             if self.options.in_doubt == "auto"
             else set()
         )
-        with self._lock:
-            for cand in candidates:
-                if cand.held is not None:
-                    self._count_matched(cand.info)
-                    self._hold_ambiguous(cand, cand.held)
-                    keep.append(cand.message)
-                    continue
-                if cand.key in followers:
-                    # A second copy of a task in this very batch: it follows the first copy.
-                    followers[cand.key].append(cand)
-                    continue
-                entry = entries.get(cand.key)
-                if entry is None and digest(cand.key) in self._planned:
-                    self._count_matched(cand.info)
-                    self._duplicate(cand.info)
-                    self._to_plan(cand, "delete-duplicate")
-                    keep.append(cand.message)
-                    continue
-                if entry is not None and entry.state in (KeyState.SENT, KeyState.DONE):
-                    self._count_matched(cand.info)
-                    duplicates.append((cand, entry.key))
-                    continue
-                if cand.generation >= self.options.max_redrives:
-                    self._count_matched(cand.info)
-                    self._skip(cand.info, POISON)
-                    keep.append(cand.message)
-                    continue
-                if self._limit_left is not None and self._limit_left <= 0:
-                    keep.append(cand.message)
-                    continue
-                self._count_matched(cand.info)
-                if entry is None:
-                    followers[cand.key] = []
-                    to_send.append(cand)
-                elif entry.state == KeyState.SKIPPED:
-                    self._skip(cand.info, RESOLVED_SKIP)
-                    keep.append(cand.message)
-                    continue
-                elif entry.run_id == self.run_id and entry.state == KeyState.CLAIMED:
-                    # Claimed by a batch of this run still in flight (received ahead, or in
-                    # another worker): the claim decides once that batch is through: sent
-                    # by then, this copy is a duplicate; else it is busy.
-                    followers[cand.key] = []
-                    to_send.append(cand)
-                elif entry.run_id in live_owners:
-                    self._skip(cand.info, BUSY)
-                    keep.append(cand.message)
-                    continue
-                elif self.options.in_doubt == "resend":
-                    followers[cand.key] = []
-                    takeovers.append((cand, entry.run_id))
-                elif self.options.in_doubt == "skip":
-                    resolve_skip.append((cand, entry.run_id))
-                    self._skip(cand.info, RESOLVED_SKIP)
-                    keep.append(cand.message)
-                    continue
-                elif cand.key in delivered:  # --in-doubt auto: redrive.celery.results
-                    duplicates.append((cand, entry.key))
-                    proven.append((cand, entry.run_id))
-                    continue
-                else:
-                    self._in_doubt(
-                        cand,
-                        f"claimed by run {entry.run_id}, which ended before confirming the send",
-                    )
-                    keep.append(cand.message)
-                    continue
-                if self._limit_left is not None:
-                    self._limit_left -= 1
-
+        for cand in candidates:
+            entry = entries.get(cand.key)
+            verdict = self._verdict(cand, entry, (live_owners, delivered), decided)
+            self._tally.decided(cand.info, verdict, cand.message.message_id, cand.key)
+            decided.add(cand, verdict, entry)
+            if verdict.fate is Fate.PLANNED_DUPLICATE:
+                self._to_plan(cand, "delete-duplicate")
         if not self.options.execute:
-            keep = self._plan_only(keep, to_send, takeovers, duplicates, followers)
-            return _Decided(batch, received_at, keep)
-        return _Decided(
-            batch,
-            received_at,
-            keep,
-            to_send,
-            takeovers,
-            duplicates,
-            followers,
-            resolve_skip,
-            proven,
+            self._plan_only(decided)
+        return decided
+
+    def _verdict(
+        self,
+        cand: _Candidate,
+        entry: Entry | None,
+        known_of: tuple[set[str], set[str]],
+        decided: _Decided,
+    ) -> Verdict:
+        """The candidate's verdict; one that would send takes one of --limit's messages."""
+        facts = MessageFacts(
+            generation=cand.generation,
+            held=cand.held,
+            in_batch=cand.key in decided.followers,
+            planned=entry is None and cand.key in self._planned,
         )
+        live_owners, delivered = known_of
+        known = (
+            EntryFacts(
+                entry.state,
+                entry.run_id,
+                owner_live=entry.run_id in live_owners,
+                delivered=cand.key in delivered,
+            )
+            if entry is not None
+            else None
+        )
+        options = self._decision_options
+        run = self._run_full if self._limit.reached else self._run_open
+        verdict = decide(facts, known, run, options)
+        if verdict.sends and not self._limit.take():
+            # Another worker took the last one meanwhile.
+            verdict = decide(facts, known, self._run_full, options)
+        return verdict
 
     def _execute(self, sqs: Sqs, decided: _Decided) -> list[Message]:
         """Claim, send, record and delete what was decided; return the messages to keep
         hidden until the scan ends."""
-        batch, received_at, keep = decided.batch, decided.received_at, decided.keep
-        to_send, takeovers, duplicates = decided.to_send, decided.takeovers, decided.duplicates
-        followers, resolve_skip = decided.followers, decided.resolve_skip
         if not self.options.execute:
-            return keep
-        assert self.ledger is not None and self.run_id is not None
+            return decided.keep
+        claimed = self._claim(decided)
+        self._life.heartbeat()
+        self.observer.on_step("claimed")
+        self._extend_if_slow(sqs, decided.batch, decided.received_at)
+        sent = self._send(sqs, claimed.claimed)
+        self.observer.on_step("sent")
+        self._record(sent)
+        self.observer.on_step("recorded")
+        self._settle(sent, decided)
+        deleted = self._delete(sqs, self._deletable(sent, decided))
+        decided.keep.extend(deleted.kept)
+        self.observer.on_step("deleted")
+        if deleted.done:
+            assert self.ledger is not None and self.run_id is not None
+            self.ledger.mark_done_many(self.run_id, sorted(deleted.done))
+        return decided.keep
 
-        # -- claim ---------------------------------------------------------------------
+    def _claim(self, decided: _Decided) -> ClaimOutcome:
+        """Claim the keys to send (and take over the in-doubt ones to resend, mark the ones
+        to skip): durable before anything is sent."""
+        assert self.ledger is not None and self.run_id is not None
         if decided.proven:
-            duplicates = self._adopt_delivered(decided.proven, duplicates, keep)
-        if resolve_skip:
-            self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in resolve_skip])
-        claimed: list[_Candidate] = []
-        if to_send:
-            outcome = self.ledger.claim_many(
-                self.run_id,
-                [Claim(c.key, c.info.task, c.message.message_id, c.target.url) for c in to_send],
+            decided.duplicates = self._adopt_delivered(
+                decided.proven, decided.duplicates, decided.keep
             )
-            for cand in to_send:
-                if cand.key in outcome.won:
-                    claimed.append(cand)
+        if decided.resolve_skip:
+            self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in decided.resolve_skip])
+        outcome = ClaimOutcome()
+        if decided.to_send:
+            won = self.ledger.claim_many(
+                self.run_id,
+                [
+                    Claim(c.key, c.info.task, c.message.message_id, c.target.url)
+                    for c in decided.to_send
+                ],
+            )
+            for cand in decided.to_send:
+                if cand.key in won.won:
+                    outcome.claimed.append(cand)
                 else:
                     # Another run claimed it between our read and our claim.
-                    self._lost_race(cand, outcome[cand.key], keep, duplicates, followers)
-        if takeovers:
-            taken = self.ledger.takeover_many(
-                self.run_id, [(c.key, old_run) for c, old_run in takeovers]
-            )
-            lost = [c for c, _ in takeovers if c.key not in taken]
-            # Decided on before an earlier batch of this run went through, a takeover may
-            # find that batch sent another copy of the key since: then this one is a duplicate.
-            now_entries = self.ledger.get_many([c.key for c in lost]) if lost else {}
-            for cand, _ in takeovers:
-                if cand.key in taken:
-                    claimed.append(cand)
-                elif (entry := now_entries.get(cand.key)) is not None:
-                    self._lost_race(cand, entry, keep, duplicates, followers)
-                else:
-                    keep.append(cand.message)
-                    keep.extend(f.message for f in followers.pop(cand.key, []))
-                    with self._lock:
-                        self._skip(cand.info, BUSY)
-        self._heartbeat()
-        self.fault("claimed")
-
-        # -- send ----------------------------------------------------------------------
-        self._extend_if_slow(sqs, batch, received_at)
-        sent, failed, doubtful = self._send(sqs, claimed)
-        self.fault("sent")
-
-        # -- record --------------------------------------------------------------------
-        if sent:
-            self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent})
-        if failed:
-            self.ledger.release_many(self.run_id, [c.key for c, _ in failed])
-        self.fault("recorded")
-        with self._lock:
-            for cand, _ in sent:
-                counts = self.result.task(cand.info.task)
-                counts.moved += 1
-                counts.sent_to(cand.target.name, self._source_name(cand.message))
-                self.result.moved += 1
-            for cand, error in failed:
-                self.result.failed += 1
-                self.result.task(cand.info.task).failed += 1
-                if len(self.result.failed_messages) < MAX_LISTED:
-                    self.result.failed_messages.append(
-                        Listed(
-                            cand.info.task,
-                            cand.info.task_id,
-                            cand.message.message_id,
-                            cand.key,
-                            error,
-                        )
-                    )
-        for cand, _ in failed:
-            keep.append(cand.message)
-            keep.extend(f.message for f in followers.pop(cand.key, []))
-        for cand in doubtful:
-            with self._lock:
-                self._in_doubt(cand, "SQS confirmed neither success nor failure of its send")
-            keep.append(cand.message)
-            keep.extend(f.message for f in followers.pop(cand.key, []))
-
-        # -- delete --------------------------------------------------------------------
-        deletable: list[tuple[Message, str]] = [(c.message, c.key) for c, _ in sent]
-        for cand, _ in sent:
-            for follower in followers.get(cand.key, []):
-                deletable.append((follower.message, cand.key))
-                with self._lock:
-                    self._count_matched(follower.info)
-                    self._duplicate(follower.info)
-        for cand, key in duplicates:
-            deletable.append((cand.message, key))
-            with self._lock:
-                self._duplicate(cand.info)
-        deleted_keys, not_deleted = self._delete(sqs, deletable)
-        keep.extend(not_deleted)
-        self.fault("deleted")
-        if deleted_keys:
-            self.ledger.mark_done_many(self.run_id, sorted(deleted_keys))
-        return keep
+                    outcome.lost.append(cand)
+                    self._lost_race(cand, won[cand.key], decided)
+        if decided.takeovers:
+            self._take_over(decided, outcome)
+        return outcome
 
     def _adopt_delivered(
         self,
@@ -895,48 +964,93 @@ class MoveEngine:
         keep.extend(c.message for c, _ in proven if id(c) in untaken)
         return [(c, k) for c, k in duplicates if id(c) not in untaken]
 
-    def _plan_only(
-        self,
-        keep: list[Message],
-        to_send: list[_Candidate],
-        takeovers: list[tuple[_Candidate, str]],
-        duplicates: list[tuple[_Candidate, str]],
-        followers: dict[str, list[_Candidate]],
-    ) -> list[Message]:
+    def _take_over(self, decided: _Decided, outcome: ClaimOutcome) -> None:
+        assert self.ledger is not None and self.run_id is not None
+        takeovers = decided.takeovers
+        taken = self.ledger.takeover_many(self.run_id, [(c.key, old) for c, old in takeovers])
+        lost = [c for c, _ in takeovers if c.key not in taken]
+        # Decided on before an earlier batch of this run went through, a takeover may find
+        # that batch sent another copy of the key since: then this one is a duplicate.
+        now_entries = self.ledger.get_many([c.key for c in lost]) if lost else {}
+        for cand, _ in takeovers:
+            if cand.key in taken:
+                outcome.claimed.append(cand)
+                continue
+            outcome.lost.append(cand)
+            if (entry := now_entries.get(cand.key)) is not None:
+                self._lost_race(cand, entry, decided)
+            else:
+                decided.keep.append(cand.message)
+                decided.keep.extend(f.message for f in decided.followers.pop(cand.key, []))
+                self._tally.skipped(cand.info, BUSY)
+
+    def _record(self, sent: SendOutcome) -> None:
+        """Record the confirmed sends; give back the claims of the refused ones (the
+        unconfirmed stay claimed: in doubt)."""
+        assert self.ledger is not None and self.run_id is not None
+        if sent.sent:
+            self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent.sent})
+        if sent.refused:
+            self.ledger.release_many(self.run_id, [c.key for c, _ in sent.refused])
+
+    def _settle(self, sent: SendOutcome, decided: _Decided) -> None:
+        """Count what the send did; keep what was not sent (with its followers) hidden."""
+        self._tally.sent(sent, self._listed)
+        for cand, _ in sent.refused:
+            decided.keep.append(cand.message)
+            decided.keep.extend(f.message for f in decided.followers.pop(cand.key, []))
+        for cand in sent.unconfirmed:
+            self._tally.in_doubt(
+                self._listed(cand, "SQS confirmed neither success nor failure of its send")
+            )
+            decided.keep.append(cand.message)
+            decided.keep.extend(f.message for f in decided.followers.pop(cand.key, []))
+
+    def _deletable(self, sent: SendOutcome, decided: _Decided) -> list[tuple[Message, str]]:
+        """The DLQ copies to delete, with the key each was sent under: the ones sent, their
+        followers, and the duplicates of keys sent before."""
+        deletable: list[tuple[Message, str]] = [(c.message, c.key) for c, _ in sent.sent]
+        for cand, _ in sent.sent:
+            for follower in decided.followers.get(cand.key, []):
+                deletable.append((follower.message, cand.key))
+                self._tally.duplicate(follower.info, matched=True)
+        for cand, key in decided.duplicates:
+            deletable.append((cand.message, key))
+            self._tally.duplicate(cand.info)
+        return deletable
+
+    def _plan_only(self, decided: _Decided) -> None:
         """A dry run: count what would happen, change nothing, keep every message."""
-        with self._lock:
-            for cand in [*to_send, *(c for c, _ in takeovers)]:
-                self._to_plan(cand, "send")
-                self._planned.add(digest(cand.key))
-                counts = self.result.task(cand.info.task)
-                counts.moved += 1
-                counts.sent_to(cand.target.name, self._source_name(cand.message))
-                self.result.moved += 1
-                keep.append(cand.message)
-                for follower in followers.get(cand.key, []):
-                    self._count_matched(follower.info)
-                    self._duplicate(follower.info)
-                    self._to_plan(follower, "delete-duplicate")
-                    keep.append(follower.message)
-            for cand, _ in duplicates:
-                self._duplicate(cand.info)
-                self._to_plan(cand, "delete-duplicate")
-                keep.append(cand.message)
-        return keep
+        keep = decided.keep
+        for cand in [*decided.to_send, *(c for c, _ in decided.takeovers)]:
+            self._to_plan(cand, "send")
+            self._planned.add(cand.key)
+            self._tally.moved(cand)
+            keep.append(cand.message)
+            for follower in decided.followers.get(cand.key, []):
+                self._tally.duplicate(follower.info, matched=True)
+                self._to_plan(follower, "delete-duplicate")
+                keep.append(follower.message)
+        for cand, _ in decided.duplicates:
+            self._tally.duplicate(cand.info)
+            self._to_plan(cand, "delete-duplicate")
+            keep.append(cand.message)
 
     def _to_plan(self, cand: _Candidate, action: str) -> None:
-        if self.plan_sink is not None:
-            self.plan_sink(
-                PlanItem(
-                    message_id=cand.message.message_id,
-                    task=cand.info.task,
-                    task_id=cand.info.task_id,
-                    key=cand.key,
-                    target=cand.target.url,
-                    action=action,
-                    routed_from=_routed_from(self._source_name(cand.message), cand.target.name),
-                )
+        self.observer.on_plan(
+            PlanItem(
+                message_id=cand.message.message_id,
+                task=cand.info.task,
+                task_id=cand.info.task_id,
+                key=cand.key,
+                target=cand.target.url,
+                action=action,
+                routed_from=_routed_from(self._source_name(cand.message), cand.target.name),
             )
+        )
+
+    def _listed(self, cand: _Candidate, detail: str) -> Listed:
+        return Listed(cand.info.task, cand.info.task_id, cand.message.message_id, cand.key, detail)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -1031,7 +1145,7 @@ class MoveEngine:
                 enqueued_at=cand.message.sent_timestamp,
                 first_sent_at=_sent_at(old) if sent else None,
             )
-            if verdict is Verdict.AMBIGUOUS and self.options.ambiguous == "hold":
+            if verdict is CopyVerdict.AMBIGUOUS and self.options.ambiguous == "hold":
                 done = f"sent at {iso_utc(_sent_at(old))}" if sent else f"{old.state} (not sent)"
                 cand.held = (
                     f"same task id and retries as message {old.message_id}, {done} by run "
@@ -1052,8 +1166,7 @@ class MoveEngine:
         for cand in candidates:
             if cand.held is not None:
                 continue
-            with self._lock:  # the dry run's planned keys are shared by the workers
-                other, sent_at = self._other_holder(cand, entries.get(cand.key), first_of)
+            other, sent_at = self._other_holder(cand, entries.get(cand.key), first_of)
             if other is not None:
                 verdict = copy_verdict(
                     same_message=other == cand.message.message_id,
@@ -1061,13 +1174,13 @@ class MoveEngine:
                     enqueued_at=cand.message.sent_timestamp,
                     first_sent_at=sent_at,
                 )
-                if verdict is Verdict.AMBIGUOUS and self.options.ambiguous == "hold":
+                if verdict is CopyVerdict.AMBIGUOUS and self.options.ambiguous == "hold":
                     cand.held = (
                         f"same task id, retries and body as message {other or '(planned)'}"
                         + (f", sent at {iso_utc(sent_at)}" if sent_at is not None else "")
                         + ", and no delivery tag to tell a copy from a second publish"
                     )
-                elif verdict in (Verdict.AMBIGUOUS, Verdict.SECOND_PUBLISH):
+                elif verdict in (CopyVerdict.AMBIGUOUS, CopyVerdict.SECOND_PUBLISH):
                     cand.rekey(by_message=True)
                     rekeyed.append(cand)
             first_of.setdefault(cand.key, cand)
@@ -1088,21 +1201,18 @@ class MoveEngine:
             if entry.state == KeyState.CLAIMED and entry.run_id == self.run_id:
                 return entry.message_id, None
             return None, None
-        if digest(cand.key) in self._planned:
+        if cand.key in self._planned:
             return "", None  # the scan never hands out one message twice: another one
         return None, None
 
-    def _send(
-        self, sqs: Sqs, claimed: Sequence[_Candidate]
-    ) -> tuple[list[tuple[_Candidate, str]], list[tuple[_Candidate, str]], list[_Candidate]]:
-        """Send the claimed messages: (confirmed, refused, unconfirmed).
+    def _send(self, sqs: Sqs, claimed: Sequence[_Candidate]) -> SendOutcome:
+        """Send the claimed messages: what SQS confirmed, refused, or left unconfirmed.
 
         An entry SQS named in neither list of its response may have been queued: its claim
         is kept (in doubt for the next run), never released to be resent blindly.
         """
-        sent: list[tuple[_Candidate, str]] = []
-        failed: list[tuple[_Candidate, str]] = []
-        doubtful: list[_Candidate] = []
+        outcome = SendOutcome()
+        sent, failed, doubtful = outcome.sent, outcome.refused, outcome.unconfirmed
         by_target: dict[str, list[_Candidate]] = {}
         for cand in claimed:
             by_target.setdefault(cand.target.url, []).append(cand)
@@ -1129,7 +1239,7 @@ class MoveEngine:
                     if i not in result.unconfirmed
                 )
                 doubtful.extend(by_id[i] for i in result.unconfirmed)
-        return sent, failed, doubtful
+        return outcome
 
     def _settle_before_error(
         self,
@@ -1178,13 +1288,11 @@ class MoveEngine:
             return bare
         return entry
 
-    def _delete(
-        self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]
-    ) -> tuple[set[str], list[Message]]:
-        """Delete DLQ copies; return the keys whose copies are all gone, and what stays."""
+    def _delete(self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]) -> DeleteOutcome:
+        """Delete DLQ copies: the keys whose copies are all gone, and what stays."""
         if not self._scan.deletes:
             # An archive being replayed: there is no copy to delete.
-            return {key for _, key in deletable}, []
+            return DeleteOutcome(done={key for _, key in deletable})
         done: set[str] = set()
         failed_keys: set[str] = set()
         not_deleted: list[Message] = []
@@ -1201,7 +1309,7 @@ class MoveEngine:
                     # Stays SENT: the next run finds the copy and only deletes it.
                     failed_keys.add(key)
                     not_deleted.append(message)
-        return done - failed_keys, not_deleted
+        return DeleteOutcome(done - failed_keys, not_deleted)
 
     def _extend_if_slow(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> None:
         # Past half the lease, another receiver could get these messages: extend it. Safety
@@ -1209,15 +1317,17 @@ class MoveEngine:
         if time.monotonic() - received_at > self.options.lease / 2:
             self._scan.extend(sqs, batch, self.options.lease)
 
-    def _heartbeat(self) -> None:
-        if self.ledger is None or self.run_id is None:
-            return
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last_heartbeat < HEARTBEAT_EVERY:
-                return
-            self._last_heartbeat = now
-        self.ledger.heartbeat(self.run_id, lease_until=self.now() + self.options.lease)
+    def _counts(self) -> dict[str, int]:
+        """What the run's end records."""
+        result = self.result
+        return {
+            "matched": result.matched,
+            "moved": result.moved,
+            "skipped": result.skipped_total,
+            "failed": result.failed,
+            "in_doubt": result.in_doubt,
+            "duplicates_deleted": result.duplicates,
+        }
 
     def _route(self, sqs: Sqs, message: Message, task: str | None = None) -> QueueRef | None:
         if self.options.to is not None:
@@ -1227,14 +1337,14 @@ class MoveEngine:
             routed = self.options.celery.route(sqs, task, message.message_id)
             if routed is not None:
                 if routed.queue is None and routed.problem is not None:
-                    self._no_target(*routed.problem)
+                    self._tally.no_target(*routed.problem)
                 return routed.queue
         arn = message.attributes.get("DeadLetterQueueSourceArn")
         if not arn:
             if self.target.single_source is None:
-                self._no_target(*_why_no_single_source(self.target))
+                self._tally.no_target(*_why_no_single_source(self.target))
             return self.target.single_source
-        with self._lock:
+        with self._cache_lock:
             if arn in self._routes:
                 return self._routes[arn]
         route = self.target.source_for_arn(arn)
@@ -1243,12 +1353,12 @@ class MoveEngine:
                 route = describe_queue(sqs, queue_name(arn))
             except RedriveError as exc:
                 route = None
-                self._no_target(
+                self._tally.no_target(
                     f"the source queue SQS names ({queue_name(arn)}, in the message's "
                     f"DeadLetterQueueSourceArn) cannot be used: {exc}",
                     [queue_name(arn)],
                 )
-        with self._lock:
+        with self._cache_lock:
             self._routes[arn] = route
         return route
 
@@ -1262,99 +1372,44 @@ class MoveEngine:
             return queue_name(arn)
         return self.target.single_source.name if self.target.single_source else None
 
-    def _no_target(self, reason: str, candidates: Sequence[str]) -> None:
-        with self._lock:
-            if self.result.no_target_reason is None:
-                self.result.no_target_reason = reason
-                self.result.no_target_candidates = list(candidates)
-
     def _is_live(self, run_id: str) -> bool:
         """Whether the run that holds a claim may still be sending it."""
-        with self._lock:
+        with self._cache_lock:
             if run_id in self._liveness:
                 return self._liveness[run_id]
         assert self.ledger is not None
         run = self.ledger.run(run_id)
-        live = run is not None and _run_is_live(run, self.now())
-        with self._lock:
+        live = run is not None and run_is_live(run, self.now())
+        with self._cache_lock:
             self._liveness[run_id] = live
         return live
 
-    # -- bookkeeping (callers hold self._lock) -------------------------------------------
-
-    def _count_matched(self, info: TaskInfo) -> None:
-        self.result.matched += 1
-        self.result.task(info.task).matched += 1
-
-    def _skip(self, info: TaskInfo, reason: str) -> None:
-        self.result.skipped[reason] += 1
-        self.result.task(info.task).skipped[reason] += 1
-
-    def _duplicate(self, info: TaskInfo) -> None:
-        self.result.duplicates += 1
-        self.result.task(info.task).duplicates += 1
-
-    def _in_doubt(self, cand: _Candidate, detail: str) -> None:
-        self.result.in_doubt += 1
-        self._skip(cand.info, IN_DOUBT)
-        if len(self.result.in_doubt_messages) < MAX_LISTED:
-            self.result.in_doubt_messages.append(
-                Listed(
-                    cand.info.task,
-                    cand.info.task_id,
-                    cand.message.message_id,
-                    cand.key,
-                    detail,
-                )
-            )
-
-    def _lost_race(
-        self,
-        cand: _Candidate,
-        entry: Entry,
-        keep: list[Message],
-        duplicates: list[tuple[_Candidate, str]],
-        followers: dict[str, list[_Candidate]],
-    ) -> None:
-        more = followers.pop(cand.key, [])
-        with self._lock:
-            if self._limit_left is not None:
-                self._limit_left += 1  # counted as a send when decided; it is not one
-            if entry.state in (KeyState.SENT, KeyState.DONE) and _copy_of(cand, entry):
-                duplicates.append((cand, entry.key))
-                duplicates.extend((f, entry.key) for f in more)
-                for f in more:
-                    self._count_matched(f.info)
-                return
-            # Claimed by a live run, or sent for a message this one may not be a copy of:
-            # the next run decides, with that key's entry in hand.
-            self._skip(cand.info, BUSY)
-        keep.append(cand.message)
-        keep.extend(f.message for f in more)
-
-    def _hold_ambiguous(self, cand: _Candidate, detail: str) -> None:
-        self._skip(cand.info, AMBIGUOUS)
-        if len(self.result.ambiguous_messages) < MAX_LISTED:
-            self.result.ambiguous_messages.append(
-                Listed(cand.info.task, cand.info.task_id, cand.message.message_id, cand.key, detail)
-            )
+    def _lost_race(self, cand: _Candidate, entry: Entry, decided: _Decided) -> None:
+        more = decided.followers.pop(cand.key, [])
+        self._limit.give_back()  # taken as a send when decided; it is not one
+        if entry.state in (KeyState.SENT, KeyState.DONE) and _copy_of(cand, entry):
+            decided.duplicates.append((cand, entry.key))
+            decided.duplicates.extend((f, entry.key) for f in more)
+            for f in more:
+                self._tally.matched(f.info)
+            return
+        # Claimed by a live run, or sent for a message this one may not be a copy of:
+        # the next run decides, with that key's entry in hand.
+        self._tally.skipped(cand.info, BUSY)
+        decided.keep.append(cand.message)
+        decided.keep.extend(f.message for f in more)
 
 
-def _run_is_live(run: RunInfo, now: float) -> bool:
-    if run.ended_at is not None:
-        return False
-    info = run.info or {}
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-        pid = int(info["pid"])
-        if pid == os.getpid():
-            return run.run_id in _ACTIVE_RUNS
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-    return run.is_live(now=now, stale_after=STALE_AFTER)
+def _decision_options(options: MoveOptions) -> DecisionOptions:
+    return DecisionOptions(
+        include_expired=options.include_expired,
+        include_unknown=options.include_unknown,
+        # Non-Celery bodies are kept out of Celery queues: every message's own source is
+        # one, and so is a --to that names a family's queue.
+        to_celery=options.to is None or options.to_celery_queue,
+        max_redrives=options.max_redrives,
+        in_doubt=options.in_doubt,
+    )
 
 
 def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
@@ -1391,4 +1446,4 @@ def _copy_of(cand: _Candidate, entry: Entry) -> bool:
         enqueued_at=cand.message.sent_timestamp,
         first_sent_at=_sent_at(entry),
     )
-    return verdict in (Verdict.SAME_MESSAGE, Verdict.COPY)
+    return verdict in (CopyVerdict.SAME_MESSAGE, CopyVerdict.COPY)

@@ -278,23 +278,9 @@ def follow_native_move(
     last: MoveTask | None = None
     sighted = began
     while True:
-        tasks = list_move_tasks(sqs, target)
-        mine = next((t for t in tasks if t.handle == handle), None)
-        if mine is not None:
+        mine = _find_task(list_move_tasks(sqs, target), handle, seen_started, earliest)
+        if mine is not None and mine.handle == handle:
             seen_started = mine.started
-        elif seen_started is not None:
-            mine = next((t for t in tasks if t.handle is None and t.started == seen_started), None)
-        else:
-            # It ended before the first poll saw it running: the newest handle-less task that
-            # started after we asked (only one task per queue can be active at a time).
-            mine = next(
-                (
-                    t
-                    for t in tasks
-                    if t.handle is None and t.started is not None and t.started >= earliest
-                ),
-                None,
-            )
         if mine is not None:
             last, sighted = mine, clock()
             on_progress(mine)
@@ -308,9 +294,28 @@ def follow_native_move(
             )
         if clock() - began >= max_wait or stop.wait(poll_seconds):
             break
-    if last is not None:
-        return last
     # Stopped before the first sighting: SQS accepted the task, so it is running or queued.
+    return last if last is not None else _not_yet_seen(target, handle)
+
+
+def _find_task(
+    tasks: list[MoveTask], handle: str, seen_started: float | None, earliest: float
+) -> MoveTask | None:
+    """The task started as ``handle`` among the listed ones."""
+    mine = next((t for t in tasks if t.handle == handle), None)
+    if mine is not None:
+        return mine
+    if seen_started is not None:
+        return next((t for t in tasks if t.handle is None and t.started == seen_started), None)
+    # It ended before the first poll saw it running: the newest handle-less task that
+    # started after we asked (only one task per queue can be active at a time).
+    return next(
+        (t for t in tasks if t.handle is None and t.started is not None and t.started >= earliest),
+        None,
+    )
+
+
+def _not_yet_seen(target: DlqTarget, handle: str) -> MoveTask:
     return MoveTask(
         status=RUNNING,
         moved=0,

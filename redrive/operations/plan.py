@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from redrive.aws.identity import local_identity
 from redrive.errors import UsageProblem
+from redrive.operations.observer import RunObserver
 
 PLAN_VERSION = 1
 KINDS = ("move", "purge")
@@ -78,8 +79,9 @@ class Plan:
         return dict(sorted(Counter(item.task for item in self.items).items()))
 
 
-class PlanWriter:
-    """Streams a plan to disk: items go straight to the file, never all held in memory."""
+class PlanWriter(RunObserver[Any]):
+    """Streams a plan to disk: items go straight to the file, never all held in memory. As
+    a dry run's observer it writes each item the run plans."""
 
     def __init__(
         self,
@@ -117,6 +119,9 @@ class PlanWriter:
         text = json.dumps(header, indent=2, ensure_ascii=False)
         self._file.write(text[: text.rstrip().rfind("}")].rstrip() + ',\n  "items": [\n')
         self._first = True
+
+    def on_plan(self, item: PlanItem) -> None:
+        self.add(item)
 
     def add(self, item: PlanItem) -> None:
         prefix = "    " if self._first else ",\n    "

@@ -7,25 +7,32 @@ or both: never neither. ``archive`` is the same run without the delete.
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from redrive.archive import ArchiveRecord, ArchiveWriter
+from redrive.archive import ArchiveRecord, ArchiveWriter, default_archive_path, open_writer
 from redrive.aws.sqs import Message, Sqs
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.errors import ArchiveError, AwsError, UsageProblem
+from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
+from redrive.operations.limit import Limit
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
-from redrive.selection import FilterMisses, Selection, Sightings
+from redrive.operations.run import RunLifecycle, new_run_id
+from redrive.operations.seen import SeenByFilters
+from redrive.reporting.audit import DeletedMessages, absolute_location
+from redrive.selection import FilterMisses, Selection
 
 DEFAULT_LEASE = 30
 # Messages buffered before one archive write: S3 wants large objects, and every buffered
@@ -47,6 +54,9 @@ class PurgeOptions:
     lease: int = DEFAULT_LEASE
     workers: int = 1
     buffer: int = LOCAL_BUFFER
+    """Messages per archive write to a local file (an S3 archive writes S3_BUFFER)."""
+    archive_to: str | None = None
+    """Where to archive (a path or s3:// prefix); None: ./redrive-archive/FAMILY-TIME.jsonl.gz."""
 
 
 @dataclass(slots=True)
@@ -114,17 +124,131 @@ class _Pending:
     at: float
 
 
+def run_purge(
+    target: DlqTarget,
+    options: PurgeOptions,
+    *,
+    sqs_factory: Callable[[], Sqs],
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+    s3_client_factory: Callable[[], Any] | None = None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    receive_log: ReceiveLog | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PurgeResult:
+    """``purge`` or ``archive`` as a command runs it: the archive opened where the options say
+    (a dry run checks the execute could write there), the run recorded in ``ledger`` for the
+    audit trail (``record``: its who and what), and an archive that holds nothing removed."""
+    where = archive_location(target, options, clock)
+    writer = _open_archive(where, options.execute, s3_client_factory)
+    if where and where.startswith("s3://"):
+        options = replace(options, buffer=S3_BUFFER)
+    stop = stop or threading.Event()
+    ended = _PurgeEnd(DeletedMessages())
+    life = RunLifecycle(
+        ledger,
+        execute=options.execute,
+        command=command,
+        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        lease=options.lease,
+        stop=stop,
+        clock=clock,
+        counts=ended.counts,
+        end_info=ended.info,
+    )
+    with life:
+        try:
+            result = purge_dlq(
+                target,
+                options,
+                sqs_factory=sqs_factory,
+                writer=writer,
+                observer=observer,
+                stop=stop,
+                clock=clock,
+                # The archive's records name the run the ledger and the audit trail know.
+                run_id=life.run_id,
+                on_deleted=ended.deleted.add if ledger is not None else None,
+                receive_log=receive_log,
+            )
+        finally:
+            if writer is not None:
+                writer.close()
+        ended.dropped = _drop_empty_archive(where, result.archived) if writer is not None else False
+        result.archive = None if ended.dropped else result.archive or where
+        ended.result = result
+    return result
+
+
+def _open_archive(
+    where: str | None, execute: bool, s3_client_factory: Callable[[], Any] | None
+) -> ArchiveWriter | None:
+    if where and not execute:
+        # The dry run says "would be archived to" only where the execute could write.
+        check_archive_path(where)
+    return open_writer(where, s3_client_factory=s3_client_factory) if where and execute else None
+
+
+def archive_location(
+    target: DlqTarget, options: PurgeOptions, now: Callable[[], float] = time.time
+) -> str | None:
+    """Where the run archives: the options' destination, or the default path; None with
+    ``--no-archive``."""
+    if not options.archive:
+        return None
+    return options.archive_to or default_archive_path(
+        target.label, datetime.fromtimestamp(now(), UTC)
+    )
+
+
+@dataclass(slots=True)
+class _PurgeEnd:
+    """What a purge's run records at its end: the counts, and the messages it deleted."""
+
+    deleted: DeletedMessages
+    result: PurgeResult | None = None
+    dropped: bool = False
+
+    def counts(self) -> dict[str, int]:
+        result = self.result
+        if result is None:
+            # Failed or interrupted: the run still says what it had deleted by then.
+            return {"purged": self.deleted.total}
+        return {
+            "matched": result.matched,
+            "archived": result.archived,
+            "purged": result.purged,
+            "failed": result.failed,
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {"deleted": self.deleted.items, **({"archive": None} if self.dropped else {})}
+
+
+def _drop_empty_archive(where: str | None, archived: int) -> bool:
+    """Remove the file a run that archived nothing created (its writer made it new, with
+    O_EXCL, and it holds only the archive's header): an archive that holds no message is no
+    evidence of anything, and would block a rerun that names the same path."""
+    if where is None or "://" in where or archived:
+        return False
+    try:
+        Path(where).expanduser().unlink()
+    except OSError:
+        return False
+    return True
+
+
 def purge_dlq(
     target: DlqTarget,
     options: PurgeOptions,
     *,
     sqs_factory: Callable[[], Sqs],
     writer: ArchiveWriter | None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
-    on_progress: Callable[[PurgeResult], None] | None = None,
-    fault: Callable[[str], None] | None = None,
-    now: Callable[[], float] = time.time,
-    plan_sink: Callable[[PlanItem], None] | None = None,
+    clock: Callable[[], float] = time.time,
     run_id: str | None = None,
     on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None = None,
     receive_log: ReceiveLog | None = None,
@@ -141,175 +265,255 @@ def purge_dlq(
         raise UsageProblem("an archiving run needs an archive writer")
     if not options.delete and writer is None and options.execute:
         raise UsageProblem("archive needs a destination")
-    stop = stop or threading.Event()
-    fault = fault or (lambda step: None)
-    started = time.monotonic()
-    result = PurgeResult(
-        dry_run=not options.execute,
-        target=target.label,
-        dlq=target.dlq.name,
-        archive=writer.location if writer is not None else None,
-        command="purge" if options.delete else "archive",
-        run_id=(run_id or uuid.uuid4().hex[:16]) if options.execute else None,
-    )
-    sqs = sqs_factory()
-    depth = int(
-        sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessages"]).get(
-            "ApproximateNumberOfMessages", "0"
-        )
-    )
-    result.depth_before = depth
-    # archive keeps every message hidden until the end; purge only the ones it does not take.
-    scan = DlqScan(
-        url=target.dlq.url,
-        lease=options.lease,
-        receive_held=not options.delete,
-        stop=stop,
+    purge = _Purge(
+        target,
+        options,
         sqs_factory=sqs_factory,
-        receive_log=receive_log,
+        writer=writer,
+        observer=observer,
+        stop=stop or threading.Event(),
+        clock=clock,
+        run_id=(run_id or new_run_id()) if options.execute else None,
+        on_deleted=on_deleted,
     )
-    lock = threading.Lock()
-    limit_left = [options.selection.limit]
-    selection = options.selection
-    sightings = Sightings(selection) if selection.tasks or selection.message_ids else None
+    return purge.run(receive_log)
 
-    def flush(worker_sqs: Sqs, pending: list[_Pending]) -> None:
-        if not pending:
-            return
-        if writer is not None and options.execute:
-            archived_at = datetime.fromtimestamp(now(), UTC)
-            records = [
-                ArchiveRecord.from_message(
-                    _as_boto(p.message),
-                    task=p.info.task,
-                    task_id=p.info.task_id,
-                    dlq=target.dlq.url,
-                    run_id=result.run_id or "",
-                    archived_at=archived_at,
-                    redrive_receives=p.message.redrive_receives or None,
-                )
-                for p in pending
-            ]
-            with lock:
-                writer.write_batch(records)
-                result.archived += len(records)
-        fault("archived")
-        if options.delete and options.execute:
-            deleted = 0
-            for start in range(0, len(pending), 10):
-                chunk = pending[start : start + 10]
-                outcome = worker_sqs.delete_batch(
-                    target.dlq.url, {str(i): p.message.receipt_handle for i, p in enumerate(chunk)}
-                )
-                deleted += len(outcome.ok)
-                scan.forget([chunk[int(i)].message for i in outcome.ok])
-                if on_deleted is not None and outcome.ok:
-                    gone = [chunk[int(i)] for i in outcome.ok]
-                    with lock:
-                        on_deleted(
-                            [(p.message.message_id, p.info.task, p.info.task_id) for p in gone]
-                        )
-                failed = [chunk[int(i)].message for i in outcome.failed]
-                # Still in the DLQ (and archived): visible again when the scan ends.
-                scan.keep(worker_sqs, failed)
-                with lock:
-                    result.failed += len(failed)
-            with lock:
-                result.purged += deleted
-            fault("deleted")
-        else:
-            scan.keep(worker_sqs, [p.message for p in pending])
 
-    def work(worker_sqs: Sqs) -> None:
+class PurgeFate(enum.Enum):
+    NOT_SELECTED = "not-selected"
+    """Left out by the filters: kept, not counted."""
+    LIMIT_REACHED = "limit-reached"
+    """--limit messages are taken already: kept, not counted."""
+    TAKE = "take"
+    """Archived (and, for purge, deleted once archived)."""
+
+
+def decide_purge(*, selected: bool, limit_left: bool) -> PurgeFate:
+    """One message's fate in a purge or archive (``limit_left``: whether --limit leaves room
+    for it)."""
+    if not selected:
+        return PurgeFate.NOT_SELECTED
+    if not limit_left:
+        return PurgeFate.LIMIT_REACHED
+    return PurgeFate.TAKE
+
+
+class _PurgeTally:
+    """A purge's counts (its PurgeResult), under the tally's own lock: workers share it."""
+
+    def __init__(self, result: PurgeResult, seen: SeenByFilters) -> None:
+        self.result = result
+        self.seen = seen
+        self._lock = threading.Lock()
+
+    def matched(self, info: TaskInfo) -> None:
+        with self._lock:
+            self.result.matched += 1
+            self.result.by_task[info.task] += 1
+
+    def scanned(self, n: int) -> None:
+        with self._lock:
+            self.result.scanned += n
+
+    def archived(self, n: int) -> None:
+        with self._lock:
+            self.result.archived += n
+
+    def deleted(
+        self,
+        gone: Sequence[_Pending],
+        failed: int,
+        on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None,
+    ) -> None:
+        with self._lock:
+            self.result.purged += len(gone)
+            self.result.failed += failed
+            if on_deleted is not None and gone:
+                on_deleted([(p.message.message_id, p.info.task, p.info.task_id) for p in gone])
+
+
+class _Purge:
+    """One purge (or archive) run: per batch, a decision per message, then the steps:
+    archive (durable first), then delete. Workers share it, each with its own Sqs."""
+
+    def __init__(
+        self,
+        target: DlqTarget,
+        options: PurgeOptions,
+        *,
+        sqs_factory: Callable[[], Sqs],
+        writer: ArchiveWriter | None,
+        observer: RunObserver[PurgeResult],
+        stop: threading.Event,
+        clock: Callable[[], float],
+        run_id: str | None,
+        on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None,
+    ) -> None:
+        self.target = target
+        self.options = options
+        self.sqs_factory = sqs_factory
+        self.writer = writer
+        self.observer = observer
+        self.stop = stop
+        self.clock = clock
+        self.on_deleted = on_deleted
+        self.result = PurgeResult(
+            dry_run=not options.execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            archive=writer.location if writer is not None else None,
+            command="purge" if options.delete else "archive",
+            run_id=run_id,
+        )
+        selection = options.selection
+        self._tally = _PurgeTally(self.result, SeenByFilters(selection))
+        self._limit = Limit(selection.limit)
+        self._write_lock = threading.Lock()  # one archive, written one batch at a time
+
+    def run(self, receive_log: ReceiveLog | None) -> PurgeResult:
+        started = time.monotonic()
+        sqs = self.sqs_factory()
+        depth = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"])
+        self.result.depth_before = int(depth.get("ApproximateNumberOfMessages", "0"))
+        # archive keeps every message hidden until the end; purge only the ones it does not
+        # take.
+        self._scan = DlqScan(
+            url=self.target.dlq.url,
+            lease=self.options.lease,
+            receive_held=not self.options.delete,
+            stop=self.stop,
+            sqs_factory=self.sqs_factory,
+            receive_log=receive_log,
+        )
+        try:
+            run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
+        finally:
+            self._scan.release_all(sqs)
+            self._scan.close()
+            self.result.redelivered = self._scan.stats.redelivered
+            self.result.interrupted = self.stop.is_set()
+            self.result.seconds = time.monotonic() - started
+            self.result.misses = self._tally.seen.misses()
+        hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
+            "ApproximateNumberOfMessagesNotVisible", "0"
+        )
+        self.result.still_hidden = int(hidden) if hidden.isdigit() else 0
+        return self.result
+
+    def _work(self, sqs: Sqs) -> None:
         pending: list[_Pending] = []
         # The batch being sorted into kept and pending: an error before it is sorted must
         # not leave it hidden for a whole lease.
         unsorted: list[Message] = []
         try:
-            while (batch := scan.next_batch(worker_sqs)) is not None:
+            while (batch := self._scan.next_batch(sqs)) is not None:
                 unsorted = batch
-                fault("received")
-                keep: list[Message] = []
-                clock = now()
-                decoded = [(message, decode(message.body)) for message in batch]
-                if sightings is not None:
-                    with lock:
-                        for message, info in decoded:
-                            sightings.add(info.task, message.message_id)
-                for message, info in decoded:
-                    if not options.selection.matches(
-                        info,
-                        message_id=message.message_id,
-                        sent_at=message.sent_timestamp,
-                        now=clock,
-                        # --where (issue 15): the record reads the message and its sources.
-                        message=message,
-                        sources=[s.name for s in target.sources],
-                    ):
-                        keep.append(message)
-                        continue
-                    with lock:
-                        if limit_left[0] is not None:
-                            if limit_left[0] <= 0:
-                                keep.append(message)
-                                continue
-                            limit_left[0] -= 1
-                        result.matched += 1
-                        result.by_task[info.task] += 1
-                    pending.append(_Pending(message, info, time.monotonic()))
-                    if plan_sink is not None:
-                        plan_sink(
-                            PlanItem(
-                                message_id=message.message_id,
-                                task=info.task,
-                                task_id=info.task_id,
-                                key=None,
-                                action="purge" if options.delete else "archive",
-                            )
-                        )
-                scan.keep(worker_sqs, keep)
+                self.observer.on_step("received")
+                pending.extend(self._sort(sqs, batch))
                 unsorted = []
-                with lock:
-                    result.scanned += len(batch)
-                    if limit_left[0] is not None and limit_left[0] <= 0:
-                        scan.stop_receiving()
-                if not options.execute:
-                    scan.keep(worker_sqs, [p.message for p in pending])
+                if not self.options.execute:
+                    self._scan.keep(sqs, [p.message for p in pending])
                     pending = []
-                elif pending and (
-                    len(pending) >= options.buffer
-                    or time.monotonic() - pending[0].at > BUFFER_SECONDS
-                    # A FIFO DLQ hands out nothing more of a message group while some of it
-                    # is in flight: buffering would end the scan with groups left behind.
-                    or target.dlq.fifo
-                ):
-                    flush(worker_sqs, pending)
+                elif pending and self._due(pending):
+                    self._flush(sqs, pending)
                     pending = []
-                if on_progress is not None:
-                    on_progress(result)
-            flush(worker_sqs, pending)
+                self.observer.on_progress(self.result)
+            self._flush(sqs, pending)
             pending = []
         except (Exception, KeyboardInterrupt):
             # Not archived, so not deleted: hand them back with the rest.
             held = {m.message_id: m for m in unsorted}
             held.update((p.message.message_id, p.message) for p in pending)
-            scan.keep(worker_sqs, list(held.values()))
+            self._scan.keep(sqs, list(held.values()))
             raise
 
-    try:
-        run_pipelines(work, sqs, sqs_factory, options.workers, stop)
-    finally:
-        scan.release_all(sqs)
-        scan.close()
-        result.redelivered = scan.stats.redelivered
-        result.interrupted = stop.is_set()
-        result.seconds = time.monotonic() - started
-        result.misses = sightings.misses() if sightings is not None else None
-    hidden = sqs.attributes(target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
-        "ApproximateNumberOfMessagesNotVisible", "0"
-    )
-    result.still_hidden = int(hidden) if hidden.isdigit() else 0
-    return result
+    def _due(self, pending: Sequence[_Pending]) -> bool:
+        """Whether the buffer is to be written now."""
+        return (
+            len(pending) >= self.options.buffer
+            or time.monotonic() - pending[0].at > BUFFER_SECONDS
+            # A FIFO DLQ hands out nothing more of a message group while some of it is in
+            # flight: buffering would end the scan with groups left behind.
+            or self.target.dlq.fifo
+        )
+
+    def _sort(self, sqs: Sqs, batch: Sequence[Message]) -> list[_Pending]:
+        """Decide each message of a batch: the ones taken, pending; the others kept."""
+        keep: list[Message] = []
+        taken: list[_Pending] = []
+        now = self.clock()
+        decoded = [(message, decode(message.body)) for message in batch]
+        self._tally.seen.add(decoded)
+        action = "purge" if self.options.delete else "archive"
+        for message, info in decoded:
+            selected = self.options.selection.matches(
+                info,
+                message_id=message.message_id,
+                sent_at=message.sent_timestamp,
+                now=now,
+                # --where (issue 15): the record reads the message and its DLQ's sources.
+                message=message,
+                sources=[s.name for s in self.target.sources],
+            )
+            fate = decide_purge(selected=selected, limit_left=selected and self._limit.take())
+            if fate is not PurgeFate.TAKE:
+                keep.append(message)
+                continue
+            self._tally.matched(info)
+            taken.append(_Pending(message, info, time.monotonic()))
+            self.observer.on_plan(
+                PlanItem(message.message_id, info.task, info.task_id, key=None, action=action)
+            )
+        self._scan.keep(sqs, keep)
+        self._tally.scanned(len(batch))
+        if self._limit.reached:
+            self._scan.stop_receiving()
+        return taken
+
+    def _flush(self, sqs: Sqs, pending: list[_Pending]) -> None:
+        if not pending:
+            return
+        self._archive(pending)
+        self.observer.on_step("archived")
+        if self.options.delete and self.options.execute:
+            self._delete(sqs, pending)
+            self.observer.on_step("deleted")
+        else:
+            self._scan.keep(sqs, [p.message for p in pending])
+
+    def _archive(self, pending: Sequence[_Pending]) -> None:
+        """Write the pending messages' records: durable before any of them is deleted."""
+        if self.writer is None or not self.options.execute:
+            return
+        archived_at = datetime.fromtimestamp(self.clock(), UTC)
+        records = [
+            ArchiveRecord.from_message(
+                _as_boto(p.message),
+                task=p.info.task,
+                task_id=p.info.task_id,
+                dlq=self.target.dlq.url,
+                run_id=self.result.run_id or "",
+                archived_at=archived_at,
+                redrive_receives=p.message.redrive_receives or None,
+            )
+            for p in pending
+        ]
+        with self._write_lock:
+            self.writer.write_batch(records)
+        self._tally.archived(len(records))
+
+    def _delete(self, sqs: Sqs, pending: Sequence[_Pending]) -> None:
+        for start in range(0, len(pending), 10):
+            chunk = pending[start : start + 10]
+            outcome = sqs.delete_batch(
+                self.target.dlq.url, {str(i): p.message.receipt_handle for i, p in enumerate(chunk)}
+            )
+            gone = [chunk[int(i)] for i in outcome.ok]
+            self._scan.forget([p.message for p in gone])
+            failed = [chunk[int(i)].message for i in outcome.failed]
+            # Still in the DLQ (and archived): visible again when the scan ends.
+            self._scan.keep(sqs, failed)
+            self._tally.deleted(gone, len(failed), self.on_deleted)
 
 
 def check_archive_path(destination: str) -> None:
@@ -346,36 +550,57 @@ def check_archive_path(destination: str) -> None:
         )
 
 
-def purge_whole_queue(target: DlqTarget, sqs: Sqs, *, execute: bool) -> PurgeResult:
-    """SQS PurgeQueue: unfiltered, unarchived, cannot be undone, once per 60 s per queue."""
-    counts = sqs.attributes(
-        target.dlq.url,
-        ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )
-    depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
-        counts.get("ApproximateNumberOfMessagesNotVisible", "0")
-    )
-    result = PurgeResult(
-        dry_run=not execute,
-        target=target.label,
-        dlq=target.dlq.name,
-        archive=None,
-        method="purge-queue",
-        matched=depth,
-        run_id=uuid.uuid4().hex[:16] if execute else None,
-    )
-    if execute:
-        try:
-            sqs.purge(target.dlq.url)
-        except AwsError as exc:
-            if "PurgeQueueInProgress" in str(exc):
-                raise AwsError(
-                    f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
-                    "already in progress: wait a minute and rerun"
-                ) from exc
-            raise
-        result.purged = depth
+def purge_whole_queue(
+    target: DlqTarget,
+    sqs: Sqs,
+    *,
+    execute: bool,
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+) -> PurgeResult:
+    """SQS PurgeQueue: unfiltered, unarchived, cannot be undone, once per 60 s per queue.
+
+    With a ``ledger``, an executed purge is a run in it, for the audit trail (``record``: the
+    who and what of :func:`redrive.reporting.audit.run_record`)."""
+    info = {**(record or {}), "archive": None, "dlq": target.dlq.url}
+    life = RunLifecycle(ledger, execute=execute, command=command, info=info)
+    with life:
+        counts = sqs.attributes(
+            target.dlq.url,
+            ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )
+        depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
+            counts.get("ApproximateNumberOfMessagesNotVisible", "0")
+        )
+        result = PurgeResult(
+            dry_run=not execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            archive=None,
+            method="purge-queue",
+            matched=depth,
+            run_id=life.run_id,
+        )
+        if execute:
+            _purge_queue(target, sqs)
+            result.purged = depth
+            life.counts = lambda: {"matched": result.matched, "purged": result.purged}
+            # SQS does not say which messages PurgeQueue deleted: the record says so.
+            life.end_info = lambda: {"deleted": [], "method": "purge-queue"}
     return result
+
+
+def _purge_queue(target: DlqTarget, sqs: Sqs) -> None:
+    try:
+        sqs.purge(target.dlq.url)
+    except AwsError as exc:
+        if "PurgeQueueInProgress" in str(exc):
+            raise AwsError(
+                f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
+                "already in progress: wait a minute and rerun"
+            ) from exc
+        raise
 
 
 def _as_boto(message: Message) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,6 +29,8 @@ from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
+from redrive.operations.run import RunRecord
 from redrive.reporting.inspect import (
     DEFAULT_MAX_REDRIVES,
     Focus,
@@ -112,6 +114,34 @@ class ReplayResult:
     move: MoveResult
     damage: DamageReport | None = None
 
+    @property
+    def dry_run(self) -> bool:
+        return self.move.dry_run
+
+    @property
+    def interrupted(self) -> bool:
+        return self.move.interrupted
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.move.needs_attention
+
+    def to_json(self) -> dict[str, Any]:
+        """The engine's JSON, in the words of a replay: ``replayed``, ``already_sent``,
+        ``archive``, ``damaged``."""
+        data = self.move.to_json()
+        data = {"replayed": data["moved"], **data}
+        # Replaying twice: what was already sent counts as skipped (there is nothing to
+        # delete). A dry run too knows what was already sent: it is a fact, not a plan.
+        data.pop("duplicates_deleted")
+        data.pop("duplicates_to_delete", None)
+        data["already_sent"] = self.move.duplicates
+        data["skipped"] += data["already_sent"]
+        data["archive"] = data.pop("target")
+        data.pop("dlq", None)
+        data["damaged"] = self.damage.to_json() if self.damage is not None else None
+        return data
+
 
 def replay_archive(
     source: str,
@@ -121,30 +151,27 @@ def replay_archive(
     *,
     sqs_factory: Callable[[], Sqs],
     s3_client_factory: Callable[[], Any] | None = None,
-    command: str = "replay",
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
-    on_progress: Callable[[MoveResult], None] | None = None,
-    on_problem: Callable[[str], None] | None = None,
-    on_check: Callable[[int], None] | None = None,
-    fault: Callable[[str], None] | None = None,
-    run_info: Mapping[str, Any] | None = None,
+    record: RunRecord | None = None,
     allow_partial: bool = False,
 ) -> ReplayResult:
     """Send every selected archived message to ``to`` (None: where each task's route names,
     ``options.celery``), byte-identical, each task once.
 
-    The whole archive is checked first (``on_check`` hears the records read so far): a
-    damaged one raises :class:`ArchiveDamaged` before anything is sent, unless
-    ``allow_partial``, which replays the records that read cleanly and returns the damage.
+    The whole archive is checked first (``observer.on_check`` hears the records read so far,
+    ``on_problem`` what is damaged): a damaged one raises :class:`ArchiveDamaged` before
+    anything is sent, unless ``allow_partial``, which replays the records that read cleanly
+    and returns the damage.
     """
     stop = stop or threading.Event()
     label = archive_label(source)
     check = check_archive(
         source,
         s3_client_factory=s3_client_factory,
-        on_problem=on_problem,
+        on_problem=observer.on_problem,
         stop=stop,
-        on_progress=on_check,
+        on_progress=observer.on_check,
     )
     if not check.complete:
         return ReplayResult(
@@ -152,12 +179,6 @@ def replay_archive(
         )
     if check.damage is not None and not allow_partial:
         raise ArchiveDamaged(check.damage)
-    pseudo = DlqTarget(
-        label=label,
-        family=None,
-        dlq=QueueRef(url=source, name=label, arn="", fifo=False),
-        sources=(),
-    )
     # Problems were reported by the check; damage is skipped only when allowed.
     reader = ArchiveReader(
         source,
@@ -167,19 +188,28 @@ def replay_archive(
     )
     archive = ArchiveSource(iter(reader), stop)
     engine = MoveEngine(
-        pseudo,
+        _archive_target(source),
         ledger,
         replace(options, to=to),
         sqs_factory=sqs_factory,
-        command=command,
+        observer=observer,
         stop=stop,
-        on_progress=on_progress,
-        fault=fault,
         source=archive,
-        run_info=run_info,
+        record=record or RunRecord("replay"),
     )
     result = engine.run()
     return ReplayResult(result, archive.damage or check.damage or reader.report())
+
+
+def _archive_target(source: str) -> DlqTarget:
+    """The engine's target for an archive: the archive stands where a DLQ would."""
+    label = archive_label(source)
+    return DlqTarget(
+        label=label,
+        family=None,
+        dlq=QueueRef(url=source, name=label, arn="", fifo=False),
+        sources=(),
+    )
 
 
 @dataclass(slots=True)

@@ -1,0 +1,170 @@
+"""Apply a plan (``move/purge --plan-out``): act on exactly its messages, and say how many
+of them were gone.
+
+The plan's message ids are the selection: a message not in the plan is left alone even if
+it matches the plan's filters now; a planned message no longer in the DLQ is *gone*.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redrive.aws.sqs import Sqs
+from redrive.celery.knowledge import TaskKnowledge
+from redrive.dlq.queues import DlqTarget, QueueRef
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.errors import UsageProblem
+from redrive.ledger import Ledger
+from redrive.operations.move import (
+    DEFAULT_LEASE,
+    DEFAULT_MAX_REDRIVES,
+    InDoubtPolicy,
+    MoveEngine,
+    MoveOptions,
+    MoveResult,
+)
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
+from redrive.operations.plan import Plan
+from redrive.operations.purge import PurgeOptions, PurgeResult, run_purge
+from redrive.operations.run import RunRecord
+from redrive.selection import Selection
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOptions:
+    execute: bool = False
+    in_doubt: InDoubtPolicy | None = None
+    """Overrides the plan's in-doubt policy (move plans)."""
+    workers: int = 1
+    include_succeeded: bool = False
+    """Send tasks the result backend says already succeeded (move plans)."""
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What applying a plan did: the run's own result, and how many planned messages were
+    gone (no longer in the DLQ: acted on already, or removed by someone else)."""
+
+    kind: Literal["move", "purge"]
+    planned: int
+    result: MoveResult | PurgeResult | None
+    """None for a plan that selects no message (nothing ran)."""
+    dry_run: bool = True
+
+    @property
+    def gone(self) -> int:
+        return max(0, self.planned - self.result.matched) if self.result is not None else 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result is not None and self.result.interrupted
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.result is not None and self.result.needs_attention
+
+    def to_json(self) -> dict[str, Any]:
+        if self.result is None:
+            acted = "moved" if self.kind == "move" else "purged"
+            return {"dry_run": self.dry_run, "kind": self.kind, "planned": 0, "matched": 0} | {
+                acted: 0,
+                "gone": 0,
+            }
+        data = self.result.to_json()
+        data.update(planned=self.planned, gone=self.gone)
+        return data
+
+
+def plan_selection(plan: Plan) -> Selection:
+    return Selection(message_ids=plan.message_ids)
+
+
+def plan_move_options(
+    plan: Plan,
+    options: ApplyOptions,
+    *,
+    to: QueueRef | None,
+    to_celery_queue: bool,
+    celery: TaskKnowledge | None = None,
+) -> MoveOptions:
+    """The engine's options for a move plan: the plan's, with ``options`` over them."""
+    opts = plan.options
+    in_doubt: InDoubtPolicy = options.in_doubt or opts.get("in_doubt", "hold")
+    return MoveOptions(
+        selection=plan_selection(plan),
+        execute=options.execute,
+        to=to,
+        include_expired=bool(opts.get("include_expired", False)),
+        max_redrives=int(opts.get("max_redrives", DEFAULT_MAX_REDRIVES)),
+        in_doubt=in_doubt,
+        lease=int(opts.get("lease", DEFAULT_LEASE)),
+        workers=options.workers,
+        include_unknown=bool(opts.get("include_unknown", False)),
+        to_celery_queue=to_celery_queue,
+        ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
+        celery=celery,
+        include_succeeded=options.include_succeeded or bool(opts.get("include_succeeded")),
+    )
+
+
+def plan_purge_options(plan: Plan, options: ApplyOptions) -> PurgeOptions:
+    """The purge's options for a purge plan (its archive, or none)."""
+    if plan.options.get("no_archive") and plan.options.get("archive"):
+        raise UsageProblem("--archive and --no-archive contradict each other")
+    return PurgeOptions(
+        selection=plan_selection(plan),
+        execute=options.execute,
+        archive=not plan.options.get("no_archive"),
+        archive_to=plan.options.get("archive"),
+        workers=options.workers,
+    )
+
+
+def apply_plan(
+    target: DlqTarget,
+    plan: Plan,
+    options: MoveOptions | PurgeOptions,
+    *,
+    sqs_factory: Callable[[], Sqs],
+    ledger: Ledger | None,
+    record: RunRecord,
+    s3_client_factory: Callable[[], Any] | None = None,
+    observer: RunObserver[Any] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    receive_log: ReceiveLog | None = None,
+) -> ApplyResult:
+    """Run the plan's move or purge on exactly its messages (``options``: from
+    :func:`plan_move_options` or :func:`plan_purge_options`)."""
+    if not plan.items:
+        # An empty id set would select *every* message: an empty plan does nothing.
+        return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
+    result: MoveResult | PurgeResult
+    if isinstance(options, MoveOptions):
+        engine = MoveEngine(
+            target,
+            ledger,
+            options,
+            sqs_factory=sqs_factory,
+            observer=observer,
+            stop=stop,
+            record=record,
+            receive_log=receive_log,
+        )
+        result = engine.run()
+        return ApplyResult("move", len(plan.items), result, result.dry_run)
+    result = run_purge(
+        target,
+        options,
+        sqs_factory=sqs_factory,
+        ledger=ledger,
+        command=record.command,
+        record=record.info,
+        s3_client_factory=s3_client_factory,
+        observer=observer,
+        stop=stop,
+        receive_log=receive_log,
+    )
+    return ApplyResult("purge", len(plan.items), result, result.dry_run)

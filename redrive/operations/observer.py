@@ -1,0 +1,111 @@
+"""What a run tells whoever watches it: its progress (the CLI's progress line), each planned
+action of a dry run (a ``--plan-out`` file), and each step it passes (the points between
+receive, claim, send, record and delete, where the tests inject crashes).
+
+An observer is called from the run's worker threads; one call at a time for plan items,
+from any worker for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from redrive.operations.plan import PlanItem
+
+R = TypeVar("R", contravariant=True)
+
+
+class RunObserver(Generic[R]):
+    """Hears a run's events; every method does nothing unless a subclass says otherwise.
+    ``R`` is the run's result type, handed to :meth:`on_progress` as it grows."""
+
+    def on_progress(self, result: R) -> None:
+        """The run's result so far, after each batch."""
+
+    def on_plan(self, item: PlanItem) -> None:
+        """A dry run's planned action for one message."""
+
+    def on_step(self, step: str) -> None:
+        """The run passed ``step`` (one of the operation's ``STEPS``). What this raises
+        stops the run there, as a crash at that point would."""
+
+    def on_check(self, read: int) -> None:
+        """Records read so far by a check before the run (replay's check of its archive)."""
+
+    def on_problem(self, problem: str) -> None:
+        """Something the run carries on past, for the operator to know (a damaged record)."""
+
+
+class NullObserver(RunObserver[Any]):
+    """Hears nothing."""
+
+
+NULL_OBSERVER = NullObserver()
+
+
+class Observers(RunObserver[R]):
+    """Several observers, told in order."""
+
+    def __init__(self, *observers: RunObserver[R]) -> None:
+        self.observers = observers
+
+    def on_progress(self, result: R) -> None:
+        for observer in self.observers:
+            observer.on_progress(result)
+
+    def on_plan(self, item: PlanItem) -> None:
+        for observer in self.observers:
+            observer.on_plan(item)
+
+    def on_step(self, step: str) -> None:
+        for observer in self.observers:
+            observer.on_step(step)
+
+    def on_check(self, read: int) -> None:
+        for observer in self.observers:
+            observer.on_check(read)
+
+    def on_problem(self, problem: str) -> None:
+        for observer in self.observers:
+            observer.on_problem(problem)
+
+
+class Callbacks(RunObserver[R]):
+    """An observer made of plain functions, each optional (tests, small callers)."""
+
+    def __init__(
+        self,
+        *,
+        on_progress: Callable[[R], None] | None = None,
+        on_plan: Callable[[PlanItem], None] | None = None,
+        on_step: Callable[[str], None] | None = None,
+        on_check: Callable[[int], None] | None = None,
+        on_problem: Callable[[str], None] | None = None,
+    ) -> None:
+        self._progress = on_progress
+        self._plan = on_plan
+        self._step = on_step
+        self._check = on_check
+        self._problem = on_problem
+
+    def on_progress(self, result: R) -> None:
+        if self._progress is not None:
+            self._progress(result)
+
+    def on_plan(self, item: PlanItem) -> None:
+        if self._plan is not None:
+            self._plan(item)
+
+    def on_step(self, step: str) -> None:
+        if self._step is not None:
+            self._step(step)
+
+    def on_check(self, read: int) -> None:
+        if self._check is not None:
+            self._check(read)
+
+    def on_problem(self, problem: str) -> None:
+        if self._problem is not None:
+            self._problem(problem)
