@@ -9,7 +9,7 @@ import math
 import random
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -273,21 +273,7 @@ def sample_dlq(
     routing_key = queue or family
     tasks = _task_cycle(family, count, rng)
 
-    # Each kind takes its own slots, chosen at random, so a DLQ listing looks mixed.
-    kinds: list[str] = []
-    for kind, many in (
-        ("text", 1 if count >= 10 else 0),
-        ("json", 1 if count >= 4 else 0),
-        ("compressed", 2 if count >= 20 else 1 if count >= 8 else 0),
-        ("raw-envelope", 1 if count >= 16 else 0),
-        ("expired", max(1, count // 12) if count >= 6 else 0),
-        ("eta", max(1, count // 15) if count >= 8 else 0),
-        ("protocol-1", count // 6),
-    ):
-        kinds.extend([kind] * many)
-    kinds = kinds[:count]
-    kinds.extend(["plain"] * (count - len(kinds)))
-    rng.shuffle(kinds)
+    kinds = _kinds(count, rng)
     with_attributes = next((i for i, kind in enumerate(kinds) if kind == "plain"), None)
     compressions = iter(("gzip", "bzip2") * count)
     stories = _stories(family, tasks, kinds, rng)
@@ -304,39 +290,72 @@ def sample_dlq(
             )
         else:
             args, kwargs = _arguments(task, rng)
-            options: dict[str, Any] = {
-                "task_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                "retries": rng.choice((0, 0, 0, 1, 2, 3)),
-                "queue": routing_key,
-            }
-            if kind == "protocol-1":
-                options["protocol"] = 1
-            elif kind == "expired":
-                # It expired while it sat in the DLQ: after it was sent, before now.
-                waited = (moment - sent[index]).total_seconds()
-                options["expires"] = sent[index] + timedelta(seconds=rng.uniform(0.1, 0.9) * waited)
-            elif kind == "eta":
-                # ETAs past and future: both end up in DLQs (a worker held it too long).
-                options["eta"] = moment + timedelta(
-                    minutes=rng.choice((-1, 1)) * rng.randint(10, 600)
-                )
-            elif kind == "compressed":
-                options["compression"] = next(compressions)
-            elif kind == "raw-envelope":
-                options["base64_envelope"] = False
-            elif rng.random() < 0.2:
-                options["expires"] = moment + timedelta(hours=rng.randint(1, 48))
+            options = _encode_options(kind, routing_key, moment, sent[index], compressions, rng)
             body = encode(task, args, kwargs, **options)
             if index == with_attributes:
-                attributes = {
-                    "trace-id": {
-                        "DataType": "String",
-                        "StringValue": f"{rng.getrandbits(128):032x}",
-                    },
-                    "tenant-id": {"DataType": "Number", "StringValue": str(rng.randint(1, 500))},
-                }
+                attributes = _producer_attributes(rng)
         out.append(SampleMessage(body, attributes, sent[index], stories[index]))
     return out
+
+
+def _kinds(count: int, rng: random.Random) -> list[str]:
+    """Which kind of message each slot holds: each kind takes its own slots, chosen at
+    random, so a DLQ listing looks mixed; small counts get fewer kinds."""
+    kinds: list[str] = []
+    for kind, many in (
+        ("text", 1 if count >= 10 else 0),
+        ("json", 1 if count >= 4 else 0),
+        ("compressed", 2 if count >= 20 else 1 if count >= 8 else 0),
+        ("raw-envelope", 1 if count >= 16 else 0),
+        ("expired", max(1, count // 12) if count >= 6 else 0),
+        ("eta", max(1, count // 15) if count >= 8 else 0),
+        ("protocol-1", count // 6),
+    ):
+        kinds.extend([kind] * many)
+    kinds = kinds[:count]
+    kinds.extend(["plain"] * (count - len(kinds)))
+    rng.shuffle(kinds)
+    return kinds
+
+
+def _encode_options(
+    kind: str,
+    routing_key: str,
+    moment: datetime,
+    sent: datetime,
+    compressions: Iterator[str],
+    rng: random.Random,
+) -> dict[str, Any]:
+    """The encoder's options for one Celery message of ``kind`` sent at ``sent``."""
+    options: dict[str, Any] = {
+        "task_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+        "retries": rng.choice((0, 0, 0, 1, 2, 3)),
+        "queue": routing_key,
+    }
+    if kind == "protocol-1":
+        options["protocol"] = 1
+    elif kind == "expired":
+        # It expired while it sat in the DLQ: after it was sent, before now.
+        waited = (moment - sent).total_seconds()
+        options["expires"] = sent + timedelta(seconds=rng.uniform(0.1, 0.9) * waited)
+    elif kind == "eta":
+        # ETAs past and future: both end up in DLQs (a worker held it too long).
+        options["eta"] = moment + timedelta(minutes=rng.choice((-1, 1)) * rng.randint(10, 600))
+    elif kind == "compressed":
+        options["compression"] = next(compressions)
+    elif kind == "raw-envelope":
+        options["base64_envelope"] = False
+    elif rng.random() < 0.2:
+        options["expires"] = moment + timedelta(hours=rng.randint(1, 48))
+    return options
+
+
+def _producer_attributes(rng: random.Random) -> dict[str, Any]:
+    """Message attributes a producer set (a trace id, a tenant), which a move keeps."""
+    return {
+        "trace-id": {"DataType": "String", "StringValue": f"{rng.getrandbits(128):032x}"},
+        "tenant-id": {"DataType": "Number", "StringValue": str(rng.randint(1, 500))},
+    }
 
 
 def _family_tasks(family: str) -> tuple[tuple[str, int, str], ...]:
