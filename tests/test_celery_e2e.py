@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery_worker import kill_if_running, start_celery_worker
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -342,19 +343,9 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
 
     # -- a real Celery worker runs each task exactly once --------------------------------------
     log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "e2e_app", "worker"),
-                *("--pool", "solo", "-Q", QUEUE, "--loglevel", "INFO", "-n", "e2e@localhost"),
-                *("--without-heartbeat", "--without-mingle", "--without-gossip"),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    worker = start_celery_worker(
+        "e2e_app", QUEUE, cwd=tmp_path, env=env, log=log, name="e2e@localhost"
+    )
     try:
         deadline = time.monotonic() + 40
         while sum(runs(runs_file).values()) < 15 and time.monotonic() < deadline:
@@ -368,9 +359,7 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
         worker.send_signal(signal.SIGTERM)  # warm shutdown
         assert worker.wait(30) == 0, log.read_text()[-3000:]
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        kill_if_running(worker)
     executed = runs(runs_file)
     expected = {(CAPTURE, i): 1 for i in ids[CAPTURE]} | {(REFUND, i): 1 for i in ids[REFUND]}
     assert executed == Counter(expected), log.read_text()[-3000:]

@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from celery_worker import kill_if_running, start_celery_worker
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -180,20 +181,10 @@ def test_a_dlq_filled_before_the_split_drains_where_tasks_route_and_runs_once(
     assert default.depth() == (2, 0), "the unregistered task stays in the DLQ"
 
     log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "e2e_split", "worker", "--pool", "solo"),
-                *("-Q", "onion,onion-checkout,onion-progress", "--loglevel", "INFO"),
-                *("-n", "split@localhost", "--without-heartbeat", "--without-mingle"),
-                "--without-gossip",
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    queues = "onion,onion-checkout,onion-progress"
+    worker = start_celery_worker(
+        "e2e_split", queues, cwd=tmp_path, env=env, log=log, name="split@localhost"
+    )
     try:
         deadline = time.monotonic() + 60
         while sum(runs(runs_file).values()) < 12 and time.monotonic() < deadline:
@@ -208,9 +199,7 @@ def test_a_dlq_filled_before_the_split_drains_where_tasks_route_and_runs_once(
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0, log.read_text()[-3000:]
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        kill_if_running(worker)
     executed = runs(runs_file)
     expected = {(name, i): 1 for name in (IBFT, LESSON, ACTIVATE) for i in ids[name]}
     assert executed == Counter(expected), log.read_text()[-3000:]

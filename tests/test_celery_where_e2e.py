@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery_worker import kill_if_running, start_celery_worker
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -62,22 +63,6 @@ def task_id_of(body: str) -> str:
     if "task" in envelope["headers"]:
         return str(envelope["headers"]["id"])
     return str(json.loads(base64.b64decode(envelope["body"]))["id"])
-
-
-def start_worker(env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "e2e_app", "worker"),
-                *("--pool", "solo", "-Q", QUEUE, "--loglevel", "INFO", "-n", "where@localhost"),
-                *("--without-heartbeat", "--without-mingle", "--without-gossip"),
-            ],
-            env=env,
-            cwd=cwd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
 
 
 def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
@@ -159,7 +144,9 @@ def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
 
     # -- a real worker runs each moved task exactly once -------------------------------------
     log = tmp_path / "worker.log"
-    worker = start_worker(env, tmp_path, log)
+    worker = start_celery_worker(
+        "e2e_app", QUEUE, cwd=tmp_path, env=env, log=log, name="where@localhost"
+    )
     try:
         deadline = time.monotonic() + 40
         while sum(runs(runs_file).values()) < 4 and time.monotonic() < deadline:
@@ -172,9 +159,7 @@ def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0, log.read_text()[-3000:]
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(10)
+        kill_if_running(worker)
     expected = Counter({(CAPTURE, task_id_of(original[m]["Body"])): 1 for m in cheap})
     assert runs(runs_file) == expected, log.read_text()[-3000:]
     assert family.depth() == (5, 0), "what neither --where selected is still in the DLQ"

@@ -116,12 +116,11 @@ def test_reads_what_a_real_worker_recorded(lookup: ResultLookup) -> None:
     assert not records["cap-declined-0"].worker_died
 
 
+@pytest.mark.parametrize("backend_url", ["redis"], indirect=True)  # one backend's calls
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_one_mget_per_batch_on_redis_and_never_a_write(
     redis_server: RedisServer, backend_url: str
 ) -> None:
-    if not backend_url.startswith("redis"):
-        pytest.skip("the Redis backend's commands")
     before = {c: redis_server.command_calls(c) for c in ("mget", "get", "set", "setex", "del")}
     results = open_results(backend_url, probe=False)
     ids = [j.task_id for j in ALL_JOBS]
@@ -138,10 +137,9 @@ def test_one_mget_per_batch_on_redis_and_never_a_write(
     )
 
 
+@pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)  # one backend's calls
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_one_in_query_per_batch_on_the_database_and_the_file_unchanged(backend_url: str) -> None:
-    if not backend_url.startswith("db+sqlite"):
-        pytest.skip("the database backend's queries")
     from sqlalchemy import event
 
     path = Path(backend_url.removeprefix("db+sqlite:///"))
@@ -527,6 +525,7 @@ def test_sandbox_exports_its_result_database_only_when_it_has_one() -> None:
     assert sandbox_env(server)["REDRIVE_RESULT_BACKEND"] == "db+sqlite:////tmp/x.sqlite3"
 
 
+@pytest.mark.parametrize("backend_url", ["redis"], indirect=True)  # one backend's calls
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_inspect_never_looks_up_one_message_at_a_time(
     family: Family,
@@ -535,8 +534,6 @@ def test_inspect_never_looks_up_one_message_at_a_time(
     redis_server: RedisServer,
     backend_url: str,
 ) -> None:
-    if not backend_url.startswith("redis"):
-        pytest.skip("the Redis backend's commands")
     dead_letter_jobs(family, copies=4)
     before = {c: redis_server.command_calls(c) for c in ("mget", "get")}
     results = open_results(backend_url, probe=False)

@@ -12,7 +12,6 @@ delivers at least once) was dead-lettered gives a SUCCESS record for a DLQ messa
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery_worker import kill_if_running, start_celery_worker
 
 pytest.importorskip("celery")
 pytest.importorskip("kombu.transport.SQS")
@@ -146,19 +146,7 @@ def test_a_real_workers_records_say_why_and_a_succeeded_task_is_not_sent_again(
 
     log = tmp_path / "worker.log"
     failing = sum(n for _, n in JOBS)
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "celery", "-A", "e2e_results", "worker"),
-                *("--pool", "solo", "-Q", QUEUE, "--loglevel", "INFO"),
-                *("--without-heartbeat", "--without-mingle", "--without-gossip"),
-            ],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    worker = start_celery_worker("e2e_results", QUEUE, cwd=tmp_path, env=env, log=log)
     try:
         deadline = time.monotonic() + 90
         while family.depth() != (failing, 0):
@@ -168,9 +156,7 @@ def test_a_real_workers_records_say_why_and_a_succeeded_task_is_not_sent_again(
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
     finally:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        kill_if_running(worker)
     assert family.depth(family.queue_url) == (0, 0), "the successful task was acked"
     # Its second copy is dead-lettered too (its first run succeeded meanwhile).
     family.send_to_dlq(twin["Body"])

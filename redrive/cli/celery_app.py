@@ -37,22 +37,9 @@ def route_options(f: F) -> F:
     return f
 
 
-def loaded_app(ctx: Context) -> tuple[Any, str] | None:
-    """The app and its spec, loaded once per command; None when no app is named."""
-    spec = ctx.celery_app or ctx.layout.celery_app
-    if not spec:
-        return None
-    if ctx._celery is None or ctx._celery[1] != spec:
-        from redrive.celery.app import load_app
-
-        ctx._celery = (load_app(spec), spec)
-    loaded: tuple[Any, str] = ctx._celery
-    return loaded
-
-
 def task_router(ctx: Context) -> TaskRouter | None:
     """The app's router, else the config's ``[routes]``, else None."""
-    loaded = loaded_app(ctx)
+    loaded = ctx.celery()
     if loaded is not None:
         return AppRoutes(*loaded)
     if ctx.layout.routes:
@@ -69,7 +56,7 @@ def task_knowledge(
     planned: Mapping[str, str] | None = None,
 ) -> TaskKnowledge | None:
     """What move, replay and apply know of the tasks; None when nothing (as before)."""
-    loaded = loaded_app(ctx)
+    loaded = ctx.celery()
     router = task_router(ctx)
     if route == "task" and router is None and planned is None:
         raise UsageProblem(
@@ -107,7 +94,7 @@ def refuse_native_with_routes(
 
 def known_tasks(ctx: Context) -> TaskKnowledge | None:
     """What inspect shows of the tasks (routes, registry); None without app or [routes]."""
-    loaded = loaded_app(ctx)
+    loaded = ctx.celery()
     router = task_router(ctx)
     if router is None:
         return None
@@ -130,7 +117,7 @@ def routing_note(knowledge: TaskKnowledge | None) -> str | None:
 
 def celery_findings(ctx: Context) -> list[Finding]:
     """``check --celery``: the app's settings findings; the app is required."""
-    loaded = loaded_app(ctx)
+    loaded = ctx.celery()
     if loaded is None:
         raise UsageProblem(
             "check --celery needs the Celery app: --celery-app MODULE:ATTR (or "

@@ -14,6 +14,7 @@ import click
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs, queue_name
+from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.console import ARGV, command_line, warn
 from redrive.config import Layout, load_layout
@@ -47,7 +48,7 @@ class Context:
     celery_app: str | None = None
     """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
     _celery: Any = None
-    """The loaded app (redrive.cli.celery_app), once a command asked for it."""
+    """The loaded app and its spec (:meth:`celery`), once a command asked for it."""
     result_backend: str | None = None
     """--result-backend (or REDRIVE_RESULT_BACKEND); else the config's [celery] one."""
     result_backend_given: bool = False
@@ -71,12 +72,21 @@ class Context:
                 click.get_current_context().call_on_close(self._results.close)
         return self._results
 
+    def celery(self) -> tuple[Any, str] | None:
+        """The Celery app and its spec, loaded once per command by the commands that use
+        it; None when no app is named."""
+        spec = self.celery_app or self.layout.celery_app
+        if not spec:
+            return None
+        if self._celery is None or self._celery[1] != spec:
+            self._celery = (load_app(spec), spec)
+        loaded: tuple[Any, str] = self._celery
+        return loaded
+
     def _app_results(self, probe: bool) -> ResultLookup | None:
         """The result backend of ``--celery-app``'s app, when one is named and keeps
-        results (the app is loaded once per command, by redrive.cli.celery_app)."""
-        from redrive.cli.celery_app import loaded_app
-
-        loaded = loaded_app(self)
+        results."""
+        loaded = self.celery()
         return open_app_results(*loaded, probe=probe) if loaded is not None else None
 
     def receive_log(self) -> ReceiveLog:
