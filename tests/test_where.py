@@ -120,6 +120,17 @@ def test_every_command_refuses_a_bad_where_with_exit_2_before_touching_the_dlq(
     assert family.depth() == (6, 0)
 
 
+@pytest.mark.parametrize("command", ["move", "purge", "archive"])
+def test_commands_that_act_refuse_a_where_on_the_result_backends_fields(
+    family: Family, command: str
+) -> None:
+    # They do not attach the backend to --where yet: null would match nothing, silently.
+    seed(family)
+    result = run(command, "checkout", "--where", "state == 'FAILURE'")
+    usage_error(result, "--where reads state, which come from the result backend")
+    assert family.depth() == (6, 0)
+
+
 def test_replay_refuses_a_bad_where(tmp_path: Path) -> None:
     archive = tmp_path / "a.jsonl"
     archive.write_text("")

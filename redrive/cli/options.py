@@ -147,7 +147,23 @@ def selection_options(f: F) -> F:
     return f
 
 
+# What only inspect and report can read today: they look records up a batch ahead of the
+# scan; the commands that act do not attach the backend to --where yet.
+_INSPECT_ONLY_FIELDS = frozenset({"state", "exception"})
+
+
 def make_selection(kwargs: dict[str, Any]) -> Selection:
+    """The selection of a command that acts (move, replay, purge, archive)."""
+    where = compiled_where(tuple(kwargs.pop("where", ())))
+    read = sorted(where.fields & _INSPECT_ONLY_FIELDS) if where is not None else []
+    if read:
+        # Null here would make the expression match nothing, silently: refuse instead.
+        raise click.UsageError(
+            f"--where reads {' and '.join(read)}, which come from the result backend and "
+            "only inspect and report read them so far; find the messages with "
+            "`redrive inspect TARGET --where ...` and select them here by task, age or "
+            "--message-id"
+        )
     return Selection(
         tasks=tuple(kwargs.pop("tasks")),
         exclude_tasks=tuple(kwargs.pop("exclude_tasks")),
@@ -155,7 +171,7 @@ def make_selection(kwargs: dict[str, Any]) -> Selection:
         newer_than=kwargs.pop("newer_than"),
         message_ids=frozenset(kwargs.pop("message_ids")),
         limit=kwargs.pop("limit"),
-        where=compiled_where(tuple(kwargs.pop("where", ()))),
+        where=where,
     )
 
 
