@@ -182,6 +182,17 @@ class RecordBuilder:
     """The DLQ's source queue names (``queue`` when SQS did not say which one)."""
     results: ResultLookup | None = None
 
-    def build(self, info: TaskInfo, message: Message, *, now: float) -> dict[str, Any]:
+    def build(
+        self,
+        info: TaskInfo,
+        message: Message,
+        *,
+        now: float,
+        outcome: TaskOutcome | None = None,
+    ) -> dict[str, Any]:
+        """``outcome``: the backend's answer when the caller already read it (inspect reads
+        a batch at a time); the builder's ``results`` hook is then not asked."""
         source = _Source(info, message, now, self.sources, self.results)
+        if outcome is not None:
+            source._outcome, source._asked = outcome, True
         return {name: _READERS[name](source) for name in self.fields if name in _READERS}

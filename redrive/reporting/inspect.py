@@ -189,10 +189,8 @@ class Grouping:
         builder = self._records
         if builder is None:
             return GroupKey.of_task(info)
-        if backend is not None:
-            outcome = TaskOutcome(backend.state, backend.exception)
-            builder = dataclasses.replace(builder, results=lambda _: outcome)
-        record = builder.build(info, message, now=self.now)
+        outcome = TaskOutcome(backend.state, backend.exception) if backend is not None else None
+        record = builder.build(info, message, now=self.now, outcome=outcome)
         if self.where is not None and not self.where.holds(record):
             return None
         if self.group_expression is not None:
