@@ -226,12 +226,11 @@ def runs(path: Path) -> Counter[tuple[str, str]]:
     return executed
 
 
-def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_path: Path) -> None:
-    family = make_family(server.client(), QUEUE)
-    (tmp_path / "e2e_app.py").write_text(APP)
-    runs_file = tmp_path / "runs.txt"
+def e2e_env(server: MotoServer, family: Family, tmp_path: Path, runs_file: Path) -> dict[str, str]:
+    """The environment of the e2e app's producer and worker: the moto server as the broker
+    (not as AWS_ENDPOINT_URL, which kombu does not read), the app on PYTHONPATH."""
     port = server.endpoint_url.rsplit(":", 1)[1]
-    env = {
+    return {
         **{k: v for k, v in server.env().items() if not k.startswith("AWS_ENDPOINT")},
         "PYTHONPATH": str(tmp_path),
         "E2E_BROKER": f"sqs://sandbox:sandbox@127.0.0.1:{port}",
@@ -240,9 +239,13 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
         "E2E_RUNS": str(runs_file),
     }
 
-    # -- a real Celery producer publishes protocol 1 and 2 tasks ----------------------------
+
+def produce(
+    env: dict[str, str], tmp_path: Path, plan: list[tuple[str, int, int]]
+) -> list[dict[str, Any]]:
+    """A real Celery producer publishes ``plan`` (task, protocol, how many); what it sent."""
     produced = subprocess.run(
-        [sys.executable, str(tmp_path / "e2e_app.py"), json.dumps(PLAN)],
+        [sys.executable, str(tmp_path / "e2e_app.py"), json.dumps(plan)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -250,7 +253,17 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
         timeout=60,
     )
     assert produced.returncode == 0, produced.stderr
-    published = [json.loads(line) for line in produced.stdout.splitlines()]
+    return [json.loads(line) for line in produced.stdout.splitlines()]
+
+
+def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_path: Path) -> None:
+    family = make_family(server.client(), QUEUE)
+    (tmp_path / "e2e_app.py").write_text(APP)
+    runs_file = tmp_path / "runs.txt"
+    env = e2e_env(server, family, tmp_path, runs_file)
+
+    # -- a real Celery producer publishes protocol 1 and 2 tasks ----------------------------
+    published = produce(env, tmp_path, PLAN)
     assert len(published) == sum(n for _, _, n in PLAN)
     task_of = {p["id"]: p["task"] for p in published}
     ids = {name: {p["id"] for p in published if p["task"] == name} for name in task_of.values()}

@@ -9,8 +9,6 @@ import base64
 import gzip
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,7 +29,9 @@ from test_celery_e2e import (
     QUEUE,
     REFUND,
     dead_letter_as_sqs_does,
+    e2e_env,
     peek,
+    produce,
     redrive,
     runs,
 )
@@ -71,25 +71,8 @@ def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
     family = make_family(server.client(), QUEUE)
     (tmp_path / "e2e_app.py").write_text(APP)
     runs_file = tmp_path / "runs.txt"
-    port = server.endpoint_url.rsplit(":", 1)[1]
-    env = {
-        **{k: v for k, v in server.env().items() if not k.startswith("AWS_ENDPOINT")},
-        "PYTHONPATH": str(tmp_path),
-        "E2E_BROKER": f"sqs://sandbox:sandbox@127.0.0.1:{port}",
-        "E2E_QUEUE": QUEUE,
-        "E2E_QUEUE_URL": family.queue_url,
-        "E2E_RUNS": str(runs_file),
-    }
-    produced = subprocess.run(
-        [sys.executable, str(tmp_path / "e2e_app.py"), json.dumps(PLAN)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert produced.returncode == 0, produced.stderr
-    published = [json.loads(line) for line in produced.stdout.splitlines()]
+    env = e2e_env(server, family, tmp_path, runs_file)
+    published = produce(env, tmp_path, PLAN)
     assert len(published) == 11
     original = dead_letter_as_sqs_does(family, len(published))
     cheap = {
