@@ -336,8 +336,10 @@ class Cli:
         input: str | None = None,
         env: Mapping[str, str | None] | None = None,
         catch_exceptions: bool = True,
+        charset: str = "utf-8",
     ) -> Result:
-        return CliRunner().invoke(
+        """``charset``: the encoding of the runner's stdout (a terminal's, or ascii)."""
+        return CliRunner(charset=charset).invoke(
             redrive_group,
             list(args),
             input=input,

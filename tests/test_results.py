@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family, free_port
+from click.testing import Result
+from conftest import Cli, Family, free_port
 from result_backends import (
     ALL_JOBS,
     CAPTURE,
@@ -40,7 +40,6 @@ from redrive.celery.results import (
     ResultLookup,
     open_results,
 )
-from redrive.cli import cli
 from redrive.config import built_in_layout, parse_config
 from redrive.dlq.queues import DlqTarget, resolve_target
 from redrive.errors import ResultBackendError
@@ -348,8 +347,8 @@ def test_a_backend_that_fails_stops_the_move_before_it_sends(
 # -- the command line --------------------------------------------------------------------------
 
 
-def cli_run(*args: str, env: dict[str, str] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive", env=env)
+# The conftest's one way to run the CLI.
+cli_run = Cli()
 
 
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)

@@ -243,16 +243,13 @@ def test_report_json_and_text_have_timelines(all_families: dict[str, Family], cl
     assert "--ascii" in cli("report", "--help").stdout
 
 
-def test_an_output_that_is_not_utf8_gets_ascii_timelines(all_families: dict[str, Family]) -> None:
-    """Block characters on an ASCII stdout would be an encoding error, not a picture. (The
-    ``cli`` fixture's runner writes UTF-8; this one needs an ASCII stdout.)"""
-    from click.testing import CliRunner
-
-    from redrive.cli import cli
-
+def test_an_output_that_is_not_utf8_gets_ascii_timelines(
+    all_families: dict[str, Family], cli: Cli
+) -> None:
+    """Block characters on an ASCII stdout would be an encoding error, not a picture."""
     all_families["checkout"].send_to_dlq(encode("apps.shop.tasks.charge", [1]))
     for args in (["inspect", "checkout"], ["report"]):
-        result = CliRunner(charset="ascii").invoke(cli, args, prog_name="redrive")
+        result = cli(*args, charset="ascii")
         assert result.exit_code == 0, (result.output, result.exception)
         assert "(one mark: " in result.stdout and "@" in result.stdout
 

@@ -12,13 +12,12 @@ from typing import Any
 
 import jmespath
 import pytest
-from click.testing import CliRunner, Result
-from conftest import Family
+from click.testing import Result
+from conftest import Cli, Family, as_json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redrive.archive import read_records
-from redrive.cli import cli
 from redrive.cli.exit_codes import EXIT_USAGE
 from redrive.errors import UsageProblem
 from redrive.messages import decode
@@ -31,19 +30,9 @@ REFUND = "apps.payments.tasks.refund"
 MAIL = "apps.notifications.tasks.send_email"
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), prog_name="redrive")
-
-
-def ok(*args: str, code: int = 0) -> Result:
-    result = run(*args)
-    assert result.exit_code == code, (result.output, result.exception)
-    assert "Traceback" not in result.output
-    return result
-
-
-def as_json(result: Result) -> Any:
-    return json.loads(result.stdout)
+# The conftest's one way to run the CLI, under the short names these tests read with.
+run = Cli()
+ok = run.ok
 
 
 def usage_error(result: Result, *fragments: str) -> str:
