@@ -47,6 +47,7 @@ from redrive.cli.options import (
     ledger_option,
     move_options,
     plan_out_option,
+    processes_option,
     rate_option,
     selected,
     target_argument,
@@ -73,6 +74,7 @@ from redrive.operations.move import (
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
+from redrive.operations.processes import ProcessesResult, Wiring, move_in_processes
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult, replay_archive
 from redrive.operations.run import RunRecord
@@ -101,6 +103,7 @@ from redrive.selection import Selection
 @move_options
 @lease_option
 @workers_option
+@processes_option
 @rate_option
 @plan_out_option
 @route_options
@@ -124,6 +127,7 @@ def move(
     include_succeeded: bool,
     lease: int,
     workers: int,
+    processes: int,
     rate: float | None,
     plan_out: str | None,
     route: str | None,
@@ -165,7 +169,16 @@ def move(
         celery=knowledge,
         include_succeeded=include_succeeded,
     )
-    run_move(ctx, dlq, options, ledger_uri=ledger, yes=yes, as_json=as_json, plan_out=plan_out)
+    run_move(
+        ctx,
+        dlq,
+        options,
+        ledger_uri=ledger,
+        yes=yes,
+        as_json=as_json,
+        plan_out=plan_out,
+        processes=processes,
+    )
 
 
 def run_move(
@@ -177,6 +190,7 @@ def run_move(
     yes: bool,
     as_json: bool,
     plan_out: str | None = None,
+    processes: int = 1,
 ) -> None:
     """Confirm, open the ledger, run the engine, render."""
     if plan_out and options.execute:
@@ -188,19 +202,32 @@ def run_move(
         record = move_record(ctx, dlq.label, options, ledger)
         writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
     display = ProgressDisplay(Progress("move"), move_progress)
+    observer: RunObserver[MoveResult] = Observers(display, writer) if writer else display
+    outcome: MoveResult | ProcessesResult[MoveResult]
     try:
         with core_errors(), interruptible() as stop:
-            engine = MoveEngine(
-                dlq,
-                ledger,
-                options,
-                sqs_factory=ctx.sqs_of(dlq),
-                observer=Observers(display, writer) if writer else display,
-                stop=stop,
-                record=record,
-                receive_log=ctx.receive_log(),
-            )
-            result = engine.run()
+            if processes > 1:
+                outcome = move_in_processes(
+                    dlq,
+                    ledger,
+                    options,
+                    processes=processes,
+                    wiring=child_wiring(ctx, dlq, ledger, options),
+                    observer=observer,
+                    stop=stop,
+                    record=record,
+                )
+            else:
+                outcome = MoveEngine(
+                    dlq,
+                    ledger,
+                    options,
+                    sqs_factory=ctx.sqs_of(dlq),
+                    observer=observer,
+                    stop=stop,
+                    record=record,
+                    receive_log=ctx.receive_log(),
+                ).run()
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -210,13 +237,42 @@ def run_move(
             ledger.close()
     display.done()
     close_plan(writer, plan_out)
+    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
     would_act = result.dry_run and (result.moved or result.duplicates)
     finish_move(
-        result,
+        outcome,
         as_json,
-        lambda: routed_text(options.celery, move_text(result)),
+        lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
+
+
+def child_wiring(
+    ctx: Context, dlq: DlqTarget, ledger: Ledger | None, options: MoveOptions | PurgeOptions
+) -> Wiring:
+    """What each process of ``--processes`` builds its own adapters from."""
+    return Wiring.of(
+        ctx.aws,
+        region=dlq.family.region if dlq.family is not None else None,
+        ledger=ledger.location if ledger is not None else None,
+        receive_log=not ctx.receive_log().problem,
+    )
+
+
+def processes_text(outcome: Any, text: str) -> str:
+    """A run's text, and for ``--processes`` how many ran and any that died."""
+    if not isinstance(outcome, ProcessesResult):
+        return text
+    lines = [text, "", f"processes: {outcome.processes}"]
+    for child in outcome.children:
+        if child.outcome != "completed":
+            lines.append(f"  {child.describe()}")
+    if outcome.died:
+        lines.append(
+            "a process died: what it claimed and did not confirm is in doubt (above); rerun "
+            "to finish the rest"
+        )
+    return "\n".join(lines)
 
 
 def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:

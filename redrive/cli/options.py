@@ -23,6 +23,7 @@ from redrive.operations.move import (
     DEFAULT_MAX_REDRIVES,
     IN_DOUBT_POLICIES,
 )
+from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
 from redrive.where import Expression, Where, compile_expression, compile_where
 
@@ -222,6 +223,18 @@ def workers_doing(work: str) -> Callable[[F], F]:
         )(f)
 
     return decorate
+
+
+def processes_option(f: F) -> F:
+    """``--processes``: worker processes, each with its ``--workers`` threads."""
+    return click.option(
+        "--processes",
+        type=click.IntRange(1, MAX_PROCESSES),
+        default=1,
+        show_default=True,
+        help="Worker processes, each with its --workers pipelines, sharing the ledger, "
+        "--limit and --rate (for more than one core's worth of messages per second).",
+    )(f)
 
 
 def wide_option(f: F) -> F:

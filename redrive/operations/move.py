@@ -53,6 +53,7 @@ from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
+from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares
 from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for callers)
     AMBIGUOUS,
     BUSY,
@@ -72,7 +73,7 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
     screen,
 )
 from redrive.rate import RateLimiter
-from redrive.selection import FilterMisses, Selection
+from redrive.selection import FilterMisses, Selection, Sightings
 
 InDoubtPolicy = Literal["hold", "resend", "skip", "auto"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip", "auto")
@@ -590,10 +591,13 @@ class MoveEngine:
         source: MessageSource | None = None,
         record: RunRecord | None = None,
         receive_log: ReceiveLog | None = None,
+        shares: RunShares | None = None,
     ) -> None:
         """``source``: where the messages come from (default: a scan of the target's DLQ);
         ``record``: what the run's ledger record says of it (its command line, who, what);
-        ``receive_log``: where the DLQ scan counts redrive's own receives."""
+        ``receive_log``: where the DLQ scan counts redrive's own receives; ``shares``: the
+        limit, rate and dry-run keys this run shares with other processes (``--processes``,
+        redrive.operations.shared), else its own."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
@@ -616,6 +620,7 @@ class MoveEngine:
             stop=self.stop,
             clock=clock,
             counts=self._counts,
+            run_id=record.run_id,
         )
         self.run_id = self._life.run_id
         self.result = MoveResult(
@@ -627,9 +632,10 @@ class MoveEngine:
         )
         selection = options.selection
         self._tally = MoveTally(self.result, SeenByFilters(selection), self._source_name)
-        self._limit = Limit(selection.limit)
-        self._planned = _PlannedKeys()
-        self._rate = RateLimiter(options.rate)
+        self._shares = shares
+        self._limit: LimitLike = shares.limit if shares else Limit(selection.limit)
+        self._planned: PlannedLike = shares.planned if shares else _PlannedKeys()
+        self._rate: RateLike = shares.rate if shares else RateLimiter(options.rate)
         # Routes per source ARN and liveness per run id, found once per run.
         self._cache_lock = threading.Lock()
         self._routes: dict[str, QueueRef | None] = {}
@@ -637,6 +643,11 @@ class MoveEngine:
         self._legacy = ledger is not None and ledger.legacy_keys
         self._decision_options = _decision_options(options)
         self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
+
+    @property
+    def sightings(self) -> Sightings | None:
+        """What the run's --task and --message-id filters saw (merged across processes)."""
+        return self._tally.seen.sightings()
 
     # -- the run -------------------------------------------------------------------------
 
@@ -688,6 +699,9 @@ class MoveEngine:
         return self.result
 
     def _finish(self, sqs: Sqs, scan: MessageSource, outcome: Outcome, started: float) -> None:
+        if self._shares is not None and self._shares.scan_ended is not None:
+            # --processes: the siblings' scans end first, or one would count what we give back.
+            self._shares.scan_ended()
         scan.release_all(sqs)
         scan.close()
         result = self.result

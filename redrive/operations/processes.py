@@ -1,0 +1,733 @@
+"""``--processes N``: one command's run spread over N worker processes, each running the
+one-process engine with its ``--workers`` threads, sharing the ledger and the limits.
+
+Who owns what:
+
+- The **parent** owns the command's run: one ledger record (:class:`RunLifecycle`: the audit
+  trail's one entry, with the children's counts summed at its end), one result (the
+  children's merged, :mod:`redrive.operations.merge`), the progress line, a ``--plan-out``
+  file, and Ctrl-C. It claims nothing, so its own liveness decides nothing about keys.
+- Each **child** (started with multiprocessing's ``spawn``: the parent has threads, and a
+  forked copy of them would hold their locks) builds its own AWS clients from the picklable
+  settings (:class:`Wiring`), opens the ledger itself and runs the engine as a run of its
+  own, ``PARENT.K``, recorded with ``parent`` and its own pid in its info and heartbeating
+  its own lease. A child killed mid-run therefore leaves exactly what a killed one-process
+  run leaves: at most one claimed batch per worker, in doubt for its live siblings (its pid
+  is gone) and for the next run, while the siblings' own claims are untouched.
+- The children share ``--limit``, ``--rate`` and a dry run's planned keys through
+  :mod:`redrive.operations.shared`.
+
+Signals: children ignore SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
+group; each child aborting at once is what the first Ctrl-C must not do). The parent tells
+them over a pipe: ``stop`` (finish the batch in flight, give back what is held) on the first
+Ctrl-C, ``abort`` (a KeyboardInterrupt in the child, as a second Ctrl-C is for one process)
+on the second. The same pipe closing tells a child its parent is gone (SIGKILLed): it stops
+as on ``stop`` instead of running on unsupervised.
+
+A child that dies (a signal, or an exit without its result) stops the run: its siblings are
+told to stop, finish what is in flight and end; the result names the child, how it ended
+and what it left in doubt (its claimed keys, from the ledger), and needs attention (exit 3).
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import multiprocessing
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext, SpawnProcess
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from redrive.aws.session import AwsSettings
+from redrive.dlq.queues import DlqTarget
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.errors import RedriveError, UsageProblem
+from redrive.ledger import KeyState, Ledger, open_ledger
+from redrive.operations.merge import merge_move_results, merge_sightings
+from redrive.operations.move import Listed, MoveEngine, MoveOptions, MoveResult
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
+from redrive.operations.plan import PlanItem
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.shared import RunShares, ScanEnds, make_shares
+from redrive.operations.verdict import IN_DOUBT
+from redrive.selection import Sightings
+
+MAX_PROCESSES = 64
+PROGRESS_EVERY = 0.25
+"""Seconds between a child's progress reports (and the parent's progress line)."""
+ABORT_WAIT = 30.0
+"""After a second Ctrl-C, how long the parent waits for its children to give back what they
+hold before it leaves them to their leases."""
+
+R = TypeVar("R")
+
+
+# -- what a child builds for itself -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What a child needs to build its own adapters: AWS settings (not clients: those do not
+    cross a process boundary), the DLQ's region, the ledger to open, whether to count
+    receives, and ``rebuild``: a picklable function the child applies to the options first
+    (what cannot be pickled, such as a loaded Celery app, is rebuilt there)."""
+
+    endpoint_url: str | None = None
+    aws_region: str | None = None
+    profile: str | None = None
+    max_attempts: int = 6
+    region: str | None = None
+    """The DLQ's region (a family may name one), as ``Context.sqs_of`` picks it."""
+    ledger: str | None = None
+    """The ledger's URI; None: the run has no ledger (a dry run without one)."""
+    receive_log: bool = True
+    rebuild: Callable[[Any], Any] | None = None
+
+    @classmethod
+    def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
+        return cls(
+            endpoint_url=aws.endpoint_url,
+            aws_region=aws.region,
+            profile=aws.profile,
+            max_attempts=aws.max_attempts,
+            **kwargs,
+        )
+
+    def aws(self) -> AwsSettings:
+        return AwsSettings(
+            self.endpoint_url, self.aws_region, self.profile, max_attempts=self.max_attempts
+        )
+
+
+@dataclass(slots=True)
+class ChildRun:
+    """A child's side of the run, once built: what its job runs with."""
+
+    wiring: Wiring
+    shares: RunShares
+    stop: threading.Event
+    observer: RunObserver[Any]
+    aws: AwsSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.aws = self.wiring.aws()
+
+    @contextlib.contextmanager
+    def ledger(self) -> Iterator[Ledger | None]:
+        ledger = (
+            open_ledger(self.wiring.ledger, client_factory=self.aws.client)
+            if self.wiring.ledger
+            else None
+        )
+        try:
+            yield ledger
+        finally:
+            if ledger is not None:
+                ledger.close()
+
+    @contextlib.contextmanager
+    def receive_log(self) -> Iterator[ReceiveLog | None]:
+        if not self.wiring.receive_log:
+            yield None
+            return
+        with ReceiveLog.open_default() as log:
+            yield log
+
+
+class Job(Protocol):
+    """One child's work: runs in the child, returns its result and its filters' sightings."""
+
+    def run(self, child: ChildRun) -> tuple[Any, Sightings | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MoveJob:
+    target: DlqTarget
+    options: MoveOptions
+    record: RunRecord
+
+    def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
+        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
+        aws, region = child.aws, child.wiring.region
+        with child.ledger() as ledger, child.receive_log() as receive_log:
+            engine = MoveEngine(
+                self.target,
+                ledger,
+                options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                observer=child.observer,
+                stop=child.stop,
+                record=self.record,
+                receive_log=receive_log,
+                shares=child.shares,
+            )
+            return engine.run(), engine.sightings
+
+
+# -- the child process ------------------------------------------------------------------------
+
+
+class _ParentLink(RunObserver[Any]):
+    """The child's end of its two pipes: the parent's words in (a thread listens), reports
+    out (progress, plan items, the result), one at a time."""
+
+    def __init__(
+        self, commands: Connection, reports: Connection, progress: Callable[[Any], tuple[int, ...]]
+    ) -> None:
+        self.stop = threading.Event()
+        self.orphaned = threading.Event()
+        """The parent is gone."""
+        self._reports = reports
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._last = 0.0
+        threading.Thread(
+            target=self._listen, args=(commands,), name="redrive-parent", daemon=True
+        ).start()
+
+    def _listen(self, commands: Connection) -> None:
+        while True:
+            try:
+                word = commands.recv()
+            except (EOFError, OSError):
+                # The parent is gone (killed): stop as on Ctrl-C rather than run unwatched.
+                self.orphaned.set()
+                self.stop.set()
+                return
+            self.stop.set()
+            if word == "abort":
+                _thread.interrupt_main()
+                return
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock, contextlib.suppress(OSError):  # a parent gone hears nothing
+            self._reports.send(message)
+
+    def on_progress(self, result: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < PROGRESS_EVERY:
+            return
+        self._last = now
+        self.send(("progress", self._progress(result)))
+
+    def on_plan(self, item: PlanItem) -> None:
+        self.send(("plan", item))
+
+    def on_problem(self, problem: str) -> None:
+        self.send(("problem", problem))
+
+
+def _child_main(
+    number: int,
+    job: Job,
+    wiring: Wiring,
+    shares: tuple[RunShares, ScanEnds],
+    commands: Connection,
+    reports: Connection,
+    progress: Callable[[Any], tuple[int, ...]],
+) -> None:
+    """A child's life: run the job, send its result (or its error, in one line)."""
+    # Set before the start too (the parent ignores both while it spawns); again here in
+    # case a start method did not keep them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    link = _ParentLink(commands, reports, progress)
+    common, scan_ends = shares
+    mine = replace(common, scan_ended=partial(scan_ends.wait_for_all, number, link.orphaned))
+    try:
+        result, sightings = job.run(
+            ChildRun(wiring=wiring, shares=mine, stop=link.stop, observer=link)
+        )
+        link.send(("result", result, sightings))
+    except KeyboardInterrupt:
+        link.send(("error", "aborted", "aborted by a second Ctrl-C"))
+    except UsageProblem as exc:
+        link.send(("error", "usage", str(exc)))
+    except RedriveError as exc:
+        link.send(("error", "error", str(exc)))
+    except Exception as exc:
+        link.send(("error", "error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        reports.close()
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChildStatus:
+    """How one child ended, as the result reports it."""
+
+    number: int
+    run_id: str | None
+    pid: int | None
+    outcome: str = "running"
+    """completed, interrupted, failed (an error), or died (killed, or ended without a
+    result)."""
+    exit_code: int | None = None
+    error: str | None = None
+    in_doubt: int = 0
+    """Keys it claimed and never confirmed sent (a child that died): in doubt."""
+    moved: int = 0
+    """What the ledger records it sent before it died."""
+
+    @property
+    def died(self) -> bool:
+        return self.outcome == "died"
+
+    @property
+    def how(self) -> str:
+        code = self.exit_code
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+            return f"killed by signal {-code}"
+        return f"exited {code} without a result" if self.died else self.outcome
+
+    def describe(self) -> str:
+        who = f"process {self.number} (pid {self.pid}" + (
+            f", run {self.run_id})" if self.run_id else ")"
+        )
+        if self.died:
+            left = (
+                f"{self.in_doubt} message(s) in doubt (claimed, send unconfirmed), "
+                f"{self.moved} moved before"
+                if self.run_id
+                else "a dry run: nothing changed"
+            )
+            return f"{who} {self.how}: {left}"
+        return f"{who} {self.outcome}" + (f": {self.error}" if self.error else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "process": self.number,
+            "run_id": self.run_id,
+            "pid": self.pid,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "how": self.how,
+            "error": self.error,
+            "in_doubt": self.in_doubt,
+            "moved": self.moved,
+        }
+
+
+class _Result(Protocol):
+    @property
+    def dry_run(self) -> bool: ...
+
+    @property
+    def interrupted(self) -> bool: ...
+
+    @property
+    def needs_attention(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+Res = TypeVar("Res", bound=_Result)
+
+
+@dataclass(slots=True)
+class ProcessesResult(Generic[Res]):
+    """A ``--processes`` run's merged result, with how each child ended."""
+
+    result: Res
+    processes: int
+    children: list[ChildStatus]
+
+    @property
+    def dry_run(self) -> bool:
+        return self.result.dry_run
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.interrupted
+
+    @property
+    def died(self) -> list[ChildStatus]:
+        return [c for c in self.children if c.died]
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.result.needs_attention or bool(self.died)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.result.to_json(),
+            "processes": self.processes,
+            "children": [c.to_json() for c in self.children],
+        }
+
+
+@dataclass(slots=True)
+class _Child:
+    number: int
+    run_id: str | None
+    process: SpawnProcess
+    commands: Connection
+    reports: Connection
+    progress: tuple[int, ...] = ()
+    result: Any = None
+    sightings: Sightings | None = None
+    error: tuple[str, str] | None = None
+    ended: bool = False
+    told: str | None = None
+
+    def tell(self, word: str) -> None:
+        if self.told == word or self.ended:
+            return
+        self.told = word
+        with contextlib.suppress(OSError):
+            self.commands.send(word)
+
+    def drain(self, observer: RunObserver[Any], scan_ends: ScanEnds) -> None:
+        """Read what the child reported; at the end of its pipe, it has ended (and so has
+        its scan, for its siblings waiting on it, whether it said so or died)."""
+        try:
+            while self.reports.poll():
+                self._heard(self.reports.recv(), observer)
+        except (EOFError, OSError):
+            self.ended = True
+            scan_ends.end(self.number)
+            self.process.join()
+
+    def _heard(self, message: tuple[Any, ...], observer: RunObserver[Any]) -> None:
+        kind = message[0]
+        if kind == "progress":
+            self.progress = message[1]
+        elif kind == "plan":
+            observer.on_plan(message[1])
+        elif kind == "problem":
+            observer.on_problem(message[1])
+        elif kind == "result":
+            self.result, self.sightings = message[1], message[2]
+        elif kind == "error":
+            self.error = (message[1], message[2])
+
+    def status(self) -> ChildStatus:
+        code = self.process.exitcode
+        if self.result is not None:
+            outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
+        elif self.error is not None:
+            outcome = "interrupted" if self.error[0] == "aborted" else "failed"
+        else:
+            outcome = "died"
+        return ChildStatus(
+            self.number,
+            self.run_id,
+            self.process.pid,
+            outcome,
+            code,
+            self.error[1] if self.error else None,
+        )
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while a child starts, so it is born ignoring them (a
+    Ctrl-C while it imports must not kill it with a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Supervisor:
+    """Starts the children, relays their reports, tells them to stop, notices deaths."""
+
+    def __init__(
+        self,
+        context: SpawnContext,
+        *,
+        observer: RunObserver[Any],
+        stop: threading.Event,
+        progress: Callable[[Sequence[tuple[int, ...]]], Any],
+        heartbeat: Callable[[], None],
+        processes: int,
+    ) -> None:
+        self.context = context
+        self.scan_ends = ScanEnds(processes, context)
+        self.observer = observer
+        self.stop = stop
+        self._progress = progress
+        self._heartbeat = heartbeat
+        self.children: list[_Child] = []
+
+    def start(
+        self,
+        jobs: Sequence[tuple[Job, str | None]],
+        wiring: Wiring,
+        shares: RunShares,
+        progress_of: Callable[[Any], tuple[int, ...]],
+    ) -> None:
+        for number, (job, run_id) in enumerate(jobs, start=1):
+            commands_in, commands_out = self.context.Pipe(duplex=False)
+            reports_in, reports_out = self.context.Pipe(duplex=False)
+            process = self.context.Process(
+                target=_child_main,
+                args=(
+                    number,
+                    job,
+                    wiring,
+                    (shares, self.scan_ends),
+                    commands_in,
+                    reports_out,
+                    progress_of,
+                ),
+                name=f"redrive-process-{number}",
+            )
+            with _signals_ignored():
+                process.start()
+            # Only the child keeps its ends: the parent's death closes the child's commands
+            # pipe, and the child's death ends the parent's reports pipe.
+            commands_in.close()
+            reports_out.close()
+            self.children.append(_Child(number, run_id, process, commands_out, reports_in))
+
+    def supervise(self) -> None:
+        """Until every child has ended. A child that ends without its result, or with an
+        error, stops its siblings: they finish what is in flight and end."""
+        shown = 0.0
+        try:
+            while live := [c for c in self.children if not c.ended]:
+                if self.stop.is_set() or any(c.ended and c.result is None for c in self.children):
+                    for child in live:
+                        child.tell("stop")
+                wait([c.reports for c in live], timeout=PROGRESS_EVERY)
+                for child in live:
+                    child.drain(self.observer, self.scan_ends)
+                self._heartbeat()
+                if time.monotonic() - shown >= PROGRESS_EVERY:
+                    shown = time.monotonic()
+                    self.observer.on_progress(
+                        self._progress([c.progress for c in self.children if c.progress])
+                    )
+        except KeyboardInterrupt:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """A second Ctrl-C: each child aborts as one process does (gives back what it holds,
+        ends its run as interrupted); wait a while for them, not for ever."""
+        for child in self.children:
+            child.tell("abort")
+        deadline = time.monotonic() + ABORT_WAIT
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        for child in self.children:
+            child.commands.close()
+            child.reports.close()
+            if child.process.is_alive():
+                child.process.join(1.0)
+
+
+def check_processes(processes: int) -> None:
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise UsageProblem(f"--processes must be from 1 to {MAX_PROCESSES}, not {processes}")
+
+
+def check_picklable(what: object, hint: str) -> None:
+    """What crosses to a child must pickle: say what does not, before anything starts."""
+    try:
+        pickle.dumps(what)
+    except Exception as exc:
+        raise UsageProblem(f"--processes cannot hand {hint} to its processes ({exc})") from exc
+
+
+def first_error(children: Sequence[_Child]) -> RedriveError | None:
+    for child in children:
+        if child.error is not None and child.error[0] in ("usage", "error"):
+            kind, message = child.error
+            return (UsageProblem if kind == "usage" else RedriveError)(message)
+    return None
+
+
+def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
+    """What a dead child left: its keys still claimed (in doubt, listed) and, counted on
+    ``status``, the ones it sent."""
+    if ledger is None or status.run_id is None:
+        return []
+    listed: list[Listed] = []
+    for entry in ledger.keys_for_run(status.run_id):
+        if entry.state == KeyState.CLAIMED:
+            status.in_doubt += 1
+            listed.append(
+                Listed(
+                    entry.task,
+                    None,
+                    entry.message_id,
+                    entry.key,
+                    f"claimed by process {status.number} (run {status.run_id}), which was "
+                    f"{status.how} before SQS confirmed the send",
+                )
+            )
+        elif entry.state in (KeyState.SENT, KeyState.DONE):
+            status.moved += 1
+    return listed
+
+
+# -- move ------------------------------------------------------------------------------------
+
+
+def _move_progress(result: MoveResult) -> tuple[int, ...]:
+    return (result.scanned, result.matched, result.moved, result.depth_before or 0)
+
+
+def move_in_processes(
+    target: DlqTarget,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    record: RunRecord | None = None,
+) -> ProcessesResult[MoveResult]:
+    """``move`` (or ``apply`` of a move plan) in ``processes`` processes (see the module)."""
+    check_processes(processes)
+    if options.execute and ledger is None:
+        raise UsageProblem("an executed move needs a ledger")
+    check_picklable(options if wiring.rebuild is None else None, "these options")
+    stop = stop or threading.Event()
+    record = record or RunRecord("move")
+    context = multiprocessing.get_context("spawn")
+    template = MoveResult(
+        dry_run=not options.execute,
+        target=target.label,
+        dlq=target.dlq.name,
+        ledger=ledger.location if ledger is not None else None,
+    )
+    merged: list[MoveResult] = [template]
+    statuses: list[ChildStatus] = []
+    life = RunLifecycle(
+        ledger,
+        execute=options.execute,
+        command=record.command,
+        info={
+            "target": target.label,
+            "dlq": target.dlq.url,
+            "filters": options.selection.describe(),
+            **record.info,
+            "processes": processes,
+        },
+        lease=options.lease,
+        stop=stop,
+        counts=lambda: _move_counts(merged[0]),
+        end_info=lambda: {"children": [s.to_json() for s in statuses]},
+    )
+    template.run_id = life.run_id
+
+    def progress(snapshots: Sequence[tuple[int, ...]]) -> MoveResult:
+        shown = MoveResult(template.dry_run, template.target, template.dlq)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.moved = sum(s[2] for s in snapshots)
+        shown.depth_before = max((s[3] for s in snapshots), default=None) or None
+        return shown
+
+    jobs: list[tuple[Job, str | None]] = []
+    for number in range(1, processes + 1):
+        run_id = f"{life.run_id}.{number}" if life.run_id else None
+        info = {**record.info, "parent": life.run_id, "process": number}
+        jobs.append((MoveJob(target, options, RunRecord(record.command, info, run_id)), run_id))
+    started = time.monotonic()
+    with contextlib.ExitStack() as scratch_dir:
+        scratch = (
+            None
+            if options.execute
+            else Path(scratch_dir.enter_context(tempfile.TemporaryDirectory(prefix="redrive-")))
+        )
+        shares = make_shares(
+            context, limit=options.selection.limit, rate=options.rate, scratch=scratch
+        )
+        with life:
+            supervisor = Supervisor(
+                context,
+                observer=observer,
+                stop=stop,
+                progress=progress,
+                heartbeat=life.heartbeat,
+                processes=processes,
+            )
+            try:
+                supervisor.start(jobs, wiring, shares, _move_progress)
+                supervisor.supervise()
+            finally:
+                supervisor.close()
+            children = supervisor.children
+            statuses.extend(c.status() for c in children)
+            error = first_error(children)
+            if error is not None:
+                raise error
+            result = _merged_moves(template, children, statuses, ledger, options)
+            result.seconds = time.monotonic() - started
+            # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
+            # sibling died (then the run needs attention, exit 3, not 130).
+            result.interrupted = stop.is_set()
+            merged[0] = result
+            outcome: Outcome = (
+                "failed"
+                if any(s.died for s in statuses)
+                else "interrupted"
+                if stop.is_set()
+                else "completed"
+            )
+            life.end(outcome)
+    return ProcessesResult(result, processes, statuses)
+
+
+def _merged_moves(
+    template: MoveResult,
+    children: Sequence[_Child],
+    statuses: Sequence[ChildStatus],
+    ledger: Ledger | None,
+    options: MoveOptions,
+) -> MoveResult:
+    parts = [c.result for c in children if isinstance(c.result, MoveResult)]
+    sightings = merge_sightings(options.selection, [c.sightings for c in children])
+    result = merge_move_results(template, parts, sightings)
+    result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+    for child, status in zip(children, statuses, strict=True):
+        if not status.died:
+            continue
+        listed = left_by(ledger, status)
+        result.in_doubt += status.in_doubt
+        result.moved += status.moved
+        scanned, matched = (child.progress[:2] or (0, 0)) if child.progress else (0, 0)
+        result.scanned += scanned
+        result.matched += max(matched, status.moved + status.in_doubt)
+        for item in listed:
+            result.skipped[IN_DOUBT] += 1
+            result.task(item.task).skipped[IN_DOUBT] += 1
+            if len(result.in_doubt_messages) < 100:
+                result.in_doubt_messages.append(item)
+    return result
+
+
+def _move_counts(result: MoveResult) -> Mapping[str, int]:
+    return {
+        "matched": result.matched,
+        "moved": result.moved,
+        "skipped": result.skipped_total,
+        "failed": result.failed,
+        "in_doubt": result.in_doubt,
+        "duplicates_deleted": result.duplicates,
+    }

@@ -1,0 +1,299 @@
+"""End to end: ``--processes N`` (issue 17), the real ``redrive`` as a subprocess against
+bench/fast_sqs.py on 127.0.0.1 (moto's server is not safe for concurrent receives on one
+queue; fast_sqs is). Every message is built here with a known task id, so what arrives is
+checked against what was dead-lettered, byte for byte, never against redrive's decoder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Family, MotoServer, make_family
+from test_e2e import (
+    CAPTURE,
+    IBFT,
+    REFUND,
+    Dead,
+    arrivals,
+    by_body,
+    celery,
+    dlq_messages,
+    fill,
+    finished,
+    ledger_states,
+    ok_json,
+    redrive,
+    start_redrive,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST_SQS = ROOT / "bench" / "fast_sqs.py"
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> Iterator[MotoServer]:
+    """bench/fast_sqs.py in a process of its own (it prints its endpoint first)."""
+    log = tmp_path / "fast_sqs.log"
+    with log.open("wb") as errors:
+        process = subprocess.Popen(
+            [sys.executable, str(FAST_SQS), "--host", "127.0.0.1", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line.startswith("fast_sqs: SQS on "), line
+    server = MotoServer(line.split(" on ", 1)[1].strip(), process, log)  # type: ignore[arg-type]
+    try:
+        yield server
+    finally:
+        process.terminate()
+        process.wait(10)
+        process.stdout.close()
+
+
+@pytest.fixture
+def checkout(fast: MotoServer) -> Family:
+    return make_family(fast.client(), "onion-checkout")
+
+
+def tasks(n: int, seed: int) -> list[Dead]:
+    rng = random.Random(seed)
+    return [celery(rng.choice((CAPTURE, REFUND, IBFT)), rng.choice((1, 2))) for _ in range(n)]
+
+
+MOVE = ("move", "checkout", "--execute", "--yes", "--json")
+
+
+def test_move_in_two_processes_sends_each_task_once_byte_identical(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(300, seed=17)
+    copies = dead[:15]  # second copies of 15 publishes: deleted as duplicates, never sent
+    fill(checkout, [*dead, *copies])
+    ledger = tmp_path / "ledger.sqlite3"
+    result = redrive(
+        fast, *MOVE, "--ledger", str(ledger), "--processes", "2", "--workers", "2", timeout=120
+    )
+    data = ok_json(result)
+    assert data["processes"] == 2
+    assert [c["outcome"] for c in data["children"]] == ["completed", "completed"]
+    assert data["moved"] == 300 and data["failed"] == 0 and data["in_doubt"] == 0
+    assert data["moved"] + data["duplicates_deleted"] + data["skipped"] == 315, data
+    assert sum(data["by_task"].values()) == 300
+    got = arrivals(checkout, by_body(dead))
+    assert got == Counter({d.ident: 1 for d in dead}), "each task exactly once"
+    assert checkout.depth() == (0, 0)
+    # One audit record for the command, its counts summed; the children's runs folded in.
+    audit = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))
+    [run] = audit["runs"]
+    assert run["run_id"] == data["run_id"]
+    assert run["counts"]["moved"] == 300
+    assert run["info"]["processes"] == 2
+    shown = ok_json(redrive(fast, "audit", data["run_id"], "--ledger", str(ledger), "--json"))
+    assert len(shown["keys"]) == 300
+
+
+def test_limit_is_exact_across_processes(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(200, seed=37)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ("--ledger", str(ledger), "--processes", "2", "--workers", "2", "--limit", "37")
+    data = ok_json(redrive(fast, *MOVE, *args, timeout=120))
+    assert data["moved"] == 37
+    got = arrivals(checkout, by_body(dead))
+    assert sum(got.values()) == 37 and set(got.values()) == {1}
+    assert checkout.depth() == (200 - 37, 0)
+
+
+def test_a_dry_run_in_processes_lists_what_one_process_lists(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Planned keys are shared: a copy in another process's batch is still a duplicate."""
+    dead = tasks(120, seed=5)
+    fill(checkout, [*dead, *dead[:40]])
+    one = ok_json(redrive(fast, "move", "checkout", "--json", timeout=120))
+    two = ok_json(redrive(fast, "move", "checkout", "--json", "--processes", "2", "--workers", "2"))
+    for data in (one, two):
+        assert (data["moved"], data["duplicates_to_delete"]) == (120, 40), data
+    assert one["by_task"] == two["by_task"]
+    assert checkout.depth() == (160, 0), "a dry run changes nothing"
+    limited = ok_json(
+        redrive(fast, "move", "checkout", "--json", "--processes", "2", "--limit", "37")
+    )
+    assert limited["moved"] == 37
+
+
+def run_info(ledger: Path) -> list[dict[str, Any]]:
+    if not ledger.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        with contextlib.suppress(sqlite3.OperationalError):
+            rows = conn.execute("SELECT run_id, info FROM runs").fetchall()
+            return [{"run_id": r, **json.loads(i)} for r, i in rows]
+    return []
+
+
+def claimed_by_run(ledger: Path) -> Counter[str]:
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        rows = conn.execute(
+            "SELECT run_id, count(*) FROM keys WHERE state = 'claimed' GROUP BY run_id"
+        ).fetchall()
+    return Counter({str(r): int(n) for r, n in rows})
+
+
+def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rerun_resumes(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(400, seed=99)
+    fill(checkout, dead)
+    sent = by_body(dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    workers = 2
+    args = ("--ledger", str(ledger), "--processes", "2", "--workers", str(workers))
+    # SIGKILL one child while it holds a claimed batch (its send not yet recorded): the
+    # in-doubt window. A kill that just misses it leaves nothing in doubt; retry (3 at most).
+    for attempt in range(3):
+        parent = start_redrive(fast, *MOVE, *args, "--lease", "3", out=tmp_path / f"k{attempt}")
+        try:
+            victim: dict[str, Any] = {}
+
+            def ripe(parent: subprocess.Popen[str] = parent) -> bool:
+                if parent.poll() is not None:
+                    return True
+                children = {r["run_id"]: r for r in run_info(ledger) if r.get("parent")}
+                if not children or ledger_states(ledger)["done"] < 40:
+                    return False
+                for run_id, n in claimed_by_run(ledger).items():
+                    if n and run_id in children:
+                        victim.update(children[run_id])
+                        return True
+                return False
+
+            wait_for(ripe, timeout=60, every=0.003, what="a child with a claimed batch")
+            assert parent.poll() is None, "the run ended before a child could be killed"
+            os.kill(victim["pid"], signal.SIGKILL)
+            code, stdout, stderr = finished(parent, tmp_path / f"k{attempt}", timeout=90)
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.wait(10)
+        assert "Traceback" not in stderr, stderr
+        assert code == 3, (code, stdout, stderr)
+        report = json.loads(stdout)
+        [died] = [c for c in report["children"] if c["outcome"] == "died"]
+        assert died["run_id"] == victim["run_id"] and died["how"] == "killed by SIGKILL"
+        assert died["pid"] == victim["pid"]
+        [other] = [c for c in report["children"] if c["outcome"] != "died"]
+        assert other["outcome"] in ("completed", "interrupted")
+        if died["in_doubt"]:
+            break
+    assert died["in_doubt"] > 0, f"no kill landed in the in-doubt window: {report}"
+    # At most one batch per worker of the killed child: what it claimed, unconfirmed.
+    assert died["in_doubt"] <= 10 * workers
+    assert claimed_by_run(ledger) == Counter({died["run_id"]: died["in_doubt"]})
+    assert report["in_doubt"] >= died["in_doubt"]
+    listed = {m["key"] for m in report["in_doubt_messages"]}
+    assert len(listed) >= died["in_doubt"]
+
+    # The killed child's holds run out within its lease; the rerun resumes and holds the
+    # in-doubt messages, listed, never resent.
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
+    rerun = redrive(fast, *MOVE, *args, timeout=120)
+    held = ok_json(rerun, 3)
+    assert held["in_doubt"] == died["in_doubt"] == len(held["in_doubt_messages"])
+    left = dlq_messages(checkout)
+    assert set(left) == {m["message_id"] for m in held["in_doubt_messages"]}
+    got = arrivals(checkout, sent)
+    in_doubt = {sent[left[m]].ident for m in left}
+    assert {d.ident for d in dead if d.ident not in in_doubt and got[d.ident] != 1} == set()
+    assert all(got[i] <= 1 for i in in_doubt)
+    before = Counter(got)
+
+    # Resolved as the README says (--in-doubt resend): each arrives once more, no other.
+    resent = ok_json(redrive(fast, *MOVE, *args, "--in-doubt", "resend", timeout=120))
+    assert resent["moved"] == len(in_doubt) and resent["in_doubt"] == 0
+    after = arrivals(checkout, sent)
+    assert after == Counter({i: 1 for i in in_doubt})
+    got += after
+    assert {d.ident for d in dead if got[d.ident] == 0} == set(), "nothing lost"
+    for ident in in_doubt:
+        assert got[ident] == before[ident] + 1 <= 2
+    assert checkout.depth() == (0, 0)
+
+
+def test_children_stop_cleanly_when_the_parent_is_sigkilled(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(300, seed=3)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    parent = start_redrive(
+        fast,
+        *MOVE,
+        "--ledger",
+        str(ledger),
+        "--processes",
+        "2",
+        "--rate",
+        "40",
+        out=tmp_path / "parent",
+    )
+    try:
+        wait_for(
+            lambda: (
+                len([r for r in run_info(ledger) if r.get("parent")]) == 2
+                and ledger_states(ledger)["done"] >= 20
+            ),
+            timeout=60,
+            what="both children moving",
+        )
+        children = [r for r in run_info(ledger) if r.get("parent")]
+        parent.send_signal(signal.SIGKILL)
+        assert parent.wait(10) == -signal.SIGKILL
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie (its parent is dead, init reaps it) counts as gone.
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        return True
+
+    started = time.monotonic()
+    wait_for(lambda: all(gone(c["pid"]) for c in children), timeout=20, what="children end")
+    assert time.monotonic() - started < 20
+    # They ended their runs as interrupted: finished the batch in flight, nothing claimed.
+    with contextlib.closing(sqlite3.connect(ledger)) as conn:
+        outcomes = dict(conn.execute("SELECT run_id, outcome FROM runs").fetchall())
+    assert [outcomes[c["run_id"]] for c in children] == ["interrupted", "interrupted"]
+    assert ledger_states(ledger)["claimed"] == 0
+    # A rerun moves the rest: each task once.
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=40, every=0.2, what="holds given back")
+    ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
+    got = arrivals(checkout, by_body(dead))
+    assert got == Counter({d.ident: 1 for d in dead})
