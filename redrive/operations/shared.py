@@ -121,11 +121,21 @@ class SharedRate:
     and last refill in shared memory. CLOCK_MONOTONIC is one clock for every process of
     the machine, so the children's readings compare."""
 
-    def __init__(self, rate: float | None, context: SpawnContext) -> None:
+    def __init__(
+        self,
+        rate: float | None,
+        context: SpawnContext,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """``clock`` and ``sleep`` (picklable: they go to the children too) for tests."""
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
-        self._state = context.Array("d", [float(rate or 0), time.monotonic()])
+        self._clock = clock
+        self._sleep = sleep
+        self._state = context.Array("d", [float(rate or 0), clock()])
 
     def acquire(self, n: int = 1) -> float:
         """Wait until ``n`` messages may go (all processes together); the seconds waited."""
@@ -133,13 +143,13 @@ class SharedRate:
             return 0.0
         with self._state.get_lock():
             tokens, last = self._state[0], self._state[1]
-            now = time.monotonic()
+            now = self._clock()
             # Capped at one second's worth, as the one-process bucket is.
             tokens = min(self.rate, tokens + (now - last) * self.rate) - n
             self._state[0], self._state[1] = tokens, now
         wait = -tokens / self.rate if tokens < 0 else 0.0
         if wait > 0:
-            time.sleep(wait)
+            self._sleep(wait)
         return wait
 
 

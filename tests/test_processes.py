@@ -1,0 +1,225 @@
+"""``--processes`` (issue 17): what the processes share (redrive.operations.shared: --limit,
+--rate, a dry run's planned keys, the end of their scans), and one result merged from theirs
+(redrive.operations.merge). The cross-process tests spawn real processes, as the run does."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import pickle
+import threading
+from collections import Counter
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import pytest
+
+from redrive.errors import UsageProblem
+from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
+from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
+from redrive.operations.processes import ChildStatus, ProcessesResult, check_processes
+from redrive.operations.purge import PurgeResult
+from redrive.operations.shared import (
+    ScanEnds,
+    SharedLimit,
+    SharedPlanned,
+    SharedRate,
+    make_shares,
+)
+from redrive.selection import Selection, Sightings
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _take_all(limit: SharedLimit, threads: int, out: Connection) -> None:
+    """A child: ``threads`` threads take from the shared limit until none is left."""
+    taken: list[int] = []
+
+    def take() -> None:
+        n = 0
+        while limit.take():
+            n += 1
+        taken.append(n)
+
+    workers = [threading.Thread(target=take) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    out.send(sum(taken))
+    out.close()
+
+
+def test_the_limit_is_exact_across_processes_and_their_threads() -> None:
+    limit = SharedLimit(37, SPAWN)
+    pipes = [SPAWN.Pipe(duplex=False) for _ in range(3)]
+    children = [SPAWN.Process(target=_take_all, args=(limit, 4, send)) for _, send in pipes]
+    for child in children:
+        child.start()
+    got = [receive.recv() for receive, _ in pipes]
+    for child in children:
+        child.join(30)
+    assert sum(got) == 37
+    assert limit.reached and not limit.take()
+    limit.give_back()  # a claim lost to another run gives its message back
+    assert not limit.reached and limit.take() and limit.reached
+
+
+def test_no_limit_is_never_reached() -> None:
+    limit = SharedLimit(None, SPAWN)
+    assert all(limit.take() for _ in range(1000)) and not limit.reached
+    assert limit.left is None
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_the_rate_is_one_bucket_for_every_thread() -> None:
+    fake = FakeTime()
+    limiter = SharedRate(20, SPAWN, clock=fake.clock, sleep=fake.sleep)
+    for _ in range(40):
+        limiter.acquire(10)
+    # 400 messages at 20/s, the first second's worth at once: 19 s of waiting.
+    assert sum(fake.sleeps) == pytest.approx(19.0)
+
+
+def _acquire(rate: SharedRate, n: int, out: Connection) -> None:
+    out.send(rate.acquire(n))
+    out.close()
+
+
+def test_a_childs_sends_take_from_the_same_bucket() -> None:
+    """The child's clock stands still at the parent's time: what it takes is gone for the
+    parent, which then waits for the bucket to refill."""
+    fake = FakeTime()
+    frozen = functools.partial(float, fake.now)  # picklable, as the child needs it
+    limiter = SharedRate(10, SPAWN, clock=frozen, sleep=fake.sleep)
+    receive, send = SPAWN.Pipe(duplex=False)
+    child = SPAWN.Process(target=_acquire, args=(limiter, 10, send))
+    child.start()
+    assert receive.recv() == 0.0
+    child.join(30)
+    assert limiter.acquire(5) == pytest.approx(0.5)
+
+
+def test_planned_keys_are_seen_by_every_process(tmp_path: Path) -> None:
+    mine = SharedPlanned(tmp_path / "planned.sqlite3")
+    theirs = pickle.loads(pickle.dumps(mine))  # what a child gets: the file, not a copy
+    assert "k1" not in mine and "k1" not in theirs
+    theirs.add("k1")
+    assert "k1" in mine and "k2" not in mine and 7 not in mine
+    mine.add("k1")  # twice is once
+    mine.close()
+    theirs.close()
+
+
+def test_an_executed_run_plans_nothing() -> None:
+    shares = make_shares(SPAWN, limit=None, rate=None, scratch=None)
+    shares.planned.add("k")
+    assert "k" not in shares.planned
+
+
+def test_a_scan_waits_for_its_siblings_scans_or_an_orphan_gives_up() -> None:
+    ends = ScanEnds(2, SPAWN)
+    give_up = threading.Event()
+    waiter = threading.Thread(target=ends.wait_for_all, args=(1, give_up))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive(), "process 2 is still scanning"
+    ends.end(2)  # its own end, or the parent's mark for a process that died
+    waiter.join(5)
+    assert not waiter.is_alive() and ends.all_ended
+    lonely = ScanEnds(2, SPAWN)
+    give_up.set()  # the parent is gone: nobody will mark a dead sibling
+    lonely.wait_for_all(1, give_up)
+    assert not lonely.all_ended
+
+
+def test_processes_must_be_a_sane_number() -> None:
+    check_processes(1)
+    for bad in (0, 65):
+        with pytest.raises(UsageProblem, match="--processes"):
+            check_processes(bad)
+
+
+# -- merging ------------------------------------------------------------------------------
+
+
+def part(moved: int, task: str, *, listed: int = 0, hidden: int = 0) -> MoveResult:
+    result = MoveResult(dry_run=False, target="checkout", dlq="dlq", run_id="child")
+    result.scanned = result.matched = moved + listed
+    result.moved = moved
+    result.in_doubt = listed
+    result.skipped["in-doubt"] = listed
+    result.tasks[task] = TaskCounts(matched=moved, moved=moved, targets=Counter(q=moved))
+    result.in_doubt_messages = [Listed(task, f"id{i}", f"m{i}", f"k{i}") for i in range(listed)]
+    result.still_hidden = hidden
+    return result
+
+
+def test_move_results_merge_into_one() -> None:
+    template = MoveResult(dry_run=False, target="checkout", dlq="dlq", run_id="parent")
+    one, two = part(5, "a", listed=60, hidden=9), part(7, "a", listed=70, hidden=2)
+    two.tasks["b"] = TaskCounts(matched=1, moved=1, skipped=Counter(poison=1))
+    two.no_target_reason, two.no_target_candidates = "two sources", ["x", "y"]
+    merged = merge_move_results(template, [one, two], None)
+    assert merged.run_id == "parent"
+    assert (merged.scanned, merged.moved, merged.in_doubt) == (142, 12, 130)
+    assert merged.skipped == Counter({"in-doubt": 130})
+    assert merged.tasks["a"].moved == 12 and merged.tasks["a"].targets == Counter(q=12)
+    assert merged.tasks["b"].skipped == Counter(poison=1)
+    assert len(merged.in_doubt_messages) == MAX_LISTED, "listed as one process lists"
+    assert merged.no_target_candidates == ["x", "y"]
+    assert merged.still_hidden == 2, "the last to end saw its siblings' holds given back"
+    assert merged.needs_attention
+    assert template.moved == 0 and not template.tasks, "the template is left as it was"
+
+
+def test_purge_results_merge_into_one() -> None:
+    template = PurgeResult(dry_run=False, target="t", dlq="d", archive="a")
+    parts = []
+    for n in (3, 4):
+        p = PurgeResult(dry_run=False, target="t", dlq="d", archive="a")
+        p.scanned = p.matched = p.archived = p.purged = n
+        p.by_task["x"] = n
+        parts.append(p)
+    merged = merge_purge_results(template, parts, None)
+    assert (merged.archived, merged.purged, merged.by_task) == (7, 7, Counter(x=7))
+
+
+def test_a_task_filter_misses_only_when_no_process_saw_it() -> None:
+    selection = Selection(tasks=("apps.*.refund",), message_ids=frozenset({"m1", "m2"}))
+    seen, unseen = Sightings(selection), Sightings(selection)
+    seen.add("apps.payments.refund", "m1")
+    unseen.add("apps.other", "m3")
+    merged = merge_sightings(selection, [seen, unseen])
+    assert merged is not None
+    misses = merged.misses()
+    assert misses is not None and not misses.patterns and misses.ids_not_seen == ("m2",)
+    alone = merge_sightings(selection, [unseen])
+    assert alone is not None and alone.misses() is not None
+    assert alone.misses().patterns[0].pattern == "apps.*.refund"  # type: ignore[union-attr]
+    assert merge_sightings(Selection(), [None, None]) is None
+
+
+def test_a_processes_result_needs_attention_when_a_child_died() -> None:
+    result = MoveResult(dry_run=False, target="t", dlq="d")
+    died = ChildStatus(2, "p.2", 4242, "died", -9, in_doubt=3, moved=10)
+    outcome = ProcessesResult(result, 2, [ChildStatus(1, "p.1", 4241, "completed", 0), died])
+    assert outcome.needs_attention and not outcome.interrupted
+    assert died.describe() == (
+        "process 2 (pid 4242, run p.2) killed by SIGKILL: 3 message(s) in doubt (claimed, "
+        "send unconfirmed), 10 moved before"
+    )
+    data = outcome.to_json()
+    assert data["processes"] == 2 and data["children"][1]["how"] == "killed by SIGKILL"
