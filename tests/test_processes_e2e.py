@@ -145,10 +145,12 @@ def test_a_dry_run_in_processes_lists_what_one_process_lists(
 def run_info(ledger: Path) -> list[dict[str, Any]]:
     if not ledger.exists():
         return []
-    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
-        with contextlib.suppress(sqlite3.OperationalError):
-            rows = conn.execute("SELECT run_id, info FROM runs").fetchall()
-            return [{"run_id": r, **json.loads(i)} for r, i in rows]
+    with (
+        contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn,
+        contextlib.suppress(sqlite3.OperationalError),
+    ):
+        rows = conn.execute("SELECT run_id, info FROM runs").fetchall()
+        return [{"run_id": r, **json.loads(i)} for r, i in rows]
     return []
 
 
@@ -176,7 +178,9 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
         try:
             victim: dict[str, Any] = {}
 
-            def ripe(parent: subprocess.Popen[str] = parent) -> bool:
+            def ripe(
+                parent: subprocess.Popen[str] = parent, victim: dict[str, Any] = victim
+            ) -> bool:
                 if parent.poll() is not None:
                     return True
                 children = {r["run_id"]: r for r in run_info(ledger) if r.get("parent")}
@@ -297,3 +301,40 @@ def test_children_stop_cleanly_when_the_parent_is_sigkilled(
     ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
     got = arrivals(checkout, by_body(dead))
     assert got == Counter({d.ident: 1 for d in dead})
+
+
+def test_purge_in_two_processes_archives_each_message_once_then_deletes_it(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    from redrive.archive import read_records
+
+    dead = tasks(250, seed=8)
+    fill(checkout, dead)
+    archive = tmp_path / "purged.jsonl.gz"
+    ledger = tmp_path / "ledger.sqlite3"
+    common = ("--archive", str(archive), "--processes", "2", "--workers", "2", "--json")
+    dry = ok_json(redrive(fast, "purge", "checkout", *common, "--limit", "37", timeout=120))
+    assert (dry["matched"], dry["purged"]) == (37, 0) and checkout.depth() == (250, 0)
+    data = ok_json(
+        redrive(
+            fast,
+            "purge",
+            "checkout",
+            *common,
+            "--execute",
+            "--yes",
+            "--ledger",
+            str(ledger),
+            timeout=120,
+        )
+    )
+    assert (data["archived"], data["purged"], data["failed"]) == (250, 250, 0)
+    assert [Path(a).resolve() for a in data["archives"]] == [
+        tmp_path / "purged.p1.jsonl.gz",
+        tmp_path / "purged.p2.jsonl.gz",
+    ], "each process archives to its own file, beside the one named"
+    bodies = Counter(r.body for where in data["archives"] for r in read_records(where))
+    assert bodies == Counter(d.body for d in dead), "each message archived once"
+    assert checkout.depth() == (0, 0)
+    [run] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
+    assert run["counts"]["purged"] == 250

@@ -53,6 +53,7 @@ from redrive.cli.options import (
     target_argument,
     workers_option,
 )
+from redrive.cli.processes import child_wiring, processes_text
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
@@ -74,7 +75,7 @@ from redrive.operations.move import (
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
-from redrive.operations.processes import ProcessesResult, Wiring, move_in_processes
+from redrive.operations.processes import ProcessesResult, move_in_processes
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult, replay_archive
 from redrive.operations.run import RunRecord
@@ -212,7 +213,7 @@ def run_move(
                     ledger,
                     options,
                     processes=processes,
-                    wiring=child_wiring(ctx, dlq, ledger, options),
+                    wiring=child_wiring(ctx, dlq, ledger),
                     observer=observer,
                     stop=stop,
                     record=record,
@@ -245,34 +246,6 @@ def run_move(
         lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
-
-
-def child_wiring(
-    ctx: Context, dlq: DlqTarget, ledger: Ledger | None, options: MoveOptions | PurgeOptions
-) -> Wiring:
-    """What each process of ``--processes`` builds its own adapters from."""
-    return Wiring.of(
-        ctx.aws,
-        region=dlq.family.region if dlq.family is not None else None,
-        ledger=ledger.location if ledger is not None else None,
-        receive_log=not ctx.receive_log().problem,
-    )
-
-
-def processes_text(outcome: Any, text: str) -> str:
-    """A run's text, and for ``--processes`` how many ran and any that died."""
-    if not isinstance(outcome, ProcessesResult):
-        return text
-    lines = [text, "", f"processes: {outcome.processes}"]
-    for child in outcome.children:
-        if child.outcome != "completed":
-            lines.append(f"  {child.describe()}")
-    if outcome.died:
-        lines.append(
-            "a process died: what it claimed and did not confirm is in doubt (above); rerun "
-            "to finish the rest"
-        )
-    return "\n".join(lines)
 
 
 def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:

@@ -52,13 +52,15 @@ from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import KeyState, Ledger, open_ledger
-from redrive.operations.merge import merge_move_results, merge_sightings
-from redrive.operations.move import Listed, MoveEngine, MoveOptions, MoveResult
+from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
+from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.purge import PurgeOptions, PurgeResult, archive_location, run_purge
+from redrive.operations.run import RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
+from redrive.reporting.audit import absolute_location
 from redrive.selection import Sightings
 
 MAX_PROCESSES = 64
@@ -279,6 +281,8 @@ class ChildStatus:
     """Keys it claimed and never confirmed sent (a child that died): in doubt."""
     moved: int = 0
     """What the ledger records it sent before it died."""
+    claims: bool = True
+    """Whether its run claims keys (a move); a purge's or archive's claims nothing."""
 
     @property
     def died(self) -> bool:
@@ -298,12 +302,15 @@ class ChildStatus:
             f", run {self.run_id})" if self.run_id else ")"
         )
         if self.died:
-            left = (
-                f"{self.in_doubt} message(s) in doubt (claimed, send unconfirmed), "
-                f"{self.moved} moved before"
-                if self.run_id
-                else "a dry run: nothing changed"
-            )
+            if not self.run_id:
+                left = "a dry run: nothing changed"
+            elif not self.claims:
+                left = "every message it took is in its archive, in the DLQ, or both"
+            else:
+                left = (
+                    f"{self.in_doubt} message(s) in doubt (claimed, send unconfirmed), "
+                    f"{self.moved} moved before"
+                )
             return f"{who} {self.how}: {left}"
         return f"{who} {self.outcome}" + (f": {self.error}" if self.error else "")
 
@@ -344,6 +351,8 @@ class ProcessesResult(Generic[Res]):
     result: Res
     processes: int
     children: list[ChildStatus]
+    archives: list[str] = field(default_factory=list)
+    """A purge's or archive's archives: each process wrote its own."""
 
     @property
     def dry_run(self) -> bool:
@@ -364,6 +373,7 @@ class ProcessesResult(Generic[Res]):
     def to_json(self) -> dict[str, Any]:
         return {
             **self.result.to_json(),
+            **({"archives": self.archives} if self.archives else {}),
             "processes": self.processes,
             "children": [c.to_json() for c in self.children],
         }
@@ -583,6 +593,93 @@ def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
     return listed
 
 
+# -- one run in processes ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Spread(Generic[R]):
+    """How one kind of run goes in processes: its parent's record, its children's jobs,
+    their progress and their merge."""
+
+    ledger: Ledger | None
+    execute: bool
+    command: str
+    info: Mapping[str, Any]
+    lease: float
+    limit: int | None
+    rate: float | None
+    job: Callable[[int, str | None, str | None], Job]
+    """(process number, its run id, the parent's run id) -> its job."""
+    progress_of: Callable[[Any], tuple[int, ...]]
+    """In the child: the counts its progress report carries."""
+    progress: Callable[[Sequence[tuple[int, ...]], str | None], R]
+    """In the parent: a result to show from the children's reports."""
+    merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
+    counts: Callable[[R], Mapping[str, int]]
+
+
+def _run_spread(
+    spread: _Spread[R],
+    *,
+    processes: int,
+    wiring: Wiring,
+    observer: RunObserver[Any],
+    stop: threading.Event,
+) -> tuple[R, list[ChildStatus]]:
+    context = multiprocessing.get_context("spawn")
+    merged: list[R] = []
+    statuses: list[ChildStatus] = []
+    life = RunLifecycle(
+        spread.ledger,
+        execute=spread.execute,
+        command=spread.command,
+        info={**spread.info, "processes": processes},
+        lease=spread.lease,
+        stop=stop,
+        counts=lambda: spread.counts(merged[0]) if merged else {},
+        end_info=lambda: {"children": [s.to_json() for s in statuses]},
+    )
+    jobs: list[tuple[Job, str | None]] = []
+    for number in range(1, processes + 1):
+        run_id = f"{life.run_id}.{number}" if life.run_id else None
+        jobs.append((spread.job(number, run_id, life.run_id), run_id))
+    with contextlib.ExitStack() as scratch_dir:
+        scratch = (
+            None
+            if spread.execute
+            else Path(scratch_dir.enter_context(tempfile.TemporaryDirectory(prefix="redrive-")))
+        )
+        shares = make_shares(context, limit=spread.limit, rate=spread.rate, scratch=scratch)
+        with life:
+            supervisor = Supervisor(
+                context,
+                observer=observer,
+                stop=stop,
+                progress=lambda snapshots: spread.progress(snapshots, life.run_id),
+                heartbeat=life.heartbeat,
+                processes=processes,
+            )
+            try:
+                supervisor.start(jobs, wiring, shares, spread.progress_of)
+                supervisor.supervise()
+            finally:
+                supervisor.close()
+            children = supervisor.children
+            statuses.extend(c.status() for c in children)
+            error = first_error(children)
+            if error is not None:
+                raise error
+            merged.append(spread.merge(children, statuses, life.run_id))
+            life.end(
+                "failed"
+                if any(s.died for s in statuses)
+                else "interrupted"
+                if stop.is_set()
+                else "completed"
+            )
+    return merged[0], statuses
+
+
 # -- move ------------------------------------------------------------------------------------
 
 
@@ -608,89 +705,61 @@ def move_in_processes(
     check_picklable(options if wiring.rebuild is None else None, "these options")
     stop = stop or threading.Event()
     record = record or RunRecord("move")
-    context = multiprocessing.get_context("spawn")
-    template = MoveResult(
-        dry_run=not options.execute,
-        target=target.label,
-        dlq=target.dlq.name,
-        ledger=ledger.location if ledger is not None else None,
-    )
-    merged: list[MoveResult] = [template]
-    statuses: list[ChildStatus] = []
-    life = RunLifecycle(
-        ledger,
-        execute=options.execute,
-        command=record.command,
-        info={
-            "target": target.label,
-            "dlq": target.dlq.url,
-            "filters": options.selection.describe(),
-            **record.info,
-            "processes": processes,
-        },
-        lease=options.lease,
-        stop=stop,
-        counts=lambda: _move_counts(merged[0]),
-        end_info=lambda: {"children": [s.to_json() for s in statuses]},
-    )
-    template.run_id = life.run_id
+    started = time.monotonic()
 
-    def progress(snapshots: Sequence[tuple[int, ...]]) -> MoveResult:
-        shown = MoveResult(template.dry_run, template.target, template.dlq)
+    def blank(run_id: str | None) -> MoveResult:
+        return MoveResult(
+            dry_run=not options.execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            run_id=run_id,
+            ledger=ledger.location if ledger is not None else None,
+        )
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        info = {**record.info, "parent": parent, "process": number}
+        return MoveJob(target, options, RunRecord(record.command, info, run_id))
+
+    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
+        shown = blank(run_id)
         shown.scanned = sum(s[0] for s in snapshots)
         shown.matched = sum(s[1] for s in snapshots)
         shown.moved = sum(s[2] for s in snapshots)
         shown.depth_before = max((s[3] for s in snapshots), default=None) or None
         return shown
 
-    jobs: list[tuple[Job, str | None]] = []
-    for number in range(1, processes + 1):
-        run_id = f"{life.run_id}.{number}" if life.run_id else None
-        info = {**record.info, "parent": life.run_id, "process": number}
-        jobs.append((MoveJob(target, options, RunRecord(record.command, info, run_id)), run_id))
-    started = time.monotonic()
-    with contextlib.ExitStack() as scratch_dir:
-        scratch = (
-            None
-            if options.execute
-            else Path(scratch_dir.enter_context(tempfile.TemporaryDirectory(prefix="redrive-")))
-        )
-        shares = make_shares(
-            context, limit=options.selection.limit, rate=options.rate, scratch=scratch
-        )
-        with life:
-            supervisor = Supervisor(
-                context,
-                observer=observer,
-                stop=stop,
-                progress=progress,
-                heartbeat=life.heartbeat,
-                processes=processes,
-            )
-            try:
-                supervisor.start(jobs, wiring, shares, _move_progress)
-                supervisor.supervise()
-            finally:
-                supervisor.close()
-            children = supervisor.children
-            statuses.extend(c.status() for c in children)
-            error = first_error(children)
-            if error is not None:
-                raise error
-            result = _merged_moves(template, children, statuses, ledger, options)
-            result.seconds = time.monotonic() - started
-            # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
-            # sibling died (then the run needs attention, exit 3, not 130).
-            result.interrupted = stop.is_set()
-            merged[0] = result
-            outcome: Outcome = (
-                "failed"
-                if any(s.died for s in statuses)
-                else "interrupted"
-                if stop.is_set()
-                else "completed"
-            )
-            life.end(outcome)
+    def merge(
+        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> MoveResult:
+        result = _merged_moves(blank(run_id), children, statuses, ledger, options)
+        result.seconds = time.monotonic() - started
+        # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
+        # sibling died (then the run needs attention, exit 3, not 130).
+        result.interrupted = stop.is_set()
+        return result
+
+    spread = _Spread(
+        ledger,
+        options.execute,
+        record.command,
+        {
+            "target": target.label,
+            "dlq": target.dlq.url,
+            "filters": options.selection.describe(),
+            **record.info,
+        },
+        options.lease,
+        options.selection.limit,
+        options.rate,
+        job,
+        _move_progress,
+        progress,
+        merge,
+        _move_counts,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
     return ProcessesResult(result, processes, statuses)
 
 
@@ -711,13 +780,13 @@ def _merged_moves(
         listed = left_by(ledger, status)
         result.in_doubt += status.in_doubt
         result.moved += status.moved
-        scanned, matched = (child.progress[:2] or (0, 0)) if child.progress else (0, 0)
+        scanned, matched = child.progress[:2] if child.progress else (0, 0)
         result.scanned += scanned
         result.matched += max(matched, status.moved + status.in_doubt)
         for item in listed:
             result.skipped[IN_DOUBT] += 1
             result.task(item.task).skipped[IN_DOUBT] += 1
-            if len(result.in_doubt_messages) < 100:
+            if len(result.in_doubt_messages) < MAX_LISTED:
                 result.in_doubt_messages.append(item)
     return result
 
@@ -730,4 +799,157 @@ def _move_counts(result: MoveResult) -> Mapping[str, int]:
         "failed": result.failed,
         "in_doubt": result.in_doubt,
         "duplicates_deleted": result.duplicates,
+    }
+
+
+# -- purge and archive --------------------------------------------------------------------------
+
+
+def archive_part(location: str, number: int) -> str:
+    """Process ``number``'s own archive: beside the run's (``X.jsonl.gz`` ->
+    ``X.pN.jsonl.gz``). An S3 prefix is every process's: each writes a run folder of its
+    own under it."""
+    if location.startswith("s3://"):
+        return location
+    for suffix in (".jsonl.gz", ".jsonl"):
+        if location.endswith(suffix):
+            return f"{location.removesuffix(suffix)}.p{number}{suffix}"
+    return f"{location}.p{number}"
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeJob:
+    target: DlqTarget
+    options: PurgeOptions
+    command: str
+    record: Mapping[str, Any] | None
+    run_id: str | None
+
+    def run(self, child: ChildRun) -> tuple[PurgeResult, Sightings | None]:
+        aws, region = child.aws, child.wiring.region
+        seen: list[Sightings | None] = []
+        with child.ledger() as ledger, child.receive_log() as receive_log:
+            result = run_purge(
+                self.target,
+                self.options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                ledger=ledger,
+                command=self.command,
+                record=self.record,
+                s3_client_factory=lambda: aws.client("s3"),
+                observer=child.observer,
+                stop=child.stop,
+                receive_log=receive_log,
+                run_id=self.run_id,
+                shares=child.shares,
+                sightings=seen.append,
+            )
+        return result, seen[0] if seen else None
+
+
+def _purge_progress(result: PurgeResult) -> tuple[int, ...]:
+    return (
+        result.scanned,
+        result.matched,
+        result.archived,
+        result.purged,
+        result.depth_before or 0,
+    )
+
+
+def purge_in_processes(
+    target: DlqTarget,
+    options: PurgeOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+) -> ProcessesResult[PurgeResult]:
+    """``purge`` or ``archive`` (or ``apply`` of a purge plan) in ``processes`` processes,
+    each archiving to its own file (:func:`archive_part`) before it deletes."""
+    check_processes(processes)
+    check_picklable(options, "these options")
+    stop = stop or threading.Event()
+    where = archive_location(target, options)
+    started = time.monotonic()
+    archives: list[str] = []
+
+    def blank(run_id: str | None, archive: str | None = None) -> PurgeResult:
+        return PurgeResult(
+            dry_run=not options.execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            archive=archive,
+            command="purge" if options.delete else "archive",
+            run_id=run_id,
+        )
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        mine = replace(options, archive_to=archive_part(where, number) if where else None)
+        info = {**(record or {}), "parent": parent, "process": number}
+        # An archive without a ledger still names its run in its records: the child's own.
+        return PurgeJob(target, mine, command, info, run_id)
+
+    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> PurgeResult:
+        shown = blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.archived = sum(s[2] for s in snapshots)
+        shown.purged = sum(s[3] for s in snapshots)
+        shown.depth_before = max((s[4] for s in snapshots), default=None) or None
+        return shown
+
+    def merge(
+        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> PurgeResult:
+        parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
+        sightings = merge_sightings(options.selection, [c.sightings for c in children])
+        archives.extend(p.archive for p in parts if p.archive)
+        first = archives[0] if archives else None
+        result = merge_purge_results(blank(run_id, first), parts, sightings)
+        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+        for child, status in zip(children, statuses, strict=True):
+            status.claims = False
+            if status.died and child.progress:
+                # What it archived and deleted before it died is in its archive and gone
+                # from the DLQ: counted as it last reported.
+                scanned, matched, archived, purged, _ = child.progress
+                result.scanned += scanned
+                result.matched += matched
+                result.archived += archived
+                result.purged += purged
+        result.seconds = time.monotonic() - started
+        result.interrupted = stop.is_set()
+        return result
+
+    spread = _Spread(
+        ledger,
+        options.execute,
+        command,
+        {**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        options.lease,
+        options.selection.limit,
+        None,
+        job,
+        _purge_progress,
+        progress,
+        merge,
+        _purge_counts,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
+    return ProcessesResult(result, processes, statuses, archives=archives)
+
+
+def _purge_counts(result: PurgeResult) -> Mapping[str, int]:
+    return {
+        "matched": result.matched,
+        "archived": result.archived,
+        "purged": result.purged,
+        "failed": result.failed,
     }
