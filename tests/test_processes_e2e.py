@@ -338,3 +338,52 @@ def test_purge_in_two_processes_archives_each_message_once_then_deletes_it(
     assert checkout.depth() == (0, 0)
     [run] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
     assert run["counts"]["purged"] == 250
+
+
+def test_a_plan_made_and_applied_in_processes_moves_exactly_its_messages(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(150, seed=21)
+    fill(checkout, dead)
+    plan = tmp_path / "plan.json"
+    procs = ("--processes", "2", "--workers", "2")
+    made = redrive(fast, "move", "checkout", "--task", CAPTURE, "--plan-out", str(plan), *procs)
+    assert made.returncode == 0, made.stderr
+    items = json.loads(plan.read_text())["items"]
+    captures = [d for d in dead if d.task == CAPTURE]
+    assert len(items) == len({i["message_id"] for i in items}) == len(captures)
+    ledger = tmp_path / "ledger.sqlite3"
+    data = ok_json(
+        redrive(
+            fast,
+            "apply",
+            str(plan),
+            "--execute",
+            "--yes",
+            "--json",
+            "--ledger",
+            str(ledger),
+            *procs,
+            timeout=120,
+        )
+    )
+    assert (data["moved"], data["planned"], data["gone"]) == (len(captures), len(captures), 0)
+    assert data["processes"] == 2
+    got = arrivals(checkout, by_body(dead))
+    assert got == Counter({d.ident: 1 for d in captures})
+    assert checkout.depth() == (len(dead) - len(captures), 0)
+    again = ok_json(
+        redrive(
+            fast,
+            "apply",
+            str(plan),
+            "--execute",
+            "--yes",
+            "--json",
+            "--ledger",
+            str(ledger),
+            *procs,
+            timeout=120,
+        )
+    )
+    assert (again["moved"], again["gone"]) == (0, len(captures)), "twice does nothing"

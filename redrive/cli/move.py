@@ -213,7 +213,7 @@ def run_move(
                     ledger,
                     options,
                     processes=processes,
-                    wiring=child_wiring(ctx, dlq, ledger),
+                    wiring=child_wiring(ctx, dlq, ledger, options),
                     observer=observer,
                     stop=stop,
                     record=record,
@@ -551,6 +551,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
 )
 @include_succeeded_option
 @workers_option
+@processes_option
 @route_options
 @json_option
 @pass_ctx
@@ -564,6 +565,7 @@ def apply(
     in_doubt: InDoubtPolicy | None,
     include_succeeded: bool,
     workers: int,
+    processes: int,
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
@@ -592,11 +594,11 @@ def apply(
             options = with_results(ctx, options)
         confirm_apply(ctx, dlq, options, yes)
         opened = apply_ledger(ctx, ledger, options)
-    result = run_apply(ctx, dlq, plan, options, opened)
+    result = run_apply(ctx, dlq, plan, options, opened, processes=processes)
     finish_move(
         result,
         as_json,
-        lambda: apply_text(result, getattr(options, "celery", None)),
+        lambda: processes_text(result.spread, apply_text(result, getattr(options, "celery", None))),
         next_command=execute_command() if would_act(result) else None,
     )
 
@@ -671,6 +673,8 @@ def run_apply(
     plan: Plan,
     options: MoveOptions | PurgeOptions,
     ledger: Ledger | None,
+    *,
+    processes: int = 1,
 ) -> ApplyResult:
     info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
     display: ProgressDisplay
@@ -692,6 +696,8 @@ def run_apply(
                 observer=observer,
                 stop=stop,
                 receive_log=ctx.receive_log(),
+                processes=processes,
+                wiring=child_wiring(ctx, dlq, ledger, options) if processes > 1 else None,
             )
     finally:
         if ledger is not None:

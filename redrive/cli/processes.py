@@ -3,22 +3,90 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
+from redrive.aws.session import AwsSettings
+from redrive.celery.knowledge import TaskKnowledge
+from redrive.celery.registry import Registry
+from redrive.celery.results import ResultLookup, open_app_results, open_results
+from redrive.cli.celery_app import task_router
 from redrive.cli.context import Context
 from redrive.dlq.queues import DlqTarget
 from redrive.ledger import Ledger
+from redrive.operations.move import MoveOptions
 from redrive.operations.processes import ProcessesResult, Wiring
 
 
-def child_wiring(ctx: Context, dlq: DlqTarget, ledger: Ledger | None) -> Wiring:
-    """What each process of ``--processes`` builds its own adapters from."""
+def child_wiring(
+    ctx: Context, dlq: DlqTarget, ledger: Ledger | None, options: Any = None
+) -> Wiring:
+    """What each process of ``--processes`` builds its own adapters from; for a move's
+    options with the Celery app or its result backend (which do not cross a process
+    boundary), how each process opens its own."""
+    rebuild = None
+    if isinstance(options, MoveOptions) and (options.celery or options.results):
+        rebuild = functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
     return Wiring.of(
         ctx.aws,
         region=dlq.family.region if dlq.family is not None else None,
         ledger=ledger.location if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
+        rebuild=rebuild,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CeleryRecipe:
+    """How a process of ``--processes`` makes the parent's TaskKnowledge and ResultLookup
+    again: the same config and app, the same decisions (``route_by_task``...)."""
+
+    config: str | None
+    celery_app: str | None
+    knowledge: bool
+    route_by_task: bool
+    include_unregistered: bool
+    planned: Mapping[str, str] | None
+    results_url: str | None
+    results_of_app: bool
+
+    @classmethod
+    def of(cls, ctx: Context, options: MoveOptions) -> CeleryRecipe:
+        knowledge = options.celery
+        url = ctx.result_backend or ctx.layout.result_backend
+        return cls(
+            config=ctx.config,
+            celery_app=ctx.celery_app,
+            knowledge=knowledge is not None,
+            route_by_task=knowledge is not None and knowledge.route_by_task,
+            include_unregistered=knowledge is not None and knowledge.include_unregistered,
+            planned=dict(knowledge.planned) if knowledge and knowledge.planned else None,
+            results_url=url if options.results is not None else None,
+            results_of_app=options.results is not None and not url,
+        )
+
+
+def rebuild_celery(recipe: CeleryRecipe, options: MoveOptions) -> MoveOptions:
+    """In a child: the options with its own app's knowledge and result backend."""
+    ctx = Context(AwsSettings(), recipe.config, celery_app=recipe.celery_app)
+    knowledge = None
+    if recipe.knowledge:
+        loaded = ctx.celery()
+        knowledge = TaskKnowledge(
+            router=task_router(ctx),
+            registry=Registry(*loaded) if loaded is not None else None,
+            route_by_task=recipe.route_by_task,
+            include_unregistered=recipe.include_unregistered,
+            planned=recipe.planned,
+        )
+    results: ResultLookup | None = None
+    if recipe.results_url:
+        results = open_results(recipe.results_url, probe=True)
+    elif recipe.results_of_app and (loaded := ctx.celery()) is not None:
+        results = open_app_results(*loaded, probe=True)
+    return replace(options, celery=knowledge, results=results)
 
 
 def processes_text(outcome: Any, text: str) -> str:

@@ -702,9 +702,12 @@ def move_in_processes(
     check_processes(processes)
     if options.execute and ledger is None:
         raise UsageProblem("an executed move needs a ledger")
-    check_picklable(options if wiring.rebuild is None else None, "these options")
     stop = stop or threading.Event()
     record = record or RunRecord("move")
+    # The Celery app and its result backend do not cross: each child opens its own
+    # (Wiring.rebuild); the parent's serve the dry run's checks it made already.
+    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
+    check_picklable(crossing, "these options")
     started = time.monotonic()
 
     def blank(run_id: str | None) -> MoveResult:
@@ -718,7 +721,7 @@ def move_in_processes(
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
         info = {**record.info, "parent": parent, "process": number}
-        return MoveJob(target, options, RunRecord(record.command, info, run_id))
+        return MoveJob(target, crossing, RunRecord(record.command, info, run_id))
 
     def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
         shown = blank(run_id)
