@@ -387,3 +387,33 @@ def test_a_plan_made_and_applied_in_processes_moves_exactly_its_messages(
         )
     )
     assert (again["moved"], again["gone"]) == (0, len(captures)), "twice does nothing"
+
+
+def test_replay_in_processes_sends_each_archived_task_once(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(200, seed=31)
+    fill(checkout, [*dead, *dead[:20]])  # 20 second copies: one task, one send
+    archive = tmp_path / "dlq.jsonl.gz"
+    purged = ok_json(
+        redrive(
+            fast, "purge", "checkout", "--archive", str(archive), "--execute", "--yes", "--json"
+        )
+    )
+    assert purged["purged"] == 220
+    replay = ("replay", str(archive), "--to", "onion-checkout", "--json")
+    procs = ("--processes", "2", "--workers", "2")
+    one = ok_json(redrive(fast, *replay, timeout=120))
+    two = ok_json(redrive(fast, *replay, *procs, timeout=120))
+    for dry in (one, two):
+        assert (dry["replayed"], dry["already_sent"], dry["scanned"]) == (200, 20, 220), dry
+    ledger = tmp_path / "ledger.sqlite3"
+    done = ok_json(
+        redrive(fast, *replay, *procs, "--execute", "--yes", "--ledger", str(ledger), timeout=120)
+    )
+    assert (done["replayed"], done["processes"]) == (200, 2)
+    assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
+    again = ok_json(
+        redrive(fast, *replay, *procs, "--execute", "--yes", "--ledger", str(ledger), timeout=120)
+    )
+    assert (again["replayed"], again["already_sent"]) == (0, 220), "twice sends nothing"

@@ -53,7 +53,7 @@ from redrive.cli.options import (
     target_argument,
     workers_option,
 )
-from redrive.cli.processes import child_wiring, processes_text
+from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
@@ -75,7 +75,7 @@ from redrive.operations.move import (
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
-from redrive.operations.processes import ProcessesResult, move_in_processes
+from redrive.operations.processes import ProcessesResult, move_in_processes, replay_in_processes
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult, replay_archive
 from redrive.operations.run import RunRecord
@@ -351,6 +351,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @ledger_option
 @move_options
 @workers_option
+@processes_option
 @rate_option
 @click.option(
     "--allow-partial",
@@ -376,6 +377,7 @@ def replay(
     ambiguous: AmbiguousPolicy,
     include_succeeded: bool,
     workers: int,
+    processes: int,
     rate: float | None,
     allow_partial: bool,
     route: str | None,
@@ -413,18 +415,24 @@ def replay(
         ledger_uri=ledger,
         allow_partial=allow_partial,
         as_json=as_json,
+        processes=processes,
     )
     finish_replay(outcome, knowledge, as_json=as_json, allow_partial=allow_partial)
 
 
 def finish_replay(
-    outcome: ReplayResult, knowledge: TaskKnowledge | None, *, as_json: bool, allow_partial: bool
+    finished: ReplayResult | ProcessesResult[ReplayResult],
+    knowledge: TaskKnowledge | None,
+    *,
+    as_json: bool,
+    allow_partial: bool,
 ) -> None:
+    outcome = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = outcome.move.dry_run and outcome.move.moved
     finish_move(
-        outcome,
+        finished,
         as_json,
-        lambda: replay_text(outcome, knowledge),
+        lambda: processes_text(finished, replay_text(outcome, knowledge)),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
@@ -464,7 +472,8 @@ def run_replay(
     ledger_uri: str | None,
     allow_partial: bool,
     as_json: bool,
-) -> ReplayResult:
+    processes: int = 1,
+) -> ReplayResult | ProcessesResult[ReplayResult]:
     """Confirm, open the ledger, replay; a damaged archive is refused here."""
     destination = to.name if to else "the queue each task routes to"
     with core_errors():
@@ -483,21 +492,38 @@ def run_replay(
     display = ProgressDisplay(
         Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
     )
+    outcome: ReplayResult | ProcessesResult[ReplayResult]
     try:
         with core_errors(), interruptible() as stop:
             try:
-                outcome = replay_archive(
-                    source,
-                    to,
-                    ledger,
-                    with_results(ctx, options),
-                    sqs_factory=ctx.sqs_for,
-                    s3_client_factory=ctx.s3_client,
-                    observer=display,
-                    stop=stop,
-                    record=RunRecord(command_line(), info),
-                    allow_partial=allow_partial,
-                )
+                options = with_results(ctx, options)
+                if processes > 1:
+                    outcome = replay_in_processes(
+                        source,
+                        to,
+                        ledger,
+                        options,
+                        processes=processes,
+                        wiring=replay_wiring(ctx, ledger, options),
+                        s3_client_factory=ctx.s3_client,
+                        observer=display,
+                        stop=stop,
+                        record=RunRecord(command_line(), info),
+                        allow_partial=allow_partial,
+                    )
+                else:
+                    outcome = replay_archive(
+                        source,
+                        to,
+                        ledger,
+                        options,
+                        sqs_factory=ctx.sqs_for,
+                        s3_client_factory=ctx.s3_client,
+                        observer=display,
+                        stop=stop,
+                        record=RunRecord(command_line(), info),
+                        allow_partial=allow_partial,
+                    )
             except ArchiveDamaged as exc:
                 display.done()
                 refuse_damaged_archive(source, exc.report, options.execute, as_json)

@@ -38,6 +38,19 @@ def child_wiring(
     )
 
 
+def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> Wiring:
+    """A replay's: its sends go to the region of the options (replay has no family)."""
+    rebuild = None
+    if options.celery or options.results:
+        rebuild = functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
+    return Wiring.of(
+        ctx.aws,
+        ledger=ledger.location if ledger is not None else None,
+        receive_log=False,
+        rebuild=rebuild,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CeleryRecipe:
     """How a process of ``--processes`` makes the parent's TaskKnowledge and ResultLookup

@@ -47,16 +47,25 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from redrive.archive import ArchiveDamaged, ArchiveReader, ArchiveRecord, check_archive
 from redrive.aws.session import AwsSettings
-from redrive.dlq.queues import DlqTarget
+from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import KeyState, Ledger, open_ledger
+from redrive.messages import decode
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.purge import PurgeOptions, PurgeResult, archive_location, run_purge
+from redrive.operations.replay import (
+    ArchiveSource,
+    ReplayResult,
+    archive_label,
+    archive_target,
+)
 from redrive.operations.run import RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
@@ -612,8 +621,9 @@ class _Spread(Generic[R]):
     """(process number, its run id, the parent's run id) -> its job."""
     progress_of: Callable[[Any], tuple[int, ...]]
     """In the child: the counts its progress report carries."""
-    progress: Callable[[Sequence[tuple[int, ...]], str | None], R]
-    """In the parent: a result to show from the children's reports."""
+    progress: Callable[[Sequence[tuple[int, ...]], str | None], Any]
+    """In the parent: a result to show from the children's reports (what the progress line
+    reads, which for a replay is its engine's result)."""
     merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
     counts: Callable[[R], Mapping[str, int]]
 
@@ -956,3 +966,157 @@ def _purge_counts(result: PurgeResult) -> Mapping[str, int]:
         "purged": result.purged,
         "failed": result.failed,
     }
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def share_of(record: ArchiveRecord, processes: int) -> int:
+    """Which process (0-based) replays a record: by its task id (the body's, else its
+    MessageId), so that every copy of a task is in one process's share and is settled
+    there as one process settles it (a duplicate, never a busy claim of a sibling)."""
+    task_id = decode(record.body).task_id
+    return digest(task_id or record.message_id) % processes
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    source: str
+    options: MoveOptions
+    record: RunRecord
+    allow_partial: bool
+    number: int
+    processes: int
+
+    def run(self, child: ChildRun) -> tuple[ReplayResult, Sightings | None]:
+        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
+        aws, region = child.aws, child.wiring.region
+        reader = ArchiveReader(
+            self.source,
+            s3_client_factory=lambda: aws.client("s3"),
+            on_problem=lambda problem: None,  # the parent's check reported them
+            skip_damage=self.allow_partial,
+        )
+        mine = (r for r in reader if share_of(r, self.processes) == self.number - 1)
+        archive = ArchiveSource(mine, child.stop)
+        with child.ledger() as ledger:
+            engine = MoveEngine(
+                archive_target(self.source),
+                ledger,
+                options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                observer=child.observer,
+                stop=child.stop,
+                source=archive,
+                record=self.record,
+                shares=child.shares,
+            )
+            result = engine.run()
+        return ReplayResult(result, archive.damage or reader.report()), engine.sightings
+
+
+def replay_in_processes(
+    source: str,
+    to: QueueRef | None,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    s3_client_factory: Callable[[], Any] | None = None,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    record: RunRecord | None = None,
+    allow_partial: bool = False,
+) -> ProcessesResult[ReplayResult]:
+    """``replay`` in ``processes`` processes: the parent checks the archive whole (as one
+    process does, before anything is sent), then each child replays its share of it
+    (:func:`share_of`)."""
+    check_processes(processes)
+    if options.execute and ledger is None:
+        raise UsageProblem("an executed replay needs a ledger")
+    stop = stop or threading.Event()
+    record = record or RunRecord("replay")
+    label = archive_label(source)
+    check = check_archive(
+        source,
+        s3_client_factory=s3_client_factory,
+        on_problem=observer.on_problem,
+        stop=stop,
+        on_progress=observer.on_check,
+    )
+    if not check.complete:
+        stopped = MoveResult(dry_run=not options.execute, target=label, dlq=source)
+        stopped.interrupted = True
+        return ProcessesResult(ReplayResult(stopped), processes, [])
+    if check.damage is not None and not allow_partial:
+        raise ArchiveDamaged(check.damage)
+    options = replace(options, to=to)
+    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
+    check_picklable(crossing, "these options")
+    started = time.monotonic()
+    target = archive_target(source)
+
+    def blank(run_id: str | None) -> MoveResult:
+        return MoveResult(
+            dry_run=not options.execute,
+            target=target.label,
+            dlq=target.dlq.name,
+            run_id=run_id,
+            ledger=ledger.location if ledger is not None else None,
+        )
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        info = {**record.info, "parent": parent, "process": number}
+        child_record = RunRecord(record.command, info, run_id)
+        return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
+
+    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
+        shown = blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.moved = sum(s[2] for s in snapshots)
+        return shown
+
+    def merge(
+        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> ReplayResult:
+        moves = [
+            replace_result(c, c.result.move) if isinstance(c.result, ReplayResult) else c
+            for c in children
+        ]
+        result = _merged_moves(blank(run_id), moves, statuses, ledger, options)
+        result.seconds = time.monotonic() - started
+        result.interrupted = stop.is_set()
+        damage = check.damage
+        for child in children:
+            if isinstance(child.result, ReplayResult) and damage is None:
+                damage = child.result.damage
+        return ReplayResult(result, damage)
+
+    def counts(replayed: ReplayResult) -> Mapping[str, int]:
+        return _move_counts(replayed.move)
+
+    spread: _Spread[ReplayResult] = _Spread(
+        ledger,
+        options.execute,
+        record.command,
+        {"target": label, "dlq": source, "filters": options.selection.describe(), **record.info},
+        options.lease,
+        options.selection.limit,
+        options.rate,
+        job,
+        _move_progress,
+        progress,
+        merge,
+        counts,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
+    return ProcessesResult(result, processes, statuses)
+
+
+def replace_result(child: _Child, result: Any) -> _Child:
+    """The child as seen with another result (a replay's engine result, to merge)."""
+    return replace(child, result=result)
