@@ -417,3 +417,24 @@ def test_replay_in_processes_sends_each_archived_task_once(
         redrive(fast, *replay, *procs, "--execute", "--yes", "--ledger", str(ledger), timeout=120)
     )
     assert (again["replayed"], again["already_sent"]) == (0, 220), "twice sends nothing"
+
+
+def test_copies_in_a_siblings_batch_are_never_sent_twice_nor_called_in_doubt(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Each batch of originals is followed by a batch of their copies, so the two processes
+    receive a copy while its twin's batch is in flight in the other one: the sibling's live
+    claim decides (a duplicate once sent, else busy for now), never a send, never in doubt."""
+    dead = tasks(100, seed=41)
+    order = [m for start in range(0, 100, 10) for m in (*dead[start : start + 10],) * 2]
+    fill(checkout, order)
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ("--ledger", str(ledger), "--processes", "2")
+    first = ok_json(redrive(fast, *MOVE, *args, timeout=120))
+    busy = first["skipped_by_reason"].get("claimed-by-another-run", 0)
+    assert (first["moved"], first["in_doubt"], first["failed"]) == (100, 0, 0)
+    assert first["duplicates_deleted"] + busy == 100, first
+    rerun = ok_json(redrive(fast, *MOVE, *args, timeout=120))
+    assert (rerun["moved"], rerun["duplicates_deleted"]) == (0, busy)
+    assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
+    assert checkout.depth() == (0, 0)

@@ -623,6 +623,8 @@ class MoveEngine:
             run_id=record.run_id,
         )
         self.run_id = self._life.run_id
+        parent = record.info.get("parent")
+        self._parent = parent if isinstance(parent, str) and self.run_id else None
         self.result = MoveResult(
             dry_run=not options.execute,
             target=target.label,
@@ -895,7 +897,7 @@ class MoveEngine:
         known = (
             EntryFacts(
                 entry.state,
-                entry.run_id,
+                _owner(entry.run_id, self.run_id, self._sibling(entry.run_id, live_owners)),
                 owner_live=entry.run_id in live_owners,
                 delivered=cand.key in delivered,
             )
@@ -1212,7 +1214,9 @@ class MoveEngine:
         if (first := first_of.get(cand.key)) is not None:
             return first.message.message_id, None
         if entry is not None:
-            if entry.state == KeyState.CLAIMED and entry.run_id == self.run_id:
+            if entry.state == KeyState.CLAIMED and (
+                entry.run_id == self.run_id or self._sibling(entry.run_id)
+            ):
                 return entry.message_id, None
             return None, None
         if cand.key in self._planned:
@@ -1386,6 +1390,15 @@ class MoveEngine:
             return queue_name(arn)
         return self.target.single_source.name if self.target.single_source else None
 
+    def _sibling(self, run_id: str, live: set[str] | None = None) -> bool:
+        """Whether ``run_id`` is another live process of this ``--processes`` run (runs
+        PARENT.1, PARENT.2, ...): its claims are settled as this run's own are (the claim
+        decides: a copy of a key it sent is a duplicate, one still in flight is busy). A dead
+        one's claims are in doubt, as any dead run's."""
+        if self._parent is None or run_id.rpartition(".")[0] != self._parent:
+            return False
+        return run_id in live if live is not None else self._is_live(run_id)
+
     def _is_live(self, run_id: str) -> bool:
         """Whether the run that holds a claim may still be sending it."""
         with self._cache_lock:
@@ -1424,6 +1437,11 @@ def _decision_options(options: MoveOptions) -> DecisionOptions:
         max_redrives=options.max_redrives,
         in_doubt=options.in_doubt,
     )
+
+
+def _owner(run_id: str, mine: str | None, sibling: bool) -> str:
+    """Who a claim is decided as: this run's own when a live sibling process holds it."""
+    return mine if sibling and mine is not None else run_id
 
 
 def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
