@@ -43,6 +43,7 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_SQS = ROOT / "bench" / "fast_sqs.py"
+REDRIVE = [sys.executable, "-m", "redrive"]
 
 
 @pytest.fixture
@@ -438,3 +439,49 @@ def test_copies_in_a_siblings_batch_are_never_sent_twice_nor_called_in_doubt(
     assert (rerun["moved"], rerun["duplicates_deleted"]) == (0, busy)
     assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
     assert checkout.depth() == (0, 0)
+
+
+def test_ctrl_c_to_the_process_group_stops_every_process_cleanly(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C reaches every process of the group: the children ignore it, the
+    parent tells them to finish the batch in flight and give back what they hold."""
+    dead = tasks(300, seed=13)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        run = subprocess.Popen(
+            [*REDRIVE, *MOVE, "--ledger", str(ledger), "--processes", "2", "--rate", "40"],
+            env={**fast.env(), "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group, as a terminal's job is
+        )
+    try:
+        wait_for(
+            lambda: (
+                len([r for r in run_info(ledger) if r.get("parent")]) == 2
+                and ledger_states(ledger)["done"] >= 20
+            ),
+            timeout=60,
+            what="both processes moving",
+        )
+        os.killpg(run.pid, signal.SIGINT)
+        code = run.wait(60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(10)
+    stderr_text = err.read_text()
+    assert code == 130, (code, stderr_text)
+    assert "Traceback" not in stderr_text and "KeyboardInterrupt" not in stderr_text
+    data = json.loads(out.read_text())
+    assert data["interrupted"] is True
+    assert [c["outcome"] for c in data["children"]] == ["interrupted", "interrupted"]
+    assert ledger_states(ledger)["claimed"] == 0, "every batch in flight was finished"
+    assert checkout.depth() == (300 - data["moved"], 0), "what they held was given back"
+    ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
+    assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
