@@ -485,3 +485,28 @@ def test_ctrl_c_to_the_process_group_stops_every_process_cleanly(
     assert checkout.depth() == (300 - data["moved"], 0), "what they held was given back"
     ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
     assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
+
+
+def test_with_a_celery_app_each_process_routes_and_gates_as_one_does(
+    fast: MotoServer, tmp_path: Path
+) -> None:
+    """The app cannot cross a process boundary: each process loads it again, and routes
+    each task to its queue now and keeps the tasks the app does not register."""
+    client = fast.client()
+    default = make_family(client, "onion")
+    checkout = make_family(client, "onion-checkout")
+    moved = [celery(CAPTURE) for _ in range(60)] + [celery(REFUND) for _ in range(40)]
+    gone = [celery("apps.inventory.tasks.resync_stock") for _ in range(12)]
+    fill(default, [*moved, *gone])
+    ledger = tmp_path / "ledger.sqlite3"
+    app = ("--celery-app", "redrive.sandbox.celery_app:app")
+    move = ("move", "default", "--json", "--processes", "2", "--workers", "2")
+    dry = ok_json(redrive(fast, *app, *move, timeout=120))
+    data = ok_json(
+        redrive(fast, *app, *move, "--execute", "--yes", "--ledger", str(ledger), timeout=120)
+    )
+    for result in (dry, data):
+        assert result["moved"] == 100 and result["skipped_by_reason"] == {"unregistered": 12}
+        assert result["tasks"][CAPTURE]["targets"] == {"onion-checkout": 60}
+    assert arrivals(checkout, by_body(moved)) == Counter({d.ident: 1 for d in moved})
+    assert default.depth() == (12, 0), "the unregistered tasks stay"
