@@ -223,3 +223,41 @@ def test_a_processes_result_needs_attention_when_a_child_died() -> None:
     )
     data = outcome.to_json()
     assert data["processes"] == 2 and data["children"][1]["how"] == "killed by SIGKILL"
+
+
+def test_a_where_crosses_to_a_process_as_its_text_compiled_again() -> None:
+    from redrive.where import compile_where
+
+    where = compile_where(["kwargs.amount > `100`", "task == 'a'"])
+    assert where is not None
+    again = pickle.loads(pickle.dumps(where))
+    assert again.texts == where.texts
+    record = {"kwargs": {"amount": 150}, "task": "a"}
+    assert again.holds(record) and where.holds(record)
+    assert not again.holds({"kwargs": {"amount": 5}, "task": "a"})
+
+
+def test_inspect_groups_merge_into_one() -> None:
+    from redrive.operations.merge import merge_sent_times, merge_task_groups
+    from redrive.reporting.inspect import TaskGroup
+    from redrive.reporting.timeline import SentTimes
+
+    fine, coarse = SentTimes(), SentTimes(width=300)
+    for t in (0.0, 30.0, 90.0):
+        fine.add(1_000_000 + t)
+    coarse.add(1_000_400.0)
+    merged = merge_sent_times([fine, coarse])
+    assert merged.width == 300 and sum(merged.counts.values()) == 4
+    assert (merged.first, merged.last) == (1_000_000.0, 1_000_400.0)
+    one = TaskGroup(task="t", count=2, oldest=5.0, newest=9.0, max_receive_count=3, poison=1)
+    one.sample_message_ids = ["a", "b"]
+    two = TaskGroup(task="t", count=3, oldest=2.0, newest=7.0, max_receive_count=6, poison=2)
+    two.sample_message_ids = ["c", "d"]
+    two.protocols["2"] = 3
+    group = merge_task_groups([one, two])
+    assert (group.count, group.oldest, group.newest, group.max_receive_count) == (5, 2.0, 9.0, 6)
+    assert group.poison == 3 and group.protocols == Counter({"2": 3})
+    assert group.sample_message_ids == ["a", "b", "c"], "as many samples as one scan keeps"
+    assert group.to_json()["task"] == "t"
+    unpickled = pickle.loads(pickle.dumps(one))
+    assert merge_task_groups([unpickled]).to_json()["task"] == "t", "a task's group stays one"

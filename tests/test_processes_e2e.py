@@ -514,3 +514,46 @@ def test_with_a_celery_app_each_process_routes_and_gates_as_one_does(
         assert result["tasks"][CAPTURE]["targets"] == {"onion-checkout": 60}
     assert arrivals(checkout, by_body(moved)) == Counter({d.ident: 1 for d in moved})
     assert default.depth() == (12, 0), "the unregistered tasks stay"
+
+
+def test_inspect_in_processes_counts_what_one_process_counts(
+    fast: MotoServer, checkout: Family
+) -> None:
+    """Each message counted once (the scans end together: none receives again what another
+    held), in the same groups with the same counts, and the DLQ left as it was."""
+    dead = tasks(300, seed=57)
+    fill(checkout, [*dead, *dead[:30]])
+
+    def stable(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [
+            (g["task"], g["count"], g["oldest"], g["newest"], g["protocols"], g["expired"])
+            for g in data["groups"]
+        ]
+
+    one = ok_json(redrive(fast, "inspect", "checkout", "--json", timeout=120))
+    two = ok_json(
+        redrive(
+            fast,
+            "inspect",
+            "checkout",
+            "--json",
+            "--processes",
+            "2",
+            "--workers",
+            "2",
+            timeout=120,
+        )
+    )
+    assert one["total"] == two["total"] == 330
+    assert stable(one) == stable(two)
+    for group in two["groups"]:
+        assert sum(group["timeline"]["counts"]) == group["count"]
+    assert checkout.depth() == (330, 0)
+    where = ("inspect", "checkout", "--json", "--processes", "2", "--where", f"task == '{REFUND}'")
+    refunds = ok_json(redrive(fast, *where, timeout=120))
+    assert [g["task"] for g in refunds["groups"]] == [REFUND]
+    assert refunds["total"] == sum(1 for d in [*dead, *dead[:30]] if d.task == REFUND)
+    limited = ok_json(
+        redrive(fast, "inspect", "checkout", "--json", "--processes", "2", "--limit", "37")
+    )
+    assert limited["total"] == 37

@@ -51,6 +51,31 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
     )
 
 
+def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -> Wiring:
+    """An inspect's: its result backend (if any) opened again in each process, read-only
+    and without a probe, as inspect opens it."""
+    rebuild = None
+    if results is not None:
+        url = ctx.result_backend or ctx.layout.result_backend
+        rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
+    return Wiring.of(
+        ctx.aws,
+        region=dlq.family.region if dlq.family is not None else None,
+        receive_log=not ctx.receive_log().problem,
+        rebuild=rebuild,
+    )
+
+
+def open_scan_results(
+    url: str | None, config: str | None, celery_app: str | None, _: object
+) -> ResultLookup | None:
+    """In a child: the result backend an inspect reads (its URL, else the app's)."""
+    if url:
+        return open_results(url, probe=False, background=True)
+    loaded = Context(AwsSettings(), config, celery_app=celery_app).celery()
+    return open_app_results(*loaded, probe=False) if loaded is not None else None
+
+
 @dataclass(frozen=True, slots=True)
 class CeleryRecipe:
     """How a process of ``--processes`` makes the parent's TaskKnowledge and ResultLookup

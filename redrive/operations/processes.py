@@ -49,13 +49,19 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.archive import ArchiveDamaged, ArchiveReader, ArchiveRecord, check_archive
 from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import KeyState, Ledger, open_ledger
 from redrive.messages import decode
-from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
+from redrive.operations.merge import (
+    merge_inspect_results,
+    merge_move_results,
+    merge_purge_results,
+    merge_sightings,
+)
 from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
@@ -70,6 +76,13 @@ from redrive.operations.run import RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
 from redrive.reporting.audit import absolute_location
+from redrive.reporting.inspect import (
+    DEFAULT_MAX_REDRIVES,
+    Focus,
+    InspectResult,
+    inspect_counts,
+    inspect_dlq,
+)
 from redrive.selection import Sightings
 
 MAX_PROCESSES = 64
@@ -1120,3 +1133,132 @@ def replay_in_processes(
 def replace_result(child: _Child, result: Any) -> _Child:
     """The child as seen with another result (a replay's engine result, to merge)."""
     return replace(child, result=result)
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InspectScan:
+    """What one inspect scan reads: inspect_dlq's options, the same in every process
+    (``now`` too, so expiry and ages agree) but ``limit``, split between them."""
+
+    limit: int | None = None
+    show_args: bool = False
+    workers: int = 1
+    max_redrives: int = DEFAULT_MAX_REDRIVES
+    now: float = 0.0
+    lease: int = 30
+    focus: Focus | None = None
+    group_by: str | None = None
+
+
+def limit_share(limit: int | None, processes: int, number: int) -> int | None:
+    """Process ``number``'s part of an inspect's ``--limit``: the parts add up to it."""
+    if limit is None:
+        return None
+    return limit // processes + (1 if number <= limit % processes else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class InspectJob:
+    target: DlqTarget
+    scan: InspectScan
+
+    def run(self, child: ChildRun) -> tuple[InspectResult, Sightings | None]:
+        aws, region = child.aws, child.wiring.region
+        results = child.wiring.rebuild(None) if child.wiring.rebuild else None
+        observer = child.observer
+        try:
+            with child.receive_log() as receive_log:
+                return inspect_dlq(
+                    self.target,
+                    lambda: aws.sqs(region=region),
+                    limit=self.scan.limit,
+                    show_args=self.scan.show_args,
+                    workers=self.scan.workers,
+                    stop=child.stop,
+                    on_progress=observer.on_progress,
+                    max_redrives=self.scan.max_redrives,
+                    now=self.scan.now,
+                    lease=self.scan.lease,
+                    receive_log=receive_log,
+                    focus=self.scan.focus,
+                    results=results,
+                    group_by=self.scan.group_by,
+                    scan_ended=child.shares.scan_ended,
+                ), None
+        finally:
+            if results is not None:
+                results.close()
+
+
+def _received(n: int) -> tuple[int, ...]:
+    return (n,)
+
+
+def inspect_in_processes(
+    target: DlqTarget,
+    scan: InspectScan,
+    *,
+    processes: int,
+    wiring: Wiring,
+    sqs: Sqs,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    on_depth: Callable[[int], None] | None = None,
+) -> InspectResult:
+    """``inspect`` in ``processes`` processes: each scans part of the DLQ, holding what it
+    received until every one's scan has ended; the groups merged into one inspect. A
+    process that dies makes the inspect an error (what it counted is lost)."""
+    check_processes(processes)
+    check_picklable(scan, "these options")
+    stop = stop or threading.Event()
+    started = time.monotonic()
+    depth, hidden = inspect_counts(sqs, target.dlq.url)
+    if on_depth is not None:
+        on_depth(depth)
+
+    class Received(RunObserver[Any]):
+        def on_progress(self, result: Any) -> None:
+            if on_progress is not None:
+                on_progress(result)
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        share = replace(scan, limit=limit_share(scan.limit, processes, number))
+        return InspectJob(target, share)
+
+    def merge(
+        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> InspectResult:
+        dead = [s for s in statuses if s.died]
+        if dead:
+            raise RedriveError(
+                f"{dead[0].describe()}: the inspect is incomplete (what it counted is lost); "
+                "run it again"
+            )
+        parts = [c.result for c in children if isinstance(c.result, InspectResult)]
+        merged: InspectResult = merge_inspect_results(
+            parts, depth_before=depth, hidden_before=hidden, seconds=time.monotonic() - started
+        )
+        merged.interrupted = merged.interrupted or stop.is_set()
+        return merged
+
+    spread: _Spread[InspectResult] = _Spread(
+        None,
+        False,
+        "inspect",
+        {},
+        scan.lease,
+        None,
+        None,
+        job,
+        _received,
+        lambda snapshots, run_id: sum(s[0] for s in snapshots),
+        merge,
+        lambda result: {},
+    )
+    result, _ = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=Received(), stop=stop
+    )
+    return result
