@@ -557,3 +557,28 @@ def test_inspect_in_processes_counts_what_one_process_counts(
         redrive(fast, "inspect", "checkout", "--json", "--processes", "2", "--limit", "37")
     )
     assert limited["total"] == 37
+
+
+def test_a_process_archive_that_exists_refuses_the_purge_before_anything_changes(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    dead = tasks(30, seed=2)
+    fill(checkout, dead)
+    (tmp_path / "purged.p2.jsonl.gz").write_bytes(b"an earlier run's evidence")
+    result = redrive(
+        fast,
+        "purge",
+        "checkout",
+        "--archive",
+        str(tmp_path / "purged.jsonl.gz"),
+        "--processes",
+        "2",
+        "--execute",
+        "--yes",
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "purged.p2.jsonl.gz" in lines[0], lines
+    assert "Traceback" not in result.stderr
+    assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()

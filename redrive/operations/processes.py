@@ -65,7 +65,13 @@ from redrive.operations.merge import (
 from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
-from redrive.operations.purge import PurgeOptions, PurgeResult, archive_location, run_purge
+from redrive.operations.purge import (
+    PurgeOptions,
+    PurgeResult,
+    archive_location,
+    check_archive_path,
+    run_purge,
+)
 from redrive.operations.replay import (
     ArchiveSource,
     ReplayResult,
@@ -901,6 +907,11 @@ def purge_in_processes(
     check_picklable(options, "these options")
     stop = stop or threading.Event()
     where = archive_location(target, options)
+    if where and options.archive and "://" not in where:
+        # Each process's archive must be writable before any of them deletes anything: one
+        # refused later would leave the run half done.
+        for number in range(1, processes + 1):
+            check_archive_path(archive_part(where, number))
     started = time.monotonic()
     archives: list[str] = []
 
