@@ -733,61 +733,19 @@ def move_in_processes(
         raise UsageProblem("an executed move needs a ledger")
     stop = stop or threading.Event()
     record = record or RunRecord("move")
-    # The Celery app and its result backend do not cross: each child opens its own
-    # (Wiring.rebuild); the parent's serve the dry run's checks it made already.
-    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
-    check_picklable(crossing, "these options")
-    started = time.monotonic()
-
-    def blank(run_id: str | None) -> MoveResult:
-        return MoveResult(
-            dry_run=not options.execute,
-            target=target.label,
-            dlq=target.dlq.name,
-            run_id=run_id,
-            ledger=ledger.location if ledger is not None else None,
-        )
+    crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
         info = {**record.info, "parent": parent, "process": number}
         return MoveJob(target, crossing, RunRecord(record.command, info, run_id))
 
-    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
-        shown = blank(run_id)
-        shown.scanned = sum(s[0] for s in snapshots)
-        shown.matched = sum(s[1] for s in snapshots)
-        shown.moved = sum(s[2] for s in snapshots)
-        shown.depth_before = max((s[3] for s in snapshots), default=None) or None
-        return shown
-
-    def merge(
-        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
-    ) -> MoveResult:
-        result = _merged_moves(blank(run_id), children, statuses, ledger, options)
-        result.seconds = time.monotonic() - started
-        # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
-        # sibling died (then the run needs attention, exit 3, not 130).
-        result.interrupted = stop.is_set()
-        return result
-
-    spread = _Spread(
-        ledger,
-        options.execute,
-        record.command,
-        {
-            "target": target.label,
-            "dlq": target.dlq.url,
-            "filters": options.selection.describe(),
-            **record.info,
-        },
-        options.lease,
-        options.selection.limit,
-        options.rate,
+    spread = _move_spread(
+        _MoveRun(target, ledger, options, record, stop),
+        {"target": target.label, "dlq": target.dlq.url},
         job,
-        _move_progress,
-        progress,
-        merge,
-        _move_counts,
+        move_of=lambda result: result if isinstance(result, MoveResult) else None,
+        wrap=lambda result, children: result,
+        unwrap=lambda result: result,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
@@ -795,14 +753,90 @@ def move_in_processes(
     return ProcessesResult(result, processes, statuses)
 
 
+def _crossing(options: MoveOptions, wiring: Wiring) -> MoveOptions:
+    """The options as they cross to the children: the Celery app and its result backend do
+    not (each child opens its own, Wiring.rebuild); the parent's serve the checks it made."""
+    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
+    check_picklable(crossing, "these options")
+    return crossing
+
+
+@dataclass(frozen=True, slots=True)
+class _MoveRun:
+    """A move-like run (move, apply of a move plan, replay) as its parent sees it."""
+
+    target: DlqTarget
+    ledger: Ledger | None
+    options: MoveOptions
+    record: RunRecord
+    stop: threading.Event
+
+    def blank(self, run_id: str | None) -> MoveResult:
+        return MoveResult(
+            dry_run=not self.options.execute,
+            target=self.target.label,
+            dlq=self.target.dlq.name,
+            run_id=run_id,
+            ledger=self.ledger.location if self.ledger is not None else None,
+        )
+
+    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
+        shown = self.blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.moved = sum(s[2] for s in snapshots)
+        shown.depth_before = max((s[3] for s in snapshots), default=None) or None
+        return shown
+
+
+def _move_spread(
+    run: _MoveRun,
+    info: Mapping[str, Any],
+    job: Callable[[int, str | None, str | None], Job],
+    *,
+    move_of: Callable[[Any], MoveResult | None],
+    wrap: Callable[[MoveResult, Sequence[_Child]], R],
+    unwrap: Callable[[R], MoveResult],
+) -> _Spread[R]:
+    """How a move-like run goes in processes: ``move_of`` finds the engine's result in a
+    child's, ``wrap`` makes the command's result of the merged one (``unwrap``: back)."""
+    started = time.monotonic()
+    options = run.options
+
+    def merge(children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None) -> R:
+        parts = [move_of(c.result) for c in children]
+        result = _merged_moves(run.blank(run_id), children, parts, statuses, run.ledger, options)
+        result.seconds = time.monotonic() - started
+        # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
+        # sibling died (then the run needs attention, exit 3, not 130).
+        result.interrupted = run.stop.is_set()
+        return wrap(result, children)
+
+    return _Spread(
+        run.ledger,
+        options.execute,
+        run.record.command,
+        {**info, "filters": options.selection.describe(), **run.record.info},
+        options.lease,
+        options.selection.limit,
+        options.rate,
+        job,
+        _move_progress,
+        run.progress,
+        merge,
+        lambda result: _move_counts(unwrap(result)),
+    )
+
+
 def _merged_moves(
     template: MoveResult,
     children: Sequence[_Child],
+    results: Sequence[MoveResult | None],
     statuses: Sequence[ChildStatus],
     ledger: Ledger | None,
     options: MoveOptions,
 ) -> MoveResult:
-    parts = [c.result for c in children if isinstance(c.result, MoveResult)]
+    parts = [r for r in results if r is not None]
     sightings = merge_sightings(options.selection, [c.sightings for c in children])
     result = merge_move_results(template, parts, sightings)
     result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
@@ -1061,7 +1095,6 @@ def replay_in_processes(
         raise UsageProblem("an executed replay needs a ledger")
     stop = stop or threading.Event()
     record = record or RunRecord("replay")
-    label = archive_label(source)
     check = check_archive(
         source,
         s3_client_factory=s3_client_factory,
@@ -1070,80 +1103,35 @@ def replay_in_processes(
         on_progress=observer.on_check,
     )
     if not check.complete:
-        stopped = MoveResult(dry_run=not options.execute, target=label, dlq=source)
+        stopped = MoveResult(dry_run=not options.execute, target=archive_label(source), dlq=source)
         stopped.interrupted = True
         return ProcessesResult(ReplayResult(stopped), processes, [])
     if check.damage is not None and not allow_partial:
         raise ArchiveDamaged(check.damage)
     options = replace(options, to=to)
-    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
-    check_picklable(crossing, "these options")
-    started = time.monotonic()
-    target = archive_target(source)
-
-    def blank(run_id: str | None) -> MoveResult:
-        return MoveResult(
-            dry_run=not options.execute,
-            target=target.label,
-            dlq=target.dlq.name,
-            run_id=run_id,
-            ledger=ledger.location if ledger is not None else None,
-        )
+    crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
         info = {**record.info, "parent": parent, "process": number}
         child_record = RunRecord(record.command, info, run_id)
         return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
 
-    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
-        shown = blank(run_id)
-        shown.scanned = sum(s[0] for s in snapshots)
-        shown.matched = sum(s[1] for s in snapshots)
-        shown.moved = sum(s[2] for s in snapshots)
-        return shown
+    def wrap(result: MoveResult, children: Sequence[_Child]) -> ReplayResult:
+        found = (c.result.damage for c in children if isinstance(c.result, ReplayResult))
+        return ReplayResult(result, check.damage or next((d for d in found if d), None))
 
-    def merge(
-        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
-    ) -> ReplayResult:
-        moves = [
-            replace_result(c, c.result.move) if isinstance(c.result, ReplayResult) else c
-            for c in children
-        ]
-        result = _merged_moves(blank(run_id), moves, statuses, ledger, options)
-        result.seconds = time.monotonic() - started
-        result.interrupted = stop.is_set()
-        damage = check.damage
-        for child in children:
-            if isinstance(child.result, ReplayResult) and damage is None:
-                damage = child.result.damage
-        return ReplayResult(result, damage)
-
-    def counts(replayed: ReplayResult) -> Mapping[str, int]:
-        return _move_counts(replayed.move)
-
-    spread: _Spread[ReplayResult] = _Spread(
-        ledger,
-        options.execute,
-        record.command,
-        {"target": label, "dlq": source, "filters": options.selection.describe(), **record.info},
-        options.lease,
-        options.selection.limit,
-        options.rate,
+    spread = _move_spread(
+        _MoveRun(archive_target(source), ledger, options, record, stop),
+        {"target": archive_label(source), "dlq": source},
         job,
-        _move_progress,
-        progress,
-        merge,
-        counts,
+        move_of=lambda result: result.move if isinstance(result, ReplayResult) else None,
+        wrap=wrap,
+        unwrap=lambda result: result.move,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
     )
     return ProcessesResult(result, processes, statuses)
-
-
-def replace_result(child: _Child, result: Any) -> _Child:
-    """The child as seen with another result (a replay's engine result, to merge)."""
-    return replace(child, result=result)
 
 
 # -- inspect -----------------------------------------------------------------------------------
