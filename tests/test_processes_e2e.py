@@ -582,3 +582,76 @@ def test_a_process_archive_that_exists_refuses_the_purge_before_anything_changes
     assert len(lines) == 1 and "purged.p2.jsonl.gz" in lines[0], lines
     assert "Traceback" not in result.stderr
     assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()
+
+
+def test_a_purge_process_sigkilled_mid_run_loses_nothing(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Every message is in an archive, in the DLQ, or both: the killed process's archive
+    (its unfinished last batch is not damage) is listed with the others."""
+    from redrive.archive import read_records
+
+    dead = tasks(400, seed=77)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    archive = tmp_path / "purged.jsonl.gz"
+    args = ("purge", "checkout", "--archive", str(archive), "--execute", "--yes", "--json")
+    parent = start_redrive(
+        fast,
+        *args,
+        "--ledger",
+        str(ledger),
+        "--processes",
+        "2",
+        "--lease",
+        "3",
+        out=tmp_path / "killed",
+    )
+    try:
+        wait_for(
+            lambda: (
+                len([r for r in run_info(ledger) if r.get("parent")]) == 2
+                and checkout.depth()[0] + checkout.depth()[1] <= 300
+            ),
+            timeout=60,
+            every=0.01,
+            what="both processes purging",
+        )
+        victim = next(r for r in run_info(ledger) if r.get("process") == 2)
+        os.kill(victim["pid"], signal.SIGKILL)
+        code, stdout, stderr = finished(parent, tmp_path / "killed", timeout=90)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+    assert code == 3 and "Traceback" not in stderr, (code, stderr)
+    report = json.loads(stdout)
+    [died] = [c for c in report["children"] if c["outcome"] == "died"]
+    assert died["process"] == 2 and died["how"] == "killed by SIGKILL"
+    assert str(tmp_path / "purged.p2.jsonl.gz") in [str(Path(a)) for a in report["archives"]]
+
+    def archived() -> Counter[str]:
+        got: Counter[str] = Counter()
+        for where in tmp_path.glob("*.jsonl.gz"):
+            got.update(r.body for r in read_records(str(where), on_problem=lambda _: None))
+        return got
+
+    in_dlq = set(dlq_messages(checkout).values())
+    assert {d.body for d in dead} <= set(archived()) | in_dlq, "nothing lost"
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
+    again = tmp_path / "rest.jsonl.gz"
+    rest = ok_json(
+        redrive(
+            fast,
+            "purge",
+            "checkout",
+            "--archive",
+            str(again),
+            "--execute",
+            "--yes",
+            "--json",
+            timeout=120,
+        )
+    )
+    assert rest["purged"] == len(in_dlq)
+    assert set(archived()) == {d.body for d in dead} and checkout.depth() == (0, 0)

@@ -946,56 +946,13 @@ def purge_in_processes(
         # refused later would leave the run half done.
         for number in range(1, processes + 1):
             check_archive_path(archive_part(where, number))
-    started = time.monotonic()
-    archives: list[str] = []
-
-    def blank(run_id: str | None, archive: str | None = None) -> PurgeResult:
-        return PurgeResult(
-            dry_run=not options.execute,
-            target=target.label,
-            dlq=target.dlq.name,
-            archive=archive,
-            command="purge" if options.delete else "archive",
-            run_id=run_id,
-        )
+    run = _PurgeRun(target, options, stop, where)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
         mine = replace(options, archive_to=archive_part(where, number) if where else None)
         info = {**(record or {}), "parent": parent, "process": number}
         # An archive without a ledger still names its run in its records: the child's own.
         return PurgeJob(target, mine, command, info, run_id)
-
-    def progress(snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> PurgeResult:
-        shown = blank(run_id)
-        shown.scanned = sum(s[0] for s in snapshots)
-        shown.matched = sum(s[1] for s in snapshots)
-        shown.archived = sum(s[2] for s in snapshots)
-        shown.purged = sum(s[3] for s in snapshots)
-        shown.depth_before = max((s[4] for s in snapshots), default=None) or None
-        return shown
-
-    def merge(
-        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
-    ) -> PurgeResult:
-        parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
-        sightings = merge_sightings(options.selection, [c.sightings for c in children])
-        archives.extend(p.archive for p in parts if p.archive)
-        first = archives[0] if archives else None
-        result = merge_purge_results(blank(run_id, first), parts, sightings)
-        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
-        for child, status in zip(children, statuses, strict=True):
-            status.claims = False
-            if status.died and child.progress:
-                # What it archived and deleted before it died is in its archive and gone
-                # from the DLQ: counted as it last reported.
-                scanned, matched, archived, purged, _ = child.progress
-                result.scanned += scanned
-                result.matched += matched
-                result.archived += archived
-                result.purged += purged
-        result.seconds = time.monotonic() - started
-        result.interrupted = stop.is_set()
-        return result
 
     spread = _Spread(
         ledger,
@@ -1007,14 +964,74 @@ def purge_in_processes(
         None,
         job,
         _purge_progress,
-        progress,
-        merge,
+        run.progress,
+        run.merge,
         _purge_counts,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
     )
-    return ProcessesResult(result, processes, statuses, archives=archives)
+    return ProcessesResult(result, processes, statuses, archives=run.archives)
+
+
+@dataclass(slots=True)
+class _PurgeRun:
+    """A purge or archive as its parent sees it: its progress and its merged result."""
+
+    target: DlqTarget
+    options: PurgeOptions
+    stop: threading.Event
+    where: str | None
+    """The run's archive location (each process's is beside it: :func:`archive_part`)."""
+    started: float = field(default_factory=time.monotonic)
+    archives: list[str] = field(default_factory=list)
+    """The children's archives, as they reported them (none for one that archived none)."""
+
+    def blank(self, run_id: str | None, archive: str | None = None) -> PurgeResult:
+        return PurgeResult(
+            dry_run=not self.options.execute,
+            target=self.target.label,
+            dlq=self.target.dlq.name,
+            archive=archive,
+            command="purge" if self.options.delete else "archive",
+            run_id=run_id,
+        )
+
+    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> PurgeResult:
+        shown = self.blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.archived = sum(s[2] for s in snapshots)
+        shown.purged = sum(s[3] for s in snapshots)
+        shown.depth_before = max((s[4] for s in snapshots), default=None) or None
+        return shown
+
+    def merge(
+        self, children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> PurgeResult:
+        parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
+        sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
+        self.archives.extend(p.archive for p in parts if p.archive)
+        first = self.archives[0] if self.archives else None
+        result = merge_purge_results(self.blank(run_id, first), parts, sightings)
+        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+        for child, status in zip(children, statuses, strict=True):
+            status.claims = False
+            left = archive_part(self.where, status.number) if self.where else None
+            if status.died and left and ("://" in left or Path(left).expanduser().exists()):
+                # It died before it could say: what it archived is there all the same.
+                self.archives.append(left)
+            if status.died and child.progress:
+                # What it archived and deleted before it died is in its archive and gone
+                # from the DLQ: counted as it last reported.
+                scanned, matched, archived, purged, _ = child.progress
+                result.scanned += scanned
+                result.matched += matched
+                result.archived += archived
+                result.purged += purged
+        result.seconds = time.monotonic() - self.started
+        result.interrupted = self.stop.is_set()
+        return result
 
 
 def _purge_counts(result: PurgeResult) -> Mapping[str, int]:
