@@ -636,9 +636,10 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
             got.update(r.body for r in read_records(str(where), on_problem=lambda _: None))
         return got
 
+    # What the killed process held (its batch in flight) comes back when its lease ends.
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
     in_dlq = set(dlq_messages(checkout).values())
     assert {d.body for d in dead} <= set(archived()) | in_dlq, "nothing lost"
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
     again = tmp_path / "rest.jsonl.gz"
     rest = ok_json(
         redrive(
