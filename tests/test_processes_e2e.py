@@ -656,3 +656,38 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
     )
     assert rest["purged"] == len(in_dlq)
     assert set(archived()) == {d.body for d in dead} and checkout.depth() == (0, 0)
+
+
+def test_with_a_result_backend_each_process_opens_its_own_and_skips_what_succeeded(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """A result backend cannot cross a process boundary: each process opens it again (a
+    Celery database backend on SQLite here, written as a worker would)."""
+    pytest.importorskip("sqlalchemy")
+    from celery import Celery
+
+    dead = tasks(60, seed=61)
+    fill(checkout, dead)
+    url = f"db+sqlite:///{tmp_path / 'results.sqlite'}"
+    app = Celery("writer", backend=url, set_as_current=False)
+    succeeded = dead[:7]
+    for job in succeeded:
+        app.backend.store_result(job.ident, 42, "SUCCESS")
+    app.backend.ResultSession().close()
+    ledger = tmp_path / "ledger.sqlite3"
+    data = ok_json(
+        redrive(
+            fast,
+            "--result-backend",
+            url,
+            *MOVE,
+            "--ledger",
+            str(ledger),
+            "--processes",
+            "2",
+            timeout=120,
+        )
+    )
+    assert data["skipped_by_reason"] == {"already-succeeded": 7} and data["moved"] == 53
+    moved = [d for d in dead if d not in succeeded]
+    assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in moved})
