@@ -8,6 +8,7 @@ import functools
 import multiprocessing
 import pickle
 import threading
+import time
 from collections import Counter
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -20,6 +21,7 @@ from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
 from redrive.operations.processes import ChildStatus, ProcessesResult, check_processes
 from redrive.operations.purge import PurgeResult
 from redrive.operations.shared import (
+    ProcessLock,
     ScanEnds,
     SharedLimit,
     SharedPlanned,
@@ -50,8 +52,8 @@ def _take_all(limit: SharedLimit, threads: int, out: Connection) -> None:
     out.close()
 
 
-def test_the_limit_is_exact_across_processes_and_their_threads() -> None:
-    limit = SharedLimit(37, SPAWN)
+def test_the_limit_is_exact_across_processes_and_their_threads(tmp_path: Path) -> None:
+    limit = SharedLimit(37, SPAWN, ProcessLock(tmp_path / "limit.lock"))
     pipes = [SPAWN.Pipe(duplex=False) for _ in range(3)]
     children = [SPAWN.Process(target=_take_all, args=(limit, 4, send)) for _, send in pipes]
     for child in children:
@@ -65,8 +67,33 @@ def test_the_limit_is_exact_across_processes_and_their_threads() -> None:
     assert not limit.reached and limit.take() and limit.reached
 
 
-def test_no_limit_is_never_reached() -> None:
-    limit = SharedLimit(None, SPAWN)
+def _hold_forever(limit: SharedLimit, out: Connection) -> None:
+    """A child that dies (the test SIGKILLs it) while it holds the limit's lock."""
+    with limit._lock:
+        out.send("holding")
+        time.sleep(60)
+
+
+def test_a_child_killed_while_it_holds_the_lock_does_not_hang_the_others(
+    tmp_path: Path,
+) -> None:
+    limit = SharedLimit(5, SPAWN, ProcessLock(tmp_path / "limit.lock"))
+    receive, send = SPAWN.Pipe(duplex=False)
+    child = SPAWN.Process(target=_hold_forever, args=(limit, send))
+    child.start()
+    assert receive.recv() == "holding"
+    child.kill()
+    child.join(10)
+    taken: list[bool] = []
+    taker = threading.Thread(target=lambda: taken.append(limit.take()))
+    taker.start()
+    taker.join(10)
+    assert taken == [True], "the kernel gave the dead child's lock back"
+    assert limit.left == 4
+
+
+def test_no_limit_is_never_reached(tmp_path: Path) -> None:
+    limit = SharedLimit(None, SPAWN, ProcessLock(tmp_path / "limit.lock"))
     assert all(limit.take() for _ in range(1000)) and not limit.reached
     assert limit.left is None
 
@@ -84,9 +111,10 @@ class FakeTime:
         self.now += seconds
 
 
-def test_the_rate_is_one_bucket_for_every_thread() -> None:
+def test_the_rate_is_one_bucket_for_every_thread(tmp_path: Path) -> None:
     fake = FakeTime()
-    limiter = SharedRate(20, SPAWN, clock=fake.clock, sleep=fake.sleep)
+    lock = ProcessLock(tmp_path / "rate.lock")
+    limiter = SharedRate(20, SPAWN, lock, clock=fake.clock, sleep=fake.sleep)
     for _ in range(40):
         limiter.acquire(10)
     # 400 messages at 20/s, the first second's worth at once: 19 s of waiting.
@@ -98,12 +126,13 @@ def _acquire(rate: SharedRate, n: int, out: Connection) -> None:
     out.close()
 
 
-def test_a_childs_sends_take_from_the_same_bucket() -> None:
+def test_a_childs_sends_take_from_the_same_bucket(tmp_path: Path) -> None:
     """The child's clock stands still at the parent's time: what it takes is gone for the
     parent, which then waits for the bucket to refill."""
     fake = FakeTime()
     frozen = functools.partial(float, fake.now)  # picklable, as the child needs it
-    limiter = SharedRate(10, SPAWN, clock=frozen, sleep=fake.sleep)
+    lock = ProcessLock(tmp_path / "rate.lock")
+    limiter = SharedRate(10, SPAWN, lock, clock=frozen, sleep=fake.sleep)
     receive, send = SPAWN.Pipe(duplex=False)
     child = SPAWN.Process(target=_acquire, args=(limiter, 10, send))
     child.start()
@@ -123,8 +152,8 @@ def test_planned_keys_are_seen_by_every_process(tmp_path: Path) -> None:
     theirs.close()
 
 
-def test_an_executed_run_plans_nothing() -> None:
-    shares = make_shares(SPAWN, limit=None, rate=None, scratch=None)
+def test_an_executed_run_plans_nothing(tmp_path: Path) -> None:
+    shares = make_shares(SPAWN, limit=None, rate=None, scratch=tmp_path, plans=False)
     shares.planned.add("k")
     assert "k" not in shares.planned
 

@@ -672,13 +672,14 @@ def _run_spread(
     for number in range(1, processes + 1):
         run_id = f"{life.run_id}.{number}" if life.run_id else None
         jobs.append((spread.job(number, run_id, life.run_id), run_id))
-    with contextlib.ExitStack() as scratch_dir:
-        scratch = (
-            None
-            if spread.execute
-            else Path(scratch_dir.enter_context(tempfile.TemporaryDirectory(prefix="redrive-")))
+    with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
+        shares = make_shares(
+            context,
+            limit=spread.limit,
+            rate=spread.rate,
+            scratch=Path(scratch),
+            plans=not spread.execute,
         )
-        shares = make_shares(context, limit=spread.limit, rate=spread.rate, scratch=scratch)
         with life:
             supervisor = Supervisor(
                 context,

@@ -5,12 +5,15 @@ batch is still a duplicate). Each has the interface of its one-process form
 planned keys), so the engine takes either (:class:`RunShares`).
 
 Made in the parent with a multiprocessing context and handed to each child as it is
-spawned (multiprocessing's Value and Array pickle only then).
+spawned (multiprocessing's shared memory pickles only then). Their locks are flocks, which
+the kernel gives back when a process dies: a child SIGKILLed inside one cannot hang the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import sqlite3
 import threading
 import time
@@ -78,25 +81,64 @@ class ScanEnds:
             pass
 
 
-class SharedLimit:
-    """--limit across processes: one counter in shared memory, under its own lock."""
+class ProcessLock:
+    """A lock across processes that the kernel gives back when its holder dies (flock on a
+    file: a child SIGKILLed while holding it must not hang its siblings, as a semaphore
+    would), and across each process's threads (flock does not tell them apart). Pickles as
+    its path: each process opens the file itself."""
 
-    def __init__(self, limit: int | None, context: SpawnContext) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        self._threads = threading.Lock()
+        self._fd: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self._threads = threading.Lock()
+        self._fd = None
+
+    def __enter__(self) -> None:
+        self._threads.acquire()
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDWR)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._threads.release()
+
+
+class SharedLimit:
+    """--limit across processes: one counter in shared memory, under a :class:`ProcessLock`."""
+
+    def __init__(self, limit: int | None, context: SpawnContext, lock: ProcessLock) -> None:
         self._unlimited = limit is None
-        self._left = context.Value("q", limit or 0)
+        self._left = context.RawValue("q", limit or 0)
+        self._lock = lock
 
     @property
     def reached(self) -> bool:
         if self._unlimited:
             return False
-        with self._left.get_lock():
+        with self._lock:
             return bool(self._left.value <= 0)
 
     def take(self) -> bool:
         """Take one; False when none is left (in any process)."""
         if self._unlimited:
             return True
-        with self._left.get_lock():
+        with self._lock:
             if self._left.value <= 0:
                 return False
             self._left.value -= 1
@@ -105,14 +147,14 @@ class SharedLimit:
     def give_back(self) -> None:
         if self._unlimited:
             return
-        with self._left.get_lock():
+        with self._lock:
             self._left.value += 1
 
     @property
     def left(self) -> int | None:
         if self._unlimited:
             return None
-        with self._left.get_lock():
+        with self._lock:
             return int(self._left.value)
 
 
@@ -125,6 +167,7 @@ class SharedRate:
         self,
         rate: float | None,
         context: SpawnContext,
+        lock: ProcessLock,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -135,13 +178,14 @@ class SharedRate:
         self.rate = rate
         self._clock = clock
         self._sleep = sleep
-        self._state = context.Array("d", [float(rate or 0), clock()])
+        self._lock = lock
+        self._state = context.RawArray("d", [float(rate or 0), clock()])
 
     def acquire(self, n: int = 1) -> float:
         """Wait until ``n`` messages may go (all processes together); the seconds waited."""
         if self.rate is None or n <= 0:
             return 0.0
-        with self._state.get_lock():
+        with self._lock:
             tokens, last = self._state[0], self._state[1]
             now = self._clock()
             # Capped at one second's worth, as the one-process bucket is.
@@ -219,12 +263,17 @@ def make_shares(
     *,
     limit: int | None,
     rate: float | None,
-    scratch: Path | None,
+    scratch: Path,
+    plans: bool,
 ) -> RunShares:
-    """The shares of one run: ``scratch`` (a directory) holds a dry run's planned keys;
-    None for an executed run, which plans nothing."""
-    planned: PlannedLike = SharedPlanned(scratch / "planned.sqlite3") if scratch else _NoPlans()
-    return RunShares(SharedLimit(limit, context), SharedRate(rate, context), planned)
+    """The shares of one run, their files in ``scratch`` (a directory of the parent's):
+    the locks, and (``plans``: a dry run) the planned keys."""
+    planned: PlannedLike = SharedPlanned(scratch / "planned.sqlite3") if plans else _NoPlans()
+    return RunShares(
+        SharedLimit(limit, context, ProcessLock(scratch / "limit.lock")),
+        SharedRate(rate, context, ProcessLock(scratch / "rate.lock")),
+        planned,
+    )
 
 
 class _NoPlans:
