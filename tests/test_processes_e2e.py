@@ -316,6 +316,23 @@ def test_purge_in_two_processes_archives_each_message_once_then_deletes_it(
     common = ("--archive", str(archive), "--processes", "2", "--workers", "2", "--json")
     dry = ok_json(redrive(fast, "purge", "checkout", *common, "--limit", "37", timeout=120))
     assert (dry["matched"], dry["purged"]) == (37, 0) and checkout.depth() == (250, 0)
+    snapshot = tmp_path / "snapshot.jsonl.gz"
+    copied = ok_json(
+        redrive(
+            fast,
+            "archive",
+            "checkout",
+            "--archive",
+            str(snapshot),
+            "--processes",
+            "2",
+            "--json",
+            timeout=120,
+        )
+    )
+    assert (copied["archived"], copied["purged"]) == (250, 0) and checkout.depth() == (250, 0)
+    snapped = Counter(r.body for where in copied["archives"] for r in read_records(where))
+    assert snapped == Counter(d.body for d in dead), "a snapshot of each message, once"
     data = ok_json(
         redrive(
             fast,

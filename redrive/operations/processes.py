@@ -27,6 +27,14 @@ as on ``stop`` instead of running on unsupervised.
 A child that dies (a signal, or an exit without its result) stops the run: its siblings are
 told to stop, finish what is in flight and end; the result names the child, how it ended
 and what it left in doubt (its claimed keys, from the ledger), and needs attention (exit 3).
+
+Per command: ``move`` and ``apply`` (:func:`move_in_processes`, :func:`purge_in_processes`)
+scan the same DLQ from every child; ``purge`` and ``archive`` give each child an archive of
+its own (:func:`archive_part`); ``replay`` checks the archive in the parent, then each child
+replays its share, split by task id (:func:`share_of`); ``inspect`` merges the children's
+groups (:func:`inspect_in_processes`). The scans end together (``RunShares.scan_ended``):
+a child holds what it received until every sibling's scan has ended, so none receives,
+and counts, what another gave back.
 """
 
 from __future__ import annotations
