@@ -28,7 +28,7 @@ from redrive.cli.options import (
     group_by_option,
     json_option,
     lease_option,
-    processes_option,
+    processes_sharing,
     target_argument,
     where_option,
     wide_option,
@@ -94,7 +94,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @where_option
 @group_by_option
 @workers_doing("receive")
-@processes_option
+@processes_sharing("--limit")
 @lease_option
 @ascii_option
 @wide_option

@@ -48,6 +48,7 @@ from redrive.cli.options import (
     move_options,
     plan_out_option,
     processes_option,
+    processes_sharing,
     rate_option,
     selected,
     target_argument,
@@ -577,7 +578,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
 )
 @include_succeeded_option
 @workers_option
-@processes_option
+@processes_sharing("the ledger")
 @route_options
 @json_option
 @pass_ctx

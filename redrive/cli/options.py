@@ -226,15 +226,24 @@ def workers_doing(work: str) -> Callable[[F], F]:
 
 
 def processes_option(f: F) -> F:
-    """``--processes``: worker processes, each with its ``--workers`` threads."""
-    return click.option(
-        "--processes",
-        type=click.IntRange(1, MAX_PROCESSES),
-        default=1,
-        show_default=True,
-        help="Worker processes, each with its --workers pipelines, sharing the ledger, "
-        "--limit and --rate (for more than one core's worth of messages per second).",
-    )(f)
+    return processes_sharing("the ledger, --limit and --rate")(f)
+
+
+def processes_sharing(shared: str) -> Callable[[F], F]:
+    """``--processes``: worker processes, each with its ``--workers`` threads; its help
+    says what they share for this command."""
+
+    def decorate(f: F) -> F:
+        return click.option(
+            "--processes",
+            type=click.IntRange(1, MAX_PROCESSES),
+            default=1,
+            show_default=True,
+            help=f"Worker processes, each with its --workers pipelines, sharing {shared} "
+            "(for more than one core's worth of messages per second).",
+        )(f)
+
+    return decorate
 
 
 def wide_option(f: F) -> F:

@@ -23,7 +23,7 @@ from redrive.cli.options import (
     lease_option,
     ledger_option,
     plan_out_option,
-    processes_option,
+    processes_sharing,
     selected,
     target_argument,
     workers_doing,
@@ -199,7 +199,7 @@ def _purge_whole_queue(
 @ledger_option
 @lease_option
 @workers_doing("receive-archive-delete")
-@processes_option
+@processes_sharing("the ledger and --limit")
 @plan_out_option
 @json_option
 @pass_ctx
@@ -256,7 +256,7 @@ def purge(
 @archive_destination
 @lease_option
 @workers_doing("receive-archive")
-@processes_option
+@processes_sharing("--limit")
 @json_option
 @pass_ctx
 def archive(
