@@ -10,6 +10,7 @@ import pickle
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -290,3 +291,44 @@ def test_inspect_groups_merge_into_one() -> None:
     assert group.to_json()["task"] == "t"
     unpickled = pickle.loads(pickle.dumps(one))
     assert merge_task_groups([unpickled]).to_json()["task"] == "t", "a task's group stays one"
+
+
+def test_an_inspect_limit_is_split_so_the_parts_add_up() -> None:
+    from redrive.operations.processes import limit_share
+
+    assert [limit_share(37, 3, n) for n in (1, 2, 3)] == [13, 12, 12]
+    assert sum(limit_share(5, 4, n) or 0 for n in range(1, 5)) == 5
+    assert limit_share(None, 2, 1) is None
+
+
+def test_each_process_archives_beside_the_archive_named() -> None:
+    from redrive.operations.processes import archive_part
+
+    assert archive_part("./a/x.jsonl.gz", 2) == "./a/x.p2.jsonl.gz"
+    assert archive_part("x.jsonl", 1) == "x.p1.jsonl"
+    assert archive_part("s3://bucket/prefix", 3) == "s3://bucket/prefix", "a folder per run"
+
+
+def test_every_copy_of_a_task_is_in_one_replay_share() -> None:
+    from redrive.archive import ArchiveRecord
+    from redrive.operations.processes import share_of
+    from redrive.sandbox.encoder import encode
+
+    def record(message_id: str, task_id: str) -> ArchiveRecord:
+        body = encode("apps.t", [1], {}, protocol=2, task_id=task_id, queue="q")
+        return ArchiveRecord(
+            message_id=message_id,
+            task="apps.t",
+            task_id=task_id,
+            dlq="dlq",
+            archived_at=datetime(2026, 12, 1, tzinfo=UTC),
+            run_id="r",
+            body=body,
+            attributes={},
+            message_attributes={},
+        )
+
+    shares = {share_of(record(f"m{i}", "same-task"), 4) for i in range(20)}
+    assert len(shares) == 1
+    spread = {share_of(record(f"m{i}", f"task-{i}"), 4) for i in range(200)}
+    assert spread == {0, 1, 2, 3}
