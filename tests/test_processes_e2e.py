@@ -708,3 +708,43 @@ def test_with_a_result_backend_each_process_opens_its_own_and_skips_what_succeed
     assert data["skipped_by_reason"] == {"already-succeeded": 7} and data["moved"] == 53
     moved = [d for d in dead if d not in succeeded]
     assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in moved})
+
+
+def test_an_error_in_the_processes_is_one_line_and_exit_1(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """The DLQ deleted under a running move: its processes fail, the parent stops the others
+    and says what went wrong in one line (as one process does), no traceback."""
+    fill(checkout, tasks(200, seed=71))
+    ledger = tmp_path / "ledger.sqlite3"
+    run = start_redrive(
+        fast,
+        *MOVE,
+        "--ledger",
+        str(ledger),
+        "--processes",
+        "2",
+        "--rate",
+        "40",
+        out=tmp_path / "failing",
+    )
+    try:
+        wait_for(
+            lambda: (
+                len([r for r in run_info(ledger) if r.get("parent")]) == 2
+                and ledger_states(ledger)["done"] >= 10
+            ),
+            timeout=60,
+            what="both processes moving",
+        )
+        checkout.client.delete_queue(QueueUrl=checkout.dlq_url)
+        code, stdout, stderr = finished(run, tmp_path / "failing", timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait(10)
+    assert code == 1, (code, stdout, stderr)
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "onion-checkout-dlq" in errors[0], stderr
+    assert ledger_states(ledger)["claimed"] == 0
