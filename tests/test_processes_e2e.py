@@ -107,6 +107,11 @@ def test_move_in_two_processes_sends_each_task_once_byte_identical(
     assert run["run_id"] == data["run_id"]
     assert run["counts"]["moved"] == 300
     assert run["info"]["processes"] == 2
+    children = run["info"]["children"]
+    assert [(c["run_id"], c["outcome"]) for c in children] == [
+        (f"{data['run_id']}.1", "completed"),
+        (f"{data['run_id']}.2", "completed"),
+    ]
     shown = ok_json(redrive(fast, "audit", data["run_id"], "--ledger", str(ledger), "--json"))
     assert len(shown["keys"]) == 300
 
