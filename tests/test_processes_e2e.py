@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +46,12 @@ FAST_SQS = ROOT / "bench" / "fast_sqs.py"
 REDRIVE = [sys.executable, "-m", "redrive"]
 
 
-@pytest.fixture
-def fast(tmp_path: Path) -> Iterator[MotoServer]:
+@contextlib.contextmanager
+def fast_sqs(log: Path, *args: str) -> Iterator[MotoServer]:
     """bench/fast_sqs.py in a process of its own (it prints its endpoint first)."""
-    log = tmp_path / "fast_sqs.log"
     with log.open("wb") as errors:
         process = subprocess.Popen(
-            [sys.executable, str(FAST_SQS), "--host", "127.0.0.1", "--port", "0"],
+            [sys.executable, str(FAST_SQS), "--host", "127.0.0.1", "--port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,
@@ -70,8 +69,35 @@ def fast(tmp_path: Path) -> Iterator[MotoServer]:
 
 
 @pytest.fixture
+def fast(tmp_path: Path) -> Iterator[MotoServer]:
+    with fast_sqs(tmp_path / "fast_sqs.log") as server:
+        yield server
+
+
+@pytest.fixture
+def distant(tmp_path: Path) -> Iterator[MotoServer]:
+    """fast_sqs answering after 20 ms, as AWS does a client in its region: a run lasts long
+    enough for a test to kill one of its processes mid-run, however busy the machine."""
+    with fast_sqs(tmp_path / "fast_sqs.log", "--latency-ms", "20") as server:
+        yield server
+
+
+@pytest.fixture
 def checkout(fast: MotoServer) -> Family:
     return make_family(fast.client(), "onion-checkout")
+
+
+def seed_dlq(family: Family, dead: Sequence[Dead]) -> None:
+    """Put ``dead`` straight into the DLQ (against a server that answers after 20 ms,
+    dead-lettering them through the source queue would take many seconds)."""
+    for start in range(0, len(dead), 10):
+        entries = [
+            {"Id": str(i), "MessageBody": d.body, "MessageAttributes": d.attributes}
+            for i, d in enumerate(dead[start : start + 10])
+        ]
+        answer = family.client.send_message_batch(QueueUrl=family.dlq_url, Entries=entries)
+        assert not answer.get("Failed"), answer
+    assert family.depth() == (len(dead), 0)
 
 
 def tasks(n: int, seed: int) -> list[Dead]:
@@ -169,10 +195,12 @@ def claimed_by_run(ledger: Path) -> Counter[str]:
 
 
 def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rerun_resumes(
-    fast: MotoServer, checkout: Family, tmp_path: Path
+    distant: MotoServer, tmp_path: Path
 ) -> None:
+    fast = distant
+    checkout = make_family(fast.client(), "onion-checkout")
     dead = tasks(400, seed=99)
-    fill(checkout, dead)
+    seed_dlq(checkout, dead)
     sent = by_body(dead)
     ledger = tmp_path / "ledger.sqlite3"
     workers = 2
@@ -180,7 +208,10 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     # SIGKILL one child while it holds a claimed batch (its send not yet recorded): the
     # in-doubt window. A kill that just misses it leaves nothing in doubt; retry (3 at most).
     for attempt in range(3):
-        parent = start_redrive(fast, *MOVE, *args, "--lease", "3", out=tmp_path / f"k{attempt}")
+        # --rate: the run lasts seconds, each claimed batch waiting its turn to be sent.
+        parent = start_redrive(
+            fast, *MOVE, *args, "--lease", "3", "--rate", "150", out=tmp_path / f"k{attempt}"
+        )
         try:
             victim: dict[str, Any] = {}
 
@@ -607,14 +638,16 @@ def test_a_process_archive_that_exists_refuses_the_purge_before_anything_changes
 
 
 def test_a_purge_process_sigkilled_mid_run_loses_nothing(
-    fast: MotoServer, checkout: Family, tmp_path: Path
+    distant: MotoServer, tmp_path: Path
 ) -> None:
     """Every message is in an archive, in the DLQ, or both: the killed process's archive
     (its unfinished last batch is not damage) is listed with the others."""
     from redrive.archive import read_records
 
-    dead = tasks(400, seed=77)
-    fill(checkout, dead)
+    fast = distant
+    checkout = make_family(fast.client(), "onion-checkout")
+    dead = tasks(800, seed=77)
+    seed_dlq(checkout, dead)
     ledger = tmp_path / "ledger.sqlite3"
     archive = tmp_path / "purged.jsonl.gz"
     args = ("purge", "checkout", "--archive", str(archive), "--execute", "--yes", "--json")
