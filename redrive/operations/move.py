@@ -71,6 +71,7 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
     decide,
     screen,
 )
+from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection
 
@@ -91,14 +92,15 @@ STEPS = ("received", "claimed", "sent", "recorded", "deleted")
 #: CPU, is worth overlapping with the second (claim, send, delete): see overlap_pays.
 OVERLAP_MIN_WAIT = 0.001
 #: Batches of one stage whose waits overlap_pays looks at (their median).
-OVERLAP_SAMPLE = 3
+OVERLAP_SAMPLE = 5
 
 
 def overlap_pays(waits: Sequence[float]) -> bool:
     """Whether a worker should receive and decide its next batch in a second thread, given
-    how long its first stage waited (wall time less the thread's CPU time, seconds) in its
-    last batches: yes once the median of the last :data:`OVERLAP_SAMPLE` is at least
-    :data:`OVERLAP_MIN_WAIT`.
+    how long its first stage was blocked in its last batches, in seconds: neither on a CPU
+    nor waiting for one (:class:`redrive.operations.waiting.BlockedClock`; a busy machine's
+    queue for a CPU is no wait a second thread could use). Yes once the median of the last
+    :data:`OVERLAP_SAMPLE` is at least :data:`OVERLAP_MIN_WAIT`.
 
     Against a network each receive waits a round trip (milliseconds): overlapping it with
     the send and delete of the batch before is what makes a worker faster than the loop
@@ -766,13 +768,14 @@ class MoveEngine:
         """Work batch after batch in this thread while the first stage barely waits; True
         once a second stage would pay (:func:`overlap_pays`), False when the scan is over."""
         waits: deque[float] = deque(maxlen=OVERLAP_SAMPLE)
-        while not overlap_pays(waits):
-            wall, cpu = time.perf_counter(), time.thread_time()
-            decided = self._receive_and_decide(sqs)
-            if decided is None:
-                return False
-            waits.append((time.perf_counter() - wall) - (time.thread_time() - cpu))
-            self._complete(sqs, decided)
+        with BlockedClock() as blocked:
+            while not overlap_pays(waits):
+                before = blocked.now()
+                decided = self._receive_and_decide(sqs)
+                if decided is None:
+                    return False
+                waits.append(blocked.now() - before)
+                self._complete(sqs, decided)
         return True
 
     def _receive_and_decide(self, sqs: Sqs) -> _Decided | None:
