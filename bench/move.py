@@ -43,9 +43,19 @@ Contenders (``--tools``):
   give N / (server CPU seconds of the run): the rate at which the server would be busy
   all the time with that client's calls.
 
-Diagnostic variants (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
-tmpfs), ``batched-shaped`` (the batched loop sending redrive's requests).
-``--profile-size N`` adds a step timer and a cProfile of one redrive run of N messages.
+More contenders (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
+tmpfs), ``batched-shaped`` (the batched loop sending redrive's requests); 16 threads:
+``redrive-w16`` (``--workers 16``), ``redrive-p2-w16`` (``--processes 2 --workers 16``; a
+redrive without ``--processes`` fails its check, said so), ``batched-16`` and ``null-16``;
+``redrive-before`` (redrive from the tree ``--before DIR``, e.g. main's, in the same rounds);
+purges: ``purge-archive`` (``redrive purge --execute`` archiving to a local file),
+``purge-filtered`` (``--no-archive --task '*'``: a filtered purge drains, an unfiltered one
+is one PurgeQueue call) and ``receive-delete`` (the batched loop: receive 10, delete them).
+A purge run is checked for an empty DLQ, an empty target, ``purged`` == N and, archiving,
+``archived`` == N. ``peak RSS MB`` is the contender's own, ``child RSS MB`` the largest of
+its children's (``--processes``; RUSAGE_CHILDREN at its exit).
+``--profile-size N`` adds a step timer and a cProfile (every thread) of one redrive run of N
+messages.
 
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
@@ -1165,6 +1175,7 @@ def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any
                     "peak RSS MB": median([r.peak_rss_mb for r in runs]),
                     "child RSS MB": max(r.child_rss_mb for r in runs) or None,
                     "client CPU s": median([r.client_cpu_s for r in runs]),
+                    "CPU ms/msg": median([r.client_cpu_s for r in runs]) / result.n * 1000,
                     "server CPU s": server_cpu,
                     "server CPU/wall": server_cpu / wall if wall else None,
                     "server-bound msgs/s": result.n / server_cpu if server_cpu else None,
@@ -1186,6 +1197,7 @@ HEADERS = [
     "peak RSS MB",
     "child RSS MB",
     "client CPU s",
+    "CPU ms/msg",
     "server CPU s",
     "server CPU/wall",
     "server-bound msgs/s",
@@ -1211,6 +1223,8 @@ def _fmt(row: dict[str, Any], header: str) -> str:
         return f"{value:,.0f}"
     if header == "server CPU/wall":
         return f"{value:.0%}"
+    if header == "CPU ms/msg":
+        return f"{value:.3f}"
     if header in ("peak RSS MB", "child RSS MB"):
         return f"{value:.1f}"
     return f"{value:.2f}"
