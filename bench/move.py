@@ -408,11 +408,20 @@ def clean_attributes(raw: dict[str, Any] | None) -> dict[str, Any]:
 # -- the contenders that are not redrive (each runs in its own process) ----------------------
 
 
+_SESSIONS: list[Any] = []
+
+
 def _boto3_client() -> Any:
+    """A client of one shared session (made one after the other, before any thread starts:
+    clients are thread-safe, sessions are not), as redrive makes its workers' clients. A
+    session per client cost the 16-thread loop 1.6 s of CPU and 120 MB before its first
+    receive."""
     import boto3
 
-    # Endpoint, region and credentials from the environment, like redrive's.
-    return boto3.session.Session().client("sqs")
+    if not _SESSIONS:
+        # Endpoint, region and credentials from the environment, like redrive's.
+        _SESSIONS.append(boto3.session.Session())
+    return _SESSIONS[0].client("sqs")
 
 
 def _shaped_clients() -> tuple[Any, Any]:
@@ -782,10 +791,37 @@ def fresh_family(raw: RawSqs) -> tuple[str, str]:
     return dlq_url, queue_url
 
 
+#: Connections that seed a DLQ at once: 1 on loopback; with --latency-ms, 16, since one
+#: connection would wait a round trip per 10 messages (100,000 at 20 ms: 200 s).
+SEED_CONNECTIONS = [1]
+
+
 def seed(raw: RawSqs, dlq_url: str, batches: SeedBatches) -> None:
+    connections = min(SEED_CONNECTIONS[0], len(batches.batches))
+    if connections <= 1:
+        seed_batches(raw, dlq_url, batches.batches)
+        return
+    endpoint = f"http://{raw.host}:{raw.port}"
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        own = RawSqs(endpoint)
+        try:
+            seed_batches(own, dlq_url, batches.batches[index::connections])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    run_threads(work, connections)
+    if errors:
+        raise errors[0]
+
+
+def seed_batches(raw: RawSqs, dlq_url: str, batches: Sequence[list[dict[str, Any]]]) -> None:
     deadline = time.monotonic() + SEED_TIMEOUT
     prefix = json.dumps({"QueueUrl": dlq_url})[:-1].encode() + b', "Entries": '
-    for batch in batches.batches:
+    for batch in batches:
         body = prefix + json.dumps(batch).encode("utf-8") + b"}"
         response = raw.call_raw("SendMessageBatch", body)
         if response.get("Failed") or len(response.get("Successful", [])) != len(batch):
@@ -1598,6 +1634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     kinds = ["fast", "moto"] if args.server == "both" else [args.server]
+    SEED_CONNECTIONS[0] = 16 if args.latency_ms else 1
     if "fast" in kinds:
         check_fast_sqs()
     # Compile and cache imports once, so that no measured run pays for writing .pyc files.
