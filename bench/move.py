@@ -414,8 +414,8 @@ _SESSIONS: list[Any] = []
 def _boto3_client() -> Any:
     """A client of one shared session (made one after the other, before any thread starts:
     clients are thread-safe, sessions are not), as redrive makes its workers' clients. A
-    session per client cost the 16-thread loop 1.6 s of CPU and 120 MB before its first
-    receive."""
+    session per client cost the 16-thread loop 117 MB of peak RSS and 0.6 s of CPU at
+    10,000 messages."""
     import boto3
 
     if not _SESSIONS:
