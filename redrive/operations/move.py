@@ -88,27 +88,25 @@ MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
-#: A worker blocked at least this long per batch (waiting for SQS's answers and the ledger's
-#: disk flush, off the CPU) gains from receiving the next batch meanwhile: see overlap_pays.
-OVERLAP_MIN_WAIT = 0.0015
+#: A worker's first stage (receive and decide) waiting at least this long per batch, off the
+#: CPU, is worth overlapping with the second (claim, send, delete): see overlap_pays.
+OVERLAP_MIN_WAIT = 0.001
 #: Batches of one stage whose waits overlap_pays looks at (their median).
 OVERLAP_SAMPLE = 5
 
 
 def overlap_pays(waits: Sequence[float]) -> bool:
     """Whether a worker should receive and decide its next batch in a second thread, given
-    how long it was blocked in each of its last batches (in one stage), in seconds: neither
-    on a CPU nor waiting for one (:class:`redrive.operations.waiting.BlockedClock`; a busy
-    machine's queue for a CPU is no wait a second thread could use). Yes once the median of
-    the last :data:`OVERLAP_SAMPLE` is at least :data:`OVERLAP_MIN_WAIT`.
+    how long its first stage was blocked in its last batches, in seconds: neither on a CPU
+    nor waiting for one (:class:`redrive.operations.waiting.BlockedClock`; a busy machine's
+    queue for a CPU is no wait a second thread could use). Yes once the median of the last
+    :data:`OVERLAP_SAMPLE` is at least :data:`OVERLAP_MIN_WAIT`.
 
-    Against a network each call waits a round trip (milliseconds, three a batch):
-    overlapping the receive of the next batch with the send and delete of this one is what
-    makes a worker faster than the loop that does one after the other, and so does a slow
-    disk flush of the claims. Against an endpoint that answers in a fraction of a
-    millisecond (loopback, a quiet disk: 0.5-0.8 ms a batch in all) there is little waiting
-    to hide, and the two threads cost CPU: about 56 µs a message in handing the GIL to each
-    other (``bench/move.py``)."""
+    Against a network each receive waits a round trip (milliseconds): overlapping it with
+    the send and delete of the batch before is what makes a worker faster than the loop
+    that does one after the other. Against an endpoint that answers in a fraction of a
+    millisecond (loopback) there is no waiting to hide, and the two threads only cost CPU:
+    about 60 µs a message in handing the GIL to each other (``bench/move.py``)."""
     recent = sorted(list(waits)[-OVERLAP_SAMPLE:])
     return len(recent) == OVERLAP_SAMPLE and recent[len(recent) // 2] >= OVERLAP_MIN_WAIT
 
@@ -156,8 +154,8 @@ class MoveOptions:
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
     pipelined: bool | Literal["auto"] = "auto"
     """Receive and decide the next batch while this one is sent: ``True`` always, ``False``
-    never (one stage, batch after batch, as a FIFO DLQ always goes), ``"auto"`` once its
-    batches wait for SQS and the ledger long enough for that to pay (see
+    never (one stage, batch after batch, as a FIFO DLQ always goes), ``"auto"`` once the
+    first stage's waiting for SQS and the ledger is worth overlapping (see
     :func:`overlap_pays`)."""
     celery: TaskKnowledge | None = None
     """Where each task routes to now and which tasks the app registers (redrive.celery)."""
@@ -767,8 +765,8 @@ class MoveEngine:
             ahead.close()
 
     def _one_stage_until_overlap_pays(self, sqs: Sqs) -> bool:
-        """Work batch after batch in this thread while its batches barely wait; True once a
-        second stage would pay (:func:`overlap_pays`), False when the scan is over."""
+        """Work batch after batch in this thread while the first stage barely waits; True
+        once a second stage would pay (:func:`overlap_pays`), False when the scan is over."""
         waits: deque[float] = deque(maxlen=OVERLAP_SAMPLE)
         with BlockedClock() as blocked:
             while not overlap_pays(waits):
@@ -776,8 +774,8 @@ class MoveEngine:
                 decided = self._receive_and_decide(sqs)
                 if decided is None:
                     return False
-                self._complete(sqs, decided)
                 waits.append(blocked.now() - before)
+                self._complete(sqs, decided)
         return True
 
     def _receive_and_decide(self, sqs: Sqs) -> _Decided | None:
