@@ -261,6 +261,10 @@ class Expression:
     """Names it reads from the record that no record has (always null): likely a slip, as
     ``user_id`` for ``kwargs.user_id``."""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Compiled closures do not pickle: a process of --processes compiles the text again.
+        return (compile_expression, (self.text,))
+
     def strangers_note(self, option: str = "--where") -> str | None:
         """What to say about :attr:`strangers`, or None."""
         if not self.strangers:
@@ -325,6 +329,12 @@ class Where:
     @property
     def texts(self) -> tuple[str, ...]:
         return tuple(e.text for e in self.expressions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.results is not None:
+            # A result backend does not cross a process boundary (--processes).
+            raise TypeError("a --where that reads the result backend cannot be pickled")
+        return (Where, (self.expressions,))
 
     @property
     def fields(self) -> frozenset[str]:

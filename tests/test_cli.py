@@ -75,10 +75,12 @@ KEY_OPTIONS = {
         "--ledger",
         "--in-doubt",
         "--json",
+        "--processes",
     ],
-    "purge": ["--execute", "--yes", "--archive", "--task"],
-    "archive": ["--archive", "--task"],
-    "replay": ["--to", "--execute"],
+    "purge": ["--execute", "--yes", "--archive", "--task", "--processes"],
+    "archive": ["--archive", "--task", "--processes"],
+    "replay": ["--to", "--execute", "--processes"],
+    "apply": ["--execute", "--processes"],
     "sandbox": ["--port", "--messages"],
 }
 

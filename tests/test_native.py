@@ -662,6 +662,7 @@ def test_cli_already_running(family: Family, cli_stub: Stubber, cli: Cli) -> Non
         (["--in-doubt", "resend"], "bypasses redrive's ledger"),
         (["--max-redrives", "7"], "bypasses redrive's ledger"),
         (["--workers", "4"], "no workers or leases"),
+        (["--processes", "2"], "no workers or leases"),
         (["--lease", "90"], "no workers or leases"),
     ],
 )

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +28,16 @@ from redrive.cli.options import (
     group_by_option,
     json_option,
     lease_option,
+    processes_sharing,
     target_argument,
     where_option,
     wide_option,
     workers_doing,
 )
+from redrive.cli.processes import inspect_wiring
 from redrive.errors import PostFailed, UsageProblem
 from redrive.ledger import default_ledger_path
+from redrive.operations.processes import InspectScan, inspect_in_processes
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
 from redrive.render.html import report_html
@@ -90,6 +94,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @where_option
 @group_by_option
 @workers_doing("receive")
+@processes_sharing("--limit")
 @lease_option
 @ascii_option
 @wide_option
@@ -103,6 +108,7 @@ def inspect(
     where: tuple[str, ...],
     group_by: str | None,
     workers: int,
+    processes: int,
     lease: int,
     ascii_only: bool,
     wide: bool,
@@ -126,22 +132,44 @@ def inspect(
         with core_errors(), interruptible() as stop:
             dlq = ctx.target(target)
             results = _results_for(ctx, group_by)
-            result = inspect_dlq(
-                dlq,
-                ctx.sqs_of(dlq),
-                limit=limit,
-                focus=focus,
-                workers=workers,
-                stop=stop,
-                on_progress=lambda n: progress.update(progress.of(n, "received")),
-                on_depth=lambda depth: progress.set_total(
-                    min(depth, limit) if limit is not None else depth
-                ),
-                lease=lease,
-                receive_log=ctx.receive_log(),
-                results=results,
-                group_by="exception" if group_by == "exception" else None,
-            )
+            if processes > 1:
+                result = inspect_in_processes(
+                    dlq,
+                    InspectScan(
+                        limit=limit,
+                        show_args=show_args,
+                        workers=workers,
+                        now=time.time(),
+                        lease=lease,
+                        focus=focus,
+                        group_by="exception" if group_by == "exception" else None,
+                    ),
+                    processes=processes,
+                    wiring=inspect_wiring(ctx, dlq, results),
+                    sqs=ctx.sqs_of(dlq)(),
+                    stop=stop,
+                    on_progress=lambda n: progress.update(progress.of(n, "received")),
+                    on_depth=lambda depth: progress.set_total(
+                        min(depth, limit) if limit is not None else depth
+                    ),
+                )
+            else:
+                result = inspect_dlq(
+                    dlq,
+                    ctx.sqs_of(dlq),
+                    limit=limit,
+                    focus=focus,
+                    workers=workers,
+                    stop=stop,
+                    on_progress=lambda n: progress.update(progress.of(n, "received")),
+                    on_depth=lambda depth: progress.set_total(
+                        min(depth, limit) if limit is not None else depth
+                    ),
+                    lease=lease,
+                    receive_log=ctx.receive_log(),
+                    results=results,
+                    group_by="exception" if group_by == "exception" else None,
+                )
         progress.done()
     # Routes and the registry are per task: groups by a --group-by value are not tasks.
     if knowledge is not None and result.group_by is None:

@@ -47,11 +47,14 @@ from redrive.cli.options import (
     ledger_option,
     move_options,
     plan_out_option,
+    processes_option,
+    processes_sharing,
     rate_option,
     selected,
     target_argument,
     workers_option,
 )
+from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
@@ -73,6 +76,7 @@ from redrive.operations.move import (
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
+from redrive.operations.processes import ProcessesResult, move_in_processes, replay_in_processes
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult, replay_archive
 from redrive.operations.run import RunRecord
@@ -101,6 +105,7 @@ from redrive.selection import Selection
 @move_options
 @lease_option
 @workers_option
+@processes_option
 @rate_option
 @plan_out_option
 @route_options
@@ -124,6 +129,7 @@ def move(
     include_succeeded: bool,
     lease: int,
     workers: int,
+    processes: int,
     rate: float | None,
     plan_out: str | None,
     route: str | None,
@@ -165,7 +171,16 @@ def move(
         celery=knowledge,
         include_succeeded=include_succeeded,
     )
-    run_move(ctx, dlq, options, ledger_uri=ledger, yes=yes, as_json=as_json, plan_out=plan_out)
+    run_move(
+        ctx,
+        dlq,
+        options,
+        ledger_uri=ledger,
+        yes=yes,
+        as_json=as_json,
+        plan_out=plan_out,
+        processes=processes,
+    )
 
 
 def run_move(
@@ -177,6 +192,7 @@ def run_move(
     yes: bool,
     as_json: bool,
     plan_out: str | None = None,
+    processes: int = 1,
 ) -> None:
     """Confirm, open the ledger, run the engine, render."""
     if plan_out and options.execute:
@@ -188,19 +204,32 @@ def run_move(
         record = move_record(ctx, dlq.label, options, ledger)
         writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
     display = ProgressDisplay(Progress("move"), move_progress)
+    observer: RunObserver[MoveResult] = Observers(display, writer) if writer else display
+    outcome: MoveResult | ProcessesResult[MoveResult]
     try:
         with core_errors(), interruptible() as stop:
-            engine = MoveEngine(
-                dlq,
-                ledger,
-                options,
-                sqs_factory=ctx.sqs_of(dlq),
-                observer=Observers(display, writer) if writer else display,
-                stop=stop,
-                record=record,
-                receive_log=ctx.receive_log(),
-            )
-            result = engine.run()
+            if processes > 1:
+                outcome = move_in_processes(
+                    dlq,
+                    ledger,
+                    options,
+                    processes=processes,
+                    wiring=child_wiring(ctx, dlq, ledger, options),
+                    observer=observer,
+                    stop=stop,
+                    record=record,
+                )
+            else:
+                outcome = MoveEngine(
+                    dlq,
+                    ledger,
+                    options,
+                    sqs_factory=ctx.sqs_of(dlq),
+                    observer=observer,
+                    stop=stop,
+                    record=record,
+                    receive_log=ctx.receive_log(),
+                ).run()
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -210,11 +239,12 @@ def run_move(
             ledger.close()
     display.done()
     close_plan(writer, plan_out)
+    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
     would_act = result.dry_run and (result.moved or result.duplicates)
     finish_move(
-        result,
+        outcome,
         as_json,
-        lambda: routed_text(options.celery, move_text(result)),
+        lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
 
@@ -322,6 +352,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @ledger_option
 @move_options
 @workers_option
+@processes_option
 @rate_option
 @click.option(
     "--allow-partial",
@@ -347,6 +378,7 @@ def replay(
     ambiguous: AmbiguousPolicy,
     include_succeeded: bool,
     workers: int,
+    processes: int,
     rate: float | None,
     allow_partial: bool,
     route: str | None,
@@ -384,18 +416,24 @@ def replay(
         ledger_uri=ledger,
         allow_partial=allow_partial,
         as_json=as_json,
+        processes=processes,
     )
     finish_replay(outcome, knowledge, as_json=as_json, allow_partial=allow_partial)
 
 
 def finish_replay(
-    outcome: ReplayResult, knowledge: TaskKnowledge | None, *, as_json: bool, allow_partial: bool
+    finished: ReplayResult | ProcessesResult[ReplayResult],
+    knowledge: TaskKnowledge | None,
+    *,
+    as_json: bool,
+    allow_partial: bool,
 ) -> None:
+    outcome = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = outcome.move.dry_run and outcome.move.moved
     finish_move(
-        outcome,
+        finished,
         as_json,
-        lambda: replay_text(outcome, knowledge),
+        lambda: processes_text(finished, replay_text(outcome, knowledge)),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
@@ -435,7 +473,8 @@ def run_replay(
     ledger_uri: str | None,
     allow_partial: bool,
     as_json: bool,
-) -> ReplayResult:
+    processes: int = 1,
+) -> ReplayResult | ProcessesResult[ReplayResult]:
     """Confirm, open the ledger, replay; a damaged archive is refused here."""
     destination = to.name if to else "the queue each task routes to"
     with core_errors():
@@ -454,21 +493,38 @@ def run_replay(
     display = ProgressDisplay(
         Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
     )
+    outcome: ReplayResult | ProcessesResult[ReplayResult]
     try:
         with core_errors(), interruptible() as stop:
             try:
-                outcome = replay_archive(
-                    source,
-                    to,
-                    ledger,
-                    with_results(ctx, options),
-                    sqs_factory=ctx.sqs_for,
-                    s3_client_factory=ctx.s3_client,
-                    observer=display,
-                    stop=stop,
-                    record=RunRecord(command_line(), info),
-                    allow_partial=allow_partial,
-                )
+                options = with_results(ctx, options)
+                if processes > 1:
+                    outcome = replay_in_processes(
+                        source,
+                        to,
+                        ledger,
+                        options,
+                        processes=processes,
+                        wiring=replay_wiring(ctx, ledger, options),
+                        s3_client_factory=ctx.s3_client,
+                        observer=display,
+                        stop=stop,
+                        record=RunRecord(command_line(), info),
+                        allow_partial=allow_partial,
+                    )
+                else:
+                    outcome = replay_archive(
+                        source,
+                        to,
+                        ledger,
+                        options,
+                        sqs_factory=ctx.sqs_for,
+                        s3_client_factory=ctx.s3_client,
+                        observer=display,
+                        stop=stop,
+                        record=RunRecord(command_line(), info),
+                        allow_partial=allow_partial,
+                    )
             except ArchiveDamaged as exc:
                 display.done()
                 refuse_damaged_archive(source, exc.report, options.execute, as_json)
@@ -522,6 +578,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
 )
 @include_succeeded_option
 @workers_option
+@processes_sharing("the ledger")
 @route_options
 @json_option
 @pass_ctx
@@ -535,6 +592,7 @@ def apply(
     in_doubt: InDoubtPolicy | None,
     include_succeeded: bool,
     workers: int,
+    processes: int,
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
@@ -563,11 +621,11 @@ def apply(
             options = with_results(ctx, options)
         confirm_apply(ctx, dlq, options, yes)
         opened = apply_ledger(ctx, ledger, options)
-    result = run_apply(ctx, dlq, plan, options, opened)
+    result = run_apply(ctx, dlq, plan, options, opened, processes=processes)
     finish_move(
         result,
         as_json,
-        lambda: apply_text(result, getattr(options, "celery", None)),
+        lambda: processes_text(result.spread, apply_text(result, getattr(options, "celery", None))),
         next_command=execute_command() if would_act(result) else None,
     )
 
@@ -642,6 +700,8 @@ def run_apply(
     plan: Plan,
     options: MoveOptions | PurgeOptions,
     ledger: Ledger | None,
+    *,
+    processes: int = 1,
 ) -> ApplyResult:
     info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
     display: ProgressDisplay
@@ -663,6 +723,8 @@ def run_apply(
                 observer=observer,
                 stop=stop,
                 receive_log=ctx.receive_log(),
+                processes=processes,
+                wiring=child_wiring(ctx, dlq, ledger, options) if processes > 1 else None,
             )
     finally:
         if ledger is not None:

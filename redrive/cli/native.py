@@ -58,7 +58,7 @@ _NATIVE_REFUSALS = (
         {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
         "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
     ),
-    ({"workers", "lease"}, "SQS moves the messages itself, with no workers or leases"),
+    ({"workers", "processes", "lease"}, "SQS moves the messages itself, with no workers or leases"),
 )
 
 

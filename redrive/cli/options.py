@@ -23,6 +23,7 @@ from redrive.operations.move import (
     DEFAULT_MAX_REDRIVES,
     IN_DOUBT_POLICIES,
 )
+from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
 from redrive.where import Expression, Where, compile_expression, compile_where
 
@@ -219,6 +220,27 @@ def workers_doing(work: str) -> Callable[[F], F]:
             default=1,
             show_default=True,
             help=f"Parallel {work} pipelines, each with its own client.",
+        )(f)
+
+    return decorate
+
+
+def processes_option(f: F) -> F:
+    return processes_sharing("the ledger, --limit and --rate")(f)
+
+
+def processes_sharing(shared: str) -> Callable[[F], F]:
+    """``--processes``: worker processes, each with its ``--workers`` threads; its help
+    says what they share for this command."""
+
+    def decorate(f: F) -> F:
+        return click.option(
+            "--processes",
+            type=click.IntRange(1, MAX_PROCESSES),
+            default=1,
+            show_default=True,
+            help=f"Worker processes, each with its --workers pipelines, sharing {shared} "
+            "(for more than one core's worth of messages per second).",
         )(f)
 
     return decorate

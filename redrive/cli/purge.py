@@ -23,14 +23,17 @@ from redrive.cli.options import (
     lease_option,
     ledger_option,
     plan_out_option,
+    processes_sharing,
     selected,
     target_argument,
     workers_doing,
 )
+from redrive.cli.processes import child_wiring, processes_text
 from redrive.dlq.queues import DlqTarget
 from redrive.ledger import Ledger, open_ledger
-from redrive.operations.observer import Observers
+from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import PlanWriter
+from redrive.operations.processes import ProcessesResult, purge_in_processes
 from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue, run_purge
 from redrive.render.move import purge_text
 from redrive.selection import Selection
@@ -45,6 +48,7 @@ def purge_command(
     ledger_uri: str | None,
     as_json: bool,
     plan_out: str | None = None,
+    processes: int = 1,
 ) -> None:
     """Confirm, run the purge (or archive) and render it; shared by purge and archive."""
     with core_errors():
@@ -58,20 +62,35 @@ def purge_command(
         execute = options.execute and options.delete
         ledger = open_ledger(ledger_uri, client_factory=ctx.aws.client) if execute else None
     display = ProgressDisplay(Progress(dlq.label), purge_progress)
+    observer: RunObserver[PurgeResult] = Observers(display, plan) if plan else display
+    outcome: PurgeResult | ProcessesResult[PurgeResult]
     try:
         with core_errors(), interruptible() as stop:
-            result = run_purge(
-                dlq,
-                options,
-                sqs_factory=ctx.sqs_of(dlq),
-                ledger=ledger,
-                command=command_line(),
-                record=purge_record(ctx, dlq, options, ledger),
-                s3_client_factory=ctx.s3_client,
-                observer=Observers(display, plan) if plan else display,
-                stop=stop,
-                receive_log=ctx.receive_log(),
-            )
+            if processes > 1:
+                outcome = purge_in_processes(
+                    dlq,
+                    options,
+                    processes=processes,
+                    wiring=child_wiring(ctx, dlq, ledger),
+                    ledger=ledger,
+                    command=command_line(),
+                    record=purge_record(ctx, dlq, options, ledger),
+                    observer=observer,
+                    stop=stop,
+                )
+            else:
+                outcome = run_purge(
+                    dlq,
+                    options,
+                    sqs_factory=ctx.sqs_of(dlq),
+                    ledger=ledger,
+                    command=command_line(),
+                    record=purge_record(ctx, dlq, options, ledger),
+                    s3_client_factory=ctx.s3_client,
+                    observer=observer,
+                    stop=stop,
+                    receive_log=ctx.receive_log(),
+                )
     except BaseException:
         if plan is not None:
             plan.abort()
@@ -83,10 +102,11 @@ def purge_command(
     if plan is not None:
         plan.close()
         click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
+    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
     finish_move(
-        result,
+        outcome,
         as_json,
-        lambda: purge_text(result),
+        lambda: processes_text(outcome, purge_text(result)),
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
@@ -179,6 +199,7 @@ def _purge_whole_queue(
 @ledger_option
 @lease_option
 @workers_doing("receive-archive-delete")
+@processes_sharing("the ledger and --limit")
 @plan_out_option
 @json_option
 @pass_ctx
@@ -194,6 +215,7 @@ def purge(
     ledger: str | None,
     lease: int,
     workers: int,
+    processes: int,
     plan_out: str | None,
     as_json: bool,
 ) -> None:
@@ -216,7 +238,16 @@ def purge(
     )
     with core_errors():
         dlq = ctx.target(target)
-    purge_command(ctx, dlq, options, yes=yes, ledger_uri=ledger, as_json=as_json, plan_out=plan_out)
+    purge_command(
+        ctx,
+        dlq,
+        options,
+        yes=yes,
+        ledger_uri=ledger,
+        as_json=as_json,
+        plan_out=plan_out,
+        processes=processes,
+    )
 
 
 @click.command(short_help="Copy the selected DLQ messages to an archive, deleting nothing.")
@@ -225,6 +256,7 @@ def purge(
 @archive_destination
 @lease_option
 @workers_doing("receive-archive")
+@processes_sharing("--limit")
 @json_option
 @pass_ctx
 def archive(
@@ -235,6 +267,7 @@ def archive(
     archive_to: str | None,
     lease: int,
     workers: int,
+    processes: int,
     as_json: bool,
 ) -> None:
     """Copy the selected DLQ messages to an archive, deleting nothing.
@@ -253,4 +286,6 @@ def archive(
     )
     with core_errors():
         dlq = ctx.target(target)
-    purge_command(ctx, dlq, options, yes=True, ledger_uri=None, as_json=as_json)
+    purge_command(
+        ctx, dlq, options, yes=True, ledger_uri=None, as_json=as_json, processes=processes
+    )

@@ -28,6 +28,12 @@ from redrive.operations.move import (
 )
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import Plan
+from redrive.operations.processes import (
+    ProcessesResult,
+    Wiring,
+    move_in_processes,
+    purge_in_processes,
+)
 from redrive.operations.purge import PurgeOptions, PurgeResult, run_purge
 from redrive.operations.run import RunRecord
 from redrive.selection import Selection
@@ -53,6 +59,8 @@ class ApplyResult:
     result: MoveResult | PurgeResult | None
     """None for a plan that selects no message (nothing ran)."""
     dry_run: bool = True
+    spread: ProcessesResult[Any] | None = None
+    """With ``--processes``: how its processes ended (``result`` is their merged one)."""
 
     @property
     def gone(self) -> int:
@@ -64,6 +72,8 @@ class ApplyResult:
 
     @property
     def needs_attention(self) -> bool:
+        if self.spread is not None:
+            return self.spread.needs_attention
         return self.result is not None and self.result.needs_attention
 
     def to_json(self) -> dict[str, Any]:
@@ -73,7 +83,7 @@ class ApplyResult:
                 acted: 0,
                 "gone": 0,
             }
-        data = self.result.to_json()
+        data = self.spread.to_json() if self.spread is not None else self.result.to_json()
         data.update(planned=self.planned, gone=self.gone)
         return data
 
@@ -135,12 +145,21 @@ def apply_plan(
     observer: RunObserver[Any] = NULL_OBSERVER,
     stop: threading.Event | None = None,
     receive_log: ReceiveLog | None = None,
+    processes: int = 1,
+    wiring: Wiring | None = None,
 ) -> ApplyResult:
     """Run the plan's move or purge on exactly its messages (``options``: from
-    :func:`plan_move_options` or :func:`plan_purge_options`)."""
+    :func:`plan_move_options` or :func:`plan_purge_options`); with ``processes`` above 1,
+    in that many processes, each built from ``wiring`` (redrive.operations.processes)."""
     if not plan.items:
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
+    if processes > 1:
+        if wiring is None:
+            raise UsageProblem("--processes needs the processes' wiring")
+        return _apply_in_processes(
+            target, plan, options, ledger, record, observer, stop, processes, wiring
+        )
     result: MoveResult | PurgeResult
     if isinstance(options, MoveOptions):
         engine = MoveEngine(
@@ -168,3 +187,43 @@ def apply_plan(
         receive_log=receive_log,
     )
     return ApplyResult("purge", len(plan.items), result, result.dry_run)
+
+
+def _apply_in_processes(
+    target: DlqTarget,
+    plan: Plan,
+    options: MoveOptions | PurgeOptions,
+    ledger: Ledger | None,
+    record: RunRecord,
+    observer: RunObserver[Any],
+    stop: threading.Event | None,
+    processes: int,
+    wiring: Wiring,
+) -> ApplyResult:
+    spread: ProcessesResult[Any]
+    if isinstance(options, MoveOptions):
+        spread = move_in_processes(
+            target,
+            ledger,
+            options,
+            processes=processes,
+            wiring=wiring,
+            observer=observer,
+            stop=stop,
+            record=record,
+        )
+        kind: Literal["move", "purge"] = "move"
+    else:
+        spread = purge_in_processes(
+            target,
+            options,
+            processes=processes,
+            wiring=wiring,
+            ledger=ledger,
+            command=record.command,
+            record=record.info,
+            observer=observer,
+            stop=stop,
+        )
+        kind = "purge"
+    return ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)

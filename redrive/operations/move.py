@@ -53,6 +53,7 @@ from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
+from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares
 from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for callers)
     AMBIGUOUS,
     BUSY,
@@ -73,7 +74,7 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
 )
 from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
-from redrive.selection import FilterMisses, Selection
+from redrive.selection import FilterMisses, Selection, Sightings
 
 InDoubtPolicy = Literal["hold", "resend", "skip", "auto"]
 IN_DOUBT_POLICIES: tuple[InDoubtPolicy, ...] = ("hold", "resend", "skip", "auto")
@@ -614,10 +615,13 @@ class MoveEngine:
         source: MessageSource | None = None,
         record: RunRecord | None = None,
         receive_log: ReceiveLog | None = None,
+        shares: RunShares | None = None,
     ) -> None:
         """``source``: where the messages come from (default: a scan of the target's DLQ);
         ``record``: what the run's ledger record says of it (its command line, who, what);
-        ``receive_log``: where the DLQ scan counts redrive's own receives."""
+        ``receive_log``: where the DLQ scan counts redrive's own receives; ``shares``: the
+        limit, rate and dry-run keys this run shares with other processes (``--processes``,
+        redrive.operations.shared), else its own."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
@@ -640,8 +644,11 @@ class MoveEngine:
             stop=self.stop,
             clock=clock,
             counts=self._counts,
+            run_id=record.run_id,
         )
         self.run_id = self._life.run_id
+        parent = record.info.get("parent")
+        self._parent = parent if isinstance(parent, str) and self.run_id else None
         self.result = MoveResult(
             dry_run=not options.execute,
             target=target.label,
@@ -651,9 +658,10 @@ class MoveEngine:
         )
         selection = options.selection
         self._tally = MoveTally(self.result, SeenByFilters(selection), self._source_name)
-        self._limit = Limit(selection.limit)
-        self._planned = _PlannedKeys()
-        self._rate = RateLimiter(options.rate)
+        self._shares = shares
+        self._limit: LimitLike = shares.limit if shares else Limit(selection.limit)
+        self._planned: PlannedLike = shares.planned if shares else _PlannedKeys()
+        self._rate: RateLike = shares.rate if shares else RateLimiter(options.rate)
         # Routes per source ARN and liveness per run id, found once per run.
         self._cache_lock = threading.Lock()
         self._routes: dict[str, QueueRef | None] = {}
@@ -661,6 +669,11 @@ class MoveEngine:
         self._legacy = ledger is not None and ledger.legacy_keys
         self._decision_options = _decision_options(options)
         self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
+
+    @property
+    def sightings(self) -> Sightings | None:
+        """What the run's --task and --message-id filters saw (merged across processes)."""
+        return self._tally.seen.sightings()
 
     # -- the run -------------------------------------------------------------------------
 
@@ -714,6 +727,9 @@ class MoveEngine:
         return self.result
 
     def _finish(self, sqs: Sqs, scan: MessageSource, outcome: Outcome, started: float) -> None:
+        if self._shares is not None and self._shares.scan_ended is not None:
+            # --processes: the siblings' scans end first, or one would count what we give back.
+            self._shares.scan_ended()
         scan.release_all(sqs)
         scan.close()
         result = self.result
@@ -923,7 +939,7 @@ class MoveEngine:
         known = (
             EntryFacts(
                 entry.state,
-                entry.run_id,
+                _owner(entry.run_id, self.run_id, self._sibling(entry.run_id, live_owners)),
                 owner_live=entry.run_id in live_owners,
                 delivered=cand.key in delivered,
             )
@@ -1240,7 +1256,9 @@ class MoveEngine:
         if (first := first_of.get(cand.key)) is not None:
             return first.message.message_id, None
         if entry is not None:
-            if entry.state == KeyState.CLAIMED and entry.run_id == self.run_id:
+            if entry.state == KeyState.CLAIMED and (
+                entry.run_id == self.run_id or self._sibling(entry.run_id)
+            ):
                 return entry.message_id, None
             return None, None
         if cand.key in self._planned:
@@ -1414,6 +1432,15 @@ class MoveEngine:
             return queue_name(arn)
         return self.target.single_source.name if self.target.single_source else None
 
+    def _sibling(self, run_id: str, live: set[str] | None = None) -> bool:
+        """Whether ``run_id`` is another live process of this ``--processes`` run (runs
+        PARENT.1, PARENT.2, ...): its claims are settled as this run's own are (the claim
+        decides: a copy of a key it sent is a duplicate, one still in flight is busy). A dead
+        one's claims are in doubt, as any dead run's."""
+        if self._parent is None or run_id.rpartition(".")[0] != self._parent:
+            return False
+        return run_id in live if live is not None else self._is_live(run_id)
+
     def _is_live(self, run_id: str) -> bool:
         """Whether the run that holds a claim may still be sending it."""
         with self._cache_lock:
@@ -1452,6 +1479,11 @@ def _decision_options(options: MoveOptions) -> DecisionOptions:
         max_redrives=options.max_redrives,
         in_doubt=options.in_doubt,
     )
+
+
+def _owner(run_id: str, mine: str | None, sibling: bool) -> str:
+    """Who a claim is decided as: this run's own when a live sibling process holds it."""
+    return mine if sibling and mine is not None else run_id
 
 
 def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:

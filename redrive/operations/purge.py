@@ -31,8 +31,9 @@ from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
 from redrive.operations.run import RunLifecycle, new_run_id
 from redrive.operations.seen import SeenByFilters
+from redrive.operations.shared import LimitLike, RunShares
 from redrive.reporting.audit import DeletedMessages, absolute_location
-from redrive.selection import FilterMisses, Selection
+from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30
 # Messages buffered before one archive write: S3 wants large objects, and every buffered
@@ -137,10 +138,15 @@ def run_purge(
     stop: threading.Event | None = None,
     receive_log: ReceiveLog | None = None,
     clock: Callable[[], float] = time.time,
+    run_id: str | None = None,
+    shares: RunShares | None = None,
+    sightings: Callable[[Sightings | None], None] | None = None,
 ) -> PurgeResult:
     """``purge`` or ``archive`` as a command runs it: the archive opened where the options say
     (a dry run checks the execute could write there), the run recorded in ``ledger`` for the
-    audit trail (``record``: its who and what), and an archive that holds nothing removed."""
+    audit trail (``record``: its who and what), and an archive that holds nothing removed.
+    ``run_id``, ``shares`` and ``sightings`` (hears what the filters saw): a process of
+    ``--processes`` (redrive.operations.processes)."""
     where = archive_location(target, options, clock)
     writer = _open_archive(where, options.execute, s3_client_factory)
     if where and where.startswith("s3://"):
@@ -157,6 +163,7 @@ def run_purge(
         clock=clock,
         counts=ended.counts,
         end_info=ended.info,
+        run_id=run_id,
     )
     with life:
         try:
@@ -172,6 +179,8 @@ def run_purge(
                 run_id=life.run_id,
                 on_deleted=ended.deleted.add if ledger is not None else None,
                 receive_log=receive_log,
+                shares=shares,
+                sightings=sightings,
             )
         finally:
             if writer is not None:
@@ -252,6 +261,8 @@ def purge_dlq(
     run_id: str | None = None,
     on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None = None,
     receive_log: ReceiveLog | None = None,
+    shares: RunShares | None = None,
+    sightings: Callable[[Sightings | None], None] | None = None,
 ) -> PurgeResult:
     """Archive (if ``writer``) and delete (if ``options.delete``) every selected message.
 
@@ -275,8 +286,12 @@ def purge_dlq(
         clock=clock,
         run_id=(run_id or new_run_id()) if options.execute else None,
         on_deleted=on_deleted,
+        shares=shares,
     )
-    return purge.run(receive_log)
+    result = purge.run(receive_log)
+    if sightings is not None:
+        sightings(purge.seen.sightings())
+    return result
 
 
 class PurgeFate(enum.Enum):
@@ -348,6 +363,7 @@ class _Purge:
         clock: Callable[[], float],
         run_id: str | None,
         on_deleted: Callable[[list[tuple[str, str, str | None]]], None] | None,
+        shares: RunShares | None = None,
     ) -> None:
         self.target = target
         self.options = options
@@ -366,8 +382,10 @@ class _Purge:
             run_id=run_id,
         )
         selection = options.selection
-        self._tally = _PurgeTally(self.result, SeenByFilters(selection))
-        self._limit = Limit(selection.limit)
+        self.seen = SeenByFilters(selection)
+        self._tally = _PurgeTally(self.result, self.seen)
+        self._shares = shares
+        self._limit: LimitLike = shares.limit if shares else Limit(selection.limit)
         self._write_lock = threading.Lock()  # one archive, written one batch at a time
 
     def run(self, receive_log: ReceiveLog | None) -> PurgeResult:
@@ -391,6 +409,10 @@ class _Purge:
         try:
             run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
         finally:
+            if shares_ended := (self._shares and self._shares.scan_ended):
+                # --processes: the siblings' scans end first, or one would count what we
+                # give back.
+                shares_ended()
             self._scan.release_all(sqs)
             self._scan.close()
             self.result.redelivered = self._scan.stats.redelivered

@@ -188,7 +188,7 @@ def replay_archive(
     )
     archive = ArchiveSource(iter(reader), stop)
     engine = MoveEngine(
-        _archive_target(source),
+        archive_target(source),
         ledger,
         replace(options, to=to),
         sqs_factory=sqs_factory,
@@ -201,7 +201,7 @@ def replay_archive(
     return ReplayResult(result, archive.damage or check.damage or reader.report())
 
 
-def _archive_target(source: str) -> DlqTarget:
+def archive_target(source: str) -> DlqTarget:
     """The engine's target for an archive: the archive stands where a DLQ would."""
     label = archive_label(source)
     return DlqTarget(

@@ -38,6 +38,9 @@ class RunRecord:
 
     command: str
     info: Mapping[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+    """The run's id, when its caller chose it (a child of ``--processes``: its parent's id
+    and its number); None: a new one."""
 
 
 def new_run_id() -> str:
@@ -68,9 +71,10 @@ class RunLifecycle:
         clock: Callable[[], float] = time.time,
         counts: Callable[[], Mapping[str, int]] = dict,
         end_info: Callable[[], Mapping[str, Any] | None] = lambda: None,
+        run_id: str | None = None,
     ) -> None:
         self.ledger = ledger
-        self.run_id = new_run_id() if execute else None
+        self.run_id = (run_id or new_run_id()) if execute else None
         self.command = command
         self.info = dict(info or {})
         self.lease = lease

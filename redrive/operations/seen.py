@@ -30,3 +30,8 @@ class SeenByFilters:
     def misses(self) -> FilterMisses | None:
         with self._lock:
             return self._sightings.misses() if self._sightings is not None else None
+
+    def sightings(self) -> Sightings | None:
+        """What was seen, for merging with other processes' (``--processes``)."""
+        with self._lock:
+            return self._sightings

@@ -85,19 +85,33 @@ class RunDetail:
 
 
 def list_runs(ledger: Ledger, *, since: float | None) -> list[RunInfo]:
-    return sorted(ledger.runs(since=since), key=lambda r: r.started_at, reverse=True)
+    """The commands' runs, newest first. The processes of a ``--processes`` run have runs of
+    their own (their claims are theirs): they are folded into their parent's, which records
+    the command and its summed counts."""
+    runs = [r for r in ledger.runs(since=since) if not _child_of(r)]
+    return sorted(runs, key=lambda r: r.started_at, reverse=True)
+
+
+def _child_of(run: RunInfo) -> str | None:
+    parent = (run.info or {}).get("parent")
+    return parent if isinstance(parent, str) else None
 
 
 def show_run(ledger: Ledger, run_id: str) -> RunDetail:
     run = ledger.run(run_id)
     if run is None:
-        matches = [r for r in ledger.runs() if r.run_id.startswith(run_id)]
+        matches = [r for r in ledger.runs() if r.run_id.startswith(run_id) and not _child_of(r)]
         if len(matches) != 1:
             raise RedriveError(
                 f"no run {run_id} in the ledger {ledger.location}: `redrive audit` lists them"
             )
         run = matches[0]
-    return RunDetail(run=run, keys=ledger.keys_for_run(run.run_id))
+    keys = ledger.keys_for_run(run.run_id)
+    # A --processes run's keys are its processes' (runs PARENT.1, PARENT.2, ...).
+    for child in ledger.runs(since=run.started_at - 1):
+        if _child_of(child) == run.run_id:
+            keys.extend(ledger.keys_for_run(child.run_id))
+    return RunDetail(run=run, keys=keys)
 
 
 def run_json(run: RunInfo) -> dict[str, Any]:

@@ -43,6 +43,13 @@ DEFAULT_LEASE = 30
 _TASK_NAME: Any = object()
 
 
+def is_task_name(value: Any) -> bool:
+    """Whether a group's ``value`` says it is a task's group (not a --group-by value). The
+    marker is this process's own object: one unpickled from another process (``--processes``)
+    is a bare object too, and means the same."""
+    return value is _TASK_NAME or type(value) is object
+
+
 @dataclass(frozen=True, slots=True)
 class GroupKey:
     """Which group a message counts in: ``identity`` tells groups apart, ``label`` is what
@@ -464,15 +471,18 @@ def inspect_dlq(
     focus: Focus | None = None,
     results: ResultLookup | None = None,
     group_by: str | None = None,
+    scan_ended: Callable[[], None] | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
     ``focus``: --where, --group-by EXPR; ``results``: Celery's result backend, read once per
-    batch (one that fails is said, the scan goes on); ``group_by="exception"``: by exception."""
+    batch (one that fails is said, the scan goes on); ``group_by="exception"``: by exception.
+    ``scan_ended``: called before what was received is given back (``--processes``: it waits
+    for the sibling processes' scans, so that none receives again what this one held)."""
     started = time.monotonic()
     now = time.time() if now is None else now
     focus = Focus.of(focus, show_args)
     sqs = sqs_factory()
-    depth, hidden = _counts(sqs, target.dlq.url)
+    depth, hidden = inspect_counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     scan = DlqScan(
@@ -488,7 +498,7 @@ def inspect_dlq(
     grouping = focus.grouping(
         now, target, max_redrives, with_results=results is not None, group_by=group_by
     )
-    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results)
+    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results, scan_ended)
     return InspectResult(
         **_target_fields(target),
         **grouping_fields(grouping),
@@ -527,7 +537,7 @@ def grouping_fields(grouping: Grouping) -> dict[str, Any]:
     }
 
 
-def _counts(sqs: Sqs, url: str) -> tuple[int, int]:
+def inspect_counts(sqs: Sqs, url: str) -> tuple[int, int]:
     """SQS's counts of the DLQ's visible and in-flight messages."""
     counts = sqs.attributes(
         url, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
@@ -545,6 +555,7 @@ def _scan_into(
     sqs_factory: Callable[[], Sqs],
     workers: int,
     results: ResultLookup | None,
+    scan_ended: Callable[[], None] | None = None,
 ) -> str | None:
     """Run the scan, counting each batch into ``grouping``, and give back everything it
     received; returns why the result backend stopped answering, if it did."""
@@ -574,6 +585,8 @@ def _scan_into(
         if ahead is not None:
             ahead.close()
         # Ctrl-C or an error: what was received goes back all the same.
+        if scan_ended is not None:
+            scan_ended()
         scan.release_all(sqs)
         scan.close()
     problem = ahead.reader.problem if ahead is not None else None

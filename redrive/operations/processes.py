@@ -1,0 +1,1289 @@
+"""``--processes N``: one command's run spread over N worker processes, each running the
+one-process engine with its ``--workers`` threads, sharing the ledger and the limits.
+
+Who owns what:
+
+- The **parent** owns the command's run: one ledger record (:class:`RunLifecycle`: the audit
+  trail's one entry, with the children's counts summed at its end), one result (the
+  children's merged, :mod:`redrive.operations.merge`), the progress line, a ``--plan-out``
+  file, and Ctrl-C. It claims nothing, so its own liveness decides nothing about keys.
+- Each **child** (started with multiprocessing's ``spawn``: the parent has threads, and a
+  forked copy of them would hold their locks) builds its own AWS clients from the picklable
+  settings (:class:`Wiring`), opens the ledger itself and runs the engine as a run of its
+  own, ``PARENT.K``, recorded with ``parent`` and its own pid in its info and heartbeating
+  its own lease. A child killed mid-run therefore leaves exactly what a killed one-process
+  run leaves: at most one claimed batch per worker, in doubt for its live siblings (its pid
+  is gone) and for the next run, while the siblings' own claims are untouched.
+- The children share ``--limit``, ``--rate`` and a dry run's planned keys through
+  :mod:`redrive.operations.shared`.
+
+Signals: children ignore SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
+group; each child aborting at once is what the first Ctrl-C must not do). The parent tells
+them over a pipe: ``stop`` (finish the batch in flight, give back what is held) on the first
+Ctrl-C, ``abort`` (a KeyboardInterrupt in the child, as a second Ctrl-C is for one process)
+on the second. The same pipe closing tells a child its parent is gone (SIGKILLed): it stops
+as on ``stop`` instead of running on unsupervised.
+
+A child that dies (a signal, or an exit without its result) stops the run: its siblings are
+told to stop, finish what is in flight and end; the result names the child, how it ended
+and what it left in doubt (its claimed keys, from the ledger), and needs attention (exit 3).
+
+Per command: ``move`` and ``apply`` (:func:`move_in_processes`, :func:`purge_in_processes`)
+scan the same DLQ from every child; ``purge`` and ``archive`` give each child an archive of
+its own (:func:`archive_part`); ``replay`` checks the archive in the parent, then each child
+replays its share, split by task id (:func:`share_of`); ``inspect`` merges the children's
+groups (:func:`inspect_in_processes`). The scans end together (``RunShares.scan_ended``):
+a child holds what it received until every sibling's scan has ended, so none receives,
+and counts, what another gave back.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import multiprocessing
+import pickle
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import SpawnContext, SpawnProcess
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from redrive.archive import ArchiveDamaged, ArchiveReader, ArchiveRecord, check_archive
+from redrive.aws.session import AwsSettings
+from redrive.aws.sqs import Sqs
+from redrive.dlq.queues import DlqTarget, QueueRef
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import digest
+from redrive.errors import RedriveError, UsageProblem
+from redrive.ledger import KeyState, Ledger, open_ledger
+from redrive.messages import decode
+from redrive.operations.merge import (
+    merge_inspect_results,
+    merge_move_results,
+    merge_purge_results,
+    merge_sightings,
+)
+from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
+from redrive.operations.plan import PlanItem
+from redrive.operations.purge import (
+    PurgeOptions,
+    PurgeResult,
+    archive_location,
+    check_archive_path,
+    run_purge,
+)
+from redrive.operations.replay import (
+    ArchiveSource,
+    ReplayResult,
+    archive_label,
+    archive_target,
+)
+from redrive.operations.run import RunLifecycle, RunRecord
+from redrive.operations.shared import RunShares, ScanEnds, make_shares
+from redrive.operations.verdict import IN_DOUBT
+from redrive.reporting.audit import absolute_location
+from redrive.reporting.inspect import (
+    DEFAULT_MAX_REDRIVES,
+    Focus,
+    InspectResult,
+    inspect_counts,
+    inspect_dlq,
+)
+from redrive.selection import Sightings
+
+MAX_PROCESSES = 64
+PROGRESS_EVERY = 0.25
+"""Seconds between a child's progress reports (and the parent's progress line)."""
+ABORT_WAIT = 30.0
+"""After a second Ctrl-C, how long the parent waits for its children to give back what they
+hold before it leaves them to their leases."""
+
+R = TypeVar("R")
+
+
+# -- what a child builds for itself -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What a child needs to build its own adapters: AWS settings (not clients: those do not
+    cross a process boundary), the DLQ's region, the ledger to open, whether to count
+    receives, and ``rebuild``: a picklable function the child applies to the options first
+    (what cannot be pickled, such as a loaded Celery app, is rebuilt there)."""
+
+    endpoint_url: str | None = None
+    aws_region: str | None = None
+    profile: str | None = None
+    max_attempts: int = 6
+    region: str | None = None
+    """The DLQ's region (a family may name one), as ``Context.sqs_of`` picks it."""
+    ledger: str | None = None
+    """The ledger's URI; None: the run has no ledger (a dry run without one)."""
+    receive_log: bool = True
+    rebuild: Callable[[Any], Any] | None = None
+
+    @classmethod
+    def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
+        return cls(
+            endpoint_url=aws.endpoint_url,
+            aws_region=aws.region,
+            profile=aws.profile,
+            max_attempts=aws.max_attempts,
+            **kwargs,
+        )
+
+    def aws(self) -> AwsSettings:
+        return AwsSettings(
+            self.endpoint_url, self.aws_region, self.profile, max_attempts=self.max_attempts
+        )
+
+
+@dataclass(slots=True)
+class ChildRun:
+    """A child's side of the run, once built: what its job runs with."""
+
+    wiring: Wiring
+    shares: RunShares
+    stop: threading.Event
+    observer: RunObserver[Any]
+    aws: AwsSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.aws = self.wiring.aws()
+
+    @contextlib.contextmanager
+    def ledger(self) -> Iterator[Ledger | None]:
+        ledger = (
+            open_ledger(self.wiring.ledger, client_factory=self.aws.client)
+            if self.wiring.ledger
+            else None
+        )
+        try:
+            yield ledger
+        finally:
+            if ledger is not None:
+                ledger.close()
+
+    @contextlib.contextmanager
+    def receive_log(self) -> Iterator[ReceiveLog | None]:
+        if not self.wiring.receive_log:
+            yield None
+            return
+        with ReceiveLog.open_default() as log:
+            yield log
+
+
+class Job(Protocol):
+    """One child's work: runs in the child, returns its result and its filters' sightings."""
+
+    def run(self, child: ChildRun) -> tuple[Any, Sightings | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MoveJob:
+    target: DlqTarget
+    options: MoveOptions
+    record: RunRecord
+
+    def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
+        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
+        aws, region = child.aws, child.wiring.region
+        with child.ledger() as ledger, child.receive_log() as receive_log:
+            engine = MoveEngine(
+                self.target,
+                ledger,
+                options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                observer=child.observer,
+                stop=child.stop,
+                record=self.record,
+                receive_log=receive_log,
+                shares=child.shares,
+            )
+            return engine.run(), engine.sightings
+
+
+# -- the child process ------------------------------------------------------------------------
+
+
+class _ParentLink(RunObserver[Any]):
+    """The child's end of its two pipes: the parent's words in (a thread listens), reports
+    out (progress, plan items, the result), one at a time."""
+
+    def __init__(
+        self, commands: Connection, reports: Connection, progress: Callable[[Any], tuple[int, ...]]
+    ) -> None:
+        self.stop = threading.Event()
+        self.orphaned = threading.Event()
+        """The parent is gone."""
+        self._reports = reports
+        self._progress = progress
+        self._lock = threading.Lock()
+        self._last = 0.0
+        threading.Thread(
+            target=self._listen, args=(commands,), name="redrive-parent", daemon=True
+        ).start()
+
+    def _listen(self, commands: Connection) -> None:
+        while True:
+            try:
+                word = commands.recv()
+            except (EOFError, OSError):
+                # The parent is gone (killed): stop as on Ctrl-C rather than run unwatched.
+                self.orphaned.set()
+                self.stop.set()
+                return
+            self.stop.set()
+            if word == "abort":
+                _thread.interrupt_main()
+                return
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock, contextlib.suppress(OSError):  # a parent gone hears nothing
+            self._reports.send(message)
+
+    def on_progress(self, result: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < PROGRESS_EVERY:
+            return
+        self._last = now
+        self.send(("progress", self._progress(result)))
+
+    def on_plan(self, item: PlanItem) -> None:
+        self.send(("plan", item))
+
+    def on_problem(self, problem: str) -> None:
+        self.send(("problem", problem))
+
+
+def _child_main(
+    number: int,
+    job: Job,
+    wiring: Wiring,
+    shares: tuple[RunShares, ScanEnds],
+    commands: Connection,
+    reports: Connection,
+    progress: Callable[[Any], tuple[int, ...]],
+) -> None:
+    """A child's life: run the job, send its result (or its error, in one line)."""
+    # Set before the start too (the parent ignores both while it spawns); again here in
+    # case a start method did not keep them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    link = _ParentLink(commands, reports, progress)
+    common, scan_ends = shares
+    mine = replace(common, scan_ended=partial(scan_ends.wait_for_all, number, link.orphaned))
+    try:
+        result, sightings = job.run(
+            ChildRun(wiring=wiring, shares=mine, stop=link.stop, observer=link)
+        )
+        link.send(("result", result, sightings))
+    except KeyboardInterrupt:
+        link.send(("error", "aborted", "aborted by a second Ctrl-C"))
+    except UsageProblem as exc:
+        link.send(("error", "usage", str(exc)))
+    except RedriveError as exc:
+        link.send(("error", "error", str(exc)))
+    except Exception as exc:
+        link.send(("error", "error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        reports.close()
+
+
+# -- the parent -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChildStatus:
+    """How one child ended, as the result reports it."""
+
+    number: int
+    run_id: str | None
+    pid: int | None
+    outcome: str = "running"
+    """completed, interrupted, failed (an error), or died (killed, or ended without a
+    result)."""
+    exit_code: int | None = None
+    error: str | None = None
+    in_doubt: int = 0
+    """Keys it claimed and never confirmed sent (a child that died): in doubt."""
+    moved: int = 0
+    """What the ledger records it sent before it died."""
+    claims: bool = True
+    """Whether its run claims keys (a move); a purge's or archive's claims nothing."""
+
+    @property
+    def died(self) -> bool:
+        return self.outcome == "died"
+
+    @property
+    def how(self) -> str:
+        code = self.exit_code
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+            return f"killed by signal {-code}"
+        return f"exited {code} without a result" if self.died else self.outcome
+
+    def describe(self) -> str:
+        who = f"process {self.number} (pid {self.pid}" + (
+            f", run {self.run_id})" if self.run_id else ")"
+        )
+        if self.died:
+            if not self.run_id:
+                left = "a dry run: nothing changed"
+            elif not self.claims:
+                left = "every message it took is in its archive, in the DLQ, or both"
+            else:
+                left = (
+                    f"{self.in_doubt} message(s) in doubt (claimed, send unconfirmed), "
+                    f"{self.moved} moved before"
+                )
+            return f"{who} {self.how}: {left}"
+        return f"{who} {self.outcome}" + (f": {self.error}" if self.error else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "process": self.number,
+            "run_id": self.run_id,
+            "pid": self.pid,
+            "outcome": self.outcome,
+            "exit_code": self.exit_code,
+            "how": self.how,
+            "error": self.error,
+            "in_doubt": self.in_doubt,
+            "moved": self.moved,
+        }
+
+
+class _Result(Protocol):
+    @property
+    def dry_run(self) -> bool: ...
+
+    @property
+    def interrupted(self) -> bool: ...
+
+    @property
+    def needs_attention(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+Res = TypeVar("Res", bound=_Result)
+
+
+@dataclass(slots=True)
+class ProcessesResult(Generic[Res]):
+    """A ``--processes`` run's merged result, with how each child ended."""
+
+    result: Res
+    processes: int
+    children: list[ChildStatus]
+    archives: list[str] = field(default_factory=list)
+    """A purge's or archive's archives: each process wrote its own."""
+
+    @property
+    def dry_run(self) -> bool:
+        return self.result.dry_run
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.interrupted
+
+    @property
+    def died(self) -> list[ChildStatus]:
+        return [c for c in self.children if c.died]
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.result.needs_attention or bool(self.died)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.result.to_json(),
+            **({"archives": self.archives} if self.archives else {}),
+            "processes": self.processes,
+            "children": [c.to_json() for c in self.children],
+        }
+
+
+@dataclass(slots=True)
+class _Child:
+    number: int
+    run_id: str | None
+    process: SpawnProcess
+    commands: Connection
+    reports: Connection
+    progress: tuple[int, ...] = ()
+    result: Any = None
+    sightings: Sightings | None = None
+    error: tuple[str, str] | None = None
+    ended: bool = False
+    told: str | None = None
+
+    def tell(self, word: str) -> None:
+        if self.told == word or self.ended:
+            return
+        self.told = word
+        with contextlib.suppress(OSError):
+            self.commands.send(word)
+
+    def drain(self, observer: RunObserver[Any], scan_ends: ScanEnds) -> None:
+        """Read what the child reported; at the end of its pipe, it has ended (and so has
+        its scan, for its siblings waiting on it, whether it said so or died)."""
+        try:
+            while self.reports.poll():
+                self._heard(self.reports.recv(), observer)
+        except (EOFError, OSError):
+            self.ended = True
+            scan_ends.end(self.number)
+            self.process.join()
+
+    def _heard(self, message: tuple[Any, ...], observer: RunObserver[Any]) -> None:
+        kind = message[0]
+        if kind == "progress":
+            self.progress = message[1]
+        elif kind == "plan":
+            observer.on_plan(message[1])
+        elif kind == "problem":
+            observer.on_problem(message[1])
+        elif kind == "result":
+            self.result, self.sightings = message[1], message[2]
+        elif kind == "error":
+            self.error = (message[1], message[2])
+
+    def status(self) -> ChildStatus:
+        code = self.process.exitcode
+        if self.result is not None:
+            outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
+        elif self.error is not None:
+            outcome = "interrupted" if self.error[0] == "aborted" else "failed"
+        else:
+            outcome = "died"
+        return ChildStatus(
+            self.number,
+            self.run_id,
+            self.process.pid,
+            outcome,
+            code,
+            self.error[1] if self.error else None,
+        )
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while a child starts, so it is born ignoring them (a
+    Ctrl-C while it imports must not kill it with a traceback)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Supervisor:
+    """Starts the children, relays their reports, tells them to stop, notices deaths."""
+
+    def __init__(
+        self,
+        context: SpawnContext,
+        *,
+        observer: RunObserver[Any],
+        stop: threading.Event,
+        progress: Callable[[Sequence[tuple[int, ...]]], Any],
+        heartbeat: Callable[[], None],
+        processes: int,
+    ) -> None:
+        self.context = context
+        self.scan_ends = ScanEnds(processes, context)
+        self.observer = observer
+        self.stop = stop
+        self._progress = progress
+        self._heartbeat = heartbeat
+        self.children: list[_Child] = []
+
+    def start(
+        self,
+        jobs: Sequence[tuple[Job, str | None]],
+        wiring: Wiring,
+        shares: RunShares,
+        progress_of: Callable[[Any], tuple[int, ...]],
+    ) -> None:
+        for number, (job, run_id) in enumerate(jobs, start=1):
+            commands_in, commands_out = self.context.Pipe(duplex=False)
+            reports_in, reports_out = self.context.Pipe(duplex=False)
+            process = self.context.Process(
+                target=_child_main,
+                args=(
+                    number,
+                    job,
+                    wiring,
+                    (shares, self.scan_ends),
+                    commands_in,
+                    reports_out,
+                    progress_of,
+                ),
+                name=f"redrive-process-{number}",
+            )
+            with _signals_ignored():
+                process.start()
+            # Only the child keeps its ends: the parent's death closes the child's commands
+            # pipe, and the child's death ends the parent's reports pipe.
+            commands_in.close()
+            reports_out.close()
+            self.children.append(_Child(number, run_id, process, commands_out, reports_in))
+
+    def supervise(self) -> None:
+        """Until every child has ended. A child that ends without its result, or with an
+        error, stops its siblings: they finish what is in flight and end."""
+        shown = 0.0
+        try:
+            while live := [c for c in self.children if not c.ended]:
+                if self.stop.is_set() or any(c.ended and c.result is None for c in self.children):
+                    for child in live:
+                        child.tell("stop")
+                wait([c.reports for c in live], timeout=PROGRESS_EVERY)
+                for child in live:
+                    child.drain(self.observer, self.scan_ends)
+                self._heartbeat()
+                if time.monotonic() - shown >= PROGRESS_EVERY:
+                    shown = time.monotonic()
+                    self.observer.on_progress(
+                        self._progress([c.progress for c in self.children if c.progress])
+                    )
+        except KeyboardInterrupt:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """A second Ctrl-C: each child aborts as one process does (gives back what it holds,
+        ends its run as interrupted); wait a while for them, not for ever."""
+        for child in self.children:
+            child.tell("abort")
+        deadline = time.monotonic() + ABORT_WAIT
+        for child in self.children:
+            child.process.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        for child in self.children:
+            child.commands.close()
+            child.reports.close()
+            if child.process.is_alive():
+                child.process.join(1.0)
+
+
+def check_processes(processes: int) -> None:
+    if not 1 <= processes <= MAX_PROCESSES:
+        raise UsageProblem(f"--processes must be from 1 to {MAX_PROCESSES}, not {processes}")
+
+
+def check_picklable(what: object, hint: str) -> None:
+    """What crosses to a child must pickle: say what does not, before anything starts."""
+    try:
+        pickle.dumps(what)
+    except Exception as exc:
+        raise UsageProblem(f"--processes cannot hand {hint} to its processes ({exc})") from exc
+
+
+def first_error(children: Sequence[_Child]) -> RedriveError | None:
+    for child in children:
+        if child.error is not None and child.error[0] in ("usage", "error"):
+            kind, message = child.error
+            return (UsageProblem if kind == "usage" else RedriveError)(message)
+    return None
+
+
+def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
+    """What a dead child left: its keys still claimed (in doubt, listed) and, counted on
+    ``status``, the ones it sent."""
+    if ledger is None or status.run_id is None:
+        return []
+    listed: list[Listed] = []
+    for entry in ledger.keys_for_run(status.run_id):
+        if entry.state == KeyState.CLAIMED:
+            status.in_doubt += 1
+            listed.append(
+                Listed(
+                    entry.task,
+                    None,
+                    entry.message_id,
+                    entry.key,
+                    f"claimed by process {status.number} (run {status.run_id}), which was "
+                    f"{status.how} before SQS confirmed the send",
+                )
+            )
+        elif entry.state in (KeyState.SENT, KeyState.DONE):
+            status.moved += 1
+    return listed
+
+
+# -- one run in processes ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Spread(Generic[R]):
+    """How one kind of run goes in processes: its parent's record, its children's jobs,
+    their progress and their merge."""
+
+    ledger: Ledger | None
+    execute: bool
+    command: str
+    info: Mapping[str, Any]
+    lease: float
+    limit: int | None
+    rate: float | None
+    job: Callable[[int, str | None, str | None], Job]
+    """(process number, its run id, the parent's run id) -> its job."""
+    progress_of: Callable[[Any], tuple[int, ...]]
+    """In the child: the counts its progress report carries."""
+    progress: Callable[[Sequence[tuple[int, ...]], str | None], Any]
+    """In the parent: a result to show from the children's reports (what the progress line
+    reads, which for a replay is its engine's result)."""
+    merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
+    counts: Callable[[R], Mapping[str, int]]
+
+
+def _run_spread(
+    spread: _Spread[R],
+    *,
+    processes: int,
+    wiring: Wiring,
+    observer: RunObserver[Any],
+    stop: threading.Event,
+) -> tuple[R, list[ChildStatus]]:
+    context = multiprocessing.get_context("spawn")
+    merged: list[R] = []
+    statuses: list[ChildStatus] = []
+    life = RunLifecycle(
+        spread.ledger,
+        execute=spread.execute,
+        command=spread.command,
+        info={**spread.info, "processes": processes},
+        lease=spread.lease,
+        stop=stop,
+        counts=lambda: spread.counts(merged[0]) if merged else {},
+        end_info=lambda: {"children": [s.to_json() for s in statuses]},
+    )
+    jobs: list[tuple[Job, str | None]] = []
+    for number in range(1, processes + 1):
+        run_id = f"{life.run_id}.{number}" if life.run_id else None
+        jobs.append((spread.job(number, run_id, life.run_id), run_id))
+    with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
+        shares = make_shares(
+            context,
+            limit=spread.limit,
+            rate=spread.rate,
+            scratch=Path(scratch),
+            plans=not spread.execute,
+        )
+        with life:
+            supervisor = Supervisor(
+                context,
+                observer=observer,
+                stop=stop,
+                progress=lambda snapshots: spread.progress(snapshots, life.run_id),
+                heartbeat=life.heartbeat,
+                processes=processes,
+            )
+            try:
+                supervisor.start(jobs, wiring, shares, spread.progress_of)
+                supervisor.supervise()
+            finally:
+                supervisor.close()
+            children = supervisor.children
+            statuses.extend(c.status() for c in children)
+            error = first_error(children)
+            if error is not None:
+                raise error
+            merged.append(spread.merge(children, statuses, life.run_id))
+            life.end(
+                "failed"
+                if any(s.died for s in statuses)
+                else "interrupted"
+                if stop.is_set()
+                else "completed"
+            )
+    return merged[0], statuses
+
+
+# -- move ------------------------------------------------------------------------------------
+
+
+def _move_progress(result: MoveResult) -> tuple[int, ...]:
+    return (result.scanned, result.matched, result.moved, result.depth_before or 0)
+
+
+def move_in_processes(
+    target: DlqTarget,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    record: RunRecord | None = None,
+) -> ProcessesResult[MoveResult]:
+    """``move`` (or ``apply`` of a move plan) in ``processes`` processes (see the module)."""
+    check_processes(processes)
+    if options.execute and ledger is None:
+        raise UsageProblem("an executed move needs a ledger")
+    stop = stop or threading.Event()
+    record = record or RunRecord("move")
+    crossing = _crossing(options, wiring)
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        info = {**record.info, "parent": parent, "process": number}
+        return MoveJob(target, crossing, RunRecord(record.command, info, run_id))
+
+    spread = _move_spread(
+        _MoveRun(target, ledger, options, record, stop),
+        {"target": target.label, "dlq": target.dlq.url},
+        job,
+        move_of=lambda result: result if isinstance(result, MoveResult) else None,
+        wrap=lambda result, children: result,
+        unwrap=lambda result: result,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
+    return ProcessesResult(result, processes, statuses)
+
+
+def _crossing(options: MoveOptions, wiring: Wiring) -> MoveOptions:
+    """The options as they cross to the children: the Celery app and its result backend do
+    not (each child opens its own, Wiring.rebuild); the parent's serve the checks it made."""
+    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
+    check_picklable(crossing, "these options")
+    return crossing
+
+
+@dataclass(frozen=True, slots=True)
+class _MoveRun:
+    """A move-like run (move, apply of a move plan, replay) as its parent sees it."""
+
+    target: DlqTarget
+    ledger: Ledger | None
+    options: MoveOptions
+    record: RunRecord
+    stop: threading.Event
+
+    def blank(self, run_id: str | None) -> MoveResult:
+        return MoveResult(
+            dry_run=not self.options.execute,
+            target=self.target.label,
+            dlq=self.target.dlq.name,
+            run_id=run_id,
+            ledger=self.ledger.location if self.ledger is not None else None,
+        )
+
+    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
+        shown = self.blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.moved = sum(s[2] for s in snapshots)
+        shown.depth_before = max((s[3] for s in snapshots), default=None) or None
+        return shown
+
+
+def _move_spread(
+    run: _MoveRun,
+    info: Mapping[str, Any],
+    job: Callable[[int, str | None, str | None], Job],
+    *,
+    move_of: Callable[[Any], MoveResult | None],
+    wrap: Callable[[MoveResult, Sequence[_Child]], R],
+    unwrap: Callable[[R], MoveResult],
+) -> _Spread[R]:
+    """How a move-like run goes in processes: ``move_of`` finds the engine's result in a
+    child's, ``wrap`` makes the command's result of the merged one (``unwrap``: back)."""
+    started = time.monotonic()
+    options = run.options
+
+    def merge(children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None) -> R:
+        parts = [move_of(c.result) for c in children]
+        result = _merged_moves(run.blank(run_id), children, parts, statuses, run.ledger, options)
+        result.seconds = time.monotonic() - started
+        # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
+        # sibling died (then the run needs attention, exit 3, not 130).
+        result.interrupted = run.stop.is_set()
+        return wrap(result, children)
+
+    return _Spread(
+        run.ledger,
+        options.execute,
+        run.record.command,
+        {**info, "filters": options.selection.describe(), **run.record.info},
+        options.lease,
+        options.selection.limit,
+        options.rate,
+        job,
+        _move_progress,
+        run.progress,
+        merge,
+        lambda result: _move_counts(unwrap(result)),
+    )
+
+
+def _merged_moves(
+    template: MoveResult,
+    children: Sequence[_Child],
+    results: Sequence[MoveResult | None],
+    statuses: Sequence[ChildStatus],
+    ledger: Ledger | None,
+    options: MoveOptions,
+) -> MoveResult:
+    parts = [r for r in results if r is not None]
+    sightings = merge_sightings(options.selection, [c.sightings for c in children])
+    result = merge_move_results(template, parts, sightings)
+    result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+    for child, status in zip(children, statuses, strict=True):
+        if not status.died:
+            continue
+        listed = left_by(ledger, status)
+        result.in_doubt += status.in_doubt
+        result.moved += status.moved
+        scanned, matched = child.progress[:2] if child.progress else (0, 0)
+        result.scanned += scanned
+        result.matched += max(matched, status.moved + status.in_doubt)
+        for item in listed:
+            result.skipped[IN_DOUBT] += 1
+            result.task(item.task).skipped[IN_DOUBT] += 1
+            if len(result.in_doubt_messages) < MAX_LISTED:
+                result.in_doubt_messages.append(item)
+    return result
+
+
+def _move_counts(result: MoveResult) -> Mapping[str, int]:
+    return {
+        "matched": result.matched,
+        "moved": result.moved,
+        "skipped": result.skipped_total,
+        "failed": result.failed,
+        "in_doubt": result.in_doubt,
+        "duplicates_deleted": result.duplicates,
+    }
+
+
+# -- purge and archive --------------------------------------------------------------------------
+
+
+def archive_part(location: str, number: int) -> str:
+    """Process ``number``'s own archive: beside the run's (``X.jsonl.gz`` ->
+    ``X.pN.jsonl.gz``). An S3 prefix is every process's: each writes a run folder of its
+    own under it."""
+    if location.startswith("s3://"):
+        return location
+    for suffix in (".jsonl.gz", ".jsonl"):
+        if location.endswith(suffix):
+            return f"{location.removesuffix(suffix)}.p{number}{suffix}"
+    return f"{location}.p{number}"
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeJob:
+    target: DlqTarget
+    options: PurgeOptions
+    command: str
+    record: Mapping[str, Any] | None
+    run_id: str | None
+
+    def run(self, child: ChildRun) -> tuple[PurgeResult, Sightings | None]:
+        aws, region = child.aws, child.wiring.region
+        seen: list[Sightings | None] = []
+        with child.ledger() as ledger, child.receive_log() as receive_log:
+            result = run_purge(
+                self.target,
+                self.options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                ledger=ledger,
+                command=self.command,
+                record=self.record,
+                s3_client_factory=lambda: aws.client("s3"),
+                observer=child.observer,
+                stop=child.stop,
+                receive_log=receive_log,
+                run_id=self.run_id,
+                shares=child.shares,
+                sightings=seen.append,
+            )
+        return result, seen[0] if seen else None
+
+
+def _purge_progress(result: PurgeResult) -> tuple[int, ...]:
+    return (
+        result.scanned,
+        result.matched,
+        result.archived,
+        result.purged,
+        result.depth_before or 0,
+    )
+
+
+def purge_in_processes(
+    target: DlqTarget,
+    options: PurgeOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    ledger: Ledger | None = None,
+    command: str = "purge",
+    record: Mapping[str, Any] | None = None,
+    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+) -> ProcessesResult[PurgeResult]:
+    """``purge`` or ``archive`` (or ``apply`` of a purge plan) in ``processes`` processes,
+    each archiving to its own file (:func:`archive_part`) before it deletes."""
+    check_processes(processes)
+    check_picklable(options, "these options")
+    stop = stop or threading.Event()
+    where = archive_location(target, options)
+    if where and options.archive and "://" not in where:
+        # Each process's archive must be writable before any of them deletes anything: one
+        # refused later would leave the run half done.
+        for number in range(1, processes + 1):
+            check_archive_path(archive_part(where, number))
+    run = _PurgeRun(target, options, stop, where)
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        mine = replace(options, archive_to=archive_part(where, number) if where else None)
+        info = {**(record or {}), "parent": parent, "process": number}
+        # An archive without a ledger still names its run in its records: the child's own.
+        return PurgeJob(target, mine, command, info, run_id)
+
+    spread = _Spread(
+        ledger,
+        options.execute,
+        command,
+        {**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        options.lease,
+        options.selection.limit,
+        None,
+        job,
+        _purge_progress,
+        run.progress,
+        run.merge,
+        _purge_counts,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
+    return ProcessesResult(result, processes, statuses, archives=run.archives)
+
+
+@dataclass(slots=True)
+class _PurgeRun:
+    """A purge or archive as its parent sees it: its progress and its merged result."""
+
+    target: DlqTarget
+    options: PurgeOptions
+    stop: threading.Event
+    where: str | None
+    """The run's archive location (each process's is beside it: :func:`archive_part`)."""
+    started: float = field(default_factory=time.monotonic)
+    archives: list[str] = field(default_factory=list)
+    """The children's archives, as they reported them (none for one that archived none)."""
+
+    def blank(self, run_id: str | None, archive: str | None = None) -> PurgeResult:
+        return PurgeResult(
+            dry_run=not self.options.execute,
+            target=self.target.label,
+            dlq=self.target.dlq.name,
+            archive=archive,
+            command="purge" if self.options.delete else "archive",
+            run_id=run_id,
+        )
+
+    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> PurgeResult:
+        shown = self.blank(run_id)
+        shown.scanned = sum(s[0] for s in snapshots)
+        shown.matched = sum(s[1] for s in snapshots)
+        shown.archived = sum(s[2] for s in snapshots)
+        shown.purged = sum(s[3] for s in snapshots)
+        shown.depth_before = max((s[4] for s in snapshots), default=None) or None
+        return shown
+
+    def merge(
+        self, children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> PurgeResult:
+        parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
+        sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
+        self.archives.extend(p.archive for p in parts if p.archive)
+        first = self.archives[0] if self.archives else None
+        result = merge_purge_results(self.blank(run_id, first), parts, sightings)
+        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+        for child, status in zip(children, statuses, strict=True):
+            status.claims = False
+            left = archive_part(self.where, status.number) if self.where else None
+            if status.died and left and ("://" in left or Path(left).expanduser().exists()):
+                # It died before it could say: what it archived is there all the same.
+                self.archives.append(left)
+            if status.died and child.progress:
+                # What it archived and deleted before it died is in its archive and gone
+                # from the DLQ: counted as it last reported.
+                scanned, matched, archived, purged, _ = child.progress
+                result.scanned += scanned
+                result.matched += matched
+                result.archived += archived
+                result.purged += purged
+        result.seconds = time.monotonic() - self.started
+        result.interrupted = self.stop.is_set()
+        return result
+
+
+def _purge_counts(result: PurgeResult) -> Mapping[str, int]:
+    return {
+        "matched": result.matched,
+        "archived": result.archived,
+        "purged": result.purged,
+        "failed": result.failed,
+    }
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def share_of(record: ArchiveRecord, processes: int) -> int:
+    """Which process (0-based) replays a record: by its task id (the body's, else its
+    MessageId), so that every copy of a task is in one process's share and is settled
+    there as one process settles it (a duplicate, never a busy claim of a sibling)."""
+    task_id = decode(record.body).task_id
+    return digest(task_id or record.message_id) % processes
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    source: str
+    options: MoveOptions
+    record: RunRecord
+    allow_partial: bool
+    number: int
+    processes: int
+
+    def run(self, child: ChildRun) -> tuple[ReplayResult, Sightings | None]:
+        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
+        aws, region = child.aws, child.wiring.region
+        reader = ArchiveReader(
+            self.source,
+            s3_client_factory=lambda: aws.client("s3"),
+            on_problem=lambda problem: None,  # the parent's check reported them
+            skip_damage=self.allow_partial,
+        )
+        mine = (r for r in reader if share_of(r, self.processes) == self.number - 1)
+        archive = ArchiveSource(mine, child.stop)
+        with child.ledger() as ledger:
+            engine = MoveEngine(
+                archive_target(self.source),
+                ledger,
+                options,
+                sqs_factory=lambda: aws.sqs(region=region),
+                observer=child.observer,
+                stop=child.stop,
+                source=archive,
+                record=self.record,
+                shares=child.shares,
+            )
+            result = engine.run()
+        return ReplayResult(result, archive.damage or reader.report()), engine.sightings
+
+
+def replay_in_processes(
+    source: str,
+    to: QueueRef | None,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    processes: int,
+    wiring: Wiring,
+    s3_client_factory: Callable[[], Any] | None = None,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    record: RunRecord | None = None,
+    allow_partial: bool = False,
+) -> ProcessesResult[ReplayResult]:
+    """``replay`` in ``processes`` processes: the parent checks the archive whole (as one
+    process does, before anything is sent), then each child replays its share of it
+    (:func:`share_of`)."""
+    check_processes(processes)
+    if options.execute and ledger is None:
+        raise UsageProblem("an executed replay needs a ledger")
+    stop = stop or threading.Event()
+    record = record or RunRecord("replay")
+    check = check_archive(
+        source,
+        s3_client_factory=s3_client_factory,
+        on_problem=observer.on_problem,
+        stop=stop,
+        on_progress=observer.on_check,
+    )
+    if not check.complete:
+        stopped = MoveResult(dry_run=not options.execute, target=archive_label(source), dlq=source)
+        stopped.interrupted = True
+        return ProcessesResult(ReplayResult(stopped), processes, [])
+    if check.damage is not None and not allow_partial:
+        raise ArchiveDamaged(check.damage)
+    options = replace(options, to=to)
+    crossing = _crossing(options, wiring)
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        info = {**record.info, "parent": parent, "process": number}
+        child_record = RunRecord(record.command, info, run_id)
+        return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
+
+    def wrap(result: MoveResult, children: Sequence[_Child]) -> ReplayResult:
+        found = (c.result.damage for c in children if isinstance(c.result, ReplayResult))
+        return ReplayResult(result, check.damage or next((d for d in found if d), None))
+
+    spread = _move_spread(
+        _MoveRun(archive_target(source), ledger, options, record, stop),
+        {"target": archive_label(source), "dlq": source},
+        job,
+        move_of=lambda result: result.move if isinstance(result, ReplayResult) else None,
+        wrap=wrap,
+        unwrap=lambda result: result.move,
+    )
+    result, statuses = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    )
+    return ProcessesResult(result, processes, statuses)
+
+
+# -- inspect -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InspectScan:
+    """What one inspect scan reads: inspect_dlq's options, the same in every process
+    (``now`` too, so expiry and ages agree) but ``limit``, split between them."""
+
+    limit: int | None = None
+    show_args: bool = False
+    workers: int = 1
+    max_redrives: int = DEFAULT_MAX_REDRIVES
+    now: float = 0.0
+    lease: int = 30
+    focus: Focus | None = None
+    group_by: str | None = None
+
+
+def limit_share(limit: int | None, processes: int, number: int) -> int | None:
+    """Process ``number``'s part of an inspect's ``--limit``: the parts add up to it."""
+    if limit is None:
+        return None
+    return limit // processes + (1 if number <= limit % processes else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class InspectJob:
+    target: DlqTarget
+    scan: InspectScan
+
+    def run(self, child: ChildRun) -> tuple[InspectResult, Sightings | None]:
+        aws, region = child.aws, child.wiring.region
+        results = child.wiring.rebuild(None) if child.wiring.rebuild else None
+        observer = child.observer
+        try:
+            with child.receive_log() as receive_log:
+                return inspect_dlq(
+                    self.target,
+                    lambda: aws.sqs(region=region),
+                    limit=self.scan.limit,
+                    show_args=self.scan.show_args,
+                    workers=self.scan.workers,
+                    stop=child.stop,
+                    on_progress=observer.on_progress,
+                    max_redrives=self.scan.max_redrives,
+                    now=self.scan.now,
+                    lease=self.scan.lease,
+                    receive_log=receive_log,
+                    focus=self.scan.focus,
+                    results=results,
+                    group_by=self.scan.group_by,
+                    scan_ended=child.shares.scan_ended,
+                ), None
+        finally:
+            if results is not None:
+                results.close()
+
+
+def _received(n: int) -> tuple[int, ...]:
+    return (n,)
+
+
+def inspect_in_processes(
+    target: DlqTarget,
+    scan: InspectScan,
+    *,
+    processes: int,
+    wiring: Wiring,
+    sqs: Sqs,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    on_depth: Callable[[int], None] | None = None,
+) -> InspectResult:
+    """``inspect`` in ``processes`` processes: each scans part of the DLQ, holding what it
+    received until every one's scan has ended; the groups merged into one inspect. A
+    process that dies makes the inspect an error (what it counted is lost)."""
+    check_processes(processes)
+    check_picklable(scan, "these options")
+    stop = stop or threading.Event()
+    started = time.monotonic()
+    depth, hidden = inspect_counts(sqs, target.dlq.url)
+    if on_depth is not None:
+        on_depth(depth)
+
+    class Received(RunObserver[Any]):
+        def on_progress(self, result: Any) -> None:
+            if on_progress is not None:
+                on_progress(result)
+
+    def job(number: int, run_id: str | None, parent: str | None) -> Job:
+        share = replace(scan, limit=limit_share(scan.limit, processes, number))
+        return InspectJob(target, share)
+
+    def merge(
+        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
+    ) -> InspectResult:
+        dead = [s for s in statuses if s.died]
+        if dead:
+            raise RedriveError(
+                f"{dead[0].describe()}: the inspect is incomplete (what it counted is lost); "
+                "run it again"
+            )
+        parts = [c.result for c in children if isinstance(c.result, InspectResult)]
+        merged: InspectResult = merge_inspect_results(
+            parts, depth_before=depth, hidden_before=hidden, seconds=time.monotonic() - started
+        )
+        merged.interrupted = merged.interrupted or stop.is_set()
+        return merged
+
+    spread: _Spread[InspectResult] = _Spread(
+        None,
+        False,
+        "inspect",
+        {},
+        scan.lease,
+        None,
+        None,
+        job,
+        _received,
+        lambda snapshots, run_id: sum(s[0] for s in snapshots),
+        merge,
+        lambda result: {},
+    )
+    result, _ = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=Received(), stop=stop
+    )
+    return result
