@@ -1,0 +1,373 @@
+"""Benchmark the SQLite ledger's write path as the move engine drives it, plain and grouped.
+
+Each worker thread does the engine's ledger calls for one batch of 10 messages, over and
+over: ``claim_many`` of 10 new keys (flushed: the claim is on disk before the send),
+``mark_sent_many`` of the 10, ``mark_done_many`` of the 10 (neither flushed). Configurations
+(``--configs``): ``1``, ``4``, ``16`` threads sharing one :class:`SqliteLedger` in one
+process, and ``2x16``: two processes of 16 threads each, on one ledger file (each process
+with its own ledger object, as ``--processes`` would have).
+
+Modes (``--modes``), interleaved per round (round 1: plain, grouped; round 2: grouped,
+plain; ...), each on a fresh ledger file on disk (``--dir``, default a temporary directory
+under /var/tmp, i.e. not tmpfs):
+
+- ``plain``: ``SqliteLedger(path, group_commit=False)``: one transaction per call, callers
+  serialised by the object's lock, SQLite's busy handler between processes (what main did);
+- ``grouped``: ``SqliteLedger(path)``: one writer per ledger object commits the requests
+  that queued while its previous commit was in flight, in one transaction.
+
+Printed per configuration and mode (medians over rounds): calls/s and messages/s (10 per
+batch of 3 calls), mean latency per call, and where each call's time went: waiting for the
+write lock inside SQLite (``BEGIN IMMEDIATE``: the busy handler's sleeps when another
+process holds it), ``COMMIT`` (the WAL write and, when flushed, the fsync), and, plain only,
+waiting for the object's lock; grouped: requests per transaction. Then the ratio
+grouped/plain per round, in one run. Every run is checked: every key ends DONE, won once.
+
+Usage (from the repository root)::
+
+    nice -n 10 .venv/bin/python bench/ledger.py --rounds 3
+    nice -n 10 .venv/bin/python bench/ledger.py --configs 16,2x16 --batches 400
+
+Only local files; no network.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sqlite3  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from redrive.ledger import Claim, KeyState, SqliteLedger  # noqa: E402
+from redrive.ledger import sqlite as ledger_sqlite  # noqa: E402
+
+BATCH = 10
+CALLS_PER_BATCH = 3
+Q = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
+
+
+# --------------------------------------------------------------------------- instruments
+
+
+class Stats:
+    """Seconds and counts, summed over threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: dict[str, float] = {}
+
+    def add(self, name: str, value: float) -> None:
+        with self._lock:
+            self.values[name] = self.values.get(name, 0.0) + value
+
+
+STATS = Stats()
+
+
+class TimedConnection(sqlite3.Connection):
+    """Times BEGIN IMMEDIATE (its busy handler included) and COMMIT."""
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql.startswith("BEGIN IMMEDIATE"):
+            name = "begin_s"
+        elif sql == "COMMIT":
+            name = "commit_s"
+        else:
+            return super().execute(sql, *args)
+        start = time.perf_counter()
+        try:
+            return super().execute(sql, *args)
+        finally:
+            STATS.add(name, time.perf_counter() - start)
+            STATS.add(name.replace("_s", "_n"), 1)
+
+
+class TimedLock:
+    """The plain path's object lock, timing how long callers wait for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> bool:
+        start = time.perf_counter()
+        self._lock.acquire()
+        STATS.add("lock_wait_s", time.perf_counter() - start)
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def instrument() -> None:
+    original = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        return original(*args, factory=TimedConnection, **kwargs)
+
+    ledger_sqlite.sqlite3.connect = connect  # type: ignore[assignment]
+    begin = getattr(ledger_sqlite.SqliteLedger, "_begin_write", None)
+    if begin is not None:
+        # The grouped path takes SQLite's write lock itself (its own short retries instead of
+        # the busy handler): time the whole wait, retries and sleeps included.
+        def timed_begin(self: Any, conn: sqlite3.Connection, *a: Any, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return begin(self, conn, *a, **k)
+            finally:
+                STATS.add("lock_s", time.perf_counter() - start)
+
+        ledger_sqlite.SqliteLedger._begin_write = timed_begin  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- one process
+
+
+def open_ledger(path: Path, mode: str) -> SqliteLedger:
+    led = SqliteLedger(path, group_commit=(mode == "grouped"))  # type: ignore[call-arg]
+    if mode == "plain":
+        led._lock = TimedLock()  # type: ignore[assignment]
+    return led
+
+
+def work(path: Path, mode: str, threads: int, batches: int, run_id: str) -> dict[str, Any]:
+    """``threads`` threads, ``batches`` batches each; returns timings and the keys won."""
+    led = open_ledger(path, mode)
+    led.start_run(run_id, command="move", info={})
+    won: list[list[str]] = [[] for _ in range(threads)]
+    call_s = [0.0] * threads
+    barrier = threading.Barrier(threads + 1)
+
+    def worker(index: int) -> None:
+        barrier.wait()
+        spent = 0.0
+        for b in range(batches):
+            keys = [f"{run_id}-{index}-{b}-{i}" for i in range(BATCH)]
+            t0 = time.perf_counter()
+            result = led.claim_many(run_id, [Claim(k, "t", "m-" + k, Q) for k in keys])
+            mine = sorted(result.won)
+            led.mark_sent_many(run_id, {k: "sqs-" + k for k in mine})
+            led.mark_done_many(run_id, mine)
+            spent += time.perf_counter() - t0
+            won[index] += mine
+        call_s[index] = spent
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    STATS.values.clear()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - start
+    writer = getattr(led, "group_stats", None)
+    led.end_run(run_id, outcome="completed", counts={})
+    led.close()
+    return {
+        "wall_s": wall,
+        "call_s": sum(call_s),
+        "won": [k for ks in won for k in ks],
+        "stats": dict(STATS.values),
+        "groups": writer() if writer is not None else None,
+    }
+
+
+def child_main(args: list[str]) -> None:
+    path, mode, threads, batches, run_id = args
+    instrument()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    out = work(Path(path), mode, int(threads), int(batches), run_id)
+    print(json.dumps(out), flush=True)
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def run_config(config: str, mode: str, batches: int, directory: Path) -> dict[str, Any]:
+    path = directory / f"ledger-{config}-{mode}-{time.monotonic_ns()}.sqlite3"
+    SqliteLedger(path).close()  # the schema exists before anyone races for it
+    procs, _, per = config.partition("x")
+    threads = int(per or procs)
+    nprocs = int(procs) if per else 1
+    if nprocs == 1:
+        results = [work(path, mode, threads, batches, "r0")]
+    else:
+        results = run_processes(path, mode, nprocs, threads, batches)
+    return check_and_sum(path, results, nprocs * threads * batches)
+
+
+@contextmanager
+def children(commands: list[list[str]]) -> Iterator[list[subprocess.Popen[str]]]:
+    procs = [
+        subprocess.Popen(c, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for c in commands
+    ]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+def run_processes(
+    path: Path, mode: str, nprocs: int, threads: int, batches: int
+) -> list[dict[str, Any]]:
+    me = os.path.abspath(__file__)
+    commands = [
+        [sys.executable, me, "--child", str(path), mode, str(threads), str(batches), f"r{i}"]
+        for i in range(nprocs)
+    ]
+    with children(commands) as procs:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        start = time.perf_counter()
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = []
+        for p in procs:
+            assert p.stdout is not None
+            results.append(json.loads(p.stdout.readline()))
+        wall = time.perf_counter() - start
+    for r in results:
+        r["wall_s"] = wall  # the processes' common wall time (start to last finish)
+    return results
+
+
+def check_and_sum(path: Path, results: list[dict[str, Any]], batches: int) -> dict[str, Any]:
+    won = [k for r in results for k in r["won"]]
+    expected = batches * BATCH
+    problems = []
+    if len(won) != expected or len(set(won)) != expected:
+        problems.append(f"won {len(won)} ({len(set(won))} distinct), expected {expected}")
+    with SqliteLedger(path) as led:
+        states = {e.state for e in led.get_many(won).values()}
+    if states != {KeyState.DONE}:
+        problems.append(f"states {sorted(states)}")
+    stats: dict[str, float] = {}
+    for r in results:
+        for name, value in r["stats"].items():
+            stats[name] = stats.get(name, 0.0) + value
+    groups = [r["groups"] for r in results if r["groups"]]
+    calls = batches * CALLS_PER_BATCH
+    wall = max(r["wall_s"] for r in results)
+    return {
+        "problems": problems,
+        "calls_per_s": calls / wall,
+        "msgs_per_s": expected / wall,
+        "latency_ms": 1000 * sum(r["call_s"] for r in results) / calls,
+        "begin_ms": 1000 * (stats.get("begin_s", 0) + stats.get("lock_s", 0)) / calls,
+        "commit_ms": 1000 * stats.get("commit_s", 0) / calls,
+        "lock_wait_ms": 1000 * stats.get("lock_wait_s", 0) / calls,
+        "per_group": (
+            sum(g["requests"] for g in groups) / max(1, sum(g["groups"] for g in groups))
+            if groups
+            else None
+        ),
+        "transactions": stats.get("commit_n", 0),
+    }
+
+
+COLUMNS = (
+    ("calls/s", "calls_per_s", "{:,.0f}"),
+    ("msgs/s", "msgs_per_s", "{:,.0f}"),
+    ("ms/call", "latency_ms", "{:.2f}"),
+    ("BEGIN (busy) ms/call", "begin_ms", "{:.2f}"),
+    ("COMMIT ms/call", "commit_ms", "{:.2f}"),
+    ("object lock ms/call", "lock_wait_ms", "{:.2f}"),
+    ("requests/txn", "per_group", "{:.1f}"),
+)
+
+
+def render(rows: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str]) -> str:
+    head = "| threads | mode | " + " | ".join(c[0] for c in COLUMNS) + " | ok |"
+    lines = [head, "|" + " --- |" * (len(COLUMNS) + 3)]
+    for (config, mode), runs in rows.items():
+        good = [r for r in runs if not r["problems"]]
+        cells = []
+        for _, key, fmt in COLUMNS:
+            values = [r[key] for r in good if r[key] is not None]
+            cells.append(fmt.format(statistics.median(values)) if values else "-")
+        lines.append(
+            f"| {config} | {mode} | " + " | ".join(cells) + f" | {len(good)}/{len(runs)} |"
+        )
+    if {"plain", "grouped"} <= set(modes):
+        lines += [
+            "",
+            "| threads | grouped/plain calls/s, per round | median |",
+            "| --- | --- | ---: |",
+        ]
+        for config in dict.fromkeys(c for c, _ in rows):
+            plain, grouped = rows[(config, "plain")], rows[(config, "grouped")]
+            ratios = [
+                g["calls_per_s"] / p["calls_per_s"] for p, g in zip(plain, grouped, strict=True)
+            ]
+            lines.append(
+                f"| {config} | {', '.join(f'{r:.2f}' for r in ratios)} | "
+                f"{statistics.median(ratios):.2f}× |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child_main(sys.argv[2:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--configs", default="1,4,16,2x16")
+    parser.add_argument("--modes", default="plain,grouped")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--batches", type=int, default=960, help="batches per configuration (split over threads)"
+    )
+    parser.add_argument("--dir", type=Path, default=None, help="where the ledger files go")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    instrument()
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ledger-bench-") as d:
+        print(f"ledger files in {d}; load {os.getloadavg()[0]:.2f} at start", flush=True)
+        for round_ in range(args.rounds):
+            order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
+            for config in args.configs.split(","):
+                procs, _, per = config.partition("x")
+                threads = int(per or procs) * (int(procs) if per else 1)
+                for mode in order:
+                    result = run_config(config, mode, max(1, args.batches // threads), Path(d))
+                    rows.setdefault((config, mode), []).append(result)
+                    print(
+                        f"round {round_ + 1} {config:>5} {mode:<8} "
+                        f"{result['calls_per_s']:8,.0f} calls/s "
+                        f"{result['latency_ms']:6.2f} ms/call "
+                        f"load {os.getloadavg()[0]:.2f} {' '.join(result['problems'])}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    # Keep the table's order: configurations, then modes as given.
+    ordered = {(c, m): rows[(c, m)] for c in args.configs.split(",") for m in modes}
+    print(render(ordered, modes))
+    print(f"load at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 1 if any(r["problems"] for runs in rows.values() for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

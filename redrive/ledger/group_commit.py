@@ -1,0 +1,163 @@
+"""Group commit: one writer thread per ledger object runs its callers' write requests,
+as many as queued while its previous transaction was in flight, in one transaction.
+
+Uncontended, a request waits for nothing but its own transaction (no batching window:
+the writer takes what is queued the moment it is free). Contended, N callers' requests
+share one transaction, so one disk flush instead of N, and no caller waits on a lock
+behind the others' flushes one by one.
+
+The backend supplies ``commit_group``: it runs a group's requests in arrival order, then
+settles each (:meth:`WriteRequest.finish` or :meth:`WriteRequest.fail`), all of them, on
+every path. This module knows nothing of SQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+from redrive.errors import LedgerError
+
+_T = TypeVar("_T")
+
+# A writer with nothing to do for this long ends; the next request starts another. A ledger
+# that is dropped without close() is then not kept alive (with its connection) by its
+# writer for longer than this.
+IDLE_EXIT_S = 2.0
+# At most this many requests per transaction, so one transaction stays short.
+MAX_GROUP = 64
+
+
+class WriteRequest(Generic[_T]):
+    """One caller's write: ``apply`` runs its statements on the writer's connection inside
+    the group's transaction and returns the caller's answer."""
+
+    __slots__ = ("_done", "_error", "_result", "apply", "flush", "what")
+
+    def __init__(self, what: str, apply: Callable[[Any], _T], *, flush: bool) -> None:
+        self.what = what
+        self.apply = apply
+        self.flush = flush
+        self._done = threading.Event()
+        self._result: _T | None = None
+        self._error: BaseException | None = None
+
+    def finish(self, result: _T) -> None:
+        self._result = result
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    @property
+    def settled(self) -> bool:
+        return self._done.is_set()
+
+    def outcome(self) -> _T:
+        self._done.wait()
+        if self._error is not None:
+            # Raised in the caller's thread; the writer's traceback frames stay out of it.
+            raise self._error.with_traceback(None)
+        return self._result  # type: ignore[return-value]
+
+
+class GroupWriter:
+    """The queue of write requests and the thread that commits them in groups."""
+
+    def __init__(
+        self,
+        commit_group: Callable[[list[WriteRequest[Any]]], None],
+        *,
+        location: str,
+        idle_exit_s: float = IDLE_EXIT_S,
+    ) -> None:
+        self._commit_group = commit_group
+        self._location = location
+        self._idle_exit_s = idle_exit_s
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[WriteRequest[Any]] = []
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # Read by the benchmark (requests per transaction); only the writer writes them.
+        self.groups = 0
+        self.requests = 0
+
+    def submit(self, request: WriteRequest[_T]) -> _T:
+        """Queue ``request`` and return its answer once its group is committed (or raise
+        the error its group or its own statements met)."""
+        with self._cond:
+            if self._closed:
+                raise self._closed_error()
+            self._queue.append(request)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="redrive-ledger-writer", daemon=True
+                )
+                self._thread.start()
+            else:
+                self._cond.notify()
+        try:
+            return request.outcome()
+        except BaseException:
+            # Interrupted while waiting (Ctrl-C lands in the main thread only): a request
+            # the writer has not taken yet is withdrawn, as if the call never got its turn;
+            # one it has taken completes without anyone reading the answer.
+            if not request.settled:
+                self._withdraw(request)
+            raise
+
+    def queued(self) -> int:
+        """Requests waiting for the writer (not counting the group in flight)."""
+        with self._cond:
+            return len(self._queue)
+
+    def close(self) -> None:
+        """Let the group in flight finish, fail the ones still queued (the ledger is
+        closed), and wait for the writer to end."""
+        with self._cond:
+            self._closed = True
+            left, self._queue = self._queue, []
+            thread = self._thread
+            self._cond.notify_all()
+        for request in left:
+            request.fail(self._closed_error())
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _withdraw(self, request: WriteRequest[Any]) -> None:
+        with self._cond:
+            if request in self._queue:
+                self._queue.remove(request)
+
+    def _closed_error(self) -> LedgerError:
+        return LedgerError(f"ledger {self._location} is closed; open it again")
+
+    def _next_group(self) -> list[WriteRequest[Any]] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                if not self._cond.wait(self._idle_exit_s) and not self._queue:
+                    break
+            if not self._queue:
+                self._thread = None  # under the lock: the next submit starts a new writer
+                return None
+            group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            return group
+
+    def _run(self) -> None:
+        while (group := self._next_group()) is not None:
+            self.groups += 1
+            self.requests += len(group)
+            try:
+                self._commit_group(group)
+            except BaseException as exc:  # never leave a caller waiting, whatever happened
+                for request in group:
+                    if not request.settled:
+                        request.fail(exc)
+            finally:
+                for request in group:
+                    if not request.settled:
+                        request.fail(
+                            LedgerError(f"ledger {self._location}: {request.what} got no answer")
+                        )
