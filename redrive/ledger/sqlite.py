@@ -509,7 +509,7 @@ class SqliteLedger(Ledger):
         if "locked" in msg or "busy" in msg:
             return LedgerError(
                 f"ledger {self.location} stayed locked by another process for "
-                f"{self._busy_timeout:.0f} s ({what}); check for a stuck redrive, then retry"
+                f"{self._busy_timeout:g} s ({what}); check for a stuck redrive, then retry"
             )
         return LedgerError(
             f"ledger {self.location}: {what} failed ({msg}); check free space and "
