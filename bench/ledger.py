@@ -14,7 +14,13 @@ under /var/tmp, i.e. not tmpfs):
 - ``plain``: ``SqliteLedger(path, group_commit=False)``: one transaction per call, callers
   serialised by the object's lock, SQLite's busy handler between processes (what main did);
 - ``grouped``: ``SqliteLedger(path)``: one writer per ledger object commits the requests
-  that queued while its previous commit was in flight, in one transaction.
+  that queued while its previous commit was in flight, in one transaction; it waits for
+  another process's write lock by retrying BEGIN IMMEDIATE at 0.1-1 ms steps;
+- diagnostic variants of grouped (``--modes`` only), for the wait across processes:
+  ``grouped-busy`` waits in SQLite's busy handler instead (sleeps of 1, 2, 5, 10 ... ms),
+  ``grouped-flock`` queues the processes' writers on a blocking ``flock`` of a sidecar
+  file around each transaction (woken by the kernel at once; unbounded, so not shippable
+  as is: a stopped holder would hang the others instead of failing after the timeout).
 
 Printed per configuration and mode (medians over rounds): calls/s and messages/s (10 per
 batch of 3 calls), mean latency per call, and where each call's time went: waiting for the
@@ -80,21 +86,28 @@ STATS = Stats()
 
 
 class TimedConnection(sqlite3.Connection):
-    """Times BEGIN IMMEDIATE (its busy handler included) and COMMIT."""
+    """Times BEGIN IMMEDIATE (its busy handler included) and COMMIT (flushed or not)."""
+
+    flush = True
 
     def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+        if sql.startswith("PRAGMA synchronous="):
+            self.flush = sql.endswith("FULL")
         if sql.startswith("BEGIN IMMEDIATE"):
-            name = "begin_s"
+            name = "begin"
         elif sql == "COMMIT":
-            name = "commit_s"
+            name = "commit_full" if self.flush else "commit_normal"
         else:
             return super().execute(sql, *args)
         start = time.perf_counter()
         try:
             return super().execute(sql, *args)
         finally:
-            STATS.add(name, time.perf_counter() - start)
-            STATS.add(name.replace("_s", "_n"), 1)
+            spent = time.perf_counter() - start
+            STATS.add(name + "_s", spent)
+            STATS.add(name + "_n", 1)
+            if name == "begin" and spent > 0.0005:
+                STATS.add("begin_slow_n", 1)
 
 
 class TimedLock:
@@ -113,7 +126,7 @@ class TimedLock:
         self._lock.release()
 
 
-def instrument() -> None:
+def instrument(mode: str) -> None:
     original = sqlite3.connect
 
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
@@ -132,13 +145,42 @@ def instrument() -> None:
                 STATS.add("lock_s", time.perf_counter() - start)
 
         ledger_sqlite.SqliteLedger._begin_write = timed_begin  # type: ignore[attr-defined]
+    if mode == "grouped-busy":
+
+        def busy_begin(self: Any, conn: sqlite3.Connection) -> None:
+            start = time.perf_counter()
+            try:
+                conn.execute("BEGIN IMMEDIATE")  # in SQLite's busy handler (30 s)
+            finally:
+                STATS.add("lock_s", time.perf_counter() - start)
+
+        ledger_sqlite.SqliteLedger._begin_write = busy_begin  # type: ignore[method-assign]
+    if mode == "grouped-flock":
+        import fcntl
+
+        try_group = ledger_sqlite.SqliteLedger._try_group
+        locks: dict[int, int] = {}
+
+        def flocked(self: Any, conn: sqlite3.Connection, pending: Any) -> Any:
+            fd = locks.get(id(self))
+            if fd is None:
+                fd = locks[id(self)] = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            start = time.perf_counter()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            STATS.add("lock_s", time.perf_counter() - start)
+            try:
+                return try_group(self, conn, pending)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+        ledger_sqlite.SqliteLedger._try_group = flocked  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------- one process
 
 
 def open_ledger(path: Path, mode: str) -> SqliteLedger:
-    led = SqliteLedger(path, group_commit=(mode == "grouped"))  # type: ignore[call-arg]
+    led = SqliteLedger(path, group_commit=mode.startswith("grouped"))
     if mode == "plain":
         led._lock = TimedLock()  # type: ignore[assignment]
     return led
@@ -189,10 +231,11 @@ def work(path: Path, mode: str, threads: int, batches: int, run_id: str) -> dict
 
 def child_main(args: list[str]) -> None:
     path, mode, threads, batches, run_id = args
-    instrument()
+    instrument(mode)
     print("ready", flush=True)
     sys.stdin.readline()
     out = work(Path(path), mode, int(threads), int(batches), run_id)
+    out["finished_at"] = time.time()
     print(json.dumps(out), flush=True)
 
 
@@ -248,8 +291,11 @@ def run_processes(
             assert p.stdout is not None
             results.append(json.loads(p.stdout.readline()))
         wall = time.perf_counter() - start
+    first = min(r["finished_at"] for r in results)
     for r in results:
         r["wall_s"] = wall  # the processes' common wall time (start to last finish)
+        # how much longer the last process ran than the first: starvation shows here
+        r["spread_s"] = r["finished_at"] - first
     return results
 
 
@@ -275,8 +321,18 @@ def check_and_sum(path: Path, results: list[dict[str, Any]], batches: int) -> di
         "calls_per_s": calls / wall,
         "msgs_per_s": expected / wall,
         "latency_ms": 1000 * sum(r["call_s"] for r in results) / calls,
-        "begin_ms": 1000 * (stats.get("begin_s", 0) + stats.get("lock_s", 0)) / calls,
-        "commit_ms": 1000 * stats.get("commit_s", 0) / calls,
+        "begin_ms": 1000 * max(stats.get("begin_s", 0), stats.get("lock_s", 0)) / calls,
+        "slow_begins": stats.get("begin_slow_n", 0) / max(1, stats.get("begin_n", 0)),
+        "commit_full_ms": 1000
+        * stats.get("commit_full_s", 0)
+        / max(1, stats.get("commit_full_n", 0)),
+        "commit_normal_ms": 1000
+        * stats.get("commit_normal_s", 0)
+        / max(1, stats.get("commit_normal_n", 0)),
+        "commit_ms": 1000
+        * (stats.get("commit_full_s", 0) + stats.get("commit_normal_s", 0))
+        / calls,
+        "spread_pct": 100 * max(r.get("spread_s", 0) for r in results) / wall,
         "lock_wait_ms": 1000 * stats.get("lock_wait_s", 0) / calls,
         "per_group": (
             sum(g["requests"] for g in groups) / max(1, sum(g["groups"] for g in groups))
@@ -291,10 +347,13 @@ COLUMNS = (
     ("calls/s", "calls_per_s", "{:,.0f}"),
     ("msgs/s", "msgs_per_s", "{:,.0f}"),
     ("ms/call", "latency_ms", "{:.2f}"),
-    ("BEGIN (busy) ms/call", "begin_ms", "{:.2f}"),
-    ("COMMIT ms/call", "commit_ms", "{:.2f}"),
+    ("BEGIN (busy) ms/call", "begin_ms", "{:.3f}"),
+    ("BEGINs > 0.5 ms", "slow_begins", "{:.0%}"),
+    ("COMMIT ms/call", "commit_ms", "{:.3f}"),
+    ("ms per COMMIT FULL / NORMAL", "commit_pair", "{}"),
     ("object lock ms/call", "lock_wait_ms", "{:.2f}"),
     ("requests/txn", "per_group", "{:.1f}"),
+    ("last process later by", "spread_pct", "{:.0f} %"),
 )
 
 
@@ -305,19 +364,24 @@ def render(rows: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str]) 
         good = [r for r in runs if not r["problems"]]
         cells = []
         for _, key, fmt in COLUMNS:
+            if key == "commit_pair":
+                full = statistics.median([r["commit_full_ms"] for r in good] or [0])
+                normal = statistics.median([r["commit_normal_ms"] for r in good] or [0])
+                cells.append(f"{full:.2f} / {normal:.2f}")
+                continue
+            if key == "spread_pct" and "x" not in config:
+                cells.append("-")
+                continue
             values = [r[key] for r in good if r[key] is not None]
             cells.append(fmt.format(statistics.median(values)) if values else "-")
         lines.append(
             f"| {config} | {mode} | " + " | ".join(cells) + f" | {len(good)}/{len(runs)} |"
         )
-    if {"plain", "grouped"} <= set(modes):
-        lines += [
-            "",
-            "| threads | grouped/plain calls/s, per round | median |",
-            "| --- | --- | ---: |",
-        ]
+    for other in (m for m in modes if m != "plain" and "plain" in modes):
+        lines += ["", f"| threads | {other}/plain calls/s, per round | median |"]
+        lines.append("| --- | --- | ---: |")
         for config in dict.fromkeys(c for c, _ in rows):
-            plain, grouped = rows[(config, "plain")], rows[(config, "grouped")]
+            plain, grouped = rows[(config, "plain")], rows[(config, other)]
             ratios = [
                 g["calls_per_s"] / p["calls_per_s"] for p, g in zip(plain, grouped, strict=True)
             ]
@@ -326,6 +390,20 @@ def render(rows: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str]) 
                 f"{statistics.median(ratios):.2f}× |"
             )
     return "\n".join(lines)
+
+
+_ORIGINALS = (
+    ledger_sqlite.SqliteLedger._begin_write,
+    ledger_sqlite.SqliteLedger._try_group,
+    ledger_sqlite.sqlite3.connect,
+)
+
+
+def instrument_once(mode: str) -> None:
+    """This process's ledger instrumented for ``mode`` (child processes do their own)."""
+    cls = ledger_sqlite.SqliteLedger
+    cls._begin_write, cls._try_group, ledger_sqlite.sqlite3.connect = _ORIGINALS  # type: ignore[method-assign]
+    instrument(mode)
 
 
 def main() -> int:
@@ -342,7 +420,6 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where the ledger files go")
     args = parser.parse_args()
     modes = args.modes.split(",")
-    instrument()
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ledger-bench-") as d:
         print(f"ledger files in {d}; load {os.getloadavg()[0]:.2f} at start", flush=True)
@@ -352,6 +429,7 @@ def main() -> int:
                 procs, _, per = config.partition("x")
                 threads = int(per or procs) * (int(procs) if per else 1)
                 for mode in order:
+                    instrument_once(mode)
                     result = run_config(config, mode, max(1, args.batches // threads), Path(d))
                     rows.setdefault((config, mode), []).append(result)
                     print(

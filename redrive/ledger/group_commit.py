@@ -2,9 +2,12 @@
 as many as queued while its previous transaction was in flight, in one transaction.
 
 Uncontended, a request waits for nothing but its own transaction (no batching window:
-the writer takes what is queued the moment it is free). Contended, N callers' requests
-share one transaction, so one disk flush instead of N, and no caller waits on a lock
-behind the others' flushes one by one.
+the writer takes what is queued the moment it is free), and a worker thread that finds
+nothing in flight and nothing queued runs its request itself, sparing the hand-over to
+the writer thread (the main thread never does: Ctrl-C lands there, and must not stop a
+transaction that carries others' requests or leave the writer's turn taken). Contended,
+N callers' requests share one transaction, so one disk flush instead of N, and no caller
+waits on a lock behind the others' flushes one by one.
 
 The backend supplies ``commit_group``: it runs a group's requests in arrival order, then
 settles each (:meth:`WriteRequest.finish` or :meth:`WriteRequest.fail`), all of them, on
@@ -33,30 +36,42 @@ class WriteRequest(Generic[_T]):
     """One caller's write: ``apply`` runs its statements on the writer's connection inside
     the group's transaction and returns the caller's answer."""
 
-    __slots__ = ("_done", "_error", "_result", "apply", "flush", "what")
+    __slots__ = ("_done", "_error", "_result", "_settled", "apply", "flush", "what")
 
     def __init__(self, what: str, apply: Callable[[Any], _T], *, flush: bool) -> None:
         self.what = what
         self.apply = apply
         self.flush = flush
-        self._done = threading.Event()
+        # Made only for a request that waits for the writer (one a caller runs itself is
+        # settled when it returns).
+        self._done: threading.Event | None = None
+        self._settled = False
         self._result: _T | None = None
         self._error: BaseException | None = None
 
+    def will_wait(self) -> None:
+        self._done = threading.Event()
+
     def finish(self, result: _T) -> None:
         self._result = result
-        self._done.set()
+        self._settle()
 
     def fail(self, error: BaseException) -> None:
         self._error = error
-        self._done.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        self._settled = True
+        if self._done is not None:
+            self._done.set()
 
     @property
     def settled(self) -> bool:
-        return self._done.is_set()
+        return self._settled
 
     def outcome(self) -> _T:
-        self._done.wait()
+        if self._done is not None:
+            self._done.wait()
         if self._error is not None:
             # Raised in the caller's thread; the writer's traceback frames stay out of it.
             raise self._error.with_traceback(None)
@@ -80,7 +95,9 @@ class GroupWriter:
         self._queue: list[WriteRequest[Any]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Read by the benchmark (requests per transaction); only the writer writes them.
+        # A transaction is in flight (the writer's, or a caller's own): one at a time.
+        self._busy = False
+        # Read by the benchmark (requests per transaction); written while _busy only.
         self.groups = 0
         self.requests = 0
 
@@ -90,14 +107,23 @@ class GroupWriter:
         with self._cond:
             if self._closed:
                 raise self._closed_error()
-            self._queue.append(request)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="redrive-ledger-writer", daemon=True
-                )
-                self._thread.start()
+            inline = (
+                not self._busy
+                and not self._queue
+                and threading.current_thread() is not threading.main_thread()
+            )
+            if inline:
+                self._busy = True
             else:
-                self._cond.notify()
+                request.will_wait()
+                self._queue.append(request)
+                self._wake_writer()
+        if inline:
+            try:
+                self._execute([request])
+            finally:
+                self._done_executing()
+            return request.outcome()
         try:
             return request.outcome()
         except BaseException:
@@ -121,10 +147,30 @@ class GroupWriter:
             left, self._queue = self._queue, []
             thread = self._thread
             self._cond.notify_all()
+            while self._busy:
+                self._cond.wait()
         for request in left:
             request.fail(self._closed_error())
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def _wake_writer(self) -> None:
+        """Under the lock: make sure a writer will take what is queued."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="redrive-ledger-writer", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._cond.notify_all()
+
+    def _done_executing(self) -> None:
+        with self._cond:
+            self._busy = False
+            if self._queue and not self._closed:
+                self._wake_writer()
+            else:
+                self._cond.notify_all()  # close() may be waiting
 
     def _withdraw(self, request: WriteRequest[Any]) -> None:
         with self._cond:
@@ -136,28 +182,38 @@ class GroupWriter:
 
     def _next_group(self) -> list[WriteRequest[Any]] | None:
         with self._cond:
-            while not self._queue and not self._closed:
+            while (not self._queue or self._busy) and not self._closed:
                 if not self._cond.wait(self._idle_exit_s) and not self._queue:
                     break
-            if not self._queue:
+            if not self._queue or self._busy:
                 self._thread = None  # under the lock: the next submit starts a new writer
                 return None
             group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+            self._busy = True
             return group
 
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
-            self.groups += 1
-            self.requests += len(group)
             try:
-                self._commit_group(group)
-            except BaseException as exc:  # never leave a caller waiting, whatever happened
-                for request in group:
-                    if not request.settled:
-                        request.fail(exc)
+                self._execute(group)
             finally:
-                for request in group:
-                    if not request.settled:
-                        request.fail(
-                            LedgerError(f"ledger {self._location}: {request.what} got no answer")
-                        )
+                self._done_executing()
+
+    def _execute(self, group: list[WriteRequest[Any]]) -> None:
+        """Commit ``group`` and settle each of its requests, whatever happens."""
+        self.groups += 1
+        self.requests += len(group)
+        try:
+            self._commit_group(group)
+        except BaseException as exc:  # never leave a caller waiting, whatever happened
+            for request in group:
+                if not request.settled:
+                    request.fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            for request in group:
+                if not request.settled:
+                    request.fail(
+                        LedgerError(f"ledger {self._location}: {request.what} got no answer")
+                    )

@@ -219,6 +219,15 @@ class SqliteLedger(Ledger):
         try:
             self._prepare(conn)
             self.legacy_keys = self._read_legacy_flag(conn)
+            if group_commit:
+                # Only the writer uses this connection from here on, always first through a
+                # BEGIN IMMEDIATE that it retries itself (_begin_write), for as long: SQLite's
+                # busy handler would sleep in steps of up to 100 ms instead. Once the write
+                # lock is held (WAL), no statement of the transaction waits for another.
+                conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error as e:
+            conn.close()
+            raise self._open_error(e) from None
         except BaseException:
             conn.close()
             raise
@@ -416,34 +425,36 @@ class SqliteLedger(Ledger):
             finally:
                 if not flush:
                     conn.execute("PRAGMA synchronous=FULL")
-        except Exception as e:
+        except BaseException as e:
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             for request in pending:
                 request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
+            if not isinstance(e, Exception):
+                raise
             return None, []
         return None, results
 
     def _begin_write(self, conn: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE, trying again at short steps while another process holds the
         write lock, for up to the busy timeout (then SQLite's "database is locked")."""
-        deadline = time.monotonic() + self._busy_timeout
+        deadline: float | None = None
         attempt = 0
-        # The busy handler is off for these tries only: every other statement keeps it.
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as e:
-                    if not _is_busy(e) or time.monotonic() >= deadline:
-                        raise
-                time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
-                attempt += 1
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_timeout
+                elif now >= deadline:
+                    raise
+            time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
+            attempt += 1
 
     def _write(
         self, what: str, *, flush: bool = True
