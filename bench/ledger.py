@@ -29,10 +29,21 @@ process holds it), ``COMMIT`` (the WAL write and, when flushed, the fsync), and,
 waiting for the object's lock; grouped: requests per transaction. Then the ratio
 grouped/plain per round, in one run. Every run is checked: every key ends DONE, won once.
 
+``--dynamodb``: the same pattern on the DynamoDB ledger, against moto in-process, with a
+simulated round trip per call (``--latency-ms``, default 20: a botocore ``before-send``
+hook that sleeps, this script only) and a client configured as redrive's are (20 HTTP
+connections). Modes: ``pool-10`` (``write_threads=10``: the one pool of 10 threads that
+every caller's per-key conditional writes queued for before) and ``pool-auto`` (the
+default now: as wide as the client's connection pool). DynamoDB has no conditional batch
+write (BatchWriteItem takes no conditions), and every ledger write is conditional, so the
+writes stay one call per key; what changes is how many run at once. moto's own CPU per
+call (in this process, under the GIL) bounds what this can show.
+
 Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python bench/ledger.py --rounds 3
     nice -n 10 .venv/bin/python bench/ledger.py --configs 16,2x16 --batches 400
+    nice -n 10 .venv/bin/python bench/ledger.py --dynamodb --configs 1,4,16 --batches 96
 
 Only local files; no network.
 """
@@ -146,8 +157,12 @@ def instrument(mode: str) -> None:
 
         ledger_sqlite.SqliteLedger._begin_write = timed_begin  # type: ignore[attr-defined]
     if mode == "grouped-busy":
+        handled: set[int] = set()
 
         def busy_begin(self: Any, conn: sqlite3.Connection) -> None:
+            if id(conn) not in handled:  # the writer's connection has it off: back on
+                conn.execute("PRAGMA busy_timeout = 30000")
+                handled.add(id(conn))
             start = time.perf_counter()
             try:
                 conn.execute("BEGIN IMMEDIATE")  # in SQLite's busy handler (30 s)
@@ -392,6 +407,123 @@ def render(rows: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str]) 
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- DynamoDB
+
+
+def dynamodb_run(threads: int, batches: int, mode: str, latency_s: float) -> dict[str, Any]:
+    import boto3
+    from botocore.config import Config
+    from moto import mock_aws
+
+    from redrive.ledger.dynamodb import DynamoDbLedger, init_table
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        client = boto3.client(
+            "dynamodb", region_name="us-east-1", config=Config(max_pool_connections=20)
+        )
+        init_table(client, "bench-ledger")
+
+        def round_trip(**_: Any) -> None:
+            time.sleep(latency_s)
+
+        client.meta.events.register_first("before-send", round_trip)
+        led = DynamoDbLedger(
+            "bench-ledger", client, write_threads=10 if mode == "pool-10" else None
+        )
+        run_id = "r0"
+        led.start_run(run_id, command="move", info={})
+        won: list[list[str]] = [[] for _ in range(threads)]
+        call_s = [0.0] * threads
+        barrier = threading.Barrier(threads + 1)
+
+        def worker(index: int) -> None:
+            barrier.wait()
+            spent = 0.0
+            for b in range(batches):
+                keys = [f"{index}-{b}-{i}" for i in range(BATCH)]
+                t0 = time.perf_counter()
+                result = led.claim_many(run_id, [Claim(k, "t", "m-" + k, Q) for k in keys])
+                mine = sorted(result.won)
+                led.mark_sent_many(run_id, {k: "sqs-" + k for k in mine})
+                led.mark_done_many(run_id, mine)
+                spent += time.perf_counter() - t0
+                won[index] += mine
+            call_s[index] = spent
+
+        pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for t in pool:
+            t.join()
+        wall = time.perf_counter() - start
+        keys = [k for ks in won for k in ks]
+        expected = threads * batches * BATCH
+        states = {e.state for e in led.get_many(keys).values()}
+        led.close()
+    problems = []
+    if len(set(keys)) != expected or states != {KeyState.DONE}:
+        problems.append(f"won {len(set(keys))} of {expected}, states {sorted(states)}")
+    calls = threads * batches * CALLS_PER_BATCH
+    return {
+        "problems": problems,
+        "calls_per_s": calls / wall,
+        "msgs_per_s": expected / wall,
+        "latency_ms": 1000 * sum(call_s) / calls,
+    }
+
+
+def dynamodb_main(args: argparse.Namespace) -> int:
+    modes = [m for m in args.modes.split(",") if m.startswith("pool-")] or ["pool-10", "pool-auto"]
+    configs = [int(c) for c in args.configs.split(",") if "x" not in c]
+    rows: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    print(
+        f"DynamoDB on moto in-process, {args.latency_ms:g} ms per call; load "
+        f"{os.getloadavg()[0]:.2f} at start",
+        flush=True,
+    )
+    for round_ in range(args.rounds):
+        order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
+        for threads in configs:
+            for mode in order:
+                result = dynamodb_run(
+                    threads, max(1, args.batches // threads), mode, args.latency_ms / 1000
+                )
+                rows.setdefault((threads, mode), []).append(result)
+                print(
+                    f"round {round_ + 1} {threads:>3} {mode:<9} {result['calls_per_s']:7,.0f}"
+                    f" calls/s {' '.join(result['problems'])}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    lines = ["| threads | mode | calls/s | msgs/s | ms/call | ok |", "|" + " --- |" * 6]
+    for (threads, mode), runs in rows.items():
+        good = [r for r in runs if not r["problems"]]
+        cells = [
+            f"{statistics.median([r[k] for r in good]):,.{d}f}" if good else "-"
+            for k, d in (("calls_per_s", 0), ("msgs_per_s", 0), ("latency_ms", 1))
+        ]
+        lines.append(
+            f"| {threads} | {mode} | " + " | ".join(cells) + f" | {len(good)}/{len(runs)} |"
+        )
+    if len(modes) == 2:
+        lines += ["", f"| threads | {modes[1]}/{modes[0]} calls/s, per round | median |"]
+        lines.append("| --- | --- | ---: |")
+        for threads in configs:
+            a, b = rows[(threads, modes[0])], rows[(threads, modes[1])]
+            ratios = [y["calls_per_s"] / x["calls_per_s"] for x, y in zip(a, b, strict=True)]
+            lines.append(
+                f"| {threads} | {', '.join(f'{r:.2f}' for r in ratios)} | "
+                f"{statistics.median(ratios):.2f}× |"
+            )
+    print("\n".join(lines))
+    print(f"load at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 1 if any(r["problems"] for runs in rows.values() for r in runs) else 0
+
+
 _ORIGINALS = (
     ledger_sqlite.SqliteLedger._begin_write,
     ledger_sqlite.SqliteLedger._try_group,
@@ -418,7 +550,11 @@ def main() -> int:
         "--batches", type=int, default=960, help="batches per configuration (split over threads)"
     )
     parser.add_argument("--dir", type=Path, default=None, help="where the ledger files go")
+    parser.add_argument("--dynamodb", action="store_true", help="the DynamoDB ledger on moto")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="--dynamodb: per call")
     args = parser.parse_args()
+    if args.dynamodb:
+        return dynamodb_main(args)
     modes = args.modes.split(",")
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp", prefix="ledger-bench-") as d:
