@@ -334,6 +334,23 @@ def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_wo
     led.close()
 
 
+def test_a_forked_child_is_told_to_open_the_ledger_again(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked with the ledger open has no writer thread (threads do not survive a
+    fork) and must not use the parent's connection: an error, never a wait forever."""
+    from redrive.ledger import group_commit
+
+    with SqliteLedger(path) as led:
+        led.start_run("A", command="move", info={})
+        parent = os.getpid()
+        monkeypatch.setattr(group_commit.os, "getpid", lambda: parent + 1)
+        with pytest.raises(LedgerError, match=f"opened by process {parent}, not this one"):
+            led.claim_many("A", claims("k"))
+        monkeypatch.undo()
+        assert led.get_many(["k"]) == {}
+
+
 # ----------------------------------------------------------------------------- processes
 
 _CLAIMER = textwrap.dedent(

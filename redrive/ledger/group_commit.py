@@ -16,6 +16,7 @@ every path. This module knows nothing of SQL.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -95,6 +96,9 @@ class GroupWriter:
         self._queue: list[WriteRequest[Any]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        # A forked child inherits this object but not its writer thread (nor may it use the
+        # parent's SQLite connection): it must open the ledger again, not wait forever.
+        self._pid = os.getpid()
         # A transaction is in flight (the writer's, or a caller's own): one at a time.
         self._busy = False
         # Read by the benchmark (requests per transaction); written while _busy only.
@@ -104,6 +108,11 @@ class GroupWriter:
     def submit(self, request: WriteRequest[_T]) -> _T:
         """Queue ``request`` and return its answer once its group is committed (or raise
         the error its group or its own statements met)."""
+        if os.getpid() != self._pid:
+            raise LedgerError(
+                f"ledger {self._location} was opened by process {self._pid}, not this one "
+                f"({os.getpid()}); open it again in this process"
+            )
         with self._cond:
             if self._closed:
                 raise self._closed_error()

@@ -393,20 +393,24 @@ class SqliteLedger(Ledger):
                 for request in pending:
                     request.fail(LedgerError(f"ledger {self.location} is closed; open it again"))
                 return
-            failed, results = self._try_group(conn, pending)
-            if failed is None:
-                for request, result in zip(pending, results, strict=True):
+            outcome = self._try_group(conn, pending)
+            if isinstance(outcome, WriteRequest):
+                pending.remove(outcome)
+                continue
+            if outcome is not None:
+                for request, result in zip(pending, outcome, strict=True):
                     request.finish(result)
-                return
-            pending.remove(failed)
+            return
 
     def _try_group(
         self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
-    ) -> tuple[WriteRequest[Any] | None, list[Any]]:
-        """One attempt at ``pending``: (None, answers) once committed, or (the request whose
-        own statements failed, already answered; nothing committed)."""
+    ) -> list[Any] | WriteRequest[Any] | None:
+        """One attempt at ``pending``: their answers once committed; or the request whose
+        own statements failed (answered; nothing committed, the others to run again); or
+        None: the transaction failed, every request is answered with its error."""
         flush = any(r.flush for r in pending)
         results: list[Any] = []
+        failed: WriteRequest[Any] | None = None
         try:
             if not flush:
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -419,9 +423,11 @@ class SqliteLedger(Ledger):
                         if not conn.in_transaction:
                             raise  # SQLite rolled the whole transaction back: the group's
                         conn.execute("ROLLBACK")
+                        failed = request
                         request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
-                        return request, []
-                conn.execute("COMMIT")
+                        break
+                else:
+                    conn.execute("COMMIT")
             finally:
                 if not flush:
                     conn.execute("PRAGMA synchronous=FULL")
@@ -433,8 +439,8 @@ class SqliteLedger(Ledger):
                 request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
             if not isinstance(e, Exception):
                 raise
-            return None, []
-        return None, results
+            return None
+        return results if failed is None else failed
 
     def _begin_write(self, conn: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE, trying again at short steps while another process holds the
