@@ -7,6 +7,11 @@ over: ``claim_many`` of 10 new keys (flushed: the claim is on disk before the se
 process, and ``2x16``: two processes of 16 threads each, on one ledger file (each process
 with its own ledger object, as ``--processes`` would have).
 
+``1m`` is one worker in the main thread, as ``--workers 1`` runs: the main thread always
+hands its requests to the writer thread (Ctrl-C lands there and must never stop a
+transaction carrying others' requests), where a worker thread that finds the writer idle
+runs its request itself.
+
 Modes (``--modes``), interleaved per round (round 1: plain, grouped; round 2: grouped,
 plain; ...), each on a fresh ledger file on disk (``--dir``, default a temporary directory
 under /var/tmp, i.e. not tmpfs):
@@ -201,13 +206,16 @@ def open_ledger(path: Path, mode: str) -> SqliteLedger:
     return led
 
 
-def work(path: Path, mode: str, threads: int, batches: int, run_id: str) -> dict[str, Any]:
-    """``threads`` threads, ``batches`` batches each; returns timings and the keys won."""
+def work(
+    path: Path, mode: str, threads: int, batches: int, run_id: str, *, main: bool = False
+) -> dict[str, Any]:
+    """``threads`` threads, ``batches`` batches each; returns timings and the keys won.
+    ``main``: one worker, in the main thread (as ``--workers 1`` runs)."""
     led = open_ledger(path, mode)
     led.start_run(run_id, command="move", info={})
     won: list[list[str]] = [[] for _ in range(threads)]
     call_s = [0.0] * threads
-    barrier = threading.Barrier(threads + 1)
+    barrier = threading.Barrier(1 if main else threads + 1)
 
     def worker(index: int) -> None:
         barrier.wait()
@@ -223,12 +231,15 @@ def work(path: Path, mode: str, threads: int, batches: int, run_id: str) -> dict
             won[index] += mine
         call_s[index] = spent
 
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    pool = [] if main else [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in pool:
         t.start()
     STATS.values.clear()
-    barrier.wait()
+    if not main:
+        barrier.wait()
     start = time.perf_counter()
+    if main:
+        worker(0)
     for t in pool:
         t.join()
     wall = time.perf_counter() - start
@@ -260,11 +271,11 @@ def child_main(args: list[str]) -> None:
 def run_config(config: str, mode: str, batches: int, directory: Path) -> dict[str, Any]:
     path = directory / f"ledger-{config}-{mode}-{time.monotonic_ns()}.sqlite3"
     SqliteLedger(path).close()  # the schema exists before anyone races for it
-    procs, _, per = config.partition("x")
+    procs, _, per = config.removesuffix("m").partition("x")
     threads = int(per or procs)
     nprocs = int(procs) if per else 1
     if nprocs == 1:
-        results = [work(path, mode, threads, batches, "r0")]
+        results = [work(path, mode, threads, batches, "r0", main=config == "1m")]
     else:
         results = run_processes(path, mode, nprocs, threads, batches)
     return check_and_sum(path, results, nprocs * threads * batches)
@@ -543,7 +554,7 @@ def main() -> int:
         child_main(sys.argv[2:])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--configs", default="1,4,16,2x16")
+    parser.add_argument("--configs", default="1m,1,4,16,2x16")
     parser.add_argument("--modes", default="plain,grouped")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -562,7 +573,7 @@ def main() -> int:
         for round_ in range(args.rounds):
             order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
             for config in args.configs.split(","):
-                procs, _, per = config.partition("x")
+                procs, _, per = config.removesuffix("m").partition("x")
                 threads = int(per or procs) * (int(procs) if per else 1)
                 for mode in order:
                     instrument_once(mode)

@@ -171,15 +171,17 @@ class GroupWriter:
             )
             self._thread.start()
         else:
-            self._cond.notify_all()
+            self._cond.notify()  # until close(), the writer is the only one that waits
 
     def _done_executing(self) -> None:
         with self._cond:
             self._busy = False
-            if self._queue and not self._closed:
+            if self._closed:
+                self._cond.notify_all()  # close() waits for this
+            elif self._queue:
                 self._wake_writer()
-            else:
-                self._cond.notify_all()  # close() may be waiting
+            # else: nobody to wake (an idle writer is woken by the next queued request only,
+            # so that it can time out and end)
 
     def _withdraw(self, request: WriteRequest[Any]) -> None:
         with self._cond:
