@@ -147,6 +147,44 @@ def test_queued_callers_share_one_transaction_and_each_gets_its_own_answer(path:
         assert {k: e.run_id for k, e in got.items()} == {"b1": "B", "both": "B", "c1": "C"}
 
 
+@pytest.mark.parametrize(
+    ("with_claim", "synchronous"), [(True, "FULL"), (False, "NORMAL")], ids=["claim", "records"]
+)
+def test_a_group_is_flushed_when_any_of_its_requests_needs_it(
+    path: Path, with_claim: bool, synchronous: str
+) -> None:
+    """A claim must be on disk before its send: a group holding one commits with
+    synchronous=FULL; SENT and DONE records alone commit as they did alone (NORMAL)."""
+    led = SqliteLedger(path)
+    led.start_run("A", command="move", info={})
+    led.claim_many("A", claims("s1", "d1"))
+    led.mark_sent_many("A", {"d1": "sqs-d1"})
+    assert led._conn is not None
+    statements: list[str] = []
+    led._conn.set_trace_callback(statements.append)
+    calls = Calls()
+    with held_group(path, led, calls, 3):
+        calls.start("sent", lambda: led.mark_sent_many("A", {"s1": "sqs-s1"}))
+        wait_until(lambda: queued(led) == 1)
+        if with_claim:
+            calls.start("claim", lambda: led.claim_many("A", claims("new")))
+        else:
+            calls.start("claim", lambda: led.mark_sent_many("A", {"absent": "x"}))
+        wait_until(lambda: queued(led) == 2)
+        calls.start("done", lambda: led.mark_done_many("A", ["d1"]))
+    led._conn.set_trace_callback(None)
+    # the last transaction is the group of three: how it began, and what it committed with
+    last_begin = max(i for i, s in enumerate(statements) if s == "BEGIN IMMEDIATE")
+    before = [s for s in statements[:last_begin] if s.startswith("PRAGMA synchronous")]
+    mode = "NORMAL" if before and before[-1] == "PRAGMA synchronous=NORMAL" else "FULL"
+    after_commit = statements[statements.index("COMMIT", last_begin) :]
+    assert mode == synchronous
+    assert ("PRAGMA synchronous=FULL" in after_commit) == (synchronous == "NORMAL")
+    assert statements[last_begin:].count("COMMIT") == 1  # one transaction for the three
+    assert set(led.get_many(["s1"])) == {"s1"} and led.get_many(["d1"])["d1"].state is KeyState.DONE
+    led.close()
+
+
 def test_a_failing_transaction_fails_every_caller_of_its_group_and_commits_none(
     path: Path,
 ) -> None:
