@@ -92,8 +92,9 @@ class Calls:
             assert not thread.is_alive()
 
 
-def writer_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "redrive-ledger-writer"]
+def writer_thread(led: SqliteLedger) -> threading.Thread | None:
+    assert led._writer is not None
+    return led._writer._thread
 
 
 @contextmanager
@@ -321,6 +322,8 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
         for i in range(1, 6):
             calls.start(f"queued {i}", functools.partial(led.claim_many, "A", claims(f"k{i}")))
         wait_until(lambda: queued(led) == 5)
+        writer = writer_thread(led)
+        assert writer is not None and writer.is_alive()
         start = time.monotonic()
         led.close()  # waits for the group in flight only, which gives up after 1 s
         assert time.monotonic() - start < 10
@@ -329,7 +332,7 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
     for i in range(1, 6):
         error = calls.results[f"queued {i}"]
         assert isinstance(error, LedgerError) and "is closed" in str(error)
-    assert writer_threads() == []
+    assert not writer.is_alive() and writer_thread(led) is None
     with pytest.raises(LedgerError, match="closed"):
         led.claim_many("A", claims("later"))
     with SqliteLedger(path) as again:
@@ -340,11 +343,14 @@ def test_the_writer_ends_with_close_and_when_idle(path: Path) -> None:
     led = SqliteLedger(path)
     assert led._writer is not None
     led._writer._idle_exit_s = 0.05
-    led.start_run("A", command="move", info={})
-    wait_until(lambda: writer_threads() == [])  # idle: gone, and started again on demand
-    assert led.claim_many("A", claims("k")).won == {"k"}
+    led.start_run("A", command="move", info={})  # the main thread's: through the writer
+    wait_until(lambda: writer_thread(led) is None)  # idle: gone ...
+    led._writer._idle_exit_s = 60
+    assert led.claim_many("A", claims("k")).won == {"k"}  # ... and started again on demand
+    second = writer_thread(led)
+    assert second is not None
     led.close()
-    assert writer_threads() == []
+    assert not second.is_alive() and writer_thread(led) is None
 
 
 def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_working(
