@@ -388,7 +388,7 @@ def test_a_forked_child_is_told_to_open_the_ledger_again(
     with SqliteLedger(path) as led:
         led.start_run("A", command="move", info={})
         parent = os.getpid()
-        monkeypatch.setattr(group_commit.os, "getpid", lambda: parent + 1)
+        monkeypatch.setattr(group_commit, "current_pid", lambda: parent + 1)
         with pytest.raises(LedgerError, match=f"opened by process {parent}, not this one"):
             led.claim_many("A", claims("k"))
         monkeypatch.undo()

@@ -29,6 +29,9 @@ _T = TypeVar("_T")
 # that is dropped without close() is then not kept alive (with its connection) by its
 # writer for longer than this.
 IDLE_EXIT_S = 2.0
+# Which process this is (a name of its own, so that a test can play a forked child).
+current_pid = os.getpid
+
 # At most this many requests per transaction, so one transaction stays short.
 MAX_GROUP = 64
 
@@ -98,7 +101,7 @@ class GroupWriter:
         self._closed = False
         # A forked child inherits this object but not its writer thread (nor may it use the
         # parent's SQLite connection): it must open the ledger again, not wait forever.
-        self._pid = os.getpid()
+        self._pid = current_pid()
         # A transaction is in flight (the writer's, or a caller's own): one at a time.
         self._busy = False
         # Read by the benchmark (requests per transaction); written while _busy only.
@@ -108,10 +111,10 @@ class GroupWriter:
     def submit(self, request: WriteRequest[_T]) -> _T:
         """Queue ``request`` and return its answer once its group is committed (or raise
         the error its group or its own statements met)."""
-        if os.getpid() != self._pid:
+        if (pid := current_pid()) != self._pid:
             raise LedgerError(
                 f"ledger {self._location} was opened by process {self._pid}, not this one "
-                f"({os.getpid()}); open it again in this process"
+                f"({pid}); open it again in this process"
             )
         with self._cond:
             if self._closed:
