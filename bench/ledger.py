@@ -97,6 +97,10 @@ class Stats:
         with self._lock:
             self.values[name] = self.values.get(name, 0.0) + value
 
+    def peak(self, name: str, value: float) -> None:
+        with self._lock:
+            self.values[name] = max(self.values.get(name, 0.0), value)
+
 
 STATS = Stats()
 
@@ -124,6 +128,8 @@ class TimedConnection(sqlite3.Connection):
             STATS.add(name + "_n", 1)
             if name == "begin" and spent > 0.0005:
                 STATS.add("begin_slow_n", 1)
+            if name == "begin":
+                STATS.peak("begin_max_s", spent)
 
 
 class TimedLock:
@@ -159,6 +165,7 @@ def instrument(mode: str) -> None:
                 return begin(self, conn, *a, **k)
             finally:
                 STATS.add("lock_s", time.perf_counter() - start)
+                STATS.peak("lock_max_s", time.perf_counter() - start)
 
         ledger_sqlite.SqliteLedger._begin_write = timed_begin  # type: ignore[attr-defined]
     if mode == "grouped-busy":
@@ -173,6 +180,7 @@ def instrument(mode: str) -> None:
                 conn.execute("BEGIN IMMEDIATE")  # in SQLite's busy handler (30 s)
             finally:
                 STATS.add("lock_s", time.perf_counter() - start)
+                STATS.peak("lock_max_s", time.perf_counter() - start)
 
         ledger_sqlite.SqliteLedger._begin_write = busy_begin  # type: ignore[method-assign]
     if mode == "grouped-flock":
@@ -188,6 +196,7 @@ def instrument(mode: str) -> None:
             start = time.perf_counter()
             fcntl.flock(fd, fcntl.LOCK_EX)
             STATS.add("lock_s", time.perf_counter() - start)
+            STATS.peak("lock_max_s", time.perf_counter() - start)
             try:
                 return try_group(self, conn, pending)
             finally:
@@ -338,7 +347,8 @@ def check_and_sum(path: Path, results: list[dict[str, Any]], batches: int) -> di
     stats: dict[str, float] = {}
     for r in results:
         for name, value in r["stats"].items():
-            stats[name] = stats.get(name, 0.0) + value
+            combine = max if name.endswith("_max_s") else (lambda a, b: a + b)
+            stats[name] = combine(stats.get(name, 0.0), value)
     groups = [r["groups"] for r in results if r["groups"]]
     calls = batches * CALLS_PER_BATCH
     wall = max(r["wall_s"] for r in results)
@@ -349,6 +359,7 @@ def check_and_sum(path: Path, results: list[dict[str, Any]], batches: int) -> di
         "latency_ms": 1000 * sum(r["call_s"] for r in results) / calls,
         "begin_ms": 1000 * max(stats.get("begin_s", 0), stats.get("lock_s", 0)) / calls,
         "slow_begins": stats.get("begin_slow_n", 0) / max(1, stats.get("begin_n", 0)),
+        "begin_max_ms": 1000 * max(stats.get("begin_max_s", 0), stats.get("lock_max_s", 0)),
         "commit_full_ms": 1000
         * stats.get("commit_full_s", 0)
         / max(1, stats.get("commit_full_n", 0)),
@@ -374,7 +385,8 @@ COLUMNS = (
     ("msgs/s", "msgs_per_s", "{:,.0f}"),
     ("ms/call", "latency_ms", "{:.2f}"),
     ("BEGIN (busy) ms/call", "begin_ms", "{:.3f}"),
-    ("BEGINs > 0.5 ms", "slow_begins", "{:.0%}"),
+    ("BEGINs > 0.5 ms", "slow_begins", "{:.1%}"),
+    ("longest BEGIN ms", "begin_max_ms", "{:.1f}"),
     ("COMMIT ms/call", "commit_ms", "{:.3f}"),
     ("ms per COMMIT FULL / NORMAL", "commit_pair", "{}"),
     ("object lock ms/call", "lock_wait_ms", "{:.2f}"),
