@@ -92,6 +92,12 @@ class Calls:
             assert not thread.is_alive()
 
 
+def busy(led: SqliteLedger) -> bool:
+    """A transaction is in flight (taking the lock, or holding it)."""
+    assert led._writer is not None
+    return led._writer._busy
+
+
 def writer_thread(led: SqliteLedger) -> threading.Thread | None:
     assert led._writer is not None
     return led._writer._thread
@@ -105,8 +111,7 @@ def held_group(path: Path, led: SqliteLedger, calls: Calls, n: int) -> Iterator[
     lock once all ``n`` are queued."""
     with write_lock_held(path) as release:
         calls.start("first", lambda: led.heartbeat("A", lease_until=0))
-        wait_until(lambda: queued(led) == 0 and "first" not in calls.results)
-        time.sleep(0.01)  # the writer took it and waits for the lock
+        wait_until(lambda: busy(led))  # it waits for the lock, in flight
         yield
         wait_until(lambda: queued(led) == n)
         release()
@@ -318,7 +323,7 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
     calls = Calls()
     with write_lock_held(path):
         calls.start("in flight", lambda: led.claim_many("A", claims("k0")))
-        wait_until(lambda: queued(led) == 0 and "in flight" not in calls.results)
+        wait_until(lambda: busy(led))
         for i in range(1, 6):
             calls.start(f"queued {i}", functools.partial(led.claim_many, "A", claims(f"k{i}")))
         wait_until(lambda: queued(led) == 5)
@@ -361,7 +366,7 @@ def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_wo
     calls = Calls()
     with write_lock_held(path) as release:
         calls.start("in flight", lambda: led.heartbeat("A", lease_until=0))
-        wait_until(lambda: queued(led) == 0 and "in flight" not in calls.results)
+        wait_until(lambda: busy(led))
         # Ctrl-C (a real SIGINT: it wakes a blocked wait, as a terminal's does) reaches the
         # main thread while it waits for its claim's turn.
         main = threading.main_thread().ident
