@@ -246,17 +246,19 @@ def work(
     STATS.values.clear()
     if not main:
         barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if main:
         worker(0)
     for t in pool:
         t.join()
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     writer = getattr(led, "group_stats", None)
     led.end_run(run_id, outcome="completed", counts={})
     led.close()
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "call_s": sum(call_s),
         "won": [k for ks in won for k in ks],
         "stats": dict(STATS.values),
@@ -357,6 +359,7 @@ def check_and_sum(path: Path, results: list[dict[str, Any]], batches: int) -> di
         "calls_per_s": calls / wall,
         "msgs_per_s": expected / wall,
         "latency_ms": 1000 * sum(r["call_s"] for r in results) / calls,
+        "cpu_us": 1e6 * sum(r["cpu_s"] for r in results) / calls,
         "begin_ms": 1000 * max(stats.get("begin_s", 0), stats.get("lock_s", 0)) / calls,
         "slow_begins": stats.get("begin_slow_n", 0) / max(1, stats.get("begin_n", 0)),
         "begin_max_ms": 1000 * max(stats.get("begin_max_s", 0), stats.get("lock_max_s", 0)),
@@ -384,6 +387,7 @@ COLUMNS = (
     ("calls/s", "calls_per_s", "{:,.0f}"),
     ("msgs/s", "msgs_per_s", "{:,.0f}"),
     ("ms/call", "latency_ms", "{:.2f}"),
+    ("CPU µs/call", "cpu_us", "{:.0f}"),
     ("BEGIN (busy) ms/call", "begin_ms", "{:.3f}"),
     ("BEGINs > 0.5 ms", "slow_begins", "{:.1%}"),
     ("longest BEGIN ms", "begin_max_ms", "{:.1f}"),
@@ -416,16 +420,16 @@ def render(rows: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str]) 
             f"| {config} | {mode} | " + " | ".join(cells) + f" | {len(good)}/{len(runs)} |"
         )
     for other in (m for m in modes if m != "plain" and "plain" in modes):
-        lines += ["", f"| threads | {other}/plain calls/s, per round | median |"]
-        lines.append("| --- | --- | ---: |")
+        lines += ["", f"| threads | {other}/plain calls/s, per round | median | CPU per call |"]
+        lines.append("| --- | --- | ---: | ---: |")
         for config in dict.fromkeys(c for c, _ in rows):
             plain, grouped = rows[(config, "plain")], rows[(config, other)]
-            ratios = [
-                g["calls_per_s"] / p["calls_per_s"] for p, g in zip(plain, grouped, strict=True)
-            ]
+            pairs = list(zip(plain, grouped, strict=True))
+            ratios = [g["calls_per_s"] / p["calls_per_s"] for p, g in pairs]
+            cpu = statistics.median(g["cpu_us"] / p["cpu_us"] for p, g in pairs)
             lines.append(
                 f"| {config} | {', '.join(f'{r:.2f}' for r in ratios)} | "
-                f"{statistics.median(ratios):.2f}× |"
+                f"{statistics.median(ratios):.2f}× | {cpu:.2f}× |"
             )
     return "\n".join(lines)
 
