@@ -7,7 +7,6 @@ are visible; answering no exits 1 (``aborted``), Ctrl-C at the prompt 130.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import signal
@@ -220,6 +219,7 @@ def _spawn_on_a_tty(server: MotoServer, *args: str) -> tuple[subprocess.Popen[by
     master, slave = os.openpty()
     env = server.env()
     env["REDRIVE_RECEIVE_WAIT"] = "0"
+    env["PYTHONFAULTHANDLER"] = "1"
     process = subprocess.Popen(
         [*REDRIVE, *args],
         stdin=slave,
@@ -249,6 +249,37 @@ def _read_until(master: int, text: str, *, timeout: float = 30) -> str:
                 break
             seen += chunk
     return seen.decode(errors="replace")
+
+
+def _drain(master: int, seconds: float) -> str:
+    """Read what the terminal shows for a while, so the process never blocks writing to it."""
+    shown = ""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([master], [], [], min(left, 0.1))
+        if not ready:
+            continue
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk.decode(errors="replace")
+    return shown
+
+
+def _why_still_running(process: subprocess.Popen[bytes], master: int, shown: str) -> str:
+    """What a process that ignored Ctrl-C was doing: its signal masks, and every thread's stack
+    (PYTHONFAULTHANDLER makes SIGABRT print them)."""
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    masks = [line for line in status.splitlines() if line.startswith(("State", "Sig", "Shd"))]
+    process.send_signal(signal.SIGABRT)
+    stacks = _drain(master, 3)
+    os.close(master)
+    process.kill()
+    process.wait(10)
+    return "\n".join(["still running after 10 SIGINTs", *masks, "shown:", shown, stacks])
 
 
 def _finish(process: subprocess.Popen[bytes], master: int) -> tuple[int, str]:
@@ -304,13 +335,17 @@ def test_on_a_real_terminal_ctrl_c_at_the_prompt_is_an_interruption(
     _read_until(master, "[y/N]")
     # What the terminal does on Ctrl-C: SIGINT to the process. A person presses it once the
     # prompt is up; a signal before the read starts would wait for the next key.
+    shown = ""
     for _ in range(10):
         time.sleep(0.5)
         process.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(2)
+        shown += _drain(master, 2)
+        if process.poll() is not None:
             break
+    if process.poll() is None:
+        pytest.fail(_why_still_running(process, master, shown))
     code, rest = _finish(process, master)
+    rest = shown + rest
     assert code == EXIT_INTERRUPTED, rest
     assert "aborted" in rest and "Traceback" not in rest
     assert tty_family.depth() == (3, 0)
