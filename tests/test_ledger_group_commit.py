@@ -95,7 +95,7 @@ class Calls:
 def busy(led: SqliteLedger) -> bool:
     """A transaction is in flight (taking the lock, or holding it)."""
     assert led._writer is not None
-    return led._writer._busy
+    return led._writer.in_flight()
 
 
 def writer_thread(led: SqliteLedger) -> threading.Thread | None:
@@ -327,8 +327,7 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
         for i in range(1, 6):
             calls.start(f"queued {i}", functools.partial(led.claim_many, "A", claims(f"k{i}")))
         wait_until(lambda: queued(led) == 5)
-        writer = writer_thread(led)
-        assert writer is not None and writer.is_alive()
+        writer = writer_thread(led)  # none: the thread in flight hands over, when done
         start = time.monotonic()
         led.close()  # waits for the group in flight only, which gives up after 1 s
         assert time.monotonic() - start < 10
@@ -337,7 +336,7 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
     for i in range(1, 6):
         error = calls.results[f"queued {i}"]
         assert isinstance(error, LedgerError) and "is closed" in str(error)
-    assert not writer.is_alive() and writer_thread(led) is None
+    assert (writer is None or not writer.is_alive()) and writer_thread(led) is None
     with pytest.raises(LedgerError, match="closed"):
         led.claim_many("A", claims("later"))
     with SqliteLedger(path) as again:
@@ -347,15 +346,34 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
 def test_the_writer_ends_with_close_and_when_idle(path: Path) -> None:
     led = SqliteLedger(path)
     assert led._writer is not None
-    led._writer._idle_exit_s = 0.05
-    led.start_run("A", command="move", info={})  # the main thread's: through the writer
-    wait_until(lambda: writer_thread(led) is None)  # idle: gone ...
     led._writer._idle_exit_s = 60
-    assert led.claim_many("A", claims("k")).won == {"k"}  # ... and started again on demand
-    second = writer_thread(led)
-    assert second is not None
+    led.start_run("A", command="move", info={})
+    calls = Calls()
+    # A worker's request that queues while the main thread commits its own goes to the
+    # writer thread, which is started for it.
+    with write_lock_held(path) as release:
+
+        def queue_behind_main() -> None:
+            wait_until(lambda: busy(led))
+            calls.start("worker", lambda: led.claim_many("A", claims("w")))
+            wait_until(lambda: queued(led) == 0 and writer_thread(led) is not None)
+            release()
+
+        helper = threading.Thread(target=queue_behind_main)
+        helper.start()
+        assert led.claim_many("A", claims("main")).won == {"main"}
+        helper.join()
+    calls.join()
+    assert calls.results["worker"].won == {"w"}
+    first = writer_thread(led)
+    assert first is not None
+    with led._writer._cond:  # idle from now on: it ends within 50 ms
+        led._writer._idle_exit_s = 0.05
+        led._writer._cond.notify()
+    wait_until(lambda: not first.is_alive())
+    assert writer_thread(led) is None
     led.close()
-    assert not second.is_alive() and writer_thread(led) is None
+    assert writer_thread(led) is None
 
 
 def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_working(

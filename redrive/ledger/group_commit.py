@@ -4,8 +4,9 @@ as many as queued while its previous transaction was in flight, in one transacti
 Uncontended, a request waits for nothing but its own transaction (no batching window:
 the writer takes what is queued the moment it is free), and a worker thread that finds
 nothing in flight and nothing queued runs its request itself, sparing the hand-over to
-the writer thread (the main thread never does: Ctrl-C lands there, and must not stop a
-transaction that carries others' requests or leave the writer's turn taken). Contended,
+the writer thread. The main thread always runs its own requests itself, alone, as the
+plain path does (Ctrl-C lands there, and must stop no transaction carrying others'
+requests); what other threads queue meanwhile waits for it. Contended,
 N callers' requests share one transaction, so one disk flush instead of N, and no caller
 waits on a lock behind the others' flushes one by one.
 
@@ -102,73 +103,101 @@ class GroupWriter:
         # A forked child inherits this object but not its writer thread (nor may it use the
         # parent's SQLite connection): it must open the ledger again, not wait forever.
         self._pid = current_pid()
-        # A transaction is in flight (the writer's, or a caller's own): one at a time.
-        self._busy = False
-        # Read by the benchmark (requests per transaction); written while _busy only.
+        # Held by whoever runs a transaction (the writer, or a caller its own): one at a time.
+        self._role = threading.Lock()
+        # A worker thread holds the role and hands the queue over when done: no need to
+        # wake the writer for what queues meanwhile.
+        self._worker_leads = False
+        # Read by the benchmark (requests per transaction); written under the role only.
         self.groups = 0
         self.requests = 0
 
     def submit(self, request: WriteRequest[_T]) -> _T:
-        """Queue ``request`` and return its answer once its group is committed (or raise
-        the error its group or its own statements met)."""
+        """Run ``request`` (alone or in a group) and return its answer once committed (or
+        raise the error its group or its own statements met)."""
         if (pid := current_pid()) != self._pid:
             raise LedgerError(
                 f"ledger {self._location} was opened by process {self._pid}, not this one "
                 f"({pid}); open it again in this process"
             )
+        if threading.current_thread() is threading.main_thread():
+            return self._run_from_main(request)
         with self._cond:
             if self._closed:
                 raise self._closed_error()
-            inline = (
-                not self._busy
-                and not self._queue
-                and threading.current_thread() is not threading.main_thread()
-            )
+            inline = not self._queue and self._role.acquire(blocking=False)
             if inline:
-                self._busy = True
+                self._worker_leads = True
             else:
                 request.will_wait()
                 self._queue.append(request)
-                if not self._busy:  # else whoever is committing hands over when done
+                if not self._worker_leads:
                     self._wake_writer()
         if inline:
-            try:
-                self._execute([request])
-                # What queued meanwhile goes in this thread too (once, so that this
-                # caller's return waits for one more transaction at most): no hand-over to
-                # the writer thread, whose wake-up costs more than a fast disk's flush.
-                if (group := self._take_group()) is not None:
-                    self._execute(group)
-            finally:
-                self._done_executing()
+            self._lead(request)
             return request.outcome()
         try:
             return request.outcome()
         except BaseException:
-            # Interrupted while waiting (Ctrl-C lands in the main thread only): a request
-            # the writer has not taken yet is withdrawn, as if the call never got its turn;
-            # one it has taken completes without anyone reading the answer.
+            # Interrupted while waiting: a request the writer has not taken yet is
+            # withdrawn, as if the call never got its turn; one it has taken completes
+            # without anyone reading the answer.
             if not request.settled:
                 self._withdraw(request)
             raise
+
+    def _lead(self, request: WriteRequest[Any]) -> None:
+        """A worker thread that found nothing in flight: its own request, then (once, so that
+        its return waits for one more transaction at most) what queued meanwhile, in this
+        thread: no hand-over to the writer thread, whose wake-up costs more than a fast
+        disk's flush. Worker threads never get Ctrl-C, so the hand-back below always runs."""
+        try:
+            self._execute([request])
+            if (group := self._take_group()) is not None:
+                self._execute(group)
+        finally:
+            with self._cond:
+                self._worker_leads = False
+                self._role.release()
+                if self._queue and not self._closed:
+                    self._wake_writer()
+
+    def _run_from_main(self, request: WriteRequest[_T]) -> _T:
+        """The main thread runs its own request, alone, holding the role as the plain path
+        holds its lock. Ctrl-C lands in this thread: then it stops this thread's own
+        transaction only (rolled back unless committed), never one carrying others'
+        requests, and ``with`` gives the role back whatever it interrupts. What queues
+        meanwhile was handed to the writer, which waits for the role."""
+        with self._cond:
+            if self._closed:
+                raise self._closed_error()
+        with self._role:
+            if self._closed:
+                raise self._closed_error()
+            self._execute([request])
+        return request.outcome()
 
     def queued(self) -> int:
         """Requests waiting for the writer (not counting the group in flight)."""
         with self._cond:
             return len(self._queue)
 
+    def in_flight(self) -> bool:
+        """Whether a transaction is being run (or its lock waited for)."""
+        return self._role.locked()
+
     def close(self) -> None:
-        """Let the group in flight finish, fail the ones still queued (the ledger is
-        closed), and wait for the writer to end."""
+        """Let the transaction in flight finish, fail the requests still queued (the ledger
+        is closed), and wait for the writer to end."""
         with self._cond:
             self._closed = True
             left, self._queue = self._queue, []
             thread = self._thread
             self._cond.notify_all()
-            while self._busy:
-                self._cond.wait()
         for request in left:
             request.fail(self._closed_error())
+        with self._role:  # the transaction in flight ends first
+            pass
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
@@ -180,17 +209,7 @@ class GroupWriter:
             )
             self._thread.start()
         else:
-            self._cond.notify()  # until close(), the writer is the only one that waits
-
-    def _done_executing(self) -> None:
-        with self._cond:
-            self._busy = False
-            if self._closed:
-                self._cond.notify_all()  # close() waits for this
-            elif self._queue:
-                self._wake_writer()
-            # else: nobody to wake (an idle writer is woken by the next queued request only,
-            # so that it can time out and end)
+            self._cond.notify()  # the writer is the only one that waits on it
 
     def _withdraw(self, request: WriteRequest[Any]) -> None:
         with self._cond:
@@ -201,7 +220,7 @@ class GroupWriter:
         return LedgerError(f"ledger {self._location} is closed; open it again")
 
     def _take_group(self) -> list[WriteRequest[Any]] | None:
-        """For the thread committing now (busy stays set): the requests queued meanwhile."""
+        """For the thread holding the role: the requests queued meanwhile, if any."""
         with self._cond:
             if not self._queue or self._closed:
                 return None
@@ -210,22 +229,23 @@ class GroupWriter:
 
     def _next_group(self) -> list[WriteRequest[Any]] | None:
         with self._cond:
-            while (not self._queue or self._busy) and not self._closed:
+            while not self._queue and not self._closed:
                 if not self._cond.wait(self._idle_exit_s) and not self._queue:
                     break
-            if not self._queue or self._busy:
+            if not self._queue:
                 self._thread = None  # under the lock: the next submit starts a new writer
                 return None
             group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            self._busy = True
             return group
 
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
-            try:
+            with self._role:
+                if self._closed:  # closed while it waited for the role: refused, as queued
+                    for request in group:
+                        request.fail(self._closed_error())
+                    continue
                 self._execute(group)
-            finally:
-                self._done_executing()
 
     def _execute(self, group: list[WriteRequest[Any]]) -> None:
         """Commit ``group`` and settle each of its requests, whatever happens."""
