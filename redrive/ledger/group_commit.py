@@ -1,14 +1,15 @@
-"""Group commit: one writer thread per ledger object runs its callers' write requests,
-as many as queued while its previous transaction was in flight, in one transaction.
+"""Group commit: the write requests of a ledger object's callers that queue while its
+transaction is in flight are run together, in arrival order, in the next one transaction;
+one transaction at a time per object (per process), each caller answered once it commits.
 
-Uncontended, a request waits for nothing but its own transaction (no batching window:
-the writer takes what is queued the moment it is free), and a worker thread that finds
-nothing in flight and nothing queued runs its request itself, sparing the hand-over to
-the writer thread. The main thread always runs its own requests itself, alone, as the
-plain path does (Ctrl-C lands there, and must stop no transaction carrying others'
-requests); what other threads queue meanwhile waits for it. Contended,
-N callers' requests share one transaction, so one disk flush instead of N, and no caller
-waits on a lock behind the others' flushes one by one.
+Uncontended, a request waits for nothing but its own transaction (no batching window: what
+queued is taken the moment the transaction before it ends). A worker thread that finds
+nothing in flight and nothing queued runs its request itself, and then what queued
+meanwhile, sparing the hand-over to the writer thread; the writer thread takes the rest.
+The main thread always runs its own requests itself, alone, as the plain path does: Ctrl-C
+lands there, and must stop no transaction carrying others' requests. Contended, N callers'
+requests share one transaction, so one disk flush instead of N, and no caller waits on a
+lock behind the others' flushes one by one.
 
 The backend supplies ``commit_group``: it runs a group's requests in arrival order, then
 settles each (:meth:`WriteRequest.finish` or :meth:`WriteRequest.fail`), all of them, on

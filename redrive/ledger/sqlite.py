@@ -183,10 +183,10 @@ class SqliteLedger(Ledger):
     - ``synchronous=FULL``: a claim is on disk (WAL fsynced) before claim_many returns,
       because a send follows it and must never be forgotten by a power cut.
 
-    Thread safety: an object may be shared between threads. Its writes go through one
-    writer thread per object (:mod:`redrive.ledger.group_commit`): the requests of callers
-    that arrive while a transaction is in flight are run, in arrival order, in the next one
-    transaction, and each caller returns once that transaction is committed (flushed to disk
+    Thread safety: an object may be shared between threads. Its writes are group-committed
+    (:mod:`redrive.ledger.group_commit`): the requests of callers that arrive while a
+    transaction is in flight are run, in arrival order, in the next one transaction, and
+    each caller returns once that transaction is committed (flushed to disk
     with ``synchronous=FULL`` if any request of the group needs it: a claim, a release, a
     takeover, a skip, a run's start or end). The writer waits for another process's write
     lock by trying again at sub-millisecond steps, not in SQLite's busy handler (whose
