@@ -43,9 +43,19 @@ Contenders (``--tools``):
   give N / (server CPU seconds of the run): the rate at which the server would be busy
   all the time with that client's calls.
 
-Diagnostic variants (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
-tmpfs), ``batched-shaped`` (the batched loop sending redrive's requests).
-``--profile-size N`` adds a step timer and a cProfile of one redrive run of N messages.
+More contenders (``--tools`` only; see ``EXTRA_TOOLS``): ``redrive-shm`` (ledger on
+tmpfs), ``batched-shaped`` (the batched loop sending redrive's requests); 16 threads:
+``redrive-w16`` (``--workers 16``), ``redrive-p2-w16`` (``--processes 2 --workers 16``; a
+redrive without ``--processes`` fails its check, said so), ``batched-16`` and ``null-16``;
+``redrive-before`` (redrive from the tree ``--before DIR``, e.g. main's, in the same rounds);
+purges: ``purge-archive`` (``redrive purge --execute`` archiving to a local file),
+``purge-filtered`` (``--no-archive --task '*'``: a filtered purge drains, an unfiltered one
+is one PurgeQueue call) and ``receive-delete`` (the batched loop: receive 10, delete them).
+A purge run is checked for an empty DLQ, an empty target, ``purged`` == N and, archiving,
+``archived`` == N. ``peak RSS MB`` is the contender's own, ``child RSS MB`` the largest of
+its children's (``--processes``; RUSAGE_CHILDREN at its exit).
+``--profile-size N`` adds a step timer and a cProfile (every thread) of one redrive run of N
+messages.
 
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
@@ -77,10 +87,12 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import http.client  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -139,7 +151,33 @@ EXTRA_TOOLS = (
     "redrive-shm-w4",
     "batched-shaped",
     "redrive-where",
+    # Issue 17: 16 threads, and --processes 2 (a run of redrive without --processes fails
+    # its check, "no --processes"); all four with --latency-ms 20 are the issue's targets.
+    "redrive-w16",
+    "redrive-p2-w16",
+    "batched-16",
+    "null-16",
+    # redrive from another tree (--before DIR, e.g. main's), default settings: the same
+    # engine before and after a change, in the same rounds.
+    "redrive-before",
+    # Purge (the DLQ is emptied, the target gets nothing): an archive to a local file, a
+    # filtered --no-archive purge (every message matches), and the batched loop that
+    # receives 10 and deletes what it received (no archive, no ledger).
+    "purge-archive",
+    "purge-filtered",
+    "receive-delete",
 )
+PURGE_TOOLS = ("purge-archive", "purge-filtered", "receive-delete")
+NO_PROCESSES = "this redrive has no --processes (exit 2)"
+#: Issue 17's ratios, printed per size when both ran (median of per-round ratios).
+PAIRS = (
+    ("redrive-p2-w16", "redrive-w16"),
+    ("redrive-w16", "batched-16"),
+    ("redrive-where", "redrive"),
+    ("redrive", "redrive-before"),
+)
+#: --before DIR: the tree redrive-before runs from.
+BEFORE: list[str] = []
 # Reads a kwarg of every message (every message's arguments are decoded) and matches every
 # one (a body that is not a Celery task has null kwargs: null != 'EUR'), so both move N.
 DEFAULT_WHERE = "kwargs.currency != 'EUR'"
@@ -157,6 +195,13 @@ BASELINE = {
     "per-message": "batched",
     "null": "batched",
     "null-4": "batched-4",
+    "redrive-w16": "batched-16",
+    "redrive-p2-w16": "batched-16",
+    "batched-16": "batched",
+    "null-16": "batched-16",
+    "redrive-before": "batched",
+    "purge-archive": "receive-delete",
+    "purge-filtered": "receive-delete",
 }
 CHILD_TIMEOUT = 1_800  # seconds one contender may take before it is killed
 SEED_TIMEOUT = 1_800  # seconds seeding one DLQ may take
@@ -252,6 +297,47 @@ import sys
 from redrive.cli import main
 sys.exit(main())
 """
+# Every redrive contender runs through this: at its exit it writes its own peak RSS and the
+# largest of its children's (RUSAGE_CHILDREN: --processes), both KiB, to BENCH_RSS_OUT. The
+# launcher's os.wait4 sees only the larger of the two.
+_RSS = """
+import atexit, json, os, resource
+def _bench_rss():
+    path = os.environ.get("BENCH_RSS_OUT")
+    if path:
+        with open(path, "w") as out:
+            json.dump({"self": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                       "children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}, out)
+atexit.register(_bench_rss)
+"""
+# cProfile, in every thread (python -m cProfile sees the main thread only: a worker's second
+# stage, the hold renewer and --workers threads would be missing). The threads' profiles are
+# merged at exit into the file named by BENCH_PROFILE_OUT.
+_PROFILE_THREADS = """
+import atexit, cProfile, os, pstats, threading
+_profiles = [cProfile.Profile()]
+_thread_run = threading.Thread.run
+def _profiled_run(self):
+    profile = cProfile.Profile()
+    _profiles.append(profile)
+    profile.enable()
+    try:
+        _thread_run(self)
+    finally:
+        profile.disable()
+threading.Thread.run = _profiled_run
+def _dump_profiles():
+    _profiles[0].disable()
+    merged = pstats.Stats(_profiles[0])
+    for profile in _profiles[1:]:
+        try:
+            merged.add(profile)
+        except TypeError:  # a thread that never ran
+            pass
+    merged.dump_stats(os.environ["BENCH_PROFILE_OUT"])
+atexit.register(_dump_profiles)
+_profiles[0].enable()
+"""
 
 
 # -- a raw JSON-protocol SQS client (seeding, checks, and the "null" contender) ---------------
@@ -322,11 +408,20 @@ def clean_attributes(raw: dict[str, Any] | None) -> dict[str, Any]:
 # -- the contenders that are not redrive (each runs in its own process) ----------------------
 
 
+_SESSIONS: list[Any] = []
+
+
 def _boto3_client() -> Any:
+    """A client of one shared session (made one after the other, before any thread starts:
+    clients are thread-safe, sessions are not), as redrive makes its workers' clients. A
+    session per client cost the 16-thread loop 117 MB of peak RSS and 0.6 s of CPU at
+    10,000 messages."""
     import boto3
 
-    # Endpoint, region and credentials from the environment, like redrive's.
-    return boto3.session.Session().client("sqs")
+    if not _SESSIONS:
+        # Endpoint, region and credentials from the environment, like redrive's.
+        _SESSIONS.append(boto3.session.Session())
+    return _SESSIONS[0].client("sqs")
 
 
 def _shaped_clients() -> tuple[Any, Any]:
@@ -495,6 +590,45 @@ def null_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
     return {"moved": sum(moved), "seconds": time.perf_counter() - started}
 
 
+def receive_delete_loop(expect: int, threads: int, wait: int) -> dict[str, Any]:
+    """A purge by hand: receive 10 -> DeleteMessageBatch them (no archive, no ledger)."""
+    clients = [_boto3_client() for _ in range(threads)]
+    started = time.perf_counter()
+    deleted = [0] * threads
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        client = clients[index]
+        try:
+            dlq = client.get_queue_url(QueueName=DLQ)["QueueUrl"]
+            for _ in range(expect // 10 + 1_000):  # bounded: the first empty receive ends it
+                messages = client.receive_message(
+                    QueueUrl=dlq,
+                    MaxNumberOfMessages=10,
+                    WaitTimeSeconds=wait,
+                    VisibilityTimeout=30,
+                    MessageAttributeNames=["All"],
+                ).get("Messages", [])
+                if not messages:
+                    return
+                done = client.delete_message_batch(
+                    QueueUrl=dlq,
+                    Entries=[
+                        {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                        for i, m in enumerate(messages)
+                    ],
+                )
+                deleted[index] += len(done.get("Successful", []))
+        except BaseException as exc:
+            errors.append(exc)
+
+    run_threads(work, threads)
+    if errors:
+        raise errors[0]
+    # "moved" off the DLQ, as the other loops say it.
+    return {"moved": sum(deleted), "seconds": time.perf_counter() - started}
+
+
 def run_threads(work: Any, threads: int) -> None:
     if threads == 1:
         work(0)
@@ -657,10 +791,37 @@ def fresh_family(raw: RawSqs) -> tuple[str, str]:
     return dlq_url, queue_url
 
 
+#: Connections that seed a DLQ at once: 1 on loopback; with --latency-ms, 16, since one
+#: connection would wait a round trip per 10 messages (100,000 at 20 ms: 200 s).
+SEED_CONNECTIONS = [1]
+
+
 def seed(raw: RawSqs, dlq_url: str, batches: SeedBatches) -> None:
+    connections = min(SEED_CONNECTIONS[0], len(batches.batches))
+    if connections <= 1:
+        seed_batches(raw, dlq_url, batches.batches)
+        return
+    endpoint = f"http://{raw.host}:{raw.port}"
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        own = RawSqs(endpoint)
+        try:
+            seed_batches(own, dlq_url, batches.batches[index::connections])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    run_threads(work, connections)
+    if errors:
+        raise errors[0]
+
+
+def seed_batches(raw: RawSqs, dlq_url: str, batches: Sequence[list[dict[str, Any]]]) -> None:
     deadline = time.monotonic() + SEED_TIMEOUT
     prefix = json.dumps({"QueueUrl": dlq_url})[:-1].encode() + b', "Entries": '
-    for batch in batches.batches:
+    for batch in batches:
         body = prefix + json.dumps(batch).encode("utf-8") + b"}"
         response = raw.call_raw("SendMessageBatch", body)
         if response.get("Failed") or len(response.get("Successful", [])) != len(batch):
@@ -692,39 +853,54 @@ def depth(raw: RawSqs, url: str) -> tuple[int, int, int]:
 def redrive_command(
     tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
 ) -> list[str]:
-    patches = "".join((_PHASES if phases else "",))
-    head = [PYTHON, "-m", "redrive"]
-    if profile_out is not None:
-        head = [PYTHON, "-m", "cProfile", "-o", profile_out, "-m", "redrive"]
-        if patches:  # cProfile runs a module or a file, not -c: write the file
-            script = profile_out + ".py"
-            with open(script, "w", encoding="utf-8") as f:
-                f.write(patches + _MAIN)
-            head = [PYTHON, "-m", "cProfile", "-o", profile_out, script]
-    elif patches:
-        head = [PYTHON, "-c", patches + _MAIN]
+    """The command of a redrive contender: ``redrive[-pP][-wN]``, ``redrive-shm[-wN]``,
+    ``redrive-where``, ``redrive-before`` (see EXTRA_TOOLS), or a purge."""
+    patches = _RSS + (_PHASES if phases else "") + (_PROFILE_THREADS if profile_out else "")
+    head = [PYTHON, "-c", patches + _MAIN]
+    if tool.startswith("purge-"):
+        return [*head, *purge_arguments(tool, ledger)]
     # --include-unknown: the loops move the bodies that are not Celery tasks too.
     command = [*head, "move", FAMILY, "--execute", "--yes", "--json", "--include-unknown"]
     command += ["--ledger", ledger]
-    if tool.endswith("-w1"):
-        command += ["--workers", "1"]
-    elif tool.endswith("-w4"):
-        command += ["--workers", "4"]
+    if (workers := re.search(r"-w(\d+)$", tool)) is not None:
+        command += ["--workers", workers.group(1)]
+    if (processes := re.search(r"-p(\d+)-", tool)) is not None:
+        command += ["--processes", processes.group(1)]
     if tool == "redrive-where":
         command += ["--where", WHERE[0]]
     return command
 
 
+def purge_arguments(tool: str, ledger: str) -> list[str]:
+    """``redrive purge`` archiving to a fresh local file next to the ledger, or deleting
+    without an archive under a filter every message passes (unfiltered, --no-archive would
+    be one PurgeQueue call, not a drain)."""
+    arguments = ["purge", FAMILY, "--execute", "--yes", "--json", "--ledger", ledger]
+    if tool == "purge-archive":
+        return [*arguments, "--archive", ledger + ".archive.jsonl.gz"]
+    return [*arguments, "--no-archive", "--task", "*"]
+
+
+def threads_of(tool: str) -> int:
+    """The threads of a hand-written loop: ``batched-16`` 16, ``batched`` 1."""
+    last = tool.rsplit("-", 1)[-1]
+    return int(last) if last.isdigit() else 1
+
+
 def tool_command(tool: str, n: int, ledger: str, wait: int) -> list[str]:
-    if tool.startswith("redrive"):
+    if tool.startswith(("redrive", "purge-")):
         return redrive_command(tool, ledger)
-    me = [PYTHON, "-P", os.path.abspath(__file__), "--child", tool.split("-")[0]]
-    threads = "4" if tool.endswith("-4") else "1"
-    if tool == "per-message":
-        me = [PYTHON, "-P", os.path.abspath(__file__), "--child", "per-message"]
+    kind = {"per-message": "per-message", "receive-delete": "receive-delete"}.get(tool)
+    me = [PYTHON, "-P", os.path.abspath(__file__), "--child", kind or tool.split("-")[0]]
     if tool == "batched-shaped":
         me.append("--shaped")
+    threads = "1" if tool == "batched-shaped" else str(threads_of(tool))
     return [*me, "--threads", threads, "--expect", str(n), "--receive-wait", str(wait)]
+
+
+def tool_tree(tool: str) -> str:
+    """The tree a contender's redrive comes from: --before's for redrive-before."""
+    return BEFORE[0] if tool == "redrive-before" and BEFORE else ROOT
 
 
 @dataclass
@@ -736,6 +912,7 @@ class Run:
     wall_s: float
     own_s: float | None
     peak_rss_mb: float
+    """The contender's own (the parent's, with --processes)."""
     client_cpu_s: float
     server_cpu_s: float
     moved: int | None
@@ -745,6 +922,8 @@ class Run:
     problem: str = ""
     load_before: float = 0.0
     seed_s: float = 0.0
+    child_rss_mb: float = 0.0
+    """The largest peak RSS among the contender's children (--processes); 0 without."""
 
     @property
     def rate_wall(self) -> float:
@@ -785,7 +964,9 @@ class ChildResult:
     stderr: str
 
 
-def run_child(command: list[str], env: dict[str, str], timeout: float) -> ChildResult:
+def run_child(
+    command: list[str], env: dict[str, str], timeout: float, cwd: str = ROOT
+) -> ChildResult:
     """Run ``command`` through the launcher; kill its process group after ``timeout`` s."""
     with (
         tempfile.TemporaryFile() as out,
@@ -794,7 +975,7 @@ def run_child(command: list[str], env: dict[str, str], timeout: float) -> ChildR
     ):
         launcher = subprocess.Popen(
             [PYTHON, "-I", "-S", "-c", _LAUNCHER, usage_file.name, *command],
-            cwd=ROOT,
+            cwd=cwd,
             env=env,
             stdout=out,
             stderr=err,
@@ -828,6 +1009,13 @@ def run_child(command: list[str], env: dict[str, str], timeout: float) -> ChildR
     )
 
 
+def contender_env(server: Server, state: str, wait: int, tool: str) -> dict[str, str]:
+    env = child_env(server.endpoint, state, wait)
+    if tool_tree(tool) != ROOT:
+        env["PYTHONPATH"] = tool_tree(tool)  # that tree's redrive, not this one's
+    return env
+
+
 def measure(
     server: Server,
     raw: RawSqs,
@@ -845,19 +1033,25 @@ def measure(
     seeded = depth(raw, dlq_url)
     if seeded != (n, 0, 0):
         raise RuntimeError(f"seeding left {seeded} (visible, in flight, delayed), expected {n}")
-    env = child_env(server.endpoint, state, wait)
+    env = contender_env(server, state, wait, tool)
     # The ledger is a fresh file in the temporary directory (on disk, like the default
     # ~/.local/state), or, for the redrive-shm variants, in /dev/shm (tmpfs: fsync is free).
     ledger_dir = SHM if tool.startswith("redrive-shm") else state
     ledger = os.path.join(
         ledger_dir, f"redrive-bench-ledger-{os.getpid()}-{tool}-{rnd}-{n}.sqlite3"
     )
+    env["BENCH_RSS_OUT"] = ledger + ".rss.json"
     load = os.getloadavg()[0]
     cpu_before = server.cpu_seconds()
-    child = run_child(tool_command(tool, n, ledger, wait), env, CHILD_TIMEOUT)
+    child = run_child(tool_command(tool, n, ledger, wait), env, CHILD_TIMEOUT, tool_tree(tool))
     server_cpu = server.cpu_seconds() - cpu_before
     wall, stdout, stderr = child.wall_s, child.stdout, child.stderr
-    for suffix in ("", "-wal", "-shm"):
+    rss = {"self": child.peak_rss_mb * 1024, "children": 0}
+    with contextlib.suppress(OSError, ValueError), open(env["BENCH_RSS_OUT"]) as f:
+        rss = json.load(f)
+    archive = ledger + ".archive.jsonl.gz"
+    archived_bytes = os.path.getsize(archive) if os.path.exists(archive) else 0
+    for suffix in ("", "-wal", "-shm", ".rss.json", ".archive.jsonl.gz"):
         if os.path.exists(ledger + suffix):
             os.remove(ledger + suffix)
     target_after = depth(raw, queue_url)
@@ -865,20 +1059,31 @@ def measure(
     problems = []
     moved = own_s = None
     if child.exit != 0:
-        problems.append(f"exit {child.exit}: {stderr.strip()[-300:]}")
+        if "No such option" in stderr and "--processes" in stderr:
+            problems.append(NO_PROCESSES)
+        else:
+            problems.append(f"exit {child.exit}: {stderr.strip()[-300:]}")
     try:
         data = json.loads(stdout)
-        moved = int(data["moved"])
-        own_s = float(data["seconds"])
+        moved, own_s = moved_by(tool, data), float(data["seconds"])
         if moved != n:
             problems.append(f"moved {moved}, expected {n}")
-        if tool.startswith("redrive") and (data.get("failed") or data.get("in_doubt")):
+        if tool.startswith(("redrive", "purge-")) and (data.get("failed") or data.get("in_doubt")):
             problems.append(f"failed {data.get('failed')}, in doubt {data.get('in_doubt')}")
+        if tool == "purge-archive" and (data.get("archived") != n or not archived_bytes):
+            problems.append(f"archived {data.get('archived')} ({archived_bytes:,} bytes written)")
     except (ValueError, KeyError, TypeError):
-        problems.append(f"no JSON result: {stdout.strip()[-200:]!r} {stderr.strip()[-300:]}")
-    if target_after != (n, 0, 0):
-        problems.append(f"target holds {target_after} (visible, in flight, delayed), not {n}")
-    if dlq_after != (0, 0, 0):
+        if not problems:
+            problems.append(f"no JSON result: {stdout.strip()[-200:]!r} {stderr.strip()[-300:]}")
+    # A move leaves every message in the target, a purge none.
+    expected = (0, 0, 0) if tool in PURGE_TOOLS else (n, 0, 0)
+    # A redrive without --processes did nothing: that is the whole story.
+    did_nothing = problems[:1] == [NO_PROCESSES]
+    if target_after != expected and not did_nothing:
+        problems.append(
+            f"target holds {target_after} (visible, in flight, delayed), not {expected[0]}"
+        )
+    if dlq_after != (0, 0, 0) and not did_nothing:
         problems.append(f"DLQ holds {dlq_after} (visible, in flight, delayed), not 0")
     return Run(
         server=server.kind,
@@ -887,7 +1092,8 @@ def measure(
         round=rnd,
         wall_s=wall,
         own_s=own_s,
-        peak_rss_mb=child.peak_rss_mb,
+        peak_rss_mb=rss["self"] / 1024,
+        child_rss_mb=rss["children"] / 1024,
         client_cpu_s=child.cpu_s,
         server_cpu_s=server_cpu,
         moved=moved,
@@ -898,6 +1104,11 @@ def measure(
         load_before=load,
         seed_s=seed_s,
     )
+
+
+def moved_by(tool: str, data: dict[str, Any]) -> int:
+    """What a contender's JSON says it took off the DLQ: moved, or purged."""
+    return int(data["purged"] if tool.startswith("purge-") else data["moved"])
 
 
 # -- the benchmark -----------------------------------------------------------------------------
@@ -951,15 +1162,21 @@ def bench_size(
     return result
 
 
-def paired_ratio(result: SizeResult, tool: str, base: str, own: bool) -> float | None:
-    """Median over rounds of (tool's rate / base's rate in the same round)."""
+def paired_ratio(
+    result: SizeResult, tool: str, base: str, own: bool, *, cpu: bool = False
+) -> float | None:
+    """Median over rounds of (tool's rate / base's rate in the same round); ``cpu``: of
+    (tool's client CPU / base's)."""
     ratios = []
     for rnd in {r.round for r in result.runs}:
         a = [r for r in result.runs if r.tool == tool and r.round == rnd and r.ok]
         b = [r for r in result.runs if r.tool == base and r.round == rnd and r.ok]
         if a and b:
-            ra = a[0].rate_own if own else a[0].rate_wall
-            rb = b[0].rate_own if own else b[0].rate_wall
+            if cpu:
+                ra, rb = a[0].client_cpu_s, b[0].client_cpu_s
+            else:
+                ra = a[0].rate_own if own else a[0].rate_wall
+                rb = b[0].rate_own if own else b[0].rate_wall
             if ra and rb:
                 ratios.append(ra / rb)
     return median(ratios) if ratios else None
@@ -992,7 +1209,9 @@ def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any
                     ),
                     "wall s": wall,
                     "peak RSS MB": median([r.peak_rss_mb for r in runs]),
+                    "child RSS MB": max(r.child_rss_mb for r in runs) or None,
                     "client CPU s": median([r.client_cpu_s for r in runs]),
+                    "CPU ms/msg": median([r.client_cpu_s for r in runs]) / result.n * 1000,
                     "server CPU s": server_cpu,
                     "server CPU/wall": server_cpu / wall if wall else None,
                     "server-bound msgs/s": result.n / server_cpu if server_cpu else None,
@@ -1012,7 +1231,9 @@ HEADERS = [
     "own msgs/s",
     "own vs batched",
     "peak RSS MB",
+    "child RSS MB",
     "client CPU s",
+    "CPU ms/msg",
     "server CPU s",
     "server CPU/wall",
     "server-bound msgs/s",
@@ -1038,7 +1259,9 @@ def _fmt(row: dict[str, Any], header: str) -> str:
         return f"{value:,.0f}"
     if header == "server CPU/wall":
         return f"{value:.0%}"
-    if header == "peak RSS MB":
+    if header == "CPU ms/msg":
+        return f"{value:.3f}"
+    if header in ("peak RSS MB", "child RSS MB"):
         return f"{value:.1f}"
     return f"{value:.2f}"
 
@@ -1075,12 +1298,17 @@ def render(
         text.append("| " + " | ".join(cells) + " |")
     text.append("")
     for result in results:
-        ratio = paired_ratio(result, "redrive-where", "redrive", own=False)
-        own = paired_ratio(result, "redrive-where", "redrive", own=True)
-        if ratio is not None:
+        for tool, base in PAIRS:
+            ratio = paired_ratio(result, tool, base, own=False)
+            own = paired_ratio(result, tool, base, own=True)
+            if ratio is None:
+                continue
+            what = f"redrive --where {WHERE[0]!r}" if tool == "redrive-where" else tool
+            cpu = paired_ratio(result, tool, base, own=False, cpu=True)
             text.append(
-                f"N={result.n:,}: redrive --where {WHERE[0]!r} / redrive, same rounds: "
-                f"{ratio:.2f}x msgs/s" + (f", {own:.2f}x own msgs/s" if own else "")
+                f"N={result.n:,}: {what} / {base}, same rounds: {ratio:.2f}x msgs/s"
+                + (f", {own:.2f}x own msgs/s" if own else "")
+                + (f", {cpu:.2f}x client CPU" if cpu else "")
             )
     text.append(scaling(results, tools))
     text.append("seeding (SendMessageBatch as raw JSON into the fresh DLQ; not measured above):")
@@ -1126,11 +1354,13 @@ def unmeasured_redrive(
             ledger_dir = SHM if tool.startswith("redrive-shm") else state
             ledger = os.path.join(ledger_dir, f"redrive-bench-ledger-{os.getpid()}-profile.sqlite3")
             command = redrive_command(tool, ledger, **command_options)
-            env = child_env(server.endpoint, state, wait)
+            env = contender_env(server, state, wait, tool)
             env["BENCH_PHASES_OUT"] = os.path.join(state, "phases.json")
+            if command_options.get("profile_out"):
+                env["BENCH_PROFILE_OUT"] = command_options["profile_out"]
             started = time.perf_counter()
             done = subprocess.run(
-                command, cwd=ROOT, env=env, capture_output=True, timeout=CHILD_TIMEOUT
+                command, cwd=tool_tree(tool), env=env, capture_output=True, timeout=CHILD_TIMEOUT
             )
             wall = time.perf_counter() - started
             if command_options.get("phases") and os.path.exists(env["BENCH_PHASES_OUT"]):
@@ -1331,6 +1561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run redrive-where: redrive move --where EXPR (an expression on a kwarg that "
         f"every message passes, e.g. {DEFAULT_WHERE!r}), and print its ratio to redrive",
     )
+    parser.add_argument(
+        "--before",
+        metavar="DIR",
+        help="also run redrive-before: redrive from the tree DIR (e.g. `git archive main | tar "
+        "-x -C DIR`), default settings, in the same rounds; prints redrive / redrive-before",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--profile-size",
@@ -1342,7 +1578,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--profile-tool",
         default="redrive",
-        choices=("redrive", "redrive-shm", "redrive-where"),
+        choices=("redrive", "redrive-shm", "redrive-where", "redrive-w16", "redrive-before"),
     )
     parser.add_argument(
         "--no-cprofile", action="store_true", help="with --profile-size: the step timer only"
@@ -1352,7 +1588,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # Internal: a hand-written contender's own process.
     parser.add_argument(
-        "--child", choices=("batched", "per-message", "null"), help=argparse.SUPPRESS
+        "--child",
+        choices=("batched", "per-message", "null", "receive-delete"),
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--expect", type=int, default=0, help=argparse.SUPPRESS)
@@ -1364,6 +1602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcome = batched_loop(args.expect, args.threads, args.receive_wait, shaped=args.shaped)
         elif args.child == "null":
             outcome = null_loop(args.expect, args.threads, args.receive_wait)
+        elif args.child == "receive-delete":
+            outcome = receive_delete_loop(args.expect, args.threads, args.receive_wait)
         else:
             outcome = per_message_loop(args.expect, args.receive_wait)
         print(json.dumps(outcome))
@@ -1377,6 +1617,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.where:
         WHERE[0] = args.where
         tools += [] if "redrive-where" in tools else ["redrive-where"]
+    if args.before:
+        if not os.path.isfile(os.path.join(args.before, "redrive", "__init__.py")):
+            parser.error(f"--before {args.before}: no redrive package there")
+        BEFORE[:] = [os.path.abspath(args.before)]
+        tools += [] if "redrive-before" in tools else ["redrive-before"]
+    elif "redrive-before" in tools:
+        parser.error("redrive-before runs the tree --before DIR names: give --before")
     unknown = set(tools) - set(TOOLS + EXTRA_TOOLS)
     if unknown or not tools:
         parser.error(
@@ -1387,6 +1634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     kinds = ["fast", "moto"] if args.server == "both" else [args.server]
+    SEED_CONNECTIONS[0] = 16 if args.latency_ms else 1
     if "fast" in kinds:
         check_fast_sqs()
     # Compile and cache imports once, so that no measured run pays for writing .pyc files.

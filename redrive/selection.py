@@ -43,6 +43,10 @@ class Selection:
             or self.where is not None
         )
 
+    def reads(self, field: str) -> bool:
+        """Whether a ``--where`` expression reads this field of the record."""
+        return self.where is not None and field in self.where.fields
+
     def matches(
         self,
         info: TaskInfo,

@@ -49,6 +49,22 @@ def test_bench_move_runs_every_contender_and_each_passes_its_checks() -> None:
 
 
 @pytest.mark.e2e
+def test_bench_move_runs_the_purge_and_16_thread_contenders_and_checks_each() -> None:
+    tools = ("redrive-w16", "null-16", "purge-archive", "purge-filtered", "receive-delete")
+    out = run_bench(
+        "move.py",
+        *("--server", "fast", "--sizes", "100", "--rounds", "1", "--no-warmup"),
+        *("--tools", ",".join(tools), "--before", str(ROOT)),
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| 100 |")]
+    assert [row.split("|")[2].strip() for row in rows] == [*tools, "redrive-before"]
+    # A purge empties the DLQ and sends nothing; the archive holds all 100 (checked there).
+    assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
+    assert "N=100: redrive-w16 / " not in out  # batched-16 did not run: no ratio to it
+    assert "peak RSS MB | child RSS MB" in out
+
+
+@pytest.mark.e2e
 def test_bench_inspect_runs_and_each_scan_counts_every_message() -> None:
     out = run_bench("inspect.py", "--server", "fast", "--sizes", "100", "--rounds", "1")
     rows = [line for line in out.splitlines() if line.startswith("| 100 |")]

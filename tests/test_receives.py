@@ -6,12 +6,21 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import Family
 
+from redrive.aws.sqs import Sqs
+from redrive.config import built_in_layout
 from redrive.dlq import receive_log
+from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import KEEP_DAYS, ReceiveLog, default_path, message_digest
+from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.sandbox.encoder import encode
+from redrive.selection import Selection
+from redrive.where import compile_where
 
 DAY = 86_400
 
@@ -132,3 +141,48 @@ def test_counts_are_buffered_then_written_in_one_transaction(tmp_path: Path) -> 
     assert other.record(["m-1"]) == [2]
     log.close()
     other.close()
+
+
+def test_a_receive_can_be_counted_without_reading_the_counts_back(tmp_path: Path) -> None:
+    path = tmp_path / "receives.sqlite3"
+    with ReceiveLog(path) as log:
+        log.count_digests([message_digest("a"), message_digest("b")])
+        assert log.record(["a"]) == [2]
+    assert entries(path) == {message_digest("a"): 2, message_digest("b"): 1}
+
+
+class ReadCounter(ReceiveLog):
+    """A receive log that counts how often it was read (one read per received batch)."""
+
+    reads = 0
+
+    def _known(self, digests: Sequence[int]) -> dict[int, int]:
+        self.reads += 1
+        return super()._known(digests)
+
+
+@pytest.mark.parametrize(
+    ("where", "reads"),
+    [((), False), (("consumer_receives < `100`",), True)],
+    ids=["plain", "where"],
+)
+def test_a_move_reads_its_receive_counts_only_for_a_where_on_them(
+    family: Family, tmp_path: Path, where: tuple[str, ...], reads: bool
+) -> None:
+    ids = [
+        family.send_to_dlq(encode("apps.tasks.ping", [i], {}, task_id=f"t-{i}")) for i in range(15)
+    ]
+    layout = built_in_layout({}).family("checkout")
+    assert layout is not None
+    with ReadCounter(tmp_path / "receives.sqlite3") as log:
+        result = MoveEngine(
+            resolve_family(Sqs(family.client), layout),
+            None,
+            MoveOptions(selection=Selection(where=compile_where(where))),
+            sqs_factory=lambda: Sqs(family.client),
+            receive_log=log,
+        ).run()
+        assert result.moved == 15  # a dry run: every message stays
+        assert (log.reads > 0) is reads
+        # Counted all the same: the next reader sees the dry run's receive of each.
+        assert log.record(ids) == [2] * 15

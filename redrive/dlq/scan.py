@@ -293,6 +293,10 @@ class DlqScan:
     """Makes the client that renews holds (else the one of the first :meth:`keep`)."""
     receive_log: ReceiveLog | None = None
     """Where redrive's own receives are counted (see redrive.dlq.receive_log)."""
+    receive_counts: bool = True
+    """Whether the messages handed out carry redrive's own receives so far
+    (``Message.redrive_receives``, read from the log); False counts the receives all the same
+    but reads nothing back (a run that never shows the counts)."""
     stats: ScanStats = field(default_factory=ScanStats)
 
     #: Messages taken from a DLQ are deleted from it once sent or archived.
@@ -396,6 +400,9 @@ class DlqScan:
         if self.receive_log is None:
             return messages
         # Every receive raised the message's ApproximateReceiveCount, repeats too.
+        if not self.receive_counts:
+            self.receive_log.count_digests(digests)
+            return messages
         counts = self.receive_log.record_digests(digests)
         return [replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)]
 

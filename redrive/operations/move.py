@@ -24,7 +24,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -71,6 +71,7 @@ from redrive.operations.verdict import (  # noqa: F401  (the skip reasons, for c
     decide,
     screen,
 )
+from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
 from redrive.selection import FilterMisses, Selection
 
@@ -87,6 +88,27 @@ MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
+#: A worker's first stage (receive and decide) waiting at least this long per batch, off the
+#: CPU, is worth overlapping with the second (claim, send, delete): see overlap_pays.
+OVERLAP_MIN_WAIT = 0.001
+#: Batches of one stage whose waits overlap_pays looks at (their median).
+OVERLAP_SAMPLE = 5
+
+
+def overlap_pays(waits: Sequence[float]) -> bool:
+    """Whether a worker should receive and decide its next batch in a second thread, given
+    how long its first stage was blocked in its last batches, in seconds: neither on a CPU
+    nor waiting for one (:class:`redrive.operations.waiting.BlockedClock`; a busy machine's
+    queue for a CPU is no wait a second thread could use). Yes once the median of the last
+    :data:`OVERLAP_SAMPLE` is at least :data:`OVERLAP_MIN_WAIT`.
+
+    Against a network each receive waits a round trip (milliseconds): overlapping it with
+    the send and delete of the batch before is what makes a worker faster than the loop
+    that does one after the other. Against an endpoint that answers in a fraction of a
+    millisecond (loopback) there is no waiting to hide, and the two threads only cost CPU:
+    about 60 µs a message in handing the GIL to each other (``bench/move.py``)."""
+    recent = sorted(list(waits)[-OVERLAP_SAMPLE:])
+    return len(recent) == OVERLAP_SAMPLE and recent[len(recent) // 2] >= OVERLAP_MIN_WAIT
 
 
 class MessageSource(Protocol):
@@ -130,9 +152,11 @@ class MoveOptions:
     ambiguous: AmbiguousPolicy = "hold"
     """What to do with a message that shares the key of a task already sent when nothing
     tells a copy from a second publish (see :func:`redrive.keys.copy_verdict`)."""
-    pipelined: bool = True
-    """Receive and decide the next batch while this one is sent (False: one stage, batch
-    after batch, as a FIFO DLQ always goes)."""
+    pipelined: bool | Literal["auto"] = "auto"
+    """Receive and decide the next batch while this one is sent: ``True`` always, ``False``
+    never (one stage, batch after batch, as a FIFO DLQ always goes), ``"auto"`` once the
+    first stage's waiting for SQS and the ledger is worth overlapping (see
+    :func:`overlap_pays`)."""
     celery: TaskKnowledge | None = None
     """Where each task routes to now and which tasks the app registers (redrive.celery)."""
     results: ResultLookup | None = None
@@ -661,6 +685,8 @@ class MoveEngine:
                 stop=self.stop,
                 sqs_factory=self.sqs_factory,
                 receive_log=self.receive_log,
+                # Only a --where on them reads redrive's own receives (a move shows none).
+                receive_counts=self.options.selection.reads("consumer_receives"),
             )
         self._scan = scan
         with self._life:
@@ -718,6 +744,8 @@ class MoveEngine:
             while (decided := self._receive_and_decide(sqs)) is not None:
                 self._complete(sqs, decided)
             return
+        if self.options.pipelined == "auto" and not self._one_stage_until_overlap_pays(sqs):
+            return
         # Two stages: a helper thread receives and decides batch k+1 while this one claims,
         # sends and deletes batch k. Claims stay in this thread, in batch order, so a crash
         # still leaves at most one batch in doubt; what the helper overlaps is the waiting
@@ -735,6 +763,20 @@ class MoveEngine:
             raise
         finally:
             ahead.close()
+
+    def _one_stage_until_overlap_pays(self, sqs: Sqs) -> bool:
+        """Work batch after batch in this thread while the first stage barely waits; True
+        once a second stage would pay (:func:`overlap_pays`), False when the scan is over."""
+        waits: deque[float] = deque(maxlen=OVERLAP_SAMPLE)
+        with BlockedClock() as blocked:
+            while not overlap_pays(waits):
+                before = blocked.now()
+                decided = self._receive_and_decide(sqs)
+                if decided is None:
+                    return False
+                waits.append(blocked.now() - before)
+                self._complete(sqs, decided)
+        return True
 
     def _receive_and_decide(self, sqs: Sqs) -> _Decided | None:
         batch = self._scan.next_batch(sqs)

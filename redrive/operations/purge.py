@@ -384,6 +384,9 @@ class _Purge:
             stop=self.stop,
             sqs_factory=self.sqs_factory,
             receive_log=receive_log,
+            # The archive records them; a --no-archive purge reads them only for a --where.
+            receive_counts=self.options.archive
+            or self.options.selection.reads("consumer_receives"),
         )
         try:
             run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
