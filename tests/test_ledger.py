@@ -77,7 +77,7 @@ def test_new_file_and_dirs_are_private(tmp_path: Path) -> None:
 
 def test_sqlite_settings(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
-    with SqliteLedger(path) as led:
+    with SqliteLedger(path, group_commit=False) as led:
         conn = led._conn
         assert conn is not None
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -85,6 +85,13 @@ def test_sqlite_settings(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert led.location == f"sqlite://{path}"
+    with SqliteLedger(path) as grouped:
+        # The group writer waits for the write lock itself, as long (see test_ledger_group_commit)
+        conn = grouped._conn
+        assert conn is not None
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 0
+        assert grouped._busy_timeout == 30.0
     with SqliteLedger(path) as again:  # reopening keeps the data and the schema
         assert again.runs() == []
 

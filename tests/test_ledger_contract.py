@@ -65,7 +65,8 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+# "sqlite" groups concurrent writes (the default); "sqlite-plain" is one transaction per call.
+@pytest.fixture(params=["sqlite", "sqlite-plain", "dynamodb"])
 def new_ledger(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> Iterator[Callable[[], Ledger]]:
@@ -80,9 +81,12 @@ def new_ledger(
                 return stack.enter_context(DynamoDbLedger(TABLE, client, clock=clock))
 
         else:
+            grouped = request.param == "sqlite"
 
             def make() -> Ledger:
-                return stack.enter_context(SqliteLedger(tmp_path / "l.sqlite3", clock=clock))
+                return stack.enter_context(
+                    SqliteLedger(tmp_path / "l.sqlite3", clock=clock, group_commit=grouped)
+                )
 
         yield make
 

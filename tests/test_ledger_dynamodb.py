@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -23,6 +25,7 @@ from typing import Any
 import boto3
 import botocore.exceptions
 import pytest
+from botocore.config import Config
 from conftest import REGION, Cli, Family, MotoServer, start_moto_server
 from moto import mock_aws
 from test_ledger_contract import Clock, claims, one_line, state
@@ -367,6 +370,77 @@ def test_a_write_that_meets_a_transaction_is_retried(dynamodb: Any) -> None:
     led.heartbeat("A", lease_until=2e9)
     run = led.run("A")
     assert run is not None and run.lease_until == 2e9
+
+
+class InFlight:
+    """A before-send hook: counts the client's calls in flight; the first ``hold`` PutItems
+    wait until that many are in flight at once (or time out, which breaks the barrier)."""
+
+    def __init__(self, hold: int) -> None:
+        self.lock = threading.Lock()
+        self.now = self.peak = self.puts = 0
+        self.hold = threading.Barrier(hold, timeout=10)
+        self.release = threading.Event()
+
+    def __call__(self, event_name: str, **_: Any) -> None:
+        put = event_name.endswith(".PutItem")  # before-send.dynamodb.PutItem
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            self.puts += put
+            held = put and self.puts <= self.hold.parties
+        try:
+            if held:
+                self.hold.wait()
+                self.release.wait(10)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_the_writes_of_two_workers_batches_run_at_once_within_the_connection_pool(
+    aws_env: None,
+) -> None:
+    """As wide as the client's connection pool (redrive's clients have 20), not 10: two
+    workers' claims of 10 keys go out together; and never more calls in flight than the
+    pool has connections, the callers' own reads included."""
+    with mock_aws():
+        client = boto3.client(
+            "dynamodb", region_name=REGION, config=Config(max_pool_connections=20)
+        )
+        init_table(client, TABLE)
+        led = DynamoDbLedger(TABLE, client)
+        led.start_run("A", command="move", info={})
+        in_flight = InFlight(hold=20)
+        client.meta.events.register_first("before-send", in_flight)
+        results: list[Any] = []
+
+        def claim(keys: list[str]) -> None:
+            results.append(led.claim_many("A", claims(*keys)))
+
+        workers = [
+            threading.Thread(target=claim, args=([f"w{w}-{i}" for i in range(10)],))
+            for w in range(2)
+        ]
+        for t in workers:
+            t.start()
+        # all 20 PutItems are in flight together (the barrier let them through) ...
+        deadline = time.monotonic() + 15
+        while in_flight.now < 20 and not in_flight.hold.broken:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not in_flight.hold.broken
+        # ... so a read now waits for a connection instead of opening a 21st
+        reader = threading.Thread(target=led.get_many, args=(["w0-0"],))
+        reader.start()
+        time.sleep(0.2)
+        assert in_flight.now == 20
+        in_flight.release.set()
+        for t in [*workers, reader]:
+            t.join(10)
+        assert [len(r.won) for r in results] == [10, 10]
+        assert in_flight.peak == 20
+        led.close()
 
 
 def test_takeover_is_refused_when_the_owner_heartbeats_first(dynamodb: Any) -> None:

@@ -120,10 +120,11 @@ class Ledger(Protocol):
     """What the move engine needs from a ledger backend (SQLite, or DynamoDB in
     :mod:`redrive.ledger.dynamodb`).
 
-    Every ``*_many`` method is one transaction (or one batch of conditional writes) per call;
-    when it returns, its writes are durable. Transitions that do not apply (wrong state, wrong
-    owner, absent key) are skipped silently: the caller reads back with :meth:`get_many` when it
-    needs to know.
+    Every ``*_many`` method is one transaction (or one batch of conditional writes) per call
+    (a transaction the SQLite backend may share with other threads' calls: group commit; a
+    call is still all or nothing); when it returns, its writes are durable. Transitions that
+    do not apply (wrong state, wrong owner, absent key) are skipped silently: the caller
+    reads back with :meth:`get_many` when it needs to know.
     """
 
     location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"

@@ -15,8 +15,10 @@ task that could still come back.
 Every state change is one conditional write of one item (``attribute_not_exists(pk)`` for a
 claim, ``#state = :claimed AND #run_id = :run`` for mark_sent, ...). A batch is not a
 TransactWriteItems: a transaction fails whole when one of its conditions fails, and losing
-one key of ten to another operator must not lose the other nine. The writes of a batch run
-side by side in a small thread pool instead, and a refused condition is simply "not won".
+one key of ten to another operator must not lose the other nine. Nor can they be batched:
+BatchWriteItem takes no conditions. The writes of a batch run side by side in a thread pool
+shared by the ledger's callers (as wide as the client's connection pool, so that several
+workers' batches go out together), and a refused condition is simply "not won".
 Takeover and skip must also see that the owner's lease ran out, which lives on another
 item: each is a two-item transaction (a ConditionCheck on the owner's run item and the
 update of the key), one per key for the same reason.
@@ -90,8 +92,13 @@ _KEY_PREFIX = "key#"
 _RUN_PREFIX = "run#"
 _RUN_KIND = "run"
 _BATCH_GET_MAX = 100  # DynamoDB's limit for one BatchGetItem
-# One engine batch is 10 keys: enough threads to write them all at once.
-_POOL_SIZE = 10
+# One engine batch is 10 keys, and --workers threads share the ledger: its write pool is as
+# wide as the client's connection pool (redrive's clients: 20; boto3's default: 10), so
+# that two workers' batches write at once instead of queueing behind one pool of 10. The
+# ledger's calls in flight (the pool's and its callers' own) are bounded by that size too:
+# one more would open a connection that urllib3 discards after, with a warning on stderr.
+_MIN_POOL_SIZE = 10
+_MAX_POOL_SIZE = 64
 # TransactionConflict: another transaction held the item; the write was not applied.
 _CONFLICT_ATTEMPTS = 5
 _UNPROCESSED_ATTEMPTS = 10
@@ -398,11 +405,23 @@ def open_dynamodb(
 # --------------------------------------------------------------------------- the ledger
 
 
+def _connections(client: Any) -> int:
+    """The size of the client's HTTP connection pool (botocore's default when unknown)."""
+    config = getattr(getattr(client, "meta", None), "config", None)
+    connections = getattr(config, "max_pool_connections", None)
+    return connections if isinstance(connections, int) and connections > 0 else 10
+
+
+def _pool_size_for(client: Any) -> int:
+    return max(_MIN_POOL_SIZE, min(_MAX_POOL_SIZE, _connections(client)))
+
+
 class DynamoDbLedger(Ledger):
     """The ledger in one DynamoDB table (see the module docstring for the design).
 
-    Thread safety: one boto3 client (thread-safe) and a small pool of threads for the
-    writes of a batch, shared by every caller; any number of threads may use one object.
+    Thread safety: one boto3 client (thread-safe) and a pool of threads for the writes of
+    a batch (``write_threads``, default: as many as the client's connection pool holds),
+    shared by every caller; any number of threads may use one object.
 
     Opening reads the table's description once, so a missing table or a foreign one is an
     error here rather than halfway through a run.
@@ -416,6 +435,7 @@ class DynamoDbLedger(Ledger):
         clock: Callable[[], float] = time.time,
         ttl: float = TTL_SECONDS,
         close_client: bool = False,
+        write_threads: int | None = None,
     ) -> None:
         self.table = check_table_name(table)
         self.location = f"dynamodb://{table}"
@@ -430,6 +450,8 @@ class DynamoDbLedger(Ledger):
         self._region: str | None = getattr(getattr(client, "meta", None), "region_name", None)
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_size = write_threads or _pool_size_for(client)
+        self._in_flight = threading.BoundedSemaphore(max(self._pool_size, _connections(client)))
         self._closed = False
         self._verify_table()
 
@@ -459,7 +481,8 @@ class DynamoDbLedger(Ledger):
         method = getattr(self._client, _snake(action))
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
-                response: dict[str, Any] = method(**kwargs)
+                with self._in_flight:
+                    response: dict[str, Any] = method(**kwargs)
                 return response
             except botocore.exceptions.ClientError as exc:
                 code = error_code(exc)
@@ -492,7 +515,7 @@ class DynamoDbLedger(Ledger):
                 raise LedgerError(f"ledger {self.location} is closed; open it again")
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=_POOL_SIZE, thread_name_prefix="redrive-ledger"
+                    max_workers=self._pool_size, thread_name_prefix="redrive-ledger"
                 )
             return self._pool
 

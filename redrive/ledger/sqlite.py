@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 from redrive.errors import LedgerError
 from redrive.ledger.base import (
@@ -25,12 +25,20 @@ from redrive.ledger.base import (
     check_outcome,
     run_not_open,
 )
+from redrive.ledger.group_commit import GroupWriter, WriteRequest
 
 SCHEMA_VERSION = 3
 
 # Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
 # truly stuck holder surfaces as an error instead of a silent hang.
 BUSY_TIMEOUT_S = 30.0
+
+# Waiting for another process's write lock: SQLite's own busy handler sleeps 1, 2, 5, 10 ...
+# ms between tries, so a waiter wakes up to several ms after a commit that took a fraction
+# of one. The grouped path tries again itself at these short steps (seconds) instead.
+_BEGIN_RETRY_STEPS = (0.0001, 0.0002, 0.0005, 0.001)
+
+_T = TypeVar("_T")
 
 # SQLite's bound-parameter limit is 32766 in current builds but 999 in old ones.
 _IN_CHUNK = 500
@@ -137,6 +145,17 @@ def _select_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Ent
     return {k: found[k] for k in unique if k in found}
 
 
+def _is_sqlite(e: BaseException) -> TypeGuard[sqlite3.Error]:
+    return isinstance(e, sqlite3.Error)
+
+
+def _is_busy(e: sqlite3.OperationalError) -> bool:
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(e) or "busy" in str(e)
+
+
 def make_dirs(directory: Path) -> None:
     """Create ``directory`` and any missing parents as 0700; existing ones are left alone
     (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
@@ -164,9 +183,15 @@ class SqliteLedger(Ledger):
     - ``synchronous=FULL``: a claim is on disk (WAL fsynced) before claim_many returns,
       because a send follows it and must never be forgotten by a power cut.
 
-    Thread safety: one connection per object, and every method holds an internal lock, so an
-    object may be shared between threads (their calls are serialised). Opening is also cheap
-    (about a millisecond once the file exists), so one object per thread works as well.
+    Thread safety: an object may be shared between threads. Its writes are group-committed
+    (:mod:`redrive.ledger.group_commit`): the requests of callers that arrive while a
+    transaction is in flight are run, in arrival order, in the next one transaction, and
+    each caller returns once that transaction is committed (flushed to disk
+    with ``synchronous=FULL`` if any request of the group needs it: a claim, a release, a
+    takeover, a skip, a run's start or end). The writer waits for another process's write
+    lock by trying again at sub-millisecond steps, not in SQLite's busy handler (whose
+    sleeps grow to tens of ms). ``group_commit=False`` gives the plain path instead: one
+    transaction per call, callers serialised by a lock. Reads have a connection of their own.
     """
 
     def __init__(
@@ -175,6 +200,7 @@ class SqliteLedger(Ledger):
         *,
         clock: Callable[[], float] = time.time,
         busy_timeout: float = BUSY_TIMEOUT_S,
+        group_commit: bool = True,
     ) -> None:
         self.path = Path(path).absolute()
         self.location = f"sqlite://{self.path}"
@@ -187,15 +213,27 @@ class SqliteLedger(Ledger):
         # ledger while its sending stage commits.
         self._read_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
+        self._writer: GroupWriter | None = None
         self._create_file()
         conn = self._connect()
         try:
             self._prepare(conn)
             self.legacy_keys = self._read_legacy_flag(conn)
+            if group_commit:
+                # Only the writer uses this connection from here on, always first through a
+                # BEGIN IMMEDIATE that it retries itself (_begin_write), for as long: SQLite's
+                # busy handler would sleep in steps of up to 100 ms instead. Once the write
+                # lock is held (WAL), no statement of the transaction waits for another.
+                conn.execute("PRAGMA busy_timeout = 0")
+        except sqlite3.Error as e:
+            conn.close()
+            raise self._open_error(e) from None
         except BaseException:
             conn.close()
             raise
         self._conn = conn
+        if group_commit:
+            self._writer = GroupWriter(self._commit_group, location=self.location)
 
     # ----------------------------------------------------------------- opening
 
@@ -333,6 +371,97 @@ class SqliteLedger(Ledger):
 
     # ----------------------------------------------------------------- plumbing
 
+    def _submit(self, what: str, apply: Callable[[sqlite3.Connection], _T], *, flush: bool) -> _T:
+        """Run ``apply`` in a write transaction (its group's, or one of its own on the plain
+        path) and return its answer once committed. Arguments are checked before this, in
+        the caller's thread; ``apply`` only runs statements."""
+        if self._writer is None:
+            with self._write(what, flush=flush) as conn:
+                return apply(conn)
+        return self._writer.submit(WriteRequest(what, apply, flush=flush))
+
+    def _commit_group(self, group: list[WriteRequest[Any]]) -> None:
+        """The writer's work: ``group`` in one transaction, in arrival order; settle every
+        request. A request whose own statements fail is answered with its error and the
+        others run again without it (rolled back first, so nothing of it stays); a failure
+        of the transaction itself (the lock, the commit, SQLite rolling back) fails them all,
+        each with the error its call would have met alone, and commits none."""
+        pending = list(group)
+        while pending:
+            conn = self._conn
+            if conn is None:
+                for request in pending:
+                    request.fail(LedgerError(f"ledger {self.location} is closed; open it again"))
+                return
+            outcome = self._try_group(conn, pending)
+            if isinstance(outcome, WriteRequest):
+                pending.remove(outcome)
+                continue
+            if outcome is not None:
+                for request, result in zip(pending, outcome, strict=True):
+                    request.finish(result)
+            return
+
+    def _try_group(
+        self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
+    ) -> list[Any] | WriteRequest[Any] | None:
+        """One attempt at ``pending``: their answers once committed; or the request whose
+        own statements failed (answered; nothing committed, the others to run again); or
+        None: the transaction failed, every request is answered with its error."""
+        flush = any(r.flush for r in pending)
+        results: list[Any] = []
+        failed: WriteRequest[Any] | None = None
+        try:
+            if not flush:
+                conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._begin_write(conn)
+                for request in pending:
+                    try:
+                        results.append(request.apply(conn))
+                    except Exception as e:
+                        if not conn.in_transaction:
+                            raise  # SQLite rolled the whole transaction back: the group's
+                        conn.execute("ROLLBACK")
+                        failed = request
+                        request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
+                        break
+                else:
+                    conn.execute("COMMIT")
+            finally:
+                if not flush:
+                    conn.execute("PRAGMA synchronous=FULL")
+        except BaseException as e:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            for request in pending:
+                request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
+            if not isinstance(e, Exception):
+                raise
+            return None
+        return results if failed is None else failed
+
+    def _begin_write(self, conn: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE, trying again at short steps while another process holds the
+        write lock, for up to the busy timeout (then SQLite's "database is locked")."""
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if not _is_busy(e):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._busy_timeout
+                elif now >= deadline:
+                    raise
+            time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
+            attempt += 1
+
     def _write(
         self, what: str, *, flush: bool = True
     ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
@@ -397,7 +526,7 @@ class SqliteLedger(Ledger):
         if "locked" in msg or "busy" in msg:
             return LedgerError(
                 f"ledger {self.location} stayed locked by another process for "
-                f"{self._busy_timeout:.0f} s ({what}); check for a stuck redrive, then retry"
+                f"{self._busy_timeout:g} s ({what}); check for a stuck redrive, then retry"
             )
         return LedgerError(
             f"ledger {self.location}: {what} failed ({msg}); check free space and "
@@ -405,6 +534,8 @@ class SqliteLedger(Ledger):
         )
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()  # the group in flight ends first; queued ones are refused
         with self._lock, self._read_lock:
             for conn in (self._conn, self._read_conn):
                 if conn is not None:
@@ -414,6 +545,12 @@ class SqliteLedger(Ledger):
     def __repr__(self) -> str:
         return f"SqliteLedger({self.location!r})"
 
+    def group_stats(self) -> dict[str, int] | None:
+        """Transactions and requests the writer committed (None on the plain path)."""
+        if self._writer is None:
+            return None
+        return {"groups": self._writer.groups, "requests": self._writer.requests}
+
     # ----------------------------------------------------------------- runs
 
     def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None:
@@ -421,7 +558,8 @@ class SqliteLedger(Ledger):
         # default=str: info is descriptive (options, user, host); a Path or datetime in it
         # should be recorded, not crash the run.
         info_json = json.dumps(dict(info), sort_keys=True, default=str)
-        with self._write("start run") as conn:
+
+        def apply(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
                 "INSERT INTO runs (run_id, command, started_at, heartbeat_at, lease_until,"
                 " info, counts) VALUES (?, ?, ?, ?, ?, ?, '{}')"
@@ -434,15 +572,21 @@ class SqliteLedger(Ledger):
                     "start the run again with a new run id"
                 )
 
+        self._submit("start run", apply, flush=True)
+
     def heartbeat(self, run_id: str, *, lease_until: float) -> None:
-        with self._write("heartbeat", flush=False) as conn:
+        now = self._clock()
+
+        def apply(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
                 "UPDATE runs SET heartbeat_at = ?, lease_until = ?"
                 " WHERE run_id = ? AND ended_at IS NULL",
-                (self._clock(), lease_until, run_id),
+                (now, lease_until, run_id),
             )
             if cur.rowcount != 1:
                 raise run_not_open(run_id, self.location)
+
+        self._submit("heartbeat", apply, flush=False)
 
     def end_run(
         self,
@@ -454,7 +598,10 @@ class SqliteLedger(Ledger):
     ) -> None:
         check_outcome(outcome)
         counts_json = json.dumps(dict(counts), sort_keys=True)
-        with self._write("end run") as conn:
+        info = dict(info) if info else None
+        now = self._clock()
+
+        def apply(conn: sqlite3.Connection) -> None:
             row = (
                 conn.execute(
                     "SELECT info FROM runs WHERE run_id = ? AND ended_at IS NULL", (run_id,)
@@ -470,7 +617,7 @@ class SqliteLedger(Ledger):
             cur = conn.execute(
                 "UPDATE runs SET ended_at = ?, outcome = ?, counts = ?, info = coalesce(?, info)"
                 " WHERE run_id = ? AND ended_at IS NULL",
-                (self._clock(), outcome, counts_json, info_json, run_id),
+                (now, outcome, counts_json, info_json, run_id),
             )
             if cur.rowcount == 0:
                 exists = conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -479,6 +626,8 @@ class SqliteLedger(Ledger):
                         f"run {run_id} is not in ledger {self.location}; "
                         "it was never started there (check the ledger path)"
                     )
+
+        self._submit("end run", apply, flush=True)
 
     def run(self, run_id: str) -> RunInfo | None:
         with self._read("read run") as conn:
@@ -539,8 +688,10 @@ class SqliteLedger(Ledger):
         for claim in claims:
             check_key(claim.key)
         now = self._clock()
-        won: set[str] = set()
-        with self._write("claim keys") as conn:
+        claims = list(claims)
+
+        def apply(conn: sqlite3.Connection) -> ClaimResult:
+            won: set[str] = set()
             for claim in claims:
                 cur = conn.execute(
                     f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL)"
@@ -558,16 +709,20 @@ class SqliteLedger(Ledger):
                 if cur.rowcount == 1:
                     won.add(claim.key)
             entries = _select_keys(conn, [c.key for c in claims])
-        return ClaimResult(entries=entries, won=frozenset(won))
+            return ClaimResult(entries=entries, won=frozenset(won))
+
+        return self._submit("claim keys", apply, flush=True)
 
     def takeover_many(self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]) -> set[str]:
         """For an in-doubt resend: move each key still CLAIMED by its named (dead) old run to
         ``run_id``. Returns the keys taken. A key whose owner changed, moved on from CLAIMED,
         or whose owner's lease has not run out yet is not taken."""
         now = self._clock()
-        taken: set[str] = set()
-        with self._write("take over keys") as conn:
-            for key, old_run in keys_and_old_runs:
+        pairs = list(keys_and_old_runs)
+
+        def apply(conn: sqlite3.Connection) -> set[str]:
+            taken: set[str] = set()
+            for key, old_run in pairs:
                 if old_run == run_id:
                     continue
                 cur = conn.execute(
@@ -578,46 +733,63 @@ class SqliteLedger(Ledger):
                 )
                 if cur.rowcount == 1:
                     taken.add(key)
-        return taken
+            return taken
+
+        return self._submit("take over keys", apply, flush=True)
 
     def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None:
         """CLAIMED by ``run_id`` -> SENT, recording the MessageId SQS gave the copy."""
         now = self._clock()
-        with self._write("mark keys sent", flush=False) as conn:
-            conn.executemany(
-                "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?, sent_at = ?"
-                " WHERE key = ? AND state = 'claimed' AND run_id = ?",
-                [(sent_id, now, now, key, run_id) for key, sent_id in sent.items()],
-            )
+        rows = [(sent_id, now, now, key, run_id) for key, sent_id in sent.items()]
+        self._execute_many(
+            "mark keys sent",
+            "UPDATE keys SET state = 'sent', sent_message_id = ?, updated_at = ?, sent_at = ?"
+            " WHERE key = ? AND state = 'claimed' AND run_id = ?",
+            rows,
+            flush=False,
+        )
 
     def release_many(self, run_id: str, keys: Sequence[str]) -> None:
         """The send failed: forget keys still CLAIMED by ``run_id``, so they can be claimed
         again."""
-        with self._write("release keys") as conn:
-            conn.executemany(
-                "DELETE FROM keys WHERE key = ? AND state = 'claimed' AND run_id = ?",
-                [(key, run_id) for key in keys],
-            )
+        self._execute_many(
+            "release keys",
+            "DELETE FROM keys WHERE key = ? AND state = 'claimed' AND run_id = ?",
+            [(key, run_id) for key in keys],
+            flush=True,
+        )
 
     def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None:
         """SENT -> DONE once the DLQ copy is deleted. Any run may do it (a later run deletes
         what an earlier one sent but could not delete); the owner stays the run that sent,
         because that is who the audit must name."""
         now = self._clock()
-        with self._write("mark keys done", flush=False) as conn:
-            conn.executemany(
-                "UPDATE keys SET state = 'done', updated_at = ? WHERE key = ? AND state = 'sent'",
-                [(now, key) for key in keys],
-            )
+        self._execute_many(
+            "mark keys done",
+            "UPDATE keys SET state = 'done', updated_at = ? WHERE key = ? AND state = 'sent'",
+            [(now, key) for key in keys],
+            flush=False,
+        )
 
     def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None:
         """In-doubt resolved as skip: CLAIMED by another run, whose lease has run out ->
         SKIPPED, owned by ``run_id`` (the run that decided)."""
         now = self._clock()
-        with self._write("mark keys skipped") as conn:
-            conn.executemany(
-                "UPDATE keys SET state = 'skipped', run_id = :run, updated_at = :now"
-                " WHERE key = :key AND state = 'claimed' AND run_id != :run"
-                f" AND {_OWNER_NOT_LEASED}",
-                [{"run": run_id, "now": now, "key": key} for key in keys],
-            )
+        self._execute_many(
+            "mark keys skipped",
+            "UPDATE keys SET state = 'skipped', run_id = :run, updated_at = :now"
+            " WHERE key = :key AND state = 'claimed' AND run_id != :run"
+            f" AND {_OWNER_NOT_LEASED}",
+            [{"run": run_id, "now": now, "key": key} for key in keys],
+            flush=True,
+        )
+
+    def _execute_many(
+        self, what: str, sql: str, rows: Sequence[Sequence[Any] | Mapping[str, Any]], *, flush: bool
+    ) -> None:
+        def apply(conn: sqlite3.Connection) -> None:
+            # No cursor may leave the writer's thread: one finalised by its garbage
+            # collection in a caller's thread would touch the connection the writer uses.
+            conn.executemany(sql, rows).close()
+
+        self._submit(what, apply, flush=flush)
