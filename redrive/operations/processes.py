@@ -855,7 +855,7 @@ def _move_spread(
         _move_progress,
         run.progress,
         merge,
-        lambda result: _move_counts(unwrap(result)),
+        lambda result: unwrap(result).run_counts(),
     )
 
 
@@ -886,17 +886,6 @@ def _merged_moves(
             if len(result.in_doubt_messages) < MAX_LISTED:
                 result.in_doubt_messages.append(item)
     return result
-
-
-def _move_counts(result: MoveResult) -> Mapping[str, int]:
-    return {
-        "matched": result.matched,
-        "moved": result.moved,
-        "skipped": result.skipped_total,
-        "failed": result.failed,
-        "in_doubt": result.in_doubt,
-        "duplicates_deleted": result.duplicates,
-    }
 
 
 # -- purge and archive --------------------------------------------------------------------------
@@ -997,7 +986,7 @@ def purge_in_processes(
         _purge_progress,
         run.progress,
         run.merge,
-        _purge_counts,
+        PurgeResult.run_counts,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
@@ -1063,15 +1052,6 @@ class _PurgeRun:
         result.seconds = time.monotonic() - self.started
         result.interrupted = self.stop.is_set()
         return result
-
-
-def _purge_counts(result: PurgeResult) -> Mapping[str, int]:
-    return {
-        "matched": result.matched,
-        "archived": result.archived,
-        "purged": result.purged,
-        "failed": result.failed,
-    }
 
 
 # -- replay ------------------------------------------------------------------------------------
