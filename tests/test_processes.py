@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
 import pickle
 import threading
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from redrive.errors import UsageProblem
+from redrive.operations import processes
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
 from redrive.operations.processes import ChildStatus, ProcessesResult, check_processes
@@ -332,3 +334,25 @@ def test_every_copy_of_a_task_is_in_one_replay_share() -> None:
     assert len(shares) == 1
     spread = {share_of(record(f"m{i}", f"task-{i}"), 4) for i in range(200)}
     assert spread == {0, 1, 2, 3}
+
+
+def _arenas(out: Connection) -> None:
+    out.send(os.environ.get("MALLOC_ARENA_MAX"))
+
+
+@pytest.mark.parametrize(("given", "child_sees"), [(None, "2"), ("4", "4")])
+def test_children_start_with_few_malloc_arenas_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch, given: str | None, child_sees: str
+) -> None:
+    if given is None:
+        monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    else:
+        monkeypatch.setenv("MALLOC_ARENA_MAX", given)
+    receive, send = SPAWN.Pipe(duplex=False)
+    child = SPAWN.Process(target=_arenas, args=(send,))
+    with processes._allocator_bounded():
+        child.start()
+    send.close()
+    assert receive.recv() == child_sees
+    child.join(30)
+    assert os.environ.get("MALLOC_ARENA_MAX") == given  # the parent's own is left as it was

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,18 @@ def run_info(ledger: Path) -> list[dict[str, Any]]:
     return []
 
 
+def wait_for_both_children(
+    ledger: Path, then: Callable[[], bool], what: str, every: float = 0.05
+) -> None:
+    """Until the ledger records both children's runs and ``then`` holds."""
+    wait_for(
+        lambda: len([r for r in run_info(ledger) if r.get("parent")]) == 2 and then(),
+        timeout=60,
+        every=every,
+        what=what,
+    )
+
+
 def claimed_by_run(ledger: Path) -> Counter[str]:
     with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
         rows = conn.execute(
@@ -299,13 +311,8 @@ def test_children_stop_cleanly_when_the_parent_is_sigkilled(
         out=tmp_path / "parent",
     )
     try:
-        wait_for(
-            lambda: (
-                len([r for r in run_info(ledger) if r.get("parent")]) == 2
-                and ledger_states(ledger)["done"] >= 20
-            ),
-            timeout=60,
-            what="both children moving",
+        wait_for_both_children(
+            ledger, lambda: ledger_states(ledger)["done"] >= 20, "both children moving"
         )
         children = [r for r in run_info(ledger) if r.get("parent")]
         parent.send_signal(signal.SIGKILL)
@@ -518,13 +525,8 @@ def test_ctrl_c_to_the_process_group_stops_every_process_cleanly(
             start_new_session=True,  # its own process group, as a terminal's job is
         )
     try:
-        wait_for(
-            lambda: (
-                len([r for r in run_info(ledger) if r.get("parent")]) == 2
-                and ledger_states(ledger)["done"] >= 20
-            ),
-            timeout=60,
-            what="both processes moving",
+        wait_for_both_children(
+            ledger, lambda: ledger_states(ledger)["done"] >= 20, "both processes moving"
         )
         os.killpg(run.pid, signal.SIGINT)
         code = run.wait(60)
@@ -663,14 +665,11 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
         out=tmp_path / "killed",
     )
     try:
-        wait_for(
-            lambda: (
-                len([r for r in run_info(ledger) if r.get("parent")]) == 2
-                and checkout.depth()[0] + checkout.depth()[1] <= 300
-            ),
-            timeout=60,
+        wait_for_both_children(
+            ledger,
+            lambda: checkout.depth()[0] + checkout.depth()[1] <= 300,
+            "both processes purging",
             every=0.01,
-            what="both processes purging",
         )
         victim = next(r for r in run_info(ledger) if r.get("process") == 2)
         os.kill(victim["pid"], signal.SIGKILL)
@@ -767,13 +766,8 @@ def test_an_error_in_the_processes_is_one_line_and_exit_1(
         out=tmp_path / "failing",
     )
     try:
-        wait_for(
-            lambda: (
-                len([r for r in run_info(ledger) if r.get("parent")]) == 2
-                and ledger_states(ledger)["done"] >= 10
-            ),
-            timeout=60,
-            what="both processes moving",
+        wait_for_both_children(
+            ledger, lambda: ledger_states(ledger)["done"] >= 10, "both processes moving"
         )
         checkout.client.delete_queue(QueueUrl=checkout.dlq_url)
         code, stdout, stderr = finished(run, tmp_path / "failing", timeout=60)

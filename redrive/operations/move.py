@@ -266,6 +266,17 @@ class MoveResult:
     def needs_attention(self) -> bool:
         return bool(self.failed or self.in_doubt or self.ambiguous)
 
+    def run_counts(self) -> dict[str, int]:
+        """What the ledger records at the run's end (the audit trail's counts)."""
+        return {
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": self.skipped_total,
+            "failed": self.failed,
+            "in_doubt": self.in_doubt,
+            "duplicates_deleted": self.duplicates,
+        }
+
     def task(self, name: str) -> TaskCounts:
         counts = self.tasks.get(name)
         if counts is None:
@@ -1392,16 +1403,7 @@ class MoveEngine:
             self._scan.extend(sqs, batch, self.options.lease)
 
     def _counts(self) -> dict[str, int]:
-        """What the run's end records."""
-        result = self.result
-        return {
-            "matched": result.matched,
-            "moved": result.moved,
-            "skipped": result.skipped_total,
-            "failed": result.failed,
-            "in_doubt": result.in_doubt,
-            "duplicates_deleted": result.duplicates,
-        }
+        return self.result.run_counts()
 
     def _route(self, sqs: Sqs, message: Message, task: str | None = None) -> QueueRef | None:
         if self.options.to is not None:

@@ -95,6 +95,15 @@ class PurgeResult:
     def in_doubt(self) -> int:
         return 0
 
+    def run_counts(self) -> dict[str, int]:
+        """What the ledger records at the run's end (the audit trail's counts)."""
+        return {
+            "matched": self.matched,
+            "archived": self.archived,
+            "purged": self.purged,
+            "failed": self.failed,
+        }
+
     def to_json(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
@@ -244,12 +253,7 @@ class _PurgeEnd:
         if result is None:
             # Failed or interrupted: the run still says what it had deleted by then.
             return {"purged": self.deleted.total}
-        return {
-            "matched": result.matched,
-            "archived": result.archived,
-            "purged": result.purged,
-            "failed": result.failed,
-        }
+        return result.run_counts()
 
     def info(self) -> dict[str, Any]:
         return {"deleted": self.deleted.items, **({"archive": None} if self.dropped else {})}
