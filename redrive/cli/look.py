@@ -128,53 +128,92 @@ def inspect(
     if _is_archive(target):
         result: InspectResult = _inspect_archive(ctx, target, focus=focus, limit=limit)
     else:
-        progress = Progress("scanning")
-        with core_errors(), interruptible() as stop:
-            dlq = ctx.target(target)
-            results = _results_for(ctx, group_by)
-            if processes > 1:
-                result = inspect_in_processes(
-                    dlq,
-                    InspectScan(
-                        limit=limit,
-                        show_args=show_args,
-                        workers=workers,
-                        now=time.time(),
-                        lease=lease,
-                        focus=focus,
-                        group_by="exception" if group_by == "exception" else None,
-                    ),
-                    processes=processes,
-                    wiring=inspect_wiring(ctx, dlq, results),
-                    sqs=ctx.sqs_of(dlq)(),
-                    stop=stop,
-                    on_progress=lambda n: progress.update(progress.of(n, "received")),
-                    on_depth=lambda depth: progress.set_total(
-                        min(depth, limit) if limit is not None else depth
-                    ),
-                )
-            else:
-                result = inspect_dlq(
-                    dlq,
-                    ctx.sqs_of(dlq),
-                    limit=limit,
-                    focus=focus,
-                    workers=workers,
-                    stop=stop,
-                    on_progress=lambda n: progress.update(progress.of(n, "received")),
-                    on_depth=lambda depth: progress.set_total(
-                        min(depth, limit) if limit is not None else depth
-                    ),
-                    lease=lease,
-                    receive_log=ctx.receive_log(),
-                    results=results,
-                    group_by="exception" if group_by == "exception" else None,
-                )
-        progress.done()
+        result = _inspect_queue(
+            ctx,
+            target,
+            focus,
+            limit=limit,
+            show_args=show_args,
+            workers=workers,
+            processes=processes,
+            lease=lease,
+            group_by=group_by,
+        )
     # Routes and the registry are per task: groups by a --group-by value are not tasks.
     if knowledge is not None and result.group_by is None:
         annotate_groups(result.groups, knowledge, result.sources)
     _show_inspected(result, as_json=as_json, ascii_only=ascii_only, wide=wide)
+
+
+def _inspect_queue(
+    ctx: Context,
+    target: str,
+    focus: Focus,
+    *,
+    limit: int | None,
+    show_args: bool,
+    workers: int,
+    processes: int,
+    lease: int,
+    group_by: str,
+) -> InspectResult:
+    """Scan the target's DLQ (in ``processes`` processes, or this one), a progress line on
+    stderr; every message received is released."""
+    progress = Progress("scanning")
+    on_progress, on_depth = _scan_callbacks(progress, limit)
+    with core_errors(), interruptible() as stop:
+        dlq = ctx.target(target)
+        results = _results_for(ctx, group_by)
+        if processes > 1:
+            result = inspect_in_processes(
+                dlq,
+                InspectScan(
+                    limit=limit,
+                    show_args=show_args,
+                    workers=workers,
+                    now=time.time(),
+                    lease=lease,
+                    focus=focus,
+                    group_by="exception" if group_by == "exception" else None,
+                ),
+                processes=processes,
+                wiring=inspect_wiring(ctx, dlq, results),
+                sqs=ctx.sqs_of(dlq)(),
+                stop=stop,
+                on_progress=on_progress,
+                on_depth=on_depth,
+            )
+        else:
+            result = inspect_dlq(
+                dlq,
+                ctx.sqs_of(dlq),
+                limit=limit,
+                focus=focus,
+                workers=workers,
+                stop=stop,
+                on_progress=on_progress,
+                on_depth=on_depth,
+                lease=lease,
+                receive_log=ctx.receive_log(),
+                results=results,
+                group_by="exception" if group_by == "exception" else None,
+            )
+    progress.done()
+    return result
+
+
+def _scan_callbacks(
+    progress: Progress, limit: int | None
+) -> tuple[Callable[[int], None], Callable[[int], None]]:
+    """What the progress line hears: messages received so far; the DLQ's depth (or --limit)."""
+
+    def on_progress(n: int) -> None:
+        progress.update(progress.of(n, "received"))
+
+    def on_depth(depth: int) -> None:
+        progress.set_total(min(depth, limit) if limit is not None else depth)
+
+    return on_progress, on_depth
 
 
 def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, wide: bool) -> None:

@@ -4,6 +4,7 @@ purge plan)."""
 from __future__ import annotations
 
 import sys
+import threading
 from dataclasses import replace
 from typing import Any, Literal, NoReturn
 
@@ -38,6 +39,7 @@ from redrive.cli.context import (
 from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
+    MovePolicies,
     complete_file,
     complete_queue,
     execute_options,
@@ -45,13 +47,13 @@ from redrive.cli.options import (
     json_option,
     lease_option,
     ledger_option,
-    move_options,
     plan_out_option,
     processes_option,
     processes_sharing,
     rate_option,
     selected,
     target_argument,
+    with_policies,
     workers_option,
 )
 from redrive.cli.processes import child_wiring, processes_text, replay_wiring
@@ -68,7 +70,6 @@ from redrive.operations.apply import (
 )
 from redrive.operations.move import (
     IN_DOUBT_POLICIES,
-    AmbiguousPolicy,
     InDoubtPolicy,
     MoveEngine,
     MoveOptions,
@@ -102,7 +103,7 @@ from redrive.selection import Selection
 )
 @execute_options
 @ledger_option
-@move_options
+@with_policies
 @lease_option
 @workers_option
 @processes_option
@@ -121,12 +122,7 @@ def move(
     execute: bool,
     yes: bool,
     ledger: str | None,
-    in_doubt: InDoubtPolicy,
-    max_redrives: int,
-    include_expired: bool,
-    include_unknown: bool,
-    ambiguous: AmbiguousPolicy,
-    include_succeeded: bool,
+    policies: MovePolicies,
     lease: int,
     workers: int,
     processes: int,
@@ -148,28 +144,18 @@ def move(
             ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
         )
         return
-    with core_errors():
-        # The app first: its errors are local, and one line, before any AWS call.
-        knowledge = task_knowledge(
-            ctx, route=route, include_unregistered=include_unregistered, to=to
-        )
-        dlq = ctx.target(target)
-        queue = ctx.queue(to) if to else None
-    options = MoveOptions(
-        selection=selection,
+    dlq, options = move_run_options(
+        ctx,
+        target,
+        selection,
+        policies,
+        to=to,
         execute=execute,
-        to=queue,
-        include_expired=include_expired,
-        max_redrives=max_redrives,
-        in_doubt=in_doubt,
         lease=lease,
         workers=workers,
         rate=rate,
-        include_unknown=include_unknown,
-        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
-        ambiguous=ambiguous,
-        celery=knowledge,
-        include_succeeded=include_succeeded,
+        route=route,
+        include_unregistered=include_unregistered,
     )
     run_move(
         ctx,
@@ -181,6 +167,47 @@ def move(
         plan_out=plan_out,
         processes=processes,
     )
+
+
+def move_run_options(
+    ctx: Context,
+    target: str,
+    selection: Selection,
+    policies: MovePolicies,
+    *,
+    to: str | None,
+    execute: bool,
+    lease: int,
+    workers: int,
+    rate: float | None,
+    route: str | None,
+    include_unregistered: bool,
+) -> tuple[DlqTarget, MoveOptions]:
+    """The DLQ a move drains and its options: the Celery app, the target and --to found."""
+    with core_errors():
+        # The app first: its errors are local, and one line, before any AWS call.
+        knowledge = task_knowledge(
+            ctx, route=route, include_unregistered=include_unregistered, to=to
+        )
+        dlq = ctx.target(target)
+        queue = ctx.queue(to) if to else None
+    options = MoveOptions(
+        selection=selection,
+        execute=execute,
+        to=queue,
+        include_expired=policies.include_expired,
+        max_redrives=policies.max_redrives,
+        in_doubt=policies.in_doubt,
+        lease=lease,
+        workers=workers,
+        rate=rate,
+        include_unknown=policies.include_unknown,
+        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
+        ambiguous=policies.ambiguous,
+        celery=knowledge,
+        include_succeeded=policies.include_succeeded,
+    )
+    return dlq, options
 
 
 def run_move(
@@ -208,28 +235,7 @@ def run_move(
     outcome: MoveResult | ProcessesResult[MoveResult]
     try:
         with core_errors(), interruptible() as stop:
-            if processes > 1:
-                outcome = move_in_processes(
-                    dlq,
-                    ledger,
-                    options,
-                    processes=processes,
-                    wiring=child_wiring(ctx, dlq, ledger, options),
-                    observer=observer,
-                    stop=stop,
-                    record=record,
-                )
-            else:
-                outcome = MoveEngine(
-                    dlq,
-                    ledger,
-                    options,
-                    sqs_factory=ctx.sqs_of(dlq),
-                    observer=observer,
-                    stop=stop,
-                    record=record,
-                    receive_log=ctx.receive_log(),
-                ).run()
+            outcome = move_once(ctx, dlq, ledger, options, observer, stop, record, processes)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -247,6 +253,40 @@ def run_move(
         lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
+
+
+def move_once(
+    ctx: Context,
+    dlq: DlqTarget,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    observer: RunObserver[MoveResult],
+    stop: threading.Event,
+    record: RunRecord,
+    processes: int,
+) -> MoveResult | ProcessesResult[MoveResult]:
+    """The move itself: in this process (its --workers threads), or in ``processes``."""
+    if processes > 1:
+        return move_in_processes(
+            dlq,
+            ledger,
+            options,
+            processes=processes,
+            wiring=child_wiring(ctx, dlq, ledger, options),
+            observer=observer,
+            stop=stop,
+            record=record,
+        )
+    return MoveEngine(
+        dlq,
+        ledger,
+        options,
+        sqs_factory=ctx.sqs_of(dlq),
+        observer=observer,
+        stop=stop,
+        record=record,
+        receive_log=ctx.receive_log(),
+    ).run()
 
 
 def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
@@ -350,7 +390,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @selected
 @execute_options
 @ledger_option
-@move_options
+@with_policies
 @workers_option
 @processes_option
 @rate_option
@@ -371,12 +411,7 @@ def replay(
     execute: bool,
     yes: bool,
     ledger: str | None,
-    in_doubt: InDoubtPolicy,
-    max_redrives: int,
-    include_expired: bool,
-    include_unknown: bool,
-    ambiguous: AmbiguousPolicy,
-    include_succeeded: bool,
+    policies: MovePolicies,
     workers: int,
     processes: int,
     rate: float | None,
@@ -391,21 +426,16 @@ def replay(
     A dry run unless --execute; replaying twice sends nothing the second time. The whole
     archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
     """
-    with core_errors():
-        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
-    options = MoveOptions(
-        selection=selection,
+    queue, options = replay_run_options(
+        ctx,
+        selection,
+        policies,
+        to=to,
         execute=execute,
-        include_expired=include_expired,
-        max_redrives=max_redrives,
-        in_doubt=in_doubt,
         workers=workers,
         rate=rate,
-        include_unknown=include_unknown,
-        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
-        ambiguous=ambiguous,
-        celery=knowledge,
-        include_succeeded=include_succeeded,
+        route=route,
+        include_unregistered=include_unregistered,
     )
     outcome = run_replay(
         ctx,
@@ -418,7 +448,39 @@ def replay(
         as_json=as_json,
         processes=processes,
     )
-    finish_replay(outcome, knowledge, as_json=as_json, allow_partial=allow_partial)
+    finish_replay(outcome, options.celery, as_json=as_json, allow_partial=allow_partial)
+
+
+def replay_run_options(
+    ctx: Context,
+    selection: Selection,
+    policies: MovePolicies,
+    *,
+    to: str | None,
+    execute: bool,
+    workers: int,
+    rate: float | None,
+    route: str | None,
+    include_unregistered: bool,
+) -> tuple[QueueRef | None, MoveOptions]:
+    """Where a replay sends (``--to``, else each task's route) and its options."""
+    with core_errors():
+        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
+    options = MoveOptions(
+        selection=selection,
+        execute=execute,
+        include_expired=policies.include_expired,
+        max_redrives=policies.max_redrives,
+        in_doubt=policies.in_doubt,
+        workers=workers,
+        rate=rate,
+        include_unknown=policies.include_unknown,
+        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
+        ambiguous=policies.ambiguous,
+        celery=knowledge,
+        include_succeeded=policies.include_succeeded,
+    )
+    return queue, options
 
 
 def finish_replay(
@@ -498,33 +560,18 @@ def run_replay(
         with core_errors(), interruptible() as stop:
             try:
                 options = with_results(ctx, options)
-                if processes > 1:
-                    outcome = replay_in_processes(
-                        source,
-                        to,
-                        ledger,
-                        options,
-                        processes=processes,
-                        wiring=replay_wiring(ctx, ledger, options),
-                        s3_client_factory=ctx.s3_client,
-                        observer=display,
-                        stop=stop,
-                        record=RunRecord(command_line(), info),
-                        allow_partial=allow_partial,
-                    )
-                else:
-                    outcome = replay_archive(
-                        source,
-                        to,
-                        ledger,
-                        options,
-                        sqs_factory=ctx.sqs_for,
-                        s3_client_factory=ctx.s3_client,
-                        observer=display,
-                        stop=stop,
-                        record=RunRecord(command_line(), info),
-                        allow_partial=allow_partial,
-                    )
+                outcome = replay_once(
+                    ctx,
+                    source,
+                    to,
+                    ledger,
+                    options,
+                    display=display,
+                    stop=stop,
+                    record=RunRecord(command_line(), info),
+                    allow_partial=allow_partial,
+                    processes=processes,
+                )
             except ArchiveDamaged as exc:
                 display.done()
                 refuse_damaged_archive(source, exc.report, options.execute, as_json)
@@ -533,6 +580,48 @@ def run_replay(
             ledger.close()
     display.done()
     return outcome
+
+
+def replay_once(
+    ctx: Context,
+    source: str,
+    to: QueueRef | None,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    display: ProgressDisplay,
+    stop: threading.Event,
+    record: RunRecord,
+    allow_partial: bool,
+    processes: int,
+) -> ReplayResult | ProcessesResult[ReplayResult]:
+    """The replay itself: in this process (its --workers threads), or in ``processes``."""
+    if processes > 1:
+        return replay_in_processes(
+            source,
+            to,
+            ledger,
+            options,
+            processes=processes,
+            wiring=replay_wiring(ctx, ledger, options),
+            s3_client_factory=ctx.s3_client,
+            observer=display,
+            stop=stop,
+            record=record,
+            allow_partial=allow_partial,
+        )
+    return replay_archive(
+        source,
+        to,
+        ledger,
+        options,
+        sqs_factory=ctx.sqs_for,
+        s3_client_factory=ctx.s3_client,
+        observer=display,
+        stop=stop,
+        record=record,
+        allow_partial=allow_partial,
+    )
 
 
 def replay_text(outcome: ReplayResult, knowledge: TaskKnowledge | None) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -22,6 +23,8 @@ from redrive.operations.move import (
     DEFAULT_LEASE,
     DEFAULT_MAX_REDRIVES,
     IN_DOUBT_POLICIES,
+    AmbiguousPolicy,
+    InDoubtPolicy,
 )
 from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
@@ -373,6 +376,37 @@ def move_options(f: F) -> F:
         "nothing tells a copy from a second publish of its task id.",
     )(f)
     return f
+
+
+@dataclass(frozen=True, slots=True)
+class MovePolicies:
+    """What :func:`move_options` parsed: how a move treats in-doubt, poison, expired,
+    unknown, ambiguous and succeeded messages."""
+
+    in_doubt: InDoubtPolicy
+    max_redrives: int
+    include_expired: bool
+    include_unknown: bool
+    ambiguous: AmbiguousPolicy
+    include_succeeded: bool
+
+
+def with_policies(f: Callable[..., None]) -> Callable[..., None]:
+    """The :func:`move_options`, handed to the command as one ``policies: MovePolicies``."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> None:
+        policies = MovePolicies(
+            in_doubt=kwargs.pop("in_doubt"),
+            max_redrives=kwargs.pop("max_redrives"),
+            include_expired=kwargs.pop("include_expired"),
+            include_unknown=kwargs.pop("include_unknown"),
+            ambiguous=kwargs.pop("ambiguous"),
+            include_succeeded=kwargs.pop("include_succeeded"),
+        )
+        f(*args, policies=policies, **kwargs)
+
+    return move_options(command)
 
 
 def plan_out_option(f: F) -> F:

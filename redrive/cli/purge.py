@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import click
@@ -66,31 +67,7 @@ def purge_command(
     outcome: PurgeResult | ProcessesResult[PurgeResult]
     try:
         with core_errors(), interruptible() as stop:
-            if processes > 1:
-                outcome = purge_in_processes(
-                    dlq,
-                    options,
-                    processes=processes,
-                    wiring=child_wiring(ctx, dlq, ledger),
-                    ledger=ledger,
-                    command=command_line(),
-                    record=purge_record(ctx, dlq, options, ledger),
-                    observer=observer,
-                    stop=stop,
-                )
-            else:
-                outcome = run_purge(
-                    dlq,
-                    options,
-                    sqs_factory=ctx.sqs_of(dlq),
-                    ledger=ledger,
-                    command=command_line(),
-                    record=purge_record(ctx, dlq, options, ledger),
-                    s3_client_factory=ctx.s3_client,
-                    observer=observer,
-                    stop=stop,
-                    receive_log=ctx.receive_log(),
-                )
+            outcome = purge_once(ctx, dlq, options, ledger, observer, stop, processes)
     except BaseException:
         if plan is not None:
             plan.abort()
@@ -110,6 +87,42 @@ def purge_command(
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
+    )
+
+
+def purge_once(
+    ctx: Context,
+    dlq: DlqTarget,
+    options: PurgeOptions,
+    ledger: Ledger | None,
+    observer: RunObserver[PurgeResult],
+    stop: threading.Event,
+    processes: int,
+) -> PurgeResult | ProcessesResult[PurgeResult]:
+    """The purge (or archive) itself: in this process, or in ``processes``."""
+    if processes > 1:
+        return purge_in_processes(
+            dlq,
+            options,
+            processes=processes,
+            wiring=child_wiring(ctx, dlq, ledger),
+            ledger=ledger,
+            command=command_line(),
+            record=purge_record(ctx, dlq, options, ledger),
+            observer=observer,
+            stop=stop,
+        )
+    return run_purge(
+        dlq,
+        options,
+        sqs_factory=ctx.sqs_of(dlq),
+        ledger=ledger,
+        command=command_line(),
+        record=purge_record(ctx, dlq, options, ledger),
+        s3_client_factory=ctx.s3_client,
+        observer=observer,
+        stop=stop,
+        receive_log=ctx.receive_log(),
     )
 
 

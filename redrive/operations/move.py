@@ -645,41 +645,55 @@ class MoveEngine:
         self.source = source
         self.receive_log = receive_log
         record = record or RunRecord("move")
-        info = {"target": target.label, "dlq": target.dlq.url}
-        self._life = RunLifecycle(
-            ledger,
-            execute=options.execute,
+        self._life = self._lifecycle(record, clock)
+        self.run_id = self._life.run_id
+        parent = record.info.get("parent")
+        self._parent = parent if isinstance(parent, str) and self.run_id else None
+        self.result = self._empty_result()
+        self._tally = MoveTally(self.result, SeenByFilters(options.selection), self._source_name)
+        self._wire_shares(shares)
+        self._open_caches()
+        self._decision_options = _decision_options(options)
+        self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
+
+    def _lifecycle(self, record: RunRecord, clock: Callable[[], float]) -> RunLifecycle:
+        """The run as the ledger records it: target, DLQ and filters, with ``record``'s say."""
+        info = {"target": self.target.label, "dlq": self.target.dlq.url}
+        return RunLifecycle(
+            self.ledger,
+            execute=self.options.execute,
             command=record.command,
-            info={**info, "filters": options.selection.describe(), **record.info},
-            lease=options.lease,
+            info={**info, "filters": self.options.selection.describe(), **record.info},
+            lease=self.options.lease,
             stop=self.stop,
             clock=clock,
             counts=self._counts,
             run_id=record.run_id,
         )
-        self.run_id = self._life.run_id
-        parent = record.info.get("parent")
-        self._parent = parent if isinstance(parent, str) and self.run_id else None
-        self.result = MoveResult(
-            dry_run=not options.execute,
-            target=target.label,
-            dlq=target.dlq.name,
+
+    def _empty_result(self) -> MoveResult:
+        ledger = self.ledger
+        return MoveResult(
+            dry_run=not self.options.execute,
+            target=self.target.label,
+            dlq=self.target.dlq.name,
             run_id=self.run_id,
             ledger=ledger.location if ledger is not None else None,
         )
-        selection = options.selection
-        self._tally = MoveTally(self.result, SeenByFilters(selection), self._source_name)
+
+    def _wire_shares(self, shares: RunShares | None) -> None:
+        """The limit, rate and dry-run keys: ``shares``' (``--processes``), else the run's own."""
         self._shares = shares
-        self._limit: LimitLike = shares.limit if shares else Limit(selection.limit)
+        self._limit: LimitLike = shares.limit if shares else Limit(self.options.selection.limit)
         self._planned: PlannedLike = shares.planned if shares else _PlannedKeys()
-        self._rate: RateLike = shares.rate if shares else RateLimiter(options.rate)
+        self._rate: RateLike = shares.rate if shares else RateLimiter(self.options.rate)
+
+    def _open_caches(self) -> None:
         # Routes per source ARN and liveness per run id, found once per run.
         self._cache_lock = threading.Lock()
         self._routes: dict[str, QueueRef | None] = {}
         self._liveness: dict[str, bool] = {}
-        self._legacy = ledger is not None and ledger.legacy_keys
-        self._decision_options = _decision_options(options)
-        self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
+        self._legacy = self.ledger is not None and self.ledger.legacy_keys
 
     @property
     def sightings(self) -> Sightings | None:

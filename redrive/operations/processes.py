@@ -87,7 +87,7 @@ from redrive.operations.replay import (
     archive_label,
     archive_target,
 )
-from redrive.operations.run import RunLifecycle, RunRecord
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
 from redrive.reporting.audit import absolute_location
@@ -688,20 +688,8 @@ def _run_spread(
     context = multiprocessing.get_context("spawn")
     merged: list[R] = []
     statuses: list[ChildStatus] = []
-    life = RunLifecycle(
-        spread.ledger,
-        execute=spread.execute,
-        command=spread.command,
-        info={**spread.info, "processes": processes},
-        lease=spread.lease,
-        stop=stop,
-        counts=lambda: spread.counts(merged[0]) if merged else {},
-        end_info=lambda: {"children": [s.to_json() for s in statuses]},
-    )
-    jobs: list[tuple[Job, str | None]] = []
-    for number in range(1, processes + 1):
-        run_id = f"{life.run_id}.{number}" if life.run_id else None
-        jobs.append((spread.job(number, run_id, life.run_id), run_id))
+    life = _spread_lifecycle(spread, processes, stop, merged, statuses)
+    jobs = _child_jobs(spread, processes, life.run_id)
     with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
         shares = make_shares(
             context,
@@ -730,14 +718,46 @@ def _run_spread(
             if error is not None:
                 raise error
             merged.append(spread.merge(children, statuses, life.run_id))
-            life.end(
-                "failed"
-                if any(s.died for s in statuses)
-                else "interrupted"
-                if stop.is_set()
-                else "completed"
-            )
+            life.end(_spread_outcome(statuses, stop))
     return merged[0], statuses
+
+
+def _spread_lifecycle(
+    spread: _Spread[R],
+    processes: int,
+    stop: threading.Event,
+    merged: list[R],
+    statuses: list[ChildStatus],
+) -> RunLifecycle:
+    """The parent's run: its counts are the merged result's, its end names every child
+    (``merged`` and ``statuses`` are filled in as the children end)."""
+    return RunLifecycle(
+        spread.ledger,
+        execute=spread.execute,
+        command=spread.command,
+        info={**spread.info, "processes": processes},
+        lease=spread.lease,
+        stop=stop,
+        counts=lambda: spread.counts(merged[0]) if merged else {},
+        end_info=lambda: {"children": [s.to_json() for s in statuses]},
+    )
+
+
+def _child_jobs(
+    spread: _Spread[R], processes: int, parent: str | None
+) -> list[tuple[Job, str | None]]:
+    """Each child's job and run id (the parent's, numbered)."""
+    jobs: list[tuple[Job, str | None]] = []
+    for number in range(1, processes + 1):
+        run_id = f"{parent}.{number}" if parent else None
+        jobs.append((spread.job(number, run_id, parent), run_id))
+    return jobs
+
+
+def _spread_outcome(statuses: Sequence[ChildStatus], stop: threading.Event) -> Outcome:
+    if any(s.died for s in statuses):
+        return "failed"
+    return "interrupted" if stop.is_set() else "completed"
 
 
 # -- move ------------------------------------------------------------------------------------
@@ -1246,14 +1266,46 @@ def inspect_in_processes(
     if on_depth is not None:
         on_depth(depth)
 
-    class Received(RunObserver[Any]):
-        def on_progress(self, result: Any) -> None:
-            if on_progress is not None:
-                on_progress(result)
-
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
         share = replace(scan, limit=limit_share(scan.limit, processes, number))
         return InspectJob(target, share)
+
+    merge = _inspect_merger(depth, hidden, started, stop)
+    spread: _Spread[InspectResult] = _Spread(
+        None,
+        False,
+        "inspect",
+        {},
+        scan.lease,
+        None,
+        None,
+        job,
+        _received,
+        lambda snapshots, run_id: sum(s[0] for s in snapshots),
+        merge,
+        lambda result: {},
+    )
+    result, _ = _run_spread(
+        spread, processes=processes, wiring=wiring, observer=_Received(on_progress), stop=stop
+    )
+    return result
+
+
+class _Received(RunObserver[Any]):
+    """Hands the children's messages received so far to ``on_progress``."""
+
+    def __init__(self, on_progress: Callable[[int], None] | None) -> None:
+        self._on_progress = on_progress
+
+    def on_progress(self, result: Any) -> None:
+        if self._on_progress is not None:
+            self._on_progress(result)
+
+
+def _inspect_merger(
+    depth: int, hidden: int, started: float, stop: threading.Event
+) -> Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], InspectResult]:
+    """The inspect the children's groups merge into; a dead child makes it an error."""
 
     def merge(
         children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
@@ -1271,21 +1323,4 @@ def inspect_in_processes(
         merged.interrupted = merged.interrupted or stop.is_set()
         return merged
 
-    spread: _Spread[InspectResult] = _Spread(
-        None,
-        False,
-        "inspect",
-        {},
-        scan.lease,
-        None,
-        None,
-        job,
-        _received,
-        lambda snapshots, run_id: sum(s[0] for s in snapshots),
-        merge,
-        lambda result: {},
-    )
-    result, _ = _run_spread(
-        spread, processes=processes, wiring=wiring, observer=Received(), stop=stop
-    )
-    return result
+    return merge

@@ -162,17 +162,8 @@ def run_purge(
         options = replace(options, buffer=S3_BUFFER)
     stop = stop or threading.Event()
     ended = _PurgeEnd(DeletedMessages())
-    life = RunLifecycle(
-        ledger,
-        execute=options.execute,
-        command=command,
-        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
-        lease=options.lease,
-        stop=stop,
-        clock=clock,
-        counts=ended.counts,
-        end_info=ended.info,
-        run_id=run_id,
+    life = _purge_lifecycle(
+        target, options, ledger, command, record, where, stop, clock, ended, run_id
     )
     with life:
         try:
@@ -198,6 +189,34 @@ def run_purge(
         result.archive = None if ended.dropped else result.archive or where
         ended.result = result
     return result
+
+
+def _purge_lifecycle(
+    target: DlqTarget,
+    options: PurgeOptions,
+    ledger: Ledger | None,
+    command: str,
+    record: Mapping[str, Any] | None,
+    where: str | None,
+    stop: threading.Event,
+    clock: Callable[[], float],
+    ended: _PurgeEnd,
+    run_id: str | None,
+) -> RunLifecycle:
+    """The run as the ledger records it: what was asked, where it archives, and (from
+    ``ended``) how it ended."""
+    return RunLifecycle(
+        ledger,
+        execute=options.execute,
+        command=command,
+        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        lease=options.lease,
+        stop=stop,
+        clock=clock,
+        counts=ended.counts,
+        end_info=ended.info,
+        run_id=run_id,
+    )
 
 
 def _open_archive(

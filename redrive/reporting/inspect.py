@@ -485,16 +485,7 @@ def inspect_dlq(
     depth, hidden = inspect_counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
-    scan = DlqScan(
-        url=target.dlq.url,
-        lease=lease,
-        receive_held=True,
-        max_messages=limit,
-        stop=stop or threading.Event(),
-        on_receive=on_progress,
-        sqs_factory=sqs_factory,
-        receive_log=receive_log,
-    )
+    scan = _inspect_scan(target, sqs_factory, lease, limit, stop, on_progress, receive_log)
     grouping = focus.grouping(
         now, target, max_redrives, with_results=results is not None, group_by=group_by
     )
@@ -514,6 +505,28 @@ def inspect_dlq(
         receive_log_problem=receive_log.problem if receive_log is not None else None,
         result_backend=results.location if results is not None else None,
         result_backend_problem=problem,
+    )
+
+
+def _inspect_scan(
+    target: DlqTarget,
+    sqs_factory: Callable[[], Sqs],
+    lease: int,
+    limit: int | None,
+    stop: threading.Event | None,
+    on_progress: Callable[[int], None] | None,
+    receive_log: ReceiveLog | None,
+) -> DlqScan:
+    """The one pass inspect makes: it holds what it receives until the end, then releases it."""
+    return DlqScan(
+        url=target.dlq.url,
+        lease=lease,
+        receive_held=True,
+        max_messages=limit,
+        stop=stop or threading.Event(),
+        on_receive=on_progress,
+        sqs_factory=sqs_factory,
+        receive_log=receive_log,
     )
 
 
