@@ -186,6 +186,13 @@ def run_info(ledger: Path) -> list[dict[str, Any]]:
     return []
 
 
+def start_move_in_two(fast: MotoServer, ledger: Path, out: Path) -> subprocess.Popen[str]:
+    """A move in two processes, slowed by --rate so that a test can act while it runs."""
+    return start_redrive(
+        fast, *MOVE, "--ledger", str(ledger), "--processes", "2", "--rate", "40", out=out
+    )
+
+
 def wait_for_both_children(
     ledger: Path, then: Callable[[], bool], what: str, every: float = 0.05
 ) -> None:
@@ -299,17 +306,7 @@ def test_children_stop_cleanly_when_the_parent_is_sigkilled(
     dead = tasks(300, seed=3)
     fill(checkout, dead)
     ledger = tmp_path / "ledger.sqlite3"
-    parent = start_redrive(
-        fast,
-        *MOVE,
-        "--ledger",
-        str(ledger),
-        "--processes",
-        "2",
-        "--rate",
-        "40",
-        out=tmp_path / "parent",
-    )
+    parent = start_move_in_two(fast, ledger, tmp_path / "parent")
     try:
         wait_for_both_children(
             ledger, lambda: ledger_states(ledger)["done"] >= 20, "both children moving"
@@ -754,17 +751,7 @@ def test_an_error_in_the_processes_is_one_line_and_exit_1(
     and says what went wrong in one line (as one process does), no traceback."""
     fill(checkout, tasks(200, seed=71))
     ledger = tmp_path / "ledger.sqlite3"
-    run = start_redrive(
-        fast,
-        *MOVE,
-        "--ledger",
-        str(ledger),
-        "--processes",
-        "2",
-        "--rate",
-        "40",
-        out=tmp_path / "failing",
-    )
+    run = start_move_in_two(fast, ledger, tmp_path / "failing")
     try:
         wait_for_both_children(
             ledger, lambda: ledger_states(ledger)["done"] >= 10, "both processes moving"
