@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from redrive.errors import LedgerError
+from redrive.ledger.base import ledger_closed
 
 _T = TypeVar("_T")
 
@@ -125,7 +126,7 @@ class GroupWriter:
             return self._run_from_main(request)
         with self._cond:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
             inline = not self._queue and self._role.acquire(blocking=False)
             if inline:
                 self._worker_leads = True
@@ -171,10 +172,10 @@ class GroupWriter:
         meanwhile was handed to the writer, which waits for the role."""
         with self._cond:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
         with self._role:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
             self._execute([request])
         return request.outcome()
 
@@ -196,7 +197,7 @@ class GroupWriter:
             thread = self._thread
             self._cond.notify_all()
         for request in left:
-            request.fail(self._closed_error())
+            request.fail(ledger_closed(self._location))
         with self._role:  # the transaction in flight ends first
             pass
         if thread is not None and thread is not threading.current_thread():
@@ -216,9 +217,6 @@ class GroupWriter:
         with self._cond:
             if request in self._queue:
                 self._queue.remove(request)
-
-    def _closed_error(self) -> LedgerError:
-        return LedgerError(f"ledger {self._location} is closed; open it again")
 
     def _take_group(self) -> list[WriteRequest[Any]] | None:
         """For the thread holding the role: the requests queued meanwhile, if any."""
@@ -244,7 +242,7 @@ class GroupWriter:
             with self._role:
                 if self._closed:  # closed while it waited for the role: refused, as queued
                     for request in group:
-                        request.fail(self._closed_error())
+                        request.fail(ledger_closed(self._location))
                     continue
                 self._execute(group)
 

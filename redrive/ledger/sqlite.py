@@ -23,6 +23,7 @@ from redrive.ledger.base import (
     RunInfo,
     check_key,
     check_outcome,
+    ledger_closed,
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter, WriteRequest
@@ -391,7 +392,7 @@ class SqliteLedger(Ledger):
             conn = self._conn
             if conn is None:
                 for request in pending:
-                    request.fail(LedgerError(f"ledger {self.location} is closed; open it again"))
+                    request.fail(ledger_closed(self.location))
                 return
             outcome = self._try_group(conn, pending)
             if isinstance(outcome, WriteRequest):
@@ -518,7 +519,7 @@ class SqliteLedger(Ledger):
 
     def _live_conn(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise LedgerError(f"ledger {self.location} is closed; open it again")
+            raise ledger_closed(self.location)
         return self._conn
 
     def _op_error(self, what: str, e: sqlite3.Error) -> LedgerError:
