@@ -410,24 +410,13 @@ class SqliteLedger(Ledger):
         own statements failed (answered; nothing committed, the others to run again); or
         None: the transaction failed, every request is answered with its error."""
         flush = any(r.flush for r in pending)
-        results: list[Any] = []
-        failed: WriteRequest[Any] | None = None
         try:
             if not flush:
                 conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._begin_write(conn)
-                for request in pending:
-                    try:
-                        results.append(request.apply(conn))
-                    except Exception as e:
-                        if not conn.in_transaction:
-                            raise  # SQLite rolled the whole transaction back: the group's
-                        conn.execute("ROLLBACK")
-                        failed = request
-                        request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
-                        break
-                else:
+                outcome = self._apply_in_order(conn, pending)
+                if isinstance(outcome, list):
                     conn.execute("COMMIT")
             finally:
                 if not flush:
@@ -437,11 +426,34 @@ class SqliteLedger(Ledger):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             for request in pending:
-                request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
+                request.fail(self._request_error(request.what, e))
             if not isinstance(e, Exception):
                 raise
             return None
-        return results if failed is None else failed
+        return outcome
+
+    def _apply_in_order(
+        self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
+    ) -> list[Any] | WriteRequest[Any]:
+        """Inside the group's open transaction: each request's statements in turn, and
+        their answers; or the first request whose own statements failed (answered with its
+        error, the transaction rolled back). Raises when SQLite rolled the whole
+        transaction back itself: that is the group's failure, not one request's."""
+        results: list[Any] = []
+        for request in pending:
+            try:
+                results.append(request.apply(conn))
+            except Exception as e:
+                if not conn.in_transaction:
+                    raise
+                conn.execute("ROLLBACK")
+                request.fail(self._request_error(request.what, e))
+                return request
+        return results
+
+    def _request_error(self, what: str, e: BaseException) -> BaseException:
+        """What a caller is answered with: SQLite's errors said as a LedgerError."""
+        return self._op_error(what, e) if _is_sqlite(e) else e
 
     def _begin_write(self, conn: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE, trying again at short steps while another process holds the
