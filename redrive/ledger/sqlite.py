@@ -475,17 +475,28 @@ class SqliteLedger(Ledger):
             time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
             attempt += 1
 
-    def _write(
-        self, what: str, *, flush: bool = True
-    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """One IMMEDIATE transaction, committed on success, rolled back on error.
+    @contextlib.contextmanager
+    def _write(self, what: str, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
+        """The plain path's write: one IMMEDIATE transaction under the object's lock,
+        committed on success, rolled back on error.
 
         ``flush=False`` commits without waiting for the disk: for records whose loss is
         harmless (a lost SENT reads as CLAIMED, i.e. in doubt: held, never resent; a lost
         DONE has nothing left to do; a heartbeat is refreshed). The next flushed commit (the
         next claim) makes them durable too, since the WAL is written in order.
         """
-        return self._transaction(what, "BEGIN IMMEDIATE", flush=flush)
+        with self._lock:
+            conn = self._live_conn()
+            try:
+                with self._guarded(conn, what):
+                    if not flush:
+                        conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    yield conn
+                    conn.execute("COMMIT")
+            finally:
+                if not flush:
+                    conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
     def _read(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -499,23 +510,6 @@ class SqliteLedger(Ledger):
                 conn.execute("BEGIN")
                 yield conn
                 conn.execute("COMMIT")
-
-    @contextlib.contextmanager
-    def _transaction(
-        self, what: str, begin: str, *, flush: bool = True
-    ) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._live_conn()
-            try:
-                with self._guarded(conn, what):
-                    if not flush:
-                        conn.execute("PRAGMA synchronous=NORMAL")
-                    conn.execute(begin)
-                    yield conn
-                    conn.execute("COMMIT")
-            finally:
-                if not flush:
-                    conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
     def _guarded(self, conn: sqlite3.Connection, what: str) -> Iterator[None]:
