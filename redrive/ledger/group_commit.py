@@ -223,8 +223,7 @@ class GroupWriter:
         with self._cond:
             if not self._queue or self._closed:
                 return None
-            group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            return group
+            return self._pop_group()
 
     def _next_group(self) -> list[WriteRequest[Any]] | None:
         with self._cond:
@@ -234,8 +233,12 @@ class GroupWriter:
             if not self._queue:
                 self._thread = None  # under the lock: the next submit starts a new writer
                 return None
-            group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            return group
+            return self._pop_group()
+
+    def _pop_group(self) -> list[WriteRequest[Any]]:
+        """Under the lock: the next group off the queue's head, in arrival order."""
+        group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+        return group
 
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
