@@ -137,16 +137,9 @@ class GroupWriter:
                     self._wake_writer()
         if inline:
             self._lead(request)
-            return request.outcome()
-        try:
-            return request.outcome()
-        except BaseException:
-            # Interrupted while waiting: a request the writer has not taken yet is
-            # withdrawn, as if the call never got its turn; one it has taken completes
-            # without anyone reading the answer.
-            if not request.settled:
-                self._withdraw(request)
-            raise
+        # A worker thread's wait is never interrupted (Ctrl-C lands in the main thread, which
+        # never queues): its request is always settled, by its group or by close().
+        return request.outcome()
 
     def _lead(self, request: WriteRequest[Any]) -> None:
         """A worker thread that found nothing in flight: its own request, then (once, so that
@@ -212,11 +205,6 @@ class GroupWriter:
             self._thread.start()
         else:
             self._cond.notify()  # the writer is the only one that waits on it
-
-    def _withdraw(self, request: WriteRequest[Any]) -> None:
-        with self._cond:
-            if request in self._queue:
-                self._queue.remove(request)
 
     def _take_group(self) -> list[WriteRequest[Any]] | None:
         """For the thread holding the role: the requests queued meanwhile, if any."""
