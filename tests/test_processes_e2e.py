@@ -415,39 +415,14 @@ def test_a_plan_made_and_applied_in_processes_moves_exactly_its_messages(
     captures = [d for d in dead if d.task == CAPTURE]
     assert len(items) == len({i["message_id"] for i in items}) == len(captures)
     ledger = tmp_path / "ledger.sqlite3"
-    data = ok_json(
-        redrive(
-            fast,
-            "apply",
-            str(plan),
-            "--execute",
-            "--yes",
-            "--json",
-            "--ledger",
-            str(ledger),
-            *procs,
-            timeout=120,
-        )
-    )
+    apply = ("apply", str(plan), "--execute", "--yes", "--json", "--ledger", str(ledger), *procs)
+    data = ok_json(redrive(fast, *apply, timeout=120))
     assert (data["moved"], data["planned"], data["gone"]) == (len(captures), len(captures), 0)
     assert data["processes"] == 2
     got = arrivals(checkout, by_body(dead))
     assert got == Counter({d.ident: 1 for d in captures})
     assert checkout.depth() == (len(dead) - len(captures), 0)
-    again = ok_json(
-        redrive(
-            fast,
-            "apply",
-            str(plan),
-            "--execute",
-            "--yes",
-            "--json",
-            "--ledger",
-            str(ledger),
-            *procs,
-            timeout=120,
-        )
-    )
+    again = ok_json(redrive(fast, *apply, timeout=120))
     assert (again["moved"], again["gone"]) == (0, len(captures)), "twice does nothing"
 
 
