@@ -25,7 +25,7 @@ import pytest
 from test_ledger_contract import claims
 
 from redrive.errors import LedgerError
-from redrive.ledger import ClaimResult, KeyState, SqliteLedger
+from redrive.ledger import ClaimResult, KeyState, SqliteLedger, group_commit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -151,6 +151,28 @@ def test_queued_callers_share_one_transaction_and_each_gets_its_own_answer(path:
     with SqliteLedger(path, group_commit=False) as plain:
         got = plain.get_many(["b1", "both", "c1"])
         assert {k: e.run_id for k, e in got.items()} == {"b1": "B", "both": "B", "c1": "C"}
+
+
+def test_a_transaction_carries_at_most_max_group_requests(
+    path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(group_commit, "MAX_GROUP", 2)
+    led = SqliteLedger(path)
+    led.start_run("A", command="move", info={})
+    before = led.group_stats()
+    assert before is not None
+    calls = Calls()
+    with held_group(path, led, calls, 5):
+        for i in range(5):
+            calls.start(f"claim{i}", functools.partial(led.claim_many, "A", claims(f"k{i}")))
+            wait_until(lambda n=i + 1: queued(led) == n)
+    after = led.group_stats()
+    assert after is not None
+    # the heartbeat alone, then the five queued behind it two at a time: 2, 2, 1
+    assert after["requests"] - before["requests"] == 6
+    assert after["groups"] - before["groups"] == 4
+    assert all(calls.results[f"claim{i}"].won == {f"k{i}"} for i in range(5))
+    led.close()
 
 
 @pytest.mark.parametrize(
@@ -392,7 +414,7 @@ def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_wo
         threading.Timer(0.2, signal.pthread_kill, args=(main, signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             led.claim_many("A", claims("interrupted"))
-        assert queued(led) == 0  # withdrawn
+        assert queued(led) == 0  # the main thread waited for its turn, never queued
         release()
         calls.join()
     assert calls.results["in flight"] is None

@@ -207,6 +207,11 @@ def run_not_open(run_id: str, location: str) -> LedgerError:
     )
 
 
+def ledger_closed(location: str) -> LedgerError:
+    """The error for a call on a ledger object after its close()."""
+    return LedgerError(f"ledger {location} is closed; open it again")
+
+
 def check_key(key: str) -> None:
     if not key or len(key) > MAX_KEY_LENGTH:
         raise ValueError(f"ledger keys must be 1..{MAX_KEY_LENGTH} characters, got {key!r}")

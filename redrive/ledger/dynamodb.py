@@ -68,6 +68,7 @@ from redrive.ledger.base import (
     RunInfo,
     check_key,
     check_outcome,
+    ledger_closed,
     run_not_open,
 )
 
@@ -477,7 +478,7 @@ class DynamoDbLedger(Ledger):
         """One DynamoDB call. A condition that did not hold raises :class:`_Refused`; every
         other failure a one-line LedgerError."""
         if self._closed:
-            raise LedgerError(f"ledger {self.location} is closed; open it again")
+            raise ledger_closed(self.location)
         method = getattr(self._client, _snake(action))
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
@@ -512,7 +513,7 @@ class DynamoDbLedger(Ledger):
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._closed:
-                raise LedgerError(f"ledger {self.location} is closed; open it again")
+                raise ledger_closed(self.location)
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     max_workers=self._pool_size, thread_name_prefix="redrive-ledger"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from redrive.errors import LedgerError
+from redrive.ledger.base import ledger_closed
 
 _T = TypeVar("_T")
 
@@ -125,7 +126,7 @@ class GroupWriter:
             return self._run_from_main(request)
         with self._cond:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
             inline = not self._queue and self._role.acquire(blocking=False)
             if inline:
                 self._worker_leads = True
@@ -136,16 +137,9 @@ class GroupWriter:
                     self._wake_writer()
         if inline:
             self._lead(request)
-            return request.outcome()
-        try:
-            return request.outcome()
-        except BaseException:
-            # Interrupted while waiting: a request the writer has not taken yet is
-            # withdrawn, as if the call never got its turn; one it has taken completes
-            # without anyone reading the answer.
-            if not request.settled:
-                self._withdraw(request)
-            raise
+        # A worker thread's wait is never interrupted (Ctrl-C lands in the main thread, which
+        # never queues): its request is always settled, by its group or by close().
+        return request.outcome()
 
     def _lead(self, request: WriteRequest[Any]) -> None:
         """A worker thread that found nothing in flight: its own request, then (once, so that
@@ -171,10 +165,10 @@ class GroupWriter:
         meanwhile was handed to the writer, which waits for the role."""
         with self._cond:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
         with self._role:
             if self._closed:
-                raise self._closed_error()
+                raise ledger_closed(self._location)
             self._execute([request])
         return request.outcome()
 
@@ -196,7 +190,7 @@ class GroupWriter:
             thread = self._thread
             self._cond.notify_all()
         for request in left:
-            request.fail(self._closed_error())
+            request.fail(ledger_closed(self._location))
         with self._role:  # the transaction in flight ends first
             pass
         if thread is not None and thread is not threading.current_thread():
@@ -212,21 +206,12 @@ class GroupWriter:
         else:
             self._cond.notify()  # the writer is the only one that waits on it
 
-    def _withdraw(self, request: WriteRequest[Any]) -> None:
-        with self._cond:
-            if request in self._queue:
-                self._queue.remove(request)
-
-    def _closed_error(self) -> LedgerError:
-        return LedgerError(f"ledger {self._location} is closed; open it again")
-
     def _take_group(self) -> list[WriteRequest[Any]] | None:
         """For the thread holding the role: the requests queued meanwhile, if any."""
         with self._cond:
             if not self._queue or self._closed:
                 return None
-            group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            return group
+            return self._pop_group()
 
     def _next_group(self) -> list[WriteRequest[Any]] | None:
         with self._cond:
@@ -236,15 +221,19 @@ class GroupWriter:
             if not self._queue:
                 self._thread = None  # under the lock: the next submit starts a new writer
                 return None
-            group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
-            return group
+            return self._pop_group()
+
+    def _pop_group(self) -> list[WriteRequest[Any]]:
+        """Under the lock: the next group off the queue's head, in arrival order."""
+        group, self._queue = self._queue[:MAX_GROUP], self._queue[MAX_GROUP:]
+        return group
 
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
             with self._role:
                 if self._closed:  # closed while it waited for the role: refused, as queued
                     for request in group:
-                        request.fail(self._closed_error())
+                        request.fail(ledger_closed(self._location))
                     continue
                 self._execute(group)
 

@@ -23,6 +23,7 @@ from redrive.ledger.base import (
     RunInfo,
     check_key,
     check_outcome,
+    ledger_closed,
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter, WriteRequest
@@ -391,7 +392,7 @@ class SqliteLedger(Ledger):
             conn = self._conn
             if conn is None:
                 for request in pending:
-                    request.fail(LedgerError(f"ledger {self.location} is closed; open it again"))
+                    request.fail(ledger_closed(self.location))
                 return
             outcome = self._try_group(conn, pending)
             if isinstance(outcome, WriteRequest):
@@ -409,24 +410,13 @@ class SqliteLedger(Ledger):
         own statements failed (answered; nothing committed, the others to run again); or
         None: the transaction failed, every request is answered with its error."""
         flush = any(r.flush for r in pending)
-        results: list[Any] = []
-        failed: WriteRequest[Any] | None = None
         try:
             if not flush:
                 conn.execute("PRAGMA synchronous=NORMAL")
             try:
                 self._begin_write(conn)
-                for request in pending:
-                    try:
-                        results.append(request.apply(conn))
-                    except Exception as e:
-                        if not conn.in_transaction:
-                            raise  # SQLite rolled the whole transaction back: the group's
-                        conn.execute("ROLLBACK")
-                        failed = request
-                        request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
-                        break
-                else:
+                outcome = self._apply_in_order(conn, pending)
+                if isinstance(outcome, list):
                     conn.execute("COMMIT")
             finally:
                 if not flush:
@@ -436,11 +426,34 @@ class SqliteLedger(Ledger):
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
             for request in pending:
-                request.fail(self._op_error(request.what, e) if _is_sqlite(e) else e)
+                request.fail(self._request_error(request.what, e))
             if not isinstance(e, Exception):
                 raise
             return None
-        return results if failed is None else failed
+        return outcome
+
+    def _apply_in_order(
+        self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
+    ) -> list[Any] | WriteRequest[Any]:
+        """Inside the group's open transaction: each request's statements in turn, and
+        their answers; or the first request whose own statements failed (answered with its
+        error, the transaction rolled back). Raises when SQLite rolled the whole
+        transaction back itself: that is the group's failure, not one request's."""
+        results: list[Any] = []
+        for request in pending:
+            try:
+                results.append(request.apply(conn))
+            except Exception as e:
+                if not conn.in_transaction:
+                    raise
+                conn.execute("ROLLBACK")
+                request.fail(self._request_error(request.what, e))
+                return request
+        return results
+
+    def _request_error(self, what: str, e: BaseException) -> BaseException:
+        """What a caller is answered with: SQLite's errors said as a LedgerError."""
+        return self._op_error(what, e) if _is_sqlite(e) else e
 
     def _begin_write(self, conn: sqlite3.Connection) -> None:
         """BEGIN IMMEDIATE, trying again at short steps while another process holds the
@@ -462,17 +475,28 @@ class SqliteLedger(Ledger):
             time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
             attempt += 1
 
-    def _write(
-        self, what: str, *, flush: bool = True
-    ) -> contextlib.AbstractContextManager[sqlite3.Connection]:
-        """One IMMEDIATE transaction, committed on success, rolled back on error.
+    @contextlib.contextmanager
+    def _write(self, what: str, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
+        """The plain path's write: one IMMEDIATE transaction under the object's lock,
+        committed on success, rolled back on error.
 
         ``flush=False`` commits without waiting for the disk: for records whose loss is
         harmless (a lost SENT reads as CLAIMED, i.e. in doubt: held, never resent; a lost
         DONE has nothing left to do; a heartbeat is refreshed). The next flushed commit (the
         next claim) makes them durable too, since the WAL is written in order.
         """
-        return self._transaction(what, "BEGIN IMMEDIATE", flush=flush)
+        with self._lock:
+            conn = self._live_conn()
+            try:
+                with self._guarded(conn, what):
+                    if not flush:
+                        conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    yield conn
+                    conn.execute("COMMIT")
+            finally:
+                if not flush:
+                    conn.execute("PRAGMA synchronous=FULL")
 
     @contextlib.contextmanager
     def _read(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -488,23 +512,6 @@ class SqliteLedger(Ledger):
                 conn.execute("COMMIT")
 
     @contextlib.contextmanager
-    def _transaction(
-        self, what: str, begin: str, *, flush: bool = True
-    ) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._live_conn()
-            try:
-                with self._guarded(conn, what):
-                    if not flush:
-                        conn.execute("PRAGMA synchronous=NORMAL")
-                    conn.execute(begin)
-                    yield conn
-                    conn.execute("COMMIT")
-            finally:
-                if not flush:
-                    conn.execute("PRAGMA synchronous=FULL")
-
-    @contextlib.contextmanager
     def _guarded(self, conn: sqlite3.Connection, what: str) -> Iterator[None]:
         """Roll back whatever is open on failure, and say what failed as a LedgerError."""
         try:
@@ -518,7 +525,7 @@ class SqliteLedger(Ledger):
 
     def _live_conn(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise LedgerError(f"ledger {self.location} is closed; open it again")
+            raise ledger_closed(self.location)
         return self._conn
 
     def _op_error(self, what: str, e: sqlite3.Error) -> LedgerError:
