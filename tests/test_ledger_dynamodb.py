@@ -754,3 +754,34 @@ def test_move_command_with_a_dynamodb_ledger(family: Family, cli: Cli) -> None:
     dry = cli("move", "checkout", "--json", "--ledger", "dynamodb://absent-table")
     assert dry.exit_code == 1
     assert "redrive ledger init dynamodb://absent-table" in dry.stderr
+
+
+def test_a_client_with_fewer_connections_than_write_threads_never_overflows_its_pool(
+    aws_env: None,
+) -> None:
+    """The write pool keeps at least 10 threads, but the calls in flight stay within the
+    client's connections (4 here): the others wait instead of opening connections urllib3
+    would then throw away with a warning."""
+    with mock_aws():
+        client = boto3.client("dynamodb", region_name=REGION, config=Config(max_pool_connections=4))
+        init_table(client, TABLE)
+        led = DynamoDbLedger(TABLE, client)
+        led.start_run("A", command="move", info={})
+        in_flight = InFlight(hold=4)
+        client.meta.events.register_first("before-send", in_flight)
+        result: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: result.append(led.claim_many("A", claims(*"abcdefghij")))
+        )
+        worker.start()
+        deadline = time.monotonic() + 15
+        while in_flight.now < 4 and not in_flight.hold.broken:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert in_flight.now == 4
+        in_flight.release.set()
+        worker.join(10)
+        assert len(result[0].won) == 10
+        assert in_flight.peak == 4
+        led.close()

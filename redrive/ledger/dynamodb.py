@@ -452,7 +452,8 @@ class DynamoDbLedger(Ledger):
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_size = write_threads or _pool_size_for(client)
-        self._in_flight = threading.BoundedSemaphore(max(self._pool_size, _connections(client)))
+        # Threads beyond the connections wait here rather than open connections urllib3 drops.
+        self._in_flight = threading.BoundedSemaphore(_connections(client))
         self._closed = False
         self._verify_table()
 
