@@ -60,7 +60,7 @@ def merge_move_results(
     template: MoveResult, parts: Sequence[MoveResult], sightings: Sightings | None
 ) -> MoveResult:
     """``parts`` as one result, with the run's own identity (``template``: its run id,
-    target, ledger, and SQS's depth at its start)."""
+    target, ledger)."""
     merged = replace(
         template,
         skipped=Counter(),
@@ -70,17 +70,13 @@ def merge_move_results(
         ambiguous_messages=[],
         no_target_candidates=list(template.no_target_candidates),
     )
+    _merge_common(merged, parts, sightings)
     for part in parts:
-        merged.scanned += part.scanned
-        merged.matched += part.matched
         merged.moved += part.moved
-        merged.failed += part.failed
         merged.in_doubt += part.in_doubt
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled
-        merged.redelivered += part.redelivered
-        merged.interrupted = merged.interrupted or part.interrupted
         if merged.error is None:
             merged.error = part.error
         if merged.no_target_reason is None and part.no_target_reason is not None:
@@ -93,14 +89,24 @@ def merge_move_results(
     merged.in_doubt_messages = _joined([p.in_doubt_messages for p in parts])
     merged.failed_messages = _joined([p.failed_messages for p in parts])
     merged.ambiguous_messages = _joined([p.ambiguous_messages for p in parts])
-    _merge_hidden(merged, parts)
-    merged.misses = sightings.misses() if sightings is not None else None
     return merged
 
 
-def _merge_hidden(
-    merged: MoveResult | PurgeResult, parts: Sequence[MoveResult | PurgeResult]
+def _merge_common(
+    merged: MoveResult | PurgeResult,
+    parts: Sequence[MoveResult | PurgeResult],
+    sightings: Sightings | None,
 ) -> None:
+    """What a move's and a purge's results merge alike: their common counts, SQS's depth
+    (each child read it as it started: the largest), what SQS still hid, the filters' misses."""
+    for part in parts:
+        merged.scanned += part.scanned
+        merged.matched += part.matched
+        merged.failed += part.failed
+        merged.redelivered += part.redelivered
+        merged.interrupted = merged.interrupted or part.interrupted
+    merged.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+    merged.misses = sightings.misses() if sightings is not None else None
     # Each child counted what SQS still hid when it ended; the last to end saw its siblings'
     # holds given back, so the smallest count is the run's.
     ended = [p.still_hidden for p in parts]
@@ -114,17 +120,11 @@ def merge_purge_results(
     template: PurgeResult, parts: Sequence[PurgeResult], sightings: Sightings | None
 ) -> PurgeResult:
     merged = replace(template, by_task=Counter())
+    _merge_common(merged, parts, sightings)
     for part in parts:
-        merged.scanned += part.scanned
-        merged.matched += part.matched
         merged.archived += part.archived
         merged.purged += part.purged
-        merged.failed += part.failed
         merged.by_task.update(part.by_task)
-        merged.redelivered += part.redelivered
-        merged.interrupted = merged.interrupted or part.interrupted
-    _merge_hidden(merged, parts)
-    merged.misses = sightings.misses() if sightings is not None else None
     return merged
 
 

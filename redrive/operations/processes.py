@@ -890,7 +890,6 @@ def _merged_moves(
     parts = [r for r in results if r is not None]
     sightings = merge_sightings(options.selection, [c.sightings for c in children])
     result = merge_move_results(template, parts, sightings)
-    result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
     for child, status in zip(children, statuses, strict=True):
         if not status.died:
             continue
@@ -1054,7 +1053,6 @@ class _PurgeRun:
         self.archives.extend(p.archive for p in parts if p.archive)
         first = self.archives[0] if self.archives else None
         result = merge_purge_results(self.blank(run_id, first), parts, sightings)
-        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
         for child, status in zip(children, statuses, strict=True):
             status.claims = False
             left = archive_part(self.where, status.number) if self.where else None
