@@ -87,7 +87,7 @@ from redrive.operations.replay import (
     archive_label,
     archive_target,
 )
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.run import Finished, Outcome, RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
 from redrive.reporting.audit import absolute_location
@@ -365,20 +365,7 @@ class ChildStatus:
         }
 
 
-class _Result(Protocol):
-    @property
-    def dry_run(self) -> bool: ...
-
-    @property
-    def interrupted(self) -> bool: ...
-
-    @property
-    def needs_attention(self) -> bool: ...
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-Res = TypeVar("Res", bound=_Result)
+Res = TypeVar("Res", bound=Finished)
 
 
 @dataclass(slots=True)
