@@ -160,6 +160,14 @@ class ChildRun:
     def __post_init__(self) -> None:
         self.aws = self.wiring.aws()
 
+    def sqs(self) -> Sqs:
+        """SQS in the DLQ's region: what the child's engine sends and receives with."""
+        return self.aws.sqs(region=self.wiring.region)
+
+    def rebuilt(self, options: Any) -> Any:
+        """``options`` with what did not cross (Wiring.rebuild) made again in the child."""
+        return self.wiring.rebuild(options) if self.wiring.rebuild else options
+
     @contextlib.contextmanager
     def ledger(self) -> Iterator[Ledger | None]:
         ledger = (
@@ -195,14 +203,13 @@ class MoveJob:
     record: RunRecord
 
     def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
-        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
-        aws, region = child.aws, child.wiring.region
+        options = child.rebuilt(self.options)
         with child.ledger() as ledger, child.receive_log() as receive_log:
             engine = MoveEngine(
                 self.target,
                 ledger,
                 options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 observer=child.observer,
                 stop=child.stop,
                 record=self.record,
@@ -918,17 +925,16 @@ class PurgeJob:
     run_id: str | None
 
     def run(self, child: ChildRun) -> tuple[PurgeResult, Sightings | None]:
-        aws, region = child.aws, child.wiring.region
         seen: list[Sightings | None] = []
         with child.ledger() as ledger, child.receive_log() as receive_log:
             result = run_purge(
                 self.target,
                 self.options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 ledger=ledger,
                 command=self.command,
                 record=self.record,
-                s3_client_factory=lambda: aws.client("s3"),
+                s3_client_factory=lambda: child.aws.client("s3"),
                 observer=child.observer,
                 stop=child.stop,
                 receive_log=receive_log,
@@ -1080,11 +1086,10 @@ class ReplayJob:
     processes: int
 
     def run(self, child: ChildRun) -> tuple[ReplayResult, Sightings | None]:
-        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
-        aws, region = child.aws, child.wiring.region
+        options = child.rebuilt(self.options)
         reader = ArchiveReader(
             self.source,
-            s3_client_factory=lambda: aws.client("s3"),
+            s3_client_factory=lambda: child.aws.client("s3"),
             on_problem=lambda problem: None,  # the parent's check reported them
             skip_damage=self.allow_partial,
         )
@@ -1095,7 +1100,7 @@ class ReplayJob:
                 archive_target(self.source),
                 ledger,
                 options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 observer=child.observer,
                 stop=child.stop,
                 source=archive,
@@ -1198,14 +1203,13 @@ class InspectJob:
     scan: InspectScan
 
     def run(self, child: ChildRun) -> tuple[InspectResult, Sightings | None]:
-        aws, region = child.aws, child.wiring.region
-        results = child.wiring.rebuild(None) if child.wiring.rebuild else None
+        results = child.rebuilt(None)
         observer = child.observer
         try:
             with child.receive_log() as receive_log:
                 return inspect_dlq(
                     self.target,
-                    lambda: aws.sqs(region=region),
+                    child.sqs,
                     limit=self.scan.limit,
                     show_args=self.scan.show_args,
                     workers=self.scan.workers,
