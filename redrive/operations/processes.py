@@ -1188,6 +1188,8 @@ class InspectScan:
     lease: int = 30
     focus: Focus | None = None
     group_by: str | None = None
+    counts: tuple[int, int] | None = None
+    """SQS's depth and in-flight count, as the parent read them (the children read none)."""
 
 
 def limit_share(limit: int | None, processes: int, number: int) -> int | None:
@@ -1223,6 +1225,7 @@ class InspectJob:
                     results=results,
                     group_by=self.scan.group_by,
                     scan_ended=child.shares.scan_ended,
+                    counts=self.scan.counts,
                 ), None
         finally:
             if results is not None:
@@ -1256,7 +1259,8 @@ def inspect_in_processes(
         on_depth(depth)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        share = replace(scan, limit=limit_share(scan.limit, processes, number))
+        limit = limit_share(scan.limit, processes, number)
+        share = replace(scan, limit=limit, counts=(depth, hidden))
         return InspectJob(target, share)
 
     merge = _inspect_merger(depth, hidden, started, stop)
