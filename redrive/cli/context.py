@@ -127,8 +127,7 @@ class Context:
 
     def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
         """Adapters for the DLQ's own region (a family may name one)."""
-        region = dlq.family.region if dlq.family is not None else None
-        return lambda: self.sqs_for(region)
+        return lambda: self.sqs_for(dlq.region)
 
     def s3_client(self) -> Any:
         return self.aws.client("s3")

@@ -31,7 +31,7 @@ def child_wiring(
         rebuild = functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
     return Wiring.of(
         ctx.aws,
-        region=dlq.family.region if dlq.family is not None else None,
+        region=dlq.region,
         ledger=ledger.location if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,
@@ -60,7 +60,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
         rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
     return Wiring.of(
         ctx.aws,
-        region=dlq.family.region if dlq.family is not None else None,
+        region=dlq.region,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,
     )

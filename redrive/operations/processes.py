@@ -125,7 +125,7 @@ class Wiring:
     profile: str | None = None
     max_attempts: int = 6
     region: str | None = None
-    """The DLQ's region (a family may name one), as ``Context.sqs_of`` picks it."""
+    """The DLQ's region (:attr:`DlqTarget.region`), as ``Context.sqs_of`` picks it."""
     ledger: str | None = None
     """The ledger's URI; None: the run has no ledger (a dry run without one)."""
     receive_log: bool = True
