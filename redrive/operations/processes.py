@@ -455,7 +455,7 @@ class _Child:
         elif kind == "error":
             self.error = (message[1], message[2])
 
-    def status(self) -> ChildStatus:
+    def status(self, claims: bool) -> ChildStatus:
         code = self.process.exitcode
         if self.result is not None:
             outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
@@ -470,6 +470,7 @@ class _Child:
             outcome,
             code,
             self.error[1] if self.error else None,
+            claims=claims,
         )
 
 
@@ -669,6 +670,9 @@ class _Spread(Generic[R]):
     reads, which for a replay is its engine's result)."""
     merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
     counts: Callable[[R], Mapping[str, int]]
+    claims: bool = True
+    """Whether its children claim keys in the ledger (a move does; a purge, an archive and
+    an inspect do not)."""
 
 
 def _run_spread(
@@ -707,7 +711,7 @@ def _run_spread(
             finally:
                 supervisor.close()
             children = supervisor.children
-            statuses.extend(c.status() for c in children)
+            statuses.extend(c.status(spread.claims) for c in children)
             error = first_error(children)
             if error is not None:
                 raise error
@@ -999,6 +1003,7 @@ def purge_in_processes(
         run.progress,
         run.merge,
         PurgeResult.run_counts,
+        claims=False,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
@@ -1047,7 +1052,6 @@ class _PurgeRun:
         first = self.archives[0] if self.archives else None
         result = merge_purge_results(self.blank(run_id, first), parts, sightings)
         for child, status in zip(children, statuses, strict=True):
-            status.claims = False
             left = archive_part(self.where, status.number) if self.where else None
             if status.died and left and ("://" in left or Path(left).expanduser().exists()):
                 # It died before it could say: what it archived is there all the same.
@@ -1277,6 +1281,7 @@ def inspect_in_processes(
         lambda snapshots, run_id: sum(s[0] for s in snapshots),
         merge,
         lambda result: {},
+        claims=False,
     )
     result, _ = _run_spread(
         spread, processes=processes, wiring=wiring, observer=_Received(on_progress), stop=stop
