@@ -785,8 +785,7 @@ def move_in_processes(
     crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        info = {**record.info, "parent": parent, "process": number}
-        return MoveJob(target, crossing, RunRecord(record.command, info, run_id))
+        return MoveJob(target, crossing, _child_record(record, number, run_id, parent))
 
     spread = _move_spread(
         _MoveRun(target, ledger, options, record, stop),
@@ -800,6 +799,14 @@ def move_in_processes(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
     )
     return ProcessesResult(result, processes, statuses)
+
+
+def _child_record(
+    record: RunRecord, number: int, run_id: str | None, parent: str | None
+) -> RunRecord:
+    """A child's own record of a move-like run: the parent's, naming the parent and its
+    number."""
+    return RunRecord(record.command, {**record.info, "parent": parent, "process": number}, run_id)
 
 
 def _crossing(options: MoveOptions, wiring: Wiring) -> MoveOptions:
@@ -1154,8 +1161,7 @@ def replay_in_processes(
     crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        info = {**record.info, "parent": parent, "process": number}
-        child_record = RunRecord(record.command, info, run_id)
+        child_record = _child_record(record, number, run_id, parent)
         return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
 
     def wrap(result: MoveResult, children: Sequence[_Child]) -> ReplayResult:
