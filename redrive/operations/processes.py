@@ -56,7 +56,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from redrive.archive import ArchiveDamaged, ArchiveReader, ArchiveRecord, check_archive
+from redrive.archive import ArchiveReader, ArchiveRecord
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
@@ -86,6 +86,8 @@ from redrive.operations.replay import (
     ReplayResult,
     archive_label,
     archive_target,
+    check_whole_archive,
+    stopped_replay,
 )
 from redrive.operations.run import Finished, Outcome, RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
@@ -1144,19 +1146,9 @@ def replay_in_processes(
         raise UsageProblem("an executed replay needs a ledger")
     stop = stop or threading.Event()
     record = record or RunRecord("replay")
-    check = check_archive(
-        source,
-        s3_client_factory=s3_client_factory,
-        on_problem=observer.on_problem,
-        stop=stop,
-        on_progress=observer.on_check,
-    )
-    if not check.complete:
-        stopped = MoveResult(dry_run=not options.execute, target=archive_label(source), dlq=source)
-        stopped.interrupted = True
-        return ProcessesResult(ReplayResult(stopped), processes, [])
-    if check.damage is not None and not allow_partial:
-        raise ArchiveDamaged(check.damage)
+    check = check_whole_archive(source, s3_client_factory, observer, stop, allow_partial)
+    if check is None:
+        return ProcessesResult(stopped_replay(source, options), processes, [])
     options = replace(options, to=to)
     crossing = _crossing(options, wiring)
 
