@@ -58,7 +58,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
     and without a probe, as inspect opens it."""
     rebuild = None
     if results is not None:
-        url = ctx.result_backend or ctx.layout.result_backend
+        url = ctx.result_backend_url
         rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
     return Wiring.of(
         ctx.aws,
@@ -95,7 +95,7 @@ class CeleryRecipe:
     @classmethod
     def of(cls, ctx: Context, options: MoveOptions) -> CeleryRecipe:
         knowledge = options.celery
-        url = ctx.result_backend or ctx.layout.result_backend
+        url = ctx.result_backend_url
         return cls(
             config=ctx.config,
             celery_app=ctx.celery_app,
