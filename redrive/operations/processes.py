@@ -871,18 +871,18 @@ def _move_spread(
         return wrap(result, children)
 
     return _Spread(
-        run.ledger,
-        options.execute,
-        run.record.command,
-        {**info, "filters": options.selection.describe(), **run.record.info},
-        options.lease,
-        options.selection.limit,
-        options.rate,
-        job,
-        _move_progress,
-        run.progress,
-        merge,
-        lambda result: unwrap(result).run_counts(),
+        ledger=run.ledger,
+        execute=options.execute,
+        command=run.record.command,
+        info={**info, "filters": options.selection.describe(), **run.record.info},
+        lease=options.lease,
+        limit=options.selection.limit,
+        rate=options.rate,
+        job=job,
+        progress_of=_move_progress,
+        progress=run.progress,
+        merge=merge,
+        counts=lambda result: unwrap(result).run_counts(),
     )
 
 
@@ -1000,18 +1000,18 @@ def purge_in_processes(
         return PurgeJob(target, mine, command, info, run_id)
 
     spread = _Spread(
-        ledger,
-        options.execute,
-        command,
-        {**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
-        options.lease,
-        options.selection.limit,
-        None,
-        job,
-        _purge_progress,
-        run.progress,
-        run.merge,
-        PurgeResult.run_counts,
+        ledger=ledger,
+        execute=options.execute,
+        command=command,
+        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        lease=options.lease,
+        limit=options.selection.limit,
+        rate=None,
+        job=job,
+        progress_of=_purge_progress,
+        progress=run.progress,
+        merge=run.merge,
+        counts=PurgeResult.run_counts,
         claims=False,
     )
     result, statuses = _run_spread(
@@ -1267,18 +1267,18 @@ def inspect_in_processes(
 
     merge = _inspect_merger(depth, hidden, started, stop)
     spread: _Spread[InspectResult] = _Spread(
-        None,
-        False,
-        "inspect",
-        {},
-        scan.lease,
-        None,
-        None,
-        job,
-        _received,
-        lambda snapshots, run_id: sum(s[0] for s in snapshots),
-        merge,
-        lambda result: {},
+        ledger=None,
+        execute=False,
+        command="inspect",
+        info={},
+        lease=scan.lease,
+        limit=None,
+        rate=None,
+        job=job,
+        progress_of=_received,
+        progress=lambda snapshots, run_id: sum(s[0] for s in snapshots),
+        merge=merge,
+        counts=lambda result: {},
         claims=False,
     )
     result, _ = _run_spread(
