@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from redrive.celery.results import ResultCounts
-from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
+from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.reporting.inspect import (
     SAMPLES_PER_GROUP,
@@ -19,6 +20,8 @@ from redrive.reporting.inspect import (
 )
 from redrive.reporting.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.selection import Selection, Sightings
+
+T = TypeVar("T")
 
 
 def merge_sightings(selection: Selection, parts: Sequence[Sightings | None]) -> Sightings | None:
@@ -49,10 +52,11 @@ def merge_task_counts(parts: Sequence[TaskCounts]) -> TaskCounts:
     return merged
 
 
-def _joined(lists: Sequence[list[Listed]]) -> list[Listed]:
-    out: list[Listed] = []
+def _joined(lists: Sequence[list[T]], cap: int = MAX_LISTED) -> list[T]:
+    """The lists one after another, the first ``cap`` items (as one scan keeps them)."""
+    out: list[T] = []
     for listing in lists:
-        out.extend(listing[: MAX_LISTED - len(out)])
+        out.extend(listing[: cap - len(out)])
     return out
 
 
@@ -177,12 +181,6 @@ def merge_task_groups(parts: Sequence[TaskGroup]) -> TaskGroup:
         merged.redriven += part.redriven
         merged.poison += part.poison
         merged.leaving_within_24h += part.leaving_within_24h
-        room = SAMPLES_PER_GROUP - len(merged.sample_message_ids)
-        merged.sample_message_ids.extend(part.sample_message_ids[:room])
-        merged.sample_task_ids.extend(
-            part.sample_task_ids[: SAMPLES_PER_GROUP - len(merged.sample_task_ids)]
-        )
-        merged.sample_args.extend(part.sample_args[: SAMPLES_PER_GROUP - len(merged.sample_args)])
         merged.protocols.update(part.protocols)
         merged.notes.update(part.notes)
         if merged.results is not None and part.results is not None:
@@ -192,6 +190,9 @@ def merge_task_groups(parts: Sequence[TaskGroup]) -> TaskGroup:
             for name, sample in part.results.samples.items():
                 if len(merged.results.samples) < 10:
                     merged.results.samples.setdefault(name, sample)
+    merged.sample_message_ids = _joined([p.sample_message_ids for p in parts], SAMPLES_PER_GROUP)
+    merged.sample_task_ids = _joined([p.sample_task_ids for p in parts], SAMPLES_PER_GROUP)
+    merged.sample_args = _joined([p.sample_args for p in parts], SAMPLES_PER_GROUP)
     merged.sent_times = merge_sent_times([p.sent_times for p in parts])
     return merged
 
