@@ -14,13 +14,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import click
 
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
 from redrive.operations.observer import RunObserver
+from redrive.operations.run import Finished
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -232,21 +233,6 @@ def _command_index(words: list[str]) -> int:
 
 def next_step(words: str) -> str:
     return f"\nnothing was changed (dry run); to do it, run:\n  {words}"
-
-
-class Finished(Protocol):
-    """A run's result as a command ends with it (move, purge, replay, apply)."""
-
-    @property
-    def dry_run(self) -> bool: ...
-
-    @property
-    def interrupted(self) -> bool: ...
-
-    @property
-    def needs_attention(self) -> bool: ...
-
-    def to_json(self) -> dict[str, Any]: ...
 
 
 def finish_move(

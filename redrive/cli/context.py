@@ -56,13 +56,19 @@ class Context:
     the config file)."""
     _results: ResultLookup | None = None
 
+    @property
+    def result_backend_url(self) -> str | None:
+        """The result backend's URL: --result-backend's, else the config's (None: neither;
+        the Celery app's own may still keep results)."""
+        return self.result_backend or self.layout.result_backend
+
     def results(self, *, probe: bool = True) -> ResultLookup | None:
         """Celery's result backend, opened once per command (read-only), or None when
         none is configured. A bad URL is an error; so is a backend that does not answer,
         with ``probe`` (a move must know before it sends anything; inspect and report say
         so and go on)."""
         if self._results is None:
-            url = self.result_backend or self.layout.result_backend
+            url = self.result_backend_url
             if url:
                 # Without a probe (inspect, report) it opens while the scan starts.
                 self._results = open_results(url, probe=probe, background=not probe)
@@ -127,8 +133,7 @@ class Context:
 
     def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
         """Adapters for the DLQ's own region (a family may name one)."""
-        region = dlq.family.region if dlq.family is not None else None
-        return lambda: self.sqs_for(region)
+        return lambda: self.sqs_for(dlq.region)
 
     def s3_client(self) -> Any:
         return self.aws.client("s3")

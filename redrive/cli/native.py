@@ -121,7 +121,7 @@ def refuse_native_with_results(ctx: Context) -> None:
             "--native cannot skip tasks that already succeeded: drop --native to let "
             "redrive's own move skip them, or drop --result-backend"
         )
-    if ctx.result_backend or ctx.layout.result_backend:
+    if ctx.result_backend_url:
         warn(
             "--native moves every message, tasks the result backend says already succeeded "
             "included; redrive's own move (without --native) skips them"

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,29 +26,31 @@ def child_wiring(
     """What each process of ``--processes`` builds its own adapters from; for a move's
     options with the Celery app or its result backend (which do not cross a process
     boundary), how each process opens its own."""
-    rebuild = None
-    if isinstance(options, MoveOptions) and (options.celery or options.results):
-        rebuild = functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
     return Wiring.of(
         ctx.aws,
-        region=dlq.family.region if dlq.family is not None else None,
+        region=dlq.region,
         ledger=ledger.location if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
-        rebuild=rebuild,
+        rebuild=_celery_rebuild(ctx, options) if isinstance(options, MoveOptions) else None,
     )
 
 
 def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> Wiring:
     """A replay's: its sends go to the region of the options (replay has no family)."""
-    rebuild = None
-    if options.celery or options.results:
-        rebuild = functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
     return Wiring.of(
         ctx.aws,
         ledger=ledger.location if ledger is not None else None,
         receive_log=False,
-        rebuild=rebuild,
+        rebuild=_celery_rebuild(ctx, options),
     )
+
+
+def _celery_rebuild(ctx: Context, options: MoveOptions) -> Callable[[Any], Any] | None:
+    """How a process makes a move's Celery app and result backend again (None: it has
+    neither)."""
+    if options.celery or options.results:
+        return functools.partial(rebuild_celery, CeleryRecipe.of(ctx, options))
+    return None
 
 
 def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -> Wiring:
@@ -56,11 +58,11 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
     and without a probe, as inspect opens it."""
     rebuild = None
     if results is not None:
-        url = ctx.result_backend or ctx.layout.result_backend
+        url = ctx.result_backend_url
         rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
     return Wiring.of(
         ctx.aws,
-        region=dlq.family.region if dlq.family is not None else None,
+        region=dlq.region,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,
     )
@@ -93,7 +95,7 @@ class CeleryRecipe:
     @classmethod
     def of(cls, ctx: Context, options: MoveOptions) -> CeleryRecipe:
         knowledge = options.celery
-        url = ctx.result_backend or ctx.layout.result_backend
+        url = ctx.result_backend_url
         return cls(
             config=ctx.config,
             celery_app=ctx.celery_app,

@@ -56,6 +56,11 @@ class DlqTarget:
     def single_source(self) -> QueueRef | None:
         return self.sources[0] if len(self.sources) == 1 else None
 
+    @property
+    def region(self) -> str | None:
+        """The DLQ's own region (a family may name one); None: the default."""
+        return self.family.region if self.family is not None else None
+
 
 def describe_queue(sqs: Sqs, name_or_url: str) -> QueueRef:
     url = sqs.queue_url(name_or_url)

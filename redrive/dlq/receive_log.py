@@ -58,8 +58,8 @@ def message_digest(message_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
 
 
-def _signed(digest: int) -> int:
-    """As SQLite's INTEGER PRIMARY KEY holds it."""
+def sqlite_integer(digest: int) -> int:
+    """An 8-byte digest (unsigned) as SQLite's INTEGER PRIMARY KEY holds it (signed)."""
     return digest - (1 << 64) if digest >= 1 << 63 else digest
 
 
@@ -185,7 +185,7 @@ class ReceiveLog:
 
     def record_digests(self, unsigned: Sequence[int]) -> list[int]:
         """:meth:`record`, given the messages' digests (the scan has them already)."""
-        digests = [_signed(d) for d in unsigned]
+        digests = [sqlite_integer(d) for d in unsigned]
         with self._lock:
             if self._conn is None:
                 return [1] * len(digests)
@@ -205,7 +205,7 @@ class ReceiveLog:
             if self._conn is None:
                 return
             for d in unsigned:
-                self._pending[_signed(d)] += 1
+                self._pending[sqlite_integer(d)] += 1
             self._flush_when_due()
 
     def _flush_when_due(self) -> None:

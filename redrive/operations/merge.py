@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from redrive.celery.results import ResultCounts
-from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
+from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.reporting.inspect import (
     SAMPLES_PER_GROUP,
@@ -19,6 +20,8 @@ from redrive.reporting.inspect import (
 )
 from redrive.reporting.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.selection import Selection, Sightings
+
+T = TypeVar("T")
 
 
 def merge_sightings(selection: Selection, parts: Sequence[Sightings | None]) -> Sightings | None:
@@ -49,10 +52,11 @@ def merge_task_counts(parts: Sequence[TaskCounts]) -> TaskCounts:
     return merged
 
 
-def _joined(lists: Sequence[list[Listed]]) -> list[Listed]:
-    out: list[Listed] = []
+def _joined(lists: Sequence[list[T]], cap: int = MAX_LISTED) -> list[T]:
+    """The lists one after another, the first ``cap`` items (as one scan keeps them)."""
+    out: list[T] = []
     for listing in lists:
-        out.extend(listing[: MAX_LISTED - len(out)])
+        out.extend(listing[: cap - len(out)])
     return out
 
 
@@ -60,7 +64,7 @@ def merge_move_results(
     template: MoveResult, parts: Sequence[MoveResult], sightings: Sightings | None
 ) -> MoveResult:
     """``parts`` as one result, with the run's own identity (``template``: its run id,
-    target, ledger, and SQS's depth at its start)."""
+    target, ledger)."""
     merged = replace(
         template,
         skipped=Counter(),
@@ -70,17 +74,13 @@ def merge_move_results(
         ambiguous_messages=[],
         no_target_candidates=list(template.no_target_candidates),
     )
+    _merge_common(merged, parts, sightings)
     for part in parts:
-        merged.scanned += part.scanned
-        merged.matched += part.matched
         merged.moved += part.moved
-        merged.failed += part.failed
         merged.in_doubt += part.in_doubt
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled
-        merged.redelivered += part.redelivered
-        merged.interrupted = merged.interrupted or part.interrupted
         if merged.error is None:
             merged.error = part.error
         if merged.no_target_reason is None and part.no_target_reason is not None:
@@ -93,14 +93,24 @@ def merge_move_results(
     merged.in_doubt_messages = _joined([p.in_doubt_messages for p in parts])
     merged.failed_messages = _joined([p.failed_messages for p in parts])
     merged.ambiguous_messages = _joined([p.ambiguous_messages for p in parts])
-    _merge_hidden(merged, parts)
-    merged.misses = sightings.misses() if sightings is not None else None
     return merged
 
 
-def _merge_hidden(
-    merged: MoveResult | PurgeResult, parts: Sequence[MoveResult | PurgeResult]
+def _merge_common(
+    merged: MoveResult | PurgeResult,
+    parts: Sequence[MoveResult | PurgeResult],
+    sightings: Sightings | None,
 ) -> None:
+    """What a move's and a purge's results merge alike: their common counts, SQS's depth
+    (each child read it as it started: the largest), what SQS still hid, the filters' misses."""
+    for part in parts:
+        merged.scanned += part.scanned
+        merged.matched += part.matched
+        merged.failed += part.failed
+        merged.redelivered += part.redelivered
+        merged.interrupted = merged.interrupted or part.interrupted
+    merged.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
+    merged.misses = sightings.misses() if sightings is not None else None
     # Each child counted what SQS still hid when it ended; the last to end saw its siblings'
     # holds given back, so the smallest count is the run's.
     ended = [p.still_hidden for p in parts]
@@ -114,17 +124,11 @@ def merge_purge_results(
     template: PurgeResult, parts: Sequence[PurgeResult], sightings: Sightings | None
 ) -> PurgeResult:
     merged = replace(template, by_task=Counter())
+    _merge_common(merged, parts, sightings)
     for part in parts:
-        merged.scanned += part.scanned
-        merged.matched += part.matched
         merged.archived += part.archived
         merged.purged += part.purged
-        merged.failed += part.failed
         merged.by_task.update(part.by_task)
-        merged.redelivered += part.redelivered
-        merged.interrupted = merged.interrupted or part.interrupted
-    _merge_hidden(merged, parts)
-    merged.misses = sightings.misses() if sightings is not None else None
     return merged
 
 
@@ -177,12 +181,6 @@ def merge_task_groups(parts: Sequence[TaskGroup]) -> TaskGroup:
         merged.redriven += part.redriven
         merged.poison += part.poison
         merged.leaving_within_24h += part.leaving_within_24h
-        room = SAMPLES_PER_GROUP - len(merged.sample_message_ids)
-        merged.sample_message_ids.extend(part.sample_message_ids[:room])
-        merged.sample_task_ids.extend(
-            part.sample_task_ids[: SAMPLES_PER_GROUP - len(merged.sample_task_ids)]
-        )
-        merged.sample_args.extend(part.sample_args[: SAMPLES_PER_GROUP - len(merged.sample_args)])
         merged.protocols.update(part.protocols)
         merged.notes.update(part.notes)
         if merged.results is not None and part.results is not None:
@@ -192,6 +190,9 @@ def merge_task_groups(parts: Sequence[TaskGroup]) -> TaskGroup:
             for name, sample in part.results.samples.items():
                 if len(merged.results.samples) < 10:
                     merged.results.samples.setdefault(name, sample)
+    merged.sample_message_ids = _joined([p.sample_message_ids for p in parts], SAMPLES_PER_GROUP)
+    merged.sample_task_ids = _joined([p.sample_task_ids for p in parts], SAMPLES_PER_GROUP)
+    merged.sample_args = _joined([p.sample_args for p in parts], SAMPLES_PER_GROUP)
     merged.sent_times = merge_sent_times([p.sent_times for p in parts])
     return merged
 

@@ -56,7 +56,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from redrive.archive import ArchiveDamaged, ArchiveReader, ArchiveRecord, check_archive
+from redrive.archive import ArchiveReader, ArchiveRecord
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
@@ -86,8 +86,10 @@ from redrive.operations.replay import (
     ReplayResult,
     archive_label,
     archive_target,
+    check_whole_archive,
+    stopped_replay,
 )
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.run import Finished, Outcome, RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
 from redrive.reporting.audit import absolute_location
@@ -125,7 +127,7 @@ class Wiring:
     profile: str | None = None
     max_attempts: int = 6
     region: str | None = None
-    """The DLQ's region (a family may name one), as ``Context.sqs_of`` picks it."""
+    """The DLQ's region (:attr:`DlqTarget.region`), as ``Context.sqs_of`` picks it."""
     ledger: str | None = None
     """The ledger's URI; None: the run has no ledger (a dry run without one)."""
     receive_log: bool = True
@@ -159,6 +161,14 @@ class ChildRun:
 
     def __post_init__(self) -> None:
         self.aws = self.wiring.aws()
+
+    def sqs(self) -> Sqs:
+        """SQS in the DLQ's region: what the child's engine sends and receives with."""
+        return self.aws.sqs(region=self.wiring.region)
+
+    def rebuilt(self, options: Any) -> Any:
+        """``options`` with what did not cross (Wiring.rebuild) made again in the child."""
+        return self.wiring.rebuild(options) if self.wiring.rebuild else options
 
     @contextlib.contextmanager
     def ledger(self) -> Iterator[Ledger | None]:
@@ -195,14 +205,13 @@ class MoveJob:
     record: RunRecord
 
     def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
-        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
-        aws, region = child.aws, child.wiring.region
+        options = child.rebuilt(self.options)
         with child.ledger() as ledger, child.receive_log() as receive_log:
             engine = MoveEngine(
                 self.target,
                 ledger,
                 options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 observer=child.observer,
                 stop=child.stop,
                 record=self.record,
@@ -365,20 +374,7 @@ class ChildStatus:
         }
 
 
-class _Result(Protocol):
-    @property
-    def dry_run(self) -> bool: ...
-
-    @property
-    def interrupted(self) -> bool: ...
-
-    @property
-    def needs_attention(self) -> bool: ...
-
-    def to_json(self) -> dict[str, Any]: ...
-
-
-Res = TypeVar("Res", bound=_Result)
+Res = TypeVar("Res", bound=Finished)
 
 
 @dataclass(slots=True)
@@ -461,7 +457,7 @@ class _Child:
         elif kind == "error":
             self.error = (message[1], message[2])
 
-    def status(self) -> ChildStatus:
+    def status(self, claims: bool) -> ChildStatus:
         code = self.process.exitcode
         if self.result is not None:
             outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
@@ -476,6 +472,7 @@ class _Child:
             outcome,
             code,
             self.error[1] if self.error else None,
+            claims=claims,
         )
 
 
@@ -675,6 +672,9 @@ class _Spread(Generic[R]):
     reads, which for a replay is its engine's result)."""
     merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
     counts: Callable[[R], Mapping[str, int]]
+    claims: bool = True
+    """Whether its children claim keys in the ledger (a move does; a purge, an archive and
+    an inspect do not)."""
 
 
 def _run_spread(
@@ -713,7 +713,7 @@ def _run_spread(
             finally:
                 supervisor.close()
             children = supervisor.children
-            statuses.extend(c.status() for c in children)
+            statuses.extend(c.status(spread.claims) for c in children)
             error = first_error(children)
             if error is not None:
                 raise error
@@ -787,8 +787,7 @@ def move_in_processes(
     crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        info = {**record.info, "parent": parent, "process": number}
-        return MoveJob(target, crossing, RunRecord(record.command, info, run_id))
+        return MoveJob(target, crossing, _child_record(record, number, run_id, parent))
 
     spread = _move_spread(
         _MoveRun(target, ledger, options, record, stop),
@@ -802,6 +801,14 @@ def move_in_processes(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
     )
     return ProcessesResult(result, processes, statuses)
+
+
+def _child_record(
+    record: RunRecord, number: int, run_id: str | None, parent: str | None
+) -> RunRecord:
+    """A child's own record of a move-like run: the parent's, naming the parent and its
+    number."""
+    return RunRecord(record.command, {**record.info, "parent": parent, "process": number}, run_id)
 
 
 def _crossing(options: MoveOptions, wiring: Wiring) -> MoveOptions:
@@ -864,18 +871,18 @@ def _move_spread(
         return wrap(result, children)
 
     return _Spread(
-        run.ledger,
-        options.execute,
-        run.record.command,
-        {**info, "filters": options.selection.describe(), **run.record.info},
-        options.lease,
-        options.selection.limit,
-        options.rate,
-        job,
-        _move_progress,
-        run.progress,
-        merge,
-        lambda result: unwrap(result).run_counts(),
+        ledger=run.ledger,
+        execute=options.execute,
+        command=run.record.command,
+        info={**info, "filters": options.selection.describe(), **run.record.info},
+        lease=options.lease,
+        limit=options.selection.limit,
+        rate=options.rate,
+        job=job,
+        progress_of=_move_progress,
+        progress=run.progress,
+        merge=merge,
+        counts=lambda result: unwrap(result).run_counts(),
     )
 
 
@@ -890,7 +897,6 @@ def _merged_moves(
     parts = [r for r in results if r is not None]
     sightings = merge_sightings(options.selection, [c.sightings for c in children])
     result = merge_move_results(template, parts, sightings)
-    result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
     for child, status in zip(children, statuses, strict=True):
         if not status.died:
             continue
@@ -932,17 +938,16 @@ class PurgeJob:
     run_id: str | None
 
     def run(self, child: ChildRun) -> tuple[PurgeResult, Sightings | None]:
-        aws, region = child.aws, child.wiring.region
         seen: list[Sightings | None] = []
         with child.ledger() as ledger, child.receive_log() as receive_log:
             result = run_purge(
                 self.target,
                 self.options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 ledger=ledger,
                 command=self.command,
                 record=self.record,
-                s3_client_factory=lambda: aws.client("s3"),
+                s3_client_factory=lambda: child.aws.client("s3"),
                 observer=child.observer,
                 stop=child.stop,
                 receive_log=receive_log,
@@ -995,18 +1000,19 @@ def purge_in_processes(
         return PurgeJob(target, mine, command, info, run_id)
 
     spread = _Spread(
-        ledger,
-        options.execute,
-        command,
-        {**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
-        options.lease,
-        options.selection.limit,
-        None,
-        job,
-        _purge_progress,
-        run.progress,
-        run.merge,
-        PurgeResult.run_counts,
+        ledger=ledger,
+        execute=options.execute,
+        command=command,
+        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
+        lease=options.lease,
+        limit=options.selection.limit,
+        rate=None,
+        job=job,
+        progress_of=_purge_progress,
+        progress=run.progress,
+        merge=run.merge,
+        counts=PurgeResult.run_counts,
+        claims=False,
     )
     result, statuses = _run_spread(
         spread, processes=processes, wiring=wiring, observer=observer, stop=stop
@@ -1054,9 +1060,7 @@ class _PurgeRun:
         self.archives.extend(p.archive for p in parts if p.archive)
         first = self.archives[0] if self.archives else None
         result = merge_purge_results(self.blank(run_id, first), parts, sightings)
-        result.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
         for child, status in zip(children, statuses, strict=True):
-            status.claims = False
             left = archive_part(self.where, status.number) if self.where else None
             if status.died and left and ("://" in left or Path(left).expanduser().exists()):
                 # It died before it could say: what it archived is there all the same.
@@ -1095,11 +1099,10 @@ class ReplayJob:
     processes: int
 
     def run(self, child: ChildRun) -> tuple[ReplayResult, Sightings | None]:
-        options = child.wiring.rebuild(self.options) if child.wiring.rebuild else self.options
-        aws, region = child.aws, child.wiring.region
+        options = child.rebuilt(self.options)
         reader = ArchiveReader(
             self.source,
-            s3_client_factory=lambda: aws.client("s3"),
+            s3_client_factory=lambda: child.aws.client("s3"),
             on_problem=lambda problem: None,  # the parent's check reported them
             skip_damage=self.allow_partial,
         )
@@ -1110,7 +1113,7 @@ class ReplayJob:
                 archive_target(self.source),
                 ledger,
                 options,
-                sqs_factory=lambda: aws.sqs(region=region),
+                sqs_factory=child.sqs,
                 observer=child.observer,
                 stop=child.stop,
                 source=archive,
@@ -1143,25 +1146,14 @@ def replay_in_processes(
         raise UsageProblem("an executed replay needs a ledger")
     stop = stop or threading.Event()
     record = record or RunRecord("replay")
-    check = check_archive(
-        source,
-        s3_client_factory=s3_client_factory,
-        on_problem=observer.on_problem,
-        stop=stop,
-        on_progress=observer.on_check,
-    )
-    if not check.complete:
-        stopped = MoveResult(dry_run=not options.execute, target=archive_label(source), dlq=source)
-        stopped.interrupted = True
-        return ProcessesResult(ReplayResult(stopped), processes, [])
-    if check.damage is not None and not allow_partial:
-        raise ArchiveDamaged(check.damage)
+    check = check_whole_archive(source, s3_client_factory, observer, stop, allow_partial)
+    if check is None:
+        return ProcessesResult(stopped_replay(source, options), processes, [])
     options = replace(options, to=to)
     crossing = _crossing(options, wiring)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        info = {**record.info, "parent": parent, "process": number}
-        child_record = RunRecord(record.command, info, run_id)
+        child_record = _child_record(record, number, run_id, parent)
         return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
 
     def wrap(result: MoveResult, children: Sequence[_Child]) -> ReplayResult:
@@ -1198,6 +1190,8 @@ class InspectScan:
     lease: int = 30
     focus: Focus | None = None
     group_by: str | None = None
+    counts: tuple[int, int] | None = None
+    """SQS's depth and in-flight count, as the parent read them (the children read none)."""
 
 
 def limit_share(limit: int | None, processes: int, number: int) -> int | None:
@@ -1213,14 +1207,13 @@ class InspectJob:
     scan: InspectScan
 
     def run(self, child: ChildRun) -> tuple[InspectResult, Sightings | None]:
-        aws, region = child.aws, child.wiring.region
-        results = child.wiring.rebuild(None) if child.wiring.rebuild else None
+        results = child.rebuilt(None)
         observer = child.observer
         try:
             with child.receive_log() as receive_log:
                 return inspect_dlq(
                     self.target,
-                    lambda: aws.sqs(region=region),
+                    child.sqs,
                     limit=self.scan.limit,
                     show_args=self.scan.show_args,
                     workers=self.scan.workers,
@@ -1234,6 +1227,7 @@ class InspectJob:
                     results=results,
                     group_by=self.scan.group_by,
                     scan_ended=child.shares.scan_ended,
+                    counts=self.scan.counts,
                 ), None
         finally:
             if results is not None:
@@ -1267,23 +1261,25 @@ def inspect_in_processes(
         on_depth(depth)
 
     def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        share = replace(scan, limit=limit_share(scan.limit, processes, number))
+        limit = limit_share(scan.limit, processes, number)
+        share = replace(scan, limit=limit, counts=(depth, hidden))
         return InspectJob(target, share)
 
     merge = _inspect_merger(depth, hidden, started, stop)
     spread: _Spread[InspectResult] = _Spread(
-        None,
-        False,
-        "inspect",
-        {},
-        scan.lease,
-        None,
-        None,
-        job,
-        _received,
-        lambda snapshots, run_id: sum(s[0] for s in snapshots),
-        merge,
-        lambda result: {},
+        ledger=None,
+        execute=False,
+        command="inspect",
+        info={},
+        lease=scan.lease,
+        limit=None,
+        rate=None,
+        job=job,
+        progress_of=_received,
+        progress=lambda snapshots, run_id: sum(s[0] for s in snapshots),
+        merge=merge,
+        counts=lambda result: {},
+        claims=False,
     )
     result, _ = _run_spread(
         spread, processes=processes, wiring=wiring, observer=_Received(on_progress), stop=stop

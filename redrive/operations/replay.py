@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from redrive.archive import (
+    ArchiveCheck,
     ArchiveDamaged,
     ArchiveReader,
     ArchiveRecord,
@@ -165,20 +166,9 @@ def replay_archive(
     and returns the damage.
     """
     stop = stop or threading.Event()
-    label = archive_label(source)
-    check = check_archive(
-        source,
-        s3_client_factory=s3_client_factory,
-        on_problem=observer.on_problem,
-        stop=stop,
-        on_progress=observer.on_check,
-    )
-    if not check.complete:
-        return ReplayResult(
-            MoveResult(dry_run=not options.execute, target=label, dlq=source, interrupted=True)
-        )
-    if check.damage is not None and not allow_partial:
-        raise ArchiveDamaged(check.damage)
+    check = check_whole_archive(source, s3_client_factory, observer, stop, allow_partial)
+    if check is None:
+        return stopped_replay(source, options)
     # Problems were reported by the check; damage is skipped only when allowed.
     reader = ArchiveReader(
         source,
@@ -199,6 +189,38 @@ def replay_archive(
     )
     result = engine.run()
     return ReplayResult(result, archive.damage or check.damage or reader.report())
+
+
+def check_whole_archive(
+    source: str,
+    s3_client_factory: Callable[[], Any] | None,
+    observer: RunObserver[MoveResult],
+    stop: threading.Event,
+    allow_partial: bool,
+) -> ArchiveCheck | None:
+    """A replay's first step, before anything is sent: the whole archive checked (its
+    progress and problems to ``observer``); None when ``stop`` ended the check early. Damage
+    raises :class:`ArchiveDamaged`, unless ``allow_partial``."""
+    check = check_archive(
+        source,
+        s3_client_factory=s3_client_factory,
+        on_problem=observer.on_problem,
+        stop=stop,
+        on_progress=observer.on_check,
+    )
+    if not check.complete:
+        return None
+    if check.damage is not None and not allow_partial:
+        raise ArchiveDamaged(check.damage)
+    return check
+
+
+def stopped_replay(source: str, options: MoveOptions) -> ReplayResult:
+    """A replay stopped while it checked its archive: nothing sent."""
+    label = archive_label(source)
+    return ReplayResult(
+        MoveResult(dry_run=not options.execute, target=label, dlq=source, interrupted=True)
+    )
 
 
 def archive_target(source: str) -> DlqTarget:

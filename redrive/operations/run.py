@@ -17,11 +17,28 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from redrive.ledger import Ledger, RunInfo
 
 Outcome = Literal["completed", "interrupted", "failed"]
+
+
+class Finished(Protocol):
+    """A run's result as a command ends with it (move, purge, replay, apply, and the merged
+    result of a ``--processes`` run of any of them)."""
+
+    @property
+    def dry_run(self) -> bool: ...
+
+    @property
+    def interrupted(self) -> bool: ...
+
+    @property
+    def needs_attention(self) -> bool: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
 
 # A run that has not heartbeaten for this long, and whose lease has run out, is dead.
 STALE_AFTER = 120.0

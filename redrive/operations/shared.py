@@ -23,6 +23,7 @@ from multiprocessing.context import SpawnContext
 from pathlib import Path
 from typing import Any, Protocol
 
+from redrive.dlq.receive_log import sqlite_integer
 from redrive.dlq.scan import digest
 
 
@@ -231,7 +232,7 @@ class SharedPlanned:
     def add(self, key: str) -> None:
         with self._lock:
             self._connection().execute(
-                "INSERT OR IGNORE INTO planned (d) VALUES (?)", (_signed(digest(key)),)
+                "INSERT OR IGNORE INTO planned (d) VALUES (?)", (sqlite_integer(digest(key)),)
             )
 
     def __contains__(self, key: object) -> bool:
@@ -240,7 +241,7 @@ class SharedPlanned:
         with self._lock:
             row = (
                 self._connection()
-                .execute("SELECT 1 FROM planned WHERE d = ?", (_signed(digest(key)),))
+                .execute("SELECT 1 FROM planned WHERE d = ?", (sqlite_integer(digest(key)),))
                 .fetchone()
             )
         return row is not None
@@ -250,12 +251,6 @@ class SharedPlanned:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-
-def _signed(value: int) -> int:
-    """As SQLite's INTEGER holds it (a digest is 64 bits unsigned)."""
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def make_shares(

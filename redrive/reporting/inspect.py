@@ -472,17 +472,20 @@ def inspect_dlq(
     results: ResultLookup | None = None,
     group_by: str | None = None,
     scan_ended: Callable[[], None] | None = None,
+    counts: tuple[int, int] | None = None,
 ) -> InspectResult:
     """Scan the DLQ once and leave it as it was: every message received is released.
     ``focus``: --where, --group-by EXPR; ``results``: Celery's result backend, read once per
     batch (one that fails is said, the scan goes on); ``group_by="exception"``: by exception.
     ``scan_ended``: called before what was received is given back (``--processes``: it waits
-    for the sibling processes' scans, so that none receives again what this one held)."""
+    for the sibling processes' scans, so that none receives again what this one held).
+    ``counts``: SQS's depth and in-flight count, read already (``--processes``: by the
+    parent, before any process received)."""
     started = time.monotonic()
     now = time.time() if now is None else now
     focus = Focus.of(focus, show_args)
     sqs = sqs_factory()
-    depth, hidden = inspect_counts(sqs, target.dlq.url)
+    depth, hidden = counts if counts is not None else inspect_counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     scan = _inspect_scan(target, sqs_factory, lease, limit, stop, on_progress, receive_log)
