@@ -155,6 +155,28 @@ def test_planned_keys_are_seen_by_every_process(tmp_path: Path) -> None:
     theirs.close()
 
 
+def _plan_all(planned: SharedPlanned, out: Connection) -> None:
+    out.send([key for key in (f"task-{i}" for i in range(300)) if planned.add(key)])
+    planned.close()
+
+
+def test_each_planned_key_is_first_in_exactly_one_process(tmp_path: Path) -> None:
+    """A dry run's claim: processes planning the same keys at once are each told "first"
+    for a key once in all (so a second copy in a sibling counts as a duplicate, as in a real
+    run), never twice and never not at all."""
+    planned = SharedPlanned(tmp_path / "planned.sqlite3")
+    pipes = [SPAWN.Pipe(duplex=False) for _ in range(3)]
+    children = [SPAWN.Process(target=_plan_all, args=(planned, send)) for _, send in pipes]
+    for child in children:
+        child.start()
+    firsts = Counter(key for receive, _ in pipes for key in receive.recv())
+    for child in children:
+        child.join(30)
+    assert firsts == Counter({f"task-{i}": 1 for i in range(300)})
+    assert planned.add("task-7") is False
+    planned.close()
+
+
 def test_an_executed_run_plans_nothing(tmp_path: Path) -> None:
     shares = make_shares(SPAWN, limit=None, rate=None, scratch=tmp_path, plans=False)
     shares.planned.add("k")

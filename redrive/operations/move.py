@@ -431,9 +431,14 @@ class _PlannedKeys:
         self._digests: set[int] = set()
         self._lock = threading.Lock()
 
-    def add(self, key: str) -> None:
+    def add(self, key: str) -> bool:
+        """Plan ``key``; False when it was planned already (the dry run's lost claim)."""
+        seen = digest(key)
         with self._lock:
-            self._digests.add(digest(key))
+            if seen in self._digests:
+                return False
+            self._digests.add(seen)
+            return True
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str) or not self._digests:  # an executed run plans nothing
@@ -1106,8 +1111,10 @@ class MoveEngine:
         """A dry run: count what would happen, change nothing, keep every message."""
         keep = decided.keep
         for cand in [*decided.to_send, *(c for c, _ in decided.takeovers)]:
+            if not self._planned.add(cand.key):
+                self._lost_planned_race(cand, decided)
+                continue
             self._to_plan(cand, "send")
-            self._planned.add(cand.key)
             self._tally.moved(cand)
             keep.append(cand.message)
             for follower in decided.followers.get(cand.key, []):
@@ -1468,6 +1475,17 @@ class MoveEngine:
         with self._cache_lock:
             self._liveness[run_id] = live
         return live
+
+    def _lost_planned_race(self, cand: _Candidate, decided: _Decided) -> None:
+        """A dry run's claim lost: another worker or process planned the same task between
+        this one's decision and its plan, as a real run's claim_many would have found it
+        claimed. This copy and its followers are then duplicates, as the real run's are."""
+        more = decided.followers.pop(cand.key, [])
+        self._limit.give_back()  # taken as a send when decided; it is not one
+        decided.duplicates.append((cand, cand.key))
+        decided.duplicates.extend((f, cand.key) for f in more)
+        for f in more:
+            self._tally.matched(f.info)
 
     def _lost_race(self, cand: _Candidate, entry: Entry, decided: _Decided) -> None:
         more = decided.followers.pop(cand.key, [])

@@ -41,7 +41,9 @@ class RateLike(Protocol):
 
 
 class PlannedLike(Protocol):
-    def add(self, key: str) -> None: ...
+    def add(self, key: str) -> bool:
+        """Plan ``key``, atomically; False when it was planned already."""
+        ...
 
     def __contains__(self, key: object) -> bool: ...
 
@@ -229,11 +231,13 @@ class SharedPlanned:
             self._conn = conn
         return self._conn
 
-    def add(self, key: str) -> None:
+    def add(self, key: str) -> bool:
+        # One statement, so two processes planning one key cannot both be first.
         with self._lock:
-            self._connection().execute(
+            cur = self._connection().execute(
                 "INSERT OR IGNORE INTO planned (d) VALUES (?)", (sqlite_integer(digest(key)),)
             )
+        return cur.rowcount == 1
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str):
@@ -274,8 +278,8 @@ def make_shares(
 class _NoPlans:
     """An executed run's planned keys: none (it claims in the ledger instead)."""
 
-    def add(self, key: str) -> None:
-        pass
+    def add(self, key: str) -> bool:
+        return True
 
     def __contains__(self, key: object) -> bool:
         return False
