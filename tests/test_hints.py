@@ -148,6 +148,8 @@ def test_a_dry_run_into_a_read_only_directory_fails_like_the_execute_would(
         ("file.txt/deeper/a.jsonl", "is not a directory"),
         ("old.jsonl.gz", "already exists; refusing to overwrite it"),
         ("somedir", "is a directory"),
+        # Root passes every permission check; only a try tells that /proc takes no files.
+        ("/proc/nope/x.jsonl.gz", "/proc refuses new files"),
     ],
 )
 def test_a_dry_run_refuses_an_archive_path_the_execute_would_refuse(
@@ -172,6 +174,7 @@ def test_a_dry_run_into_a_new_directory_is_fine_and_creates_nothing(
     where = tmp_path / "new" / "dirs" / "a.jsonl.gz"
     assert "would be archived to" in cli.ok("purge", "checkout", "--archive", str(where)).stdout
     assert not (tmp_path / "new").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".redrive-probe")]
 
 
 # -- nothing matched: nothing promised, no empty archive left ------------------------------------
