@@ -373,3 +373,14 @@ def test_progress_lines_show_the_total(
     shown.clear()
     cli.ok("inspect", "checkout", "--limit", "12")
     assert any("of ~12 received" in line for line in shown), shown
+
+
+def test_replay_of_a_zero_byte_gzip_archive_is_an_error_not_nothing_to_do(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    archive = tmp_path / "empty.jsonl.gz"
+    archive.write_bytes(b"")
+    result = cli("replay", str(archive), "--to", "onion-checkout")
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "empty (0 bytes)" in result.output
+    assert len(result.output.strip().splitlines()) == 1
