@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install demo test test-clock-ahead lint typecheck unit suite browser bench clean
+.PHONY: install demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,16 @@ test-clock-ahead: install
 	FAKETIME="$(FAKETIME_AHEAD)" FAKETIME_DONT_FAKE_MONOTONIC=1 FAKETIME_CACHE_DURATION=86400 \
 	$(BIN)/pytest -q -n 4 -p no:cacheprovider
 
+# The suite on the lowest version of every dependency pyproject.toml allows (its own venv):
+# a floor that admits a release which cannot run is found here, not by a user.
+MIN_VENV ?= .venv-min
+test-minimums:
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PYTHON) .ci/minimum_pins.py > $(MIN_VENV)/constraints.txt
+	$(MIN_VENV)/bin/python -m pip install --quiet -c $(MIN_VENV)/constraints.txt -e ".[test]"
+	$(MIN_VENV)/bin/pytest -q -n 4 -p no:cacheprovider
+
 bench: install
 	$(BIN)/python bench/inspect.py
 	$(BIN)/python bench/move.py
@@ -82,4 +92,4 @@ bench: install
 	$(BIN)/python bench/archive.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

@@ -903,3 +903,13 @@ def test_an_archive_missing_its_start_is_damage(tmp_path: Path, s3: Any) -> None
     # One part read on its own is not a run: nothing is missing from it.
     single = "s3://archive-bucket/p/u/part-000003.jsonl.gz"
     assert check_archive(single, s3_client_factory=lambda: s3).damage is None
+
+
+def test_a_zero_byte_gzip_archive_is_damage_not_an_empty_archive(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl.gz"
+    path.write_bytes(b"")
+    with pytest.raises(ArchiveDamaged) as caught:
+        list(read_records(str(path), on_problem=lambda problem: None))
+    assert "empty (0 bytes)" in caught.value.report.first.what
+    check = check_archive(str(path), on_problem=lambda problem: None)
+    assert check.records == 0 and check.damage is not None

@@ -1028,3 +1028,33 @@ def test_unreachable_endpoint_is_one_line_exit_1_without_traceback(tmp_path: Pat
         assert len(lines) == 1, (name, stderr)
         assert f"127.0.0.1:{port}" in lines[0] and "cannot reach" in lines[0], (name, stderr)
         assert stdout == "", name
+
+
+# -- a reader that leaves early ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("status",), ("move", "checkout"), ("move", "checkout", "--json"), ("--help",)]
+)
+def test_a_closed_pipe_on_stdout_is_not_an_error(
+    families: dict[str, Family], server: MotoServer, args: tuple[str, ...]
+) -> None:
+    """``redrive move checkout | head -1``: the reader may go before redrive writes. A pipe
+    whose read end is closed before redrive starts makes every write meet it, every time."""
+    fill(families["checkout"], [celery(CAPTURE, 2) for _ in range(3)])
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [*REDRIVE, *args],
+            env=_env(server),
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr.strip()) == (0, ""), "no error, no traceback"

@@ -148,6 +148,8 @@ def test_a_dry_run_into_a_read_only_directory_fails_like_the_execute_would(
         ("file.txt/deeper/a.jsonl", "is not a directory"),
         ("old.jsonl.gz", "already exists; refusing to overwrite it"),
         ("somedir", "is a directory"),
+        # Root passes every permission check; only a try tells that /proc takes no files.
+        ("/proc/nope/x.jsonl.gz", "/proc refuses new files"),
     ],
 )
 def test_a_dry_run_refuses_an_archive_path_the_execute_would_refuse(
@@ -172,6 +174,7 @@ def test_a_dry_run_into_a_new_directory_is_fine_and_creates_nothing(
     where = tmp_path / "new" / "dirs" / "a.jsonl.gz"
     assert "would be archived to" in cli.ok("purge", "checkout", "--archive", str(where)).stdout
     assert not (tmp_path / "new").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".redrive-probe")]
 
 
 # -- nothing matched: nothing promised, no empty archive left ------------------------------------
@@ -370,3 +373,14 @@ def test_progress_lines_show_the_total(
     shown.clear()
     cli.ok("inspect", "checkout", "--limit", "12")
     assert any("of ~12 received" in line for line in shown), shown
+
+
+def test_replay_of_a_zero_byte_gzip_archive_is_an_error_not_nothing_to_do(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    archive = tmp_path / "empty.jsonl.gz"
+    archive.write_bytes(b"")
+    result = cli("replay", str(archive), "--to", "onion-checkout")
+    assert result.exit_code == EXIT_ERROR, result.output
+    assert "empty (0 bytes)" in result.output
+    assert len(result.output.strip().splitlines()) == 1

@@ -327,6 +327,11 @@ class ArchiveReader:
             if len(head) >= len(GZIP_MAGIC):
                 break
         rest = itertools.chain([head], chunks)
+        if not head and where.endswith(".gz"):
+            # Every .gz archive starts with its header member: none at all is damage (a file
+            # truncated to nothing, or not redrive's), never an archive of nothing.
+            self._damage(where, "it is empty (0 bytes): not even the header a .jsonl.gz holds")
+            return
         if not head.startswith(GZIP_MAGIC):
             yield from self._read_lines(rest, where, whole=whole)
             return

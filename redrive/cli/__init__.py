@@ -16,7 +16,7 @@ import click
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
-from redrive.cli import audit, look, move, native, purge, sandbox
+from redrive.cli import audit, console, look, move, native, purge, sandbox
 from redrive.cli.context import Context, RedriveGroup
 from redrive.cli.exit_codes import EXIT_INTERRUPTED
 from redrive.cli.options import add_global_options, endpoint_url
@@ -80,6 +80,7 @@ def cli(
 
 
 def main() -> None:
+    sys.stdout = console.ClosedPipeStdout(sys.stdout)
     try:
         cli.main(prog_name="redrive", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):

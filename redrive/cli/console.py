@@ -28,6 +28,43 @@ STOPPING = (
 )
 
 
+class ClosedPipeStdout:
+    """stdout that outlives its reader: ``redrive move ... | head -1`` closes the pipe while
+    results are still being written, which is the reader's choice, not an error. The first
+    broken pipe points fd 1 at /dev/null (so Python's flush at exit finds a reader) and
+    later output is dropped; the command finishes and exits with its own code."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return int(self._stream.write(text))
+            except BrokenPipeError:
+                self._reader_left()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.reader_gone:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> None:
+        self.reader_gone = True
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
 def interruptible(message: str = STOPPING) -> Iterator[threading.Event]:
     """First Ctrl-C (or SIGTERM) asks the operation to stop cleanly; a second one aborts."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -596,6 +597,19 @@ def check_archive_path(destination: str) -> None:
             f"permission denied writing archive {destination} ({parent} is not writable); "
             "choose a writable archive path"
         )
+    _probe_directory(destination, parent)
+
+
+def _probe_directory(destination: str, parent: str) -> None:
+    """Make and remove a directory where the writer would: permission bits do not tell what
+    root may do, nor what a read-only or virtual filesystem (``/proc``) refuses."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".redrive-probe-", dir=parent))
+    except OSError as error:
+        raise ArchiveError(
+            f"cannot create archive {destination}: {parent} refuses new files "
+            f"({error.strerror or error}); choose another archive path"
+        ) from None
 
 
 def purge_whole_queue(
