@@ -184,6 +184,27 @@ def test_post_usage_errors(all_families: dict[str, Family], cli: Cli) -> None:
     assert alone.exit_code == 2 and "--post-always goes with --alert-state" in alone.stderr
 
 
+def test_a_post_that_is_not_a_url_is_quoted_as_given_before_anything_is_scanned(
+    all_families: dict[str, Family], cli: Cli
+) -> None:
+    all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
+    for given, quoted in (
+        ("notaurl", "'notaurl'"),
+        ("hooks.slack.com" + SECRET_PATH, "'hooks.slack.com/...'"),
+        ("ftp://example.com/x", "'ftp://example.com/...'"),
+    ):
+        bad = cli("report", "--post", given)
+        assert bad.exit_code == 2, bad.output
+        assert f"--post {quoted}: not an http(s) URL" in bad.stderr, bad.stderr
+        assert "give http:// or https:// and a host" in bad.stderr
+        assert "://?" not in bad.stderr and "s3cr3t" not in bad.stderr
+        assert bad.stdout == ""
+    # Refused before the scan: the message was never received.
+    checkout = all_families["checkout"]
+    (message,) = checkout.drain(checkout.dlq_url)
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1"
+
+
 def test_shown_url_keeps_the_host_and_hides_the_path() -> None:
     assert webhook.shown("https://hooks.slack.com/services/T/B/x") == "https://hooks.slack.com/..."
     assert webhook.shown("http://127.0.0.1:8080/") == "http://127.0.0.1:8080/"

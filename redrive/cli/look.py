@@ -403,7 +403,10 @@ class ReportOptions:
             )
         for url in self.post_urls:
             if not webhook.is_http_url(url):
-                raise click.UsageError(f"--post {webhook.shown(url)}: not an http(s) URL")
+                raise click.UsageError(
+                    f"--post {webhook.as_given(url)}: not an http(s) URL; give http:// or "
+                    "https:// and a host, e.g. https://hooks.slack.com/services/..."
+                )
 
 
 def _since_last(ctx: Context, result: Report) -> list[alerts.Change]:
