@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import Cli, Family, free_port
+from test_report import ctrl_c_after_first_receive
 
 from redrive import webhook
 from redrive.errors import PostFailed
@@ -171,6 +172,30 @@ def test_a_post_that_gets_no_answer_in_time_fails(hook: Recorder) -> None:
     with pytest.raises(PostFailed, match=r"no answer within 0.2 s"):
         webhook.post_json(hook.url, {"text": "x"}, timeout=0.2)
     assert time.monotonic() - started < 1.0
+
+
+def test_an_interrupted_report_is_not_posted_and_says_so(
+    all_families: dict[str, Family],
+    hook: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    cli: Cli,
+    tmp_path: Path,
+) -> None:
+    # Posted, part of the DLQs would read in the channel as all of them, and an alert
+    # throttle would record it: the operator who stopped it sees the report here instead.
+    for i in range(15):
+        all_families["default"].send_to_dlq(encode(CHARGE, [i]))
+    state = tmp_path / "alerts.json"
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")
+    result = cli(
+        "report", "--post", hook.url, "--fail-on-messages", "--alert-state", str(state),
+        "--post-always", "--post-format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 130, result.output
+    assert hook.requests == []
+    assert "interrupted: the report was not posted" in result.stderr
+    assert "note: interrupted" in result.stdout
+    assert not state.exists(), "no alert recorded for part of the DLQs"
 
 
 def test_post_usage_errors(all_families: dict[str, Family], cli: Cli) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
+from redrive.render.report import coverage_cell, interrupted_note
 from redrive.render.sparkline import group_label
 from redrive.render.tables import printable
 from redrive.reporting.alerts import Change
@@ -41,6 +42,7 @@ h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.15rem; margin: 0
 .figures dt { color: var(--muted); font-size: .8rem; } .figures dd { margin: 0;
   font-size: 1.2rem; font-weight: 600; }
 .error { color: var(--bad); }
+.interrupted { border: 2px solid var(--bad); border-radius: .4rem; padding: .5rem .75rem; }
 .group { border-top: 1px solid var(--line); padding: .5rem 0; }
 .group-head { display: flex; justify-content: space-between; gap: .5rem; }
 .task { overflow-wrap: anywhere; font-family: ui-monospace, Menlo, Consolas, monospace; }
@@ -117,9 +119,17 @@ def _family_html(q: FamilyReport, now: float, change: Change | None) -> str:
         f'<span class="muted">{esc(q.dlq or "-")}</span></h2>'
     ]
     r = q.result
+    if q.skipped:
+        parts.append('<p class="error">not scanned: the report was interrupted first</p>')
+        return "".join(parts) + "</section>"
     if r is None:
         parts.append(f'<p class="error">could not be scanned: {esc(q.error or "?")}</p>')
         return "".join(parts) + "</section>"
+    if q.coverage == "partial":
+        parts.append(
+            f'<p class="error">scanned in part ({esc(coverage_cell(q))} scanned): the report '
+            "was interrupted; the figures are of what was scanned</p>"
+        )
     figures = [
         ("messages", r.total),
         ("oldest age", format_duration(now - r.oldest) if r.oldest is not None else "-"),
@@ -159,7 +169,13 @@ def report_html(report: Report, *, changes: Sequence[Change] | None = None) -> s
     title = f"DLQ report, {_stamp(now)}"
     body = [
         f'<header><h1>{title}</h1><p class="muted">{report.total} message(s) in '
-        f"{len(report.queues)} DLQ(s), layout {esc(report.layout)}</p></header>"
+        f"{len(report.queues)} DLQ(s), layout {esc(report.layout)}</p>"
+        + (
+            f'<p class="error interrupted">{esc(interrupted_note(report))}</p>'
+            if report.interrupted
+            else ""
+        )
+        + "</header>"
     ]
     by_family = {c.family: c for c in changes or ()}
     body.extend(_family_html(q, now, by_family.get(q.family)) for q in report.queues)
