@@ -74,11 +74,8 @@ def interrupted_note(report: Report, *, name: Callable[[str], str] = printable) 
         for how, families in (("in full", full), ("in part", part), ("not at all", skipped))
         if families
     ]
-    return (
-        "note: interrupted; counts cover only what was scanned (DLQs scanned "
-        + "; ".join(said)
-        + ")"
-    )
+    note = "note: interrupted; counts cover only what was scanned"
+    return f"{note} (DLQs scanned {'; '.join(said)})" if said else note
 
 
 def coverage_cell(q: FamilyReport) -> str:
