@@ -4,6 +4,7 @@ takes JSON): one POST, a bounded wait, and any failure raised as one line."""
 from __future__ import annotations
 
 import json
+import shlex
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -26,6 +27,18 @@ def shown(url: str) -> str:
         return "(an unreadable URL)"
     host = parts.hostname or "?"
     return f"{parts.scheme}://{host}{port}/..." if parts.path.strip("/") else url
+
+
+def as_given(url: str) -> str:
+    """A URL that is not one, quoted as typed up to its host: what follows the first ``/``
+    after it is left out, as :func:`shown` leaves a path out (a webhook given without its
+    scheme still carries its secret there)."""
+    scheme, sep, rest = url.partition("://")
+    head, rest = (scheme + sep, rest) if sep else ("", url)
+    host, slash, path = rest.partition("/")
+    given = head + host + (slash + "..." if path.strip("/") else slash)
+    # Quoted even when the shell would not need it: the value, not a word of the message.
+    return f"'{given}'" if "'" not in given else shlex.quote(given)
 
 
 def is_http_url(url: str) -> bool:

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import html
 import json
+import os
+import re
+import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Cli, make_family, unreachable
 from conftest import Family as QueueFamily
-from conftest import make_family, unreachable
 
 from redrive.aws.sqs import Sqs
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
 from redrive.messages import UNKNOWN_TASK
-from redrive.reporting.report import build_report
+from redrive.render.report import report_text
+from redrive.reporting.alerts import snapshot
+from redrive.reporting.report import Report, build_report
 from redrive.sandbox.encoder import encode
 
 BUILT_IN = built_in_layout({})
@@ -97,6 +104,7 @@ def test_missing_queue_gives_an_error_row_and_the_others_still_report(
         "messages": 0,
         "groups": [],
         "error": broken.error,
+        "coverage": "none",
     }
     assert report.total == 2
 
@@ -161,7 +169,14 @@ def test_stop_ends_the_report_after_the_family_in_hand(
     all_families["progress"].send_to_dlq(encode(PROGRESS, [1]))
     stop = threading.Event()
     report = build_report(BUILT_IN, sqs_for, stop=stop, on_progress=lambda name, n: stop.set())
-    assert [q.family for q in report.queues] == ["checkout"]
+    # The families after it are not scanned, and listed as such (not left out).
+    assert [(q.family, q.coverage) for q in report.queues] == [
+        ("checkout", "partial"),
+        ("default", "none"),
+        ("progress", "none"),
+    ]
+    assert all(q.skipped and q.result is None for q in report.queues[1:])
+    assert report.interrupted
     result = report.queues[0].result
     assert result is not None and result.interrupted and result.total == 10
     assert all_families["checkout"].depth() == (15, 0)
@@ -202,3 +217,173 @@ def test_a_family_failing_mid_scan_does_not_end_the_report(
     assert "access denied" in (report.queues[0].error or "")
     assert not stop.is_set()
     assert report.queues[2].result is not None and not report.queues[2].result.interrupted
+
+
+# -- an interrupted report (issue 22) ---------------------------------------------------------
+
+
+def _interrupted_in_default(
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+) -> Report:
+    """checkout scanned in full, default stopped after its first batch (the operator's
+    Ctrl-C, as the CLI's handler sets the stop), progress never reached."""
+    for i in range(3):
+        all_families["checkout"].send_to_dlq(encode(CHECKOUT, [i]))
+    for i in range(15):
+        all_families["default"].send_to_dlq(encode(CHECKOUT, [i]))
+    all_families["progress"].send_to_dlq(encode(PROGRESS, [1]))
+    stop = threading.Event()
+
+    def on_progress(family: str, n: int) -> None:
+        if family == "default":
+            stop.set()
+
+    return build_report(BUILT_IN, sqs_for, stop=stop, on_progress=on_progress)
+
+
+FAMILIES = ("checkout", "default", "progress")
+
+
+def test_an_interrupted_report_says_what_each_dlq_covers(
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+) -> None:
+    report = _interrupted_in_default(all_families, sqs_for)
+    assert report.interrupted
+    assert [(q.family, q.coverage, q.skipped) for q in report.queues] == [
+        ("checkout", "full", False),
+        ("default", "partial", False),
+        ("progress", "none", True),
+    ]
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["interrupted"] is True
+    assert [(q["family"], q["coverage"], q["messages"]) for q in data["queues"]] == [
+        ("checkout", "full", 3),
+        ("default", "partial", 10),
+        ("progress", "none", None),
+    ]
+    assert data["queues"][1]["depth_before"] == 15
+    note = (
+        "note: interrupted; counts cover only what was scanned (DLQs scanned in full: "
+        "checkout; in part: default (10 of ~15 scanned); not at all: progress)"
+    )
+    for markdown in (False, True):
+        text = report_text(report, markdown=markdown)
+        assert note in " ".join(text.split()), text
+        # The summary table says it per DLQ too.
+        assert "scanned" in next(line for line in text.splitlines() if "family" in line)
+        lines = text.splitlines()
+        row = {f: next(x for x in lines if x.strip("| ").startswith(f + " ")) for f in FAMILIES}
+        assert row["progress"].rstrip(" |").endswith("none")
+        assert row["default"].rstrip(" |").endswith("10 of ~15")
+        assert row["checkout"].rstrip(" |").endswith("all")
+    # What a later report compares with, or alerts on, is only what was scanned in full.
+    assert set(snapshot(report)) == {"checkout"}
+    # Every DLQ was given back as it was.
+    assert all_families["default"].depth() == (15, 0)
+
+
+def test_a_whole_report_says_nothing_of_coverage_but_full(
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+) -> None:
+    report = build_report(BUILT_IN, sqs_for, stop=threading.Event())
+    assert not report.interrupted and report.to_json()["interrupted"] is False
+    assert {q.coverage for q in report.queues} == {"full"}
+    assert "interrupted" not in report_text(report) and "scanned" not in report_text(report)
+
+
+def ctrl_c_after_first_receive(monkeypatch: pytest.MonkeyPatch, dlq: str) -> None:
+    """The operator's first Ctrl-C at a set point, not at a time: SIGINT raised in the main
+    thread (where a one-worker scan receives) just after the first batch from ``dlq``
+    arrives. The CLI's own handler hears it before the scan asks for another batch."""
+    receive = Sqs.receive
+    fired: list[str] = []
+
+    def receive_then_interrupt(self: Sqs, url: str, **kwargs: Any) -> Any:
+        batch = receive(self, url, **kwargs)
+        if url.endswith("/" + dlq) and not fired:
+            fired.append(url)
+            signal.raise_signal(signal.SIGINT)
+        return batch
+
+    monkeypatch.setattr(Sqs, "receive", receive_then_interrupt)
+
+
+def _fill(all_families: dict[str, QueueFamily]) -> None:
+    for i in range(3):
+        all_families["checkout"].send_to_dlq(encode(CHECKOUT, [i]))
+    for i in range(15):
+        all_families["default"].send_to_dlq(encode(CHECKOUT, [i]))
+    all_families["progress"].send_to_dlq(encode(PROGRESS, [1]))
+
+
+NOTE = (
+    "note: interrupted; counts cover only what was scanned (DLQs scanned in full: checkout; "
+    "in part: default (10 of ~15 scanned); not at all: progress)"
+)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "html"])
+def test_an_interrupted_report_says_so_in_every_format(
+    all_families: dict[str, QueueFamily], monkeypatch: pytest.MonkeyPatch, cli: Cli, fmt: str
+) -> None:
+    _fill(all_families)
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")
+    result = cli("report", "--format", fmt)
+    assert result.exit_code == 130, result.output
+    assert "stopping:" in result.stderr and "Traceback" not in result.output
+    text = result.stdout
+    if fmt == "html":
+        text = html.unescape(re.sub(r"<[^>]+>", " ", text))
+        assert "not scanned: the report was interrupted first" in " ".join(text.split())
+        assert "scanned in part (10 of ~15 scanned)" in " ".join(text.split())
+    assert NOTE in " ".join(text.split()), text
+    # The DLQ never reached is listed (its name unknown: the built-in layout reads it from
+    # SQS, which an interrupted run does not ask again).
+    for family in ("checkout", "default", "progress"):
+        assert re.search(rf"^\W*{family}\b", text, re.MULTILINE), f"{family} left out"
+
+
+def test_an_interrupted_report_in_json_has_interrupted_and_each_dlqs_coverage(
+    all_families: dict[str, QueueFamily], monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    _fill(all_families)
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")
+    result = cli("report", "--format", "json", "--since-last")
+    assert result.exit_code == 130, result.output
+    data = json.loads(result.stdout)
+    assert data["interrupted"] is True
+    assert [(q["family"], q["coverage"], q["messages"]) for q in data["queues"]] == [
+        ("checkout", "full", 3),
+        ("default", "partial", 10),
+        ("progress", "none", None),
+    ]
+    assert data["total"] == 13
+    # What changed is said only of what was scanned in full, and the baseline the next
+    # --since-last compares with is not replaced by part of the DLQs.
+    assert [c["family"] for c in data["since_last"]] == ["checkout"]
+    state_dir = Path(os.environ["REDRIVE_STATE_DIR"])
+    assert not list(state_dir.glob("report-last-*.json"))
+    for family in all_families.values():
+        assert family.depth()[1] == 0, "every message given back"
+
+
+def test_an_interrupted_report_publishes_no_prometheus_metrics(
+    all_families: dict[str, QueueFamily],
+    monkeypatch: pytest.MonkeyPatch,
+    cli: Cli,
+    tmp_path: Path,
+) -> None:
+    _fill(all_families)
+    metrics = tmp_path / "redrive.prom"
+    cli.ok("report", "--format", "prometheus", "--output", str(metrics))
+    before = metrics.read_text()
+    assert 'redrive_dlq_messages{family="default",dlq="onion-dlq"} 15' in before
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")
+    result = cli("report", "--format", "prometheus", "--output", str(metrics))
+    assert result.exit_code == 130, result.output
+    assert metrics.read_text() == before, "the previous metrics are kept"
+    assert "interrupted: no Prometheus metrics written" in result.stderr
+    assert "the previous --output file is kept" in result.stderr
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")  # a second run, a second Ctrl-C
+    to_stdout = cli("report", "--format", "prometheus")
+    assert to_stdout.exit_code == 130 and to_stdout.stdout == ""

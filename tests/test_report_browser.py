@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from test_report_html import HOSTILE, hostile_report
+from test_report_html import HOSTILE, hostile_report, why_report
 
 from redrive.render.html import report_html
 
@@ -129,3 +129,33 @@ def test_chromium_renders_the_report_with_a_chart_per_group_light_and_dark(tmp_p
     )
     assert done.returncode == 0 and dark.exists(), done.stderr[-2000:]
     assert sum(png_pixels(dark.read_bytes())[2][0][:3]) < 150, "dark where the reader's is"
+
+
+def _near(pixel: bytes, colour: tuple[int, int, int], slack: int = 24) -> bool:
+    return all(abs(a - b) <= slack for a, b in zip(pixel, colour, strict=True))
+
+
+def test_chromium_shows_why_states_exceptions_and_a_worker_that_died(tmp_path: Path) -> None:
+    page = tmp_path / "why.html"
+    page.write_text(report_html(why_report()), encoding="utf-8")
+    dom = chromium("--dump-dom", page.as_uri(), home=tmp_path)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "<script" not in dom.stdout, "an exception's name became a script"
+    assert "alert(3)" in dom.stdout
+    assert '<span class="died">3: worker died while running it</span>' in dom.stdout
+    assert dom.stdout.count('<dl class="why">') == 2  # both checkout groups; progress has none
+
+    # "worker died" is the page's one text in its warning colour above the fold (the DLQ
+    # that could not be scanned comes further down), light and dark, on a phone's width.
+    for name, extra, bad in (
+        ("light", (), (0xC0, 0x39, 0x2B)),
+        ("dark", ("--force-dark-mode",), (0xFF, 0x7B, 0x72)),
+    ):
+        shot = tmp_path / f"why-{name}.png"
+        done = chromium(
+            *extra, "--window-size=420,1000", f"--screenshot={shot}", page.as_uri(), home=tmp_path
+        )
+        assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
+        _, _, rows = png_pixels(shot.read_bytes())
+        warned = sum(1 for row in rows for i in range(0, len(row), 3) if _near(row[i : i + 3], bad))
+        assert warned > 50, f"{name}: {warned} pixels in the warning colour"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
 from conftest import Cli, Family
 
+from redrive.celery.results import ResultCounts
 from redrive.render.html import report_html
 from redrive.render.report import report_text, since_last_text
 from redrive.render.slack import slack_payload
@@ -83,6 +85,26 @@ def hostile_report(*, show_args: bool = False) -> Report:
             FamilyReport("export", None, None, "queue <b>onion-export</b> does not exist"),
         ],
     )
+
+
+HOSTILE_EXCEPTION = "Bad</dd><script>alert(3)</script>Error"
+
+
+def why_report(*, show_args: bool = False) -> Report:
+    """The hostile report as read with a result backend: states (a worker that died among
+    them) and exceptions per group, one of them a hostile name."""
+    report = hostile_report()
+    checkout = report.queues[0].result
+    assert checkout is not None
+    checkout.result_backend = "redis://127.0.0.1:6379/0"
+    hostile = next(g for g in checkout.groups if g.task == HOSTILE)
+    hostile.results = ResultCounts(
+        states=Counter({"FAILURE": 5, "STARTED": 3}),
+        exceptions=Counter({HOSTILE_EXCEPTION: 4, "ValueError": 1}),
+        samples={"ValueError": "amount <b>-1</b>"} if show_args else {},
+        worker_died=3,
+    )
+    return report
 
 
 class Page(HTMLParser):
@@ -166,6 +188,43 @@ def test_html_changes_since_last() -> None:
     assert "since the last report +6" in words
     assert f"new tasks: {HOSTILE} (8); grown: -" in words
     assert "since the last report" not in " ".join(parsed(report_html(hostile_report())).text)
+
+
+def test_html_says_why_as_markdown_does_states_exceptions_and_worker_died() -> None:
+    report = why_report()
+    text = report_html(report)
+    page = parsed(text)
+    words = " ".join(" ".join(page.text).split())
+    # What the Markdown table's cells say, the page says, in the hostile group's card.
+    markdown = report_text(report, markdown=True)
+    assert "FAILURE 5, STARTED 3; 3: worker died while running it" in markdown
+    assert "states: FAILURE 5, STARTED 3; 3: worker died while running it" in words
+    assert f"exceptions: {HOSTILE_EXCEPTION} 4, ValueError 1" in words
+    # The other group of that DLQ: the backend said nothing of it, "-" as in the table.
+    charge = text.split(f'<span class="task">{CHARGE}</span>')[1].split('<div class="group">')[0]
+    assert "states:</dt> <dd>-</dd>" in charge and "exceptions:</dt> <dd" in charge
+    # "worker died" stands out; the exception's name stays text.
+    assert '<span class="died">3: worker died while running it</span>' in text
+    assert "<script>alert(3)" not in text and "&lt;script&gt;alert(3)&lt;/script&gt;" in text
+    assert {tag for tag, _ in page.tags} <= TAGS_WE_WRITE
+    # A DLQ read without a result backend has no states line at all.
+    progress = text.split("onion-progress-dlq")[1]
+    assert "states" not in progress.split("</section>")[0]
+    # Exception samples only with --show-args, escaped.
+    assert "exception samples" not in text
+    shown = report_html(why_report(show_args=True))
+    assert "exception samples" in shown and "ValueError: amount &lt;b&gt;-1&lt;/b&gt;" in shown
+
+
+def test_html_says_when_the_result_backend_stopped_answering() -> None:
+    report = why_report()
+    checkout = report.queues[0].result
+    assert checkout is not None
+    checkout.result_backend_problem = "the result backend <redis> stopped answering"
+    text = report_html(report)
+    words = " ".join(" ".join(parsed(text).text).split())
+    assert "the result backend <redis> stopped answering; states and exceptions left out" in words
+    assert "states</dt>" not in text
 
 
 def test_markdown_cells_and_headings_keep_a_hostile_name_literal() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conftest import Cli, Family, free_port
+from test_report import ctrl_c_after_first_receive
 
 from redrive import webhook
 from redrive.errors import PostFailed
@@ -173,6 +174,30 @@ def test_a_post_that_gets_no_answer_in_time_fails(hook: Recorder) -> None:
     assert time.monotonic() - started < 1.0
 
 
+def test_an_interrupted_report_is_not_posted_and_says_so(
+    all_families: dict[str, Family],
+    hook: Recorder,
+    monkeypatch: pytest.MonkeyPatch,
+    cli: Cli,
+    tmp_path: Path,
+) -> None:
+    # Posted, part of the DLQs would read in the channel as all of them, and an alert
+    # throttle would record it: the operator who stopped it sees the report here instead.
+    for i in range(15):
+        all_families["default"].send_to_dlq(encode(CHARGE, [i]))
+    state = tmp_path / "alerts.json"
+    ctrl_c_after_first_receive(monkeypatch, "onion-dlq")
+    result = cli(
+        "report", "--post", hook.url, "--fail-on-messages", "--alert-state", str(state),
+        "--post-always", "--post-format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 130, result.output
+    assert hook.requests == []
+    assert "interrupted: the report was not posted" in result.stderr
+    assert "note: interrupted" in result.stdout
+    assert not state.exists(), "no alert recorded for part of the DLQs"
+
+
 def test_post_usage_errors(all_families: dict[str, Family], cli: Cli) -> None:
     bad = cli("report", "--post", "ftp://example.com/x")
     assert bad.exit_code == 2 and "not an http(s) URL" in bad.stderr
@@ -182,6 +207,27 @@ def test_post_usage_errors(all_families: dict[str, Family], cli: Cli) -> None:
         assert "Traceback" not in unreadable.output
     alone = cli("report", "--post", "http://127.0.0.1:9/x", "--post-always")
     assert alone.exit_code == 2 and "--post-always goes with --alert-state" in alone.stderr
+
+
+def test_a_post_that_is_not_a_url_is_quoted_as_given_before_anything_is_scanned(
+    all_families: dict[str, Family], cli: Cli
+) -> None:
+    all_families["checkout"].send_to_dlq(encode(CHARGE, [1]))
+    for given, quoted in (
+        ("notaurl", "'notaurl'"),
+        ("hooks.slack.com" + SECRET_PATH, "'hooks.slack.com/...'"),
+        ("ftp://example.com/x", "'ftp://example.com/...'"),
+    ):
+        bad = cli("report", "--post", given)
+        assert bad.exit_code == 2, bad.output
+        assert f"--post {quoted}: not an http(s) URL" in bad.stderr, bad.stderr
+        assert "give http:// or https:// and a host" in bad.stderr
+        assert "://?" not in bad.stderr and "s3cr3t" not in bad.stderr
+        assert bad.stdout == ""
+    # Refused before the scan: the message was never received.
+    checkout = all_families["checkout"]
+    (message,) = checkout.drain(checkout.dlq_url)
+    assert message["Attributes"]["ApproximateReceiveCount"] == "1"
 
 
 def test_shown_url_keeps_the_host_and_hides_the_path() -> None:

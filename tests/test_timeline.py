@@ -266,3 +266,20 @@ def test_with_group_by_exception_each_line_names_its_exception() -> None:
     (group,) = grouping_of({"apps.t": [NOW]})
     group.exception = "ValueError"
     assert timeline_lines([group])[1].startswith("  apps.t (ValueError)  █")
+
+
+def test_a_state_group_is_named_with_one_pair_of_parentheses() -> None:
+    # --group-by exception names a group with no exception by its state, in parentheses
+    # already: the label must not double them, in the timeline nor in the sample headings.
+    groups = []
+    for state in ("(SUCCESS)", "(no record)", "ValueError"):
+        (group,) = grouping_of({"apps.t": [NOW]})
+        group.exception = state
+        groups.append(group)
+    lines = timeline_lines(groups)
+    assert [line.split("  ")[1] for line in lines[1:]] == [
+        "apps.t (SUCCESS)",
+        "apps.t (no record)",
+        "apps.t (ValueError)",
+    ]
+    assert not any("((" in line for line in lines)

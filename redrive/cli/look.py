@@ -352,17 +352,29 @@ def report(ctx: Context, /, **options: Any) -> None:
         )
     progress.done()
     changes = _since_last(ctx, result) if opts.since_last else None
-    text = _report_document(opts, result, changes)
-    if opts.output:
-        _write_atomically(Path(opts.output), text)
+    if result.interrupted and opts.fmt == "prometheus":
+        # Part of a DLQ's count would read as its depth, a DLQ not scanned as one gone (an
+        # alert on it resolving); the file kept ages, and its timestamp says so.
+        warn(
+            "interrupted: no Prometheus metrics written (they would be of part of the DLQs); "
+            + ("the previous --output file is kept" if opts.output else "rerun to publish")
+        )
     else:
-        click.echo(text, nl=False)
+        text = _report_document(opts, result, changes)
+        if opts.output:
+            _write_atomically(Path(opts.output), text)
+        else:
+            click.echo(text, nl=False)
     for error in result.errors:
         click.echo(f"warning: {error}", err=True)
     backend_problem = result.result_backend_problem
     if backend_problem:
         warn(f"{backend_problem}; states and exceptions left out")
-    if stop.is_set():
+    if result.interrupted or stop.is_set():
+        if opts.post_urls:
+            # A post is read in a channel as the state of every DLQ, and an alert throttle
+            # would record it: an operator who stopped the run is at the terminal instead.
+            warn("interrupted: the report was not posted (it covers only part of the DLQs)")
         sys.exit(EXIT_INTERRUPTED)
     alert, alert_state = _alert(opts, result)
     posted = _post(opts, result, changes, alert)
@@ -403,16 +415,22 @@ class ReportOptions:
             )
         for url in self.post_urls:
             if not webhook.is_http_url(url):
-                raise click.UsageError(f"--post {webhook.shown(url)}: not an http(s) URL")
+                raise click.UsageError(
+                    f"--post {webhook.as_given(url)}: not an http(s) URL; give http:// or "
+                    "https:// and a host, e.g. https://hooks.slack.com/services/..."
+                )
 
 
 def _since_last(ctx: Context, result: Report) -> list[alerts.Change]:
     with core_errors():
         state_path = alerts.since_last_path(default_ledger_path().parent, ctx.layout.source)
         changes = alerts.changes_since(alerts.load_state(state_path), result)
-        alerts.save_state(
-            state_path, {"generated_at": result.generated_at, "families": alerts.snapshot(result)}
-        )
+        if not result.interrupted:
+            # The next report compares with a whole one, not with part of the DLQs.
+            alerts.save_state(
+                state_path,
+                {"generated_at": result.generated_at, "families": alerts.snapshot(result)},
+            )
     return changes
 
 

@@ -12,7 +12,10 @@ import html
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.durations import format_duration
+from redrive.render.inspect import exceptions_cell
+from redrive.render.report import coverage_cell, interrupted_note
 from redrive.render.sparkline import group_label
 from redrive.render.tables import printable
 from redrive.reporting.alerts import Change
@@ -41,6 +44,12 @@ h1 { font-size: 1.4rem; margin: 0 0 .25rem; } h2 { font-size: 1.15rem; margin: 0
 .figures dt { color: var(--muted); font-size: .8rem; } .figures dd { margin: 0;
   font-size: 1.2rem; font-weight: 600; }
 .error { color: var(--bad); }
+.why { margin: .3rem 0 0; font-size: .9rem; overflow-wrap: anywhere; }
+.why dt { display: inline; color: var(--muted); }
+.why dd { display: inline; margin: 0; }
+.why div + div { margin-top: .15rem; }
+.died { color: var(--bad); font-weight: 600; }
+.interrupted { border: 2px solid var(--bad); border-radius: .4rem; padding: .5rem .75rem; }
 .group { border-top: 1px solid var(--line); padding: .5rem 0; }
 .group-head { display: flex; justify-content: space-between; gap: .5rem; }
 .task { overflow-wrap: anywhere; font-family: ui-monospace, Menlo, Consolas, monospace; }
@@ -90,7 +99,39 @@ def timeline_svg(timeline: Timeline | None, label: str) -> str:
     )
 
 
-def _group_html(group: TaskGroup, now: float) -> str:
+def _states_html(counts: ResultCounts) -> str:
+    """``FAILURE 8, STARTED 3`` and, said apart where it stands out, how many times the
+    worker died while running the task (as the table's ``states`` cell says it)."""
+    states = ", ".join(f"{state} {n}" for state, n in counts.states.most_common())
+    died = (
+        f'<span class="died">{counts.worker_died}: {esc(WORKER_DIED)}</span>'
+        if counts.worker_died
+        else ""
+    )
+    if not (states or died):
+        return "-"
+    return esc(states) + ("; " if states and died else "") + died
+
+
+def _why_html(group: TaskGroup, backend: bool) -> str:
+    """The result backend's states and exceptions of a group (``backend``: the scan read
+    one: a group it said nothing of shows ``-``, as the table's cells do)."""
+    if not backend:
+        return ""
+    counts = group.results
+    states = _states_html(counts) if counts else "-"
+    exceptions = esc(exceptions_cell(counts)) if counts else "-"
+    samples = ""
+    if counts and counts.samples:
+        shown = "\n".join(f"{name}: {sample}" for name, sample in counts.samples.items())
+        samples = f"<details><summary>exception samples</summary><pre>{esc(shown)}</pre></details>"
+    return (
+        f'<dl class="why"><div><dt>states:</dt> <dd>{states}</dd></div>'
+        f'<div><dt>exceptions:</dt> <dd class="task">{exceptions}</dd></div></dl>{samples}'
+    )
+
+
+def _group_html(group: TaskGroup, now: float, backend: bool) -> str:
     samples = ""
     if group.sample_args:
         shown = "\n".join(
@@ -107,7 +148,7 @@ def _group_html(group: TaskGroup, now: float) -> str:
         f'<span class="count">{group.count}</span></div>'
         f'<div class="muted">{oldest}poison {group.poison} · expired {group.expired} · '
         f"leaving within 24h {group.leaving_within_24h}</div>"
-        f"{timeline_svg(group.timeline, label)}{samples}</div>"
+        f"{_why_html(group, backend)}{timeline_svg(group.timeline, label)}{samples}</div>"
     )
 
 
@@ -117,9 +158,17 @@ def _family_html(q: FamilyReport, now: float, change: Change | None) -> str:
         f'<span class="muted">{esc(q.dlq or "-")}</span></h2>'
     ]
     r = q.result
+    if q.skipped:
+        parts.append('<p class="error">not scanned: the report was interrupted first</p>')
+        return "".join(parts) + "</section>"
     if r is None:
         parts.append(f'<p class="error">could not be scanned: {esc(q.error or "?")}</p>')
         return "".join(parts) + "</section>"
+    if q.coverage == "partial":
+        parts.append(
+            f'<p class="error">scanned in part ({esc(coverage_cell(q))} scanned): the report '
+            "was interrupted; the figures are of what was scanned</p>"
+        )
     figures = [
         ("messages", r.total),
         ("oldest age", format_duration(now - r.oldest) if r.oldest is not None else "-"),
@@ -142,7 +191,13 @@ def _family_html(q: FamilyReport, now: float, change: Change | None) -> str:
             f'<p class="span">enqueued {_stamp(spans[0].start)} to {_stamp(spans[0].end)}, '
             f"one bar: {format_duration(spans[0].bucket_seconds)}</p>"
         )
-    parts.extend(_group_html(g, now) for g in r.groups)
+    backend = r.result_backend is not None
+    if r.result_backend_problem:
+        parts.append(
+            f'<p class="error">{esc(r.result_backend_problem)}; states and exceptions left out</p>'
+        )
+        backend = False
+    parts.extend(_group_html(g, now, backend) for g in r.groups)
     if not r.groups:
         parts.append('<p class="muted">empty</p>')
     return "".join(parts) + "</section>"
@@ -159,7 +214,13 @@ def report_html(report: Report, *, changes: Sequence[Change] | None = None) -> s
     title = f"DLQ report, {_stamp(now)}"
     body = [
         f'<header><h1>{title}</h1><p class="muted">{report.total} message(s) in '
-        f"{len(report.queues)} DLQ(s), layout {esc(report.layout)}</p></header>"
+        f"{len(report.queues)} DLQ(s), layout {esc(report.layout)}</p>"
+        + (
+            f'<p class="error interrupted">{esc(interrupted_note(report))}</p>'
+            if report.interrupted
+            else ""
+        )
+        + "</header>"
     ]
     by_family = {c.family: c for c in changes or ()}
     body.extend(_family_html(q, now, by_family.get(q.family)) for q in report.queues)

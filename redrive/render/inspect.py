@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
-from redrive.render.sparkline import timeline_lines
+from redrive.render.sparkline import group_label, timeline_lines
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
 
@@ -121,8 +121,7 @@ def result_columns(
 
 
 def _group_name(group: TaskGroup) -> str:
-    name = printable(group.task)
-    return name if group.exception is None else f"{name} ({printable(group.exception)})"
+    return printable(group_label(group))
 
 
 def _result_cells(counts: ResultCounts | None) -> tuple[str, str]:

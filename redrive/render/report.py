@@ -4,7 +4,7 @@ what changed since the last report."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from redrive.render.tables import (
     printable,
     table,
     when_cell,
+    wrapped,
 )
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import FamilyReport, Report
@@ -44,6 +45,10 @@ def report_text(
     if report.where:
         shown = " ".join(f"--where {shlex.quote(w)}" for w in report.where)
         lines.append(f"Only the messages that match {printable(shown)}.")
+    if report.interrupted:
+        # Said before the figures, which are of part of the DLQs.
+        note = interrupted_note(report, name=markdown_text if markdown else printable)
+        lines.extend(["", wrapped(note, None if markdown else width)])
     lines.append("")
     rows, headers = _summary(report)
     lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=REPORT_STEPS))
@@ -52,6 +57,35 @@ def report_text(
             lines.append("")
             lines.extend(_groups_section(q, report, fmt, width, ascii_only))
     return "\n".join(lines) + "\n"
+
+
+def interrupted_note(report: Report, *, name: Callable[[str], str] = printable) -> str:
+    """What an interrupted report covers, DLQ by DLQ (as inspect's note says of one DLQ);
+    ``name`` makes a family's name safe where the note goes."""
+    full = [name(q.family) for q in report.queues if q.coverage == "full"]
+    part = [
+        f"{name(q.family)} ({coverage_cell(q)} scanned)"
+        for q in report.queues
+        if q.coverage == "partial"
+    ]
+    skipped = [name(q.family) for q in report.queues if q.skipped]
+    said = [
+        f"{how}: {', '.join(families)}"
+        for how, families in (("in full", full), ("in part", part), ("not at all", skipped))
+        if families
+    ]
+    note = "note: interrupted; counts cover only what was scanned"
+    return f"{note} (DLQs scanned {'; '.join(said)})" if said else note
+
+
+def coverage_cell(q: FamilyReport) -> str:
+    """How much of the DLQ was scanned: ``all``, ``12 of ~40`` (SQS's count at the start)
+    or ``none`` (a failed scan: ``-``, its error says why)."""
+    if q.coverage == "full":
+        return "all"
+    if q.result is not None:
+        return f"{q.result.scanned_total:,} of ~{q.result.depth_before:,}"
+    return "none" if q.skipped else "-"
 
 
 def _summary(report: Report) -> tuple[list[list[Any]], list[str]]:
@@ -65,8 +99,12 @@ def _summary(report: Report) -> tuple[list[list[Any]], list[str]]:
         else:
             age = format_duration(now - r.oldest) if r.oldest else "-"
             cells += [q.messages, age, r.poison, r.expired, r.leaving_within_24h]
+        if report.interrupted:
+            cells.append(coverage_cell(q))
         rows.append([*cells, q.error or ""])
     headers = ["family", "dlq", "messages", "oldest age", "poison", "expired", "leaving <24h"]
+    if report.interrupted:
+        headers.append("scanned")
     if any(q.error for q in report.queues):
         return rows, [*headers, "error"]
     return [row[:-1] for row in rows], headers
@@ -111,7 +149,8 @@ def _label(value: str) -> str:
 
 
 def report_prometheus(report: Report) -> str:
-    """Text exposition format, for node_exporter's textfile collector."""
+    """Text exposition format, for node_exporter's textfile collector (the CLI never
+    publishes an interrupted report's: part of a DLQ's count would read as its depth)."""
     metrics: list[tuple[str, str, list[str]]] = [
         ("redrive_dlq_messages", "Messages in the DLQ, as scanned.", []),
         ("redrive_dlq_task_messages", "Messages in the DLQ per Celery task.", []),

@@ -33,8 +33,14 @@ def sparkline(counts: Sequence[int], *, ascii_only: bool = False) -> str:
 
 def group_label(group: TaskGroup) -> str:
     """The task, and its exception type with --group-by exception (as raw text: each sink
-    escapes it for where it goes)."""
-    return group.task if group.exception is None else f"{group.task} ({group.exception})"
+    escapes it for where it goes). A group of no exception is named by its state, already
+    in parentheses (``(SUCCESS)``, ``(no record)``), which are not doubled."""
+    exception = group.exception
+    if exception is None:
+        return group.task
+    if exception.startswith("(") and exception.endswith(")"):
+        return f"{group.task} {exception}"
+    return f"{group.task} ({exception})"
 
 
 def _stamp(ts: float) -> str:

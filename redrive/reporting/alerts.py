@@ -27,10 +27,12 @@ STATE_VERSION = 1
 
 
 def snapshot(report: Report) -> dict[str, dict[str, Any]]:
-    """Per family: message count and per-task counts (what the next run compares with)."""
+    """Per family scanned in full: message count and per-task counts (what the next run
+    compares with)."""
     out: dict[str, dict[str, Any]] = {}
     for queue in report.queues:
-        if queue.result is None:
+        # Part of a DLQ (an interrupted report) would read as a DLQ that shrank.
+        if queue.result is None or queue.coverage != "full":
             continue
         out[queue.family] = {
             "dlq": queue.dlq,

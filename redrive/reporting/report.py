@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redrive.aws.sqs import Sqs
 from redrive.celery.results import ResultLookup
@@ -16,6 +16,10 @@ from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
 from redrive.errors import AwsUnavailable, RedriveError
 from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
+
+Coverage = Literal["full", "partial", "none"]
+"""How much of a DLQ a report scanned: to the end, until it was interrupted, or nothing (an
+interrupt came first, or the scan failed: then ``error`` says why)."""
 
 
 @dataclass(slots=True)
@@ -29,8 +33,21 @@ class FamilyReport:
     def messages(self) -> int:
         return self.result.total if self.result else 0
 
+    @property
+    def coverage(self) -> Coverage:
+        if self.result is None:
+            return "none"
+        return "partial" if self.result.interrupted else "full"
+
+    @property
+    def skipped(self) -> bool:
+        """Not scanned at all: the report was interrupted before this DLQ's turn."""
+        return self.result is None and self.error is None
+
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"family": self.family, "dlq": self.dlq, "messages": self.messages}
+        # A DLQ never scanned has no count: 0 would read as empty.
+        messages = None if self.skipped else self.messages
+        data: dict[str, Any] = {"family": self.family, "dlq": self.dlq, "messages": messages}
         if self.result is not None:
             inspected = self.result.to_json()
             data.update(
@@ -44,6 +61,9 @@ class FamilyReport:
         else:
             data["groups"] = []
         data["error"] = self.error
+        data["coverage"] = self.coverage
+        if self.coverage == "partial" and self.result is not None:
+            data["depth_before"] = self.result.depth_before
         return data
 
 
@@ -56,6 +76,9 @@ class Report:
     """The --where expressions: each DLQ's counts are of the messages they select."""
     group_by: str | None = None
     """The --group-by expression the groups are by (None: by task)."""
+    interrupted: bool = False
+    """Stopped (Ctrl-C, SIGTERM) before every DLQ was scanned to its end: each queue's
+    ``coverage`` says what its counts cover."""
 
     @property
     def total(self) -> int:
@@ -79,6 +102,7 @@ class Report:
             "queues": [q.to_json() for q in self.queues],
             "where": list(self.where),
             "group_by": self.group_by,
+            "interrupted": self.interrupted,
         }
 
 
@@ -137,4 +161,11 @@ def build_report(
             report.queues.append(FamilyReport(family.name, family.dlq, None, str(exc)))
         if stop is not None and stop.is_set():
             break
+    if stop is not None and stop.is_set():
+        report.interrupted = True
+        # Listed all the same: a DLQ left out of the document would read as one not there.
+        done = {q.family for q in report.queues}
+        report.queues.extend(
+            FamilyReport(f.name, f.dlq, None) for f in layout.families if f.name not in done
+        )
     return report
