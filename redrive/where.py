@@ -4,30 +4,32 @@
 Compiling also works out which of the record's fields an expression can read, so that each
 message's record holds only those (arguments are decoded only for an expression that reads
 them). A malformed expression, an unknown function or a wrong number of arguments is a
-usage error at compile time, naming the expression and marking the place; while a run
-evaluates, a field that is missing is null, and a type error in one message's data (say
-``length(retries)``) makes that message not match instead of stopping the run.
+usage error at compile time, naming the expression and marking the place. So is a name at
+the top of the record that is none of its fields (``kwargs.reason == duplicate``, the quotes
+forgotten; ``state == null``, the backticks), which would be null in every message and so
+decide the same for all of them. While a run evaluates, a field a message lacks is null,
+and a type error in one message's data (say ``length(retries)``) makes that message not
+match instead of stopping the run.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-import jmespath
 from jmespath import exceptions as jmespath_errors
 from jmespath.functions import Functions
-from jmespath.lexer import Lexer
-from jmespath.parser import ParsedResult
+from jmespath.parser import ParsedResult, Parser
 from jmespath.visitor import TreeInterpreter
 
 from redrive.aws.sqs import Message
 from redrive.errors import UsageProblem
 from redrive.message_record import FIELDS, RecordBuilder, ResultLookup
 from redrive.messages import TaskInfo
+from redrive.shell import shell_quote
 
 __all__ = ["Expression", "Where", "compile_expression", "compile_where", "group_value"]
 
@@ -65,26 +67,37 @@ def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
     return [child for child in node.get("children", []) if isinstance(child, dict)]
 
 
-def _root_fields(node: dict[str, Any], at_root: bool = True) -> tuple[set[str], bool]:
-    """The record fields an expression's tree reads from the record itself, and whether it
+_Ref = tuple[dict[str, Any], dict[str, Any] | None]
+"""A field node read from the record itself, and the node it is a direct child of."""
+
+
+def _root_fields(
+    node: dict[str, Any], at_root: bool = True, parent: dict[str, Any] | None = None
+) -> tuple[list[_Ref], bool]:
+    """The field nodes of an expression's tree that read the record itself, and whether it
     can see the record whole (``@``, ``*``, ``keys(@)``: then every field is built)."""
     kind = node.get("type")
     children = _nodes(node)
     if kind == "field":
-        return ({str(node["value"])} if at_root else set()), False
+        return ([(node, parent)] if at_root else []), False
     if kind in _WHOLE:
-        return set(), at_root
+        return [], at_root
     if kind == "expref":
         # An expression reference runs on the elements of an array, never on the record.
-        return set(), False
-    names: set[str] = set()
+        return [], False
+    refs: list[_Ref] = []
     whole = kind not in _LEAVES | _SAME_INPUT | _FIRST_INPUT and at_root
     for position, child in enumerate(children):
         sees_root = at_root and (kind not in _FIRST_INPUT or position == 0)
-        more, sees_whole = _root_fields(child, sees_root)
-        names |= more
+        more, sees_whole = _root_fields(child, sees_root, node)
+        refs += more
         whole = whole or sees_whole
-    return names, whole
+    return refs, whole
+
+
+def _shown(option: str, text: str) -> str:
+    """The option as given, for a message: ``--where "task == 'x'"``."""
+    return f"{option} {shell_quote(text, always=True)}"
 
 
 def _functions(node: dict[str, Any]) -> Iterable[tuple[str, int]]:
@@ -102,7 +115,7 @@ def _check_functions(text: str, parsed: dict[str, Any], option: str) -> None:
         if spec is None:
             known = ", ".join(sorted(Functions.FUNCTION_TABLE))
             raise UsageProblem(
-                f"{option} {text!r}: unknown function {name}() (JMESPath has: {known})"
+                f"{_shown(option, text)}: unknown function {name}() (JMESPath has: {known})"
             )
         signature = spec["signature"]
         variadic = bool(signature) and signature[-1].get("variadic")
@@ -110,7 +123,7 @@ def _check_functions(text: str, parsed: dict[str, Any], option: str) -> None:
         if (variadic and given < wanted) or (not variadic and given != wanted):
             count = f"at least {wanted}" if variadic else str(wanted)
             raise UsageProblem(
-                f"{option} {text!r}: {name}() takes {count} argument(s), {given} given"
+                f"{_shown(option, text)}: {name}() takes {count} argument(s), {given} given"
             )
 
 
@@ -139,34 +152,144 @@ def _parse_error(text: str, exc: jmespath_errors.JMESPathError, option: str) -> 
     hint = ""
     if "=" in text and "==" not in text and "!=" not in text:
         hint = " (comparisons are ==, !=, <, <=, >, >=)"
+    elif str(getattr(exc, "token_type", "")).lower() == "number":
+        hint = f" (a number is a JSON literal, in backticks: `{exc.token_value}`)"
     elif '"' in text and "'" not in text:
         hint = " (a string literal is in single quotes: kwargs.provider == 'stripe')"
     return UsageProblem(
-        f"{option} {text!r} is not a JMESPath expression: {what} at column {position + 1}: "
-        f"{_marked(text, position)}{hint}"
+        f"{_shown(option, text)} is not a JMESPath expression: {what} at column "
+        f"{position + 1}: {_marked(text, position)}{hint}"
     )
 
 
-_COMPARATORS = frozenset({"eq", "ne", "lt", "lte", "gt", "gte"})
+class _Parser(Parser):  # type: ignore[misc]  # jmespath ships no type information
+    """jmespath's parser, each field node also holding where it starts and whether it was a
+    quoted identifier: the checks below mark the place, and tell ``"x"`` from ``x``."""
+
+    _CACHE: ClassVar[dict[str, ParsedResult]] = {}  # jmespath's own holds unmarked trees
+
+    def _token_nud_unquoted_identifier(self, token: dict[str, Any]) -> dict[str, Any]:
+        node: dict[str, Any] = super()._token_nud_unquoted_identifier(token)
+        node["start"] = token["start"]
+        return node
+
+    def _token_nud_quoted_identifier(self, token: dict[str, Any]) -> dict[str, Any]:
+        node: dict[str, Any] = super()._token_nud_quoted_identifier(token)
+        node["start"], node["quoted"] = token["start"], True
+        return node
 
 
-def _check_quoted_comparisons(text: str, option: str) -> None:
+def _walk(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in _nodes(node):
+        yield from _walk(child)
+
+
+def _refused(text: str, option: str, what: str, start: int, fix: str) -> UsageProblem:
+    return UsageProblem(
+        f"{_shown(option, text)}: {what} at column {start + 1}: {_marked(text, start)}; {fix}"
+    )
+
+
+def _fixed(text: str, option: str, start: int, end: int, new: str) -> str:
+    """The option as it should have been: ``text`` with ``new`` for its ``[start, end)``."""
+    return _shown(option, text[:start] + new + text[end:])
+
+
+def _string_literal(value: str) -> str:
+    # A raw string literal escapes only its quote (jmespath's lexer).
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def _quoted_end(text: str, start: int) -> int:
+    """Where the quoted identifier at ``start`` ends (its closing quote included)."""
+    at = start + 1
+    while at < len(text) and text[at] != '"':
+        at += 2 if text[at] == "\\" else 1
+    return min(at + 1, len(text))
+
+
+def _double_quoted(text: str, node: dict[str, Any], option: str) -> UsageProblem:
+    value, start = str(node["value"]), int(node["start"])
+    return _refused(
+        text,
+        option,
+        f'"{value}" (double quotes) is a field name in JMESPath, not a string,',
+        start,
+        f"write {_string_literal(value)} (single quotes): "
+        + _fixed(text, option, start, _quoted_end(text, start), _string_literal(value)),
+    )
+
+
+def _check_quoted_comparisons(text: str, parsed: dict[str, Any], option: str) -> None:
     """``kwargs.provider == "stripe"`` is valid JMESPath that compares with a *field* named
     stripe (null): it would match nothing, silently. Nobody means that; say so."""
-    tokens = [t for t in Lexer().tokenize(text) if t["type"] != "eof"]
-    for i, token in enumerate(tokens):
-        if token["type"] != "quoted_identifier":
+    for node in _walk(parsed):
+        if node["type"] == "comparator":
+            for operand in _nodes(node):
+                if operand["type"] == "field" and operand.get("quoted"):
+                    raise _double_quoted(text, operand, option)
+
+
+_LITERAL_NAMES = frozenset({"null", "true", "false"})
+
+
+def _check_bare_literals(text: str, parsed: dict[str, Any], option: str) -> None:
+    """``state == null`` compares with a *field* named null, as null as any missing field:
+    it matched every message. Written bare anywhere but after a dot (``kwargs.null`` is a
+    key), null, true and false were meant as JSON literals."""
+    for node in _walk(parsed):
+        name = node.get("value")
+        if node["type"] != "field" or node.get("quoted") or name not in _LITERAL_NAMES:
             continue
-        before = tokens[i - 1]["type"] if i > 0 else None
-        after = tokens[i + 1]["type"] if i + 1 < len(tokens) else None
-        alone = before != "dot" and after not in ("dot", "lbracket")
-        if alone and (before in _COMPARATORS or after in _COMPARATORS):
-            value = str(token["value"])
-            raise UsageProblem(
-                f'{option} {text!r}: "{value}" (double quotes) is a field name in '
-                f"JMESPath, not a string: write '{value}' (single quotes) at column "
-                f"{token['start'] + 1}: {_marked(text, int(token['start']))}"
+        start = int(node["start"])
+        if not text[:start].rstrip().endswith("."):
+            raise _refused(
+                text,
+                option,
+                f"{name} written bare is a field name in JMESPath (null in every message), "
+                "not the JSON literal,",
+                start,
+                "JSON literals need backticks: "
+                + _fixed(text, option, start, start + len(str(name)), f"`{name}`"),
             )
+
+
+def _reads_record(node: dict[str, Any]) -> bool:
+    refs, whole = _root_fields(node)
+    return whole or any(field["value"] in FIELDS for field, _ in refs)
+
+
+def _check_names(text: str, refs: Sequence[_Ref], option: str) -> None:
+    """A name at the top of the record that is none of its fields is null in every message,
+    so whatever it decides is the same for all of them: ``kwargs.reason == duplicate`` (the
+    quotes forgotten) matched every message without a reason, ``!user_id`` every message.
+    Nobody means that: a usage error, with the expression as it was most likely meant."""
+    for node, parent in sorted(refs, key=lambda ref: int(ref[0]["start"])):
+        name, start = str(node["value"]), int(node["start"])
+        if name in FIELDS:
+            continue
+        if node.get("quoted"):
+            raise _double_quoted(text, node, option)
+        what = f"the record has no field {name} (it would be null in every message)"
+        end = start + len(name)
+        same = next((f for f in FIELDS if f.lower() == name.lower()), None)
+        if same is not None:
+            fix = f"names are case-sensitive: {_fixed(text, option, start, end, same)}"
+        elif (
+            parent is not None
+            and parent["type"] in ("comparator", "function_expression")
+            and any(_reads_record(peer) for peer in _nodes(parent) if peer is not node)
+        ):
+            # Compared with (or passed beside) the record's data: a string, its quotes lost.
+            literal = _string_literal(name)
+            fix = f"a string is in single quotes: {_fixed(text, option, start, end, literal)}"
+        else:
+            fix = (
+                f"did you mean {_fixed(text, option, start, start, 'kwargs.')}? (the "
+                f"record's fields: {', '.join(FIELDS)})"
+            )
+        raise _refused(text, option, what, start, fix)
 
 
 def _truthy(value: Any) -> bool:
@@ -257,24 +380,12 @@ class Expression:
     fields: frozenset[str]
     fast: Evaluator | None = field(default=None, compare=False, repr=False)
     """The closures of :func:`_fast`, when the expression has their shape."""
-    strangers: tuple[str, ...] = ()
-    """Names it reads from the record that no record has (always null): likely a slip, as
-    ``user_id`` for ``kwargs.user_id``."""
+    names: frozenset[str] = frozenset()
+    """The fields it names (``fields`` is every field when it sees the record whole)."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Compiled closures do not pickle: a process of --processes compiles the text again.
         return (compile_expression, (self.text,))
-
-    def strangers_note(self, option: str = "--where") -> str | None:
-        """What to say about :attr:`strangers`, or None."""
-        if not self.strangers:
-            return None
-        names = ", ".join(self.strangers)
-        guesses = " or ".join(f"kwargs.{n}" for n in self.strangers)
-        return (
-            f"{option} {self.text!r} reads {names}, which no message's record has (it is "
-            f"null): the fields are {', '.join(FIELDS)}; did you mean {guesses}?"
-        )
 
     def evaluate(self, record: dict[str, Any]) -> Any:
         """The expression's value on one record; None where JMESPath finds a type error
@@ -304,15 +415,17 @@ def compile_expression(text: str, *, option: str = "--where") -> Expression:
     """Compile ``text``; a UsageProblem (exit 2) naming it and marking the place when it
     is not a JMESPath expression."""
     try:
-        parsed = jmespath.compile(text)
+        parsed = _Parser().parse(text)
     except jmespath_errors.JMESPathError as exc:
         raise _parse_error(text, exc, option) from None
     _check_functions(text, parsed.parsed, option)
-    _check_quoted_comparisons(text, option)
-    names, whole = _root_fields(parsed.parsed)
-    fields = frozenset(FIELDS) if whole else frozenset(names) & frozenset(FIELDS)
-    strangers = tuple(sorted(names - set(FIELDS)))
-    return Expression(text, parsed, fields, _fast(parsed.parsed), strangers)
+    _check_quoted_comparisons(text, parsed.parsed, option)
+    _check_bare_literals(text, parsed.parsed, option)
+    refs, whole = _root_fields(parsed.parsed)
+    _check_names(text, refs, option)
+    names = frozenset(str(node["value"]) for node, _ in refs)
+    fields = frozenset(FIELDS) if whole else names
+    return Expression(text, parsed, fields, _fast(parsed.parsed), names)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,6 +452,10 @@ class Where:
     @property
     def fields(self) -> frozenset[str]:
         return frozenset().union(*(e.fields for e in self.expressions))
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(e.names for e in self.expressions))
 
     def builder(self, sources: Sequence[str] = ()) -> RecordBuilder:
         """The record builder for one DLQ's messages (made once per set of sources)."""

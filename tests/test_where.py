@@ -6,6 +6,8 @@ The record itself is tested in test_message_record.py."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from redrive.errors import UsageProblem
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
+from redrive.shell import shell_join, shell_quote
 from redrive.where import compile_expression, compile_where
 
 CHARGE = "apps.payments.tasks.charge"
@@ -197,9 +200,9 @@ def test_nothing_matched_is_not_an_error_and_says_0_matched(family: Family) -> N
 
 def test_a_missing_field_is_null_not_an_error(family: Family) -> None:
     seed(family)
-    data = as_json(ok("inspect", "checkout", "--where", "kwargs.no_such == null", "--json"))
+    data = as_json(ok("inspect", "checkout", "--where", "kwargs.no_such == `null`", "--json"))
     assert data["total"] == 6
-    data = as_json(ok("inspect", "checkout", "--where", "nosuchfield.x", "--json"))
+    data = as_json(ok("inspect", "checkout", "--where", "kwargs.no_such.x", "--json"))
     assert data["total"] == 0
 
 
@@ -458,12 +461,14 @@ def test_an_ordering_comparison_with_a_string_is_no_match_not_a_crash() -> None:
 # -- the fast path agrees with jmespath's own interpreter -------------------------------------
 
 NAMES = st.sampled_from(["a", "b", "kwargs", "args"])
+# At the top, only the record's own fields (any other name is a usage error); below, anything.
+ROOTS = st.sampled_from(["task", "retries", "kwargs", "args"])
 LITERALS = st.sampled_from(
     ["`1`", "`0`", "`2.5`", "'x'", "''", "`null`", "`true`", "`false`", "`[]`"]
 )
 PATHS = st.builds(
     lambda first, rest, index: first + "".join(rest) + index,
-    NAMES,
+    ROOTS,
     st.lists(NAMES.map(lambda n: "." + n), max_size=2),
     st.sampled_from(["", "[0]", "[-1]", "[3]"]),
 )
@@ -491,7 +496,7 @@ VALUES = st.recursive(
 
 
 @settings(max_examples=300)
-@given(text=EXPRESSIONS, record=st.dictionaries(NAMES, VALUES, max_size=4))
+@given(text=EXPRESSIONS, record=st.dictionaries(ROOTS, VALUES, max_size=4))
 def test_the_fast_path_gives_what_jmespath_gives(text: str, record: dict[str, Any]) -> None:
     expression = compile_expression(text)
     assert expression.fast is not None, text
@@ -519,13 +524,282 @@ def test_shapes_beyond_the_fast_path_go_to_jmespath(text: str, expected: Any) ->
     assert expression.evaluate({"args": [1, 2, 3], "kwargs": {"a": 1}}) == expected
 
 
-def test_a_name_no_record_has_is_null_and_warned_about(family: Family) -> None:
+# -- a name the record cannot have is a usage error (issue 22, point 1) ----------------------
+
+FIELD_LIST = "(the record's fields: task, id, args, kwargs,"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        # The quotes forgotten: compared with the record's data, a string was meant.
+        (
+            "kwargs.reason == duplicate",
+            ["no field duplicate", "column 18", """--where "kwargs.reason == 'duplicate'\""""],
+        ),
+        ("duplicate != kwargs.reason", ["""--where "'duplicate' != kwargs.reason\""""]),
+        ("kwargs.amount > amount", ["""--where "kwargs.amount > 'amount'\""""]),
+        ("starts_with(task, apps)", ["""--where "starts_with(task, 'apps')\""""]),
+        # Compared with a literal (or on its own): a path into the arguments was meant.
+        ("user_id == `42`", ["did you mean --where 'kwargs.user_id == `42`'?", FIELD_LIST]),
+        ("provider == 'stripe'", ["""did you mean --where "kwargs.provider == 'stripe'"?"""]),
+        ("contains(['a'], tenant)", ["""did you mean --where "contains(['a'], kwargs.tenant)"?"""]),
+        ("user.id == '1'", ["no field user", "kwargs.user.id"]),
+        # A negation of null matched every message.
+        ("!duplicate", ["no field duplicate", "did you mean --where '!kwargs.duplicate'?"]),
+        ("nosuchfield.x", ["no field nosuchfield"]),
+        # A field the record has in another case: that field, never kwargs.Task.
+        ("Task == 'apps.x'", ["names are case-sensitive", """--where "task == 'apps.x'\""""]),
+        ("kwargs.a == `1` && Retries > `2`", ["case-sensitive", "'kwargs.a == `1` && retries"]),
+        # Double quotes, wherever they stand for a string.
+        ('contains(kwargs.tags, "vip")', ["(double quotes)", """contains(kwargs.tags, 'vip')"""]),
+        ('kwargs.provider == "stripe"', ["""--where "kwargs.provider == 'stripe'\""""]),
+    ],
+)
+def test_a_name_the_record_cannot_have_is_a_usage_error_with_the_fix(
+    text: str, fragments: list[str]
+) -> None:
+    with pytest.raises(UsageProblem) as info:
+        compile_expression(text)
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    assert "kwargs.Task" not in message and "kwargs.Retries" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "fixed"),
+    [
+        ("state == null", "--where 'state == `null`'"),
+        ("kwargs.flag != true", "--where 'kwargs.flag != `true`'"),
+        ("args[?@ == false]", "--where 'args[?@ == `false`]'"),
+        ("null", "--where '`null`'"),
+    ],
+)
+def test_bare_json_literals_need_backticks(text: str, fixed: str) -> None:
+    with pytest.raises(UsageProblem) as info:
+        compile_expression(text)
+    message = str(info.value)
+    assert "JSON literals need backticks" in message and fixed in message, message
+
+
+def test_a_bare_number_is_said_to_need_backticks() -> None:
+    with pytest.raises(UsageProblem) as info:
+        compile_expression("kwargs.user_id == 42")
+    assert "a number is a JSON literal, in backticks: `42`" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "kwargs.a == kwargs.b",
+        "task == kwargs.task",
+        "kwargs.reason == 'duplicate'",
+        "contains(['acme', 'initech'], attributes.tenant)",
+        "contains(kwargs.tags, 'vip') && !kwargs.test",
+        "headers.Anything == json.whatever && body != `null`",
+        "attributes.Task == 'x' && kwargs.null == `1` && kwargs.\"true\" == `2`",
+        "args[?x == `1`] && sort_by(args, &whatever)[0].y",
+        "kwargs | reason == 'x'",
+        "{t: task, n: receive_count}",
+        "`1` == `1`",
+        "keys(@)",
+    ],
+)
+def test_names_the_record_has_and_anything_below_them_still_compile(text: str) -> None:
+    compile_expression(text)
+
+
+def test_a_comparison_of_two_arguments_compares_them() -> None:
+    expression = compile_expression("kwargs.a == kwargs.b")
+    assert expression.evaluate({"kwargs": {"a": 1, "b": 1}}) is True
+    assert expression.evaluate({"kwargs": {"a": 1, "b": 2}}) is False
+
+
+def test_a_group_by_on_a_name_the_record_cannot_have_is_a_usage_error(family: Family) -> None:
     seed(family)
-    result = ok("inspect", "checkout", "--where", "user_id == `42`", "--json")
-    assert as_json(result)["total"] == 0  # null, as promised: not an error
-    assert "reads user_id, which no message's record has" in result.stderr
-    assert "did you mean kwargs.user_id?" in result.stderr
-    quiet = ok("inspect", "checkout", "--where", "kwargs.user_id == `42`", "--json")
-    assert "warning" not in quiet.stderr
-    grouped = ok("inspect", "checkout", "--group-by", "provider", "--json")
-    assert "--group-by 'provider' reads provider" in grouped.stderr
+    usage_error(
+        run("inspect", "checkout", "--group-by", "provider"),
+        "--group-by 'provider': the record has no field provider",
+        "did you mean --group-by 'kwargs.provider'?",
+    )
+    assert family.depth() == (6, 0)
+
+
+def test_a_forgotten_quote_moves_nothing_and_exits_2(family: Family) -> None:
+    # On 201bc81 this moved all 6: kwargs.reason is null in each, and so is "duplicate".
+    seed(family)
+    for where in ("kwargs.reason == duplicate", "kwargs.provider != null"):
+        error = usage_error(run("move", "checkout", "--where", where, "--execute", "--yes"))
+        assert "'duplicate'" in error or "`null`" in error, error
+        assert family.depth() == (6, 0)
+        assert family.depth(family.queue_url) == (0, 0)
+    # As meant, it moves exactly what matches (here: nothing has a reason).
+    done = as_json(
+        ok(
+            "move",
+            "checkout",
+            "--where",
+            "kwargs.reason == 'duplicate'",
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert (done["matched"], done["moved"]) == (0, 0)
+
+
+@pytest.mark.parametrize("command", ["inspect", "report", "purge", "archive"])
+def test_every_command_refuses_a_bare_name_before_touching_the_dlq(
+    family: Family, command: str
+) -> None:
+    seed(family)
+    args = [command] + (["checkout"] if command != "report" else [])
+    usage_error(run(*args, "--where", "state == null"), "JSON literals need backticks")
+    usage_error(run(*args, "--where", "Task == 'x'"), """--where "task == 'x'\"""")
+    assert family.depth() == (6, 0)
+
+
+# -- state and exception need a result backend, on inspect and report too (point 10) --------
+
+NO_BACKEND = "reads Celery's result backend: give --result-backend URL"
+
+
+@pytest.mark.parametrize(
+    ("args", "reader"),
+    [
+        (
+            ["inspect", "checkout", "--where", "state == 'FAILURE'"],
+            """--where "state == 'FAILURE'\"""",
+        ),
+        (["inspect", "checkout", "--where", "exception != `null`", "--processes", "2"], "--where"),
+        (["inspect", "checkout", "--group-by", "exception"], "--group-by exception"),
+        (["inspect", "checkout", "--group-by", "[task, exception]"], "--group-by '[task,"),
+        (["report", "--where", "state == 'FAILURE'"], """--where "state == 'FAILURE'\""""),
+        (["report", "--group-by", "exception"], "--group-by 'exception'"),
+    ],
+)
+def test_a_where_on_the_result_backend_without_one_is_a_usage_error(
+    family: Family, args: list[str], reader: str
+) -> None:
+    # On 201bc81 --where "state == 'FAILURE'" matched 0 here, exit 0 and no word of why.
+    seed(family)
+    error = usage_error(run(*args), reader, NO_BACKEND, "[celery] result_backend")
+    assert "--celery-app" in error
+    assert family.depth() == (6, 0)
+
+
+def test_inspecting_an_archive_refuses_what_reads_the_result_backend(
+    family: Family, tmp_path: Path
+) -> None:
+    seed(family)
+    archive = str(tmp_path / "all.jsonl.gz")
+    ok("archive", "checkout", "--archive", archive)
+    for option in (["--where", "state == 'FAILURE'"], ["--group-by", "exception"]):
+        usage_error(run("inspect", archive, *option), "inspecting an archive does not")
+    assert as_json(ok("inspect", archive, "--where", "task != `null`", "--json"))["total"] == 6
+
+
+def test_with_a_result_backend_a_where_on_state_runs(
+    all_families: dict[str, Family], tmp_path: Path
+) -> None:
+    family = all_families["checkout"]
+    pytest.importorskip("celery")
+    pytest.importorskip("sqlalchemy")
+    from redrive.config import built_in_layout
+    from redrive.sandbox.results import write_results
+
+    seed(family)
+    # Celery's own table, with no record: every state is null (no task has a record).
+    url = write_results(tmp_path / "results.sqlite3", built_in_layout({}), per_family=0, seed=1)
+    assert url is not None
+    where = "state == 'FAILURE'"
+    data = as_json(ok("inspect", "checkout", "--where", where, "--result-backend", url, "--json"))
+    assert (data["total"], data["scanned"]) == (0, 6)
+    data = as_json(ok("report", "--format", "json", "--where", where, "--result-backend", url))
+    assert data["total"] == 0
+
+
+# -- options echoed back are quoted once, readably (point 18) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("word", "shown"),
+    [
+        ("task == 'apps.x'", """"task == 'apps.x'\""""),
+        ("kwargs.a != 'b'", """"kwargs.a != 'b'\""""),
+        ("kwargs.user_id == `42`", "'kwargs.user_id == `42`'"),
+        ("task == 'a' && retries > `1`", """'task == '"'"'a'"'"' && retries > `1`'"""),
+        ("""kwargs.x == 'say "hi"'""", """'kwargs.x == '"'"'say "hi"'"'"''"""),
+        ("kwargs.p == '$HOME'", """'kwargs.p == '"'"'$HOME'"'"''"""),
+        ("!kwargs.x || task == 'y'", """'!kwargs.x || task == '"'"'y'"'"''"""),
+        ("a\\b == 'c'", """'a\\b == '"'"'c'"'"''"""),
+        ("apps.payments.*", "'apps.payments.*'"),
+        ("checkout", "checkout"),
+        ("", "''"),
+    ],
+)
+def test_shell_quote_is_readable_and_reads_back_as_itself(word: str, shown: str) -> None:
+    assert shell_quote(word) == shown
+    assert shlex.split(shell_quote(word)) == [word]
+    assert shell_join(["redrive", "inspect", word]) == f"redrive inspect {shown}"
+
+
+@pytest.mark.e2e  # a shell as a subprocess
+def test_a_real_shell_reads_each_quoted_word_back_as_itself() -> None:
+    words = [
+        "task == 'apps.x'",
+        "kwargs.a != 'b'",
+        "task == 'a' && retries > `1`",
+        "kwargs.p == '$HOME' && kwargs.q == \"x\"",
+        "a\\b == 'c' || !x",
+    ]
+    script = "printf '%s\\n' " + shell_join(words)
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == words
+
+
+def test_where_echoes_are_quoted_once_in_headers_commands_and_the_audit(
+    all_families: dict[str, Family], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    family = all_families["checkout"]
+    # On 201bc81 each read --where 'task == '"'"'apps.payments.tasks.refund'"'"''.
+    seed(family)
+    where = f"task == '{REFUND}'"
+    shown = f"--where \"task == '{REFUND}'\""
+    assert f"({shown})" in ok("inspect", "checkout", "--where", where).stdout
+    assert f"Only the messages that match {shown}." in ok("report", "--where", where).stdout
+    dry = ok("move", "checkout", "--where", where).stdout.rstrip().splitlines()
+    assert dry[-1].strip() == f"redrive move checkout {shown} --execute --yes"
+    assert shlex.split(dry[-1]) == [
+        "redrive",
+        "move",
+        "checkout",
+        "--where",
+        where,
+        "--execute",
+        "--yes",
+    ]
+    args = ["move", "checkout", "--where", where, "--execute", "--yes"]
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/redrive", *args])
+    ok(*args)
+    (run_,) = as_json(ok("audit", "--json"))["runs"]
+    assert run_["info"]["command_line"] == f"redrive move checkout {shown} --execute --yes"
+    detail = ok("audit", run_["run_id"]).stdout
+    assert f"  filters:  {shown}" in detail
+    assert "'\"'\"'" not in detail
+
+
+def test_an_expression_with_backticks_stays_in_single_quotes_where_it_is_echoed(
+    family: Family,
+) -> None:
+    # A shell runs `...` inside double quotes: such an expression is single-quoted.
+    seed(family)
+    where = f"task == '{CHARGE}' && kwargs.user_id == `42`"
+    dry = ok("move", "checkout", "--where", where).stdout.rstrip().splitlines()
+    command = shlex.split(dry[-1])
+    assert command[3:5] == ["--where", where]
+    assert "--where '" in dry[-1] and '--where "' not in dry[-1]
+    text = ok("inspect", "checkout", "--where", where).stdout
+    assert "--where 'task == '\"'\"'" in text and '--where "' not in text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import sys
@@ -22,6 +21,7 @@ from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED,
 from redrive.durations import format_duration
 from redrive.operations.observer import RunObserver
 from redrive.operations.run import Finished
+from redrive.shell import shell_join
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -228,7 +228,7 @@ def command_words() -> list[str]:
 
 def command_line() -> str:
     """The command as given, shell-quoted so that it pastes back into a shell as it ran."""
-    return shlex.join(["redrive", *command_words()])
+    return shell_join(["redrive", *command_words()])
 
 
 # Global options that take a value: the first other word is the command's name.
@@ -242,7 +242,7 @@ def execute_command(*, plan_out: str | None = None) -> str:
     yes = [] if terminal_attached() else ["--yes"]
     if plan_out is not None:
         at = _command_index(words)
-        return shlex.join(["redrive", *words[:at], "apply", plan_out, "--execute", *yes])
+        return shell_join(["redrive", *words[:at], "apply", plan_out, "--execute", *yes])
     kept: list[str] = []
     skip = False
     for word in words:
@@ -252,7 +252,7 @@ def execute_command(*, plan_out: str | None = None) -> str:
             skip = True
         elif not word.startswith("--plan-out="):
             kept.append(word)
-    return shlex.join(["redrive", *kept, "--execute", *yes])
+    return shell_join(["redrive", *kept, "--execute", *yes])
 
 
 def _command_index(words: list[str]) -> int:

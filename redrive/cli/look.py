@@ -22,6 +22,8 @@ from redrive.cli.console import Progress, emit_json, interruptible, table_width,
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
 from redrive.cli.options import (
+    NEEDS_RESULTS,
+    backend_reader,
     compiled_group_by,
     compiled_where,
     duration,
@@ -123,9 +125,17 @@ def inspect(
     group_by = group_by or "task"
     expression = None if group_by in ("task", "exception") else group_by
     focus = Focus(compiled_where(where), compiled_group_by(expression), show_args=show_args)
+    reader = "--group-by exception" if group_by == "exception" else None
+    reader = reader or backend_reader(focus.where, focus.group_by)
     with core_errors():
         knowledge = known_tasks(ctx)
     if _is_archive(target):
+        if reader is not None:
+            # Null in every record: it would match (or group) as if no task had a record.
+            raise click.UsageError(
+                f"{reader} reads Celery's result backend, which inspecting an archive does "
+                "not: inspect the DLQ itself"
+            )
         result: InspectResult = _inspect_archive(ctx, target, focus=focus, limit=limit)
     else:
         result = _inspect_queue(
@@ -138,6 +148,7 @@ def inspect(
             processes=processes,
             lease=lease,
             group_by=group_by,
+            reader=reader,
         )
     # Routes and the registry are per task: groups by a --group-by value are not tasks.
     if knowledge is not None and result.group_by is None:
@@ -156,14 +167,16 @@ def _inspect_queue(
     processes: int,
     lease: int,
     group_by: str,
+    reader: str | None,
 ) -> InspectResult:
     """Scan the target's DLQ (in ``processes`` processes, or this one), a progress line on
-    stderr; every message received is released."""
+    stderr; every message received is released. ``reader``: the option that reads Celery's
+    result backend, if any (without a backend it is a usage error)."""
     progress = Progress("scanning")
     on_progress, on_depth = _scan_callbacks(progress, limit)
     with core_errors(), interruptible() as stop:
         dlq = ctx.target(target)
-        results = _results_for(ctx, group_by)
+        results = _results_for(ctx, reader)
         if processes > 1:
             result = inspect_in_processes(
                 dlq,
@@ -252,13 +265,14 @@ def _inspect_archive(
         )
 
 
-def _results_for(ctx: Context, group_by: str) -> ResultLookup | None:
+def _results_for(ctx: Context, reader: str | None) -> ResultLookup | None:
+    """Celery's result backend for inspect and report (opened, not probed). Without one, an
+    option that reads it (``reader``: ``--group-by exception``, a --where or --group-by on
+    ``state`` or ``exception``) is a usage error: it would see null in every record and
+    match nothing, silently."""
     results = ctx.results(probe=False)
-    if group_by == "exception" and results is None:
-        raise UsageProblem(
-            "--group-by exception reads Celery's result backend: give "
-            "--result-backend URL (or REDRIVE_RESULT_BACKEND)"
-        )
+    if reader is not None and results is None:
+        raise UsageProblem(f"{reader} reads Celery's result backend: {NEEDS_RESULTS}")
     return results
 
 
@@ -338,8 +352,10 @@ def report(ctx: Context, /, **options: Any) -> None:
     """Every family's DLQ grouped by task, for scheduled runs and alerts."""
     opts = ReportOptions(**options)
     opts.check()
+    focus = Focus(compiled_where(opts.where), compiled_group_by(opts.group_by))
     progress = Progress("report")
     with core_errors(), interruptible() as stop:
+        results = _results_for(ctx, backend_reader(focus.where, focus.group_by))
         result = build_report(
             ctx.layout,
             ctx.sqs_for,
@@ -347,8 +363,8 @@ def report(ctx: Context, /, **options: Any) -> None:
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
             show_args=opts.show_args,
-            results=ctx.results(probe=False),
-            focus=Focus(compiled_where(opts.where), compiled_group_by(opts.group_by)),
+            results=results,
+            focus=focus,
         )
     progress.done()
     changes = _since_last(ctx, result) if opts.since_last else None

@@ -28,6 +28,7 @@ from redrive.operations.move import (
 )
 from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
+from redrive.shell import shell_quote
 from redrive.where import Expression, Where, compile_expression, compile_where
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -54,19 +55,9 @@ def compiled_where(texts: tuple[str, ...]) -> Where | None:
     one line that quotes it and marks the place. Raised from the command's body, not an
     option callback, so that click prints that line alone (no usage block above it)."""
     try:
-        where = compile_where(texts)
+        return compile_where(texts)
     except UsageProblem as exc:
         raise click.UsageError(str(exc)) from None
-    for expression in where.expressions if where is not None else ():
-        _warn_strangers(expression, "--where")
-    return where
-
-
-def _warn_strangers(expression: Expression, option: str) -> None:
-    # A name no record has is null, as the README promises, but it is most likely a slip.
-    note = expression.strangers_note(option)
-    if note is not None:
-        click.echo(f"warning: {note}", err=True)
 
 
 def compiled_group_by(text: str | None) -> Expression | None:
@@ -74,11 +65,9 @@ def compiled_group_by(text: str | None) -> Expression | None:
     if text is None:
         return None
     try:
-        expression = compile_expression(text, option="--group-by")
+        return compile_expression(text, option="--group-by")
     except UsageProblem as exc:
         raise click.UsageError(str(exc)) from None
-    _warn_strangers(expression, "--group-by")
-    return expression
 
 
 WHERE_HELP = (
@@ -151,15 +140,32 @@ def selection_options(f: F) -> F:
     return f
 
 
-# What only inspect and report can read today: they look records up a batch ahead of the
-# scan; the commands that act do not attach the backend to --where yet.
-_INSPECT_ONLY_FIELDS = frozenset({"state", "exception"})
+# The record's fields Celery's result backend answers. Only inspect and report read them
+# today: they look records up a batch ahead of the scan; the commands that act do not attach
+# the backend to --where yet.
+BACKEND_FIELDS = frozenset({"state", "exception"})
+
+NEEDS_RESULTS = (
+    "give --result-backend URL (or REDRIVE_RESULT_BACKEND, the config's [celery] "
+    "result_backend, or a --celery-app whose app keeps results)"
+)
+
+
+def backend_reader(where: Where | None, group_by: Expression | None = None) -> str | None:
+    """The first --where or --group-by expression that reads the result backend's fields,
+    as the option that was given (None: none reads them)."""
+    for expression in where.expressions if where is not None else ():
+        if expression.names & BACKEND_FIELDS:
+            return f"--where {shell_quote(expression.text, always=True)}"
+    if group_by is not None and group_by.names & BACKEND_FIELDS:
+        return f"--group-by {shell_quote(group_by.text, always=True)}"
+    return None
 
 
 def make_selection(kwargs: dict[str, Any]) -> Selection:
     """The selection of a command that acts (move, replay, purge, archive)."""
     where = compiled_where(tuple(kwargs.pop("where", ())))
-    read = sorted(where.fields & _INSPECT_ONLY_FIELDS) if where is not None else []
+    read = sorted(where.fields & BACKEND_FIELDS) if where is not None else []
     if read:
         # Null here would make the expression match nothing, silently: refuse instead.
         raise click.UsageError(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.render.sparkline import group_label, timeline_lines
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
+from redrive.shell import shell_quote
 
 
 def _group_rows(groups: Sequence[TaskGroup], now: float) -> list[list[Any]]:
@@ -65,7 +65,7 @@ def counted_text(result: InspectResult) -> str:
     """``40 message(s)``; with --where, ``3 matched of 40 message(s) scanned (--where ...)``."""
     if not result.where:
         return f"{result.total} message(s)"
-    expressions = " ".join(f"--where {shlex.quote(w)}" for w in result.where)
+    expressions = " ".join(f"--where {shell_quote(w)}" for w in result.where)
     return (
         f"{result.total} matched of {result.scanned_total} message(s) scanned "
         f"({printable(expressions)})"

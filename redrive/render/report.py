@@ -3,7 +3,6 @@ what changed since the last report."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +21,7 @@ from redrive.render.tables import (
 )
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import FamilyReport, Report
+from redrive.shell import shell_quote
 
 REPORT_STEPS = (
     Narrow("tight"),
@@ -43,7 +43,7 @@ def report_text(
     else:
         lines = [f"DLQ report, {generated}: {report.total} message(s)"]
     if report.where:
-        shown = " ".join(f"--where {shlex.quote(w)}" for w in report.where)
+        shown = " ".join(f"--where {shell_quote(w)}" for w in report.where)
         lines.append(f"Only the messages that match {printable(shown)}.")
     if report.interrupted:
         # Said before the figures, which are of part of the DLQs.

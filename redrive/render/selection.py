@@ -3,12 +3,12 @@ nothing."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 from typing import Any
 
 from redrive.render.tables import printable
 from redrive.selection import FilterMisses
+from redrive.shell import shell_quote
 
 
 def misses_text(misses: FilterMisses | None, *, matched: int) -> list[str]:
@@ -17,11 +17,11 @@ def misses_text(misses: FilterMisses | None, *, matched: int) -> list[str]:
         return []
     lines = [""]
     for miss in misses.patterns:
-        line = f"--task {miss.pattern} matched no message scanned"
+        line = f"--task {shell_quote(miss.pattern)} matched no message scanned"
         if miss.near:
             line += f"; it nearly matches {', '.join(miss.near)}"
         if miss.suggestion:
-            line += f": did you mean --task '{miss.suggestion}'?"
+            line += f": did you mean --task {shell_quote(miss.suggestion)}?"
         lines.append(printable(line))
     if misses.ids_not_seen_count:
         shown = ", ".join(misses.ids_not_seen)
@@ -65,9 +65,9 @@ def filters_text(filters: Mapping[str, Any]) -> str:
     options that select the same messages: ``--task 'apps.payments.*' --older-than 1h``."""
     words: list[str] = []
     for pattern in filters.get("tasks") or ():
-        words += ["--task", shlex.quote(str(pattern))]
+        words += ["--task", shell_quote(str(pattern))]
     for pattern in filters.get("exclude_tasks") or ():
-        words += ["--exclude-task", shlex.quote(str(pattern))]
+        words += ["--exclude-task", shell_quote(str(pattern))]
     for key, flag in _AGE_FLAGS:
         if isinstance(filters.get(key), int | float):
             words += [flag, duration_flag(float(filters[key]))]
@@ -76,11 +76,11 @@ def filters_text(filters: Mapping[str, Any]) -> str:
         words.append(f"({ids})")  # "12 ids (from a plan)": a plan's ids stay in the plan
     elif ids:
         for message_id in ids:
-            words += ["--message-id", shlex.quote(str(message_id))]
+            words += ["--message-id", shell_quote(str(message_id))]
     if filters.get("limit") is not None:
         words += ["--limit", str(filters["limit"])]
     for expression in filters.get("where") or ():
-        words += ["--where", shlex.quote(str(expression))]
+        words += ["--where", shell_quote(str(expression))]
     known = {"tasks", "exclude_tasks", "older_than_seconds", "newer_than_seconds", "where"}
     for key, value in filters.items():
         if key not in known | {"message_ids", "limit"} and value not in (None, [], ""):
