@@ -12,6 +12,7 @@ import textwrap
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import CDeprecationWarning
@@ -321,6 +322,40 @@ def test_what_the_apps_code_prints_goes_to_stderr_never_into_json(
         assert "noisy: backend built" in done.stderr and "noisy: backend read" in done.stderr
         assert "noisy: fd 1 in the backend" in done.stderr
     assert f"noisy: routing {IBFT}" in done.stderr and "noisy: fd 1 in the router" in done.stderr
+
+
+def test_only_the_thread_running_the_users_code_writes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """While one thread runs the user's code, another's results still go to stdout; a stream
+    the user's code kept (a logging handler made at import) writes to stderr afterwards."""
+    import threading
+
+    from redrive.celery.streams import users_code
+
+    ours = sys.stdout
+    inside, done = threading.Event(), threading.Event()
+    kept: list[Any] = []
+
+    def users() -> None:
+        with users_code():
+            print("theirs, on import")
+            kept.append(sys.stdout)
+            inside.set()
+            assert done.wait(30)
+            print("theirs, later")
+
+    thread = threading.Thread(target=users)
+    thread.start()
+    assert inside.wait(30)
+    print("ours, meanwhile")
+    done.set()
+    thread.join(30)
+    print("the handler's line", file=kept[0])
+    assert sys.stdout is ours
+    out, err = capsys.readouterr()
+    assert out == "ours, meanwhile\n"
+    assert err == "theirs, on import\ntheirs, later\nthe handler's line\n"
 
 
 # -- 2. routes --------------------------------------------------------------------------------
