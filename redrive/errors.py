@@ -46,6 +46,12 @@ class AwsUnavailable(AwsError):
     """
 
 
+class ForeignEndpoint(AwsUnavailable):
+    """What answers at the endpoint is not the AWS service: a 2xx that is no answer of the
+    call (a proxy's page, a server of another kind, JSON of another shape), or a gateway's
+    own error page (502, 503, 504). Check --endpoint-url and any proxy in between."""
+
+
 class SendInDoubt(AwsError):
     """A send whose request may or may not have reached SQS (timeout, dropped connection,
     server error). Retrying it could send a task twice, so it is never retried blindly."""

@@ -6,15 +6,17 @@ directory and imported as the user's would be; moto in-process for SQS."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery.exceptions import CDeprecationWarning
-from conftest import Cli, Family, as_json
+from conftest import Cli, Family, MotoServer, as_json, make_family
 
 pytest.importorskip("celery", minversion="5.0")
 
@@ -25,6 +27,7 @@ from redrive.errors import CeleryAppError
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
 
+ROOT = Path(__file__).resolve().parent.parent
 IBFT = "apps.webhooks.tasks.save_checkout_ibft"
 LESSON = "apps.engagements.tasks.save_progress_lesson"
 ACTIVATE = "apps.users.tasks.activate_user"
@@ -113,6 +116,19 @@ BAD_APPS = {
         "{mod}:app",
         "loading its tasks raised ModuleNotFoundError",
     ),
+    # Issue 22: said in words, with what to name instead (it was "is a PromiseProxy").
+    "an app's task": (
+        "from celery import Celery\napp = Celery('x', set_as_current=False)\n"
+        "@app.task(name='apps.x.own_{id}', shared=False)\ndef own():\n    pass\n",
+        "{mod}:own",
+        "is the Celery task apps.x.own_{id}, not a Celery app: name the Celery app itself",
+    ),
+    "an app factory": (
+        "from celery import Celery\ndef make_app():\n    return Celery('x')\n",
+        "{mod}:make_app",
+        "is the function make_app, not a Celery app: redrive does not call it: name the app "
+        "it makes, made at import (app = make_app())",
+    ),
     "not a spec": ("", "proj:app:x", "is not MODULE:ATTR"),
     "module without an app": ("x = 1\n", "{mod}", "has no Celery app"),
 }
@@ -150,7 +166,41 @@ def test_every_bad_celery_app_is_one_line_and_exit_1(
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert result.output.strip().splitlines() == errors and len(errors) == 1, result.output
-    assert fragment in errors[0] and "--celery-app" in errors[0]
+    assert fragment in errors[0]
+    # Issue 22: the line names where the app came from, and no option the user did not give.
+    named_by = {
+        "env": f"REDRIVE_CELERY_APP {spec!r}",
+        "config": f"[celery] app {spec!r} (config {project / 'redrive.toml'})",
+    }.get(where, f"--celery-app {spec}")
+    assert errors[0].startswith(f"Error: {named_by}"), errors[0]
+    if where in ("env", "config"):
+        assert "--celery-app" not in errors[0], errors[0]
+
+
+def test_a_shared_task_named_as_the_app_is_said_in_words(project: Path) -> None:
+    """Issue 22: ``@shared_task`` is a Celery proxy: the line said "is a PromiseProxy". In a
+    process of its own: a shared task joins every app made after it in the process."""
+    import subprocess
+
+    mod = write_app(
+        project,
+        "from celery import shared_task\n\n@shared_task(name='apps.x.add')\ndef add():\n    pass\n",
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(project)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "redrive", "--celery-app", f"{mod}:add", "check", "--celery"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 1 and done.stdout == "", (done.stdout, done.stderr)
+    assert done.stderr.strip() == (
+        f"Error: --celery-app {mod}:add: {mod}:add is the Celery task apps.x.add, not a "
+        "Celery app: name the Celery app itself, the `app = Celery(...)` its tasks are "
+        "registered on, as `celery -A` takes it (e.g. proj.celery:app)"
+    )
 
 
 def test_without_celery_every_command_works_and_an_app_says_what_to_install(
@@ -178,6 +228,134 @@ def test_the_celery_package_imports_without_celery(monkeypatch: pytest.MonkeyPat
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+# The user's code prints while redrive loads and calls it: on import (print, fd 1, a child
+# process, C's printf), in its router, in its result backend (built and read).
+NOISY_APP = """
+import ctypes
+import os
+import subprocess
+import sys
+
+print("noisy: print on import")
+os.write(1, b"noisy: fd 1 on import\\n")
+subprocess.run([sys.executable, "-c", "print('noisy: a child process on import')"], check=True)
+ctypes.CDLL(None).printf(b"noisy: C printf on import\\n")
+
+from celery import Celery
+from celery.backends.cache import CacheBackend
+
+
+class NoisyBackend(CacheBackend):
+    def __init__(self, *args, **kwargs):
+        print("noisy: backend built")
+        os.write(1, b"noisy: fd 1 in the backend\\n")
+        super().__init__(*args, **kwargs)
+
+    def mget(self, keys):
+        print("noisy: backend read")
+        return super().mget(keys)
+
+
+def router(name, args, kwargs, options, task=None, **kw):
+    print(f"noisy: routing {name}")
+    os.write(1, b"noisy: fd 1 in the router\\n")
+    return {"queue": "onion-checkout"}
+
+
+app = Celery("noisy", set_as_current=False)
+app.conf.task_routes = (router,)
+app.conf.result_backend = __name__ + ":NoisyBackend"
+app.conf.cache_backend = "memory"
+
+
+@app.task(name="apps.webhooks.tasks.save_checkout_ibft", shared=False)
+def ibft(*args, **kwargs):
+    pass
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("inspect", "checkout", "--json"),
+        ("inspect", "checkout", "--json", "--processes", "2"),
+        ("move", "checkout", "--json"),
+        ("check", "--celery", "--json"),
+    ],
+    ids=["inspect", "inspect-processes", "move-dry-run", "check"],
+)
+def test_what_the_apps_code_prints_goes_to_stderr_never_into_json(
+    args: tuple[str, ...], project: Path, server: MotoServer
+) -> None:
+    """Issue 22: `--celery-app noisy:app inspect default --json` put the app's print before
+    the `{`. A real redrive process and a real noisy app: stdout is the JSON alone."""
+    import subprocess
+
+    family = make_family(server.client(), "onion-checkout")
+    for i in range(3):
+        family.send_to_dlq(encode(IBFT, [i], {}, task_id=f"t-{i}"))
+    mod = write_app(project, NOISY_APP)
+    env = {**server.env(), "PYTHONPATH": os.pathsep.join([str(ROOT), str(project)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "redrive", "--celery-app", f"{mod}:app", *args],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "noisy" not in done.stdout, done.stdout
+    json.loads(done.stdout)  # the whole of stdout is one JSON document
+    for line in (
+        "noisy: print on import",
+        "noisy: fd 1 on import",
+        "noisy: a child process on import",
+        "noisy: C printf on import",
+    ):
+        assert line in done.stderr, (line, done.stderr)
+    if args[0] != "check":
+        assert "noisy: backend built" in done.stderr and "noisy: backend read" in done.stderr
+        assert "noisy: fd 1 in the backend" in done.stderr
+    assert f"noisy: routing {IBFT}" in done.stderr and "noisy: fd 1 in the router" in done.stderr
+
+
+def test_only_the_thread_running_the_users_code_writes_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """While one thread runs the user's code, another's results still go to stdout; a stream
+    the user's code kept (a logging handler made at import) writes to stderr afterwards."""
+    import threading
+
+    from redrive.celery.streams import users_code
+
+    ours = sys.stdout
+    inside, done = threading.Event(), threading.Event()
+    kept: list[Any] = []
+
+    def users() -> None:
+        with users_code():
+            print("theirs, on import")
+            kept.append(sys.stdout)
+            inside.set()
+            assert done.wait(30)
+            print("theirs, later")
+
+    thread = threading.Thread(target=users)
+    thread.start()
+    assert inside.wait(30)
+    print("ours, meanwhile")
+    done.set()
+    thread.join(30)
+    print("the handler's line", file=kept[0])
+    assert sys.stdout is ours
+    out, err = capsys.readouterr()
+    assert out == "ours, meanwhile\n"
+    assert err == "theirs, on import\ntheirs, later\nthe handler's line\n"
 
 
 # -- 2. routes --------------------------------------------------------------------------------
@@ -508,7 +686,36 @@ MISCONFIGURED = {
     ),
     "visibility under a retry countdown": (
         "app.conf.broker_transport_options = {'visibility_timeout': 60}",
-        "visibility_timeout = 60s: shorter than the task's retry countdown",
+        # Issue 22: the countdown is stated (Celery's default_retry_delay: 3 minutes).
+        "visibility_timeout = 60s: shorter than the task's retry countdown (180s, "
+        "default_retry_delay): a worker holds the retried message that long, and SQS "
+        "delivers it again after 60s (every task)",
+    ),
+    "visibility under a backoff's countdown": (
+        "\n@app.task(name='apps.reports.tasks.export_csv', retry_backoff=True, "
+        "retry_backoff_max=900, shared=False)\ndef export(*args):\n    pass\n",
+        "visibility_timeout = 300s: shorter than the task's retry countdown (up to 900s, "
+        "retry_backoff_max): a worker holds the retried message that long, and SQS delivers "
+        "it again after 300s (task apps.reports.tasks.export_csv)",
+    ),
+    "no time limit, without acks_late": (
+        "app.conf.task_time_limit = None\n"
+        "\n@app.task(name='apps.reports.tasks.export_csv', acks_late=False, shared=False)\n"
+        "def export(*args):\n    pass\n",
+        # Issue 22: acknowledged on receipt, a SIGKILLed run is lost, not delivered again.
+        "task_time_limit = None: no hard time limit: a run longer than the deploy's stop "
+        "timeout (30s) is SIGKILLed by every deploy and lost: acknowledged when a worker "
+        "received it (task_acks_late = False), it is never delivered again and never reaches "
+        "the DLQ; set task_time_limit below 30s (config [celery] deploy_stop_timeout) (task "
+        "apps.reports.tasks.export_csv)",
+    ),
+    "a predefined queue under another family's name": (
+        "app.conf.broker_transport_options = {'visibility_timeout': 300, 'predefined_queues': "
+        "{'onion-progress': {'url': 'https://sqs.us-east-1.amazonaws.com/1/onion-checkout'}}}",
+        "predefined_queues = onion-progress = https://sqs.us-east-1.amazonaws.com/1/"
+        "onion-checkout: family checkout's queue, though the Celery queue onion-progress is "
+        "family progress's: tasks routed to onion-progress are sent to onion-checkout, not to "
+        "onion-progress",
     ),
     "route outside the families": (
         "app.conf.task_routes = {**app.conf.task_routes, 'apps.users.*': 'onion-users'}",
@@ -534,8 +741,10 @@ def test_a_well_configured_app_gives_no_finding(
     spec = split_app(project, extra=GOOD)
     report = as_json(cli.ok("check", "--celery", "--celery-app", spec, "--json"))
     assert report["findings"] == []
-    assert (
-        "and the Celery app's settings" in cli.ok("check", "--celery", "--celery-app", spec).output
+    # Issue 22: the sentence is finished (it ended "and the Celery app's settings").
+    assert cli.ok("check", "--celery", "--celery-app", spec).output == (
+        "no findings: the layout matches what SQS says, and the settings of the Celery app "
+        f"{spec} let failing tasks reach the DLQs redrive watches\n"
     )
     sandbox_app = "redrive.sandbox.celery_app:app"
     assert (
@@ -555,6 +764,72 @@ def test_each_misconfiguration_is_a_finding(case: str, project: Path) -> None:
     problems = [f.problem for f in findings]
     assert any(expected in p for p in problems), problems
     assert all(f.setting and f.queue == f"app {spec}" for f in findings)
+
+
+def test_no_time_limit_says_per_acks_late_what_a_deploy_does(project: Path) -> None:
+    """Issue 22: tasks with acks_late are delivered again, those without it are lost; each
+    finding names its own tasks (it said "delivered again" of every task)."""
+    from redrive.reporting.check import check_celery
+
+    spec = split_app(
+        project,
+        extra=GOOD
+        + "app.conf.task_time_limit = None\n"
+        + "\n@app.task(name='apps.reports.tasks.export_csv', acks_late=False, shared=False)\n"
+        + "def export(*args):\n    pass\n",
+    )
+    app = load_app(spec)
+    findings = check_celery(app, spec, AppRoutes(app, spec), built_in_layout({}))
+    limits = [f.problem for f in findings if f.setting == "task_time_limit"]
+    assert len(limits) == 2, limits
+    again, lost = limits
+    assert "delivered again, toward the DLQ" in again and "export_csv" not in again
+    assert f"tasks {LESSON}, {ACTIVATE}, {IBFT})" in again
+    assert "lost" in lost and "delivered again, toward" not in lost
+    assert lost.endswith("(task apps.reports.tasks.export_csv)")
+
+
+def test_a_familys_dlq_in_predefined_queues_is_no_finding(project: Path) -> None:
+    """Issue 22: an app that lists the families' DLQs (named by convention or by the config)
+    in predefined_queues lists queues redrive watches: no finding. A queue of no family is
+    still one, said without claiming the workers consume it."""
+    from redrive.config import Family as LayoutFamily
+    from redrive.config import Layout
+    from redrive.reporting.check import check_celery
+
+    base = "https://sqs.us-east-1.amazonaws.com/123456789012"
+    queues = {
+        "onion-checkout": "onion-checkout",
+        "onion-checkout-dlq": "onion-checkout-dlq",
+        "onion-dlq": "onion-dlq",
+        "progress-dead": "progress-dead",
+        "onion-archive": "onion-archive",
+    }
+    predefined = {name: {"url": f"{base}/{queue}"} for name, queue in queues.items()}
+    spec = split_app(
+        project,
+        extra=GOOD
+        + "app.conf.broker_transport_options = "
+        + repr({"visibility_timeout": 300, "predefined_queues": predefined}),
+    )
+    layout = Layout(
+        families=(
+            LayoutFamily("checkout", "onion-checkout"),
+            LayoutFamily("default", "onion"),
+            LayoutFamily("progress", "onion-progress", dlq="progress-dead"),
+        ),
+        source="test.toml",
+    )
+    app = load_app(spec)
+    findings = check_celery(app, spec, AppRoutes(app, spec), layout)
+    predefined_findings = [
+        f for f in findings if f.setting == "broker_transport_options.predefined_queues"
+    ]
+    assert [f.value for f in predefined_findings] == [f"onion-archive = {base}/onion-archive"]
+    (stray,) = predefined_findings
+    assert "not the queue of any configured family" in stray.problem
+    assert "the workers consume" not in stray.problem
+    assert "may send tasks to it or consume it" in stray.problem
 
 
 def test_check_celery_exits_1_with_findings_in_json_and_the_table(

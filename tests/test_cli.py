@@ -21,6 +21,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.compat import HTTPHeaders
 from click.testing import Result
 from conftest import REGION, Cli, Family, as_json, free_port, make_family
+from test_sqs import FOREIGN, foreign_endpoint
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
@@ -681,6 +682,31 @@ def test_unreachable_endpoint_fails_fast(cli: Cli) -> None:
         elapsed = time.monotonic() - started
         assert_one_error(result, EXIT_ERROR, "cannot reach SQS", endpoint)
         assert elapsed < 10, f"{args}: a dead endpoint took {elapsed:.1f} s to report"
+
+
+@pytest.mark.parametrize("answer", list(FOREIGN))
+def test_an_endpoint_that_is_not_sqs_is_one_line(
+    answer: str, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    """Issue 22: `--endpoint-url http://127.0.0.1:8765 status` against a server answering
+    200 `ok` ended in `KeyError: 'QueueUrl'`. Any answer that is not SQS's is one line
+    naming the endpoint, exit 1, for status (three families: one line, not three) and the
+    commands that read and move."""
+    status, content_type, body, said = FOREIGN[answer]
+    # A gateway's 5xx is retried as botocore retries any 5xx: once is enough here.
+    client = AwsSettings.client
+    monkeypatch.setattr(
+        AwsSettings,
+        "client",
+        lambda self, service, **kw: client(self, service, **{**kw, "max_attempts": 1}),
+    )
+    with foreign_endpoint(status, content_type, body) as endpoint:
+        for args in (["status"], ["inspect", "checkout", "--json"], ["move", "checkout"]):
+            result = cli("--endpoint-url", endpoint, *args)
+            assert result.stdout == "", (args, result.stdout)
+            assert_one_error(
+                result, EXIT_ERROR, f"the endpoint {endpoint} answered", said, "--endpoint-url"
+            )
 
 
 def fail_operation(

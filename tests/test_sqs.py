@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,7 +19,14 @@ from redrive.aws import sqs as sqs_module
 from redrive.aws.errors import aws_error, aws_errors
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import MAX_BATCH_BYTES, SendEntry, Sqs, _batch_result, split_batches
-from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError, SendInDoubt
+from redrive.errors import (
+    AwsError,
+    AwsUnavailable,
+    ForeignEndpoint,
+    QueueNotFound,
+    RedriveError,
+    SendInDoubt,
+)
 
 URL = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
 
@@ -410,6 +418,134 @@ def test_an_html_error_page_from_a_server_without_the_action() -> None:
         "ListMessageMoveTasks: check --endpoint-url / AWS_ENDPOINT_URL (and any proxy in "
         "between)"
     )
+
+
+# -- answers that are not SQS's (issue 22: `KeyError: 'QueueUrl'` from a server saying "ok") --
+
+HTML_PAGE = (
+    "<!doctype html>\n<html><head><title>Sign in to the proxy</title></head>\n"
+    "<body><form>...</form></body></html>\n"
+)
+#: What answers in SQS's place: (status, content type, body), and what the line says of it.
+FOREIGN = {
+    "ok": (200, "text/plain", "ok", "HTTP 200 with text/plain (ok), not an SQS answer"),
+    "html": (
+        200,
+        "text/html; charset=utf-8",
+        HTML_PAGE,
+        "HTTP 200 with an HTML page (Sign in to the proxy), not an SQS answer",
+    ),
+    "wrong json": (
+        200,
+        "application/json",
+        '{"status": "ok", "version": 2}',
+        "answer (unknown keys: status, version), not an SQS answer",
+    ),
+    "502 page": (
+        502,
+        "text/html",
+        "<!doctype html>\n<html><title>502 Bad Gateway</title><h1>Bad Gateway</h1></html>\n",
+        "HTTP 502 with an HTML page (502 Bad Gateway), not an AWS error",
+    ),
+}
+
+
+@contextlib.contextmanager
+def foreign_endpoint(status: int, content_type: str, body: str) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering every request with ``body``."""
+    handler = type(
+        "Handler", (_Page,), {"status": status, "content_type": content_type, "body": body}
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+#: Every SQS call the adapter makes, as the engine makes it.
+CALLS: dict[str, Callable[[Sqs, str], Any]] = {
+    "GetQueueUrl": lambda sqs, _: sqs.queue_url("onion-checkout"),
+    "GetQueueAttributes": lambda sqs, url: sqs.attributes(url),
+    "ListQueues": lambda sqs, _: sqs.list_queues("onion"),
+    "ListDeadLetterSourceQueues": lambda sqs, url: sqs.dead_letter_sources(url),
+    "ReceiveMessage": lambda sqs, url: sqs.receive(url, visibility_timeout=30, wait_seconds=0),
+    "SendMessageBatch": lambda sqs, url: sqs.send_batch(url, [entry(0)]),
+    "DeleteMessageBatch": lambda sqs, url: sqs.delete_batch(url, {"0": "handle"}),
+    "ChangeMessageVisibilityBatch": lambda sqs, url: sqs.change_visibility_batch(
+        url, {"0": "handle"}, 30
+    ),
+    "PurgeQueue": lambda sqs, url: sqs.purge(url),
+}
+
+
+@pytest.mark.parametrize("answer", list(FOREIGN))
+@pytest.mark.parametrize("call", list(CALLS))
+def test_an_answer_that_is_not_sqss_is_one_line_for_every_call(call: str, answer: str) -> None:
+    status, content_type, body, said = FOREIGN[answer]
+    with foreign_endpoint(status, content_type, body) as endpoint:
+        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        with pytest.raises(RedriveError) as caught:
+            CALLS[call](sqs, f"{endpoint}/123456789012/onion-checkout-dlq")
+    message = str(caught.value)
+    assert "\n" not in message and "<" not in message, message
+    assert f"the endpoint {endpoint} answered" in message and said in message, message
+    assert "check --endpoint-url / AWS_ENDPOINT_URL" in message, message
+    if call == "SendMessageBatch":
+        # Something answered the send: it may have reached SQS. Never resent blindly.
+        assert isinstance(caught.value, SendInDoubt), message
+        assert "may or may not be in the queue" in message
+    else:
+        # Every call goes there: operations over several queues stop at once.
+        assert isinstance(caught.value, ForeignEndpoint), message
+        assert message.startswith(f"{call} on "), message
+
+
+@pytest.mark.parametrize(
+    ("call", "body", "said"),
+    [
+        ("GetQueueUrl", '{"QueueUrl": 5}', "(QueueUrl is not a string)"),
+        ("GetQueueUrl", "{}", "(no QueueUrl)"),
+        ("GetQueueAttributes", '{"Attributes": [1]}', "(Attributes is not an object)"),
+        ("ReceiveMessage", '{"Messages": "none"}', "(Messages is not a list)"),
+        (
+            "ReceiveMessage",
+            '{"Messages": [{"Body": "x"}]}',
+            "(an item of Messages has no MessageId)",
+        ),
+        ("SendMessageBatch", '{"Successful": []}', "(no Failed)"),
+        ("ListQueues", '{"QueueUrls": "abc"}', "(QueueUrls is not a list)"),
+        ("DeleteMessageBatch", "[]", "(not an object)"),
+    ],
+)
+def test_json_of_another_shape_is_one_line(call: str, body: str, said: str) -> None:
+    """JSON that botocore would parse into a wrong value, crash on, or read as nothing."""
+    with foreign_endpoint(200, "application/x-amz-json-1.0", body) as endpoint:
+        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        with pytest.raises(RedriveError) as caught:
+            CALLS[call](sqs, f"{endpoint}/123456789012/onion-checkout-dlq")
+    message = str(caught.value)
+    assert f"JSON that is no {call} answer {said}" in message, message
+    assert "--endpoint-url" in message
+
+
+def test_sqss_own_answers_pass(sqs_client: Any) -> None:
+    """moto's answers (SQS's shapes) go through the same check: an empty receive, a
+    purge's empty answer, a batch with both lists."""
+    url = sqs_client.create_queue(QueueName="answers")["QueueUrl"]
+    sqs = Sqs(sqs_client)
+    assert sqs.queue_url("answers") == url
+    assert "QueueArn" in sqs.attributes(url)
+    assert sqs.receive(url, visibility_timeout=30, wait_seconds=0) == []
+    sent = sqs.send_batch(url, [entry(0), entry(1)])
+    assert set(sent.ok) == {"0", "1"}
+    (received, *_) = sqs.receive(url, visibility_timeout=30, wait_seconds=0)
+    assert sqs.delete_batch(url, {"0": received.receipt_handle}).ok == {"0": ""}
+    sqs.purge(url)
 
 
 # -- aws_errors ---------------------------------------------------------------------------

@@ -8,13 +8,17 @@ one-line :class:`~redrive.errors.RedriveError` messages that say what to do.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator
 from typing import Final
 
 import botocore.exceptions
 
-from redrive.errors import AwsError, AwsUnavailable, QueueNotFound, RedriveError
+from redrive.aws.answers import ENDPOINT_KEY, ForeignAnswer, page_title
+from redrive.errors import AwsError, AwsUnavailable, ForeignEndpoint, QueueNotFound, RedriveError
+
+CHECK_ENDPOINT: Final = "check --endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
+# Answered by a proxy or load balancer in front of the service, not by a call it lacks.
+GATEWAY_STATUSES: Final = frozenset({502, 503, 504})
 
 # SQS's answers for a queue that does not exist (S3 and DynamoDB name theirs per resource).
 QUEUE_NOT_FOUND_CODES: Final = frozenset(
@@ -103,10 +107,12 @@ def aws_error(
     """The one-line error saying what to do about botocore's ``exc`` from ``action``."""
     if isinstance(exc, botocore.exceptions.ClientError):
         return _answer_error(exc, action, resource=resource, service=service)
+    on = f" on {resource}" if resource else ""
+    if isinstance(exc, ForeignAnswer):
+        return ForeignEndpoint(f"{action}{on} failed: {exc}: {CHECK_ENDPOINT}")
     setup = _setup_error(exc, service)
     if setup is not None:
         return setup
-    on = f" on {resource}" if resource else ""
     if isinstance(exc, botocore.exceptions.ParamValidationError):
         return AwsError(f"{action}{on}: invalid request: {one_line(str(exc))}")
     return AwsError(f"{action}{on} failed: {one_line(str(exc))}")
@@ -152,11 +158,14 @@ def _answer_error(
     """The error for an answer AWS (or something in its place) gave."""
     on = f" on {resource}" if resource else ""
     code = error_code(exc)
-    foreign = _not_an_aws_error(exc)
+    foreign = not_an_aws_error(exc)
     if foreign is not None:
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status in GATEWAY_STATUSES:
+            # A proxy or load balancer's own page: no call gets through it now.
+            return ForeignEndpoint(f"{action}{on} failed: {foreign}: {CHECK_ENDPOINT}")
         return AwsError(
-            f"{action}{on} failed: {foreign}; it may not implement {action}: check "
-            "--endpoint-url / AWS_ENDPOINT_URL (and any proxy in between)"
+            f"{action}{on} failed: {foreign}; it may not implement {action}: {CHECK_ENDPOINT}"
         )
     if code in QUEUE_NOT_FOUND_CODES:
         return QueueNotFound(
@@ -182,12 +191,7 @@ def _answer_error(
     return AwsError(f"{action}{on} failed: {code}: {one_line(message)}")
 
 
-_MARKUP = re.compile(r"<\s*(?:!doctype|html|head|body|title|h1)\b", re.IGNORECASE)
-_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
-_TAG = re.compile(r"<[^>]*>")
-
-
-def _not_an_aws_error(exc: botocore.exceptions.ClientError) -> str | None:
+def not_an_aws_error(exc: botocore.exceptions.ClientError) -> str | None:
     """What an error answer no AWS service wrote was (an HTML page from a proxy, a load
     balancer or a server without the action; a bare status), or None for an AWS error.
 
@@ -197,19 +201,19 @@ def _not_an_aws_error(exc: botocore.exceptions.ClientError) -> str | None:
     error = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     message = str(error.get("Message", ""))
-    markup = _MARKUP.search(message) is not None
-    if not markup and not code.isdigit():
+    title = page_title(message)
+    if title is None and not code.isdigit():
         return None
     status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or code
-    if markup:
-        title = _TITLE.search(message)
-        text = one_line(_TAG.sub(" ", title.group(1) if title else ""))
-        what = f" with an HTML page ({text[:80]})" if text else " with an HTML page"
+    if title is not None:
+        what = f" with an HTML page ({title[:80]})" if title else " with an HTML page"
     else:
         # The body, or botocore's reason phrase when there was none.
         text = one_line(message) if message != code else ""
         what = f" ({text[:80]})" if text else ""
-    return f"the endpoint answered HTTP {status}{what}, not an AWS error"
+    endpoint = exc.response.get(ENDPOINT_KEY)
+    named = f" {endpoint}" if endpoint else ""
+    return f"the endpoint{named} answered HTTP {status}{what}, not an AWS error"
 
 
 def one_line(text: str) -> str:

@@ -14,7 +14,14 @@ from typing import Any, Final
 
 import botocore.exceptions
 
-from redrive.aws.errors import aws_errors, error_code, is_throttle
+from redrive.aws.answers import ForeignAnswer, check_answers
+from redrive.aws.errors import (
+    CHECK_ENDPOINT,
+    aws_errors,
+    error_code,
+    is_throttle,
+    not_an_aws_error,
+)
 from redrive.errors import AwsError, SendInDoubt
 
 #: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
@@ -150,6 +157,9 @@ class Sqs:
     ) -> None:
         self.client = client
         self.send_client = send_client if send_client is not None else client
+        # Every call's 2xx answer must be SQS's (redrive.aws.answers), not a proxy's page.
+        check_answers(self.client)
+        check_answers(self.send_client)
         self.send_attempts = send_attempts
         self.throttled = 0
         """Sends SQS refused with a throttling error (and that were retried)."""
@@ -228,13 +238,17 @@ class Sqs:
                             f"request was sent ({type(exc).__name__}): its {len(entries)} "
                             "messages may or may not be in the queue"
                         ) from exc
+                    except ForeignAnswer as exc:
+                        raise SendInDoubt(
+                            f"SendMessageBatch to {queue_name(url)}: {exc}, so its "
+                            f"{len(entries)} messages may or may not be in the queue: "
+                            f"{CHECK_ENDPOINT}"
+                        ) from exc
                     except botocore.exceptions.ClientError as exc:
                         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
                         if not is_throttle(exc) and int(status) >= 500:
                             raise SendInDoubt(
-                                f"SendMessageBatch to {queue_name(url)} failed on the server "
-                                f"({error_code(exc)}): its {len(entries)} messages may or may not "
-                                "be in the queue"
+                                _in_doubt_on_the_server(exc, url, len(entries))
                             ) from exc
                         raise
                 return _batch_result(response, [e.id for e in entries], value_key="MessageId")
@@ -282,6 +296,17 @@ class Sqs:
     def purge(self, url: str) -> None:
         with aws_errors("PurgeQueue", resource=url):
             self.client.purge_queue(QueueUrl=url)
+
+
+def _in_doubt_on_the_server(exc: botocore.exceptions.ClientError, url: str, count: int) -> str:
+    """A send a server error answered (SQS's, or a proxy's page in its place)."""
+    doubt = f"its {count} messages may or may not be in the queue"
+    foreign = not_an_aws_error(exc)
+    if foreign is not None:
+        return f"SendMessageBatch to {queue_name(url)} failed: {foreign}: {doubt}: {CHECK_ENDPOINT}"
+    return (
+        f"SendMessageBatch to {queue_name(url)} failed on the server ({error_code(exc)}): {doubt}"
+    )
 
 
 def _batch_result(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from redrive.celery.streams import users_code
 from redrive.errors import CeleryAppError
 from redrive.messages import UNKNOWN_TASK
 
@@ -15,10 +16,11 @@ class Registry:
     def __init__(self, app: Any, spec: str) -> None:
         self.spec = spec
         try:
-            self.names: frozenset[str] = frozenset(str(name) for name in app.tasks)
+            with users_code():
+                self.names: frozenset[str] = frozenset(str(name) for name in app.tasks)
         except Exception as exc:
             raise CeleryAppError(
-                f"--celery-app {spec}: reading its tasks raised {type(exc).__name__}: {exc}"
+                f"the Celery app {spec}: reading its tasks raised {type(exc).__name__}: {exc}"
             ) from None
 
     def knows(self, task: str) -> bool:

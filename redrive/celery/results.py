@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from redrive.celery.streams import users_code
 from redrive.errors import ResultBackendError
 
 PENDING = "PENDING"
@@ -130,21 +131,23 @@ def open_app_results(
     None when the app keeps no results. Redis timeouts the app leaves unset get redrive's."""
     from kombu.utils.url import maybe_sanitize_url
 
-    url = app.conf.result_backend
-    if not url or not isinstance(url, str) or url.split("://", 1)[0] in ("rpc", "disabled"):
-        return None
-    # This process's copy of the app: never create tables, never hang on a dead Redis.
-    app.conf.database_create_tables_at_setup = False
-    for key in ("redis_socket_timeout", "redis_socket_connect_timeout"):
-        if app.conf.get(key) is None:
-            app.conf[key] = timeout
+    with users_code():
+        url = app.conf.result_backend
+        if not url or not isinstance(url, str) or url.split("://", 1)[0] in ("rpc", "disabled"):
+            return None
+        # This process's copy of the app: never create tables, never hang on a dead Redis.
+        app.conf.database_create_tables_at_setup = False
+        for key in ("redis_socket_timeout", "redis_socket_connect_timeout"):
+            if app.conf.get(key) is None:
+                app.conf[key] = timeout
     location = f"{maybe_sanitize_url(url)} (the result backend of {spec})"
     return _lookup_for(app, url, location, timeout, probe)
 
 
 def _lookup_for(app: Any, url: str, location: str, timeout: float, probe: bool) -> ResultLookup:
     try:
-        backend = app.backend
+        with users_code():  # a backend class may be the project's own
+            backend = app.backend
     except Exception as exc:
         raise ResultBackendError(
             f"cannot open the result backend {location}: {_why_not(url, exc)} "
@@ -254,15 +257,16 @@ class _KeyValueLookup:
         ids = list(dict.fromkeys(i for i in task_ids if i))
         if not ids:
             return {}
-        keys = [self.backend.get_key_for_task(i) for i in ids]
-        try:
-            values = self.backend.mget(keys)
-        except Exception as exc:
-            raise _unreadable(self.location, exc) from None
-        if isinstance(values, Mapping):
-            by_key = {self.backend.key_t(k): v for k, v in values.items()}
-            values = [by_key.get(self.backend.key_t(k)) for k in keys]
-        return {i: self._record(v) for i, v in zip(ids, values, strict=True)}
+        with users_code():  # the backend's client, serializers... may be the project's own
+            keys = [self.backend.get_key_for_task(i) for i in ids]
+            try:
+                values = self.backend.mget(keys)
+            except Exception as exc:
+                raise _unreadable(self.location, exc) from None
+            if isinstance(values, Mapping):
+                by_key = {self.backend.key_t(k): v for k, v in values.items()}
+                values = [by_key.get(self.backend.key_t(k)) for k in keys]
+            return {i: self._record(v) for i, v in zip(ids, values, strict=True)}
 
     def _record(self, value: Any) -> TaskRecord:
         if value is None:
@@ -350,8 +354,9 @@ class _DatabaseLookup:
                 ) from None
             raise _unreadable(self.location, exc) from None
         found = {i: NO_RECORD for i in ids}
-        for task_id, status, result, date_done in rows:
-            found[task_id] = self._record(status, result, date_done)
+        with users_code():  # a serializer may be the project's own
+            for task_id, status, result, date_done in rows:
+                found[task_id] = self._record(status, result, date_done)
         return found
 
     def _record(self, status: str, result: Any, date_done: Any) -> TaskRecord:
@@ -398,12 +403,13 @@ class _OneByOneLookup:
 
     def records(self, task_ids: Sequence[str]) -> dict[str, TaskRecord]:
         found: dict[str, TaskRecord] = {}
-        for task_id in dict.fromkeys(i for i in task_ids if i):
-            try:
-                meta = self.backend.get_task_meta(task_id)
-            except Exception as exc:
-                raise _unreadable(self.location, exc) from None
-            found[task_id] = record_from_meta(meta)
+        with users_code():  # a backend of the project's own, maybe
+            for task_id in dict.fromkeys(i for i in task_ids if i):
+                try:
+                    meta = self.backend.get_task_meta(task_id)
+                except Exception as exc:
+                    raise _unreadable(self.location, exc) from None
+                found[task_id] = record_from_meta(meta)
         return found
 
     def close(self) -> None:
@@ -426,7 +432,7 @@ def _close_backend(backend: Any) -> None:
     close = getattr(backend, "close", None)
     if callable(close):
         # Closing a reader's connection has nothing left to protect.
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), users_code():
             close()
 
 

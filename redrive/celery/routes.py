@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from redrive.aws.sqs import queue_name
+from redrive.celery.streams import users_code
 from redrive.config import Layout
 from redrive.errors import CeleryAppError
 
@@ -76,14 +77,15 @@ class AppRoutes:
         self.app = app
         self.spec = spec
         self._cache: dict[str, str] = {}
-        options = app.conf.broker_transport_options or {}
-        self.prefix = str(options.get("queue_name_prefix") or "")
-        predefined = options.get("predefined_queues") or {}
-        self.predefined: dict[str, str] = {
-            str(name): str(q["url"])
-            for name, q in predefined.items()
-            if isinstance(q, Mapping) and q.get("url")
-        }
+        with users_code():  # app.conf may import the project's settings module now
+            options = app.conf.broker_transport_options or {}
+            self.prefix = str(options.get("queue_name_prefix") or "")
+            predefined = options.get("predefined_queues") or {}
+            self.predefined: dict[str, str] = {
+                str(name): str(q["url"])
+                for name, q in predefined.items()
+                if isinstance(q, Mapping) and q.get("url")
+            }
 
     @property
     def origin(self) -> str:
@@ -97,16 +99,17 @@ class AppRoutes:
 
     def celery_queue(self, task: str) -> str:
         """Celery's name of the queue ``task`` routes to."""
-        registered = self.app.tasks.get(task)
-        options: dict[str, Any] = {}
-        if registered is not None and getattr(registered, "queue", None):
-            options["queue"] = registered.queue
-        try:
-            routed = self.app.amqp.router.route(options, task, (), {}, registered)
-        except Exception as exc:
-            raise CeleryAppError(
-                f"the router of {self.spec} raised {type(exc).__name__}: {exc} for task {task}"
-            ) from None
+        with users_code():
+            registered = self.app.tasks.get(task)
+            options: dict[str, Any] = {}
+            if registered is not None and getattr(registered, "queue", None):
+                options["queue"] = registered.queue
+            try:
+                routed = self.app.amqp.router.route(options, task, (), {}, registered)
+            except Exception as exc:
+                raise CeleryAppError(
+                    f"the router of {self.spec} raised {type(exc).__name__}: {exc} for task {task}"
+                ) from None
         queue = routed.get("queue")
         name = getattr(queue, "name", queue)
         if not name:

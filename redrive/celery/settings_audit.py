@@ -6,13 +6,14 @@ the app's setting), so a finding names every task it concerns, or the app as a w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redrive.aws.sqs import queue_name
 from redrive.celery.routes import AppRoutes
-from redrive.config import Layout
+from redrive.celery.streams import users_code
+from redrive.config import Family, Layout
 
 #: kombu's SQS transport when ``broker_transport_options`` sets no ``visibility_timeout``.
 KOMBU_SQS_VISIBILITY_TIMEOUT = 1800
@@ -36,7 +37,8 @@ class _Task:
     acks_on_failure: bool
     lost_redelivered: bool
     time_limit: float | None
-    retry_delays: tuple[float, ...]
+    retry_countdown: tuple[float, str]
+    """The longest a retry waits before it runs again, and the setting that says so."""
 
 
 def format_duration(seconds: float) -> str:
@@ -55,9 +57,10 @@ def _user_tasks(app: Any) -> list[_Task]:
             on_failure = getattr(task, "acks_on_failure_or_timeout", None)
         if on_failure is None:
             on_failure = conf.get("task_acks_on_failure_or_timeout", True)
-        delays = [float(getattr(task, "default_retry_delay", 0) or 0)]
+        countdown = (float(getattr(task, "default_retry_delay", 0) or 0), "default_retry_delay")
         if getattr(task, "retry_backoff", False):
-            delays.append(float(getattr(task, "retry_backoff_max", 0) or 0))
+            backoff = float(getattr(task, "retry_backoff_max", 0) or 0)
+            countdown = max(countdown, (backoff, "retry_backoff_max"))
         out.append(
             _Task(
                 name=name,
@@ -66,21 +69,25 @@ def _user_tasks(app: Any) -> list[_Task]:
                 lost_redelivered=bool(task.reject_on_worker_lost)
                 or bool(getattr(task, "retry_on_worker_lost", False)),
                 time_limit=float(task.time_limit) if task.time_limit else None,
-                retry_delays=tuple(delays),
+                retry_countdown=countdown,
             )
         )
     return out
 
 
-def audit_app(app: Any, routes: AppRoutes, layout: Layout) -> list[SettingFinding]:
-    """Every finding for ``app`` against ``layout`` (its families, its deploy stop timeout)."""
-    tasks = _user_tasks(app)
-    return [
-        *_acknowledgement(tasks),
-        *_time_limits(tasks, layout.deploy_stop_timeout),
-        *_visibility(app, tasks),
-        *_routing(app, routes, layout, tasks),
-    ]
+def audit_app(
+    app: Any, routes: AppRoutes, layout: Layout, dlqs: Mapping[str, str]
+) -> list[SettingFinding]:
+    """Every finding for ``app`` against ``layout`` (its families, its deploy stop timeout);
+    ``dlqs``: each family's DLQ name -> the family's name (the queues redrive watches)."""
+    with users_code():  # the app's settings and tasks are the project's code
+        tasks = _user_tasks(app)
+        return [
+            *_acknowledgement(tasks),
+            *_time_limits(tasks, layout.deploy_stop_timeout),
+            *_visibility(app, tasks),
+            *_routing(app, routes, layout, tasks, dlqs),
+        ]
 
 
 def _concerning(tasks: Sequence[_Task], bad: Sequence[_Task]) -> str:
@@ -129,31 +136,50 @@ def _acknowledgement(tasks: Sequence[_Task]) -> list[SettingFinding]:
     ]
 
 
+LOST_UNACKED = (
+    "lost: acknowledged when a worker received it (task_acks_late = False), it is never "
+    "delivered again and never reaches the DLQ"
+)
+
+
 def _time_limits(tasks: Sequence[_Task], stop_timeout: float) -> list[SettingFinding]:
     stop = format_duration(stop_timeout)
-    findings = _each(
-        tasks,
-        lambda t: t.time_limit is None,
-        "task_time_limit",
-        "None",
-        f"no hard time limit: a run longer than the deploy's stop timeout ({stop}) is "
-        "SIGKILLed by every deploy and delivered again, toward the DLQ; set task_time_limit "
-        f"below {stop} (config [celery] deploy_stop_timeout)",
-    )
-    limits = sorted({t.time_limit for t in tasks if t.time_limit is not None})
-    for limit in (x for x in limits if x > stop_timeout):
+    findings: list[SettingFinding] = []
+    for acks_late in (True, False):
 
-        def has(task: _Task, limit: float = limit) -> bool:
-            return task.time_limit == limit
+        def unlimited(task: _Task, late: bool = acks_late) -> bool:
+            return task.time_limit is None and task.acks_late == late
 
+        fate = "delivered again, toward the DLQ" if acks_late else LOST_UNACKED
         findings += _each(
             tasks,
-            has,
+            unlimited,
             "task_time_limit",
-            format_duration(limit),
-            f"longer than the deploy's stop timeout ({stop}): a run still going when a "
-            "deploy stops the worker is SIGKILLed and delivered again after every deploy",
+            "None",
+            f"no hard time limit: a run longer than the deploy's stop timeout ({stop}) is "
+            f"SIGKILLed by every deploy and {fate}; set task_time_limit below {stop} "
+            "(config [celery] deploy_stop_timeout)",
         )
+    limits = sorted({t.time_limit for t in tasks if t.time_limit is not None})
+    for limit in (x for x in limits if x > stop_timeout):
+        for acks_late in (True, False):
+
+            def has(task: _Task, limit: float = limit, late: bool = acks_late) -> bool:
+                return task.time_limit == limit and task.acks_late == late
+
+            fate = (
+                "SIGKILLed and delivered again after every deploy"
+                if acks_late
+                else f"SIGKILLed by every deploy and {LOST_UNACKED}"
+            )
+            findings += _each(
+                tasks,
+                has,
+                "task_time_limit",
+                format_duration(limit),
+                f"longer than the deploy's stop timeout ({stop}): a run still going when a "
+                f"deploy stops the worker is {fate}",
+            )
     return findings
 
 
@@ -165,28 +191,40 @@ def visibility_timeout(app: Any) -> float:
 def _visibility(app: Any, tasks: Sequence[_Task]) -> list[SettingFinding]:
     timeout = visibility_timeout(app)
     value = format_duration(timeout)
-    return [
-        *_each(
+    findings = _each(
+        tasks,
+        # Without acks_late the message is acknowledged as the run starts: nothing to redeliver.
+        lambda t: t.acks_late and t.time_limit is not None and t.time_limit > timeout,
+        "broker_transport_options.visibility_timeout",
+        value,
+        "shorter than the task's time limit: a run still going when it ends is delivered "
+        "to a second worker (it runs twice, and each delivery counts toward the DLQ)",
+    )
+    for countdown in sorted({t.retry_countdown for t in tasks if t.retry_countdown[0] > timeout}):
+        seconds, setting = countdown
+        up_to = "up to " if setting == "retry_backoff_max" else ""
+
+        def waits(task: _Task, countdown: tuple[float, str] = countdown) -> bool:
+            return task.retry_countdown == countdown
+
+        findings += _each(
             tasks,
-            lambda t: t.time_limit is not None and t.time_limit > timeout,
+            waits,
             "broker_transport_options.visibility_timeout",
             value,
-            "shorter than the task's time limit: a run still going when it ends is delivered "
-            "to a second worker (it runs twice, and each delivery counts toward the DLQ)",
-        ),
-        *_each(
-            tasks,
-            lambda t: max(t.retry_delays, default=0) > timeout,
-            "broker_transport_options.visibility_timeout",
-            value,
-            "shorter than the task's retry countdown (default_retry_delay, retry_backoff_max): "
-            "a worker holds the retried message past it, SQS delivers it again meanwhile",
-        ),
-    ]
+            f"shorter than the task's retry countdown ({up_to}{format_duration(seconds)}, "
+            f"{setting}): a worker holds the retried message that long, and SQS delivers it "
+            f"again after {value}",
+        )
+    return findings
 
 
 def _routing(
-    app: Any, routes: AppRoutes, layout: Layout, tasks: Sequence[_Task]
+    app: Any,
+    routes: AppRoutes,
+    layout: Layout,
+    tasks: Sequence[_Task],
+    dlqs: Mapping[str, str],
 ) -> list[SettingFinding]:
     families = {queue_name(f.queue): f for f in layout.families}
     routed: dict[str, list[str]] = {}
@@ -214,19 +252,46 @@ def _routing(
         if name not in routed and name != default
     ]
     for name, url in sorted(routes.predefined.items()):
-        family, named = families.get(queue_name(url)), families.get(name)
-        is_url = family is not None and family.queue.startswith(("https://", "http://"))
-        if (
-            family is None
-            or (named is not None and named is not family)
-            or (is_url and family.queue != url)
-        ):
+        problem = _predefined_problem(name, url, families, dlqs)
+        if problem is not None:
             findings.append(
                 SettingFinding(
-                    "broker_transport_options.predefined_queues",
-                    f"{name} = {url}",
-                    "not the queue of any configured family: the workers consume a queue "
-                    "whose DLQ redrive does not watch",
+                    "broker_transport_options.predefined_queues", f"{name} = {url}", problem
                 )
             )
     return findings
+
+
+def _predefined_problem(
+    name: str, url: str, families: Mapping[str, Family], dlqs: Mapping[str, str]
+) -> str | None:
+    """What is wrong with ``predefined_queues`` giving Celery's queue ``name`` the URL ``url``
+    (it lists the queues the app may publish to or consume, and the URL kombu uses for each)."""
+    target = queue_name(url)
+    family, named = families.get(target), families.get(name)
+    if named is not None and named is not family:
+        where = (
+            f"family {family.name}'s queue"
+            if family is not None
+            else f"family {dlqs[target]}'s DLQ"
+            if target in dlqs
+            else "not the queue of any configured family"
+        )
+        return (
+            f"{where}, though the Celery queue {name} is family {named.name}'s: tasks routed "
+            f"to {name} are sent to {target}, not to {queue_name(named.queue)}"
+        )
+    if family is not None:
+        if family.queue.startswith(("https://", "http://")) and family.queue != url:
+            return (
+                f"not family {family.name}'s queue ({family.queue} in the config) but another "
+                "of that name (another account or region): its DLQ is not one redrive watches"
+            )
+        return None
+    if target in dlqs:
+        return None  # a family's DLQ: one redrive watches (an app may list it to read it)
+    return (
+        "not the queue of any configured family: the app may send tasks to it or consume "
+        "it, and its DLQ is not one redrive watches (add a family for it, or drop it from "
+        "predefined_queues)"
+    )

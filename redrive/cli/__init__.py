@@ -73,6 +73,9 @@ def cli(
     are dry runs unless given --execute.
     """
     ctx.obj = Context(AwsSettings(endpoint_url, region, profile), config, celery_app=celery_app)
+    ctx.obj.celery_app_from_env = (
+        ctx.get_parameter_source("celery_app") is click.core.ParameterSource.ENVIRONMENT
+    )
     ctx.obj.result_backend = result_backend or None
     ctx.obj.result_backend_given = (
         ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE

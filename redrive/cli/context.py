@@ -47,6 +47,8 @@ class Context:
     _receive_log: ReceiveLog | None = None
     celery_app: str | None = None
     """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
+    celery_app_from_env: bool = False
+    """``celery_app`` is REDRIVE_CELERY_APP's (messages name where the app came from)."""
     _celery: Any = None
     """The loaded app and its spec (:meth:`celery`), once a command asked for it."""
     result_backend: str | None = None
@@ -85,9 +87,17 @@ class Context:
         if not spec:
             return None
         if self._celery is None or self._celery[1] != spec:
-            self._celery = (load_app(spec), spec)
+            self._celery = (load_app(spec, named_by=self._named_by(spec)), spec)
         loaded: tuple[Any, str] = self._celery
         return loaded
+
+    def _named_by(self, spec: str) -> str:
+        """Where the app's spec came from, as its errors say it."""
+        if self.celery_app is None:
+            return f"[celery] app {spec!r} (config {self.layout.source})"
+        if self.celery_app_from_env:
+            return f"REDRIVE_CELERY_APP {spec!r}"
+        return f"--celery-app {spec}"
 
     def _app_results(self, probe: bool) -> ResultLookup | None:
         """The result backend of ``--celery-app``'s app, when one is named and keeps

@@ -555,7 +555,12 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
     elif with_celery and not findings:
-        click.echo("no findings: the layout matches what SQS says, and the Celery app's settings")
+        loaded = ctx.celery()
+        spec = f" {loaded[1]}" if loaded is not None else ""
+        click.echo(
+            "no findings: the layout matches what SQS says, and the settings of the Celery "
+            f"app{spec} let failing tasks reach the DLQs redrive watches"
+        )
     else:
         click.echo(findings_table(findings, width=table_width(wide)))
     if findings:

@@ -461,7 +461,7 @@ def _global_options() -> list[click.Option]:
             if attribute == "config":
                 state.config, state._layout = value, None
             elif attribute == "celery_app":
-                state.celery_app = value
+                state.celery_app, state.celery_app_from_env = value, False
             elif attribute == "result_backend":
                 state.result_backend, state.result_backend_given = value or None, True
             else:

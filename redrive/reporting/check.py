@@ -117,5 +117,12 @@ def check_celery(app: Any, spec: str, routes: AppRoutes, layout: Layout) -> list
     """``check --celery``: the app's settings findings (redrive.celery.settings_audit)."""
     return [
         Finding(None, f"app {spec}", f"{f.setting} = {f.value}: {f.problem}", f.setting, f.value)
-        for f in audit_app(app, routes, layout)
+        for f in audit_app(app, routes, layout, family_dlqs(layout))
     ]
+
+
+def family_dlqs(layout: Layout) -> dict[str, str]:
+    """Each family's DLQ name (the config's, else the expected ``QUEUE-dlq``) -> family."""
+    return {
+        queue_name(f.dlq) if f.dlq else expected_dlq_name(f.queue): f.name for f in layout.families
+    }
