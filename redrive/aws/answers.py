@@ -12,6 +12,7 @@ its response, for the message.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -130,22 +131,30 @@ def _described(text: str, content_type: str) -> str:
     return f"{kind} ({start[:40]}{'...' if len(start) > 40 else ''})"
 
 
+@functools.lru_cache(maxsize=256)
+def _structure(shape: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A structure's members by their names in JSON, and the names an answer must have:
+    worked out once per shape, since every message of every receive is checked."""
+    members = {m.serialization.get("name", n): m for n, m in shape.members.items()}
+    return members, (*shape.required_members, *_ALSO_REQUIRED.get(shape.name, ()))
+
+
 def _misfit(shape: Any, value: Any, where: str, *, top: bool = False) -> str | None:
     """Where ``value`` (``where``, for people) does not fit ``shape`` (the first place)."""
     kind = shape.type_name
     if kind == "structure":
         if not isinstance(value, dict):
             return "not an object" if top else f"{where} is not an object"
-        members = {m.serialization.get("name", n): m for n, m in shape.members.items()}
+        members, required = _structure(shape)
         if top and value and not value.keys() & members.keys():
             return f"unknown keys: {', '.join(sorted(value)[:3])}"
-        required = (*shape.required_members, *_ALSO_REQUIRED.get(shape.name, ()))
         for name in required:
             if name not in value:
                 return f"no {name}" if top else f"{where} has no {name}"
-        for name, member in members.items():
-            if name in value and value[name] is not None:
-                misfit = _misfit(member, value[name], name)
+        for name, item in value.items():
+            member = members.get(name)
+            if member is not None and item is not None:
+                misfit = _misfit(member, item, name)
                 if misfit is not None:
                     return misfit
         return None
