@@ -280,3 +280,13 @@ def test_every_other_capped_list_in_the_json_says_how_much_of_it_is_there() -> N
         2,
         False,
     )
+
+
+def test_a_chat_post_says_how_many_new_tasks_it_leaves_out() -> None:
+    from redrive.render.slack import _change_line
+    from redrive.reporting.alerts import Change
+
+    change = Change("checkout", 1.0, 3, 11, new_tasks={f"apps.t{i}": 1 for i in range(8)})
+    assert _change_line(change).endswith("`apps.t4` and 3 more)")
+    few = Change("checkout", 1.0, 3, 5, new_tasks={"apps.t0": 1})
+    assert _change_line(few).endswith("(new: `apps.t0`)")
