@@ -24,7 +24,8 @@ from redrive.reporting.audit import find_run, own_runs
 
 @dataclass(frozen=True, slots=True)
 class InDoubt:
-    """One in-doubt key: the DLQ message it was claimed for, and the run that died."""
+    """One in-doubt key as the ledger has it: the DLQ message it was claimed for, the run
+    that claimed it, and the queue it was being sent to."""
 
     entry: Entry
 
@@ -67,7 +68,7 @@ def in_doubt(
     for a ``run_id`` the ledger does not have, before anything is listed."""
     owners: list[str | None] = [None]
     if run_id is not None:
-        owners = list(own_runs(ledger, find_run(ledger, run_id)))
+        owners = [*own_runs(ledger, find_run(ledger, run_id))]
     return _listing(ledger, owners, tally or Tally(), now, page_size)
 
 
