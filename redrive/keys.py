@@ -70,6 +70,19 @@ def legacy_key_for(info: TaskInfo, *, message_id: str, generation: int) -> str:
     return _bounded(key)
 
 
+# key_for's form (and legacy_key_for's, without the publish): the task id is all before it.
+_CELERY_KEY = re.compile(
+    r"celery:(?P<task_id>.+):r\d+:g\d+:[0-9a-f]{8}(?::[tb][0-9a-f]{16}(?::m[0-9a-f]{16})?)?"
+)
+
+
+def task_id_in(key: str) -> str | None:
+    """The Celery task id a key names; None for a key of a body that is not a Celery task,
+    or one too long to keep its parts (``sha256:``)."""
+    match = _CELERY_KEY.fullmatch(key)
+    return match.group("task_id") if match else None
+
+
 def _bounded(key: str) -> str:
     if len(key) > MAX_KEY_LENGTH or not _SAFE.match(key):
         return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

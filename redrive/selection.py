@@ -142,9 +142,14 @@ class FilterMisses:
         return {
             "tasks": [p.to_json() for p in self.patterns],
             "tasks_seen": dict(self.tasks_seen),
+            # As every capped list in the JSON says how much of it is there.
+            "tasks_seen_listed": len(self.tasks_seen),
+            "tasks_seen_truncated": self.distinct_tasks > len(self.tasks_seen),
             "distinct_tasks": self.distinct_tasks,
             "message_ids_not_seen": list(self.ids_not_seen),
             "message_ids_not_seen_count": self.ids_not_seen_count,
+            "message_ids_not_seen_listed": len(self.ids_not_seen),
+            "message_ids_not_seen_truncated": self.ids_not_seen_count > len(self.ids_not_seen),
             "message_ids_given": self.ids_given,
         }
 

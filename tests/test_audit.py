@@ -383,6 +383,7 @@ def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
     )
     shown = as_json(cli.ok("audit", purged["run_id"], "--json"))
     assert len(shown["info"]["deleted"]) == 2 and shown["counts"]["purged"] == 5
+    assert (shown["deleted_listed"], shown["deleted_truncated"]) == (2, True)  # issue 22
     text = cli.ok("audit", purged["run_id"]).output
     assert "deleted from the DLQ: 5 message(s); the first 2 are listed" in text
     assert f"the archive holds every one, with run_id {purged['run_id']}" in text

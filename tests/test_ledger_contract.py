@@ -299,6 +299,47 @@ def test_keys_for_run(ledger: Ledger, clock: Clock) -> None:
     assert ledger.keys_for_run("nobody") == []
 
 
+def test_iter_keys_lists_every_key_in_a_state_page_by_page(ledger: Ledger) -> None:
+    """Issue 22: 250 claimed keys (more than a move's summary lists) all come back, pages of
+    7 at a time, of every run or of one; other states and runs stay out."""
+    a_keys = [f"a{i:03}" for i in range(250)]
+    for start in range(0, len(a_keys), 50):
+        ledger.claim_many("A", claims(*a_keys[start : start + 50]))
+    ledger.mark_sent_many("A", {k: "sqs" for k in a_keys[:10]})
+    ledger.mark_done_many("A", a_keys[:5])
+    ledger.claim_many("B", claims("b1", "b2"))
+    claimed_a = set(a_keys[10:])
+
+    every = list(ledger.iter_keys(KeyState.CLAIMED, page_size=7))
+    assert len(every) == len({e.key for e in every}) == 242, "each key once"
+    assert {e.key for e in every} == claimed_a | {"b1", "b2"}
+    assert all(e.state is KeyState.CLAIMED and e.message_id == "m-" + e.key for e in every)
+
+    of_a = list(ledger.iter_keys(KeyState.CLAIMED, run_id="A", page_size=7))
+    assert sorted(e.key for e in of_a) == sorted(claimed_a)
+    assert {e.key for e in ledger.iter_keys(KeyState.SENT)} == set(a_keys[5:10])
+    assert {e.key for e in ledger.iter_keys(KeyState.DONE, run_id="A")} == set(a_keys[:5])
+    assert list(ledger.iter_keys(KeyState.CLAIMED, run_id="nobody")) == []
+    assert list(ledger.iter_keys(KeyState.SKIPPED, page_size=1)) == []
+    with pytest.raises(ValueError, match="at least one"):
+        ledger.iter_keys(KeyState.CLAIMED, page_size=0)
+
+
+@pytest.mark.parametrize("run_id", [None, "A"])
+def test_iter_keys_reads_one_page_at_a_time(ledger: Ledger, run_id: str | None) -> None:
+    """Bounded memory: the listing reads a page only when the one before is consumed, so
+    keys released after the first item came back are not listed; at most the first page
+    (already read) is."""
+    keys = [f"k{i:02}" for i in range(40)]
+    ledger.claim_many("A", claims(*keys))
+    listing = ledger.iter_keys(KeyState.CLAIMED, run_id=run_id, page_size=5)
+    first = next(listing)
+    ledger.release_many("A", keys)
+    rest = list(listing)
+    assert first.key in keys
+    assert 1 + len(rest) <= 5
+
+
 # ----------------------------------------------------------------------------- runs and sharing
 
 

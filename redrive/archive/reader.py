@@ -127,6 +127,9 @@ class DamageReport:
             "readable": self.readable,
             "expected": self.expected,
             "all": [damage.to_json() for damage in self.places],
+            # As every capped list in the JSON says how much of it is there.
+            "places_listed": len(self.places),
+            "places_truncated": self.count > len(self.places),
         }
 
 

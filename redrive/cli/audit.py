@@ -1,25 +1,35 @@
-"""``audit`` (the executed runs) and ``ledger init``."""
+"""``audit`` (the executed runs), ``ledger init`` and ``ledger in-doubt``."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import sys
 import time
 
 import click
 
 from redrive.cli.console import emit_json, table_width
 from redrive.cli.context import Context, RedriveGroup, core_errors, dry_run_ledger, pass_ctx
+from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.options import duration, json_option, ledger_option, wide_option
 from redrive.errors import RedriveError
 from redrive.ledger import open_ledger
 from redrive.ledger.dynamodb import check_table_name, init_table
-from redrive.render.audit import audit_table, run_detail_text
+from redrive.render.audit import (
+    audit_table,
+    in_doubt_foot,
+    in_doubt_head,
+    in_doubt_row,
+    run_detail_text,
+)
 from redrive.reporting.audit import (
     entry_json,
     list_runs,
     run_json,
     show_run,
 )
+from redrive.reporting.in_doubt import Tally, in_doubt
 
 # -- ledger: ledger init --------------------------------------------------------------------
 
@@ -27,10 +37,11 @@ from redrive.reporting.audit import (
 @click.group(
     "ledger",
     cls=RedriveGroup,
-    short_help="The idempotency ledger: create one before a team shares it.",
+    short_help="The idempotency ledger: create one, list what is in doubt.",
 )
 def ledger_group() -> None:
-    """The idempotency ledger: create one before a team shares it."""
+    """The idempotency ledger: create one before a team shares it; list every message in
+    doubt."""
 
 
 @ledger_group.command("init", short_help="Create the ledger URI names (an existing one is kept).")
@@ -51,6 +62,46 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
             return
         with contextlib.closing(open_ledger(uri)) as led:
             click.echo(f"the ledger is ready: {led.location}")
+
+
+@ledger_group.command(
+    "in-doubt", short_help="List every in-doubt message of the ledger (exit 3 if any)."
+)
+@click.option("--run", "run_id", metavar="RUN_ID", help="Only the keys this run claimed.")
+@ledger_option
+@json_option
+@pass_ctx
+def ledger_in_doubt(ctx: Context, /, run_id: str | None, ledger: str | None, as_json: bool) -> None:
+    """List every in-doubt message of the ledger: claimed by a run that ended before SQS
+    confirmed its send. A move's summary lists the first 100; this lists them all, read a
+    page at a time. --run RUN_ID (or a prefix): only that run's (and its processes').
+
+    --json: one JSON object a line (message_id, task, task_id, key, target, run_id,
+    claimed_at). Exit 0 when nothing is in doubt, 3 when something is.
+    """
+    with core_errors():
+        store = dry_run_ledger(ledger, ctx.aws.client)
+        if store is None:
+            if run_id:
+                raise RedriveError("no ledger yet, so no runs: nothing has been executed here")
+            if not as_json:
+                click.echo("no ledger yet, so nothing in doubt")
+            return
+        tally = Tally()
+        try:
+            for item in in_doubt(store, run_id=run_id, tally=tally):
+                if as_json:
+                    click.echo(json.dumps(item.to_json(), ensure_ascii=False))
+                    continue
+                if tally.listed == 1:
+                    click.echo(in_doubt_head(store.location))
+                click.echo(in_doubt_row([item.entry.message_id, item.task_id, item.entry.task]))
+        finally:
+            store.close()
+    if not as_json:
+        click.echo(in_doubt_foot(store.location, tally.listed, tally.busy, run_id=run_id))
+    if tally.listed:
+        sys.exit(EXIT_ATTENTION)
 
 
 @click.command(short_help="List the --execute runs, or show one run in detail.")

@@ -25,6 +25,8 @@ from typing import Any, Protocol, Self
 from redrive.errors import LedgerError
 
 MAX_KEY_LENGTH = 128
+KEY_PAGE = 500
+"""Keys :meth:`Ledger.iter_keys` reads per page: its memory, however many keys match."""
 RUN_OUTCOMES = frozenset({"completed", "interrupted", "failed"})
 
 
@@ -165,6 +167,18 @@ class Ledger(Protocol):
 
     def keys_for_run(self, run_id: str) -> list[Entry]: ...
 
+    def iter_keys(
+        self, state: KeyState, *, run_id: str | None = None, page_size: int = KEY_PAGE
+    ) -> Iterator[Entry]:
+        """Every key in ``state`` (only ``run_id``'s, when given), read ``page_size`` at a
+        time: a listing of any length in bounded memory. Each page is read when the one
+        before has been consumed, as the ledger stands then: a key that changes meanwhile
+        may be listed in its old state, or not at all. The order is the backend's (SQLite:
+        the order of the claims; DynamoDB: the table's).
+
+        A ValueError for a ``page_size`` below 1 (see :func:`check_page_size`)."""
+        ...
+
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
 
     def takeover_many(
@@ -210,6 +224,11 @@ def run_not_open(run_id: str, location: str) -> LedgerError:
 def ledger_closed(location: str) -> LedgerError:
     """The error for a call on a ledger object after its close()."""
     return LedgerError(f"ledger {location} is closed; open it again")
+
+
+def check_page_size(page_size: int) -> None:
+    if page_size < 1:
+        raise ValueError(f"a page holds at least one key, not {page_size}")
 
 
 def check_key(key: str) -> None:

@@ -50,7 +50,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -60,6 +60,7 @@ from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
 from redrive.aws.session import AwsSettings
 from redrive.errors import AwsError, LedgerError
 from redrive.ledger.base import (
+    KEY_PAGE,
     Claim,
     ClaimResult,
     Entry,
@@ -68,6 +69,7 @@ from redrive.ledger.base import (
     RunInfo,
     check_key,
     check_outcome,
+    check_page_size,
     ledger_closed,
     run_not_open,
 )
@@ -780,6 +782,65 @@ class DynamoDbLedger(Ledger):
         return sorted(
             (e for e in entries if e.run_id == run_id), key=lambda e: (e.updated_at, e.key)
         )
+
+    def iter_keys(
+        self, state: KeyState, *, run_id: str | None = None, page_size: int = KEY_PAGE
+    ) -> Iterator[Entry]:
+        """Keys in ``state``, a page of ``page_size`` items at a time: of one run, a Query of
+        its index then a consistent read of that page's items; of every run, a consistent
+        Scan of the table (it reads every item, keys and runs alike: no index names a
+        state)."""
+        check_page_size(page_size)
+        state = KeyState(state)
+        if run_id is None:
+            return self._scanned_keys(state, page_size)
+        return self._run_keys(state, run_id, page_size)
+
+    def _scanned_keys(self, state: KeyState, size: int) -> Iterator[Entry]:
+        start: dict[str, Any] | None = None
+        while True:
+            extra = {"ExclusiveStartKey": start} if start else {}
+            # Limit bounds the items a page reads; the filter then keeps this state's keys.
+            response = self._call(
+                "Scan",
+                TableName=self.table,
+                Limit=size,
+                ConsistentRead=True,
+                FilterExpression="begins_with(#pk, :prefix) AND #state = :state",
+                ExpressionAttributeNames=_names("pk", "state"),
+                ExpressionAttributeValues={":prefix": _s(_KEY_PREFIX), ":state": _s(state)},
+                **extra,
+            )
+            for item in response.get("Items", []):
+                yield _entry(item)
+            start = response.get("LastEvaluatedKey")
+            if not start:
+                return
+
+    def _run_keys(self, state: KeyState, run_id: str, size: int) -> Iterator[Entry]:
+        start: dict[str, Any] | None = None
+        while True:
+            extra = {"ExclusiveStartKey": start} if start else {}
+            response = self._call(
+                "Query",
+                TableName=self.table,
+                IndexName=KEYS_BY_RUN,
+                KeyConditionExpression="#run_id = :run",
+                ExpressionAttributeNames=_names("run_id"),
+                ExpressionAttributeValues={":run": _s(run_id)},
+                Limit=size,
+                **extra,
+            )
+            pks = [item["pk"]["S"] for item in response.get("Items", [])]
+            items = self._batch_get(pks)
+            for pk in pks:
+                # The index may lag an owner change; the consistent re-read has the last word.
+                entry = _entry(items[pk]) if pk in items else None
+                if entry is not None and entry.state == state and entry.run_id == run_id:
+                    yield entry
+            start = response.get("LastEvaluatedKey")
+            if not start:
+                return
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult:
         """Claim each absent key for ``run_id``; see :class:`ClaimResult` for the answer.

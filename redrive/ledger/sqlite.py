@@ -15,6 +15,7 @@ from typing import Any, TypeGuard, TypeVar
 
 from redrive.errors import LedgerError
 from redrive.ledger.base import (
+    KEY_PAGE,
     Claim,
     ClaimResult,
     Entry,
@@ -23,6 +24,7 @@ from redrive.ledger.base import (
     RunInfo,
     check_key,
     check_outcome,
+    check_page_size,
     ledger_closed,
     run_not_open,
 )
@@ -685,6 +687,33 @@ class SqliteLedger(Ledger):
                 (run_id,),
             ).fetchall()
         return [_entry(r) for r in rows]
+
+    def iter_keys(
+        self, state: KeyState, *, run_id: str | None = None, page_size: int = KEY_PAGE
+    ) -> Iterator[Entry]:
+        """Keys in ``state`` (of ``run_id`` only, when given), in the order of their claims,
+        ``page_size`` rows per read."""
+        check_page_size(page_size)
+        return self._key_pages(KeyState(state), run_id, page_size)
+
+    def _key_pages(self, state: KeyState, run_id: str | None, size: int) -> Iterator[Entry]:
+        # Keyset pages on the rowid (claim order; with a run, along its index), each page
+        # its own read transaction: a reader slow to consume holds no snapshot open, and
+        # nothing waits on it.
+        where = "state = ? AND id > ?" + (" AND run_id = ?" if run_id is not None else "")
+        after = 0
+        while True:
+            params: tuple[Any, ...] = (str(state), after) + (() if run_id is None else (run_id,))
+            with self._read("list keys") as conn:
+                rows = conn.execute(
+                    f"SELECT id, {_KEY_COLUMNS} FROM keys WHERE {where} ORDER BY id LIMIT ?",
+                    (*params, size),
+                ).fetchall()
+            for row in rows:
+                yield _entry(row[1:])
+            if len(rows) < size:
+                return
+            after = rows[-1][0]
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult:
         """Claim each absent key for ``run_id``; see :class:`ClaimResult` for the answer.

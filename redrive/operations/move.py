@@ -187,6 +187,12 @@ class Listed:
         }
 
 
+def listed_json(name: str, count: int, listing: Sequence[object]) -> dict[str, Any]:
+    """How much of a capped list (at most :data:`MAX_LISTED`) the JSON holds: ``NAME_listed``
+    (its length) and ``NAME_truncated`` (whether ``count``, NAME's total, is more)."""
+    return {f"{name}_listed": len(listing), f"{name}_truncated": count > len(listing)}
+
+
 @dataclass(slots=True)
 class TaskCounts:
     matched: int = 0
@@ -303,9 +309,12 @@ class MoveResult:
             "by_task": self.by_task,
             "tasks": {task: c.to_json() for task, c in sorted(self.tasks.items())},
             "in_doubt_messages": [m.to_json() for m in self.in_doubt_messages],
+            **listed_json("in_doubt", self.in_doubt, self.in_doubt_messages),
             "failed_messages": [m.to_json() for m in self.failed_messages],
+            **listed_json("failed", self.failed, self.failed_messages),
             "ambiguous": self.ambiguous,
             "ambiguous_messages": [m.to_json() for m in self.ambiguous_messages],
+            **listed_json("ambiguous", self.ambiguous, self.ambiguous_messages),
             "no_target": (
                 {"reason": self.no_target_reason, "candidates": self.no_target_candidates}
                 if self.skipped[NO_TARGET]

@@ -130,3 +130,45 @@ def deleted_text(run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any]
             )
         )
     return lines
+
+
+# -- ledger in-doubt -------------------------------------------------------------------------
+
+IN_DOUBT_HEADERS = ("message id", "task id", "task")
+# A row is printed as it is read (no table can be measured first): SQS's MessageIds and
+# Celery's task ids are UUIDs, and the task, the one long value, goes last.
+_ID_WIDTH = 36
+
+
+def in_doubt_head(location: str) -> str:
+    return (
+        f"in doubt in ledger {printable(location)}: claimed by a run that ended before SQS "
+        "confirmed the send, so the task may already be in its queue; each message is still "
+        "in its DLQ\n" + in_doubt_row(IN_DOUBT_HEADERS)
+    )
+
+
+def in_doubt_row(cells: Sequence[str | None]) -> str:
+    message_id, task_id, task = (printable(c or "-") for c in cells)
+    return f"{message_id:<{_ID_WIDTH}}  {task_id:<{_ID_WIDTH}}  {task}".rstrip()
+
+
+def in_doubt_foot(location: str, listed: int, busy: int, *, run_id: str | None = None) -> str:
+    """What follows the listed rows: what to do with them, or that nothing is in doubt."""
+    live = f"{busy} claimed by runs still live: being sent now, not in doubt" if busy else ""
+    if not listed:
+        where = f" by run {printable(run_id)}" if run_id else ""
+        return f"nothing in doubt{where} in ledger {printable(location)}" + (
+            f" ({live})" if live else ""
+        )
+    return "\n".join(
+        [
+            "",
+            *([f"({busy} more {live.partition(' ')[2]})"] if busy else []),
+            f"{listed} message(s) in doubt. For each, find out whether its task ran (its task "
+            "id in the workers' logs or the result backend), then `redrive move TARGET "
+            "--message-id ID --in-doubt skip --execute` if it ran, `--in-doubt resend` if it "
+            "did not (TARGET: the one the run moved, as `redrive audit RUN_ID` shows). --json "
+            "adds each one's key, target queue, run and time of claim.",
+        ]
+    )

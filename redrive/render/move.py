@@ -3,10 +3,13 @@ that matched nothing, archive damage)."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from redrive.archive import DamageReport
+from redrive.ledger import default_ledger_path
 from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
@@ -20,8 +23,11 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
     if result.tasks:
         lines += ["", _tasks_table(result, verb, would)]
     lines += _in_doubt_lines(result)
+    lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result)
+    lines += cut_lines(result.failed, result.failed_messages, FAILED_REST)
     lines += _ambiguous_lines(result)
+    lines += cut_lines(result.ambiguous, result.ambiguous_messages, AMBIGUOUS_REST)
     lines += _skipped_lines(result)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb))
@@ -82,6 +88,31 @@ def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
 def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
     """A section naming messages, one table row each; nothing when there are none."""
     return ["", intro, table(rows, headers)] if rows else []
+
+
+FAILED_REST = (
+    "all of them are still in the DLQ, and a rerun sends them again (the ledger keeps no "
+    "record of a refused send)"
+)
+AMBIGUOUS_REST = (
+    "all of them are still in the DLQ; a dry run narrowed with --task, --older-than or "
+    "--newer-than lists the rest (the ledger keeps no record of held copies)"
+)
+
+
+def in_doubt_rest(ledger: str | None) -> str:
+    """Where the in-doubt messages a summary leaves out are listed: the ledger's command."""
+    command = "redrive ledger in-doubt"
+    if ledger is not None and ledger != f"sqlite://{default_ledger_path().absolute()}":
+        command += f" --ledger {shlex.quote(ledger)}"
+    return f"`{command}` lists them all"
+
+
+def cut_lines(count: int, listing: Sequence[object], rest: str) -> list[str]:
+    """Under a list cut at MAX_LISTED: how much of it is shown, and where the rest is."""
+    if count <= len(listing):
+        return []
+    return [f"{len(listing)} of {count} shown: {rest}"]
 
 
 def _in_doubt_lines(result: MoveResult) -> list[str]:

@@ -66,6 +66,8 @@ def _change_line(c: Change) -> str:
     if c.previous_messages is None:
         return f"{slack_text(c.family)}: first report"
     new = ", ".join(slack_code(t) for t in list(c.new_tasks)[:5])
+    if len(c.new_tasks) > 5:
+        new += f" and {len(c.new_tasks) - 5} more"
     return f"{slack_text(c.family)}: {c.delta:+d}" + (f" (new: {new})" if new else "")
 
 

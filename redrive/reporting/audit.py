@@ -97,7 +97,8 @@ def _child_of(run: RunInfo) -> str | None:
     return parent if isinstance(parent, str) else None
 
 
-def show_run(ledger: Ledger, run_id: str) -> RunDetail:
+def find_run(ledger: Ledger, run_id: str) -> RunInfo:
+    """The run ``run_id`` names: its id, or a prefix of one command's run id."""
     run = ledger.run(run_id)
     if run is None:
         matches = [r for r in ledger.runs() if r.run_id.startswith(run_id) and not _child_of(r)]
@@ -106,11 +107,23 @@ def show_run(ledger: Ledger, run_id: str) -> RunDetail:
                 f"no run {run_id} in the ledger {ledger.location}: `redrive audit` lists them"
             )
         run = matches[0]
-    keys = ledger.keys_for_run(run.run_id)
-    # A --processes run's keys are its processes' (runs PARENT.1, PARENT.2, ...).
-    for child in ledger.runs(since=run.started_at - 1):
-        if _child_of(child) == run.run_id:
-            keys.extend(ledger.keys_for_run(child.run_id))
+    return run
+
+
+def own_runs(ledger: Ledger, run: RunInfo) -> list[str]:
+    """The ids of the runs whose keys are ``run``'s: its own and, for a --processes run,
+    its processes' (runs PARENT.1, PARENT.2, ...)."""
+    children = [
+        child.run_id
+        for child in ledger.runs(since=run.started_at - 1)
+        if _child_of(child) == run.run_id
+    ]
+    return [run.run_id, *children]
+
+
+def show_run(ledger: Ledger, run_id: str) -> RunDetail:
+    run = find_run(ledger, run_id)
+    keys = [key for owner in own_runs(ledger, run) for key in ledger.keys_for_run(owner)]
     return RunDetail(run=run, keys=keys)
 
 
@@ -123,7 +136,19 @@ def run_json(run: RunInfo) -> dict[str, Any]:
         "outcome": run.outcome or "running or crashed",
         "info": run.info,
         "counts": run.counts,
+        **_deleted_cut(run),
     }
+
+
+def _deleted_cut(run: RunInfo) -> dict[str, Any]:
+    """How much of what a purge deleted its record lists (the first DELETED_KEPT), as every
+    capped list in the JSON says it: ``deleted_listed`` and ``deleted_truncated``."""
+    deleted = (run.info or {}).get("deleted")
+    if not isinstance(deleted, list):
+        return {}
+    total = run.counts.get("purged", len(deleted))
+    total = total if isinstance(total, int) else len(deleted)
+    return {"deleted_listed": len(deleted), "deleted_truncated": total > len(deleted)}
 
 
 def entry_json(entry: Entry) -> dict[str, Any]:
