@@ -830,8 +830,23 @@ def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
         assert result is not None  # an empty plan is not rendered
         text = purge_text(result)
     if applied.gone:
-        text += (
-            f"\n\n{applied.gone} of the plan's {applied.planned} message(s) are no longer in "
-            "the DLQ (already acted on, or removed by someone else): left as they are"
-        )
+        text += "\n\n" + gone_text(applied)
     return text
+
+
+def gone_text(applied: ApplyResult) -> str:
+    """What became of the plan's messages no longer in the DLQ, as far as the ledger knows."""
+    gone, sent = applied.gone, applied.gone_sent
+    head = f"{gone} of the plan's {applied.planned} message(s) are no longer in the DLQ"
+    if sent is not None and sent >= gone:
+        return (
+            f"{head}: the ledger records every one of them as sent (this plan was applied "
+            "already, or another run moved them); nothing is left to do for them"
+        )
+    if sent:
+        return (
+            f"{head}: the ledger records {sent} of them as sent (moved already); the other "
+            f"{gone - sent} were removed otherwise (a purge, a consumer, or a run with another "
+            "ledger): left as they are"
+        )
+    return f"{head} (already acted on, or removed by someone else): left as they are"

@@ -17,7 +17,7 @@ from redrive.celery.knowledge import TaskKnowledge
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import UsageProblem
-from redrive.ledger import Ledger
+from redrive.ledger import KeyState, Ledger
 from redrive.operations.move import (
     DEFAULT_LEASE,
     DEFAULT_MAX_REDRIVES,
@@ -61,6 +61,9 @@ class ApplyResult:
     dry_run: bool = True
     spread: ProcessesResult[Any] | None = None
     """With ``--processes``: how its processes ended (``result`` is their merged one)."""
+    gone_sent: int | None = None
+    """How many of the gone messages the ledger records as sent (an earlier apply or move
+    moved them); None when it cannot say (no ledger, or a purge plan, which sends nothing)."""
 
     @property
     def gone(self) -> int:
@@ -84,7 +87,7 @@ class ApplyResult:
                 "gone": 0,
             }
         data = self.spread.to_json() if self.spread is not None else self.result.to_json()
-        data.update(planned=self.planned, gone=self.gone)
+        data.update(planned=self.planned, gone=self.gone, gone_sent=self.gone_sent)
         return data
 
 
@@ -173,7 +176,8 @@ def apply_plan(
             receive_log=receive_log,
         )
         result = engine.run()
-        return ApplyResult("move", len(plan.items), result, result.dry_run)
+        applied = ApplyResult("move", len(plan.items), result, result.dry_run)
+        return _with_gone(applied, plan, ledger)
     result = run_purge(
         target,
         options,
@@ -186,7 +190,7 @@ def apply_plan(
         stop=stop,
         receive_log=receive_log,
     )
-    return ApplyResult("purge", len(plan.items), result, result.dry_run)
+    return _with_gone(ApplyResult("purge", len(plan.items), result, result.dry_run), plan, ledger)
 
 
 def _apply_in_processes(
@@ -226,4 +230,26 @@ def _apply_in_processes(
             stop=stop,
         )
         kind = "purge"
-    return ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)
+    applied = ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)
+    return _with_gone(applied, plan, ledger)
+
+
+def _with_gone(applied: ApplyResult, plan: Plan, ledger: Ledger | None) -> ApplyResult:
+    """The plan's messages the scan did not find are gone, not --message-id values that
+    matched nothing (the plan's ids are its selection; no one typed them): the run's misses
+    give way to ``gone``, and the ledger says how many of them it records as sent."""
+    result = applied.result
+    if result is None:
+        return applied
+    missing = result.misses.ids_missing if result.misses is not None else frozenset()
+    result.misses = None
+    if ledger is None or applied.kind != "move":
+        return applied
+    items = [i for i in plan.items if i.key is not None and i.message_id in missing]
+    entries = ledger.get_many(list({i.key for i in items if i.key is not None}))
+    applied.gone_sent = sum(
+        1
+        for i in items
+        if i.key in entries and entries[i.key].state in (KeyState.SENT, KeyState.DONE)
+    )
+    return applied
