@@ -639,6 +639,17 @@ def refuse_damaged_archive(
         emit_json(
             {"dry_run": not execute, "archive": source, "replayed": 0, "damaged": report.to_json()}
         )
+    if report.not_an_archive:
+        raise click.ClickException(
+            f"{source} is not a redrive archive: {report.first.text}; nothing was replayed: "
+            "check the path (purge and archive write .jsonl.gz files, or an s3:// prefix)"
+        )
+    if not report.readable:
+        # --allow-partial would replay nothing: no way to offer.
+        raise click.ClickException(
+            f"{report.describe()}; nothing was replayed, and no record reads cleanly: "
+            "restore the archive from a copy"
+        )
     raise click.ClickException(
         f"{report.describe()}; nothing was replayed: restore the archive from a copy, or "
         f"replay the {report.readable} record(s) that read cleanly with --allow-partial"
@@ -825,7 +836,7 @@ def run_apply(
 def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
     result = applied.result
     if isinstance(result, MoveResult):
-        text = routed_text(knowledge, move_text(result))
+        text = routed_text(knowledge, move_text(result, plan=True))
     else:
         assert result is not None  # an empty plan is not rendered
         text = purge_text(result)

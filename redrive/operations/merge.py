@@ -86,6 +86,8 @@ def merge_move_results(
         if merged.no_target_reason is None and part.no_target_reason is not None:
             merged.no_target_reason = part.no_target_reason
             merged.no_target_candidates = list(part.no_target_candidates)
+            merged.no_target_missing = part.no_target_missing
+            merged.no_target_by_route = part.no_target_by_route
     names = sorted({name for part in parts for name in part.tasks})
     merged.tasks = {
         name: merge_task_counts([p.tasks[name] for p in parts if name in p.tasks]) for name in names

@@ -13,7 +13,8 @@ from redrive.render.selection import misses_text
 from redrive.render.tables import printable, table
 
 
-def move_text(result: MoveResult, *, verb: str = "move") -> str:
+def move_text(result: MoveResult, *, verb: str = "move", plan: bool = False) -> str:
+    """``plan``: the run applied a plan (``apply``), whose advice is a new plan, not --to."""
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
     lines = [_move_head(result, verb, would)]
@@ -22,7 +23,7 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
     lines += _in_doubt_lines(result)
     lines += _failed_lines(result)
     lines += _ambiguous_lines(result)
-    lines += _skipped_lines(result)
+    lines += _skipped_lines(result, verb, plan)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb))
     lines += _still_hidden_lines(result)
@@ -114,22 +115,12 @@ def _ambiguous_lines(result: MoveResult) -> list[str]:
     )
 
 
-def _skipped_lines(result: MoveResult) -> list[str]:
+def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
     """What to do about messages skipped as no-target, unregistered, not-celery or
     already-succeeded."""
     lines: list[str] = []
     if result.skipped.get("no-target"):
-        reason = result.no_target_reason or "their source queue is ambiguous"
-        candidates = (
-            f" (one of: {', '.join(result.no_target_candidates)})"
-            if result.no_target_candidates
-            else ""
-        )
-        lines += [
-            "",
-            f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
-            f"pass --to QUEUE{candidates} to send them there.",
-        ]
+        lines += ["", _no_target_line(result, verb, plan)]
     if result.skipped.get("unregistered"):
         lines += [
             "",
@@ -155,6 +146,33 @@ def _skipped_lines(result: MoveResult) -> list[str]:
             "--include-succeeded to send them anyway.",
         ]
     return lines
+
+
+def _no_target_line(result: MoveResult, verb: str, plan: bool) -> str:
+    """Why messages had nowhere to go, and only ways that give them somewhere: never --to
+    a queue that does not exist, nor an option the command does not have."""
+    head = f"{result.skipped['no-target']} message(s) skipped as no-target: "
+    head += result.no_target_reason or "their source queue is ambiguous"
+    if plan:
+        to = (
+            f"make a plan that names an existing queue (`redrive move {result.target} --to "
+            "QUEUE --plan-out FILE`) and apply that"
+        )
+    elif result.no_target_missing:
+        to = "pass --to an existing queue"
+    elif result.no_target_candidates:
+        to = f"pass --to QUEUE (one of: {', '.join(result.no_target_candidates)})"
+    else:
+        to = "pass --to QUEUE"
+    ways = []
+    if result.no_target_missing:
+        ways.append(f"create queue {result.no_target_missing} and rerun")
+    if result.no_target_by_route and verb != "replay":
+        # A replay has no source queue to go back to: --route source is no way for it.
+        ways.append("pass --route source to send them back to their source queue")
+    if not ways:
+        return f"{head}: {to} to send them there."
+    return f"{head}. They stay in the DLQ: {', '.join(ways)}, or {to}."
 
 
 def targets_cell(counts: TaskCounts) -> str:
