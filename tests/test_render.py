@@ -275,6 +275,30 @@ def test_no_target_advice_only_offers_ways_that_work() -> None:
     assert plain.endswith("pass --to QUEUE to send them there.")
 
 
+def test_skip_advice_names_only_what_the_command_can_do() -> None:
+    """Issue 22, 15: a replay's messages are in an archive (purge cannot reach them there);
+    apply has no --include-expired, --include-unknown or --ambiguous (a new plan has)."""
+    skipped = move_result(
+        skipped=Counter({"not-celery": 1, "unregistered": 1, "already-succeeded": 1, "expired": 1}),
+        ambiguous_messages=[Listed("t", "id", "mid-1", "k", "copy?")],
+    )
+    skipped.skipped["ambiguous-copy"] = 1
+    replayed = move_text(skipped, verb="replay")
+    assert "purge" not in replayed.lower()
+    assert "redrive inspect ARCHIVE --show-args" in replayed
+    assert "They stay in the DLQ" not in replayed
+    assert "pass --include-unknown" in replayed and "pass --ambiguous move" in replayed
+    applied = move_text(skipped, plan=True)
+    for flag in ("--include-expired", "--include-unknown", "--ambiguous move"):
+        assert f"pass {flag}" not in applied and "moves them anyway" not in applied
+        assert f"`redrive move checkout {flag} --plan-out FILE`" in applied, flag
+    # apply does have --include-succeeded and --include-unregistered.
+    assert "pass --include-succeeded" in applied and "pass --include-unregistered" in applied
+    moved = move_text(skipped)
+    assert "redrive inspect checkout --show-args" in moved and "purge them (archived)" in moved
+    assert "--include-expired moves them anyway" in moved
+
+
 def test_move_text_replay_verb() -> None:
     result = move_result(matched=1, moved=1)
     assert "1 replayed" in move_text(result, verb="replay")

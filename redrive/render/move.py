@@ -22,10 +22,10 @@ def move_text(result: MoveResult, *, verb: str = "move", plan: bool = False) -> 
         lines += ["", _tasks_table(result, verb, would)]
     lines += _in_doubt_lines(result)
     lines += _failed_lines(result)
-    lines += _ambiguous_lines(result)
+    lines += _ambiguous_lines(result, verb, plan)
     lines += _skipped_lines(result, verb, plan)
     lines.extend(misses_text(result.misses, matched=result.matched))
-    lines.extend(expired_hint(result, verb))
+    lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
     if result.interrupted:
         lines.append("")
@@ -104,12 +104,29 @@ def _failed_lines(result: MoveResult) -> list[str]:
     )
 
 
-def _ambiguous_lines(result: MoveResult) -> list[str]:
+def _pass(result: MoveResult, flag: str, plan: bool) -> str:
+    """How to ask for ``flag``: pass it; after a plan (``apply`` has no such option), in a
+    new plan."""
+    if plan:
+        return f"make a new plan with it (`redrive move {result.target} {flag} --plan-out FILE`)"
+    return f"pass {flag}"
+
+
+def _stay(verb: str) -> str:
+    """Where skipped messages are, and how to clear them: an archive's stay in the archive,
+    and purge cannot reach them there."""
+    if verb == "replay":
+        return "They were not sent (they stay in the archive)"
+    return "They stay in the DLQ"
+
+
+def _ambiguous_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
+    copies = "leave them" if verb == "replay" else "purge them (archived)"
     return _listed(
         f"{result.ambiguous} message(s) held as possible copies: each shares the "
         "idempotency key of a task already sent, and nothing tells a copy of it from a "
-        "second publish of its task id. They stay in the DLQ. If they are new "
-        "invocations, rerun with --ambiguous move; if copies, purge them (archived):",
+        f"second publish of its task id. {_stay(verb)}. If they are new invocations, "
+        f"{_pass(result, '--ambiguous move', plan)} (rerun); if copies, {copies}:",
         [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
         ["task", "task id", "message id", "why"],
     )
@@ -121,29 +138,32 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
     lines: list[str] = []
     if result.skipped.get("no-target"):
         lines += ["", _no_target_line(result, verb, plan)]
+    # A replay's messages are in an archive: purge cannot reach them there.
+    purge = "" if verb == "replay" else "purge them (archived), or "
+    where = "ARCHIVE" if verb == "replay" else result.target
     if result.skipped.get("unregistered"):
         lines += [
             "",
             f"{result.skipped['unregistered']} message(s) skipped as unregistered: the Celery "
-            "app does not register their task, so a worker would drop them. They stay in the "
-            "DLQ: deploy the task again, purge them (archived), or pass --include-unregistered "
-            "to send them anyway.",
+            f"app does not register their task, so a worker would drop them. {_stay(verb)}: "
+            f"deploy the task again, {purge or 'or '}pass --include-unregistered to send them "
+            "anyway.",
         ]
     if result.skipped.get("not-celery"):
         lines += [
             "",
             f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies "
             "are not Celery tasks, so a Celery worker would drop them. Look at them with "
-            "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
-            "to send them anyway.",
+            f"`redrive inspect {where} --show-args`; {purge}"
+            f"{_pass(result, '--include-unknown', plan)} to send them anyway.",
         ]
     if result.skipped.get("already-succeeded"):
         lines += [
             "",
             f"{result.skipped['already-succeeded']} message(s) skipped as already-succeeded: "
             "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
-            "running them again would run the task twice. Purge them (archived), or pass "
-            "--include-succeeded to send them anyway.",
+            f"running them again would run the task twice. {_stay(verb)}: "
+            f"{purge}pass --include-succeeded to send them anyway.",
         ]
     return lines
 
@@ -219,11 +239,19 @@ def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> lis
     return lines
 
 
-def expired_hint(result: MoveResult, verb: str) -> list[str]:
-    """What to do about messages skipped as expired (the table only says ``expired: N``)."""
+def expired_hint(result: MoveResult, verb: str, *, plan: bool = False) -> list[str]:
+    """What to do about messages skipped as expired (the table only says ``expired: N``);
+    ``plan``: after ``apply``, which has no --include-expired of its own."""
     expired = result.skipped.get("expired", 0)
     if not expired:
         return []
+    if plan:
+        return [
+            "",
+            f"hint: {expired} message(s) skipped as expired: their Celery `expires` has passed, "
+            "so a worker would discard them. To move them anyway, "
+            f"{_pass(result, '--include-expired', plan)}",
+        ]
     clear = (
         ""
         if verb == "replay"
