@@ -16,7 +16,7 @@ from redrive.aws.sqs import Sqs
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
-from redrive.errors import UsageProblem
+from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import KeyState, Ledger
 from redrive.operations.move import (
     DEFAULT_LEASE,
@@ -157,12 +157,53 @@ def apply_plan(
     if not plan.items:
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
-    if processes > 1:
-        if wiring is None:
-            raise UsageProblem("--processes needs the processes' wiring")
-        return _apply_in_processes(
-            target, plan, options, ledger, record, observer, stop, processes, wiring
+    try:
+        if processes > 1:
+            if wiring is None:
+                raise UsageProblem("--processes needs the processes' wiring")
+            return _apply_in_processes(
+                target, plan, options, ledger, record, observer, stop, processes, wiring
+            )
+        return _apply_here(
+            target,
+            plan,
+            options,
+            sqs_factory,
+            ledger,
+            record,
+            s3_client_factory,
+            observer,
+            stop,
+            receive_log,
         )
+    except RedriveError as exc:
+        exc.partial = _partway(plan, exc.partial)
+        raise
+
+
+def _partway(plan: Plan, partial: object) -> ApplyResult | None:
+    """An apply an error stopped partway: what its run had done by then, as an apply's."""
+    kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
+    spread = partial if isinstance(partial, ProcessesResult) else None
+    result = spread.result if spread is not None else partial
+    if not isinstance(result, MoveResult | PurgeResult):
+        return None
+    result.misses = None  # the plan's ids are no --message-id values (see _with_gone)
+    return ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
+
+
+def _apply_here(
+    target: DlqTarget,
+    plan: Plan,
+    options: MoveOptions | PurgeOptions,
+    sqs_factory: Callable[[], Sqs],
+    ledger: Ledger | None,
+    record: RunRecord,
+    s3_client_factory: Callable[[], Any] | None,
+    observer: RunObserver[Any],
+    stop: threading.Event | None,
+    receive_log: ReceiveLog | None,
+) -> ApplyResult:
     result: MoveResult | PurgeResult
     if isinstance(options, MoveOptions):
         engine = MoveEngine(

@@ -755,6 +755,9 @@ class MoveEngine:
                     how: Outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                     with contextlib.suppress(Exception):
                         self._finish(self.sqs_factory(), scan, how, started)
+                    if isinstance(exc, RedriveError):
+                        # What it had done by then (the ledger's audit has the same counts).
+                        exc.partial = self.result
                     raise
                 outcome: Outcome = "interrupted" if self.stop.is_set() else "completed"
                 self._finish(sqs, scan, outcome, started)
@@ -836,13 +839,28 @@ class MoveEngine:
             return None
         received_at = time.monotonic()
         self.observer.on_step("received")
-        decided = self._decide(sqs, batch, received_at)
+        try:
+            decided = self._decide(sqs, batch, received_at)
+        except Exception:
+            # Its decision failed (a result backend, the ledger): hold it like the rest, so
+            # that the run's end gives it back at once instead of after its lease.
+            with contextlib.suppress(Exception):
+                self._scan.keep(sqs, batch)
+            raise
         if self._limit.reached:
             self._scan.stop_receiving()
         return decided
 
     def _complete(self, sqs: Sqs, decided: _Decided) -> None:
-        keep = self._execute(sqs, decided)
+        try:
+            keep = self._execute(sqs, decided)
+        except Exception:
+            # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
+            # run's end gives back at once what it did not delete (the ledger knows what it
+            # sent or claimed), instead of after its lease.
+            with contextlib.suppress(Exception):
+                self._scan.keep(sqs, decided.batch)
+            raise
         self._scan.keep(sqs, keep)
         self._tally.scanned(len(decided.batch))
         self.observer.on_progress(self.result)

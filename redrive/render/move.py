@@ -27,10 +27,21 @@ def move_text(result: MoveResult, *, verb: str = "move", plan: bool = False) -> 
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
-    if result.interrupted:
-        lines.append("")
-        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    lines += _stopped_lines(result.interrupted, result.error)
     return "\n".join(lines)
+
+
+def _stopped_lines(interrupted: bool, error: str | None) -> list[str]:
+    """How a run that did not finish ended: the summary covers what it did."""
+    if interrupted:
+        return ["", "interrupted: the summary covers what was done; rerun to resume"]
+    if error:
+        return [
+            "",
+            "stopped by the error below: the summary covers what was done before it; "
+            "rerun to resume once it is fixed",
+        ]
+    return []
 
 
 def _move_head(result: MoveResult, verb: str, would: str) -> str:
@@ -313,7 +324,5 @@ def purge_text(result: PurgeResult) -> str:
             "in the DLQ (rerun to delete them; replay skips what is already sent)"
         )
     lines.extend(misses_text(result.misses, matched=result.matched))
-    if result.interrupted:
-        lines.append("")
-        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    lines += _stopped_lines(result.interrupted, result.error)
     return "\n".join(lines)
