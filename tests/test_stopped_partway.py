@@ -174,3 +174,53 @@ def test_sqs_failing_mid_purge_still_gets_its_summary(
     assert "stopped by the error below" in result.stdout
     monkeypatch.setattr(Sqs, "receive", original)
     assert family.depth() == (MESSAGES - batches[0], 0)
+
+
+def test_an_apply_stopped_by_its_result_backend_says_what_it_did(
+    family: Family, tmp_path: Path, cli: Cli, dying_redis: tuple[str, list[int]]
+) -> None:
+    url, answered = dying_redis
+    seed(family)
+    plan = tmp_path / "plan.json"
+    cli.ok("move", "checkout", "--plan-out", str(plan))
+    answered.clear()  # the dry run's lookups: the server dies during the apply
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["apply", str(plan), "--execute", "--yes", "--workers", "1", "--ledger", str(ledger)]
+    result = cli(*args, "--result-backend", url, "--json")
+
+    assert result.exit_code == 1, result.output
+    assert "did not answer" in error_line(result)
+    data = json.loads(result.stdout)
+    moved = sum(answered)
+    assert 0 < moved < MESSAGES
+    assert (data["planned"], data["moved"]) == (MESSAGES, moved)
+    assert data["filter_misses"] is None and "did not answer" in data["error"]
+    assert len(sent(family)) == moved
+
+
+def test_a_replay_stopped_by_its_ledger_says_what_it_did(
+    family: Family, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed(family)
+    archive = tmp_path / "all.jsonl.gz"
+    cli.ok("archive", "checkout", "--archive", str(archive))
+    claims: list[int] = []
+    original = SqliteLedger.claim_many
+
+    def claim_many(self: SqliteLedger, run_id: str, batch: Any) -> Any:
+        if claims:
+            raise LedgerError(f"ledger {self.location} cannot be written: disk I/O error")
+        claims.append(len(batch))
+        return original(self, run_id, batch)
+
+    monkeypatch.setattr(SqliteLedger, "claim_many", claim_many)
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["replay", str(archive), "--to", "onion-checkout", "--execute", "--yes"]
+    result = cli(*args, "--workers", "1", "--ledger", str(ledger))
+
+    assert result.exit_code == 1, result.output
+    assert "disk I/O error" in error_line(result)
+    head = result.stdout.splitlines()[0]
+    assert f"{claims[0]} replayed" in head, result.stdout
+    assert "stopped by the error below" in result.stdout
+    assert len(sent(family)) == claims[0]

@@ -7,8 +7,9 @@ it matches the plan's filters now; a planned message no longer in the DLQ is *go
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -157,7 +158,7 @@ def apply_plan(
     if not plan.items:
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
-    try:
+    with _partway_as_apply(plan):
         if processes > 1:
             if wiring is None:
                 raise UsageProblem("--processes needs the processes' wiring")
@@ -168,34 +169,38 @@ def apply_plan(
             target,
             plan,
             options,
-            sqs_factory,
-            ledger,
-            record,
-            s3_client_factory,
-            observer,
-            stop,
-            receive_log,
+            sqs_factory=sqs_factory,
+            ledger=ledger,
+            record=record,
+            s3_client_factory=s3_client_factory,
+            observer=observer,
+            stop=stop,
+            receive_log=receive_log,
         )
+
+
+@contextlib.contextmanager
+def _partway_as_apply(plan: Plan) -> Iterator[None]:
+    """An apply an error stops partway: what its run had done by then goes with the error,
+    as an apply's result (the CLI prints it before the error)."""
+    try:
+        yield
     except RedriveError as exc:
-        exc.partial = _partway(plan, exc.partial)
+        partial = exc.partial
+        spread = partial if isinstance(partial, ProcessesResult) else None
+        result = spread.result if spread is not None else partial
+        if isinstance(result, MoveResult | PurgeResult):
+            result.misses = None  # the plan's ids are no --message-id values (_with_gone)
+            kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
+            exc.partial = ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
         raise
-
-
-def _partway(plan: Plan, partial: object) -> ApplyResult | None:
-    """An apply an error stopped partway: what its run had done by then, as an apply's."""
-    kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
-    spread = partial if isinstance(partial, ProcessesResult) else None
-    result = spread.result if spread is not None else partial
-    if not isinstance(result, MoveResult | PurgeResult):
-        return None
-    result.misses = None  # the plan's ids are no --message-id values (see _with_gone)
-    return ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
 
 
 def _apply_here(
     target: DlqTarget,
     plan: Plan,
     options: MoveOptions | PurgeOptions,
+    *,
     sqs_factory: Callable[[], Sqs],
     ledger: Ledger | None,
     record: RunRecord,
@@ -204,6 +209,7 @@ def _apply_here(
     stop: threading.Event | None,
     receive_log: ReceiveLog | None,
 ) -> ApplyResult:
+    """The plan's run in this process."""
     result: MoveResult | PurgeResult
     if isinstance(options, MoveOptions):
         engine = MoveEngine(
