@@ -287,7 +287,7 @@ def test_skip_advice_names_only_what_the_command_can_do() -> None:
     assert "purge" not in replayed.lower()
     assert "redrive inspect ARCHIVE --show-args" in replayed
     assert "They stay in the DLQ" not in replayed
-    assert "pass --include-unknown" in replayed and "pass --ambiguous move" in replayed
+    assert "pass --include-unknown" in replayed and "rerun with --ambiguous move" in replayed
     applied = move_text(skipped, plan=True)
     for flag in ("--include-expired", "--include-unknown", "--ambiguous move"):
         assert f"pass {flag}" not in applied and "moves them anyway" not in applied

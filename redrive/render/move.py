@@ -133,11 +133,12 @@ def _stay(verb: str) -> str:
 
 def _ambiguous_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
     copies = "leave them" if verb == "replay" else "purge them (archived)"
+    again = _pass(result, "--ambiguous move", plan) if plan else "rerun with --ambiguous move"
     return _listed(
         f"{result.ambiguous} message(s) held as possible copies: each shares the "
         "idempotency key of a task already sent, and nothing tells a copy of it from a "
         f"second publish of its task id. {_stay(verb)}. If they are new invocations, "
-        f"{_pass(result, '--ambiguous move', plan)} (rerun); if copies, {copies}:",
+        f"{again}; if copies, {copies}:",
         [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
         ["task", "task id", "message id", "why"],
     )
@@ -203,7 +204,7 @@ def _no_target_line(result: MoveResult, verb: str, plan: bool) -> str:
         ways.append("pass --route source to send them back to their source queue")
     if not ways:
         return f"{head}: {to} to send them there."
-    return f"{head}. They stay in the DLQ: {', '.join(ways)}, or {to}."
+    return f"{head}. {_stay(verb)}: {', '.join(ways)}, or {to}."
 
 
 def targets_cell(counts: TaskCounts) -> str:
