@@ -246,12 +246,13 @@ def summary_if_stopped(
     """A run that a core error (a result backend, the ledger, SQS gone mid-run) stopped
     partway says what it had done, as an interrupted one does: its summary (text, or JSON
     with its ``error``) on stdout, then the error's one line, raised on for its exit code.
+    One that got nowhere (its first call refused: ``acted`` false) has only the error to say.
     ``kinds``: the results ``render`` takes; ``before``: ends the progress line first."""
     try:
         yield
     except RedriveError as exc:
         partial = exc.partial
-        if isinstance(partial, kinds):
+        if isinstance(partial, kinds) and getattr(partial, "acted", True):
             before()
             if as_json:
                 emit_json(cast(Finished, partial).to_json())

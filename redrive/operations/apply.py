@@ -75,6 +75,10 @@ class ApplyResult:
         return self.result is not None and self.result.interrupted
 
     @property
+    def acted(self) -> bool:
+        return self.result is not None and self.result.acted
+
+    @property
     def needs_attention(self) -> bool:
         if self.spread is not None:
             return self.spread.needs_attention

@@ -270,6 +270,12 @@ class MoveResult:
     def needs_attention(self) -> bool:
         return bool(self.failed or self.in_doubt or self.ambiguous)
 
+    @property
+    def acted(self) -> bool:
+        """Whether the run got anywhere (a summary of it says something): a batch gone
+        through, or a message sent, deleted, failed or left in doubt."""
+        return bool(self.scanned or self.moved or self.duplicates or self.failed or self.in_doubt)
+
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""
         return {

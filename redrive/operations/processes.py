@@ -407,6 +407,10 @@ class ProcessesResult(Generic[Res]):
         return self.result.interrupted
 
     @property
+    def acted(self) -> bool:
+        return bool(getattr(self.result, "acted", True))
+
+    @property
     def died(self) -> list[ChildStatus]:
         return [c for c in self.children if c.died]
 

@@ -97,6 +97,11 @@ class PurgeResult:
     def in_doubt(self) -> int:
         return 0
 
+    @property
+    def acted(self) -> bool:
+        """Whether the run got anywhere (a summary of it says something)."""
+        return bool(self.scanned or self.archived or self.purged or self.failed)
+
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""
         return {

@@ -128,6 +128,10 @@ class ReplayResult:
     def needs_attention(self) -> bool:
         return self.move.needs_attention
 
+    @property
+    def acted(self) -> bool:
+        return self.move.acted
+
     def to_json(self) -> dict[str, Any]:
         """The engine's JSON, in the words of a replay: ``replayed``, ``already_sent``,
         ``archive``, ``damaged``."""
