@@ -10,6 +10,11 @@ from __future__ import annotations
 class RedriveError(Exception):
     """Base of every error redrive raises on purpose."""
 
+    partial: object | None = None
+    """What the run this error stopped partway had done by then (its result, counted so
+    far), set by the run as the error passes through it: the CLI prints that summary
+    before the error's line, as it does for an interrupted run."""
+
 
 class UsageProblem(RedriveError):
     """The command line asks for something that cannot work (exit 2)."""

@@ -137,6 +137,9 @@ class FilterMisses:
     """--message-id values no scanned message had (at most SHOWN_IDS of them)."""
     ids_not_seen_count: int
     ids_given: int
+    ids_missing: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+    """Every --message-id value no scanned message had (bounded by the ids given): what a
+    plan's apply reports as gone."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,6 +201,7 @@ class Sightings:
             ids_not_seen=tuple(not_seen[:SHOWN_IDS]),
             ids_not_seen_count=len(not_seen),
             ids_given=len(self.selection.message_ids),
+            ids_missing=frozenset(not_seen),
         )
 
 

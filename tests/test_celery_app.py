@@ -565,6 +565,46 @@ def test_a_route_to_a_queue_that_does_not_exist_keeps_the_task_as_no_target(
     assert done["tasks"][ACTIVATE]["skipped"] == {"no-target": 1}
     assert "onion-gone" in done["no_target"]["reason"]
     assert done["tasks"][IBFT]["targets"] == {"onion": 2}, "no route: the default queue"
+    # Issue 22, 15: the advice is a way that works, not --to the queue that is missing.
+    assert done["no_target"]["candidates"] == []
+    text = cli.ok("move", "default", "--celery-app", spec + ":app").output
+    line = next(line for line in text.splitlines() if "skipped as no-target" in line)
+    assert "--to QUEUE (one of: onion-gone)" not in line and "--to onion-gone" not in line
+    assert "create queue onion-gone" in line and "pass --route source" in line
+    assert "pass --to an existing queue" in line
+
+
+def test_a_router_that_raises_is_one_sentence_of_advice(
+    project: Path, all_families: dict[str, Family], cli: Cli
+) -> None:
+    extra = (
+        "def broken(name, args, kwargs, options, task=None, **kw):\n"
+        "    raise ValueError('no route table')\n"
+        "app.conf.task_routes = (broken,)\n"
+    )
+    spec = write_app(project, SPLIT_APP.format(extra=extra))
+    seed_before_the_split(all_families["default"])
+    text = cli.ok("move", "default", "--celery-app", spec + ":app").output
+    line = next(line for line in text.splitlines() if "skipped as no-target" in line)
+    assert "ValueError: no route table" in line
+    assert line.count("--route source") == 1 and line.count("--to QUEUE") == 1, line
+    assert ": pass --to" not in line.split("--route source")[0], "no advice twice"
+
+
+def test_apply_of_a_plan_whose_target_is_gone_offers_what_apply_can_do(
+    project: Path, all_families: dict[str, Family], tmp_path: Path, cli: Cli
+) -> None:
+    spec = split_app(project)
+    seed_before_the_split(all_families["default"])
+    plan = tmp_path / "plan.json"
+    cli.ok("move", "default", "--celery-app", spec, "--plan-out", str(plan))
+    progress = all_families["progress"]
+    progress.client.delete_queue(QueueUrl=progress.queue_url)
+    text = cli.ok("apply", str(plan)).output
+    line = next(line for line in text.splitlines() if "skipped as no-target" in line)
+    assert "create queue onion-progress" in line and "--route source" in line
+    assert "pass --to" not in line, "apply has no --to"
+    assert "--plan-out" in line
 
 
 def test_inspect_shows_routes_to_and_unregistered_per_group(
@@ -633,6 +673,12 @@ def test_replay_without_to_sends_each_task_where_it_routes(
     assert bodies_in(default, all_families["checkout"].queue_url) == {IBFT: 2}
     assert bodies_in(default, all_families["progress"].queue_url) == {LESSON: 1}
     assert bodies_in(default, default.queue_url) == {ACTIVATE: 1}
+    # Issue 22, 15: an archive is not a queue anything dead-letters into.
+    text = cli.ok("replay", str(archive), "--celery-app", spec).output
+    line = next(line for line in text.splitlines() if "skipped as no-target" in line)
+    assert str(archive.name) not in line and "dead-letters into" not in line
+    assert "not Celery tasks" in line and "pass --to QUEUE" in line
+    assert "--route source" not in line
 
 
 # -- 4. check --celery: each finding from a real app configured that way ---------------------

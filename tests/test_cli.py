@@ -766,6 +766,8 @@ def test_throttling_that_outlasts_retries(
     fail_operation(monkeypatch, "ReceiveMessage", "ThrottlingException", 400)
     line = assert_one_error(cli("inspect", "checkout"), EXIT_ERROR, "throttl", "ReceiveMessage")
     assert "rerun" in line
+    # Issue 22, 15: inspect has --workers but no --rate; only move and replay have one.
+    assert "fewer --workers (for move and replay, or a lower --rate)" in line
 
 
 def test_rejected_credentials(family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli) -> None:

@@ -368,3 +368,41 @@ def _delete_message(family: Family, message_id: str) -> None:
                 QueueUrl=family.dlq_url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
             )
     assert found
+
+
+def test_a_second_apply_says_the_plans_messages_are_gone_not_message_ids(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    """Issue 22, 16: no --message-id was given, so none "matched no message scanned"; the
+    plan's messages are gone, and the ledger says which ones it sent."""
+    for n in range(3):
+        charge(family, n)
+    path = tmp_path / "p.json"
+    cli.ok("move", "checkout", "--plan-out", str(path))
+    first = as_json(cli.ok("apply", str(path), "--execute", "--yes", "--json"))
+    assert (first["planned"], first["gone"], first["moved"]) == (3, 0, 3)
+    assert first["gone_sent"] == 0
+
+    again = cli.ok("apply", str(path), "--execute", "--yes")
+    assert "--message-id" not in again.output
+    assert "3 of the plan's 3 message(s) are no longer in the DLQ" in again.output
+    assert "the ledger records every one of them as sent" in again.output
+    data = as_json(cli.ok("apply", str(path), "--json"))
+    assert (data["gone"], data["gone_sent"], data["moved"]) == (3, 3, 0)
+    assert data["filter_misses"] is None
+
+
+def test_apply_tells_sent_from_removed_otherwise(family: Family, tmp_path: Path, cli: Cli) -> None:
+    removed = charge(family, 0)
+    charge(family, 1)
+    path = tmp_path / "p.json"
+    cli.ok("move", "checkout", "--plan-out", str(path))
+    _delete_message(family, removed)  # someone else's purge
+    first = cli.ok("apply", str(path), "--execute", "--yes")
+    assert "--message-id" not in first.output
+    assert "1 of the plan's 2 message(s) are no longer in the DLQ (already acted on" in first.output
+    again = cli.ok("apply", str(path), "--execute", "--yes")
+    assert "--message-id" not in again.output
+    assert "the ledger records 1 of them as sent (moved already); the other 1 were removed" in (
+        again.output
+    )

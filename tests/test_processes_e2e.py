@@ -742,3 +742,45 @@ def test_an_error_in_the_processes_is_one_line_and_exit_1(
     errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "onion-checkout-dlq" in errors[0], stderr
     assert ledger_states(ledger)["claimed"] == 0
+
+
+def test_a_child_stopped_by_an_error_still_counts_in_the_summary(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Issue 22, 11, with --processes: the child whose result backend answers with a record
+    it cannot read stops with that error; what every child had done by then is the summary,
+    the audit's counts, and what arrived. The unreadable record is in a real Redis."""
+    import redis
+    from result_backends import start_redis
+
+    dead = tasks(120, seed=23)
+    seed_dlq(checkout, dead)
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = start_redis(directory)
+    try:
+        client = redis.Redis(host="127.0.0.1", port=server.port)
+        client.set(f"celery-task-meta-{dead[60].ident}", b"\x00 not a Celery record")
+        client.close()
+        ledger = tmp_path / "ledger.sqlite3"
+        args = [*MOVE, "--ledger", str(ledger), "--processes", "2", "--workers", "1"]
+        result = redrive(fast, *args, "--result-backend", server.url(), timeout=120)
+    finally:
+        server.stop()
+
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"record of task {dead[60].ident} cannot be read" in errors[0]
+    data = json.loads(result.stdout)
+    assert data["processes"] == 2 and "cannot be read" in data["error"]
+    assert "failed" in [c["outcome"] for c in data["children"]], data["children"]
+    got = arrivals(checkout, by_body(dead))
+    assert set(got.values()) <= {1}, "no task twice"
+    assert data["moved"] == sum(got.values()) and data["in_doubt"] == 0
+    assert dead[60].ident not in got
+    assert ledger_states(ledger)["sent"] + ledger_states(ledger)["done"] == data["moved"]
+    audit = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))
+    [run] = audit["runs"]
+    assert run["outcome"] == "failed" and run["counts"]["moved"] == data["moved"]
+    assert checkout.depth() == (len(dead) - data["moved"], 0), "what was held is given back"

@@ -240,6 +240,65 @@ def test_move_text_lists_failures_and_notes() -> None:
     assert "interrupted" in text
 
 
+def no_target_line(text: str) -> str:
+    return next(line for line in text.splitlines() if "skipped as no-target" in line)
+
+
+def test_no_target_advice_only_offers_ways_that_work() -> None:
+    """Issue 22, 15: never --to a queue that does not exist, never an option the command
+    lacks, one sentence of advice."""
+    missing = move_result(
+        skipped=Counter({"no-target": 2}),
+        no_target_reason="task t routes to onion-gone (app a:app), which cannot be used: gone",
+        no_target_missing="onion-gone",
+        no_target_by_route=True,
+    )
+    line = no_target_line(move_text(missing))
+    assert "--to onion-gone" not in line and "one of: onion-gone" not in line
+    assert "create queue onion-gone" in line
+    assert "pass --route source" in line and "pass --to an existing queue" in line
+    # A replay has no source queue: --route source is no way for it.
+    replayed = no_target_line(move_text(missing, verb="replay"))
+    assert "--route source" not in replayed and "create queue onion-gone" in replayed
+    # apply has no --to: a new plan is the way.
+    applied = no_target_line(move_text(missing, plan=True))
+    assert "pass --to" not in applied
+    assert "redrive move checkout --to QUEUE --plan-out FILE" in applied
+    router = move_result(
+        skipped=Counter({"no-target": 1}),
+        no_target_reason="the router of a:app raised ValueError: boom for task t",
+        no_target_by_route=True,
+    )
+    line = no_target_line(move_text(router))
+    assert line.count("--route source") == 1 and line.count("--to QUEUE") == 1
+    plain = no_target_line(move_text(move_result(skipped=Counter({"no-target": 1}))))
+    assert plain.endswith("pass --to QUEUE to send them there.")
+
+
+def test_skip_advice_names_only_what_the_command_can_do() -> None:
+    """Issue 22, 15: a replay's messages are in an archive (purge cannot reach them there);
+    apply has no --include-expired, --include-unknown or --ambiguous (a new plan has)."""
+    skipped = move_result(
+        skipped=Counter({"not-celery": 1, "unregistered": 1, "already-succeeded": 1, "expired": 1}),
+        ambiguous_messages=[Listed("t", "id", "mid-1", "k", "copy?")],
+    )
+    skipped.skipped["ambiguous-copy"] = 1
+    replayed = move_text(skipped, verb="replay")
+    assert "purge" not in replayed.lower()
+    assert "redrive inspect ARCHIVE --show-args" in replayed
+    assert "They stay in the DLQ" not in replayed
+    assert "pass --include-unknown" in replayed and "rerun with --ambiguous move" in replayed
+    applied = move_text(skipped, plan=True)
+    for flag in ("--include-expired", "--include-unknown", "--ambiguous move"):
+        assert f"pass {flag}" not in applied and "moves them anyway" not in applied
+        assert f"`redrive move checkout {flag} --plan-out FILE`" in applied, flag
+    # apply does have --include-succeeded and --include-unregistered.
+    assert "pass --include-succeeded" in applied and "pass --include-unregistered" in applied
+    moved = move_text(skipped)
+    assert "redrive inspect checkout --show-args" in moved and "purge them (archived)" in moved
+    assert "--include-expired moves them anyway" in moved
+
+
 def test_move_text_replay_verb() -> None:
     result = move_result(matched=1, moved=1)
     assert "1 replayed" in move_text(result, verb="replay")

@@ -105,6 +105,19 @@ class DamageReport:
     def first(self) -> Damage:
         return self.places[0]
 
+    @property
+    def not_an_archive(self) -> bool:
+        """Nothing in it reads as an archive from its very first byte on: a file of another
+        kind (not gzip, not JSON Lines), not a damaged archive."""
+        first = self.first
+        return (
+            self.readable == 0
+            and first.records_read == 0
+            and first.offset in (None, 0)
+            and first.line in (None, 1)
+            and first.member in (None, 1)
+        )
+
     def describe(self) -> str:
         first = self.first
         where = first.where if first.location == self.source else f"{first.location}, {first.where}"

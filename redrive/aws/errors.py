@@ -185,7 +185,7 @@ def _answer_error(
     if code in THROTTLE_CODES:
         return AwsError(
             f"{service.upper()} kept throttling {action}{on} after retries: wait a minute "
-            "and rerun, with fewer --workers or a lower --rate"
+            "and rerun with fewer --workers (for move and replay, or a lower --rate)"
         )
     message = str(exc.response.get("Error", {}).get("Message", "")) or code
     return AwsError(f"{action}{on} failed: {code}: {one_line(message)}")

@@ -16,7 +16,7 @@ from redrive.aws.sqs import Sqs, queue_name
 from redrive.celery.registry import Registry
 from redrive.celery.routes import TaskRouter
 from redrive.dlq.queues import QueueRef, describe_queue
-from redrive.errors import AwsUnavailable, RedriveError
+from redrive.errors import AwsUnavailable, QueueNotFound, RedriveError
 from redrive.messages import UNKNOWN_TASK, TaskInfo
 from redrive.reporting.inspect import TaskGroup
 
@@ -27,12 +27,26 @@ UNREGISTERED = "unregistered"
 
 
 @dataclass(frozen=True, slots=True)
+class NoTarget:
+    """Why messages have no queue to go to (``no-target``), and what would give them one:
+    the summary builds its advice from these, so that every way it offers works."""
+
+    reason: str
+    candidates: tuple[str, ...] = ()
+    """Existing queues ``--to`` could name (the DLQ's source queues)."""
+    missing: str | None = None
+    """The queue named for them, which does not exist: creating it is a way."""
+    by_route: bool = False
+    """Their task's route (or a plan's target) named where they go: ``--route source``
+    (back to each message's source queue) is a way."""
+
+
+@dataclass(frozen=True, slots=True)
 class Routed:
-    """Where a task's route sends a message: ``queue``, or nowhere for ``problem``
-    (a reason and the candidate queues, as for ``no-target``)."""
+    """Where a task's route sends a message: ``queue``, or nowhere for ``problem``."""
 
     queue: QueueRef | None
-    problem: tuple[str, list[str]] | None = None
+    problem: NoTarget | None = None
 
 
 @dataclass
@@ -66,7 +80,7 @@ class TaskKnowledge:
         try:
             address = self.address_for(task)
         except RedriveError as exc:
-            return Routed(None, (f"{exc}: pass --route source or --to QUEUE", []))
+            return Routed(None, NoTarget(str(exc), by_route=True))
         if address is None:
             return None
         return self._resolve(sqs, address, f"task {task} routes to {queue_name(address)}")
@@ -83,10 +97,11 @@ class TaskKnowledge:
         except RedriveError as exc:
             routed = Routed(
                 None,
-                (
+                NoTarget(
                     f"{why} ({self.router.origin if self.router else 'plan'}), which cannot be "
                     f"used: {exc}",
-                    [queue_name(address)],
+                    missing=queue_name(address) if isinstance(exc, QueueNotFound) else None,
+                    by_route=True,
                 ),
             )
         with self._lock:

@@ -13,12 +13,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import click
 
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
+from redrive.errors import RedriveError
 from redrive.operations.observer import RunObserver
 from redrive.operations.run import Finished
 from redrive.shell import shell_join
@@ -270,6 +271,31 @@ def _command_index(words: list[str]) -> int:
 
 def next_step(words: str) -> str:
     return f"\nnothing was changed (dry run); to do it, run:\n  {words}"
+
+
+@contextlib.contextmanager
+def summary_if_stopped(
+    kinds: type | tuple[type, ...],
+    as_json: bool,
+    render: Callable[[Any], str],
+    before: Callable[[], None] = lambda: None,
+) -> Iterator[None]:
+    """A run that a core error (a result backend, the ledger, SQS gone mid-run) stopped
+    partway says what it had done, as an interrupted one does: its summary (text, or JSON
+    with its ``error``) on stdout, then the error's one line, raised on for its exit code.
+    One that got nowhere (its first call refused: ``acted`` false) has only the error to say.
+    ``kinds``: the results ``render`` takes; ``before``: ends the progress line first."""
+    try:
+        yield
+    except RedriveError as exc:
+        partial = exc.partial
+        if isinstance(partial, kinds) and getattr(partial, "acted", True):
+            before()
+            if as_json:
+                emit_json(cast(Finished, partial).to_json())
+            else:
+                click.echo(render(partial))
+        raise
 
 
 def finish_move(

@@ -26,6 +26,7 @@ from redrive.cli.console import (
     execute_command,
     finish_move,
     interruptible,
+    summary_if_stopped,
     warn,
 )
 from redrive.cli.context import (
@@ -233,8 +234,14 @@ def run_move(
     display = ProgressDisplay(Progress("move"), move_progress)
     observer: RunObserver[MoveResult] = Observers(display, writer) if writer else display
     outcome: MoveResult | ProcessesResult[MoveResult]
+    summary = summary_if_stopped(
+        (MoveResult, ProcessesResult),
+        as_json,
+        lambda partial: move_summary(partial, options.celery),
+        before=display.done,
+    )
     try:
-        with core_errors(), interruptible() as stop:
+        with core_errors(), interruptible() as stop, summary:
             outcome = move_once(ctx, dlq, ledger, options, observer, stop, record, processes)
     except BaseException:
         if writer is not None:
@@ -250,9 +257,16 @@ def run_move(
     finish_move(
         outcome,
         as_json,
-        lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
+        lambda: move_summary(outcome, options.celery),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
+
+
+def move_summary(
+    outcome: MoveResult | ProcessesResult[MoveResult], knowledge: TaskKnowledge | None
+) -> str:
+    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
+    return processes_text(outcome, routed_text(knowledge, move_text(result)))
 
 
 def move_once(
@@ -495,10 +509,17 @@ def finish_replay(
     finish_move(
         finished,
         as_json,
-        lambda: processes_text(finished, replay_text(outcome, knowledge)),
+        lambda: replay_summary(finished, knowledge),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
+
+
+def replay_summary(
+    finished: ReplayResult | ProcessesResult[ReplayResult], knowledge: TaskKnowledge | None
+) -> str:
+    outcome = finished.result if isinstance(finished, ProcessesResult) else finished
+    return processes_text(finished, replay_text(outcome, knowledge))
 
 
 def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None:
@@ -556,8 +577,14 @@ def run_replay(
         Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
     )
     outcome: ReplayResult | ProcessesResult[ReplayResult]
+    summary = summary_if_stopped(
+        (ReplayResult, ProcessesResult),
+        as_json,
+        lambda partial: replay_summary(partial, options.celery),
+        before=display.done,
+    )
     try:
-        with core_errors(), interruptible() as stop:
+        with core_errors(), interruptible() as stop, summary:
             try:
                 options = with_results(ctx, options)
                 outcome = replay_once(
@@ -639,6 +666,17 @@ def refuse_damaged_archive(
         emit_json(
             {"dry_run": not execute, "archive": source, "replayed": 0, "damaged": report.to_json()}
         )
+    if report.not_an_archive:
+        raise click.ClickException(
+            f"{source} is not a redrive archive: {report.first.text}; nothing was replayed: "
+            "check the path (purge and archive write .jsonl.gz files, or an s3:// prefix)"
+        )
+    if not report.readable:
+        # --allow-partial would replay nothing: no way to offer.
+        raise click.ClickException(
+            f"{report.describe()}; nothing was replayed, and no record reads cleanly: "
+            "restore the archive from a copy"
+        )
     raise click.ClickException(
         f"{report.describe()}; nothing was replayed: restore the archive from a copy, or "
         f"replay the {report.readable} record(s) that read cleanly with --allow-partial"
@@ -710,13 +748,18 @@ def apply(
             options = with_results(ctx, options)
         confirm_apply(ctx, dlq, options, yes)
         opened = apply_ledger(ctx, ledger, options)
-    result = run_apply(ctx, dlq, plan, options, opened, processes=processes)
+    knowledge = getattr(options, "celery", None)
+    result = run_apply(ctx, dlq, plan, options, opened, processes=processes, as_json=as_json)
     finish_move(
         result,
         as_json,
-        lambda: processes_text(result.spread, apply_text(result, getattr(options, "celery", None))),
+        lambda: apply_summary(result, knowledge),
         next_command=execute_command() if would_act(result) else None,
     )
+
+
+def apply_summary(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
+    return processes_text(applied.spread, apply_text(applied, knowledge))
 
 
 def would_act(applied: ApplyResult) -> bool:
@@ -791,6 +834,7 @@ def run_apply(
     ledger: Ledger | None,
     *,
     processes: int = 1,
+    as_json: bool = False,
 ) -> ApplyResult:
     info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
     display: ProgressDisplay
@@ -799,8 +843,14 @@ def run_apply(
     else:
         display = ProgressDisplay(Progress(dlq.label), purge_progress)
     observer: RunObserver[Any] = display
+    summary = summary_if_stopped(
+        ApplyResult,
+        as_json,
+        lambda partial: apply_summary(partial, getattr(options, "celery", None)),
+        before=display.done,
+    )
     try:
-        with core_errors(), interruptible() as stop:
+        with core_errors(), interruptible() as stop, summary:
             result = apply_plan(
                 dlq,
                 plan,
@@ -825,13 +875,28 @@ def run_apply(
 def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
     result = applied.result
     if isinstance(result, MoveResult):
-        text = routed_text(knowledge, move_text(result))
+        text = routed_text(knowledge, move_text(result, plan=True))
     else:
         assert result is not None  # an empty plan is not rendered
         text = purge_text(result)
     if applied.gone:
-        text += (
-            f"\n\n{applied.gone} of the plan's {applied.planned} message(s) are no longer in "
-            "the DLQ (already acted on, or removed by someone else): left as they are"
-        )
+        text += "\n\n" + gone_text(applied)
     return text
+
+
+def gone_text(applied: ApplyResult) -> str:
+    """What became of the plan's messages no longer in the DLQ, as far as the ledger knows."""
+    gone, sent = applied.gone, applied.gone_sent
+    head = f"{gone} of the plan's {applied.planned} message(s) are no longer in the DLQ"
+    if sent is not None and sent >= gone:
+        return (
+            f"{head}: the ledger records every one of them as sent (this plan was applied "
+            "already, or another run moved them); nothing is left to do for them"
+        )
+    if sent:
+        return (
+            f"{head}: the ledger records {sent} of them as sent (moved already); the other "
+            f"{gone - sent} were removed otherwise (a purge, a consumer, or a run with another "
+            "ledger): left as they are"
+        )
+    return f"{head} (already acted on, or removed by someone else): left as they are"

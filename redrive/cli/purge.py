@@ -15,6 +15,7 @@ from redrive.cli.console import (
     execute_command,
     finish_move,
     interruptible,
+    summary_if_stopped,
 )
 from redrive.cli.context import Context, core_errors, dlq_details, execute_record, pass_ctx
 from redrive.cli.options import (
@@ -65,8 +66,16 @@ def purge_command(
     display = ProgressDisplay(Progress(dlq.label), purge_progress)
     observer: RunObserver[PurgeResult] = Observers(display, plan) if plan else display
     outcome: PurgeResult | ProcessesResult[PurgeResult]
+    summary = summary_if_stopped(
+        (PurgeResult, ProcessesResult),
+        as_json,
+        lambda partial: processes_text(
+            partial, purge_text(partial.result if isinstance(partial, ProcessesResult) else partial)
+        ),
+        before=display.done,
+    )
     try:
-        with core_errors(), interruptible() as stop:
+        with core_errors(), interruptible() as stop, summary:
             outcome = purge_once(ctx, dlq, options, ledger, observer, stop, processes)
     except BaseException:
         if plan is not None:

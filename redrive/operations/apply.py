@@ -7,8 +7,9 @@ it matches the plan's filters now; a planned message no longer in the DLQ is *go
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,8 +17,8 @@ from redrive.aws.sqs import Sqs
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
-from redrive.errors import UsageProblem
-from redrive.ledger import Ledger
+from redrive.errors import RedriveError, UsageProblem
+from redrive.ledger import KeyState, Ledger
 from redrive.operations.move import (
     DEFAULT_LEASE,
     DEFAULT_MAX_REDRIVES,
@@ -61,6 +62,9 @@ class ApplyResult:
     dry_run: bool = True
     spread: ProcessesResult[Any] | None = None
     """With ``--processes``: how its processes ended (``result`` is their merged one)."""
+    gone_sent: int | None = None
+    """How many of the gone messages the ledger records as sent (an earlier apply or move
+    moved them); None when it cannot say (no ledger, or a purge plan, which sends nothing)."""
 
     @property
     def gone(self) -> int:
@@ -69,6 +73,10 @@ class ApplyResult:
     @property
     def interrupted(self) -> bool:
         return self.result is not None and self.result.interrupted
+
+    @property
+    def acted(self) -> bool:
+        return self.result is not None and self.result.acted
 
     @property
     def needs_attention(self) -> bool:
@@ -84,7 +92,7 @@ class ApplyResult:
                 "gone": 0,
             }
         data = self.spread.to_json() if self.spread is not None else self.result.to_json()
-        data.update(planned=self.planned, gone=self.gone)
+        data.update(planned=self.planned, gone=self.gone, gone_sent=self.gone_sent)
         return data
 
 
@@ -154,12 +162,58 @@ def apply_plan(
     if not plan.items:
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
-    if processes > 1:
-        if wiring is None:
-            raise UsageProblem("--processes needs the processes' wiring")
-        return _apply_in_processes(
-            target, plan, options, ledger, record, observer, stop, processes, wiring
+    with _partway_as_apply(plan):
+        if processes > 1:
+            if wiring is None:
+                raise UsageProblem("--processes needs the processes' wiring")
+            return _apply_in_processes(
+                target, plan, options, ledger, record, observer, stop, processes, wiring
+            )
+        return _apply_here(
+            target,
+            plan,
+            options,
+            sqs_factory=sqs_factory,
+            ledger=ledger,
+            record=record,
+            s3_client_factory=s3_client_factory,
+            observer=observer,
+            stop=stop,
+            receive_log=receive_log,
         )
+
+
+@contextlib.contextmanager
+def _partway_as_apply(plan: Plan) -> Iterator[None]:
+    """An apply an error stops partway: what its run had done by then goes with the error,
+    as an apply's result (the CLI prints it before the error)."""
+    try:
+        yield
+    except RedriveError as exc:
+        partial = exc.partial
+        spread = partial if isinstance(partial, ProcessesResult) else None
+        result = spread.result if spread is not None else partial
+        if isinstance(result, MoveResult | PurgeResult):
+            result.misses = None  # the plan's ids are no --message-id values (_with_gone)
+            kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
+            exc.partial = ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
+        raise
+
+
+def _apply_here(
+    target: DlqTarget,
+    plan: Plan,
+    options: MoveOptions | PurgeOptions,
+    *,
+    sqs_factory: Callable[[], Sqs],
+    ledger: Ledger | None,
+    record: RunRecord,
+    s3_client_factory: Callable[[], Any] | None,
+    observer: RunObserver[Any],
+    stop: threading.Event | None,
+    receive_log: ReceiveLog | None,
+) -> ApplyResult:
+    """The plan's run in this process."""
     result: MoveResult | PurgeResult
     if isinstance(options, MoveOptions):
         engine = MoveEngine(
@@ -173,7 +227,8 @@ def apply_plan(
             receive_log=receive_log,
         )
         result = engine.run()
-        return ApplyResult("move", len(plan.items), result, result.dry_run)
+        applied = ApplyResult("move", len(plan.items), result, result.dry_run)
+        return _with_gone(applied, plan, ledger)
     result = run_purge(
         target,
         options,
@@ -186,7 +241,7 @@ def apply_plan(
         stop=stop,
         receive_log=receive_log,
     )
-    return ApplyResult("purge", len(plan.items), result, result.dry_run)
+    return _with_gone(ApplyResult("purge", len(plan.items), result, result.dry_run), plan, ledger)
 
 
 def _apply_in_processes(
@@ -226,4 +281,26 @@ def _apply_in_processes(
             stop=stop,
         )
         kind = "purge"
-    return ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)
+    applied = ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)
+    return _with_gone(applied, plan, ledger)
+
+
+def _with_gone(applied: ApplyResult, plan: Plan, ledger: Ledger | None) -> ApplyResult:
+    """The plan's messages the scan did not find are gone, not --message-id values that
+    matched nothing (the plan's ids are its selection; no one typed them): the run's misses
+    give way to ``gone``, and the ledger says how many of them it records as sent."""
+    result = applied.result
+    if result is None:
+        return applied
+    missing = result.misses.ids_missing if result.misses is not None else frozenset()
+    result.misses = None
+    if ledger is None or applied.kind != "move":
+        return applied
+    items = [i for i in plan.items if i.key is not None and i.message_id in missing]
+    entries = ledger.get_many(list({i.key for i in items if i.key is not None}))
+    applied.gone_sent = sum(
+        1
+        for i in items
+        if i.key in entries and entries[i.key].state in (KeyState.SENT, KeyState.DONE)
+    )
+    return applied

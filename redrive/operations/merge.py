@@ -81,11 +81,11 @@ def merge_move_results(
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled
-        if merged.error is None:
-            merged.error = part.error
         if merged.no_target_reason is None and part.no_target_reason is not None:
             merged.no_target_reason = part.no_target_reason
             merged.no_target_candidates = list(part.no_target_candidates)
+            merged.no_target_missing = part.no_target_missing
+            merged.no_target_by_route = part.no_target_by_route
     names = sorted({name for part in parts for name in part.tasks})
     merged.tasks = {
         name: merge_task_counts([p.tasks[name] for p in parts if name in p.tasks]) for name in names
@@ -109,6 +109,7 @@ def _merge_common(
         merged.failed += part.failed
         merged.redelivered += part.redelivered
         merged.interrupted = merged.interrupted or part.interrupted
+        merged.error = merged.error or part.error
     merged.depth_before = max((p.depth_before or 0 for p in parts), default=0) or None
     merged.misses = sightings.misses() if sightings is not None else None
     # Each child counted what SQS still hid when it ended; the last to end saw its siblings'

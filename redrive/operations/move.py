@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 
 from redrive import attributes
 from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
-from redrive.celery.knowledge import TaskKnowledge, skip_reason
+from redrive.celery.knowledge import NoTarget, TaskKnowledge, skip_reason
 from redrive.celery.results import (
     ALREADY_SUCCEEDED,
     ResultLookup,
@@ -43,11 +43,11 @@ from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
 from redrive.durations import iso_utc
-from redrive.errors import RedriveError, UsageProblem
+from redrive.errors import QueueNotFound, RedriveError, UsageProblem
 from redrive.keys import Verdict as CopyVerdict
 from redrive.keys import copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger
-from redrive.messages import TaskInfo, decode
+from redrive.messages import UNKNOWN_TASK, TaskInfo, decode
 from redrive.operations.limit import Limit
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import PlanItem
@@ -242,6 +242,10 @@ class MoveResult:
     no_target_reason: str | None = None
     """Why messages had no single target (the DLQ's source queues, and what SQS said)."""
     no_target_candidates: list[str] = field(default_factory=list)
+    no_target_missing: str | None = None
+    """A queue named for them that does not exist (creating it is a way)."""
+    no_target_by_route: bool = False
+    """A task route or a plan named where they go (``--route source`` is a way)."""
     misses: FilterMisses | None = None
     """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
@@ -271,6 +275,12 @@ class MoveResult:
     @property
     def needs_attention(self) -> bool:
         return bool(self.failed or self.in_doubt or self.ambiguous)
+
+    @property
+    def acted(self) -> bool:
+        """Whether the run got anywhere (a summary of it says something): a batch gone
+        through, or a message sent, deleted, failed or left in doubt."""
+        return bool(self.scanned or self.moved or self.duplicates or self.failed or self.in_doubt)
 
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""
@@ -534,12 +544,14 @@ class MoveTally:
         with self._lock:
             self.result.scanned += n
 
-    def no_target(self, reason: str, candidates: Sequence[str]) -> None:
+    def no_target(self, problem: NoTarget) -> None:
         """Why messages had no single target (the first reason found is kept)."""
         with self._lock:
             if self.result.no_target_reason is None:
-                self.result.no_target_reason = reason
-                self.result.no_target_candidates = list(candidates)
+                self.result.no_target_reason = problem.reason
+                self.result.no_target_candidates = list(problem.candidates)
+                self.result.no_target_missing = problem.missing
+                self.result.no_target_by_route = problem.by_route
 
     # -- callers hold self._lock -------------------------------------------------------
 
@@ -758,6 +770,9 @@ class MoveEngine:
                     how: Outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                     with contextlib.suppress(Exception):
                         self._finish(self.sqs_factory(), scan, how, started)
+                    if isinstance(exc, RedriveError):
+                        # What it had done by then (the ledger's audit has the same counts).
+                        exc.partial = self.result
                     raise
                 outcome: Outcome = "interrupted" if self.stop.is_set() else "completed"
                 self._finish(sqs, scan, outcome, started)
@@ -839,13 +854,28 @@ class MoveEngine:
             return None
         received_at = time.monotonic()
         self.observer.on_step("received")
-        decided = self._decide(sqs, batch, received_at)
+        try:
+            decided = self._decide(sqs, batch, received_at)
+        except Exception:
+            # Its decision failed (a result backend, the ledger): hold it like the rest, so
+            # that the run's end gives it back at once instead of after its lease.
+            with contextlib.suppress(Exception):
+                self._scan.keep(sqs, batch)
+            raise
         if self._limit.reached:
             self._scan.stop_receiving()
         return decided
 
     def _complete(self, sqs: Sqs, decided: _Decided) -> None:
-        keep = self._execute(sqs, decided)
+        try:
+            keep = self._execute(sqs, decided)
+        except Exception:
+            # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
+            # run's end gives back at once what it did not delete (the ledger knows what it
+            # sent or claimed), instead of after its lease.
+            with contextlib.suppress(Exception):
+                self._scan.keep(sqs, decided.batch)
+            raise
         self._scan.keep(sqs, keep)
         self._tally.scanned(len(decided.batch))
         self.observer.on_progress(self.result)
@@ -1429,12 +1459,16 @@ class MoveEngine:
             routed = self.options.celery.route(sqs, task, message.message_id)
             if routed is not None:
                 if routed.queue is None and routed.problem is not None:
-                    self._tally.no_target(*routed.problem)
+                    self._tally.no_target(routed.problem)
                 return routed.queue
         arn = message.attributes.get("DeadLetterQueueSourceArn")
         if not arn:
             if self.target.single_source is None:
-                self._tally.no_target(*_why_no_single_source(self.target))
+                self._tally.no_target(
+                    _why_no_single_source(self.target)
+                    if self.source is None
+                    else _why_no_archived_source(task)
+                )
             return self.target.single_source
         with self._cache_lock:
             if arn in self._routes:
@@ -1446,9 +1480,11 @@ class MoveEngine:
             except RedriveError as exc:
                 route = None
                 self._tally.no_target(
-                    f"the source queue SQS names ({queue_name(arn)}, in the message's "
-                    f"DeadLetterQueueSourceArn) cannot be used: {exc}",
-                    [queue_name(arn)],
+                    NoTarget(
+                        f"the source queue SQS names ({queue_name(arn)}, in the message's "
+                        f"DeadLetterQueueSourceArn) cannot be used: {exc}",
+                        missing=queue_name(arn) if isinstance(exc, QueueNotFound) else None,
+                    )
                 )
         with self._cache_lock:
             self._routes[arn] = route
@@ -1529,18 +1565,31 @@ def _owner(run_id: str, mine: str | None, sibling: bool) -> str:
     return mine if sibling and mine is not None else run_id
 
 
-def _why_no_single_source(target: DlqTarget) -> tuple[str, list[str]]:
-    names = [s.name for s in target.sources]
+def _why_no_single_source(target: DlqTarget) -> NoTarget:
+    names = tuple(s.name for s in target.sources)
     if not names:
-        return (
+        return NoTarget(
             f"no queue dead-letters into {target.dlq.name} (ListDeadLetterSourceQueues found "
-            "none) and SQS did not say where the messages came from",
-            names,
+            "none) and SQS did not say where the messages came from"
         )
-    return (
+    return NoTarget(
         f"{target.dlq.name} has {len(names)} source queues ({', '.join(names)}, from "
         "ListDeadLetterSourceQueues) and SQS did not say which one each message came from",
         names,
+    )
+
+
+def _why_no_archived_source(task: str | None) -> NoTarget:
+    """An archive stands where a DLQ would, but no queue dead-letters into a file: its
+    records go where their route or their recorded source says, or nowhere."""
+    if task is None or task == UNKNOWN_TASK:
+        return NoTarget(
+            "their bodies are not Celery tasks, so no task route names a queue for them, and "
+            "the archive does not say which queue they came from"
+        )
+    return NoTarget(
+        f"no route names a queue for task {task} and the archive does not say which queue "
+        "it came from (no DeadLetterQueueSourceArn)"
     )
 
 

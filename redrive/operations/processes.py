@@ -110,6 +110,7 @@ ABORT_WAIT = 30.0
 hold before it leaves them to their leases."""
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 # -- what a child builds for itself -----------------------------------------------------------
@@ -299,13 +300,23 @@ def _child_main(
     except KeyboardInterrupt:
         link.send(("error", "aborted", "aborted by a second Ctrl-C"))
     except UsageProblem as exc:
+        _partial_result(link, exc)
         link.send(("error", "usage", str(exc)))
     except RedriveError as exc:
+        _partial_result(link, exc)
         link.send(("error", "error", str(exc)))
     except Exception as exc:
         link.send(("error", "error", f"{type(exc).__name__}: {exc}"))
     finally:
         reports.close()
+
+
+def _partial_result(link: _ParentLink, exc: RedriveError) -> None:
+    """What a child an error stopped had done by then, for the run's summary (before the
+    error, so that the parent counts it: its sends are in the ledger either way)."""
+    if exc.partial is not None:
+        with contextlib.suppress(Exception):  # the error is what must get through
+            link.send(("result", exc.partial, None))
 
 
 # -- the parent -------------------------------------------------------------------------------
@@ -396,6 +407,10 @@ class ProcessesResult(Generic[Res]):
         return self.result.interrupted
 
     @property
+    def acted(self) -> bool:
+        return bool(getattr(self.result, "acted", True))
+
+    @property
     def died(self) -> list[ChildStatus]:
         return [c for c in self.children if c.died]
 
@@ -459,10 +474,11 @@ class _Child:
 
     def status(self, claims: bool) -> ChildStatus:
         code = self.process.exitcode
-        if self.result is not None:
-            outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
-        elif self.error is not None:
+        # An error first: a child it stopped partway sends what it had done too.
+        if self.error is not None:
             outcome = "interrupted" if self.error[0] == "aborted" else "failed"
+        elif self.result is not None:
+            outcome = "interrupted" if getattr(self.result, "interrupted", False) else "completed"
         else:
             outcome = "died"
         return ChildStatus(
@@ -570,7 +586,9 @@ class Supervisor:
         shown = 0.0
         try:
             while live := [c for c in self.children if not c.ended]:
-                if self.stop.is_set() or any(c.ended and c.result is None for c in self.children):
+                if self.stop.is_set() or any(
+                    c.ended and (c.result is None or c.error is not None) for c in self.children
+                ):
                     for child in live:
                         child.tell("stop")
                 wait([c.reports for c in live], timeout=PROGRESS_EVERY)
@@ -684,7 +702,11 @@ def _run_spread(
     wiring: Wiring,
     observer: RunObserver[Any],
     stop: threading.Event,
-) -> tuple[R, list[ChildStatus]]:
+    done: Callable[[R, list[ChildStatus]], T],
+) -> T:
+    """The run in its processes; ``done`` makes the command's result of the merged one and
+    how each child ended. A child's error ends the run with that error, carrying what all
+    of them had done by then (``partial``)."""
     context = multiprocessing.get_context("spawn")
     merged: list[R] = []
     statuses: list[ChildStatus] = []
@@ -716,10 +738,13 @@ def _run_spread(
             statuses.extend(c.status(spread.claims) for c in children)
             error = first_error(children)
             if error is not None:
+                with contextlib.suppress(Exception):  # the error is what must get through
+                    merged.append(spread.merge(children, statuses, life.run_id))
+                    error.partial = done(merged[0], statuses)
                 raise error
             merged.append(spread.merge(children, statuses, life.run_id))
             life.end(_spread_outcome(statuses, stop))
-    return merged[0], statuses
+    return done(merged[0], statuses)
 
 
 def _spread_lifecycle(
@@ -797,10 +822,14 @@ def move_in_processes(
         wrap=lambda result, children: result,
         unwrap=lambda result: result,
     )
-    result, statuses = _run_spread(
-        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    return _run_spread(
+        spread,
+        processes=processes,
+        wiring=wiring,
+        observer=observer,
+        stop=stop,
+        done=lambda result, statuses: ProcessesResult(result, processes, statuses),
     )
-    return ProcessesResult(result, processes, statuses)
 
 
 def _child_record(
@@ -1014,10 +1043,16 @@ def purge_in_processes(
         counts=PurgeResult.run_counts,
         claims=False,
     )
-    result, statuses = _run_spread(
-        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    return _run_spread(
+        spread,
+        processes=processes,
+        wiring=wiring,
+        observer=observer,
+        stop=stop,
+        done=lambda result, statuses: ProcessesResult(
+            result, processes, statuses, archives=run.archives
+        ),
     )
-    return ProcessesResult(result, processes, statuses, archives=run.archives)
 
 
 @dataclass(slots=True)
@@ -1120,7 +1155,12 @@ class ReplayJob:
                 record=self.record,
                 shares=child.shares,
             )
-            result = engine.run()
+            try:
+                result = engine.run()
+            except RedriveError as exc:
+                if isinstance(exc.partial, MoveResult):
+                    exc.partial = ReplayResult(exc.partial, archive.damage or reader.report())
+                raise
         return ReplayResult(result, archive.damage or reader.report()), engine.sightings
 
 
@@ -1168,10 +1208,14 @@ def replay_in_processes(
         wrap=wrap,
         unwrap=lambda result: result.move,
     )
-    result, statuses = _run_spread(
-        spread, processes=processes, wiring=wiring, observer=observer, stop=stop
+    return _run_spread(
+        spread,
+        processes=processes,
+        wiring=wiring,
+        observer=observer,
+        stop=stop,
+        done=lambda result, statuses: ProcessesResult(result, processes, statuses),
     )
-    return ProcessesResult(result, processes, statuses)
 
 
 # -- inspect -----------------------------------------------------------------------------------
@@ -1281,10 +1325,14 @@ def inspect_in_processes(
         counts=lambda result: {},
         claims=False,
     )
-    result, _ = _run_spread(
-        spread, processes=processes, wiring=wiring, observer=_Received(on_progress), stop=stop
+    return _run_spread(
+        spread,
+        processes=processes,
+        wiring=wiring,
+        observer=_Received(on_progress),
+        stop=stop,
+        done=lambda result, statuses: result,
     )
-    return result
 
 
 class _Received(RunObserver[Any]):

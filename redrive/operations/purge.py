@@ -24,7 +24,7 @@ from redrive.aws.sqs import Message, Sqs
 from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
-from redrive.errors import ArchiveError, AwsError, UsageProblem
+from redrive.errors import ArchiveError, AwsError, RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.limit import Limit
@@ -80,6 +80,8 @@ class PurgeResult:
     misses: FilterMisses | None = None
     """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
+    error: str | None = None
+    """The error that stopped the run partway (the counts are what it had done by then)."""
     still_hidden: int = 0
     seconds: float = 0.0
     depth_before: int | None = None
@@ -95,6 +97,11 @@ class PurgeResult:
     @property
     def in_doubt(self) -> int:
         return 0
+
+    @property
+    def acted(self) -> bool:
+        """Whether the run got anywhere (a summary of it says something)."""
+        return bool(self.scanned or self.archived or self.purged or self.failed)
 
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""
@@ -122,6 +129,7 @@ class PurgeResult:
             "by_task": dict(sorted(self.by_task.items())),
             "filter_misses": self.misses.to_json() if self.misses is not None else None,
             "interrupted": self.interrupted,
+            "error": self.error,
             "still_hidden": self.still_hidden,
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
@@ -432,6 +440,12 @@ class _Purge:
         )
         try:
             run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
+        except RedriveError as exc:
+            # What it had archived and deleted by then (completed in the finally below); the
+            # stop the error set for the other workers is no interruption.
+            self.result.error = str(exc)
+            exc.partial = self.result
+            raise
         finally:
             if shares_ended := (self._shares and self._shares.scan_ended):
                 # --processes: the siblings' scans end first, or one would count what we
@@ -440,7 +454,7 @@ class _Purge:
             self._scan.release_all(sqs)
             self._scan.close()
             self.result.redelivered = self._scan.stats.redelivered
-            self.result.interrupted = self.stop.is_set()
+            self.result.interrupted = self.stop.is_set() and self.result.error is None
             self.result.seconds = time.monotonic() - started
             self.result.misses = self._tally.seen.misses()
         hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(

@@ -27,6 +27,7 @@ from redrive.archive import (
 )
 from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
+from redrive.errors import RedriveError
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
@@ -127,6 +128,10 @@ class ReplayResult:
     def needs_attention(self) -> bool:
         return self.move.needs_attention
 
+    @property
+    def acted(self) -> bool:
+        return self.move.acted
+
     def to_json(self) -> dict[str, Any]:
         """The engine's JSON, in the words of a replay: ``replayed``, ``already_sent``,
         ``archive``, ``damaged``."""
@@ -187,7 +192,13 @@ def replay_archive(
         source=archive,
         record=record or RunRecord("replay"),
     )
-    result = engine.run()
+    try:
+        result = engine.run()
+    except RedriveError as exc:
+        if isinstance(exc.partial, MoveResult):
+            damage = archive.damage or check.damage or reader.report()
+            exc.partial = ReplayResult(exc.partial, damage)
+        raise
     return ReplayResult(result, archive.damage or check.damage or reader.report())
 
 

@@ -16,7 +16,8 @@ from redrive.render.selection import misses_text
 from redrive.render.tables import printable, table
 
 
-def move_text(result: MoveResult, *, verb: str = "move") -> str:
+def move_text(result: MoveResult, *, verb: str = "move", plan: bool = False) -> str:
+    """``plan``: the run applied a plan (``apply``), whose advice is a new plan, not --to."""
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
     lines = [_move_head(result, verb, would)]
@@ -26,16 +27,27 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result)
     lines += cut_lines(result.failed, result.failed_messages, FAILED_REST)
-    lines += _ambiguous_lines(result)
+    lines += _ambiguous_lines(result, verb, plan)
     lines += cut_lines(result.ambiguous, result.ambiguous_messages, AMBIGUOUS_REST)
-    lines += _skipped_lines(result)
+    lines += _skipped_lines(result, verb, plan)
     lines.extend(misses_text(result.misses, matched=result.matched))
-    lines.extend(expired_hint(result, verb))
+    lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
-    if result.interrupted:
-        lines.append("")
-        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    lines += _stopped_lines(result.interrupted, result.error)
     return "\n".join(lines)
+
+
+def _stopped_lines(interrupted: bool, error: str | None) -> list[str]:
+    """How a run that did not finish ended: the summary covers what it did."""
+    if interrupted:
+        return ["", "interrupted: the summary covers what was done; rerun to resume"]
+    if error:
+        return [
+            "",
+            "stopped by the error below: the summary covers what was done before it; "
+            "rerun to resume once it is fixed",
+        ]
+    return []
 
 
 def _move_head(result: MoveResult, verb: str, would: str) -> str:
@@ -134,58 +146,96 @@ def _failed_lines(result: MoveResult) -> list[str]:
     )
 
 
-def _ambiguous_lines(result: MoveResult) -> list[str]:
+def _pass(result: MoveResult, flag: str, plan: bool) -> str:
+    """How to ask for ``flag``: pass it; after a plan (``apply`` has no such option), in a
+    new plan."""
+    if plan:
+        return f"make a new plan with it (`redrive move {result.target} {flag} --plan-out FILE`)"
+    return f"pass {flag}"
+
+
+def _stay(verb: str) -> str:
+    """Where skipped messages are, and how to clear them: an archive's stay in the archive,
+    and purge cannot reach them there."""
+    if verb == "replay":
+        return "They were not sent (they stay in the archive)"
+    return "They stay in the DLQ"
+
+
+def _ambiguous_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
+    copies = "leave them" if verb == "replay" else "purge them (archived)"
+    again = _pass(result, "--ambiguous move", plan) if plan else "rerun with --ambiguous move"
     return _listed(
         f"{result.ambiguous} message(s) held as possible copies: each shares the "
         "idempotency key of a task already sent, and nothing tells a copy of it from a "
-        "second publish of its task id. They stay in the DLQ. If they are new "
-        "invocations, rerun with --ambiguous move; if copies, purge them (archived):",
+        f"second publish of its task id. {_stay(verb)}. If they are new invocations, "
+        f"{again}; if copies, {copies}:",
         [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
         ["task", "task id", "message id", "why"],
     )
 
 
-def _skipped_lines(result: MoveResult) -> list[str]:
+def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
     """What to do about messages skipped as no-target, unregistered, not-celery or
     already-succeeded."""
     lines: list[str] = []
     if result.skipped.get("no-target"):
-        reason = result.no_target_reason or "their source queue is ambiguous"
-        candidates = (
-            f" (one of: {', '.join(result.no_target_candidates)})"
-            if result.no_target_candidates
-            else ""
-        )
-        lines += [
-            "",
-            f"{result.skipped['no-target']} message(s) skipped as no-target: {reason}: "
-            f"pass --to QUEUE{candidates} to send them there.",
-        ]
+        lines += ["", _no_target_line(result, verb, plan)]
+    # A replay's messages are in an archive: purge cannot reach them there.
+    purge = "" if verb == "replay" else "purge them (archived), or "
+    where = "ARCHIVE" if verb == "replay" else result.target
     if result.skipped.get("unregistered"):
         lines += [
             "",
             f"{result.skipped['unregistered']} message(s) skipped as unregistered: the Celery "
-            "app does not register their task, so a worker would drop them. They stay in the "
-            "DLQ: deploy the task again, purge them (archived), or pass --include-unregistered "
-            "to send them anyway.",
+            f"app does not register their task, so a worker would drop them. {_stay(verb)}: "
+            f"deploy the task again, {purge or 'or '}pass --include-unregistered to send them "
+            "anyway.",
         ]
     if result.skipped.get("not-celery"):
         lines += [
             "",
             f"{result.skipped['not-celery']} message(s) skipped as not-celery: their bodies "
             "are not Celery tasks, so a Celery worker would drop them. Look at them with "
-            "`redrive inspect --show-args`; purge them (archived), or pass --include-unknown "
-            "to send them anyway.",
+            f"`redrive inspect {where} --show-args`; {purge}"
+            f"{_pass(result, '--include-unknown', plan)} to send them anyway.",
         ]
     if result.skipped.get("already-succeeded"):
         lines += [
             "",
             f"{result.skipped['already-succeeded']} message(s) skipped as already-succeeded: "
             "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
-            "running them again would run the task twice. Purge them (archived), or pass "
-            "--include-succeeded to send them anyway.",
+            f"running them again would run the task twice. {_stay(verb)}: "
+            f"{purge}pass --include-succeeded to send them anyway.",
         ]
     return lines
+
+
+def _no_target_line(result: MoveResult, verb: str, plan: bool) -> str:
+    """Why messages had nowhere to go, and only ways that give them somewhere: never --to
+    a queue that does not exist, nor an option the command does not have."""
+    head = f"{result.skipped['no-target']} message(s) skipped as no-target: "
+    head += result.no_target_reason or "their source queue is ambiguous"
+    if plan:
+        to = (
+            f"make a plan that names an existing queue (`redrive move {result.target} --to "
+            "QUEUE --plan-out FILE`) and apply that"
+        )
+    elif result.no_target_missing:
+        to = "pass --to an existing queue"
+    elif result.no_target_candidates:
+        to = f"pass --to QUEUE (one of: {', '.join(result.no_target_candidates)})"
+    else:
+        to = "pass --to QUEUE"
+    ways = []
+    if result.no_target_missing:
+        ways.append(f"create queue {result.no_target_missing} and rerun")
+    if result.no_target_by_route and verb != "replay":
+        # A replay has no source queue to go back to: --route source is no way for it.
+        ways.append("pass --route source to send them back to their source queue")
+    if not ways:
+        return f"{head}: {to} to send them there."
+    return f"{head}. {_stay(verb)}: {', '.join(ways)}, or {to}."
 
 
 def targets_cell(counts: TaskCounts) -> str:
@@ -232,11 +282,19 @@ def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> lis
     return lines
 
 
-def expired_hint(result: MoveResult, verb: str) -> list[str]:
-    """What to do about messages skipped as expired (the table only says ``expired: N``)."""
+def expired_hint(result: MoveResult, verb: str, *, plan: bool = False) -> list[str]:
+    """What to do about messages skipped as expired (the table only says ``expired: N``);
+    ``plan``: after ``apply``, which has no --include-expired of its own."""
     expired = result.skipped.get("expired", 0)
     if not expired:
         return []
+    if plan:
+        return [
+            "",
+            f"hint: {expired} message(s) skipped as expired: their Celery `expires` has passed, "
+            "so a worker would discard them. To move them anyway, "
+            f"{_pass(result, '--include-expired', plan)}",
+        ]
     clear = (
         ""
         if verb == "replay"
@@ -298,7 +356,5 @@ def purge_text(result: PurgeResult) -> str:
             "in the DLQ (rerun to delete them; replay skips what is already sent)"
         )
     lines.extend(misses_text(result.misses, matched=result.matched))
-    if result.interrupted:
-        lines.append("")
-        lines.append("interrupted: the summary covers what was done; rerun to resume")
+    lines += _stopped_lines(result.interrupted, result.error)
     return "\n".join(lines)
