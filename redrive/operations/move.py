@@ -525,6 +525,12 @@ class MoveTally:
         with self._lock:
             self.result.scanned += n
 
+    def snapshot(self) -> MoveResult:
+        """The counts as they stand, taken under the lock: what a progress line reads, so
+        that it never catches one worker's matches without its batch's scan (issue 22)."""
+        with self._lock:
+            return replace(self.result)
+
     def no_target(self, reason: str, candidates: Sequence[str]) -> None:
         """Why messages had no single target (the first reason found is kept)."""
         with self._lock:
@@ -830,6 +836,8 @@ class MoveEngine:
             return None
         received_at = time.monotonic()
         self.observer.on_step("received")
+        # Counted as received, before any of it is matched: scanned >= matched at all times.
+        self._tally.scanned(len(batch))
         decided = self._decide(sqs, batch, received_at)
         if self._limit.reached:
             self._scan.stop_receiving()
@@ -838,8 +846,7 @@ class MoveEngine:
     def _complete(self, sqs: Sqs, decided: _Decided) -> None:
         keep = self._execute(sqs, decided)
         self._scan.keep(sqs, keep)
-        self._tally.scanned(len(decided.batch))
-        self.observer.on_progress(self.result)
+        self.observer.on_progress(self._tally.snapshot())
 
     # -- one batch -----------------------------------------------------------------------
 

@@ -353,6 +353,11 @@ class _PurgeTally:
         with self._lock:
             self.result.scanned += n
 
+    def snapshot(self) -> PurgeResult:
+        """The counts as they stand, taken under the lock (what a progress line reads)."""
+        with self._lock:
+            return replace(self.result)
+
     def archived(self, n: int) -> None:
         with self._lock:
             self.result.archived += n
@@ -465,7 +470,7 @@ class _Purge:
                 elif pending and self._due(pending):
                     self._flush(sqs, pending)
                     pending = []
-                self.observer.on_progress(self.result)
+                self.observer.on_progress(self._tally.snapshot())
             self._flush(sqs, pending)
             pending = []
         except (Exception, KeyboardInterrupt):
@@ -492,6 +497,8 @@ class _Purge:
         now = self.clock()
         decoded = [(message, decode(message.body)) for message in batch]
         self._tally.seen.add(decoded)
+        # Counted as received, before any of it is matched: scanned >= matched at all times.
+        self._tally.scanned(len(batch))
         action = "purge" if self.options.delete else "archive"
         for message, info in decoded:
             selected = self.options.selection.matches(
@@ -513,7 +520,6 @@ class _Purge:
                 PlanItem(message.message_id, info.task, info.task_id, key=None, action=action)
             )
         self._scan.keep(sqs, keep)
-        self._tally.scanned(len(batch))
         if self._limit.reached:
             self._scan.stop_receiving()
         return taken
