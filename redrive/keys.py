@@ -70,6 +70,18 @@ def legacy_key_for(info: TaskInfo, *, message_id: str, generation: int) -> str:
     return _bounded(key)
 
 
+_CELERY_KEY = re.compile(
+    r"^celery:(?P<task_id>.+):r-?\d+:g\d+:[0-9a-f]{8}(?::[tb][0-9a-f]{16}(?::m[0-9a-f]{16})?)?$"
+)
+
+
+def task_id_of_key(key: str) -> str | None:
+    """The Celery task id a key names (:func:`key_for`, :func:`legacy_key_for`); None for a
+    message that is not a task, or a key hashed because it was too long to keep."""
+    match = _CELERY_KEY.match(key)
+    return match.group("task_id") if match else None
+
+
 def _bounded(key: str) -> str:
     if len(key) > MAX_KEY_LENGTH or not _SAFE.match(key):
         return "sha256:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -269,6 +269,25 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     assert died["in_doubt"] > 0, f"no kill landed in the in-doubt window: {report}"
     # At most one batch per worker of the killed child: what it claimed, unconfirmed.
     assert died["in_doubt"] <= 10 * workers
+    # The summary adds up (issue 22): the killed child's sends counted from the ledger, in
+    # the total and per task; no more matched than scanned.
+    run_id = report["run_id"]
+    sent_by = sent_by_run(ledger)
+    assert report["moved"] == sum(n for r, n in sent_by.items() if r.startswith(f"{run_id}."))
+    assert died["moved"] == sent_by[died["run_id"]] > 0
+    assert sum(report["by_task"].values()) == report["moved"]
+    assert sum(t["moved"] for t in report["tasks"].values()) == report["moved"]
+    assert report["scanned"] >= report["matched"] >= report["moved"] + report["in_doubt"]
+    # The run's record (the audit trail) holds the same counts and names both children.
+    audit = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))
+    [run] = [r for r in audit["runs"] if r["run_id"] == run_id]
+    assert (run["counts"]["moved"], run["counts"]["in_doubt"]) == (
+        report["moved"],
+        report["in_doubt"],
+    )
+    assert sorted(c["outcome"] for c in run["info"]["children"]) == sorted(
+        c["outcome"] for c in report["children"]
+    )
     assert claimed_by_run(ledger) == Counter({died["run_id"]: died["in_doubt"]})
     assert report["in_doubt"] >= died["in_doubt"]
     listed = {m["key"] for m in report["in_doubt_messages"]}
@@ -282,6 +301,9 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     assert held["in_doubt"] == died["in_doubt"] == len(held["in_doubt_messages"])
     left = dlq_messages(checkout)
     assert set(left) == {m["message_id"] for m in held["in_doubt_messages"]}
+    # The killed run's in-doubt rows name each message's task id (its key names it).
+    for row in report["in_doubt_messages"]:
+        assert row["task_id"] == sent[left[row["message_id"]]].ident, row
     got = arrivals(checkout, sent)
     in_doubt = {sent[left[m]].ident for m in left}
     assert {d.ident for d in dead if d.ident not in in_doubt and got[d.ident] != 1} == set()
@@ -298,6 +320,67 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     for ident in in_doubt:
         assert got[ident] == before[ident] + 1 <= 2
     assert checkout.depth() == (0, 0)
+
+
+def sent_by_run(ledger: Path) -> Counter[str]:
+    """Keys sent (or sent and done) per run id."""
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        rows = conn.execute(
+            "SELECT run_id, count(*) FROM keys WHERE state IN ('sent', 'done') GROUP BY run_id"
+        ).fetchall()
+    return Counter({str(r): int(n) for r, n in rows})
+
+
+def test_a_double_ctrl_c_still_records_the_runs_counts_and_children(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Issue 22: after a second Ctrl-C the audit said ``counts: {}``, ``children: []`` while
+    keys had moved. The children abort as one process does and report what they did; the
+    parent records it."""
+    dead = tasks(200, seed=23)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        # --rate 8 shared by both: a batch in flight takes seconds to send, so the second
+        # Ctrl-C comes while the first is still being honoured, as an impatient operator's.
+        run = subprocess.Popen(
+            [*REDRIVE, *MOVE, "--ledger", str(ledger), "--processes", "2", "--rate", "8"],
+            env={**fast.env(), "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        wait_for_both_children(
+            ledger, lambda: ledger_states(ledger)["done"] >= 10, "both processes moving"
+        )
+        os.killpg(run.pid, signal.SIGINT)
+        wait_for(lambda: "stopping" in err.read_text(), timeout=30, what="the first Ctrl-C heard")
+        os.killpg(run.pid, signal.SIGINT)
+        code = run.wait(60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(10)
+    assert code == 130 and "Traceback" not in err.read_text(), (code, err.read_text())
+    [parent] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
+    run_id = parent["run_id"]
+    children = parent["info"]["children"]
+    assert [c["run_id"] for c in children] == [f"{run_id}.1", f"{run_id}.2"], parent
+    # What the children recorded of themselves, summed; never more than the ledger sent.
+    own = sum(recorded_counts(ledger, c["run_id"]).get("moved", 0) for c in children)
+    sent = sum(n for r, n in sent_by_run(ledger).items() if r.startswith(f"{run_id}."))
+    assert 0 < parent["counts"]["moved"] == own <= sent, (parent["counts"], own, sent)
+    assert parent["counts"]["matched"] >= parent["counts"]["moved"]
+
+
+def recorded_counts(ledger: Path, run_id: str) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        [(counts,)] = conn.execute("SELECT counts FROM runs WHERE run_id = ?", (run_id,))
+    return dict(json.loads(counts))
 
 
 def test_children_stop_cleanly_when_the_parent_is_sigkilled(

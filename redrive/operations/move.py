@@ -227,6 +227,9 @@ class MoveResult:
     moved: int = 0
     failed: int = 0
     in_doubt: int = 0
+    died_in_doubt: int = 0
+    """Of ``in_doubt``: the claims a process of this run (``--processes``) left unconfirmed
+    when it died; the others were left by earlier runs."""
     duplicates: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     tasks: dict[str, TaskCounts] = field(default_factory=dict)

@@ -63,7 +63,8 @@ from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
-from redrive.ledger import KeyState, Ledger, open_ledger
+from redrive.keys import task_id_of_key
+from redrive.ledger import Entry, KeyState, Ledger, open_ledger
 from redrive.messages import decode
 from redrive.operations.merge import (
     merge_inspect_results,
@@ -218,7 +219,18 @@ class MoveJob:
                 receive_log=receive_log,
                 shares=child.shares,
             )
-            return engine.run(), engine.sightings
+            return _run_to_the_end(engine), engine.sightings
+
+
+def _run_to_the_end(engine: MoveEngine) -> MoveResult:
+    """The engine's result, however its run ends: on a second Ctrl-C (the parent's
+    ``abort``) the engine gives back what it holds and ends its run, and what it did so far
+    is its parent's to count and record (issue 22), as one process records it."""
+    try:
+        return engine.run()
+    except KeyboardInterrupt:
+        engine.result.interrupted = True
+        return engine.result
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -524,6 +536,7 @@ class Supervisor:
         progress: Callable[[Sequence[tuple[int, ...]]], Any],
         heartbeat: Callable[[], None],
         processes: int,
+        children: list[_Child] | None = None,
     ) -> None:
         self.context = context
         self.scan_ends = ScanEnds(processes, context)
@@ -531,7 +544,8 @@ class Supervisor:
         self.stop = stop
         self._progress = progress
         self._heartbeat = heartbeat
-        self.children: list[_Child] = []
+        self.children: list[_Child] = children if children is not None else []
+        """The children as they start (``children``: the caller's list, filled in)."""
 
     def start(
         self,
@@ -592,8 +606,16 @@ class Supervisor:
         for child in self.children:
             child.tell("abort")
         deadline = time.monotonic() + ABORT_WAIT
-        for child in self.children:
-            child.process.join(max(0.0, deadline - time.monotonic()))
+        # Reading their reports as they end: their results (what they did, for the run's
+        # record) must not sit in a full pipe. A third Ctrl-C: wait no more.
+        with contextlib.suppress(KeyboardInterrupt):
+            while live := [c for c in self.children if not c.ended]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                wait([c.reports for c in live], timeout=min(left, PROGRESS_EVERY))
+                for child in live:
+                    child.drain(self.observer, self.scan_ends)
 
     def close(self) -> None:
         for child in self.children:
@@ -624,19 +646,28 @@ def first_error(children: Sequence[_Child]) -> RedriveError | None:
     return None
 
 
-def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
-    """What a dead child left: its keys still claimed (in doubt, listed) and, counted on
-    ``status``, the ones it sent."""
+@dataclass(slots=True)
+class Left:
+    """What a child that ended without its result left in the ledger."""
+
+    in_doubt: list[Listed] = field(default_factory=list)
+    """Its keys still claimed: claimed, send unconfirmed."""
+    sent: list[Entry] = field(default_factory=list)
+    """Its keys sent (or sent and their DLQ copy deleted)."""
+
+
+def left_by(ledger: Ledger | None, status: ChildStatus) -> Left:
+    """What a dead child left: its keys still claimed (in doubt, listed with the task id
+    their key names) and the ones it sent, both counted on ``status``."""
+    left = Left()
     if ledger is None or status.run_id is None:
-        return []
-    listed: list[Listed] = []
+        return left
     for entry in ledger.keys_for_run(status.run_id):
         if entry.state == KeyState.CLAIMED:
-            status.in_doubt += 1
-            listed.append(
+            left.in_doubt.append(
                 Listed(
                     entry.task,
-                    None,
+                    task_id_of_key(entry.key),
                     entry.message_id,
                     entry.key,
                     f"claimed by process {status.number} (run {status.run_id}), which was "
@@ -644,8 +675,10 @@ def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
                 )
             )
         elif entry.state in (KeyState.SENT, KeyState.DONE):
-            status.moved += 1
-    return listed
+            left.sent.append(entry)
+    # Set, not added: the run's end may count again what a merge counted.
+    status.in_doubt, status.moved = len(left.in_doubt), len(left.sent)
+    return left
 
 
 # -- one run in processes ----------------------------------------------------------------------
@@ -688,7 +721,8 @@ def _run_spread(
     context = multiprocessing.get_context("spawn")
     merged: list[R] = []
     statuses: list[ChildStatus] = []
-    life = _spread_lifecycle(spread, processes, stop, merged, statuses)
+    children: list[_Child] = []
+    life = _spread_lifecycle(spread, processes, stop, (merged, statuses, children))
     jobs = _child_jobs(spread, processes, life.run_id)
     with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
         shares = make_shares(
@@ -706,14 +740,15 @@ def _run_spread(
                 progress=lambda snapshots: spread.progress(snapshots, life.run_id),
                 heartbeat=life.heartbeat,
                 processes=processes,
+                children=children,
             )
             try:
                 supervisor.start(jobs, wiring, shares, spread.progress_of)
                 supervisor.supervise()
             finally:
                 supervisor.close()
-            children = supervisor.children
-            statuses.extend(c.status(spread.claims) for c in children)
+                # However the run ends (a second Ctrl-C too): its record names every child.
+                statuses.extend(c.status(spread.claims) for c in children)
             error = first_error(children)
             if error is not None:
                 raise error
@@ -726,11 +761,23 @@ def _spread_lifecycle(
     spread: _Spread[R],
     processes: int,
     stop: threading.Event,
-    merged: list[R],
-    statuses: list[ChildStatus],
+    ends: tuple[list[R], list[ChildStatus], list[_Child]],
 ) -> RunLifecycle:
     """The parent's run: its counts are the merged result's, its end names every child
-    (``merged`` and ``statuses`` are filled in as the children end)."""
+    (``ends``: the merged result, the children's statuses and the children, filled in as
+    they end). A run that ends before its result is merged (a second Ctrl-C, an error)
+    records the children's counts all the same: merged from what they reported and, for
+    those that could not report, from the ledger (issue 22)."""
+    merged, statuses, children = ends
+
+    def counts() -> Mapping[str, int]:
+        if merged:
+            return spread.counts(merged[0])
+        with contextlib.suppress(Exception):
+            known = statuses or [c.status(spread.claims) for c in children]
+            return spread.counts(spread.merge(children, known, None))
+        return {}
+
     return RunLifecycle(
         spread.ledger,
         execute=spread.execute,
@@ -738,7 +785,7 @@ def _spread_lifecycle(
         info={**spread.info, "processes": processes},
         lease=spread.lease,
         stop=stop,
-        counts=lambda: spread.counts(merged[0]) if merged else {},
+        counts=counts,
         end_info=lambda: {"children": [s.to_json() for s in statuses]},
     )
 
@@ -897,21 +944,37 @@ def _merged_moves(
     parts = [r for r in results if r is not None]
     sightings = merge_sightings(options.selection, [c.sightings for c in children])
     result = merge_move_results(template, parts, sightings)
-    for child, status in zip(children, statuses, strict=True):
-        if not status.died:
-            continue
-        listed = left_by(ledger, status)
-        result.in_doubt += status.in_doubt
-        result.moved += status.moved
-        scanned, matched = child.progress[:2] if child.progress else (0, 0)
-        result.scanned += scanned
-        result.matched += max(matched, status.moved + status.in_doubt)
-        for item in listed:
-            result.skipped[IN_DOUBT] += 1
-            result.task(item.task).skipped[IN_DOUBT] += 1
-            if len(result.in_doubt_messages) < MAX_LISTED:
-                result.in_doubt_messages.append(item)
+    for child, part, status in zip(children, results, statuses, strict=True):
+        if part is None:
+            _add_left(result, child.progress, status, left_by(ledger, status))
     return result
+
+
+def _add_left(
+    result: MoveResult, progress: tuple[int, ...], status: ChildStatus, left: Left
+) -> None:
+    """A child that ended without its result (it died), counted from the ledger: its sends
+    (moved, per task), its claims (in doubt, listed); matched and scanned at least that, and
+    at least what it last reported."""
+    for entry in left.sent:
+        counts = result.task(entry.task)
+        counts.matched += 1
+        counts.moved += 1
+        counts.targets[entry.target.rsplit("/", 1)[-1]] += 1
+    result.moved += status.moved
+    result.in_doubt += status.in_doubt
+    if status.died:
+        result.died_in_doubt += status.in_doubt
+    scanned, matched = progress[:2] if progress else (0, 0)
+    matched = max(matched, status.moved + status.in_doubt)
+    result.matched += matched
+    result.scanned += max(scanned, matched)
+    for item in left.in_doubt:
+        result.skipped[IN_DOUBT] += 1
+        result.task(item.task).matched += 1
+        result.task(item.task).skipped[IN_DOUBT] += 1
+        if len(result.in_doubt_messages) < MAX_LISTED:
+            result.in_doubt_messages.append(item)
 
 
 # -- purge and archive --------------------------------------------------------------------------
@@ -1057,15 +1120,18 @@ class _PurgeRun:
     ) -> PurgeResult:
         parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
         sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
-        self.archives.extend(p.archive for p in parts if p.archive)
-        first = self.archives[0] if self.archives else None
+        archives = [p.archive for p in parts if p.archive]
+        first = archives[0] if archives else None
         result = merge_purge_results(self.blank(run_id, first), parts, sightings)
         for child, status in zip(children, statuses, strict=True):
+            if isinstance(child.result, PurgeResult):
+                continue
             left = archive_part(self.where, status.number) if self.where else None
-            if status.died and left and ("://" in left or Path(left).expanduser().exists()):
-                # It died before it could say: what it archived is there all the same.
-                self.archives.append(left)
-            if status.died and child.progress:
+            if left and ("://" in left or Path(left).expanduser().exists()):
+                # It ended before it could say (died, or aborted by a second Ctrl-C): what
+                # it archived is there all the same.
+                archives.append(left)
+            if child.progress:
                 # What it archived and deleted before it died is in its archive and gone
                 # from the DLQ: counted as it last reported.
                 scanned, matched, archived, purged, _ = child.progress
@@ -1073,6 +1139,7 @@ class _PurgeRun:
                 result.matched += matched
                 result.archived += archived
                 result.purged += purged
+        self.archives[:] = archives  # set, not added: the run's end may merge again
         result.seconds = time.monotonic() - self.started
         result.interrupted = self.stop.is_set()
         return result
@@ -1120,7 +1187,7 @@ class ReplayJob:
                 record=self.record,
                 shares=child.shares,
             )
-            result = engine.run()
+            result = _run_to_the_end(engine)
         return ReplayResult(result, archive.damage or reader.report()), engine.sightings
 
 

@@ -86,12 +86,25 @@ def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
 
 def _in_doubt_lines(result: MoveResult) -> list[str]:
     return _listed(
-        f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
-        "earlier run stopped, so they may already be in the target queue. They stay in "
+        f"{result.in_doubt} message(s) in doubt: their send was in flight when "
+        f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
         "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
         "Celery task id) or --in-doubt skip:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
+    )
+
+
+def _in_doubt_cause(result: MoveResult) -> str:
+    """Who left the in-doubt claims: earlier runs, a process of this one that died, both."""
+    died = result.died_in_doubt
+    if not died:
+        return "an earlier run stopped"
+    if died >= result.in_doubt:
+        return "a process of this run died (named below)"
+    return (
+        f"an earlier run stopped ({result.in_doubt - died}) or a process of this run died "
+        f"({died}, named below)"
     )
 
 
