@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from redrive.errors import UsageProblem
+from redrive.keys import key_for
 from redrive.operations import processes
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
@@ -277,6 +278,57 @@ def test_a_processes_result_needs_attention_when_a_child_died() -> None:
     )
     data = outcome.to_json()
     assert data["processes"] == 2 and data["children"][1]["how"] == "killed by SIGKILL"
+
+
+def test_a_dead_childs_sends_and_claims_are_counted_from_the_ledger(tmp_path: Path) -> None:
+    """Issue 22: a killed child's moves were left out of the per-task table, its in-doubt
+    rows had no task id and said an earlier run stopped, and matched could exceed scanned
+    (its last progress report lagged its sends)."""
+    from redrive.cli.processes import processes_text
+    from redrive.ledger import Claim, SqliteLedger
+    from redrive.messages import decode
+    from redrive.render.move import move_text
+    from redrive.sandbox.encoder import encode
+
+    tasks = {f"id-{i}": ("apps.a.capture" if i % 2 else "apps.b.refund") for i in range(5)}
+    claims = [
+        Claim(
+            key_for(
+                decode(encode(task, [], {}, task_id=tid)),
+                message_id=f"m-{tid}",
+                generation=0,
+                body="",
+            ),
+            task,
+            f"m-{tid}",
+            "https://sqs/1/onion-checkout",
+        )
+        for tid, task in tasks.items()
+    ]
+    ledger = SqliteLedger(tmp_path / "l.sqlite3")
+    try:
+        ledger.start_run("p.2", command="move", info={})
+        ledger.claim_many("p.2", claims)
+        ledger.mark_sent_many("p.2", {c.key: f"s-{c.key}" for c in claims[:3]})
+        status = ChildStatus(2, "p.2", 4242, "died", -9)
+        result = MoveResult(dry_run=False, target="checkout", dlq="dlq", run_id="p")
+        # Its last report (2 scanned, 1 matched) came before most of what the ledger holds.
+        processes._add_left(result, (2, 1, 1, 0), status, processes.left_by(ledger, status))
+    finally:
+        ledger.close()
+    assert (status.moved, status.in_doubt) == (3, 2)
+    assert (result.moved, result.in_doubt, result.died_in_doubt) == (3, 2, 2)
+    assert result.scanned >= result.matched == 5
+    assert sum(c.moved for c in result.tasks.values()) == result.moved
+    assert sum(c.matched for c in result.tasks.values()) == result.matched
+    assert result.tasks["apps.a.capture"].targets["onion-checkout"] >= 1
+    assert {m.task_id for m in result.in_doubt_messages} == {"id-3", "id-4"}
+    text = processes_text(ProcessesResult(result, 2, [status]), move_text(result))
+    assert "an earlier run" not in text and "a process of this run died" in text
+    assert "id-3" in text and "id-4" in text
+    assert "process 2 (pid 4242, run p.2) killed by SIGKILL: 2 message(s) in doubt" in text
+    result.in_doubt += 1  # one more, left by an earlier run
+    assert "earlier run stopped (1) or a process of this run died (2" in move_text(result)
 
 
 def test_a_where_crosses_to_a_process_as_its_text_compiled_again() -> None:
