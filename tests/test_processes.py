@@ -378,7 +378,7 @@ def test_an_inspect_limit_is_split_so_the_parts_add_up() -> None:
 
 
 def test_each_process_archives_beside_the_archive_named() -> None:
-    from redrive.operations.processes import archive_part
+    from redrive.archive.storage import archive_part
 
     assert archive_part("./a/x.jsonl.gz", 2) == "./a/x.p2.jsonl.gz"
     assert archive_part("x.jsonl", 1) == "x.p1.jsonl"

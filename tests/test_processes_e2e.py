@@ -485,6 +485,34 @@ def test_purge_in_two_processes_archives_each_message_once_then_deletes_it(
     assert run["counts"]["purged"] == 250
 
 
+def test_a_purge_in_processes_names_every_part_and_replay_takes_the_name_given(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Issue 22: the summary named one archive of two (``pp.p1.jsonl.gz``), and ``replay
+    pp.jsonl.gz`` said ``no archive at`` without a word of its parts."""
+    dead = tasks(120, seed=12)
+    fill(checkout, dead)
+    archive = tmp_path / "pp.jsonl.gz"
+    purge = ("purge", "checkout", "--archive", str(archive), "--processes", "2", "--workers", "2")
+    dry = ok_json(redrive(fast, *purge, "--json", timeout=120))
+    assert dry["archive"] == str(archive)
+    assert sorted(dry["archives"]) == [str(tmp_path / f"pp.p{n}.jsonl.gz") for n in (1, 2)]
+    ledger = ("--ledger", str(tmp_path / "ledger.sqlite3"))
+    done = redrive(fast, *purge, "--execute", "--yes", *ledger, timeout=120)
+    assert done.returncode == 0, done.stderr
+    parts = sorted(tmp_path.glob("pp.p*.jsonl.gz"))
+    assert parts and checkout.depth() == (0, 0)
+    for part in parts:
+        assert str(part) in done.stdout.split("\n\n")[0], done.stdout  # in the summary itself
+    assert f"redrive replay {archive}" in done.stdout
+    replay = ("replay", str(archive), "--to", "onion-checkout", "--json", "--processes", "2")
+    data = ok_json(redrive(fast, *replay, timeout=120))
+    assert (data["replayed"], data["scanned"], data["damaged"]) == (120, 120, None), data
+    missing = redrive(fast, "replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "no archive at" in missing.stderr and "nope.p1.jsonl.gz" in missing.stderr
+
+
 def test_a_plan_made_and_applied_in_processes_moves_exactly_its_messages(
     fast: MotoServer, checkout: Family, tmp_path: Path
 ) -> None:

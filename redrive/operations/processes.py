@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.archive import ArchiveReader, ArchiveRecord
+from redrive.archive.storage import archive_part
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
@@ -980,18 +981,6 @@ def _add_left(
 # -- purge and archive --------------------------------------------------------------------------
 
 
-def archive_part(location: str, number: int) -> str:
-    """Process ``number``'s own archive: beside the run's (``X.jsonl.gz`` ->
-    ``X.pN.jsonl.gz``). An S3 prefix is every process's: each writes a run folder of its
-    own under it."""
-    if location.startswith("s3://"):
-        return location
-    for suffix in (".jsonl.gz", ".jsonl"):
-        if location.endswith(suffix):
-            return f"{location.removesuffix(suffix)}.p{number}{suffix}"
-    return f"{location}.p{number}"
-
-
 @dataclass(frozen=True, slots=True)
 class PurgeJob:
     target: DlqTarget
@@ -1121,8 +1110,7 @@ class _PurgeRun:
         parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
         sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
         archives = [p.archive for p in parts if p.archive]
-        first = archives[0] if archives else None
-        result = merge_purge_results(self.blank(run_id, first), parts, sightings)
+        result = merge_purge_results(self.blank(run_id, None), parts, sightings)
         for child, status in zip(children, statuses, strict=True):
             if isinstance(child.result, PurgeResult):
                 continue
@@ -1140,6 +1128,9 @@ class _PurgeRun:
                 result.archived += archived
                 result.purged += purged
         self.archives[:] = archives  # set, not added: the run's end may merge again
+        if archives and self.where:
+            # The name given stands for every part (replay takes it); each is named too.
+            result.archive, result.parts = self.where, list(archives)
         result.seconds = time.monotonic() - self.started
         result.interrupted = self.stop.is_set()
         return result

@@ -86,6 +86,9 @@ class PurgeResult:
     redelivered: int = 0
     """Copies SQS delivered again after their message was archived and deleted: deleted
     once more, not archived or counted twice."""
+    parts: list[str] = field(default_factory=list)
+    """A ``--processes`` run's archives, one per process that wrote one (``archive``: the
+    name they were written beside, which replay takes for all of them)."""
 
     @property
     def needs_attention(self) -> bool:

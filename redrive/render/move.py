@@ -232,6 +232,14 @@ def expired_hint(result: MoveResult, verb: str) -> list[str]:
     ]
 
 
+def _archive_named(result: PurgeResult) -> str:
+    """The archive, and a ``--processes`` run's parts (one file per process) by name."""
+    where = result.archive or "?"
+    if not result.parts:
+        return where
+    return f"{where} (in {len(result.parts)} part(s): {', '.join(result.parts)})"
+
+
 def purge_text(result: PurgeResult) -> str:
     verb = result.command
     if result.method == "purge-queue":
@@ -254,20 +262,20 @@ def purge_text(result: PurgeResult) -> str:
         head = (
             f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
             f"{result.matched} matched, would be "
-            + ("archived to " + (result.archive or "?") if result.archive else "deleted")
+            + ("archived to " + _archive_named(result) if result.archive else "deleted")
             + (" and deleted" if result.archive and verb == "purge" else "")
         )
     elif verb == "archive":
         head = (
             f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
-            f"{result.archived} archived to {result.archive}; the DLQ is unchanged"
+            f"{result.archived} archived to {_archive_named(result)}; the DLQ is unchanged"
         )
     else:
         head = (
             f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
             f"{result.matched} matched, {result.archived} archived, {result.purged} deleted, "
             f"{result.failed} failed"
-            + (f"; archive: {result.archive}" if result.archive else "; no archive kept")
+            + (f"; archive: {_archive_named(result)}" if result.archive else "; no archive kept")
         )
     lines = [head]
     if result.by_task:
