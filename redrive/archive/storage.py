@@ -50,9 +50,7 @@ def archive_parts(path: str) -> list[str]:
         names = os.listdir(directory or ".")
     except OSError:
         return []
-    numbered = sorted(
-        (int(m.group(1)), n) for n in names if (m := part.fullmatch(n)) is not None
-    )
+    numbered = sorted((int(m.group(1)), n) for n in names if (m := part.fullmatch(n)) is not None)
     return [os.path.join(directory, n) for _, n in numbered]
 
 
