@@ -703,22 +703,20 @@ def test_a_process_archive_that_exists_refuses_the_purge_before_anything_changes
     dead = tasks(30, seed=2)
     fill(checkout, dead)
     (tmp_path / "purged.p2.jsonl.gz").write_bytes(b"an earlier run's evidence")
-    result = redrive(
-        fast,
-        "purge",
-        "checkout",
-        "--archive",
-        str(tmp_path / "purged.jsonl.gz"),
-        "--processes",
-        "2",
-        "--execute",
-        "--yes",
-        timeout=60,
-    )
+    named = str(tmp_path / "purged.jsonl.gz")
+    purge = ("purge", "checkout", "--archive", named, "--processes", "2", "--execute", "--yes")
+    result = redrive(fast, *purge, timeout=60)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "purged.p2.jsonl.gz" in lines[0], lines
     assert "Traceback" not in result.stderr
+    assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()
+    # The name given stands for the parts (replay takes it): an earlier archive of that
+    # name would make it stand for something else.
+    (tmp_path / "purged.p2.jsonl.gz").unlink()
+    (tmp_path / "purged.jsonl.gz").write_bytes(b"an earlier one-process archive")
+    again = redrive(fast, *purge, timeout=60)
+    assert again.returncode == 1 and "purged.jsonl.gz already exists" in again.stderr, again
     assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()
 
 

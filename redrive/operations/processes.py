@@ -1040,7 +1040,9 @@ def purge_in_processes(
     where = archive_location(target, options)
     if where and options.archive and "://" not in where:
         # Each process's archive must be writable before any of them deletes anything: one
-        # refused later would leave the run half done.
+        # refused later would leave the run half done. The name given must be free too: it
+        # stands for the parts (replay takes it), not for an earlier archive of that name.
+        check_archive_path(where)
         for number in range(1, processes + 1):
             check_archive_path(archive_part(where, number))
     run = _PurgeRun(target, options, stop, where)
