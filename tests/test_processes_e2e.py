@@ -625,6 +625,8 @@ def test_ctrl_c_to_the_process_group_stops_every_process_cleanly(
     assert [c["outcome"] for c in data["children"]] == ["interrupted", "interrupted"]
     assert ledger_states(ledger)["claimed"] == 0, "every batch in flight was finished"
     assert checkout.depth() == (300 - data["moved"], 0), "what they held was given back"
+    [run] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
+    assert run["counts"]["moved"] == data["moved"] and len(run["info"]["children"]) == 2
     ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
     assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
 
