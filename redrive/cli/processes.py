@@ -136,7 +136,7 @@ def processes_text(outcome: Any, text: str) -> str:
         return text
     lines = [text, "", f"processes: {outcome.processes}"]
     named = getattr(outcome.result, "archive", None)
-    if outcome.archives and named:
+    if outcome.archives and named and not outcome.dry_run:
         # Every part is named in the summary above: say how to replay them together.
         lines.append(
             f"archive: one part per process; `redrive replay {shlex.quote(named)}` replays "
