@@ -430,3 +430,40 @@ def test_children_start_with_few_malloc_arenas_unless_the_user_chose(
     assert receive.recv() == child_sees
     child.join(30)
     assert os.environ.get("MALLOC_ARENA_MAX") == given  # the parent's own is left as it was
+
+
+class _SpinUntilAborted:
+    """A child's job that ignores ``stop``: only the parent's abort ends it."""
+
+    def run(self, child: processes.ChildRun) -> tuple[None, None]:
+        child.observer.on_problem("running")
+        while True:
+            time.sleep(0.01)
+
+
+def test_the_parents_abort_interrupts_a_child_as_a_second_ctrl_c_does_one_process(
+    tmp_path: Path,
+) -> None:
+    """The abort was simulated as SIGINT, which a child ignores (the terminal's Ctrl-C is
+    the parent's to answer), and simulating an ignored signal does nothing: a second Ctrl-C
+    then aborted no child."""
+    commands_in, commands_out = SPAWN.Pipe(duplex=False)
+    reports_in, reports_out = SPAWN.Pipe(duplex=False)
+    common = processes.make_shares(SPAWN, limit=None, rate=None, scratch=tmp_path, plans=False)
+    shares = (common, processes.ScanEnds(1, SPAWN))
+    child = SPAWN.Process(
+        target=processes._child_main,
+        args=(1, _SpinUntilAborted(), processes.Wiring(), shares, commands_in, reports_out, None),
+    )
+    child.start()
+    try:
+        assert reports_in.poll(60) and reports_in.recv() == ("problem", "running")
+        commands_out.send("abort")
+        assert reports_in.poll(60), "the child was not interrupted"
+        assert reports_in.recv() == ("error", "aborted", "aborted by a second Ctrl-C")
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)

@@ -110,6 +110,8 @@ PROGRESS_EVERY = 0.25
 ABORT_WAIT = 30.0
 """After a second Ctrl-C, how long the parent waits for its children to give back what they
 hold before it leaves them to their leases."""
+ABORT_SIGNAL = signal.SIGUSR1
+"""What carries the parent's ``abort`` to a child's main thread (never the terminal's)."""
 
 R = TypeVar("R")
 
@@ -266,7 +268,7 @@ class _ParentLink(RunObserver[Any]):
                 return
             self.stop.set()
             if word == "abort":
-                _thread.interrupt_main()
+                _thread.interrupt_main(ABORT_SIGNAL)
                 return
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -287,6 +289,10 @@ class _ParentLink(RunObserver[Any]):
         self.send(("problem", problem))
 
 
+def _aborted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _child_main(
     number: int,
     job: Job,
@@ -301,6 +307,9 @@ def _child_main(
     # case a start method did not keep them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The parent's "abort", simulated in the main thread (interrupt_main): SIGINT cannot
+    # carry it, as simulating an ignored signal does nothing.
+    signal.signal(ABORT_SIGNAL, _aborted)
     link = _ParentLink(commands, reports, progress)
     common, scan_ends = shares
     mine = replace(common, scan_ended=partial(scan_ends.wait_for_all, number, link.orphaned))
