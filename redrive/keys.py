@@ -70,16 +70,15 @@ def legacy_key_for(info: TaskInfo, *, message_id: str, generation: int) -> str:
     return _bounded(key)
 
 
-# key_for's form (and legacy_key_for's, without the publish): the task id is all before it.
 _CELERY_KEY = re.compile(
-    r"celery:(?P<task_id>.+):r\d+:g\d+:[0-9a-f]{8}(?::[tb][0-9a-f]{16}(?::m[0-9a-f]{16})?)?"
+    r"^celery:(?P<task_id>.+):r-?\d+:g\d+:[0-9a-f]{8}(?::[tb][0-9a-f]{16}(?::m[0-9a-f]{16})?)?$"
 )
 
 
-def task_id_in(key: str) -> str | None:
-    """The Celery task id a key names; None for a key of a body that is not a Celery task,
-    or one too long to keep its parts (``sha256:``)."""
-    match = _CELERY_KEY.fullmatch(key)
+def task_id_of_key(key: str) -> str | None:
+    """The Celery task id a key names (:func:`key_for`, :func:`legacy_key_for`); None for a
+    message that is not a task, or a key hashed because it was too long to keep."""
+    match = _CELERY_KEY.match(key)
     return match.group("task_id") if match else None
 
 

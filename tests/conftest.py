@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, settings
 from moto import mock_aws
 
 from redrive.cli import cli as redrive_group
+from redrive.operations.observer import RunObserver
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGION = "us-east-1"
@@ -214,6 +215,42 @@ class Redelivery:
                 return result
 
         return Redelivering(self.client)
+
+
+class ParkOneWorker(RunObserver[Any]):
+    """Records each progress report's counts (``counts`` reads them from a result). The
+    first worker to reach ``park`` (a step, or ``"plan"``: its first planned message) waits
+    there until another worker reports progress: a moment, reached without timing, when one
+    worker's batch is matched and not yet done while another reports."""
+
+    def __init__(self, park: str, counts: Callable[[Any], tuple[int, ...]]) -> None:
+        self.park = park
+        self.counts = counts
+        self.reports: list[tuple[int, ...]] = []
+        self.parked: threading.Thread | None = None
+        self.heard_while_parked = threading.Event()
+        self._lock = threading.Lock()
+
+    def _arrive(self) -> None:
+        with self._lock:
+            if self.parked is not None:
+                return
+            self.parked = threading.current_thread()
+        assert self.heard_while_parked.wait(60), "no other worker reported progress"
+
+    def on_step(self, step: str) -> None:
+        if step == self.park:
+            self._arrive()
+
+    def on_plan(self, item: Any) -> None:
+        if self.park == "plan":
+            self._arrive()
+
+    def on_progress(self, result: Any) -> None:
+        with self._lock:
+            self.reports.append(self.counts(result))
+            if self.parked is not None and self.parked is not threading.current_thread():
+                self.heard_while_parked.set()
 
 
 @pytest.fixture

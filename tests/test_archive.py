@@ -411,6 +411,40 @@ def test_missing_local_archive_is_an_archive_error(tmp_path: Path) -> None:
         list(read_records(str(tmp_path / "missing.jsonl.gz")))
 
 
+def test_the_name_given_to_a_processes_run_reads_its_parts_as_one_archive(
+    tmp_path: Path,
+) -> None:
+    """Issue 22: ``purge --processes 2 --archive pp.jsonl.gz`` writes pp.p1 and pp.p2;
+    ``replay pp.jsonl.gz`` said ``no archive at``. The parts read in process order, each
+    checked as the file it is, the whole check covering every one."""
+    from redrive.archive.storage import archive_part, archive_parts
+
+    named = str(tmp_path / "pp.jsonl.gz")
+    for number, batch in ((1, records(3)), (2, records(4, start=3)), (10, records(1, start=7))):
+        with open_writer(archive_part(named, number)) as writer:
+            writer.write_batch(batch)
+    (tmp_path / "pp.p2x.jsonl.gz").write_bytes(b"not a part")  # not a part's name
+    assert [Path(p).name for p in archive_parts(named)] == [
+        "pp.p1.jsonl.gz",
+        "pp.p2.jsonl.gz",
+        "pp.p10.jsonl.gz",
+    ]
+    assert list(read_records(named)) == records(8)
+    check = check_archive(named)
+    assert (check.records, check.damage) == (8, None)
+    # A part cut short is damage, named by its own file.
+    part = tmp_path / "pp.p2.jsonl.gz"
+    part.write_bytes(part.read_bytes()[:-7])
+    damaged = check_archive(named).damage
+    assert damaged is not None and damaged.first.location == str(part)
+
+
+def test_neither_an_archive_nor_its_parts_is_one_line_naming_both(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError) as raised:
+        list(read_records(str(tmp_path / "pp.jsonl.gz")))
+    assert "no archive at" in str(raised.value) and "pp.p1.jsonl.gz" in str(raised.value)
+
+
 def test_unsupported_scheme_is_rejected() -> None:
     with pytest.raises(ArchiveError, match="unsupported scheme"):
         open_writer("gs://bucket/prefix")

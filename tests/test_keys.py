@@ -16,6 +16,7 @@ from redrive.keys import (
     copy_verdict,
     key_for,
     legacy_key_for,
+    task_id_of_key,
 )
 from redrive.ledger import MAX_KEY_LENGTH as LEDGER_MAX_KEY_LENGTH
 from redrive.messages import TaskInfo, decode
@@ -217,3 +218,15 @@ def test_the_copy_rule(
         same_message=same_message, tagged=tagged, enqueued_at=enqueued, first_sent_at=sent
     )
     assert verdict is expected
+
+
+def test_a_key_names_its_task_id_unless_it_was_hashed() -> None:
+    """What a dead process's in-doubt rows show (issue 22): the task id its key holds."""
+    for one in (info("a:b-1", retries=2), info("c-2", retries=None, tag=None)):
+        for by_message in (False, True):
+            key = key_for(one, message_id="m", generation=1, body=BODY, by_message=by_message)
+            assert task_id_of_key(key) == one.task_id, key
+        assert task_id_of_key(legacy_key_for(one, message_id="m", generation=1)) == one.task_id
+    assert task_id_of_key(key_for(info(None), message_id="m", generation=0, body=BODY)) is None
+    hashed = key_for(info("x" * 200), message_id="m", generation=0, body=BODY)
+    assert hashed.startswith("sha256:") and task_id_of_key(hashed) is None

@@ -236,18 +236,20 @@ def test_the_listing_reads_the_ledger_a_small_page_at_a_time(tmp_path: Any) -> N
 
 
 def test_the_task_id_is_read_back_from_its_key() -> None:
-    from redrive.keys import task_id_in  # new in issue 22
+    from redrive.keys import task_id_of_key  # new in issue 22
 
     body = encode(CHARGE, [1], {}, task_id="abc:with-colon")
     info = decode(body)
-    assert task_id_in(key_for(info, message_id="m", generation=2, body=body)) == "abc:with-colon"
-    assert task_id_in(key_for(info, message_id="m", generation=0, body=body, by_message=True)) == (
-        "abc:with-colon"
+    assert (
+        task_id_of_key(key_for(info, message_id="m", generation=2, body=body)) == "abc:with-colon"
     )
-    assert task_id_in("celery:t-1:r0:g0:0123abcd") == "t-1"  # the earlier form
-    assert task_id_in("sqs:m-1:g0") is None
-    assert task_id_in("sha256:" + "0" * 64) is None
-    assert task_id_in("state") is None
+    assert task_id_of_key(
+        key_for(info, message_id="m", generation=0, body=body, by_message=True)
+    ) == ("abc:with-colon")
+    assert task_id_of_key("celery:t-1:r0:g0:0123abcd") == "t-1"  # the earlier form
+    assert task_id_of_key("sqs:m-1:g0") is None
+    assert task_id_of_key("sha256:" + "0" * 64) is None
+    assert task_id_of_key("state") is None
     assert KeyState.CLAIMED == "claimed"
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import botocore.exceptions
 import pytest
-from conftest import Cli, Family, Redelivery, make_family, start_moto_server
+from conftest import Cli, Family, ParkOneWorker, Redelivery, make_family, start_moto_server
 
 from redrive import attributes
 from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
@@ -1620,6 +1620,31 @@ def test_three_workers_send_each_task_once(family: Family, tmp_path: Path) -> No
     assert result.in_doubt == 0 and cleanup.in_doubt == 0
     assert arrived(family) == {t: 1 for t in ids}
     assert family.depth() == (0, 0)
+
+
+def test_progress_never_shows_more_matched_than_scanned_nor_more_moved_than_matched(
+    family: Family, tmp_path: Path
+) -> None:
+    """Issue 22: one worker's batch matched (and claimed) while another worker reports its
+    progress: the report must count that batch as scanned too (``360 matched / 350
+    scanned`` was a worker's matches read before its batch was counted)."""
+    ids = [f"t-{i}" for i in range(60)]
+    put(family.client, family.dlq_url, [body(t) for t in ids])
+    watch = ParkOneWorker("claimed", lambda r: (r.scanned, r.matched, r.moved))
+    ledger = SqliteLedger(tmp_path / "l.sqlite3")
+    try:
+        result = MoveEngine(
+            checkout(family.client),
+            ledger,
+            MoveOptions(execute=True, workers=2, pipelined=False, lease=30),
+            sqs_factory=lambda: Sqs(family.client),
+            observer=watch,
+        ).run()
+    finally:
+        ledger.close()
+    assert watch.heard_while_parked.is_set() and result.moved == 60
+    for scanned, matched, moved in watch.reports:
+        assert moved <= matched <= scanned, watch.reports
 
 
 def test_a_message_sqs_delivers_again_after_its_move_is_deleted_not_counted_again(

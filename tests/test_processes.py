@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from redrive.errors import UsageProblem
+from redrive.keys import key_for
 from redrive.operations import processes
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
@@ -279,6 +280,57 @@ def test_a_processes_result_needs_attention_when_a_child_died() -> None:
     assert data["processes"] == 2 and data["children"][1]["how"] == "killed by SIGKILL"
 
 
+def test_a_dead_childs_sends_and_claims_are_counted_from_the_ledger(tmp_path: Path) -> None:
+    """Issue 22: a killed child's moves were left out of the per-task table, its in-doubt
+    rows had no task id and said an earlier run stopped, and matched could exceed scanned
+    (its last progress report lagged its sends)."""
+    from redrive.cli.processes import processes_text
+    from redrive.ledger import Claim, SqliteLedger
+    from redrive.messages import decode
+    from redrive.render.move import move_text
+    from redrive.sandbox.encoder import encode
+
+    tasks = {f"id-{i}": ("apps.a.capture" if i % 2 else "apps.b.refund") for i in range(5)}
+    claims = [
+        Claim(
+            key_for(
+                decode(encode(task, [], {}, task_id=tid)),
+                message_id=f"m-{tid}",
+                generation=0,
+                body="",
+            ),
+            task,
+            f"m-{tid}",
+            "https://sqs/1/onion-checkout",
+        )
+        for tid, task in tasks.items()
+    ]
+    ledger = SqliteLedger(tmp_path / "l.sqlite3")
+    try:
+        ledger.start_run("p.2", command="move", info={})
+        ledger.claim_many("p.2", claims)
+        ledger.mark_sent_many("p.2", {c.key: f"s-{c.key}" for c in claims[:3]})
+        status = ChildStatus(2, "p.2", 4242, "died", -9)
+        result = MoveResult(dry_run=False, target="checkout", dlq="dlq", run_id="p")
+        # Its last report (2 scanned, 1 matched) came before most of what the ledger holds.
+        processes._add_left(result, (2, 1, 1, 0), status, processes.left_by(ledger, status))
+    finally:
+        ledger.close()
+    assert (status.moved, status.in_doubt) == (3, 2)
+    assert (result.moved, result.in_doubt, result.died_in_doubt) == (3, 2, 2)
+    assert result.scanned >= result.matched == 5
+    assert sum(c.moved for c in result.tasks.values()) == result.moved
+    assert sum(c.matched for c in result.tasks.values()) == result.matched
+    assert result.tasks["apps.a.capture"].targets["onion-checkout"] >= 1
+    assert {m.task_id for m in result.in_doubt_messages} == {"id-3", "id-4"}
+    text = processes_text(ProcessesResult(result, 2, [status]), move_text(result))
+    assert "an earlier run" not in text and "a process of this run died" in text
+    assert "id-3" in text and "id-4" in text
+    assert "process 2 (pid 4242, run p.2) killed by SIGKILL: 2 message(s) in doubt" in text
+    result.in_doubt += 1  # one more, left by an earlier run
+    assert "earlier run stopped (1) or a process of this run died (2" in move_text(result)
+
+
 def test_a_where_crosses_to_a_process_as_its_text_compiled_again() -> None:
     from redrive.where import compile_where
 
@@ -326,7 +378,7 @@ def test_an_inspect_limit_is_split_so_the_parts_add_up() -> None:
 
 
 def test_each_process_archives_beside_the_archive_named() -> None:
-    from redrive.operations.processes import archive_part
+    from redrive.archive.storage import archive_part
 
     assert archive_part("./a/x.jsonl.gz", 2) == "./a/x.p2.jsonl.gz"
     assert archive_part("x.jsonl", 1) == "x.p1.jsonl"
@@ -378,3 +430,40 @@ def test_children_start_with_few_malloc_arenas_unless_the_user_chose(
     assert receive.recv() == child_sees
     child.join(30)
     assert os.environ.get("MALLOC_ARENA_MAX") == given  # the parent's own is left as it was
+
+
+class _SpinUntilAborted:
+    """A child's job that ignores ``stop``: only the parent's abort ends it."""
+
+    def run(self, child: processes.ChildRun) -> tuple[None, None]:
+        child.observer.on_problem("running")
+        while True:
+            time.sleep(0.01)
+
+
+def test_the_parents_abort_interrupts_a_child_as_a_second_ctrl_c_does_one_process(
+    tmp_path: Path,
+) -> None:
+    """The abort was simulated as SIGINT, which a child ignores (the terminal's Ctrl-C is
+    the parent's to answer), and simulating an ignored signal does nothing: a second Ctrl-C
+    then aborted no child."""
+    commands_in, commands_out = SPAWN.Pipe(duplex=False)
+    reports_in, reports_out = SPAWN.Pipe(duplex=False)
+    common = processes.make_shares(SPAWN, limit=None, rate=None, scratch=tmp_path, plans=False)
+    shares = (common, processes.ScanEnds(1, SPAWN))
+    child = SPAWN.Process(
+        target=processes._child_main,
+        args=(1, _SpinUntilAborted(), processes.Wiring(), shares, commands_in, reports_out, None),
+    )
+    child.start()
+    try:
+        assert reports_in.poll(60) and reports_in.recv() == ("problem", "running")
+        commands_out.send("abort")
+        assert reports_in.poll(60), "the child was not interrupted"
+        assert reports_in.recv() == ("error", "aborted", "aborted by a second Ctrl-C")
+        child.join(30)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join(10)

@@ -242,8 +242,10 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
                 children = {r["run_id"]: r for r in run_info(ledger) if r.get("parent")}
                 if not children or ledger_states(ledger)["done"] < 40:
                     return False
+                sent = sent_by_run(ledger)
                 for run_id, n in claimed_by_run(ledger).items():
-                    if n and run_id in children:
+                    # One that has sent some too: what it moved must be counted (issue 22).
+                    if n and run_id in children and sent[run_id]:
                         victim.update(children[run_id])
                         return True
                 return False
@@ -269,6 +271,25 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     assert died["in_doubt"] > 0, f"no kill landed in the in-doubt window: {report}"
     # At most one batch per worker of the killed child: what it claimed, unconfirmed.
     assert died["in_doubt"] <= 10 * workers
+    # The summary adds up (issue 22): the killed child's sends counted from the ledger, in
+    # the total and per task; no more matched than scanned.
+    run_id = report["run_id"]
+    sent_by = sent_by_run(ledger)
+    assert report["moved"] == sum(n for r, n in sent_by.items() if r.startswith(f"{run_id}."))
+    assert died["moved"] == sent_by[died["run_id"]] > 0
+    assert sum(report["by_task"].values()) == report["moved"]
+    assert sum(t["moved"] for t in report["tasks"].values()) == report["moved"]
+    assert report["scanned"] >= report["matched"] >= report["moved"] + report["in_doubt"]
+    # The run's record (the audit trail) holds the same counts and names both children.
+    audit = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))
+    [run] = [r for r in audit["runs"] if r["run_id"] == run_id]
+    assert (run["counts"]["moved"], run["counts"]["in_doubt"]) == (
+        report["moved"],
+        report["in_doubt"],
+    )
+    assert sorted(c["outcome"] for c in run["info"]["children"]) == sorted(
+        c["outcome"] for c in report["children"]
+    )
     assert claimed_by_run(ledger) == Counter({died["run_id"]: died["in_doubt"]})
     assert report["in_doubt"] >= died["in_doubt"]
     listed = {m["key"] for m in report["in_doubt_messages"]}
@@ -282,6 +303,9 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     assert held["in_doubt"] == died["in_doubt"] == len(held["in_doubt_messages"])
     left = dlq_messages(checkout)
     assert set(left) == {m["message_id"] for m in held["in_doubt_messages"]}
+    # The killed run's in-doubt rows name each message's task id (its key names it).
+    for row in report["in_doubt_messages"]:
+        assert row["task_id"] == sent[left[row["message_id"]]].ident, row
     got = arrivals(checkout, sent)
     in_doubt = {sent[left[m]].ident for m in left}
     assert {d.ident for d in dead if d.ident not in in_doubt and got[d.ident] != 1} == set()
@@ -298,6 +322,67 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     for ident in in_doubt:
         assert got[ident] == before[ident] + 1 <= 2
     assert checkout.depth() == (0, 0)
+
+
+def sent_by_run(ledger: Path) -> Counter[str]:
+    """Keys sent (or sent and done) per run id."""
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        rows = conn.execute(
+            "SELECT run_id, count(*) FROM keys WHERE state IN ('sent', 'done') GROUP BY run_id"
+        ).fetchall()
+    return Counter({str(r): int(n) for r, n in rows})
+
+
+def test_a_double_ctrl_c_still_records_the_runs_counts_and_children(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Issue 22: after a second Ctrl-C the audit said ``counts: {}``, ``children: []`` while
+    keys had moved. The children abort as one process does and report what they did; the
+    parent records it."""
+    dead = tasks(200, seed=23)
+    fill(checkout, dead)
+    ledger = tmp_path / "ledger.sqlite3"
+    out, err = tmp_path / "run.out", tmp_path / "run.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        # --rate 8 shared by both: a batch in flight takes seconds to send, so the second
+        # Ctrl-C comes while the first is still being honoured, as an impatient operator's.
+        run = subprocess.Popen(
+            [*REDRIVE, *MOVE, "--ledger", str(ledger), "--processes", "2", "--rate", "8"],
+            env={**fast.env(), "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    try:
+        wait_for_both_children(
+            ledger, lambda: ledger_states(ledger)["done"] >= 10, "both processes moving"
+        )
+        os.killpg(run.pid, signal.SIGINT)
+        wait_for(lambda: "stopping" in err.read_text(), timeout=30, what="the first Ctrl-C heard")
+        os.killpg(run.pid, signal.SIGINT)
+        code = run.wait(60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(10)
+    assert code == 130 and "Traceback" not in err.read_text(), (code, err.read_text())
+    [parent] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
+    run_id = parent["run_id"]
+    children = parent["info"]["children"]
+    assert [c["run_id"] for c in children] == [f"{run_id}.1", f"{run_id}.2"], parent
+    # What the children recorded of themselves, summed; never more than the ledger sent.
+    own = sum(recorded_counts(ledger, c["run_id"]).get("moved", 0) for c in children)
+    sent = sum(n for r, n in sent_by_run(ledger).items() if r.startswith(f"{run_id}."))
+    assert 0 < parent["counts"]["moved"] == own <= sent, (parent["counts"], own, sent)
+    assert parent["counts"]["matched"] >= parent["counts"]["moved"]
+
+
+def recorded_counts(ledger: Path, run_id: str) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+        [(counts,)] = conn.execute("SELECT counts FROM runs WHERE run_id = ?", (run_id,))
+    return dict(json.loads(counts))
 
 
 def test_children_stop_cleanly_when_the_parent_is_sigkilled(
@@ -400,6 +485,34 @@ def test_purge_in_two_processes_archives_each_message_once_then_deletes_it(
     assert checkout.depth() == (0, 0)
     [run] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
     assert run["counts"]["purged"] == 250
+
+
+def test_a_purge_in_processes_names_every_part_and_replay_takes_the_name_given(
+    fast: MotoServer, checkout: Family, tmp_path: Path
+) -> None:
+    """Issue 22: the summary named one archive of two (``pp.p1.jsonl.gz``), and ``replay
+    pp.jsonl.gz`` said ``no archive at`` without a word of its parts."""
+    dead = tasks(120, seed=12)
+    fill(checkout, dead)
+    archive = tmp_path / "pp.jsonl.gz"
+    purge = ("purge", "checkout", "--archive", str(archive), "--processes", "2", "--workers", "2")
+    dry = ok_json(redrive(fast, *purge, "--json", timeout=120))
+    assert dry["archive"] == str(archive)
+    assert sorted(dry["archives"]) == [str(tmp_path / f"pp.p{n}.jsonl.gz") for n in (1, 2)]
+    ledger = ("--ledger", str(tmp_path / "ledger.sqlite3"))
+    done = redrive(fast, *purge, "--execute", "--yes", *ledger, timeout=120)
+    assert done.returncode == 0, done.stderr
+    parts = sorted(tmp_path.glob("pp.p*.jsonl.gz"))
+    assert parts and checkout.depth() == (0, 0)
+    for part in parts:
+        assert str(part) in done.stdout.split("\n\n")[0], done.stdout  # in the summary itself
+    assert f"redrive replay {archive}" in done.stdout
+    replay = ("replay", str(archive), "--to", "onion-checkout", "--json", "--processes", "2")
+    data = ok_json(redrive(fast, *replay, timeout=120))
+    assert (data["replayed"], data["scanned"], data["damaged"]) == (120, 120, None), data
+    missing = redrive(fast, "replay", str(tmp_path / "nope.jsonl.gz"), "--to", "onion-checkout")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "no archive at" in missing.stderr and "nope.p1.jsonl.gz" in missing.stderr
 
 
 def test_a_plan_made_and_applied_in_processes_moves_exactly_its_messages(
@@ -514,6 +627,8 @@ def test_ctrl_c_to_the_process_group_stops_every_process_cleanly(
     assert [c["outcome"] for c in data["children"]] == ["interrupted", "interrupted"]
     assert ledger_states(ledger)["claimed"] == 0, "every batch in flight was finished"
     assert checkout.depth() == (300 - data["moved"], 0), "what they held was given back"
+    [run] = ok_json(redrive(fast, "audit", "--ledger", str(ledger), "--json"))["runs"]
+    assert run["counts"]["moved"] == data["moved"] and len(run["info"]["children"]) == 2
     ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
     assert arrivals(checkout, by_body(dead)) == Counter({d.ident: 1 for d in dead})
 
@@ -592,22 +707,20 @@ def test_a_process_archive_that_exists_refuses_the_purge_before_anything_changes
     dead = tasks(30, seed=2)
     fill(checkout, dead)
     (tmp_path / "purged.p2.jsonl.gz").write_bytes(b"an earlier run's evidence")
-    result = redrive(
-        fast,
-        "purge",
-        "checkout",
-        "--archive",
-        str(tmp_path / "purged.jsonl.gz"),
-        "--processes",
-        "2",
-        "--execute",
-        "--yes",
-        timeout=60,
-    )
+    named = str(tmp_path / "purged.jsonl.gz")
+    purge = ("purge", "checkout", "--archive", named, "--processes", "2", "--execute", "--yes")
+    result = redrive(fast, *purge, timeout=60)
     assert result.returncode == 1, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "purged.p2.jsonl.gz" in lines[0], lines
     assert "Traceback" not in result.stderr
+    assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()
+    # The name given stands for the parts (replay takes it): an earlier archive of that
+    # name would make it stand for something else.
+    (tmp_path / "purged.p2.jsonl.gz").unlink()
+    (tmp_path / "purged.jsonl.gz").write_bytes(b"an earlier one-process archive")
+    again = redrive(fast, *purge, timeout=60)
+    assert again.returncode == 1 and "purged.jsonl.gz already exists" in again.stderr, again
     assert checkout.depth() == (30, 0) and not (tmp_path / "purged.p1.jsonl.gz").exists()
 
 

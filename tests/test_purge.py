@@ -21,7 +21,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import REGION, Cli, Family, Redelivery, make_family
+from conftest import REGION, Cli, Family, ParkOneWorker, Redelivery, make_family
 
 import redrive.archive.writer as archive_writer
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
@@ -248,6 +248,24 @@ def test_parallel_workers_share_one_archive_and_lose_nothing(
     assert problems == []
     assert sorted(r.message_id for r in records) == sorted(of_task(sent, REFUND))
     assert set(peek(family.client, family.dlq_url)) == of_task(sent, RECEIPT)
+
+
+def test_progress_never_shows_more_matched_than_scanned(family: Family, tmp_path: Path) -> None:
+    """Issue 22: one worker's message matched while another worker reports its progress:
+    the report counts that worker's batch as scanned too."""
+    seed(family, [(RECEIPT, 30), (REFUND, 30)])
+    watch = ParkOneWorker("plan", lambda r: (r.scanned, r.matched, r.archived, r.purged))
+    with open_writer(str(tmp_path / "a.jsonl.gz")) as writer:
+        result = purge_dlq(
+            checkout(family.client),
+            PurgeOptions(execute=True, workers=2, buffer=10),
+            sqs_factory=lambda: Sqs(family.client),
+            writer=writer,
+            observer=watch,
+        )
+    assert watch.heard_while_parked.is_set() and result.purged == 60
+    for scanned, matched, archived, purged in watch.reports:
+        assert purged <= archived <= matched <= scanned, watch.reports
 
 
 def test_a_message_sqs_delivers_again_after_its_purge_is_neither_archived_nor_counted_twice(

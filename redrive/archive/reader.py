@@ -25,7 +25,14 @@ from redrive.archive.format import (
     parse_field,
 )
 from redrive.archive.record import ArchiveRecord, NewerFormat
-from redrive.archive.storage import local_error, parse_s3_uri, reject_other_schemes, s3_error
+from redrive.archive.storage import (
+    archive_part,
+    archive_parts,
+    local_error,
+    parse_s3_uri,
+    reject_other_schemes,
+    s3_error,
+)
 from redrive.aws.errors import one_line
 from redrive.errors import ArchiveError
 
@@ -291,6 +298,19 @@ class ArchiveReader:
     def _read_file(self) -> Iterator[ArchiveRecord]:
         reject_other_schemes(self.source)
         path = os.path.expanduser(self.source)
+        # The name given to a --processes purge stands for the parts it wrote beside it:
+        # read one after another, each checked as the file it is, as one archive.
+        paths = [path] if os.path.lexists(path) else archive_parts(path)
+        if not paths:
+            raise ArchiveError(
+                f"no archive at {path}, nor the parts a --processes run writes beside it "
+                f"({os.path.basename(archive_part(path, 1))}, ...); check the path"
+            )
+        for part in paths:
+            self._end_segment()
+            yield from self._read_one_file(part)
+
+    def _read_one_file(self, path: str) -> Iterator[ArchiveRecord]:
         try:
             stream = open(path, "rb")  # noqa: SIM115 - closed by the with below, across yields
         except FileNotFoundError:

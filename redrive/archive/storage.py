@@ -4,6 +4,7 @@ mean, in one line that says what to do."""
 from __future__ import annotations
 
 import errno
+import os
 import re
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -17,6 +18,40 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise ArchiveError(f"archive URI {uri} has no bucket; use s3://bucket/prefix")
     return bucket, key
+
+
+_SUFFIXES = (".jsonl.gz", ".jsonl")
+
+
+def _stem_and_suffix(location: str) -> tuple[str, str]:
+    for suffix in _SUFFIXES:
+        if location.endswith(suffix):
+            return location.removesuffix(suffix), suffix
+    return location, ""
+
+
+def archive_part(location: str, number: int) -> str:
+    """Process ``number``'s own archive of a ``--processes`` run: beside the one named
+    (``X.jsonl.gz`` -> ``X.pN.jsonl.gz``). An S3 prefix is every process's: each writes a
+    run folder of its own under it."""
+    if location.startswith("s3://"):
+        return location
+    stem, suffix = _stem_and_suffix(location)
+    return f"{stem}.p{number}{suffix}"
+
+
+def archive_parts(path: str) -> list[str]:
+    """The parts a ``--processes`` run wrote beside the local archive ``path`` (what
+    :func:`archive_part` names), in process order; none if it wrote none."""
+    directory, name = os.path.split(path)
+    stem, suffix = _stem_and_suffix(name)
+    part = re.compile(rf"{re.escape(stem)}\.p([1-9][0-9]*){re.escape(suffix)}")
+    try:
+        names = os.listdir(directory or ".")
+    except OSError:
+        return []
+    numbered = sorted((int(m.group(1)), n) for n in names if (m := part.fullmatch(n)) is not None)
+    return [os.path.join(directory, n) for _, n in numbered]
 
 
 def reject_other_schemes(location: str) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -134,9 +135,13 @@ def processes_text(outcome: Any, text: str) -> str:
     if not isinstance(outcome, ProcessesResult):
         return text
     lines = [text, "", f"processes: {outcome.processes}"]
-    if outcome.archives:
-        lines.append("archives (one per process; replay each):")
-        lines.extend(f"  {where}" for where in outcome.archives)
+    named = getattr(outcome.result, "archive", None)
+    if outcome.archives and named and not outcome.dry_run:
+        # Every part is named in the summary above: say how to replay them together.
+        lines.append(
+            f"archive: one part per process; `redrive replay {shlex.quote(named)}` replays "
+            "them all as one archive"
+        )
     for child in outcome.children:
         if child.outcome != "completed":
             lines.append(f"  {child.describe()}")

@@ -78,6 +78,7 @@ def merge_move_results(
     for part in parts:
         merged.moved += part.moved
         merged.in_doubt += part.in_doubt
+        merged.died_in_doubt += part.died_in_doubt
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled

@@ -233,6 +233,9 @@ class MoveResult:
     moved: int = 0
     failed: int = 0
     in_doubt: int = 0
+    died_in_doubt: int = 0
+    """Of ``in_doubt``: the claims a process of this run (``--processes``) left unconfirmed
+    when it died; the others were left by earlier runs."""
     duplicates: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     tasks: dict[str, TaskCounts] = field(default_factory=dict)
@@ -544,6 +547,12 @@ class MoveTally:
         with self._lock:
             self.result.scanned += n
 
+    def snapshot(self) -> MoveResult:
+        """The counts as they stand, taken under the lock: what a progress line reads, so
+        that it never catches one worker's matches without its batch's scan (issue 22)."""
+        with self._lock:
+            return replace(self.result)
+
     def no_target(self, problem: NoTarget) -> None:
         """Why messages had no single target (the first reason found is kept)."""
         with self._lock:
@@ -854,6 +863,8 @@ class MoveEngine:
             return None
         received_at = time.monotonic()
         self.observer.on_step("received")
+        # Counted as received, before any of it is matched: scanned >= matched at all times.
+        self._tally.scanned(len(batch))
         try:
             decided = self._decide(sqs, batch, received_at)
         except Exception:
@@ -877,8 +888,7 @@ class MoveEngine:
                 self._scan.keep(sqs, decided.batch)
             raise
         self._scan.keep(sqs, keep)
-        self._tally.scanned(len(decided.batch))
-        self.observer.on_progress(self.result)
+        self.observer.on_progress(self._tally.snapshot())
 
     # -- one batch -----------------------------------------------------------------------
 

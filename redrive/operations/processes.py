@@ -57,13 +57,15 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.archive import ArchiveReader, ArchiveRecord
+from redrive.archive.storage import archive_part
 from redrive.aws.session import AwsSettings
 from redrive.aws.sqs import Sqs
 from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
-from redrive.ledger import KeyState, Ledger, open_ledger
+from redrive.keys import task_id_of_key
+from redrive.ledger import Entry, KeyState, Ledger, open_ledger
 from redrive.messages import decode
 from redrive.operations.merge import (
     merge_inspect_results,
@@ -108,6 +110,8 @@ PROGRESS_EVERY = 0.25
 ABORT_WAIT = 30.0
 """After a second Ctrl-C, how long the parent waits for its children to give back what they
 hold before it leaves them to their leases."""
+ABORT_SIGNAL = signal.SIGUSR1
+"""What carries the parent's ``abort`` to a child's main thread (never the terminal's)."""
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -219,7 +223,18 @@ class MoveJob:
                 receive_log=receive_log,
                 shares=child.shares,
             )
-            return engine.run(), engine.sightings
+            return _run_to_the_end(engine), engine.sightings
+
+
+def _run_to_the_end(engine: MoveEngine) -> MoveResult:
+    """The engine's result, however its run ends: on a second Ctrl-C (the parent's
+    ``abort``) the engine gives back what it holds and ends its run, and what it did so far
+    is its parent's to count and record (issue 22), as one process records it."""
+    try:
+        return engine.run()
+    except KeyboardInterrupt:
+        engine.result.interrupted = True
+        return engine.result
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -254,7 +269,7 @@ class _ParentLink(RunObserver[Any]):
                 return
             self.stop.set()
             if word == "abort":
-                _thread.interrupt_main()
+                _thread.interrupt_main(ABORT_SIGNAL)
                 return
 
     def send(self, message: tuple[Any, ...]) -> None:
@@ -275,6 +290,10 @@ class _ParentLink(RunObserver[Any]):
         self.send(("problem", problem))
 
 
+def _aborted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _child_main(
     number: int,
     job: Job,
@@ -289,6 +308,9 @@ def _child_main(
     # case a start method did not keep them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # The parent's "abort", simulated in the main thread (interrupt_main): SIGINT cannot
+    # carry it, as simulating an ignored signal does nothing.
+    signal.signal(ABORT_SIGNAL, _aborted)
     link = _ParentLink(commands, reports, progress)
     common, scan_ends = shares
     mine = replace(common, scan_ended=partial(scan_ends.wait_for_all, number, link.orphaned))
@@ -540,6 +562,7 @@ class Supervisor:
         progress: Callable[[Sequence[tuple[int, ...]]], Any],
         heartbeat: Callable[[], None],
         processes: int,
+        children: list[_Child] | None = None,
     ) -> None:
         self.context = context
         self.scan_ends = ScanEnds(processes, context)
@@ -547,7 +570,8 @@ class Supervisor:
         self.stop = stop
         self._progress = progress
         self._heartbeat = heartbeat
-        self.children: list[_Child] = []
+        self.children: list[_Child] = children if children is not None else []
+        """The children as they start (``children``: the caller's list, filled in)."""
 
     def start(
         self,
@@ -610,8 +634,16 @@ class Supervisor:
         for child in self.children:
             child.tell("abort")
         deadline = time.monotonic() + ABORT_WAIT
-        for child in self.children:
-            child.process.join(max(0.0, deadline - time.monotonic()))
+        # Reading their reports as they end: their results (what they did, for the run's
+        # record) must not sit in a full pipe. A third Ctrl-C: wait no more.
+        with contextlib.suppress(KeyboardInterrupt):
+            while live := [c for c in self.children if not c.ended]:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                wait([c.reports for c in live], timeout=min(left, PROGRESS_EVERY))
+                for child in live:
+                    child.drain(self.observer, self.scan_ends)
 
     def close(self) -> None:
         for child in self.children:
@@ -642,19 +674,28 @@ def first_error(children: Sequence[_Child]) -> RedriveError | None:
     return None
 
 
-def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
-    """What a dead child left: its keys still claimed (in doubt, listed) and, counted on
-    ``status``, the ones it sent."""
+@dataclass(slots=True)
+class Left:
+    """What a child that ended without its result left in the ledger."""
+
+    in_doubt: list[Listed] = field(default_factory=list)
+    """Its keys still claimed: claimed, send unconfirmed."""
+    sent: list[Entry] = field(default_factory=list)
+    """Its keys sent (or sent and their DLQ copy deleted)."""
+
+
+def left_by(ledger: Ledger | None, status: ChildStatus) -> Left:
+    """What a dead child left: its keys still claimed (in doubt, listed with the task id
+    their key names) and the ones it sent, both counted on ``status``."""
+    left = Left()
     if ledger is None or status.run_id is None:
-        return []
-    listed: list[Listed] = []
+        return left
     for entry in ledger.keys_for_run(status.run_id):
         if entry.state == KeyState.CLAIMED:
-            status.in_doubt += 1
-            listed.append(
+            left.in_doubt.append(
                 Listed(
                     entry.task,
-                    None,
+                    task_id_of_key(entry.key),
                     entry.message_id,
                     entry.key,
                     f"claimed by process {status.number} (run {status.run_id}), which was "
@@ -662,8 +703,10 @@ def left_by(ledger: Ledger | None, status: ChildStatus) -> list[Listed]:
                 )
             )
         elif entry.state in (KeyState.SENT, KeyState.DONE):
-            status.moved += 1
-    return listed
+            left.sent.append(entry)
+    # Set, not added: the run's end may count again what a merge counted.
+    status.in_doubt, status.moved = len(left.in_doubt), len(left.sent)
+    return left
 
 
 # -- one run in processes ----------------------------------------------------------------------
@@ -710,7 +753,8 @@ def _run_spread(
     context = multiprocessing.get_context("spawn")
     merged: list[R] = []
     statuses: list[ChildStatus] = []
-    life = _spread_lifecycle(spread, processes, stop, merged, statuses)
+    children: list[_Child] = []
+    life = _spread_lifecycle(spread, processes, stop, (merged, statuses, children))
     jobs = _child_jobs(spread, processes, life.run_id)
     with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
         shares = make_shares(
@@ -728,14 +772,15 @@ def _run_spread(
                 progress=lambda snapshots: spread.progress(snapshots, life.run_id),
                 heartbeat=life.heartbeat,
                 processes=processes,
+                children=children,
             )
             try:
                 supervisor.start(jobs, wiring, shares, spread.progress_of)
                 supervisor.supervise()
             finally:
                 supervisor.close()
-            children = supervisor.children
-            statuses.extend(c.status(spread.claims) for c in children)
+                # However the run ends (a second Ctrl-C too): its record names every child.
+                statuses.extend(c.status(spread.claims) for c in children)
             error = first_error(children)
             if error is not None:
                 with contextlib.suppress(Exception):  # the error is what must get through
@@ -751,11 +796,23 @@ def _spread_lifecycle(
     spread: _Spread[R],
     processes: int,
     stop: threading.Event,
-    merged: list[R],
-    statuses: list[ChildStatus],
+    ends: tuple[list[R], list[ChildStatus], list[_Child]],
 ) -> RunLifecycle:
     """The parent's run: its counts are the merged result's, its end names every child
-    (``merged`` and ``statuses`` are filled in as the children end)."""
+    (``ends``: the merged result, the children's statuses and the children, filled in as
+    they end). A run that ends before its result is merged (a second Ctrl-C, an error)
+    records the children's counts all the same: merged from what they reported and, for
+    those that could not report, from the ledger (issue 22)."""
+    merged, statuses, children = ends
+
+    def counts() -> Mapping[str, int]:
+        if merged:
+            return spread.counts(merged[0])
+        with contextlib.suppress(Exception):
+            known = statuses or [c.status(spread.claims) for c in children]
+            return spread.counts(spread.merge(children, known, None))
+        return {}
+
     return RunLifecycle(
         spread.ledger,
         execute=spread.execute,
@@ -763,7 +820,7 @@ def _spread_lifecycle(
         info={**spread.info, "processes": processes},
         lease=spread.lease,
         stop=stop,
-        counts=lambda: spread.counts(merged[0]) if merged else {},
+        counts=counts,
         end_info=lambda: {"children": [s.to_json() for s in statuses]},
     )
 
@@ -926,36 +983,40 @@ def _merged_moves(
     parts = [r for r in results if r is not None]
     sightings = merge_sightings(options.selection, [c.sightings for c in children])
     result = merge_move_results(template, parts, sightings)
-    for child, status in zip(children, statuses, strict=True):
-        if not status.died:
-            continue
-        listed = left_by(ledger, status)
-        result.in_doubt += status.in_doubt
-        result.moved += status.moved
-        scanned, matched = child.progress[:2] if child.progress else (0, 0)
-        result.scanned += scanned
-        result.matched += max(matched, status.moved + status.in_doubt)
-        for item in listed:
-            result.skipped[IN_DOUBT] += 1
-            result.task(item.task).skipped[IN_DOUBT] += 1
-            if len(result.in_doubt_messages) < MAX_LISTED:
-                result.in_doubt_messages.append(item)
+    for child, part, status in zip(children, results, statuses, strict=True):
+        if part is None:
+            _add_left(result, child.progress, status, left_by(ledger, status))
     return result
 
 
+def _add_left(
+    result: MoveResult, progress: tuple[int, ...], status: ChildStatus, left: Left
+) -> None:
+    """A child that ended without its result (it died), counted from the ledger: its sends
+    (moved, per task), its claims (in doubt, listed); matched and scanned at least that, and
+    at least what it last reported."""
+    for entry in left.sent:
+        counts = result.task(entry.task)
+        counts.matched += 1
+        counts.moved += 1
+        counts.targets[entry.target.rsplit("/", 1)[-1]] += 1
+    result.moved += status.moved
+    result.in_doubt += status.in_doubt
+    if status.died:
+        result.died_in_doubt += status.in_doubt
+    scanned, matched = progress[:2] if progress else (0, 0)
+    matched = max(matched, status.moved + status.in_doubt)
+    result.matched += matched
+    result.scanned += max(scanned, matched)
+    for item in left.in_doubt:
+        result.skipped[IN_DOUBT] += 1
+        result.task(item.task).matched += 1
+        result.task(item.task).skipped[IN_DOUBT] += 1
+        if len(result.in_doubt_messages) < MAX_LISTED:
+            result.in_doubt_messages.append(item)
+
+
 # -- purge and archive --------------------------------------------------------------------------
-
-
-def archive_part(location: str, number: int) -> str:
-    """Process ``number``'s own archive: beside the run's (``X.jsonl.gz`` ->
-    ``X.pN.jsonl.gz``). An S3 prefix is every process's: each writes a run folder of its
-    own under it."""
-    if location.startswith("s3://"):
-        return location
-    for suffix in (".jsonl.gz", ".jsonl"):
-        if location.endswith(suffix):
-            return f"{location.removesuffix(suffix)}.p{number}{suffix}"
-    return f"{location}.p{number}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1017,7 +1078,9 @@ def purge_in_processes(
     where = archive_location(target, options)
     if where and options.archive and "://" not in where:
         # Each process's archive must be writable before any of them deletes anything: one
-        # refused later would leave the run half done.
+        # refused later would leave the run half done. The name given must be free too: it
+        # stands for the parts (replay takes it), not for an earlier archive of that name.
+        check_archive_path(where)
         for number in range(1, processes + 1):
             check_archive_path(archive_part(where, number))
     run = _PurgeRun(target, options, stop, where)
@@ -1092,15 +1155,17 @@ class _PurgeRun:
     ) -> PurgeResult:
         parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
         sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
-        self.archives.extend(p.archive for p in parts if p.archive)
-        first = self.archives[0] if self.archives else None
-        result = merge_purge_results(self.blank(run_id, first), parts, sightings)
+        archives = [p.archive for p in parts if p.archive]
+        result = merge_purge_results(self.blank(run_id, None), parts, sightings)
         for child, status in zip(children, statuses, strict=True):
+            if isinstance(child.result, PurgeResult):
+                continue
             left = archive_part(self.where, status.number) if self.where else None
-            if status.died and left and ("://" in left or Path(left).expanduser().exists()):
-                # It died before it could say: what it archived is there all the same.
-                self.archives.append(left)
-            if status.died and child.progress:
+            if left and ("://" in left or Path(left).expanduser().exists()):
+                # It ended before it could say (died, or aborted by a second Ctrl-C): what
+                # it archived is there all the same.
+                archives.append(left)
+            if child.progress:
                 # What it archived and deleted before it died is in its archive and gone
                 # from the DLQ: counted as it last reported.
                 scanned, matched, archived, purged, _ = child.progress
@@ -1108,6 +1173,10 @@ class _PurgeRun:
                 result.matched += matched
                 result.archived += archived
                 result.purged += purged
+        self.archives[:] = archives  # set, not added: the run's end may merge again
+        if archives and self.where:
+            # The name given stands for every part (replay takes it); each is named too.
+            result.archive, result.parts = self.where, list(archives)
         result.seconds = time.monotonic() - self.started
         result.interrupted = self.stop.is_set()
         return result
@@ -1156,7 +1225,7 @@ class ReplayJob:
                 shares=child.shares,
             )
             try:
-                result = engine.run()
+                result = _run_to_the_end(engine)
             except RedriveError as exc:
                 if isinstance(exc.partial, MoveResult):
                     exc.partial = ReplayResult(exc.partial, archive.damage or reader.report())

@@ -89,6 +89,9 @@ class PurgeResult:
     redelivered: int = 0
     """Copies SQS delivered again after their message was archived and deleted: deleted
     once more, not archived or counted twice."""
+    parts: list[str] = field(default_factory=list)
+    """A ``--processes`` run's archives, one per process that wrote one (``archive``: the
+    name they were written beside, which replay takes for all of them)."""
 
     @property
     def needs_attention(self) -> bool:
@@ -362,6 +365,11 @@ class _PurgeTally:
         with self._lock:
             self.result.scanned += n
 
+    def snapshot(self) -> PurgeResult:
+        """The counts as they stand, taken under the lock (what a progress line reads)."""
+        with self._lock:
+            return replace(self.result)
+
     def archived(self, n: int) -> None:
         with self._lock:
             self.result.archived += n
@@ -480,7 +488,7 @@ class _Purge:
                 elif pending and self._due(pending):
                     self._flush(sqs, pending)
                     pending = []
-                self.observer.on_progress(self.result)
+                self.observer.on_progress(self._tally.snapshot())
             self._flush(sqs, pending)
             pending = []
         except (Exception, KeyboardInterrupt):
@@ -507,6 +515,8 @@ class _Purge:
         now = self.clock()
         decoded = [(message, decode(message.body)) for message in batch]
         self._tally.seen.add(decoded)
+        # Counted as received, before any of it is matched: scanned >= matched at all times.
+        self._tally.scanned(len(batch))
         action = "purge" if self.options.delete else "archive"
         for message, info in decoded:
             selected = self.options.selection.matches(
@@ -528,7 +538,6 @@ class _Purge:
                 PlanItem(message.message_id, info.task, info.task_id, key=None, action=action)
             )
         self._scan.keep(sqs, keep)
-        self._tally.scanned(len(batch))
         if self._limit.reached:
             self._scan.stop_receiving()
         return taken

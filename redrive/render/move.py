@@ -129,12 +129,25 @@ def cut_lines(count: int, listing: Sequence[object], rest: str) -> list[str]:
 
 def _in_doubt_lines(result: MoveResult) -> list[str]:
     return _listed(
-        f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
-        "earlier run stopped, so they may already be in the target queue. They stay in "
+        f"{result.in_doubt} message(s) in doubt: their send was in flight when "
+        f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
         "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
         "Celery task id) or --in-doubt skip:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
+    )
+
+
+def _in_doubt_cause(result: MoveResult) -> str:
+    """Who left the in-doubt claims: earlier runs, a process of this one that died, both."""
+    died = result.died_in_doubt
+    if not died:
+        return "an earlier run stopped"
+    if died >= result.in_doubt:
+        return "a process of this run died (named below)"
+    return (
+        f"an earlier run stopped ({result.in_doubt - died}) or a process of this run died "
+        f"({died}, named below)"
     )
 
 
@@ -308,6 +321,14 @@ def expired_hint(result: MoveResult, verb: str, *, plan: bool = False) -> list[s
     ]
 
 
+def _archive_named(result: PurgeResult) -> str:
+    """The archive, and a ``--processes`` run's parts (one file per process) by name."""
+    where = result.archive or "?"
+    if not result.parts:
+        return where
+    return f"{where} (in {len(result.parts)} part(s): {', '.join(result.parts)})"
+
+
 def purge_text(result: PurgeResult) -> str:
     verb = result.command
     if result.method == "purge-queue":
@@ -330,20 +351,20 @@ def purge_text(result: PurgeResult) -> str:
         head = (
             f"DRY RUN: DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
             f"{result.matched} matched, would be "
-            + ("archived to " + (result.archive or "?") if result.archive else "deleted")
+            + ("archived to " + _archive_named(result) if result.archive else "deleted")
             + (" and deleted" if result.archive and verb == "purge" else "")
         )
     elif verb == "archive":
         head = (
             f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
-            f"{result.archived} archived to {result.archive}; the DLQ is unchanged"
+            f"{result.archived} archived to {_archive_named(result)}; the DLQ is unchanged"
         )
     else:
         head = (
             f"DLQ {result.dlq} ({result.target}): {result.scanned} scanned, "
             f"{result.matched} matched, {result.archived} archived, {result.purged} deleted, "
             f"{result.failed} failed"
-            + (f"; archive: {result.archive}" if result.archive else "; no archive kept")
+            + (f"; archive: {_archive_named(result)}" if result.archive else "; no archive kept")
         )
     lines = [head]
     if result.by_task:

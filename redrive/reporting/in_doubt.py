@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redrive.durations import iso_utc
-from redrive.keys import task_id_in
+from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger
 from redrive.ledger.base import KEY_PAGE
 from redrive.operations.run import run_is_live
@@ -31,7 +31,7 @@ class InDoubt:
 
     @property
     def task_id(self) -> str | None:
-        return task_id_in(self.entry.key)
+        return task_id_of_key(self.entry.key)
 
     def to_json(self) -> dict[str, Any]:
         entry = self.entry
