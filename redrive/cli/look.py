@@ -87,7 +87,12 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @click.command(short_help="Group a DLQ's messages by Celery task, leaving the DLQ as it was.")
 @target_argument
 @json_option
-@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Scan at most N messages.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Count at most N messages (with --where: stop after N that match).",
+)
 @click.option(
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
@@ -160,7 +165,8 @@ def _inspect_queue(
     """Scan the target's DLQ (in ``processes`` processes, or this one), a progress line on
     stderr; every message received is released."""
     progress = Progress("scanning")
-    on_progress, on_depth = _scan_callbacks(progress, limit)
+    # With a --where, --limit counts matches: how many are received is not known ahead.
+    on_progress, on_depth = _scan_callbacks(progress, limit if focus.where is None else None)
     with core_errors(), interruptible() as stop:
         dlq = ctx.target(target)
         results = _results_for(ctx, group_by)

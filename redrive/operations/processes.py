@@ -1284,7 +1284,8 @@ def inspect_in_processes(
     result, _ = _run_spread(
         spread, processes=processes, wiring=wiring, observer=_Received(on_progress), stop=stop
     )
-    return result
+    # Each process counted up to its share of the limit: the note names the one given.
+    return replace(result, limit=scan.limit)
 
 
 class _Received(RunObserver[Any]):

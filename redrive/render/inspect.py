@@ -222,7 +222,7 @@ def celery_notes(result: InspectResult) -> list[str]:
 def inspect_notes(result: InspectResult) -> list[str]:
     notes = celery_notes(result)
     if result.partial:
-        notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
+        notes.append(f"note: stopped at --limit {result.limit}; the DLQ may hold more")
     if result.interrupted:
         notes.append("note: interrupted; counts cover only what was scanned")
     if result.incomplete:
