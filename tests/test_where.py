@@ -206,9 +206,7 @@ def test_limit_with_where_counts_matches_and_its_note_names_the_limit(family: Fa
     assert family.depth() == (60, 0)
 
 
-def test_limit_with_where_counts_matches_in_an_archive_too(
-    family: Family, tmp_path: Path
-) -> None:
+def test_limit_with_where_counts_matches_in_an_archive_too(family: Family, tmp_path: Path) -> None:
     for n in range(10):
         family.send_to_dlq(encode(MAIL, [n], {}, task_id=f"m-{n}"))
         family.send_to_dlq(encode(CHARGE, [n], {"user_id": n}, task_id=f"c-{n}"))

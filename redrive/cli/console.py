@@ -22,6 +22,7 @@ from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED,
 from redrive.durations import format_duration
 from redrive.operations.observer import RunObserver
 from redrive.operations.run import Finished
+from redrive.render.tables import fit_text
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -140,6 +141,15 @@ def table_width(wide: bool) -> int | None:
     return None
 
 
+WIDE = "redrive.wide"
+
+
+def output_width() -> int | None:
+    """``table_width`` for a command with ``wide_output_option`` (its --wide in ``WIDE``)."""
+    ctx = click.get_current_context(silent=True)
+    return table_width(bool(ctx is not None and ctx.meta.get(WIDE)))
+
+
 class NeedsYes(click.ClickException):
     """``--execute`` with no one to ask: a usage error (exit 2), before anything changed."""
 
@@ -238,17 +248,18 @@ def next_step(words: str) -> str:
 def finish_move(
     result: Finished,
     as_json: bool,
-    render: Callable[[], str],
+    render: Callable[[int | None], str],
     *,
     next_command: str | None = None,
 ) -> None:
-    """Print a move, purge or replay result (``render``: its text for people) and exit with
-    its code. ``next_command``: what a dry run that would change something tells the reader
-    to run to do it."""
+    """Print a move, purge or replay result (``render``: its text for people, fitted to the
+    width it is given) and exit with its code. ``next_command``: what a dry run that would
+    change something tells the reader to run to do it."""
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(render())
+        width = output_width()
+        click.echo(fit_text(render(width), width))
         if next_command is not None and not result.interrupted:
             click.echo(next_step(next_command))
     if result.interrupted:

@@ -53,6 +53,7 @@ from redrive.cli.options import (
     rate_option,
     selected,
     target_argument,
+    wide_output_option,
     with_policies,
     workers_option,
 )
@@ -111,6 +112,7 @@ from redrive.selection import Selection
 @plan_out_option
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def move(
     ctx: Context,
@@ -250,7 +252,9 @@ def run_move(
     finish_move(
         outcome,
         as_json,
-        lambda: processes_text(outcome, routed_text(options.celery, move_text(result))),
+        lambda width: processes_text(
+            outcome, routed_text(options.celery, move_text(result, width=width))
+        ),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
 
@@ -401,6 +405,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 )
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def replay(
     ctx: Context,
@@ -495,7 +500,7 @@ def finish_replay(
     finish_move(
         finished,
         as_json,
-        lambda: processes_text(finished, replay_text(outcome, knowledge)),
+        lambda width: processes_text(finished, replay_text(outcome, knowledge, width)),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
@@ -624,8 +629,10 @@ def replay_once(
     )
 
 
-def replay_text(outcome: ReplayResult, knowledge: TaskKnowledge | None) -> str:
-    text = routed_text(knowledge, move_text(outcome.move, verb="replay"))
+def replay_text(
+    outcome: ReplayResult, knowledge: TaskKnowledge | None, width: int | None = None
+) -> str:
+    text = routed_text(knowledge, move_text(outcome.move, verb="replay", width=width))
     if outcome.damage is not None:
         text += "\n\n" + "\n".join(archive_damage_lines(outcome.damage, replayed=True))
     return text
@@ -670,6 +677,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
 @processes_sharing("the ledger")
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def apply(
     ctx: Context,
@@ -714,7 +722,9 @@ def apply(
     finish_move(
         result,
         as_json,
-        lambda: processes_text(result.spread, apply_text(result, getattr(options, "celery", None))),
+        lambda width: processes_text(
+            result.spread, apply_text(result, getattr(options, "celery", None), width)
+        ),
         next_command=execute_command() if would_act(result) else None,
     )
 
@@ -822,13 +832,15 @@ def run_apply(
     return result
 
 
-def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
+def apply_text(
+    applied: ApplyResult, knowledge: TaskKnowledge | None, width: int | None = None
+) -> str:
     result = applied.result
     if isinstance(result, MoveResult):
-        text = routed_text(knowledge, move_text(result))
+        text = routed_text(knowledge, move_text(result, width=width))
     else:
         assert result is not None  # an empty plan is not rendered
-        text = purge_text(result)
+        text = purge_text(result, width=width)
     if applied.gone:
         text += (
             f"\n\n{applied.gone} of the plan's {applied.planned} message(s) are no longer in "

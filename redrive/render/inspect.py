@@ -91,7 +91,7 @@ def group_table(result: InspectResult, width: int | None) -> str:
         result.groups, _group_rows(result.groups, result.scanned_at), headers
     )
     rows, headers = result_columns(result.groups, rows, headers)
-    return fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *steps))
+    return fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *steps, *LATE_STEPS))
 
 
 def states_cell(counts: ResultCounts) -> str:
@@ -129,7 +129,26 @@ def _result_cells(counts: ResultCounts | None) -> tuple[str, str]:
     return (states_cell(counts), exceptions_cell(counts)) if counts else ("-", "-")
 
 
-RESULT_STEPS = (Narrow("wrap", "states", 24), Narrow("wrap", "exceptions", 20))
+# Before the groups' own steps: a router's error (hundreds of characters) is a note under
+# the table at any width; states and exceptions wrap.
+RESULT_STEPS = (
+    Narrow("note", "routes to", 30),
+    Narrow("wrap", "states", 24),
+    Narrow("wrap", "exceptions", 20),
+)
+# After them, at the narrowest: what only some groups have, then the why, go below the
+# table as lists by group, whole.
+LATE_STEPS = (
+    Narrow("below", "unregistered"),
+    Narrow("below", "routes to"),
+    Narrow("wrap", "states", 12),
+    Narrow("wrap", "exceptions", 12),
+    Narrow("below", "exceptions"),
+    Narrow("below", "states"),
+    Narrow("below", "poison"),
+    Narrow("below", "expired"),
+    Narrow("below", "consumer receives"),
+)
 
 
 def result_lines(groups: Sequence[TaskGroup]) -> list[str]:

@@ -10,18 +10,50 @@ from redrive.archive import DamageReport
 from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
-from redrive.render.tables import printable, table
+from redrive.render.tables import Narrow, fit_text, fitted_table, printable
+
+# Per task: the task's name and its counts stay; where it went and why some were skipped
+# wrap within their columns.
+TASKS_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("empty", "failed"),
+    Narrow("empty", "duplicates"),
+    Narrow("empty", "already sent"),
+    Narrow("empty", "skipped (why)"),
+    Narrow("shrink", "task", 40),
+    Narrow("wrap", "to", 24),
+    Narrow("wrap", "skipped (why)", 20),
+    Narrow("shrink", "task", 24),
+    Narrow("wrap", "to", 12),
+    Narrow("below", "skipped (why)"),
+    Narrow("below", "to"),
+    Narrow("shrink", "task", 12),
+)
+
+# A list of messages: every id whole (each is looked up in its queue); an error wraps.
+LISTED_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "task", 24),
+    Narrow("wrap", "error", 24),
+    Narrow("wrap", "why", 24),
+    Narrow("shrink", "task", 12),
+    Narrow("wrap", "error", 12),
+    Narrow("wrap", "why", 12),
+)
 
 
-def move_text(result: MoveResult, *, verb: str = "move") -> str:
+def move_text(result: MoveResult, *, verb: str = "move", width: int | None = None) -> str:
+    """A move's (or replay's) summary, fitted to ``width`` (None: at full length)."""
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
     lines = [_move_head(result, verb, would)]
     if result.tasks:
-        lines += ["", _tasks_table(result, verb, would)]
-    lines += _in_doubt_lines(result)
-    lines += _failed_lines(result)
-    lines += _ambiguous_lines(result)
+        lines += ["", _tasks_table(result, verb, would, width)]
+    lines += _in_doubt_lines(result, width)
+    lines += _failed_lines(result, width)
+    lines += _ambiguous_lines(result, width)
     lines += _skipped_lines(result)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb))
@@ -29,7 +61,7 @@ def move_text(result: MoveResult, *, verb: str = "move") -> str:
     if result.interrupted:
         lines.append("")
         lines.append("interrupted: the summary covers what was done; rerun to resume")
-    return "\n".join(lines)
+    return fit_text("\n".join(lines), width)
 
 
 def _move_head(result: MoveResult, verb: str, would: str) -> str:
@@ -51,7 +83,7 @@ def _move_head(result: MoveResult, verb: str, would: str) -> str:
     )
 
 
-def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
+def _tasks_table(result: MoveResult, verb: str, would: str, width: int | None) -> str:
     rows = []
     for task, c in sorted(result.tasks.items()):
         rows.append(
@@ -65,26 +97,19 @@ def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
                 c.duplicates,
             ]
         )
-    return table(
-        rows,
-        [
-            "task",
-            "matched",
-            would,
-            "to",
-            "skipped (why)",
-            "failed",
-            "already sent" if verb == "replay" else "duplicates",
-        ],
-    )
+    headers = ["task", "matched", would, "to", "skipped (why)", "failed"]
+    headers.append("already sent" if verb == "replay" else "duplicates")
+    return fitted_table(rows, headers, width=width, steps=TASKS_STEPS)
 
 
-def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
+def _listed(intro: str, rows: list[list[Any]], headers: list[str], width: int | None) -> list[str]:
     """A section naming messages, one table row each; nothing when there are none."""
-    return ["", intro, table(rows, headers)] if rows else []
+    if not rows:
+        return []
+    return ["", intro, fitted_table(rows, headers, width=width, steps=LISTED_STEPS)]
 
 
-def _in_doubt_lines(result: MoveResult) -> list[str]:
+def _in_doubt_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.in_doubt} message(s) in doubt: their send was in flight when an "
         "earlier run stopped, so they may already be in the target queue. They stay in "
@@ -92,18 +117,20 @@ def _in_doubt_lines(result: MoveResult) -> list[str]:
         "Celery task id) or --in-doubt skip:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
+        width,
     )
 
 
-def _failed_lines(result: MoveResult) -> list[str]:
+def _failed_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.failed} message(s) failed to send and stay in the DLQ:",
         [[m.task, m.message_id, m.detail] for m in result.failed_messages],
         ["task", "message id", "error"],
+        width,
     )
 
 
-def _ambiguous_lines(result: MoveResult) -> list[str]:
+def _ambiguous_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.ambiguous} message(s) held as possible copies: each shares the "
         "idempotency key of a task already sent, and nothing tells a copy of it from a "
@@ -111,6 +138,7 @@ def _ambiguous_lines(result: MoveResult) -> list[str]:
         "invocations, rerun with --ambiguous move; if copies, purge them (archived):",
         [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
         ["task", "task id", "message id", "why"],
+        width,
     )
 
 
@@ -219,7 +247,12 @@ def expired_hint(result: MoveResult, verb: str) -> list[str]:
     ]
 
 
-def purge_text(result: PurgeResult) -> str:
+def purge_text(result: PurgeResult, *, width: int | None = None) -> str:
+    """A purge's (or archive's) summary, fitted to ``width`` (None: at full length)."""
+    return fit_text(_purge_text(result, width), width)
+
+
+def _purge_text(result: PurgeResult, width: int | None) -> str:
     verb = result.command
     if result.method == "purge-queue":
         head = (
@@ -259,7 +292,14 @@ def purge_text(result: PurgeResult) -> str:
     lines = [head]
     if result.by_task:
         lines.append("")
-        lines.append(table(sorted(result.by_task.items()), ["task", "matched"]))
+        lines.append(
+            fitted_table(
+                sorted(result.by_task.items()),
+                ["task", "matched"],
+                width=width,
+                steps=(Narrow("tight"), Narrow("shrink", "task", 12)),
+            )
+        )
     if result.failed:
         lines.append("")
         lines.append(

@@ -9,7 +9,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, grouped_columns, result_columns
+from redrive.render.inspect import (
+    GROUP_STEPS,
+    LATE_STEPS,
+    RESULT_STEPS,
+    grouped_columns,
+    result_columns,
+)
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import (
     Narrow,
@@ -91,7 +97,7 @@ def _groups_section(
         GROUP_STEPS,
     )
     rows, headers = result_columns(groups, rows, headers)
-    steps = (*RESULT_STEPS, *group_steps)
+    steps = (*RESULT_STEPS, *group_steps, *LATE_STEPS)
     lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
     # Markdown: an indented code block, where nothing a task name holds is markup.
     timelines = timeline_lines(
