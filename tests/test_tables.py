@@ -485,3 +485,71 @@ def test_every_view_fits_its_width_with_every_wide_column(
         assert_task_names_keep_their_last_part(result.stdout, view, every=every)
     run_id = as_json(cli.ok("audit", "--json"))["runs"][0]["run_id"]
     assert_fits(cli(*app, "audit", run_id).stdout, width, "audit RUN")
+
+
+def test_cjk_and_emoji_task_names_are_measured_by_display_width() -> None:
+    # Two columns a character in a terminal: measured by len() the table was cut too
+    # late and its columns (and the timelines' marks) stood out of line.
+    from redrive.messages import decode
+    from redrive.reporting.inspect import Grouping
+
+    tasks = [
+        "apps.通知.tasks.发送欢迎邮件给所有新用户",
+        "apps.fun.tasks.🎉_party",
+        "apps.a.tasks.b",
+    ]
+    grouping = Grouping(now=NOW)
+    for i, task in enumerate(tasks):
+        for n in range(10):  # the same hours for each: the same marks
+            info = decode(encode(task, [n], task_id=f"{i}-{n}"))
+            sent = NOW - (n + 1) * HOUR
+            grouping.add(
+                info, message_id=f"{i}-{n}", sent_at=sent, receive_count=1, redrive_count=0
+            )
+    result = inspect_result()
+    result.groups = grouping.sorted_groups()
+    for width in (60, 80, 200, None):
+        text = inspect_text(result, width=width)
+        lines = text.splitlines()
+        if width is not None:
+            assert max(wcwidth.wcswidth(line) for line in lines) <= width, text
+        rows = [
+            line
+            for line in lines
+            if "  1" in line and line.split()[0].endswith(("新用户", "party", ".b"))
+        ]
+        assert len(rows) == 3, text
+        # Each count starts in the same terminal column: the names were padded by width.
+        starts = {wcwidth.wcswidth(row[: row.index("  1") + 2]) for row in rows}
+        assert len(starts) == 1, text
+        marks = [line for line in lines if "\u2588" in line]
+        assert len(marks) == 3, text
+        # The same marks after names padded by width: lines of one width.
+        assert len({wcwidth.wcswidth(line) for line in marks}) == 1, marks
+
+
+def test_inspects_hints_name_only_options_of_the_command_they_name(
+    all_families: dict[str, Family], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    # inspect has no --include-unregistered, --include-expired or --route: a hint that
+    # offers one says whose it is (`move --route source`), as the command to run.
+    from datetime import UTC, datetime, timedelta
+
+    from redrive.cli import cli as group
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    app = wide_world(all_families, tmp_path)
+    expired = datetime.now(UTC) - timedelta(hours=1)
+    all_families["checkout"].send_to_dlq(encode("apps.a.tasks.b", [1], expires=expired))
+    options = {name: {o for p in c.params for o in p.opts} for name, c in group.commands.items()}
+    archive = str(tmp_path / "all.jsonl.gz")
+    cli.ok(*app, "archive", "checkout", "--archive", archive)
+    for target, command in (("checkout", "move"), (archive, "replay")):
+        text = cli(*app, "inspect", target, "--wide").stdout
+        hints = [line for line in text.splitlines() if line.startswith(("hint:", "note:"))]
+        offered = [m for line in hints for m in re.findall(r"(?:`(\w+) )?(--[a-z][a-z-]*)", line)]
+        assert {"--include-unregistered", "--include-expired", "--route"} <= {o for _, o in offered}
+        for named, option in offered:
+            assert option in options[named or "inspect"], (target, named, option, hints)
+            assert named in ("", command), (target, named, option, hints)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
+from redrive.operations.replay import ArchiveInspectResult
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
 from redrive.reporting.inspect import InspectResult, TaskGroup
@@ -221,19 +222,29 @@ def with_celery_columns(
     return rows, headers
 
 
+def _acting(result: InspectResult) -> tuple[str, str]:
+    """The command that would send these messages (an archive's: replay, which has no
+    purge to offer), and what purge would do with them: inspect itself has no
+    --include-* or --route, so a hint names the command whose options they are."""
+    if isinstance(result, ArchiveInspectResult):
+        return "replay", ""
+    return "move", "; purge archives and deletes them"
+
+
 def celery_notes(result: InspectResult) -> list[str]:
     notes = []
+    act, purge = _acting(result)
     unregistered = sum(g.unregistered or 0 for g in result.groups)
     if unregistered:
         notes.append(
             f"hint: {unregistered} message(s) of tasks the Celery app does not register (a "
-            "worker would drop them): move skips them as unregistered unless "
-            "--include-unregistered; purge archives and deletes them"
+            f"worker would drop them): {act} skips them as unregistered unless "
+            f"`{act} --include-unregistered`{purge}"
         )
     if any(g.routes_to for g in result.groups):
         notes.append(
             "note: routes to = the queue the task routes to now, where that is not the DLQ's "
-            "source: move sends it there (--route source: back to the source)"
+            f"source: {act} sends it there (`{act} --route source`: back to the source)"
         )
     return notes
 
@@ -253,10 +264,10 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "rerun with more --workers, or look at part of the DLQ with --limit"
         )
     if result.expired:
+        act, purge = _acting(result)
         notes.append(
             f"hint: {result.expired} message(s) have an expired Celery `expires` (a worker "
-            "would discard them): move skips them unless --include-expired; purge archives "
-            "and deletes them"
+            f"would discard them): {act} skips them unless `{act} --include-expired`{purge}"
         )
     notes.extend(receive_notes(result))
     if result.hidden_before:
