@@ -339,7 +339,10 @@ WIDE_TASKS = {
     # task -> (state, exception) recorded in the result backend for its messages
     "apps.notifications.tasks.send_welcome_email": (
         "FAILURE",
-        ConnectionRefusedError("smtp.internal.example.com:587 refused the connection"),
+        ConnectionRefusedError(
+            "smtp.internal.example.com:587 refused the connection: the relay's pool of "
+            "connections for tenant 42 is exhausted, and the fallback relay is not configured"
+        ),
     ),
     "apps.payments.tasks.capture_payment": ("STARTED", None),
     "apps.reports.tasks.export_quarterly_revenue_csv": (
@@ -464,7 +467,8 @@ def test_every_view_fits_its_width_with_every_wide_column(
         ("inspect", "checkout", *where),
         ("inspect", "checkout", "--group-by", "exception"),
         ("inspect", "checkout", "--show-args"),
-        ("report",),
+        ("report", "--since-last"),
+        ("report", "--since-last"),
         ("check",),
         ("check", "--celery"),
         ("move", "checkout", *where),

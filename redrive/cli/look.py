@@ -47,6 +47,7 @@ from redrive.render.report import report_prometheus, report_text, since_last_tex
 from redrive.render.slack import slack_payload
 from redrive.render.sparkline import wants_ascii
 from redrive.render.status import status_table
+from redrive.render.tables import fit_text
 from redrive.reporting import alerts
 from redrive.reporting.check import check_layout
 from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
@@ -229,9 +230,10 @@ def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, w
         emit_json(result.to_json())
     else:
         ascii_only = ascii_only or wants_ascii(sys.stdout.encoding)
-        click.echo(inspect_text(result, width=table_width(wide), ascii_only=ascii_only))
+        width = table_width(wide)
+        click.echo(inspect_text(result, width=width, ascii_only=ascii_only))
         if damaged is not None:
-            click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
+            click.echo("\n" + fit_text("\n".join(archive_damage_lines(damaged)), width))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
     backend_problem = getattr(result, "result_backend_problem", None)
@@ -444,7 +446,7 @@ def _report_document(
     ascii_only = opts.ascii_only or (not opts.output and wants_ascii(sys.stdout.encoding))
     text = report_text(result, markdown=markdown, width=width, ascii_only=ascii_only)
     if changes is not None:
-        text += "\n" + since_last_text(changes, markdown=markdown)
+        text += "\n" + since_last_text(changes, markdown=markdown, width=width)
     return text
 
 

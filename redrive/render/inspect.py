@@ -9,7 +9,15 @@ from typing import Any
 from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.operations.replay import ArchiveInspectResult
 from redrive.render.sparkline import timeline_lines
-from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
+from redrive.render.tables import (
+    Narrow,
+    fit_text,
+    fitted_table,
+    printable,
+    when,
+    when_cell,
+    wrapped,
+)
 from redrive.reporting.inspect import InspectResult, TaskGroup
 
 
@@ -204,7 +212,8 @@ def inspect_text(
     if notes:
         lines.append("")
         lines.extend(wrapped(note, width) for note in notes)
-    return "\n".join(lines)
+    # Sample arguments and exception messages are the producer's text, of any length.
+    return fit_text("\n".join(lines), width)
 
 
 def with_celery_columns(

@@ -19,10 +19,10 @@ from redrive.render.inspect import (
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import (
     Narrow,
+    fit_text,
     fitted_table,
     markdown_text,
     printable,
-    table,
     when_cell,
 )
 from redrive.reporting.alerts import Change
@@ -57,7 +57,8 @@ def report_text(
         if q.result and q.result.groups:
             lines.append("")
             lines.extend(_groups_section(q, report, fmt, width, ascii_only))
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines)
+    return (text if markdown else fit_text(text, width)) + "\n"
 
 
 def _summary(report: Report) -> tuple[list[list[Any]], list[str]]:
@@ -169,7 +170,20 @@ def report_prometheus(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str:
+# New and grown tasks wrap; at the narrowest they are lists under the table.
+SINCE_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("wrap", "new tasks", 24),
+    Narrow("wrap", "grown tasks", 24),
+    Narrow("below", "grown tasks"),
+    Narrow("below", "new tasks"),
+)
+
+
+def since_last_text(
+    changes: Sequence[Change], *, markdown: bool = False, width: int | None = None
+) -> str:
     rows = []
     for c in changes:
         if c.previous_messages is None:
@@ -189,10 +203,12 @@ def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str
     return (
         title
         + ("\n\n" if markdown else "\n")
-        + table(
+        + fitted_table(
             rows,
             ["family", "messages", "change", "new tasks", "grown tasks"],
             fmt="github" if markdown else "simple",
+            width=width,
+            steps=SINCE_STEPS,
         )
         + "\n"
     )

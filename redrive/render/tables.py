@@ -181,9 +181,10 @@ def fitted_table(
 ) -> str:
     """``table``, narrowed by ``steps`` (in order) until no line is wider than ``width``, so
     the terminal never folds a row into the next: the least useful columns go first, then
-    long names are shortened. Still too wide, the widest cells go below the table as
-    numbered notes. ``width`` None shows everything, at full length; only the plain format
-    is narrowed (Markdown is for documents).
+    long names are shortened, and what is too wide for a column goes below the table
+    (``below``, ``note``). Still too wide (ids that must stay whole), one block per row.
+    ``width`` None shows everything, at full length; only the plain format is narrowed
+    (Markdown is for documents).
     """
     view = _TableView(rows, headers)
     text = view.render(fmt)
