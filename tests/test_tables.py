@@ -459,6 +459,8 @@ def test_every_view_fits_its_width_with_every_wide_column(
     assert any(
         ROUTER_ERROR in line and "send_welcome_email  " in line for line in wide.splitlines()
     )
+    moved = cli(*app, "move", "checkout", "--wide").stdout.splitlines()
+    assert any(len(line) > 120 and "(by route; source onion-checkout)" in line for line in moved)
     plan = str(tmp_path / "plan.json")
     archive = str(tmp_path / "wide.jsonl.gz")
     where = ["--where", "kwargs.n == `2` || kwargs.n == `1` || kwargs.n == `0` || task == 'x'"]
