@@ -5,12 +5,15 @@ everything."""
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import wcwidth
 from click.testing import Result
 from conftest import Cli, Family, as_json
 
@@ -85,7 +88,12 @@ def test_a_task_name_keeps_its_last_dotted_part() -> None:
     short = shorten_task(name, 24)
     assert len(short) == 24 and short.endswith(".capture_payment") and short.startswith("apps.")
     assert shorten_task("(unknown)", 5) == "(unk\u2026"
-    assert len(shorten_task("a." + "x" * 30, 12)) == 12
+    # The last dotted part is whole even where it is wider than the cell (it was cut to
+    # `a.xxxxxxxxx…`, the README's promise broken): the table makes room another way.
+    assert shorten_task("a." + "x" * 30, 12) == "\u2026." + "x" * 30
+    assert shorten_task("apps.notifications.tasks.send_welcome_email", 12).endswith(
+        ".send_welcome_email"
+    )
 
 
 def test_a_queue_name_keeps_both_ends() -> None:
@@ -323,3 +331,231 @@ def test_json_is_never_narrowed(family: Family, columns: None, cli: Cli) -> None
     seed(family)
     data = as_json(cli.ok("inspect", "checkout", "--json"))
     assert {g["task"] for g in data["groups"]} == set(LONG_TASKS[:3])
+
+
+# -- every view, with every wide column -------------------------------------------------------
+
+WIDE_TASKS = {
+    # task -> (state, exception) recorded in the result backend for its messages
+    "apps.notifications.tasks.send_welcome_email": (
+        "FAILURE",
+        ConnectionRefusedError(
+            "smtp.internal.example.com:587 refused the connection: the relay's pool of "
+            "connections for tenant 42 is exhausted, and the fallback relay is not configured"
+        ),
+    ),
+    "apps.payments.tasks.capture_payment": ("STARTED", None),
+    "apps.reports.tasks.export_quarterly_revenue_csv": (
+        "FAILURE",
+        LookupError("no column named created_at_in_the_tenants_own_timezone"),
+    ),
+    "apps.通知.tasks.发送欢迎邮件给新用户": (
+        "FAILURE",
+        UnicodeEncodeError("ascii", "é", 0, 1, "x"),
+    ),
+    "apps.fun.tasks.🎉_celebrate_order": ("PENDING", None),
+    "apps.legacy.tasks.resync_inventory_of_every_warehouse": ("FAILURE", None),
+}
+
+ROUTER_ERROR = (
+    "the routing service at https://routing.internal.example.com/v2/queues answered 503 "
+    "Service Unavailable while it looked up the queue of this task for the current tenant"
+)
+
+WIDE_APP = f"""
+from celery import Celery
+
+app = Celery("wide", set_as_current=False)
+app.conf.task_default_queue = "onion-checkout"
+
+
+def route(name, args, kwargs, options, task=None, **kw):
+    if name.endswith("send_welcome_email"):
+        raise RuntimeError({ROUTER_ERROR!r})
+    if name.startswith("apps.payments."):
+        return {{"queue": "onion-progress"}}
+    return None
+
+
+app.conf.task_routes = (route,)
+
+def _task(name):
+    def run(*args, **kwargs):
+        return None
+
+    return app.task(name=name, shared=False)(run)
+
+
+for _name in {sorted(WIDE_TASKS)[:-1]!r}:
+    _task(_name)
+"""
+
+
+def wide_world(all_families: dict[str, Family], tmp_path: Path) -> list[str]:
+    """A DLQ whose views have every wide column: the result backend's states and
+    exceptions, a router's routes and its error, unregistered tasks, long and CJK/emoji task
+    names. Returns the global options that show them."""
+    from celery import Celery
+
+    url = f"db+sqlite:///{tmp_path}/results.sqlite"
+    backend = Celery("wide-results", backend=url, set_as_current=False).backend
+    n = 0
+    for task, (state, exc) in WIDE_TASKS.items():
+        for i in range(3):
+            n += 1
+            task_id = f"{n:04d}-{UUIDS[0][5:]}"
+            all_families["checkout"].send_to_dlq(encode(task, [i], {"n": i}, task_id=task_id))
+            backend.store_result(task_id, exc, "FAILURE" if i == 2 and exc else state)
+            if i == 1 and state == "FAILURE":
+                backend.store_result(task_id, RuntimeError("Worker exited prematurely"), "FAILURE")
+    # A finding: progress's queue dead-letters into checkout's DLQ.
+    policy = {"deadLetterTargetArn": all_families["checkout"].dlq_arn, "maxReceiveCount": "5"}
+    all_families["progress"].client.set_queue_attributes(
+        QueueUrl=all_families["progress"].queue_url,
+        Attributes={"RedrivePolicy": json.dumps(policy)},
+    )
+    module = f"wide_app_{os.getpid()}_{tmp_path.name[-6:].replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(WIDE_APP)
+    return ["--celery-app", f"{module}:app", "--result-backend", url]
+
+
+def assert_fits(text: str, width: int, what: object) -> None:
+    for line in text.splitlines():
+        # The columns a terminal gives the line (a CJK character or an emoji: two).
+        if wcwidth.wcswidth(line) <= width:
+            continue
+        # Only a suggested command, on its own line, may be wider: it must paste whole.
+        alone = re.fullmatch(r"[(]?`redrive [^`]*`[);:,.]*", line.strip())
+        assert line.strip().startswith("redrive ") or alone, (what, width, line, text)
+
+
+def assert_task_names_keep_their_last_part(text: str, what: object, *, every: bool) -> None:
+    """``every``: each task is listed, so each last dotted part must show."""
+    for task in WIDE_TASKS if every else ():
+        last = task.rsplit(".", 1)[-1]
+        assert last in text, (what, task, text)
+    lasts = tuple("." + task.rsplit(".", 1)[-1] for task in WIDE_TASKS)
+    for word in text.split():
+        # A shortened name is cut in its module path, never in its last dotted part.
+        if word.startswith(("apps.", "\u2026.")) and "\u2026" in word:
+            assert word.split("\u2026", 1)[1] in lasts, (what, word, text)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_every_view_fits_its_width_with_every_wide_column(
+    all_families: dict[str, Family],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cli: Cli,
+    width: int,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    app = wide_world(all_families, tmp_path)
+    monkeypatch.setenv("COLUMNS", str(width))
+    # --wide: the full table, whatever COLUMNS says (the router's error in its cell).
+    wide = cli(*app, "inspect", "checkout", "--wide").stdout
+    assert max(len(line) for line in wide.splitlines()) > 250
+    assert any(
+        ROUTER_ERROR in line and "send_welcome_email  " in line for line in wide.splitlines()
+    )
+    moved = cli(*app, "move", "checkout", "--wide").stdout.splitlines()
+    assert any(len(line) > 120 and "(by route; source onion-checkout)" in line for line in moved)
+    plan = str(tmp_path / "plan.json")
+    archive = str(tmp_path / "wide.jsonl.gz")
+    where = ["--where", "kwargs.n == `2` || kwargs.n == `1` || kwargs.n == `0` || task == 'x'"]
+    views: list[tuple[str, ...]] = [
+        ("status",),
+        ("inspect", "checkout", *where),
+        ("inspect", "checkout", "--group-by", "exception"),
+        ("inspect", "checkout", "--show-args"),
+        ("report", "--since-last"),
+        ("report", "--since-last"),
+        ("check",),
+        ("check", "--celery"),
+        ("move", "checkout", *where),
+        ("move", "checkout", "--plan-out", plan),
+        ("apply", plan),
+        ("purge", "checkout", "--archive", archive),
+        ("purge", "checkout", "--archive", archive, "--task", "apps.fun.*", "--execute", "--yes"),
+        ("replay", archive, "--to", "onion-checkout"),
+        ("move", "checkout", "--to", "onion-checkout", "--execute", "--yes"),
+        ("audit",),
+    ]
+    for view in views:
+        result = cli(*app, *view)
+        assert result.exit_code in (0, 1, 3), (view, result.output)
+        assert "Traceback" not in result.output, result.output
+        assert_fits(result.stdout, width, view)
+        every = view[0] in ("inspect", "report", "move") and "--execute" not in view
+        assert_task_names_keep_their_last_part(result.stdout, view, every=every)
+    run_id = as_json(cli.ok("audit", "--json"))["runs"][0]["run_id"]
+    assert_fits(cli(*app, "audit", run_id).stdout, width, "audit RUN")
+
+
+def test_cjk_and_emoji_task_names_are_measured_by_display_width() -> None:
+    # Two columns a character in a terminal: measured by len() the table was cut too
+    # late and its columns (and the timelines' marks) stood out of line.
+    from redrive.messages import decode
+    from redrive.reporting.inspect import Grouping
+
+    tasks = [
+        "apps.通知.tasks.发送欢迎邮件给所有新用户",
+        "apps.fun.tasks.🎉_party",
+        "apps.a.tasks.b",
+    ]
+    grouping = Grouping(now=NOW)
+    for i, task in enumerate(tasks):
+        for n in range(10):  # the same hours for each: the same marks
+            info = decode(encode(task, [n], task_id=f"{i}-{n}"))
+            sent = NOW - (n + 1) * HOUR
+            grouping.add(
+                info, message_id=f"{i}-{n}", sent_at=sent, receive_count=1, redrive_count=0
+            )
+    result = inspect_result()
+    result.groups = grouping.sorted_groups()
+    for width in (60, 80, 200, None):
+        text = inspect_text(result, width=width)
+        lines = text.splitlines()
+        if width is not None:
+            assert max(wcwidth.wcswidth(line) for line in lines) <= width, text
+        rows = [
+            line
+            for line in lines
+            if "  1" in line and line.split()[0].endswith(("新用户", "party", ".b"))
+        ]
+        assert len(rows) == 3, text
+        # Each count starts in the same terminal column: the names were padded by width.
+        starts = {wcwidth.wcswidth(row[: row.index("  1") + 2]) for row in rows}
+        assert len(starts) == 1, text
+        marks = [line for line in lines if "\u2588" in line]
+        assert len(marks) == 3, text
+        # The same marks after names padded by width: lines of one width.
+        assert len({wcwidth.wcswidth(line) for line in marks}) == 1, marks
+
+
+def test_inspects_hints_name_only_options_of_the_command_they_name(
+    all_families: dict[str, Family], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    # inspect has no --include-unregistered, --include-expired or --route: a hint that
+    # offers one says whose it is (`move --route source`), as the command to run.
+    from datetime import UTC, datetime, timedelta
+
+    from redrive.cli import cli as group
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    app = wide_world(all_families, tmp_path)
+    expired = datetime.now(UTC) - timedelta(hours=1)
+    all_families["checkout"].send_to_dlq(encode("apps.a.tasks.b", [1], expires=expired))
+    options = {name: {o for p in c.params for o in p.opts} for name, c in group.commands.items()}
+    archive = str(tmp_path / "all.jsonl.gz")
+    cli.ok(*app, "archive", "checkout", "--archive", archive)
+    for target, command in (("checkout", "move"), (archive, "replay")):
+        text = cli(*app, "inspect", target, "--wide").stdout
+        hints = [line for line in text.splitlines() if line.startswith(("hint:", "note:"))]
+        offered = [m for line in hints for m in re.findall(r"(?:`(\w+) )?(--[a-z][a-z-]*)", line)]
+        assert {"--include-unregistered", "--include-expired", "--route"} <= {o for _, o in offered}
+        for named, option in offered:
+            assert option in options[named or "inspect"], (target, named, option, hints)
+            assert named in ("", command), (target, named, option, hints)

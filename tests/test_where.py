@@ -188,6 +188,39 @@ def test_several_wheres_must_all_hold(family: Family) -> None:
     assert data["total"] == 2
 
 
+def test_limit_with_where_counts_matches_and_its_note_names_the_limit(family: Family) -> None:
+    # 30 mails first, then 30 charges: a limit on scanned messages would stop among the mails.
+    for n in range(30):
+        family.send_to_dlq(encode(MAIL, [n], {"to": f"{n}@example.com"}, task_id=f"m-{n}"))
+    for n in range(30):
+        family.send_to_dlq(encode(CHARGE, [n], {"user_id": n}, task_id=f"c-{n}"))
+    where = ["--where", f"task == '{CHARGE}'"]
+    data = as_json(ok("inspect", "checkout", *where, "--limit", "20", "--json"))
+    assert (data["matched"], data["partial"], data["limit"]) == (20, True, 20)
+    assert data["scanned"] >= 20
+    text = ok("inspect", "checkout", *where, "--limit", "20").output
+    assert "note: stopped at --limit 20; the DLQ may hold more" in text
+    # Fewer matches than the limit: every message is scanned, and nothing was cut.
+    data = as_json(ok("inspect", "checkout", *where, "--limit", "50", "--json"))
+    assert (data["matched"], data["scanned"], data["partial"]) == (30, 60, False)
+    # With no --where the limit is on messages, as before.
+    data = as_json(ok("inspect", "checkout", "--limit", "7", "--json"))
+    assert (data["total"], data["scanned"], data["partial"], data["limit"]) == (7, 7, True, 7)
+    assert family.depth() == (60, 0)
+
+
+def test_limit_with_where_counts_matches_in_an_archive_too(family: Family, tmp_path: Path) -> None:
+    for n in range(10):
+        family.send_to_dlq(encode(MAIL, [n], {}, task_id=f"m-{n}"))
+        family.send_to_dlq(encode(CHARGE, [n], {"user_id": n}, task_id=f"c-{n}"))
+    archive = str(tmp_path / "all.jsonl.gz")
+    ok("archive", "checkout", "--archive", archive)
+    where = ["--where", f"task == '{CHARGE}'"]
+    data = as_json(ok("inspect", archive, *where, "--limit", "6", "--json"))
+    assert (data["matched"], data["partial"], data["limit"]) == (6, True, 6)
+    assert "stopped at --limit 6" in ok("inspect", archive, *where, "--limit", "6").output
+
+
 def test_nothing_matched_is_not_an_error_and_says_0_matched(family: Family) -> None:
     seed(family)
     where = "kwargs.user_id == `1000`"

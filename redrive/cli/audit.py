@@ -139,7 +139,7 @@ def audit(
                         {**run_json(detail.run), "keys": [entry_json(e) for e in detail.keys]}
                     )
                 else:
-                    click.echo(run_detail_text(detail))
+                    click.echo(run_detail_text(detail, width=table_width(wide)))
                 return
             runs = list_runs(store, since=time.time() - since if since else None)
             if as_json:

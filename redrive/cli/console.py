@@ -22,6 +22,7 @@ from redrive.durations import format_duration
 from redrive.errors import RedriveError
 from redrive.operations.observer import RunObserver
 from redrive.operations.run import Finished
+from redrive.render.tables import fit_text
 from redrive.shell import shell_join
 
 STOPPING = (
@@ -178,6 +179,15 @@ def table_width(wide: bool) -> int | None:
     return None
 
 
+WIDE = "redrive.wide"
+
+
+def output_width() -> int | None:
+    """``table_width`` for a command with ``wide_output_option`` (its --wide in ``WIDE``)."""
+    ctx = click.get_current_context(silent=True)
+    return table_width(bool(ctx is not None and ctx.meta.get(WIDE)))
+
+
 class NeedsYes(click.ClickException):
     """``--execute`` with no one to ask: a usage error (exit 2), before anything changed."""
 
@@ -277,7 +287,7 @@ def next_step(words: str) -> str:
 def summary_if_stopped(
     kinds: type | tuple[type, ...],
     as_json: bool,
-    render: Callable[[Any], str],
+    render: Callable[[Any, int | None], str],
     before: Callable[[], None] = lambda: None,
 ) -> Iterator[None]:
     """A run that a core error (a result backend, the ledger, SQS gone mid-run) stopped
@@ -294,24 +304,26 @@ def summary_if_stopped(
             if as_json:
                 emit_json(cast(Finished, partial).to_json())
             else:
-                click.echo(render(partial))
+                width = output_width()
+                click.echo(fit_text(render(partial, width), width))
         raise
 
 
 def finish_move(
     result: Finished,
     as_json: bool,
-    render: Callable[[], str],
+    render: Callable[[int | None], str],
     *,
     next_command: str | None = None,
 ) -> None:
-    """Print a move, purge or replay result (``render``: its text for people) and exit with
-    its code. ``next_command``: what a dry run that would change something tells the reader
-    to run to do it."""
+    """Print a move, purge or replay result (``render``: its text for people, fitted to the
+    width it is given) and exit with its code. ``next_command``: what a dry run that would
+    change something tells the reader to run to do it."""
     if as_json:
         emit_json(result.to_json())
     else:
-        click.echo(render())
+        width = output_width()
+        click.echo(fit_text(render(width), width))
         if next_command is not None and not result.interrupted:
             click.echo(next_step(next_command))
     if result.interrupted:

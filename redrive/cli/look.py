@@ -49,6 +49,7 @@ from redrive.render.report import report_prometheus, report_text, since_last_tex
 from redrive.render.slack import slack_payload
 from redrive.render.sparkline import wants_ascii
 from redrive.render.status import status_table
+from redrive.render.tables import fit_text
 from redrive.reporting import alerts
 from redrive.reporting.check import check_layout
 from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
@@ -89,7 +90,12 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
 @click.command(short_help="Group a DLQ's messages by Celery task, leaving the DLQ as it was.")
 @target_argument
 @json_option
-@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Scan at most N messages.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Count at most N messages (with --where: stop after N that match).",
+)
 @click.option(
     "--show-args", is_flag=True, help="Show sample task arguments (they may hold personal data)."
 )
@@ -173,7 +179,8 @@ def _inspect_queue(
     stderr; every message received is released. ``reader``: the option that reads Celery's
     result backend, if any (without a backend it is a usage error)."""
     progress = Progress("scanning")
-    on_progress, on_depth = _scan_callbacks(progress, limit)
+    # With a --where, --limit counts matches: how many are received is not known ahead.
+    on_progress, on_depth = _scan_callbacks(progress, limit if focus.where is None else None)
     with core_errors(), interruptible() as stop:
         dlq = ctx.target(target)
         results = _results_for(ctx, reader)
@@ -236,9 +243,10 @@ def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, w
         emit_json(result.to_json())
     else:
         ascii_only = ascii_only or wants_ascii(sys.stdout.encoding)
-        click.echo(inspect_text(result, width=table_width(wide), ascii_only=ascii_only))
+        width = table_width(wide)
+        click.echo(inspect_text(result, width=width, ascii_only=ascii_only))
         if damaged is not None:
-            click.echo("\n" + "\n".join(archive_damage_lines(damaged)))
+            click.echo("\n" + fit_text("\n".join(archive_damage_lines(damaged)), width))
     if damaged is not None:
         raise click.ClickException(damaged.describe())
     backend_problem = getattr(result, "result_backend_problem", None)
@@ -472,7 +480,7 @@ def _report_document(
     ascii_only = opts.ascii_only or (not opts.output and wants_ascii(sys.stdout.encoding))
     text = report_text(result, markdown=markdown, width=width, ascii_only=ascii_only)
     if changes is not None:
-        text += "\n" + since_last_text(changes, markdown=markdown)
+        text += "\n" + since_last_text(changes, markdown=markdown, width=width)
     return text
 
 

@@ -54,6 +54,7 @@ from redrive.cli.options import (
     rate_option,
     selected,
     target_argument,
+    wide_output_option,
     with_policies,
     workers_option,
 )
@@ -112,6 +113,7 @@ from redrive.selection import Selection
 @plan_out_option
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def move(
     ctx: Context,
@@ -237,7 +239,7 @@ def run_move(
     summary = summary_if_stopped(
         (MoveResult, ProcessesResult),
         as_json,
-        lambda partial: move_summary(partial, options.celery),
+        lambda partial, width: move_summary(partial, options.celery, width),
         before=display.done,
     )
     try:
@@ -257,16 +259,18 @@ def run_move(
     finish_move(
         outcome,
         as_json,
-        lambda: move_summary(outcome, options.celery),
+        lambda width: move_summary(outcome, options.celery, width),
         next_command=execute_command(plan_out=plan_out) if would_act else None,
     )
 
 
 def move_summary(
-    outcome: MoveResult | ProcessesResult[MoveResult], knowledge: TaskKnowledge | None
+    outcome: MoveResult | ProcessesResult[MoveResult],
+    knowledge: TaskKnowledge | None,
+    width: int | None = None,
 ) -> str:
     result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
-    return processes_text(outcome, routed_text(knowledge, move_text(result)))
+    return processes_text(outcome, routed_text(knowledge, move_text(result, width=width)))
 
 
 def move_once(
@@ -415,6 +419,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 )
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def replay(
     ctx: Context,
@@ -509,17 +514,19 @@ def finish_replay(
     finish_move(
         finished,
         as_json,
-        lambda: replay_summary(finished, knowledge),
+        lambda width: replay_summary(finished, knowledge, width),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
 
 
 def replay_summary(
-    finished: ReplayResult | ProcessesResult[ReplayResult], knowledge: TaskKnowledge | None
+    finished: ReplayResult | ProcessesResult[ReplayResult],
+    knowledge: TaskKnowledge | None,
+    width: int | None = None,
 ) -> str:
     outcome = finished.result if isinstance(finished, ProcessesResult) else finished
-    return processes_text(finished, replay_text(outcome, knowledge))
+    return processes_text(finished, replay_text(outcome, knowledge, width))
 
 
 def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None:
@@ -580,7 +587,7 @@ def run_replay(
     summary = summary_if_stopped(
         (ReplayResult, ProcessesResult),
         as_json,
-        lambda partial: replay_summary(partial, options.celery),
+        lambda partial, width: replay_summary(partial, options.celery, width),
         before=display.done,
     )
     try:
@@ -651,8 +658,10 @@ def replay_once(
     )
 
 
-def replay_text(outcome: ReplayResult, knowledge: TaskKnowledge | None) -> str:
-    text = routed_text(knowledge, move_text(outcome.move, verb="replay"))
+def replay_text(
+    outcome: ReplayResult, knowledge: TaskKnowledge | None, width: int | None = None
+) -> str:
+    text = routed_text(knowledge, move_text(outcome.move, verb="replay", width=width))
     if outcome.damage is not None:
         text += "\n\n" + "\n".join(archive_damage_lines(outcome.damage, replayed=True))
     return text
@@ -708,6 +717,7 @@ def replay_details(source: str, to: str, selection: Selection) -> list[str]:
 @processes_sharing("the ledger")
 @route_options
 @json_option
+@wide_output_option
 @pass_ctx
 def apply(
     ctx: Context,
@@ -753,13 +763,15 @@ def apply(
     finish_move(
         result,
         as_json,
-        lambda: apply_summary(result, knowledge),
+        lambda width: apply_summary(result, knowledge, width),
         next_command=execute_command() if would_act(result) else None,
     )
 
 
-def apply_summary(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
-    return processes_text(applied.spread, apply_text(applied, knowledge))
+def apply_summary(
+    applied: ApplyResult, knowledge: TaskKnowledge | None, width: int | None = None
+) -> str:
+    return processes_text(applied.spread, apply_text(applied, knowledge, width))
 
 
 def would_act(applied: ApplyResult) -> bool:
@@ -846,7 +858,7 @@ def run_apply(
     summary = summary_if_stopped(
         ApplyResult,
         as_json,
-        lambda partial: apply_summary(partial, getattr(options, "celery", None)),
+        lambda partial, width: apply_summary(partial, getattr(options, "celery", None), width),
         before=display.done,
     )
     try:
@@ -872,13 +884,15 @@ def run_apply(
     return result
 
 
-def apply_text(applied: ApplyResult, knowledge: TaskKnowledge | None) -> str:
+def apply_text(
+    applied: ApplyResult, knowledge: TaskKnowledge | None, width: int | None = None
+) -> str:
     result = applied.result
     if isinstance(result, MoveResult):
-        text = routed_text(knowledge, move_text(result, plan=True))
+        text = routed_text(knowledge, move_text(result, plan=True, width=width))
     else:
         assert result is not None  # an empty plan is not rendered
-        text = purge_text(result)
+        text = purge_text(result, width=width)
     if applied.gone:
         text += "\n\n" + gone_text(applied)
     return text

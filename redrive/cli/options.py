@@ -14,6 +14,7 @@ import click
 from click.shell_completion import CompletionItem
 
 from redrive.aws.sqs import queue_name
+from redrive.cli.console import WIDE
 from redrive.cli.context import Context
 from redrive.config import Layout, load_layout
 from redrive.durations import parse_duration
@@ -260,6 +261,23 @@ def wide_option(f: F) -> F:
         "--wide",
         is_flag=True,
         help="Show every column at full length, however wide the terminal.",
+    )(f)
+
+
+def _remember_wide(ctx: click.Context, _: click.Parameter, value: bool) -> bool:
+    ctx.meta[WIDE] = value
+    return value
+
+
+def wide_output_option(f: F) -> F:
+    """--wide for a command whose summary is printed by ``finish_move``: kept in the
+    context's meta (read by ``output_width``), not passed to the command."""
+    return click.option(
+        "--wide",
+        is_flag=True,
+        expose_value=False,
+        callback=_remember_wide,
+        help="Print the summary at full length, however wide the terminal.",
     )(f)
 
 

@@ -28,6 +28,7 @@ from redrive.cli.options import (
     processes_sharing,
     selected,
     target_argument,
+    wide_output_option,
     workers_doing,
 )
 from redrive.cli.processes import child_wiring, processes_text
@@ -69,8 +70,11 @@ def purge_command(
     summary = summary_if_stopped(
         (PurgeResult, ProcessesResult),
         as_json,
-        lambda partial: processes_text(
-            partial, purge_text(partial.result if isinstance(partial, ProcessesResult) else partial)
+        lambda partial, width: processes_text(
+            partial,
+            purge_text(
+                partial.result if isinstance(partial, ProcessesResult) else partial, width=width
+            ),
         ),
         before=display.done,
     )
@@ -92,7 +96,7 @@ def purge_command(
     finish_move(
         outcome,
         as_json,
-        lambda: processes_text(outcome, purge_text(result)),
+        lambda width: processes_text(outcome, purge_text(result, width=width)),
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
@@ -203,7 +207,7 @@ def _purge_whole_queue(
     finish_move(
         result,
         as_json,
-        lambda: purge_text(result),
+        lambda width: purge_text(result, width=width),
         next_command=execute_command() if result.dry_run and result.matched else None,
     )
 
@@ -224,6 +228,7 @@ def _purge_whole_queue(
 @processes_sharing("the ledger and --limit")
 @plan_out_option
 @json_option
+@wide_output_option
 @pass_ctx
 def purge(
     ctx: Context,
@@ -280,6 +285,7 @@ def purge(
 @workers_doing("receive-archive")
 @processes_sharing("--limit")
 @json_option
+@wide_output_option
 @pass_ctx
 def archive(
     ctx: Context,

@@ -1400,7 +1400,8 @@ def inspect_in_processes(
         wiring=wiring,
         observer=_Received(on_progress),
         stop=stop,
-        done=lambda result, statuses: result,
+        # Each process counted up to its share of the limit: the note names the one given.
+        done=lambda result, statuses: replace(result, limit=scan.limit),
     )
 
 

@@ -277,13 +277,14 @@ def inspect_archive(
     now = time.time() if now is None else now
     focus = Focus.of(focus, show_args)
     grouping = focus.grouping(now, None, DEFAULT_MAX_REDRIVES)
+    grouping.limit = limit
     dlqs: set[str] = set()
     partial = False
     reader = ArchiveReader(
         source, s3_client_factory=s3_client_factory, on_problem=on_problem, skip_damage=True
     )
     for record in reader:
-        if limit is not None and grouping.scanned >= limit:
+        if grouping.full:
             partial = True
             break
         dlqs.add(record.dlq.rsplit("/", 1)[-1])
@@ -302,5 +303,6 @@ def inspect_archive(
         depth_before=grouping.scanned,
         hidden_before=0,
         partial=partial,
+        limit=limit,
         damaged=reader.report(),
     )

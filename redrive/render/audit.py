@@ -7,7 +7,7 @@ from typing import Any
 
 from redrive.ledger import RunInfo
 from redrive.render.selection import filters_text
-from redrive.render.tables import Narrow, fitted_table, printable, table, when, when_cell
+from redrive.render.tables import Narrow, fit_text, fitted_table, printable, when, when_cell
 from redrive.reporting.audit import RunDetail
 
 # The command names the target, and `audit RUN` shows everything: the listing keeps what
@@ -68,7 +68,16 @@ def counts_text(counts: Mapping[str, Any], *, zeros: bool = False) -> str:
     )
 
 
-def run_detail_text(detail: RunDetail) -> str:
+# A run's keys and deletions: ids whole (each is looked up), the task's module path first.
+KEYS_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "task", 24),
+    Narrow("shrink", "task", 12),
+)
+
+
+def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
     run = detail.run
     info = run.info or {}
 
@@ -76,10 +85,13 @@ def run_detail_text(detail: RunDetail) -> str:
         # The command line and names are the operator's text, printed back to a terminal.
         return printable(str(info.get(name) or default))
 
-    lines = [
-        f"run {run.run_id}: {run.outcome or 'running, or crashed before it could end'}",
-        f"  command:  {printable(str(info.get('command_line') or run.command))}",
-    ]
+    command = printable(str(info.get("command_line") or run.command))
+    lines = [f"run {run.run_id}: {run.outcome or 'running, or crashed before it could end'}"]
+    if width is not None and len(f"  command:  {command}") > width:
+        # On a line of its own, whole: it pastes back into a shell.
+        lines += ["  command:", f"    {command}"]
+    else:
+        lines.append(f"  command:  {command}")
     if info.get("cwd"):
         lines.append(f"  cwd:      {value_of('cwd')}")
     lines += [
@@ -96,16 +108,20 @@ def run_detail_text(detail: RunDetail) -> str:
     if detail.keys:
         lines.append("")
         lines.append(
-            table(
+            fitted_table(
                 [[e.key, str(e.state), e.task, e.message_id] for e in detail.keys],
                 ["key", "state", "task", "dlq message id"],
+                width=width,
+                steps=KEYS_STEPS,
             )
         )
-    lines += deleted_text(run.run_id, info, run.counts)
-    return "\n".join(lines)
+    lines += deleted_text(run.run_id, info, run.counts, width)
+    return fit_text("\n".join(lines), width)
 
 
-def deleted_text(run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any]) -> list[str]:
+def deleted_text(
+    run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any], width: int | None = None
+) -> list[str]:
     """What a purge deleted, as its run recorded it (runs of older redrives did not)."""
     deleted = info.get("deleted")
     if not isinstance(deleted, list):
@@ -124,9 +140,11 @@ def deleted_text(run_id: str, info: Mapping[str, Any], counts: Mapping[str, Any]
     lines = ["", head + (":" if deleted else "")]
     if deleted:
         lines.append(
-            table(
+            fitted_table(
                 [[m[0], m[2] or "-", m[1]] for m in deleted if isinstance(m, list) and len(m) == 3],
                 ["message id", "task id", "task"],
+                width=width,
+                steps=KEYS_STEPS,
             )
         )
     return lines

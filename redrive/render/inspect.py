@@ -6,8 +6,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
+from redrive.operations.replay import ArchiveInspectResult
 from redrive.render.sparkline import group_label, timeline_lines
-from redrive.render.tables import Narrow, fitted_table, printable, when, when_cell, wrapped
+from redrive.render.tables import (
+    Narrow,
+    fit_text,
+    fitted_table,
+    printable,
+    when,
+    when_cell,
+    wrapped,
+)
 from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.shell import shell_quote
 
@@ -91,7 +100,7 @@ def group_table(result: InspectResult, width: int | None) -> str:
         result.groups, _group_rows(result.groups, result.scanned_at), headers
     )
     rows, headers = result_columns(result.groups, rows, headers)
-    return fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *steps))
+    return fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *steps, *LATE_STEPS))
 
 
 def states_cell(counts: ResultCounts) -> str:
@@ -128,7 +137,26 @@ def _result_cells(counts: ResultCounts | None) -> tuple[str, str]:
     return (states_cell(counts), exceptions_cell(counts)) if counts else ("-", "-")
 
 
-RESULT_STEPS = (Narrow("wrap", "states", 24), Narrow("wrap", "exceptions", 20))
+# Before the groups' own steps: a router's error (hundreds of characters) is a note under
+# the table at any width; states and exceptions wrap.
+RESULT_STEPS = (
+    Narrow("note", "routes to", 30),
+    Narrow("wrap", "states", 24),
+    Narrow("wrap", "exceptions", 20),
+)
+# After them, at the narrowest: what only some groups have, then the why, go below the
+# table as lists by group, whole.
+LATE_STEPS = (
+    Narrow("below", "unregistered"),
+    Narrow("below", "routes to"),
+    Narrow("wrap", "states", 12),
+    Narrow("wrap", "exceptions", 12),
+    Narrow("below", "exceptions"),
+    Narrow("below", "states"),
+    Narrow("below", "poison"),
+    Narrow("below", "expired"),
+    Narrow("below", "consumer receives"),
+)
 
 
 def result_lines(groups: Sequence[TaskGroup]) -> list[str]:
@@ -183,7 +211,8 @@ def inspect_text(
     if notes:
         lines.append("")
         lines.extend(wrapped(note, width) for note in notes)
-    return "\n".join(lines)
+    # Sample arguments and exception messages are the producer's text, of any length.
+    return fit_text("\n".join(lines), width)
 
 
 def with_celery_columns(
@@ -201,19 +230,29 @@ def with_celery_columns(
     return rows, headers
 
 
+def _acting(result: InspectResult) -> tuple[str, str]:
+    """The command that would send these messages (an archive's: replay, which has no
+    purge to offer), and what purge would do with them: inspect itself has no
+    --include-* or --route, so a hint names the command whose options they are."""
+    if isinstance(result, ArchiveInspectResult):
+        return "replay", ""
+    return "move", "; purge archives and deletes them"
+
+
 def celery_notes(result: InspectResult) -> list[str]:
     notes = []
+    act, purge = _acting(result)
     unregistered = sum(g.unregistered or 0 for g in result.groups)
     if unregistered:
         notes.append(
             f"hint: {unregistered} message(s) of tasks the Celery app does not register (a "
-            "worker would drop them): move skips them as unregistered unless "
-            "--include-unregistered; purge archives and deletes them"
+            f"worker would drop them): {act} skips them as unregistered unless "
+            f"`{act} --include-unregistered`{purge}"
         )
     if any(g.routes_to for g in result.groups):
         notes.append(
             "note: routes to = the queue the task routes to now, where that is not the DLQ's "
-            "source: move sends it there (--route source: back to the source)"
+            f"source: {act} sends it there (`{act} --route source`: back to the source)"
         )
     return notes
 
@@ -221,7 +260,7 @@ def celery_notes(result: InspectResult) -> list[str]:
 def inspect_notes(result: InspectResult) -> list[str]:
     notes = celery_notes(result)
     if result.partial:
-        notes.append(f"note: stopped at --limit {result.total}; the DLQ may hold more")
+        notes.append(f"note: stopped at --limit {result.limit}; the DLQ may hold more")
     if result.interrupted:
         notes.append("note: interrupted; counts cover only what was scanned")
     if result.incomplete:
@@ -233,10 +272,10 @@ def inspect_notes(result: InspectResult) -> list[str]:
             "rerun with more --workers, or look at part of the DLQ with --limit"
         )
     if result.expired:
+        act, purge = _acting(result)
         notes.append(
             f"hint: {result.expired} message(s) have an expired Celery `expires` (a worker "
-            "would discard them): move skips them unless --include-expired; purge archives "
-            "and deletes them"
+            f"would discard them): {act} skips them unless `{act} --include-expired`{purge}"
         )
     notes.extend(receive_notes(result))
     if result.hidden_before:

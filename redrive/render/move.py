@@ -3,7 +3,6 @@ that matched nothing, archive damage)."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -13,28 +12,63 @@ from redrive.ledger import default_ledger_path
 from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
-from redrive.render.tables import printable, table
+from redrive.render.tables import Narrow, fit_text, fitted_table, printable
+from redrive.shell import shell_quote
+
+# Per task: the task's name and its counts stay; where it went and why some were skipped
+# wrap within their columns.
+TASKS_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("empty", "failed"),
+    Narrow("empty", "duplicates"),
+    Narrow("empty", "already sent"),
+    Narrow("empty", "skipped (why)"),
+    Narrow("shrink", "task", 40),
+    Narrow("wrap", "to", 24),
+    Narrow("wrap", "skipped (why)", 20),
+    Narrow("shrink", "task", 24),
+    Narrow("wrap", "to", 12),
+    Narrow("below", "skipped (why)"),
+    Narrow("below", "to"),
+    Narrow("shrink", "task", 12),
+)
+
+# A list of messages: every id whole (each is looked up in its queue); an error wraps.
+LISTED_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("shrink", "task", 24),
+    Narrow("wrap", "error", 24),
+    Narrow("wrap", "why", 24),
+    Narrow("shrink", "task", 12),
+    Narrow("wrap", "error", 12),
+    Narrow("wrap", "why", 12),
+)
 
 
-def move_text(result: MoveResult, *, verb: str = "move", plan: bool = False) -> str:
-    """``plan``: the run applied a plan (``apply``), whose advice is a new plan, not --to."""
+def move_text(
+    result: MoveResult, *, verb: str = "move", plan: bool = False, width: int | None = None
+) -> str:
+    """A move's (or replay's) summary, fitted to ``width`` (None: at full length); ``plan``:
+    the run applied a plan (``apply``), whose advice is a new plan, not --to."""
     past = {"move": "moved", "replay": "replayed"}.get(verb, verb + "d")
     would = "would " + verb if result.dry_run else past
     lines = [_move_head(result, verb, would)]
     if result.tasks:
-        lines += ["", _tasks_table(result, verb, would)]
-    lines += _in_doubt_lines(result)
+        lines += ["", _tasks_table(result, verb, would, width)]
+    lines += _in_doubt_lines(result, width)
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
-    lines += _failed_lines(result)
+    lines += _failed_lines(result, width)
     lines += cut_lines(result.failed, result.failed_messages, FAILED_REST)
-    lines += _ambiguous_lines(result, verb, plan)
+    lines += _ambiguous_lines(result, verb, plan, width)
     lines += cut_lines(result.ambiguous, result.ambiguous_messages, AMBIGUOUS_REST)
     lines += _skipped_lines(result, verb, plan)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
     lines += _stopped_lines(result.interrupted, result.error)
-    return "\n".join(lines)
+    return fit_text("\n".join(lines), width)
 
 
 def _stopped_lines(interrupted: bool, error: str | None) -> list[str]:
@@ -69,7 +103,7 @@ def _move_head(result: MoveResult, verb: str, would: str) -> str:
     )
 
 
-def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
+def _tasks_table(result: MoveResult, verb: str, would: str, width: int | None) -> str:
     rows = []
     for task, c in sorted(result.tasks.items()):
         rows.append(
@@ -83,23 +117,16 @@ def _tasks_table(result: MoveResult, verb: str, would: str) -> str:
                 c.duplicates,
             ]
         )
-    return table(
-        rows,
-        [
-            "task",
-            "matched",
-            would,
-            "to",
-            "skipped (why)",
-            "failed",
-            "already sent" if verb == "replay" else "duplicates",
-        ],
-    )
+    headers = ["task", "matched", would, "to", "skipped (why)", "failed"]
+    headers.append("already sent" if verb == "replay" else "duplicates")
+    return fitted_table(rows, headers, width=width, steps=TASKS_STEPS)
 
 
-def _listed(intro: str, rows: list[list[Any]], headers: list[str]) -> list[str]:
+def _listed(intro: str, rows: list[list[Any]], headers: list[str], width: int | None) -> list[str]:
     """A section naming messages, one table row each; nothing when there are none."""
-    return ["", intro, table(rows, headers)] if rows else []
+    if not rows:
+        return []
+    return ["", intro, fitted_table(rows, headers, width=width, steps=LISTED_STEPS)]
 
 
 FAILED_REST = (
@@ -116,7 +143,7 @@ def in_doubt_rest(ledger: str | None) -> str:
     """Where the in-doubt messages a summary leaves out are listed: the ledger's command."""
     command = "redrive ledger in-doubt"
     if ledger is not None and ledger != f"sqlite://{default_ledger_path().absolute()}":
-        command += f" --ledger {shlex.quote(ledger)}"
+        command += f" --ledger {shell_quote(ledger)}"
     return f"`{command}` lists them all"
 
 
@@ -127,7 +154,7 @@ def cut_lines(count: int, listing: Sequence[object], rest: str) -> list[str]:
     return [f"{len(listing)} of {count} shown: {rest}"]
 
 
-def _in_doubt_lines(result: MoveResult) -> list[str]:
+def _in_doubt_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.in_doubt} message(s) in doubt: their send was in flight when "
         f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
@@ -135,6 +162,7 @@ def _in_doubt_lines(result: MoveResult) -> list[str]:
         "Celery task id) or --in-doubt skip:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
+        width,
     )
 
 
@@ -151,11 +179,12 @@ def _in_doubt_cause(result: MoveResult) -> str:
     )
 
 
-def _failed_lines(result: MoveResult) -> list[str]:
+def _failed_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.failed} message(s) failed to send and stay in the DLQ:",
         [[m.task, m.message_id, m.detail] for m in result.failed_messages],
         ["task", "message id", "error"],
+        width,
     )
 
 
@@ -175,7 +204,7 @@ def _stay(verb: str) -> str:
     return "They stay in the DLQ"
 
 
-def _ambiguous_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
+def _ambiguous_lines(result: MoveResult, verb: str, plan: bool, width: int | None) -> list[str]:
     copies = "leave them" if verb == "replay" else "purge them (archived)"
     again = _pass(result, "--ambiguous move", plan) if plan else "rerun with --ambiguous move"
     return _listed(
@@ -185,6 +214,7 @@ def _ambiguous_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
         f"{again}; if copies, {copies}:",
         [[m.task, m.task_id or "-", m.message_id, m.detail] for m in result.ambiguous_messages],
         ["task", "task id", "message id", "why"],
+        width,
     )
 
 
@@ -329,7 +359,12 @@ def _archive_named(result: PurgeResult) -> str:
     return f"{where} (in {len(result.parts)} part(s): {', '.join(result.parts)})"
 
 
-def purge_text(result: PurgeResult) -> str:
+def purge_text(result: PurgeResult, *, width: int | None = None) -> str:
+    """A purge's (or archive's) summary, fitted to ``width`` (None: at full length)."""
+    return fit_text(_purge_text(result, width), width)
+
+
+def _purge_text(result: PurgeResult, width: int | None) -> str:
     verb = result.command
     if result.method == "purge-queue":
         head = (
@@ -369,7 +404,14 @@ def purge_text(result: PurgeResult) -> str:
     lines = [head]
     if result.by_task:
         lines.append("")
-        lines.append(table(sorted(result.by_task.items()), ["task", "matched"]))
+        lines.append(
+            fitted_table(
+                sorted(result.by_task.items()),
+                ["task", "matched"],
+                width=width,
+                steps=(Narrow("tight"), Narrow("shrink", "task", 12)),
+            )
+        )
     if result.failed:
         lines.append("")
         lines.append(

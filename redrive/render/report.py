@@ -8,14 +8,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.durations import format_duration
-from redrive.render.inspect import GROUP_STEPS, RESULT_STEPS, grouped_columns, result_columns
+from redrive.render.inspect import (
+    GROUP_STEPS,
+    LATE_STEPS,
+    RESULT_STEPS,
+    grouped_columns,
+    result_columns,
+)
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import (
     Narrow,
+    fit_text,
     fitted_table,
     markdown_text,
     printable,
-    table,
     when_cell,
     wrapped,
 )
@@ -56,7 +62,8 @@ def report_text(
         if q.result and q.result.groups:
             lines.append("")
             lines.extend(_groups_section(q, report, fmt, width, ascii_only))
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines)
+    return (text if markdown else fit_text(text, width)) + "\n"
 
 
 def interrupted_note(report: Report, *, name: Callable[[str], str] = printable) -> str:
@@ -129,7 +136,7 @@ def _groups_section(
         GROUP_STEPS,
     )
     rows, headers = result_columns(groups, rows, headers)
-    steps = (*RESULT_STEPS, *group_steps)
+    steps = (*RESULT_STEPS, *group_steps, *LATE_STEPS)
     lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
     # Markdown: an indented code block, where nothing a task name holds is markup.
     timelines = timeline_lines(
@@ -202,7 +209,20 @@ def report_prometheus(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str:
+# New and grown tasks wrap; at the narrowest they are lists under the table.
+SINCE_STEPS = (
+    Narrow("tight"),
+    Narrow("headers"),
+    Narrow("wrap", "new tasks", 24),
+    Narrow("wrap", "grown tasks", 24),
+    Narrow("below", "grown tasks"),
+    Narrow("below", "new tasks"),
+)
+
+
+def since_last_text(
+    changes: Sequence[Change], *, markdown: bool = False, width: int | None = None
+) -> str:
     rows = []
     for c in changes:
         if c.previous_messages is None:
@@ -222,10 +242,12 @@ def since_last_text(changes: Sequence[Change], *, markdown: bool = False) -> str
     return (
         title
         + ("\n\n" if markdown else "\n")
-        + table(
+        + fitted_table(
             rows,
             ["family", "messages", "change", "new tasks", "grown tasks"],
             fmt="github" if markdown else "simple",
+            width=width,
+            steps=SINCE_STEPS,
         )
         + "\n"
     )

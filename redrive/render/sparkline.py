@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
-from redrive.render.tables import printable, shorten_task, wrapped
+from redrive.render.tables import display_width, printable, shorten_task, wrapped
 from redrive.reporting.inspect import TaskGroup
 from redrive.reporting.timeline import Timeline, rebinned
 
@@ -43,6 +43,12 @@ def group_label(group: TaskGroup) -> str:
     return f"{group.task} ({exception})"
 
 
+def _tail_width(label: str) -> int:
+    """The narrowest a shortened label can be: ``…`` and its last dotted part."""
+    head, dot, last = printable(label).rpartition(".")
+    return display_width(dot + last) + 1 if head else 1
+
+
 def _stamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%MZ")
 
@@ -61,9 +67,11 @@ def timeline_lines(
     if not timed:
         return []
     span: Timeline = timed[0][1]
-    label_width = max(len(printable(group_label(g))) for g, _ in timed)
+    label_width = max(display_width(printable(group_label(g))) for g, _ in timed)
     if width is not None:
-        label_width = min(LABEL_MOST, label_width)
+        # Shortened, a name keeps its last dotted part whole: at least that wide.
+        tails = max(_tail_width(group_label(g)) for g, _ in timed)
+        label_width = max(min(LABEL_MOST, label_width), min(tails, label_width))
     room = None if width is None else width - len(indent + INDENT) - label_width - 2
     if room is not None and room < 8:
         # Too narrow for the label and a useful line: the line comes first.
@@ -76,8 +84,10 @@ def timeline_lines(
     for group, timeline in timed:
         counts = rebinned(timeline.counts, room)[0] if room is not None else timeline.counts
         label = shorten_task(printable(group_label(group)), label_width)
+        # Padded by display width: a CJK or emoji name takes two columns a character.
+        pad = " " * max(0, label_width - display_width(label))
         line = sparkline(counts, ascii_only=ascii_only)
-        lines.append(f"{indent}{INDENT}{label.ljust(label_width)}  {line}".rstrip())
+        lines.append(f"{indent}{INDENT}{label}{pad}  {line}".rstrip())
     return lines
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import textwrap
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import tabulate as tabulate_module
+import wcwidth
 from tabulate import tabulate
 
 from redrive.durations import format_duration
@@ -37,6 +38,36 @@ def markdown_text(text: str) -> str:
     return printable(text).translate(_MARKDOWN_SPECIAL)
 
 
+def display_width(text: str) -> int:
+    """The columns a terminal gives ``text``: two for a CJK character or an emoji, none for
+    a combining mark (the measure tabulate aligns by, wcwidth's)."""
+    if text.isascii():
+        return len(text)
+    width = int(wcwidth.wcswidth(text))
+    return width if width >= 0 else len(text)
+
+
+def _head(text: str, width: int) -> str:
+    """The longest start of ``text`` no wider than ``width`` columns."""
+    used = 0
+    for i, char in enumerate(text):
+        used += display_width(char)
+        if used > width:
+            return text[:i]
+    return text
+
+
+def _tail(text: str, width: int) -> str:
+    """The longest end of ``text`` no wider than ``width`` columns."""
+    return _head(text[::-1], width)[::-1]
+
+
+class _Lines(str):
+    """A cell already folded onto several lines (its newlines are the fitting's own)."""
+
+    __slots__ = ()
+
+
 def table(
     rows: Iterable[Sequence[Any]],
     headers: Sequence[str],
@@ -48,7 +79,7 @@ def table(
     def cell(value: Any) -> Any:
         if isinstance(value, Short):
             value = value.full
-        if not isinstance(value, str):
+        if not isinstance(value, str) or isinstance(value, _Lines):
             return value
         value = printable(value)
         return markdown_text(value) if fmt == "github" else value
@@ -84,10 +115,15 @@ class Narrow:
     ``tight``: no padding beside the headers; ``drop`` a column; ``short``: use its cells'
     short readings; ``shrink`` its cells to fit (never below ``to`` characters);
     ``headers``: wrap every header onto lines no wider than its column needs; ``wrap``: wrap
-    a column's text onto several lines (for sentences, which a cut would make useless).
+    a column's text onto several lines, between words (for sentences, which a cut would
+    make useless); ``note``: a cell wider than ``to`` goes below the table as a numbered
+    note, its cell a ``[1]`` (a router's error: wanted whole); ``below``: the column leaves
+    the table for a list under it, one line per row that has a value, named by the row's
+    first cell (what only some rows have, or what is long in every row); ``empty``: drop
+    a column that says nothing (every cell 0, ``-`` or blank: the totals above say it).
     """
 
-    action: Literal["tight", "drop", "short", "shrink", "headers", "wrap"]
+    action: Literal["tight", "drop", "short", "shrink", "headers", "wrap", "note", "below", "empty"]
     column: str = ""
     to: int = 0
 
@@ -96,31 +132,32 @@ ELLIPSIS = "\u2026"
 
 
 def shorten_end(text: str, width: int) -> str:
-    if len(text) <= width:
+    if display_width(text) <= width:
         return text
-    return text[: max(0, width - 1)] + ELLIPSIS
+    return _head(text, max(0, width - 1)) + ELLIPSIS
 
 
 def shorten_middle(text: str, width: int) -> str:
     """``onion-che…-dlq``: both ends of a name usually matter."""
-    if len(text) <= width:
+    if display_width(text) <= width:
         return text
     if width < 5:
         return shorten_end(text, width)
     tail = (width - 1) // 2
-    return text[: width - 1 - tail] + ELLIPSIS + text[len(text) - tail :]
+    return _head(text, width - 1 - tail) + ELLIPSIS + _tail(text, tail)
 
 
 def shorten_task(name: str, width: int) -> str:
-    """``apps.pay….capture_payment``: a task's last dotted part is its name; the module path
-    before it is what a reader can most easily do without."""
-    if len(name) <= width:
+    """``apps.pay….capture_payment``: a task's last dotted part is its name, kept whole
+    (even past ``width``: the README promises it); the module path before it is what a
+    reader can most easily do without."""
+    if display_width(name) <= width:
         return name
     head, dot, last = name.rpartition(".")
-    tail = dot + last
-    if not head or len(tail) + 2 > width:
+    if not head:
         return shorten_end(name, width)
-    return head[: width - 1 - len(tail)] + ELLIPSIS + tail
+    tail = dot + last
+    return _head(head, max(0, width - 1 - display_width(tail))) + ELLIPSIS + tail
 
 
 # Queue names and identities differ at both ends (``onion-checkout-dlq``); the rest, at the end.
@@ -144,24 +181,103 @@ def fitted_table(
 ) -> str:
     """``table``, narrowed by ``steps`` (in order) until no line is wider than ``width``, so
     the terminal never folds a row into the next: the least useful columns go first, then
-    long names are shortened. ``width`` None shows everything, at full length; only the
-    plain format is narrowed (Markdown is for documents).
+    long names are shortened, and what is too wide for a column goes below the table
+    (``below``, ``note``). Still too wide (ids that must stay whole), one block per row.
+    ``width`` None shows everything, at full length; only the plain format is narrowed
+    (Markdown is for documents).
     """
     view = _TableView(rows, headers)
     text = view.render(fmt)
     if width is None or fmt != "simple":
         return text
-    for step in steps:
+    for step in (*steps, *_LAST_STEPS):
         overflow = _widest(text) - width
         if overflow <= 0:
             break
         if view.apply(step, overflow):
             text = view.render(fmt)
-    return text
+    # Wider than any narrowing makes it: one block per row, every value whole.
+    too_wide = _widest(text) > width
+    text = view.records(width) if too_wide else view.relax(text, width, fmt)
+    return text + view.below_text(width) + view.notes_text(width)
+
+
+# Whatever a view's own steps leave: no header padding, headers folded.
+_LAST_STEPS = (Narrow("tight"), Narrow("headers"))
 
 
 def _widest(text: str) -> int:
-    return max((len(line) for line in text.splitlines()), default=0)
+    return max((display_width(line) for line in text.splitlines()), default=0)
+
+
+# A word, where a `code span` (a command to paste) counts as one word, spaces and all.
+_WORDS = re.compile(r"(?:[^\s`]*`[^`]*`)+[^\s`]*|\S+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORDS.findall(text)
+
+
+def fold(text: str, width: int, *, hang: str = "") -> list[str]:
+    """``text`` on lines no wider than ``width``, broken between words (the spaces kept
+    where a line goes on), never inside a `code span` (a command: it must paste whole);
+    only a word wider than a whole line (a long path) is cut. The lines after the first
+    start with the first's indent and ``hang``."""
+    indent = text[: len(text) - len(text.lstrip(" "))]
+    room = width - display_width(indent + hang)
+    lines: list[str] = []
+    prefix, current = indent, ""
+    for match in _SPACED.finditer(text, len(indent)):
+        gap, word = match.groups()
+        for piece in _pieces(word, room):
+            if current and display_width(prefix + current + gap + piece) > width:
+                lines.append(prefix + current)
+                prefix, current = indent + hang, piece
+            else:
+                current = current + gap + piece if current else piece
+            gap = ""
+    lines.append(prefix + current)
+    return lines
+
+
+_SPACED = re.compile(r"(\s*)((?:[^\s`]*`[^`]*`)+[^\s`]*|\S+)")
+
+
+def _pieces(word: str, room: int) -> list[str]:
+    """A word as the pieces it is printed in: whole, unless it is wider than a line and
+    not a `code span`."""
+    if display_width(word) <= room or "`" in word or room < 8:
+        return [word]
+    pieces = []
+    while word:
+        piece = _head(word, room)
+        pieces.append(piece)
+        word = word[len(piece) :]
+    return pieces
+
+
+def _is_command(line: str) -> bool:
+    """A suggested command on a line of its own: it must paste back whole."""
+    return line.lstrip().startswith(("redrive ", "$ redrive "))
+
+
+def fit_text(text: str, width: int | None) -> str:
+    """A view's text with every line wider than ``width`` folded between words (a list
+    item's continuation indented under it); a suggested command's own line stays whole,
+    wider or not. Lines that fit (a fitted table's) are left as they are."""
+    if width is None:
+        return text
+    out: list[str] = []
+    for line in text.split("\n"):
+        if display_width(line) <= width or _is_command(line) or not line.strip():
+            out.append(line)
+        else:
+            out.extend(fold(line, width, hang="  " if line.startswith(" ") else ""))
+    return "\n".join(out)
+
+
+# What a cell holds when it has nothing to say.
+_NOTHING = ("", "-", "0")
 
 
 class _TableView:
@@ -173,6 +289,9 @@ class _TableView:
         self.short: set[str] = set()
         self.caps: dict[str, int] = {}
         self.wrapped: set[str] = set()
+        self.noted: set[str] = set()
+        self.notes: dict[tuple[str, str], int] = {}
+        self.below: list[tuple[str, list[tuple[str, str]]]] = []
         self.wrap_headers = False
         self.tight = False
 
@@ -197,7 +316,15 @@ class _TableView:
             return changed
         if step.column not in self.headers:
             return False
-        if step.action == "drop":
+        if step.action == "empty" and any(c not in _NOTHING for c in self.cells(step.column)):
+            return False
+        if step.action == "below":
+            labels = self._labels()
+            values = zip(labels, self.cells(step.column), strict=True)
+            # A row with nothing to say (no value, a count of 0) is left out of the list.
+            kept = [(k, v) for k, v in values if v not in _NOTHING]
+            self.below.append((step.column, kept))
+        if step.action in ("drop", "below", "empty"):
             i = self.headers.index(step.column)
             del self.headers[i]
             for row in self.rows:
@@ -206,45 +333,118 @@ class _TableView:
         if step.action == "short":
             self.short.add(step.column)
             return True
-        widest = max((len(c) for c in self.cells(step.column)), default=0)
+        cells = self.cells(step.column)
+        widest = max((display_width(c) for c in cells), default=0)
         widest = min(widest, self.caps.get(step.column, widest))
-        cap = max(step.to, widest - overflow, 1)
+        floor = step.to
+        if step.action == "wrap":
+            # Between words only: no column narrower than its longest word.
+            floor = max(floor, *(display_width(w) for c in cells for w in _words(c)), 1)
+        if step.action == "note":
+            floor = max(floor, len(f"[{len(self.notes) + len(cells)}]"))
+        cap = max(floor, widest - overflow, 1)
         if cap >= widest:
             return False
         self.caps[step.column] = cap
         if step.action == "wrap":
             self.wrapped.add(step.column)
+        if step.action == "note":
+            self.noted.add(step.column)
         return True
 
-    def render(self, fmt: str) -> str:
-        body = []
+    def relax(self, text: str, width: int, fmt: str) -> str:
+        """Give shortened columns back the room later steps freed (a column moved below
+        the table leaves space a name cut earlier can have again)."""
+        for column in [c for c in self.caps if c in self.headers]:
+            if column in self.wrapped or column in self.noted:
+                continue
+            slack = width - _widest(text)
+            if slack <= 0:
+                break
+            cap = self.caps[column]
+            shown = max(display_width(self._cell(column, v)) for v in self._values(column))
+            self.caps[column] = max(cap, shown) + slack
+            wider = self.render(fmt)
+            if _widest(wider) <= width:
+                text = wider
+            else:
+                self.caps[column] = cap
+        return text
+
+    def _values(self, column: str) -> list[Any]:
+        i = self.headers.index(column)
+        return [row[i] for row in self.rows] or [""]
+
+    def _labels(self) -> list[str]:
+        """Each row's name: its first cell, with its second where the first repeats."""
+        first = self.cells(self.headers[0])
+        if len(set(first)) == len(first) or len(self.headers) < 2:
+            return first
+        second = self.cells(self.headers[1])
+        return [f"{a} ({b})" for a, b in zip(first, second, strict=True)]
+
+    def records(self, width: int) -> str:
+        """The rows as blocks of ``column: value`` lines (a table no width can hold: ids
+        that must stay whole), the first column's value heading each block."""
+        self.notes.clear()
+        blocks = []
         for row in self.rows:
-            line = []
-            for column, value in zip(self.headers, row, strict=True):
-                text = self._text(column, value)
-                cap = self.caps.get(column)
-                if cap is not None and column not in self.wrapped:
-                    text = _SHRINKERS.get(column, shorten_end)(text, cap)
-                line.append(text)
-            body.append(line)
-        col_widths: list[int | None] = [
-            self.caps.get(c) if c in self.wrapped else None for c in self.headers
+            lines: list[str] = []
+            for i, (column, value) in enumerate(zip(self.headers, row, strict=True)):
+                line = f"{'  ' if i else ''}{column}: {self._text(column, value)}"
+                lines += fold(line, width, hang="  " if i else "    ")
+            blocks.append("\n".join(lines))
+        return "\n\n".join(blocks)
+
+    def _cell(self, column: str, value: Any) -> str:
+        text = self._text(column, value)
+        cap = self.caps.get(column)
+        if cap is None or display_width(text) <= cap:
+            return text
+        if column in self.noted:
+            number = self.notes.setdefault((column, text), len(self.notes) + 1)
+            return f"[{number}]"
+        if column in self.wrapped:
+            return _Lines("\n".join(fold(text, cap)))
+        return _SHRINKERS.get(column, shorten_end)(text, cap)
+
+    def render(self, fmt: str) -> str:
+        self.notes.clear()
+        body = [
+            [self._cell(column, value) for column, value in zip(self.headers, row, strict=True)]
+            for row in self.rows
         ]
         header_widths: list[int | None] | None = None
         if self.wrap_headers:
             header_widths = []
             for i, header in enumerate(self.headers):
-                content = max((len(str(r[i])) for r in body), default=0)
+                content = max(
+                    (display_width(line) for r in body for line in str(r[i]).split("\n")),
+                    default=0,
+                )
                 longest_word = max(len(w) for w in header.split()) if header.strip() else 1
                 header_widths.append(max(content, longest_word))
         with _header_padding(0 if self.tight else None):
-            return table(
-                body,
-                self.headers,
-                fmt=fmt,
-                maxcolwidths=col_widths if any(col_widths) else None,
-                maxheadercolwidths=header_widths,
-            )
+            return table(body, self.headers, fmt=fmt, maxheadercolwidths=header_widths)
+
+    def below_text(self, width: int) -> str:
+        """The columns that left the table, each a list under it."""
+        lines: list[str] = []
+        for column, values in self.below:
+            if values:
+                lines += ["", f"{column}:"]
+                lines += [line for k, v in values for line in fold(f"  {k}: {v}", width, hang="  ")]
+        return "\n" + "\n".join(lines) if lines else ""
+
+    def notes_text(self, width: int) -> str:
+        """The cells that went below the table, numbered as their ``[n]`` marks."""
+        if not self.notes:
+            return ""
+        lines = ["", ""]
+        for (column, text), number in sorted(self.notes.items(), key=lambda item: item[1]):
+            mark = f"[{number}] "
+            lines.extend(fold(f"{mark}{column}: {text}", width, hang=" " * len(mark)))
+        return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -264,9 +464,9 @@ def _header_padding(padding: int | None) -> Iterator[None]:
 
 def wrapped(text: str, width: int | None) -> str:
     """A line of prose folded to ``width`` (between words, never inside one)."""
-    if width is None or len(text) <= width:
+    if width is None or display_width(text) <= width:
         return text
-    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(fold(text, width))
 
 
 def when(ts: float | None, now: float | None = None) -> str:

@@ -168,6 +168,8 @@ class Grouping:
     records is at hand (None: they are null then)."""
     scanned: int = 0
     """Messages offered, selected or not (``total`` counts the selected ones)."""
+    limit: int | None = None
+    """--limit: the most messages counted (with a --where, the most that match)."""
     now_utc: datetime = field(init=False)
     _records: RecordBuilder | None = field(init=False, default=None)
 
@@ -180,6 +182,11 @@ class Grouping:
             )
             results = self.record_results or (self.where.results if self.where else None)
             self._records = RecordBuilder(tuple(fields), self.sources, results)
+
+    @property
+    def full(self) -> bool:
+        """--limit reached: nothing more is counted (``total`` is what was selected)."""
+        return self.limit is not None and self.total >= self.limit
 
     def offer(self, message: Message, info: TaskInfo) -> None:
         """One scanned message: counted in its group when the --where (if any) selects it."""
@@ -329,6 +336,8 @@ class InspectResult:
     hidden_before: int
     partial: bool
     """True when --limit stopped the scan before the queue was covered."""
+    limit: int | None = None
+    """The --limit given (with a --where, of matches)."""
     interrupted: bool = False
     seen_again: int = 0
     released: int = 0
@@ -395,6 +404,7 @@ class InspectResult:
             "depth_before": self.depth_before,
             "hidden_before": self.hidden_before,
             "partial": self.partial,
+            "limit": self.limit,
             "incomplete": self.incomplete,
             "interrupted": self.interrupted,
             "receive_log_problem": self.receive_log_problem,
@@ -488,10 +498,14 @@ def inspect_dlq(
     depth, hidden = counts if counts is not None else inspect_counts(sqs, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
-    scan = _inspect_scan(target, sqs_factory, lease, limit, stop, on_progress, receive_log)
+    # With a --where the limit is on matches, which only counting can tell: the scan
+    # receives until the grouping is full.
+    scan_limit = limit if focus.where is None else None
+    scan = _inspect_scan(target, sqs_factory, lease, scan_limit, stop, on_progress, receive_log)
     grouping = focus.grouping(
         now, target, max_redrives, with_results=results is not None, group_by=group_by
     )
+    grouping.limit = limit
     problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results, scan_ended)
     return InspectResult(
         **_target_fields(target),
@@ -501,7 +515,8 @@ def inspect_dlq(
         seconds=time.monotonic() - started,
         depth_before=depth,
         hidden_before=hidden,
-        partial=limit is not None and grouping.scanned >= limit,
+        partial=grouping.full,
+        limit=limit,
         interrupted=scan.stop.is_set(),
         seen_again=scan.stats.seen_again,
         released=scan.stats.released,
@@ -582,12 +597,12 @@ def _scan_into(
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
                 infos = [(m, decode(m.body)) for m in batch]
+                count = functools.partial(_count, grouping, lock, infos, full=scan.stop_receiving)
                 if ahead is None:
-                    _count(grouping, lock, infos, None)
+                    count(None)
                 else:
                     # One lookup per batch, on the lookups' own thread: receives go on.
-                    ids = [i.task_id for _, i in infos]
-                    ahead.submit(ids, functools.partial(_count, grouping, lock, infos))
+                    ahead.submit([i.task_id for _, i in infos], count)
             finally:
                 # Spooled even if counting failed, so release_all gives this batch back too
                 # instead of leaving it hidden for the whole lease.
@@ -618,7 +633,11 @@ def _count(
     lock: threading.Lock,
     infos: list[tuple[Message, TaskInfo]],
     records: dict[str, TaskRecord] | None,
+    *,
+    full: Callable[[], None],
 ) -> None:
+    """Count a batch; once --limit is reached, the rest of it is left out and ``full``
+    called (the scan stops receiving)."""
     # Placed (--where, --group-by: pure) outside the lock that guards the counts.
     placed = []
     for message, info in infos:
@@ -626,4 +645,8 @@ def _count(
         placed.append((message, info, grouping.place(message, info, backend), backend))
     with lock:
         for message, info, key, backend in placed:
+            if grouping.full:
+                break
             grouping.count(message, info, key, backend)
+        if grouping.full:
+            full()
