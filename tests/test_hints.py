@@ -88,6 +88,28 @@ def test_after_plan_out_the_next_command_applies_the_plan(
     assert next_command(cli.ok("apply", plan)) == ["redrive", "apply", plan, "--execute", "--yes"]
 
 
+def test_after_plan_out_the_next_command_keeps_every_global_options_value(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    """--celery-app's value was taken for the command's name: `redrive --celery-app apply`."""
+    seed(family)
+    plan = str(tmp_path / "plan.json")
+    app = "redrive.sandbox.celery_app:app"
+    made = cli.ok(
+        "--celery-app",
+        app,
+        "move",
+        "checkout",
+        "--include-unregistered",
+        "--route",
+        "source",
+        "--plan-out",
+        plan,
+    )
+    words = next_command(made)
+    assert words == ["redrive", "--celery-app", app, "apply", plan, "--execute", "--yes"]
+
+
 def test_purge_and_replay_dry_runs_say_what_to_run_next(
     family: Family, tmp_path: Path, cli: Cli
 ) -> None:

@@ -242,8 +242,18 @@ def command_line() -> str:
     return shell_join(["redrive", *command_words()])
 
 
-# Global options that take a value: the first other word is the command's name.
-_GLOBAL_VALUE_OPTIONS = ("--endpoint-url", "--region", "--profile", "--config")
+def _global_value_options() -> frozenset[str]:
+    """The group's options that take a value (read from the group itself, so that a new one,
+    such as --celery-app or --result-backend, is never taken for the command's name)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return frozenset()
+    return frozenset(
+        name
+        for param in ctx.find_root().command.params
+        if isinstance(param, click.Option) and not param.is_flag and param.nargs != 0
+        for name in param.opts
+    )
 
 
 def execute_command(*, plan_out: str | None = None) -> str:
@@ -267,10 +277,11 @@ def execute_command(*, plan_out: str | None = None) -> str:
 
 
 def _command_index(words: list[str]) -> int:
+    valued = _global_value_options()
     i = 0
     while i < len(words):
         word = words[i]
-        if word in _GLOBAL_VALUE_OPTIONS:
+        if word in valued:
             i += 2
         elif word.startswith("-"):
             i += 1
