@@ -496,11 +496,11 @@ def test_first_error_stops_the_others_and_is_raised() -> None:
     clients = iter(["b", "c"])
 
     def work(sqs: Any) -> None:
-        started.wait(5)
+        started.wait(60)
         if sqs == "b":
             raise ValueError("worker b failed")
         # The others run until the failure stops them.
-        assert stop.wait(5), "stop was never set"
+        assert stop.wait(60), "stop was never set"
 
     with pytest.raises(ValueError, match="worker b failed"):
         run_pipelines(work, "a", lambda: next(clients), 3, stop)  # type: ignore[arg-type]
@@ -516,7 +516,7 @@ def test_the_error_that_came_first_is_the_one_raised() -> None:
     def work(sqs: Any) -> None:
         if sqs == "c":
             raise ValueError("the cause")
-        assert stop.wait(5)
+        assert stop.wait(60)
         raise RuntimeError(f"worker {sqs} gave up after the stop")
 
     with pytest.raises(ValueError, match="the cause"):
