@@ -379,7 +379,7 @@ class InFlight:
     def __init__(self, hold: int) -> None:
         self.lock = threading.Lock()
         self.now = self.peak = self.puts = 0
-        self.hold = threading.Barrier(hold, timeout=10)
+        self.hold = threading.Barrier(hold, timeout=60)
         self.release = threading.Event()
 
     def __call__(self, event_name: str, **_: Any) -> None:
