@@ -337,7 +337,7 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
     process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
     handle.close()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -347,7 +347,7 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
                 raise RuntimeError(f"moto server exited: {log.read_text()[-2000:]}") from None
             time.sleep(0.1)
     process.kill()
-    raise RuntimeError("moto server did not start within 30 s")
+    raise RuntimeError("moto server did not start within 120 s")
 
 
 @pytest.fixture(scope="session")

@@ -343,7 +343,9 @@ def test_waits_for_another_process_lock_then_fails_in_one_line(path: Path) -> No
 
 
 def test_close_with_waiters_does_not_hang(path: Path) -> None:
-    led = SqliteLedger(path, busy_timeout=1.0)
+    # The call in flight gives up after its busy timeout: the five below must queue before
+    # that (milliseconds; 3 s leaves a loaded machine room).
+    led = SqliteLedger(path, busy_timeout=3.0)
     led.start_run("A", command="move", info={})
     calls = Calls()
     with write_lock_held(path):
@@ -354,8 +356,8 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
         wait_until(lambda: queued(led) == 5)
         writer = writer_thread(led)  # none: the thread in flight hands over, when done
         start = time.monotonic()
-        led.close()  # waits for the group in flight only, which gives up after 1 s
-        assert time.monotonic() - start < 60  # not the 5 queued calls' 1 s each, nor a hang
+        led.close()  # waits for the group in flight only, which gives up after 3 s
+        assert time.monotonic() - start < 60  # not the 5 queued calls' 3 s each, nor a hang
     calls.join()
     assert "stayed locked" in str(calls.results["in flight"])
     for i in range(1, 6):
