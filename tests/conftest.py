@@ -259,6 +259,57 @@ def sqs_client(aws_env: None) -> Iterator[Any]:
         yield boto3.client("sqs", region_name=REGION)
 
 
+class SqsClock:
+    """In-process SQS's clock (moto's visibility timeouts, delays and retention), wound by
+    hand: a lease runs out when the test says so, however slow the machine. Pass it as the
+    ``clock`` of the redrive objects that date holds (``Sqs``, ``DlqScan``) so that both
+    sides keep the same time.
+
+    Every reading is a microsecond after the last, because moto shows a released message
+    (visibility 0) only once its clock has moved past the release. A long poll on an empty
+    queue would never end on it: unit tests poll short (``no_long_polling``)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += 1e-6
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+@pytest.fixture
+def sqs_clock(sqs_client: Any, monkeypatch: pytest.MonkeyPatch) -> SqsClock:
+    """The in-process SQS on a :class:`SqsClock` from now on."""
+    from moto.sqs import models
+
+    clock = SqsClock()
+    real_unix_time = models.unix_time
+
+    def unix_time(dt: Any = None) -> float:
+        return clock() if dt is None else real_unix_time(dt)
+
+    monkeypatch.setattr(models, "unix_time", unix_time)
+    monkeypatch.setattr(models, "unix_time_millis", lambda dt=None: unix_time(dt) * 1000.0)
+    return clock
+
+
+def wait_until(
+    condition: Callable[[], object], what: str, *, timeout: float = 60.0, every: float = 0.01
+) -> None:
+    """Wait for ``condition``: the bound is for a hang, not a pace (a loaded machine may be
+    a hundred times slower than this one's usual 10 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        time.sleep(every)
+
+
 @pytest.fixture
 def family(sqs_client: Any) -> Family:
     """The built-in ``checkout`` family: onion-checkout and its DLQ onion-checkout-dlq."""
@@ -323,7 +374,7 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
     process = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT)
     handle.close()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -333,7 +384,7 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
                 raise RuntimeError(f"moto server exited: {log.read_text()[-2000:]}") from None
             time.sleep(0.1)
     process.kill()
-    raise RuntimeError("moto server did not start within 30 s")
+    raise RuntimeError("moto server did not start within 120 s")
 
 
 @pytest.fixture(scope="session")

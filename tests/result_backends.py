@@ -157,7 +157,7 @@ def start_redis(directory: Path) -> RedisServer:
         stderr=subprocess.DEVNULL,
     )
     server = RedisServer(port, process)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
             return server

@@ -135,7 +135,9 @@ def test_bench_hold_runs_and_a_killed_runs_holds_end_within_their_bound() -> Non
     assert report["idle"]["held"] == 300 and report["idle"]["renew_calls"] > 0
     kill = report["kill"]
     assert kill["depth_after"] == [300, 0]
-    assert kill["all_visible_after_s"] < kill["bound_s"] + 5
+    # bound_s is hold_seconds without the renewer's pace, which on a loaded machine may
+    # lengthen the holds (by design); a scan-sized hold, the bug, is 120 s and more.
+    assert kill["all_visible_after_s"] < kill["bound_s"] + 60
 
 
 def test_fast_sqs_counts_calls_per_operation() -> None:

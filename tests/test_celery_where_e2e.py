@@ -131,11 +131,11 @@ def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
         "e2e_app", QUEUE, cwd=tmp_path, env=env, log=log, name="where@localhost"
     )
     try:
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + 120
         while sum(runs(runs_file).values()) < 4 and time.monotonic() < deadline:
             assert worker.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while family.depth(family.queue_url) != (0, 0) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1.0)  # long enough for a duplicate to show up

@@ -396,7 +396,7 @@ def queue_bodies(shell: dict[str, str]) -> dict[str, collections.Counter[str]]:
     out: dict[str, collections.Counter[str]] = {}
     try:
         for url in client.list_queues().get("QueueUrls", []):
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             # Whatever redrive held must be back before it can be counted.
             while int(
                 client.get_queue_attributes(

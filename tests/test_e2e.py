@@ -259,7 +259,7 @@ def ledger_states(path: Path) -> Counter[str]:
     """Key states in a SQLite ledger another process is writing (read-only peek)."""
     if not path.exists():
         return Counter()
-    with contextlib.closing(sqlite3.connect(path, timeout=5)) as conn:
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
         try:
             rows = conn.execute("SELECT state, count(*) FROM keys GROUP BY state").fetchall()
         except sqlite3.OperationalError:  # the schema is not there yet
@@ -271,13 +271,14 @@ def watch(
     processes: Sequence[subprocess.Popen[str]],
     progress: Callable[[], object],
     *,
-    stall: float = 8.0,
-    timeout: float = 90.0,
+    stall: float = 60.0,
+    timeout: float = 300.0,
 ) -> None:
     """Wait until every process has ended. A run that stops making progress (``progress()``
     unchanged for ``stall`` seconds while a process lives) is hung: kill it and fail at once
     instead of waiting out the whole timeout. A healthy run changes the ledger or a queue
-    at least every couple of seconds (its scan ends after two empty 1 s long polls)."""
+    at least every couple of seconds (its scan ends after two empty 1 s long polls); a
+    loaded machine may be many times slower, so ``stall`` is a minute."""
     started = changed = time.monotonic()
     last = progress()
     while any(p.poll() is None for p in processes):
@@ -580,7 +581,7 @@ def test_a_claim_left_by_a_dead_run_is_reported_in_doubt(
     ledger = tmp_path / "ledger.sqlite3"
     task, key = claimed_by_a_dead_run(checkout, ledger)
     # A healthy run takes about 3 s (two empty 1 s long polls end its scan).
-    result = redrive(server, *MOVE, "--ledger", str(ledger), timeout=20)
+    result = redrive(server, *MOVE, "--ledger", str(ledger), timeout=120)
     data = ok_json(result, 3)
     assert data["in_doubt"] == 1 and data["moved"] == 0
     [listed] = data["in_doubt_messages"]
@@ -594,7 +595,7 @@ def test_a_dry_run_exits_0_even_when_it_finds_in_doubt_keys(
 ) -> None:
     ledger = tmp_path / "ledger.sqlite3"
     task, _ = claimed_by_a_dead_run(checkout, ledger)
-    result = redrive(server, "move", "checkout", "--ledger", str(ledger), "--json", timeout=20)
+    result = redrive(server, "move", "checkout", "--ledger", str(ledger), "--json", timeout=120)
     assert "Traceback" not in result.stderr
     data = json.loads(result.stdout)
     # The plan reports the in-doubt task (that part works)...
@@ -642,7 +643,7 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
                 in_window = states["claimed"] > 0 and states["done"] + states["sent"] >= floor
                 return in_window or victim.poll() is not None
 
-            wait_for(ripe, timeout=40, every=0.005, what="a claimed batch, some keys done")
+            wait_for(ripe, timeout=120, every=0.005, what="a claimed batch, some keys done")
             assert victim.poll() is None, "the run ended before it could be killed mid-run"
             victim.send_signal(signal.SIGKILL)
             assert victim.wait(10) == -signal.SIGKILL
@@ -657,7 +658,7 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
     assert 0 < killed_at["done"] + killed_at["sent"] < len(unique), killed_at
 
     # The killed run's batch comes back when its 2 s lease runs out.
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=15, every=0.2, what="the lease to end")
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="the lease to end")
 
     # The rerun moves everything else, holds what is in doubt and lists it.
     code, held = move_watched(server, checkout, ledger, everything, out=tmp_path / "held")
@@ -729,24 +730,24 @@ def test_a_killed_run_hides_what_it_held_for_about_its_lease_then_a_rerun_sees_i
     try:
         wait_for(
             lambda: checkout.depth(checkout.queue_url)[0] >= 3,
-            timeout=40,
+            timeout=120,
             what="the first captures moved",
         )
         # Alive for twice its lease and more: what it holds was renewed past its receive.
+        # (30 captures at --rate 1 keep it alive that long on any machine.)
         time.sleep(2.5 * lease)
         assert victim.poll() is None, "the run ended before it could be killed"
-        held = checkout.depth()[1]
-        assert held >= 5, held
+        wait_for(lambda: checkout.depth()[1] >= 5, timeout=60, what="held messages")
         victim.send_signal(signal.SIGKILL)
         assert victim.wait(10) == -signal.SIGKILL
     finally:
         if victim.poll() is None:
             victim.kill()
             victim.wait(10)
-    killed = time.monotonic()
-    # Its last renewal gave `lease` seconds at most; its batch in flight had `lease` too.
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=lease + 6, every=0.2, what="the holds")
-    assert time.monotonic() - killed < lease + 6
+    # Its last renewal gave `lease` seconds (more only if its renewals were slow: see
+    # hold_seconds, and test_scan's test of a killed run on a hand-wound clock); its batch in
+    # flight had `lease` too. The bug held them 120 s at least: 90 s is far from both.
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="the holds")
     left = checkout.depth()[0]
     assert left > 30, "the refunds, and the captures it had not moved yet"
     seen = ok_json(redrive(server, "inspect", "checkout", "--json", timeout=60))
@@ -771,7 +772,7 @@ def test_two_operators_at_once_send_each_task_once(tmp_path: Path) -> None:
         outs = [tmp_path / "op1", tmp_path / "op2"]
         runs = [start_redrive(serial, *MOVE, "--ledger", str(ledger), out=out) for out in outs]
         # One request at a time: two long polls can hold the server for 2 s.
-        watch(runs, progress_of(checkout, ledger), stall=10)
+        watch(runs, progress_of(checkout, ledger))
         results = []
         for run, out in zip(runs, outs, strict=True):
             code, stdout, stderr = finished(run, out)
@@ -819,19 +820,18 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_finishes(
     try:
         wait_for(
             lambda: checkout.depth(checkout.queue_url)[0] >= 10,
-            timeout=20,
+            timeout=120,
             every=0.05,
             what="the first messages moved",
         )
         run.send_signal(signal.SIGINT)
-        started = time.monotonic()
-        code, out, err = finished(run, tmp_path / "int", timeout=30)
+        # Stopped early is what `moved` below says; the bound is for a hang only.
+        code, out, err = finished(run, tmp_path / "int", timeout=120)
     finally:
         if run.poll() is None:
             run.kill()
             run.wait(10)
     assert code == 130, (code, out, err)
-    assert time.monotonic() - started < 10
     assert "Traceback" not in err
     assert "stopping" in err
     summary = json.loads(out)
@@ -999,8 +999,9 @@ def test_unreachable_endpoint_is_one_line_exit_1_without_traceback(tmp_path: Pat
         ),
         "inspect (AWS_ENDPOINT_URL)": (["inspect", "checkout", "--json"], from_env),
     }
-    started = time.monotonic()
     # All at once: each is independent, and this keeps the test to one interpreter start.
+    # How long redrive waits on purpose for a dead endpoint is test_cli's (its backoff,
+    # recorded): here three interpreters start, which a loaded machine may take long to do.
     running = {
         name: subprocess.Popen(
             [*REDRIVE, *args],
@@ -1014,13 +1015,12 @@ def test_unreachable_endpoint_is_one_line_exit_1_without_traceback(tmp_path: Pat
         for name, (args, env) in commands.items()
     }
     try:
-        outputs = {name: p.communicate(timeout=30) for name, p in running.items()}
+        outputs = {name: p.communicate(timeout=120) for name, p in running.items()}
     finally:
         for process in running.values():
             if process.poll() is None:
                 process.kill()
                 process.wait(10)
-    assert time.monotonic() - started < 10
     for name, (stdout, stderr) in outputs.items():
         assert running[name].returncode == 1, (name, stdout, stderr)
         assert "Traceback" not in stderr, name

@@ -379,7 +379,7 @@ class InFlight:
     def __init__(self, hold: int) -> None:
         self.lock = threading.Lock()
         self.now = self.peak = self.puts = 0
-        self.hold = threading.Barrier(hold, timeout=10)
+        self.hold = threading.Barrier(hold, timeout=60)
         self.release = threading.Event()
 
     def __call__(self, event_name: str, **_: Any) -> None:
@@ -425,7 +425,7 @@ def test_the_writes_of_two_workers_batches_run_at_once_within_the_connection_poo
         for t in workers:
             t.start()
         # all 20 PutItems are in flight together (the barrier let them through) ...
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while in_flight.now < 20 and not in_flight.hold.broken:
             assert time.monotonic() < deadline
             time.sleep(0.01)
@@ -774,7 +774,7 @@ def test_a_client_with_fewer_connections_than_write_threads_never_overflows_its_
             target=lambda: result.append(led.claim_many("A", claims(*"abcdefghij")))
         )
         worker.start()
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 60
         while in_flight.now < 4 and not in_flight.hold.broken:
             assert time.monotonic() < deadline
             time.sleep(0.01)

@@ -56,7 +56,7 @@ def write_lock_held(path: Path) -> Iterator[Callable[[], None]]:
         other.close()
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"
@@ -324,23 +324,28 @@ def test_many_threads_claiming_overlapping_keys_win_each_key_once(path: Path) ->
 
 
 def test_waits_for_another_process_lock_then_fails_in_one_line(path: Path) -> None:
-    led = SqliteLedger(path, busy_timeout=0.5)
-    led.start_run("A", command="move", info={})
+    # Patient enough for any machine to let go of the lock in time (0.1 s from now).
+    patient = SqliteLedger(path, busy_timeout=120)
+    patient.start_run("A", command="move", info={})
     with write_lock_held(path) as release:
         threading.Timer(0.1, release).start()
-        assert led.claim_many("A", claims("k1")).won == {"k1"}  # waited, then got it
+        assert patient.claim_many("A", claims("k1")).won == {"k1"}  # waited, then got it
+    patient.close()
+    led = SqliteLedger(path, busy_timeout=0.5)
     with write_lock_held(path):
         start = time.monotonic()
         with pytest.raises(LedgerError, match="stayed locked by another process") as e:
             led.claim_many("A", claims("k2"))
-        assert 0.4 < time.monotonic() - start < 5
+        assert 0.4 < time.monotonic() - start < 60
         assert "\n" not in str(e.value) and "claim keys" in str(e.value)
     assert set(led.get_many(["k1", "k2"])) == {"k1"}
     led.close()
 
 
 def test_close_with_waiters_does_not_hang(path: Path) -> None:
-    led = SqliteLedger(path, busy_timeout=1.0)
+    # The call in flight gives up after its busy timeout: the five below must queue before
+    # that (milliseconds; 3 s leaves a loaded machine room).
+    led = SqliteLedger(path, busy_timeout=3.0)
     led.start_run("A", command="move", info={})
     calls = Calls()
     with write_lock_held(path):
@@ -351,8 +356,9 @@ def test_close_with_waiters_does_not_hang(path: Path) -> None:
         wait_until(lambda: queued(led) == 5)
         writer = writer_thread(led)  # none: the thread in flight hands over, when done
         start = time.monotonic()
-        led.close()  # waits for the group in flight only, which gives up after 1 s
-        assert time.monotonic() - start < 10
+        led.close()  # waits for the group in flight only, which gives up after 3 s
+        # A hang bound: that the queued calls never waited is their "is closed" below.
+        assert time.monotonic() - start < 60
     calls.join()
     assert "stayed locked" in str(calls.results["in flight"])
     for i in range(1, 6):

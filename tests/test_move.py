@@ -24,9 +24,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import boto3
 import botocore.exceptions
 import pytest
-from conftest import Cli, Family, ParkOneWorker, Redelivery, make_family, start_moto_server
+from conftest import (
+    REGION,
+    Cli,
+    Family,
+    ParkOneWorker,
+    Redelivery,
+    SqsClock,
+    make_family,
+    start_moto_server,
+)
 
 from redrive import attributes
 from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
@@ -136,9 +146,18 @@ def arrived(family: Family, url: str | None = None) -> Counter[str | None]:
     return Counter(task_id_of(m["Body"]) for m in drain(family.client, url or family.queue_url))
 
 
-def wait_for_leases() -> None:
-    """Let the leases of a crashed run run out (visibility and the run's ledger lease)."""
-    time.sleep(LEASE + 0.15)
+def wait_for_leases(clock: SqsClock) -> None:
+    """Let the leases of a crashed run run out (visibility and the run's ledger lease): on
+    ``clock``, the runs' and SQS's, wound on by far more than a hold can be (a whole lease
+    unless renewing was slow: see hold_seconds), not slept through on a clock a loaded
+    machine may outlast or fall short of."""
+    clock.advance(LEASE + 120)
+    client = boto3.client("sqs", region_name=REGION)
+    for url in client.list_queues().get("QueueUrls", []):
+        hidden = client.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]["ApproximateNumberOfMessagesNotVisible"]
+        assert hidden == "0", f"{url}: {hidden} still hidden after the crashed run's holds"
 
 
 def checkout(client: Any) -> DlqTarget:
@@ -221,10 +240,14 @@ def move(
     now: Callable[[], float] | None = None,
     pipelined: bool = True,
     ledger_clock: Callable[[], float] = time.time,
+    clock: SqsClock | None = None,
     **options: Any,
 ) -> MoveResult:
     """One engine run on the checkout family (or ``target``), its ledger opened and closed
-    (on ``ledger_clock``: an earlier time makes the run one of days ago)."""
+    (on ``ledger_clock``: an earlier time makes the run one of days ago). ``clock``, SQS's
+    hand-wound one, is then the engine's and the ledger's too (leases end when it says)."""
+    if clock is not None:
+        now, ledger_clock = clock, clock
     options.setdefault("execute", ledger_path is not None)
     # A run that dies keeps its batch hidden for its lease, so those are short; the others
     # get a long one, which a slow (loaded) test machine cannot outlast mid-batch.
@@ -436,7 +459,9 @@ def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
     assert fifo.depth() == (0, 0)
 
 
-def test_fifo_resend_of_an_in_doubt_send_is_dropped_by_sqs(sqs_client: Any, tmp_path: Path) -> None:
+def test_fifo_resend_of_an_in_doubt_send_is_dropped_by_sqs(
+    sqs_client: Any, tmp_path: Path, sqs_clock: SqsClock
+) -> None:
     fifo = make_family(sqs_client, "onion-checkout.fifo")
     target = resolve_target(built_in_layout({}), "onion-checkout.fifo", lambda _: Sqs(sqs_client))
     for i in range(5):
@@ -448,10 +473,10 @@ def test_fifo_resend_of_an_in_doubt_send_is_dropped_by_sqs(sqs_client: Any, tmp_
         )
     ledger = tmp_path / "l.sqlite3"
     with pytest.raises(Crash):
-        move(sqs_client, ledger, target=target, fault=crash_at("sent", 1))
-    wait_for_leases()
+        move(sqs_client, ledger, clock=sqs_clock, target=target, fault=crash_at("sent", 1))
+    wait_for_leases(sqs_clock)
 
-    result = move(sqs_client, ledger, target=target, in_doubt="resend")
+    result = move(sqs_client, ledger, clock=sqs_clock, target=target, in_doubt="resend")
 
     # The engine resent all five (it cannot know); SQS's deduplication kept one of each.
     assert result.moved == 5
@@ -623,7 +648,7 @@ def test_a_failed_delete_leaves_the_key_sent_and_the_next_run_only_deletes(
 
 
 def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, sqs_clock: SqsClock
 ) -> None:
     # Ten ~100 KB messages: one batch received, sent in five requests of two.
     big = "x" * 56_000
@@ -642,7 +667,13 @@ def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
     ledger = tmp_path / "l.sqlite3"
 
     with pytest.raises(SendInDoubt):
-        move(family.client, ledger, lease=LEASE, sqs=lambda: Sqs(family.client, send_client=proxy))
+        move(
+            family.client,
+            ledger,
+            clock=sqs_clock,
+            lease=LEASE,
+            sqs=lambda: Sqs(family.client, send_client=proxy),
+        )
 
     assert len(calls) == 2 and all(len(c) == 2 for c in calls)
     states = {k.split(":")[1]: v[0] for k, v in keys_in(ledger).items()}
@@ -650,8 +681,8 @@ def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
     assert {t for t, s in states.items() if s == KeyState.CLAIMED} == calls[1]
     assert len(states) == 4  # the six never tried were released
 
-    wait_for_leases()
-    rerun = move(family.client, ledger)
+    wait_for_leases(sqs_clock)
+    rerun = move(family.client, ledger, clock=sqs_clock)
 
     assert {m.task_id for m in rerun.in_doubt_messages} == calls[1]
     assert (rerun.moved, rerun.duplicates, rerun.in_doubt) == (6, 2, 2)
@@ -691,7 +722,12 @@ def seed_publishes(
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("step", STEPS)
 def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
-    family: Family, tmp_path: Path, step: str, batch: int, pipelined: bool
+    family: Family,
+    tmp_path: Path,
+    sqs_clock: SqsClock,
+    step: str,
+    batch: int,
+    pipelined: bool,
 ) -> None:
     seeded = seed_publishes(family)
     # Each publish is one task to deliver: a task id published twice arrives twice.
@@ -703,6 +739,7 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
         move(
             family.client,
             ledger,
+            clock=sqs_clock,
             sqs=lambda: SpySqs(family.client, spy),
             fault=crash_at(step, batch),
             pipelined=pipelined,
@@ -712,9 +749,9 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
     assert len(spy.received) >= batch
     crashed = {m.body for m in spy.received[batch - 1]}
     crashed_tasks = {seeded[m.message_id][0] for m in spy.received[batch - 1]}
-    wait_for_leases()
+    wait_for_leases(sqs_clock)
 
-    held = move(family.client, ledger, in_doubt="hold")
+    held = move(family.client, ledger, clock=sqs_clock, in_doubt="hold")
 
     in_doubt = step in ("claimed", "sent")  # claimed, but the send never recorded
     if not in_doubt:
@@ -737,14 +774,14 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
 
     if step == "claimed":
         # Never sent: the operator resends them.
-        resent = move(family.client, ledger, in_doubt="resend")
+        resent = move(family.client, ledger, clock=sqs_clock, in_doubt="resend")
         assert resent.moved == len(crashed)
         assert resent.in_doubt == 0
         assert family.depth() == (0, 0)
         assert arrived(family) == publishes
     else:
         # Sent before the crash (the operator may see them processed): skip them.
-        skipped = move(family.client, ledger, in_doubt="skip")
+        skipped = move(family.client, ledger, clock=sqs_clock, in_doubt="skip")
         assert (skipped.moved, skipped.in_doubt) == (0, 0)
         assert skipped.skipped[RESOLVED_SKIP] == len(expected)
         assert family.depth() == (len(expected), 0)
@@ -752,7 +789,7 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
         assert {k.split(":")[1] for k, v in states.items() if v[0] == KeyState.SKIPPED} == (
             crashed_tasks
         )
-        later = move(family.client, ledger)
+        later = move(family.client, ledger, clock=sqs_clock)
         assert (later.moved, later.in_doubt) == (0, 0)
         assert later.skipped == Counter({RESOLVED_SKIP: len(expected)})
         assert family.depth() == (len(expected), 0)

@@ -192,7 +192,7 @@ def test_a_scan_waits_for_its_siblings_scans_or_an_orphan_gives_up() -> None:
     waiter.join(0.3)
     assert waiter.is_alive(), "process 2 is still scanning"
     ends.end(2)  # its own end, or the parent's mark for a process that died
-    waiter.join(5)
+    waiter.join(60)
     assert not waiter.is_alive() and ends.all_ended
     lonely = ScanEnds(2, SPAWN)
     give_up.set()  # the parent is gone: nobody will mark a dead sibling

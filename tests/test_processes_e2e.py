@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -178,7 +177,7 @@ def run_info(ledger: Path) -> list[dict[str, Any]]:
     if not ledger.exists():
         return []
     with (
-        contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn,
+        contextlib.closing(sqlite3.connect(ledger, timeout=60)) as conn,
         contextlib.suppress(sqlite3.OperationalError),
     ):
         rows = conn.execute("SELECT run_id, info FROM runs").fetchall()
@@ -206,7 +205,7 @@ def wait_for_both_children(
 
 
 def claimed_by_run(ledger: Path) -> Counter[str]:
-    with contextlib.closing(sqlite3.connect(ledger, timeout=5)) as conn:
+    with contextlib.closing(sqlite3.connect(ledger, timeout=60)) as conn:
         rows = conn.execute(
             "SELECT run_id, count(*) FROM keys WHERE state = 'claimed' GROUP BY run_id"
         ).fetchall()
@@ -297,7 +296,7 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
 
     # The killed child's holds run out within its lease; the rerun resumes and holds the
     # in-doubt messages, listed, never resent.
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="the leases")
     rerun = redrive(fast, *MOVE, *args, timeout=120)
     held = ok_json(rerun, 3)
     assert held["in_doubt"] == died["in_doubt"] == len(held["in_doubt_messages"])
@@ -414,16 +413,15 @@ def test_children_stop_cleanly_when_the_parent_is_sigkilled(
             return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
         return True
 
-    started = time.monotonic()
-    wait_for(lambda: all(gone(c["pid"]) for c in children), timeout=20, what="children end")
-    assert time.monotonic() - started < 20
+    # A bound for a hang: children that outlive their parent for good.
+    wait_for(lambda: all(gone(c["pid"]) for c in children), timeout=90, what="children end")
     # They ended their runs as interrupted: finished the batch in flight, nothing claimed.
     with contextlib.closing(sqlite3.connect(ledger)) as conn:
         outcomes = dict(conn.execute("SELECT run_id, outcome FROM runs").fetchall())
     assert [outcomes[c["run_id"]] for c in children] == ["interrupted", "interrupted"]
     assert ledger_states(ledger)["claimed"] == 0
     # A rerun moves the rest: each task once.
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=40, every=0.2, what="holds given back")
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="holds given back")
     ok_json(redrive(fast, *MOVE, "--ledger", str(ledger), "--processes", "2", timeout=120))
     got = arrivals(checkout, by_body(dead))
     assert got == Counter({d.ident: 1 for d in dead})
@@ -776,7 +774,7 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
         return got
 
     # What the killed process held (its batch in flight) comes back when its lease ends.
-    wait_for(lambda: checkout.depth()[1] == 0, timeout=20, every=0.2, what="the leases")
+    wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="the leases")
     in_dlq = set(dlq_messages(checkout).values())
     assert {d.body for d in dead} <= set(archived()) | in_dlq, "nothing lost"
     again = tmp_path / "rest.jsonl.gz"

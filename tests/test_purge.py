@@ -21,7 +21,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import REGION, Cli, Family, ParkOneWorker, Redelivery, make_family
+from conftest import REGION, Cli, Family, ParkOneWorker, Redelivery, SqsClock, make_family
 
 import redrive.archive.writer as archive_writer
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
@@ -390,7 +390,9 @@ KILL_POINTS = [
 ]
 
 
-def test_killed_purge_loses_nothing_and_a_rerun_finishes(sqs_client: Any, tmp_path: Path) -> None:
+def test_killed_purge_loses_nothing_and_a_rerun_finishes(
+    sqs_client: Any, tmp_path: Path, sqs_clock: SqsClock
+) -> None:
     # One DLQ per kill point, so that a single wait for the dead runs' leases covers all.
     runs = []
     for n, (step, nth) in enumerate(KILL_POINTS):
@@ -412,8 +414,9 @@ def test_killed_purge_loses_nothing_and_a_rerun_finishes(sqs_client: Any, tmp_pa
         finally:
             writer.close()
         runs.append((step, nth, family, target, sent, first))
-    # What the dead runs held comes back when their short lease runs out.
-    time.sleep(1.2)
+    # What the dead runs held comes back when their short lease runs out: on SQS's clock,
+    # wound past any hold they gave (a slow machine's renewals may give more than 1 s).
+    sqs_clock.advance(1 + 120)
 
     for step, nth, family, target, sent, first in runs:
         where = f"killed after {step} #{nth}"
@@ -453,7 +456,7 @@ def test_an_error_at_any_step_gives_back_everything_at_once(
 
 
 def test_a_write_that_fails_mid_way_deletes_nothing_of_that_batch(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqs_clock: SqsClock
 ) -> None:
     sent = seed(family, [(REFUND, 30), (RECEIPT, 5)])
     real_write_all = archive_writer._write_all
@@ -488,7 +491,7 @@ def test_a_write_that_fails_mid_way_deletes_nothing_of_that_batch(
 
 
 def test_a_writer_killed_mid_write_leaves_a_readable_archive_and_the_batch_in_the_dlq(
-    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqs_clock: SqsClock
 ) -> None:
     sent = seed(family, [(REFUND, 30), (RECEIPT, 5)])
     real_write_all = archive_writer._write_all
@@ -512,7 +515,7 @@ def test_a_writer_killed_mid_write_leaves_a_readable_archive_and_the_batch_in_th
             run_purge(family.client, writer, tasks=[REFUND], lease=1)
     finally:
         writer.close()
-    time.sleep(1.2)
+    sqs_clock.advance(1 + 120)  # past the killed run's holds (see above)
 
     records, problems = archived(path)
     assert len(records) >= 20

@@ -96,4 +96,5 @@ def test_threads_share_one_rate() -> None:
     for thread in threads:
         thread.join()
     # 120 messages at 100/s, the first 100 at once: at least 0.2 s, all threads together.
-    assert 0.18 <= time.monotonic() - started < 2.0
+    # The lower bound is the point; the upper one only rules out a hang.
+    assert 0.18 <= time.monotonic() - started < 60

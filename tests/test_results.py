@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import Cli, Family, free_port
+from conftest import Cli, Family, free_port, wait_until
 from result_backends import (
     ALL_JOBS,
     CAPTURE,
@@ -338,7 +338,8 @@ def test_a_backend_that_fails_stops_the_move_before_it_sends(
         run_move(family, target, down, tmp_path, execute=True)
     assert queued_task_ids(family) == []
     assert sum(family.depth()) == len(ALL_JOBS)  # all still in the DLQ
-    time.sleep(2.2)  # the failed batch's lease (2 s) runs out
+    # The failed batch's 2 s lease runs out (later, if a slow machine's renewals gave more).
+    wait_until(lambda: family.depth()[1] == 0, "the failed batch back in the DLQ")
     # --include-succeeded does not consult it.
     anyway = run_move(family, target, down, tmp_path, execute=True, include_succeeded=True)
     assert anyway.moved == len(ALL_JOBS)
@@ -470,11 +471,15 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     ledger.close()
     sent = queued_task_ids(family)  # the workers took them
     assert len(sent) == len(ALL_JOBS) - 2
-    time.sleep(1.2)  # the killed run's lease runs out
+    # The killed run's lease runs out: its ledger lease 1 s after its last heartbeat (a
+    # sleep cannot fall short of that), its holds once SQS shows them again (a slow
+    # machine's renewals may give more than 1 s).
+    time.sleep(1.2)
+    wait_until(lambda: family.depth()[1] == 0, "the killed run's holds back in the DLQ")
 
     held = run_move(family, target, lookup, tmp_path, execute=True, in_doubt="hold")
     assert held.in_doubt == len(sent) and held.duplicates == 0
-    time.sleep(1.2)
+    wait_until(lambda: family.depth()[1] == 0, "the held run's messages back in the DLQ")
     auto = run_move(family, target, lookup, tmp_path, execute=True, in_doubt="auto")
     assert auto.duplicates == proven
     assert auto.in_doubt == len(sent) - proven

@@ -94,7 +94,7 @@ def make_dlq(client: Any, count: int, *, seeded: bool = True) -> Dlq:
     return Dlq(client, queue_url, dlq_url)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 20) -> Any:
+def wait_for(condition: Callable[[], Any], timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while not (result := condition()):
         assert time.monotonic() < deadline, "timed out"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import REGION, MotoServer, make_family, start_moto_server
+from conftest import REGION, MotoServer, SqsClock, make_family, start_moto_server, wait_until
 from conftest import Family as QueueFamily
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.utils import unix_time
@@ -231,19 +230,25 @@ class NoRenewals(Sqs):
 
 
 def test_lease_running_out_mid_scan_keeps_counts_exact(
-    new_scan: NewScan, family: QueueFamily
+    new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     """A 1 s lease that cannot be renewed and a consumer that stalls after 30 messages:
     those 30 come back while the scan is running. They are recognised, not counted twice,
     and the scan goes on to the messages it has not seen yet instead of taking the repeats
     for the end."""
     sent = send(family, 50)
-    sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=1, sqs_factory=lambda: NoRenewals(family.client))
+    sqs = Sqs(family.client, clock=sqs_clock)
+    scan = new_scan(
+        family.dlq_url,
+        lease=1,
+        clock=sqs_clock,
+        sqs_factory=lambda: NoRenewals(family.client, clock=sqs_clock),
+    )
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 3:
-            time.sleep(1.2)
+            sqs_clock.advance(1.2)  # the stall: past every hold so far
+            wait_until(lambda: scan.stats.renew_failed > 0, "a refused renewal")
 
     seen = drain_scan(scan, sqs, after_batch=slow_consumer)
     ids = [m.message_id for m in seen]
@@ -257,16 +262,21 @@ def test_lease_running_out_mid_scan_keeps_counts_exact(
 
 
 def test_held_messages_stay_hidden_past_their_lease_while_the_scan_lives(
-    new_scan: NewScan, family: QueueFamily
+    new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     send(family, 20)
-    sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=1)
+    sqs = Sqs(family.client, clock=sqs_clock)
+    scan = new_scan(family.dlq_url, lease=1, clock=sqs_clock)
 
     def slow_consumer(batches: int, batch: list[Message]) -> None:
         if batches == 1:
             scan.keep(sqs, batch)  # renewed while held, not just hidden by its 1 s lease
-            time.sleep(2.5)
+            # 2.5 s of a 1 s lease renewed every half second: each renewal is waited for,
+            # since the renewing thread, not the clock, may be slow.
+            for step in range(1, 6):
+                sqs_clock.advance(0.5)
+                wait_until(lambda: scan.stats.renew_calls >= step, f"renewal {step}")  # noqa: B023
+                assert family.depth() == (10, 10), f"a held message came back after {step / 2} s"
 
     seen = drain_scan(scan, sqs, after_batch=slow_consumer)
     assert len(seen) == 20
@@ -278,29 +288,32 @@ def test_held_messages_stay_hidden_past_their_lease_while_the_scan_lives(
 
 
 def test_a_closed_scan_renews_nothing_so_its_holds_end_within_the_lease(
-    new_scan: NewScan, family: QueueFamily
+    new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     """What a killed run leaves: no release, no more renewals. Its holds end within about
     its lease, however long it lived (not after a hold sized for the whole scan)."""
     send(family, 25)
-    sqs = Sqs(family.client)
-    scan = new_scan(family.dlq_url, lease=2)
+    sqs = Sqs(family.client, clock=sqs_clock)
+    scan = new_scan(family.dlq_url, lease=2, clock=sqs_clock)
     drain_scan(scan, sqs)
-    time.sleep(2.5)  # renewed at least once past the receive's own 2 s
-    assert family.depth() == (0, 25)
-    assert scan.stats.renew_calls >= 3
-    scan.close()  # the run dies here
-    died = time.monotonic()
-    while family.depth() != (25, 0):
-        assert time.monotonic() - died < 2 + 1.5, "holds outlived the lease"
-        time.sleep(0.1)
+    sqs_clock.advance(1.0)  # a 2 s hold is renewed 1 s before it ends: 25 held, 3 calls
+    wait_until(lambda: scan.stats.renew_calls >= 3, "the first renewal")
+    sqs_clock.advance(1.5)
+    wait_until(lambda: scan.stats.renew_calls >= 6, "the second renewal")
+    assert family.depth() == (0, 25), "renewed past the receive's own 2 s"
+    scan.close()  # the run dies here, 2.5 s in, just after a renewal
+    assert scan._renewer is not None and not scan._renewer.is_alive()
+    sqs_clock.advance(1.9)
+    assert family.depth() == (0, 25), "the last renewal's hold is the 2 s lease"
+    sqs_clock.advance(0.1 + 0.01)
+    assert family.depth() == (25, 0), "holds outlived the lease"
 
 
 def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
-    new_scan: NewScan, family: QueueFamily
+    new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     send(family, 10)
-    sqs = Sqs(family.client)
+    sqs = Sqs(family.client, clock=sqs_clock)
     calls: list[int] = []
 
     class Flaky(Sqs):
@@ -310,15 +323,25 @@ def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
                 raise AwsError("ChangeMessageVisibilityBatch failed: throttled")
             return super().change_visibility_batch(url, handles, timeout)
 
-    scan = new_scan(family.dlq_url, lease=2, sqs_factory=lambda: Flaky(family.client))
+    scan = new_scan(
+        family.dlq_url,
+        lease=2,
+        clock=sqs_clock,
+        sqs_factory=lambda: Flaky(family.client, clock=sqs_clock),
+    )
     drain_scan(scan, sqs)
-    time.sleep(2.6)
+    sqs_clock.advance(1.0)  # the renewal 1 s before the 2 s hold ends fails
+    wait_until(lambda: scan.stats.renew_errors == 1, "the failed renewal")
+    sqs_clock.advance(1.0)  # retried a second later
+    wait_until(lambda: scan.stats.renew_calls >= 1, "the renewal after the failed one")
+    sqs_clock.advance(0.6)
     assert scan.stats.renew_errors == 1 and scan.stats.renew_calls >= 1
     assert family.depth() == (0, 10), "the renewal after the failed one kept them hidden"
     scan.release_all(sqs)
     renewals = len(calls)
     assert scan.stats.released == 10 and family.depth() == (10, 0)
-    time.sleep(0.6)
+    assert scan._renewer is not None and not scan._renewer.is_alive()
+    sqs_clock.advance(5.0)
     assert len(calls) == renewals, "nothing is renewed after the release"
 
 
@@ -472,11 +495,11 @@ def test_first_error_stops_the_others_and_is_raised() -> None:
     clients = iter(["b", "c"])
 
     def work(sqs: Any) -> None:
-        started.wait(5)
+        started.wait(60)
         if sqs == "b":
             raise ValueError("worker b failed")
         # The others run until the failure stops them.
-        assert stop.wait(5), "stop was never set"
+        assert stop.wait(60), "stop was never set"
 
     with pytest.raises(ValueError, match="worker b failed"):
         run_pipelines(work, "a", lambda: next(clients), 3, stop)  # type: ignore[arg-type]
@@ -492,7 +515,7 @@ def test_the_error_that_came_first_is_the_one_raised() -> None:
     def work(sqs: Any) -> None:
         if sqs == "c":
             raise ValueError("the cause")
-        assert stop.wait(5)
+        assert stop.wait(60)
         raise RuntimeError(f"worker {sqs} gave up after the stop")
 
     with pytest.raises(ValueError, match="the cause"):
