@@ -281,9 +281,12 @@ class MoveResult:
 
     @property
     def acted(self) -> bool:
-        """Whether the run got anywhere (a summary of it says something): a batch gone
-        through, or a message sent, deleted, failed or left in doubt."""
-        return bool(self.scanned or self.moved or self.duplicates or self.failed or self.in_doubt)
+        """Whether the run got anywhere (a summary of it says something): a message sent,
+        deleted, skipped, failed or left in doubt. Not ``scanned``, which counts a batch as it
+        is received: a first send refused has received its batch and done nothing."""
+        return bool(
+            self.moved or self.duplicates or self.skipped_total or self.failed or self.in_doubt
+        )
 
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""

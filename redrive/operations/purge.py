@@ -103,8 +103,9 @@ class PurgeResult:
 
     @property
     def acted(self) -> bool:
-        """Whether the run got anywhere (a summary of it says something)."""
-        return bool(self.scanned or self.archived or self.purged or self.failed)
+        """Whether the run got anywhere (a summary of it says something): not ``scanned``,
+        which counts a batch as it is received, before anything is done with it."""
+        return bool(self.archived or self.purged or self.failed)
 
     def run_counts(self) -> dict[str, int]:
         """What the ledger records at the run's end (the audit trail's counts)."""
