@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -400,6 +401,20 @@ def server(moto_server: MotoServer) -> MotoServer:
     """The session's moto server, emptied for this test."""
     moto_server.reset()
     return moto_server
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_as_a_terminal_delivers_it() -> Iterator[None]:
+    """Each test starts with Python's own SIGINT handler, and so does every process it
+    starts (a disposition of SIG_IGN is inherited across exec, and Python then keeps
+    ignoring Ctrl-C). Under load, a test worker once ran a real-Ctrl-C test with SIGINT
+    ignored: the ledger's wait was never interrupted and a prompt in a child ignored ten
+    SIGINTs. Whatever left it so, no test may depend on what an earlier one left behind."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
