@@ -98,6 +98,22 @@ def busy(led: SqliteLedger) -> bool:
     return led._writer.in_flight()
 
 
+def ctrl_c_once_waiting(thread_id: int, function: str) -> None:
+    """A real SIGINT to ``thread_id`` once it is inside ``function`` (its wait for its turn),
+    not after a fixed delay, which a busy machine can outlast before the wait begins."""
+
+    def inside() -> bool:
+        frame = sys._current_frames().get(thread_id)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back
+        return False
+
+    wait_until(inside)
+    signal.pthread_kill(thread_id, signal.SIGINT)
+
+
 def writer_thread(led: SqliteLedger) -> threading.Thread | None:
     assert led._writer is not None
     return led._writer._thread
@@ -417,7 +433,7 @@ def test_ctrl_c_while_waiting_withdraws_the_queued_call_and_leaves_the_writer_wo
         # main thread while it waits for its claim's turn.
         main = threading.main_thread().ident
         assert main is not None and threading.current_thread().ident == main
-        threading.Timer(0.2, signal.pthread_kill, args=(main, signal.SIGINT)).start()
+        threading.Thread(target=ctrl_c_once_waiting, args=(main, "_run_from_main")).start()
         with pytest.raises(KeyboardInterrupt):
             led.claim_many("A", claims("interrupted"))
         assert queued(led) == 0  # the main thread waited for its turn, never queued
