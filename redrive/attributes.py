@@ -1,16 +1,14 @@
-"""redrive's own SQS message attributes, stamped on every copy it sends.
+"""redrive's own message attributes, stamped on every copy it sends.
 
 They let a message that comes back to a DLQ be recognised: how often it was redriven,
 under which idempotency key, and from which DLQ. Original attributes always win: ours are
-added only while SQS's limit of 10 attributes per message leaves room, in this order.
+added only while the broker's limit of attributes per message leaves room, in this order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-
-from redrive.aws.sqs import MAX_MESSAGE_ATTRIBUTES
 
 COUNT = "redrive-count"
 KEY = "redrive-key"
@@ -27,7 +25,7 @@ def redrive_count(message_attributes: Mapping[str, Mapping[str, Any]]) -> int:
 
 
 def stamped(
-    original: Mapping[str, Mapping[str, Any]], *, count: int, key: str, dlq: str
+    original: Mapping[str, Mapping[str, Any]], *, count: int, key: str, dlq: str, room: int
 ) -> dict[str, Mapping[str, Any]]:
     """The original attributes, unchanged, plus ours where there is room.
 
@@ -40,7 +38,7 @@ def stamped(
     }
     result = {name: value for name, value in original.items() if name not in ours}
     for name, value in ours.items():
-        if len(result) >= MAX_MESSAGE_ATTRIBUTES:
+        if len(result) >= room:
             break
         result[name] = value
     return result

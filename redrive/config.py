@@ -39,7 +39,7 @@ class Family:
     queue: str
     """Source queue name or URL."""
     dlq: str | None = None
-    """DLQ name or URL; ``None`` means: read it from the source queue's RedrivePolicy."""
+    """DLQ name or URL; ``None`` means: the one the source queue dead-letters into."""
     region: str | None = None
     priority: int = 100
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT

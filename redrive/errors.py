@@ -29,7 +29,7 @@ class QueueNotFound(RedriveError):
 
 
 class NoDeadLetterQueue(RedriveError):
-    """A source queue has no RedrivePolicy, so it has no DLQ."""
+    """A source queue dead-letters nowhere, so it has no DLQ."""
 
 
 class AwsError(RedriveError):

@@ -10,7 +10,8 @@ kombu's virtual transports (SQS among them) stamp every publish with a fresh
 ``properties.delivery_tag`` (``publish`` is ``t`` + its digest; ``b`` + a digest of the body
 for the rare producer that sends none). A task that came back to the DLQ after a redrive gets
 a new key (its redrive count, the *generation*, is part of it). A message that is not a
-Celery task is identified by its SQS MessageId.
+Celery task is identified by its broker's message id, under the broker's own namespace
+(``Capabilities.key_namespace``: a ledger's older keys name SQS messages that way).
 
 Same key does not yet mean same task run: :func:`copy_verdict` is the rule that tells a copy
 of one message from a second invocation that happens to share its key (see "Copies and
@@ -26,9 +27,10 @@ from enum import StrEnum
 from redrive.messages import TaskInfo
 
 MAX_KEY_LENGTH = 128
-# MessageDeduplicationId allows alphanumerics and punctuation; keys double as one.
+# A FIFO deduplication id allows alphanumerics and punctuation; keys double as one.
 _SAFE = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]+$")
-# SQS's SentTimestamp is SQS's clock, a ledger's times are the operator's: allow for skew.
+# When a broker enqueued a message is its clock, a ledger's times are the operator's: allow for
+# skew.
 CLOCK_SLACK = 300.0
 
 
@@ -44,7 +46,13 @@ def publish_of(info: TaskInfo, body: str) -> str:
 
 
 def key_for(
-    info: TaskInfo, *, message_id: str, generation: int, body: str, by_message: bool = False
+    info: TaskInfo,
+    *,
+    message_id: str,
+    generation: int,
+    body: str,
+    namespace: str,
+    by_message: bool = False,
 ) -> str:
     """The key of one message. ``by_message`` adds its MessageId: for a second invocation
     that shares the key of a task already sent (see :func:`copy_verdict`)."""
@@ -57,16 +65,16 @@ def key_for(
         if by_message:
             key += ":m" + _digest(message_id, 8)
     else:
-        key = f"sqs:{message_id}:g{generation}"
+        key = f"{namespace}:{message_id}:g{generation}"
     return _bounded(key)
 
 
-def legacy_key_for(info: TaskInfo, *, message_id: str, generation: int) -> str:
+def legacy_key_for(info: TaskInfo, *, message_id: str, generation: int, namespace: str) -> str:
     """The key redrive used before keys named the publish (ledgers of schema 1 and 2)."""
     if info.task_id:
         key = f"celery:{info.task_id}:r{info.retries or 0}:g{generation}:{_digest(info.task, 4)}"
     else:
-        key = f"sqs:{message_id}:g{generation}"
+        key = f"{namespace}:{message_id}:g{generation}"
     return _bounded(key)
 
 

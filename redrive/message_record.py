@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Protocol
 
-from redrive.aws.sqs import Message, queue_name
+from redrive.broker.base import Delivery, queue_name
 from redrive.durations import iso_utc
 from redrive.messages import Payload, TaskInfo, read_payload
 
@@ -50,7 +50,7 @@ class _Source:
     read at most once, and only by a field that needs them."""
 
     info: TaskInfo
-    message: Message
+    message: Delivery
     now: float
     sources: Sequence[str]
     results: ResultLookup | None
@@ -91,16 +91,15 @@ def _header(name: str) -> Callable[[_Source], Any]:
 
 
 def _age(s: _Source) -> float | None:
-    sent = s.message.sent_timestamp
+    sent = s.message.enqueued_at
     return round(s.now - sent, 3) if sent is not None else None
 
 
 def _queue(s: _Source) -> str | None:
-    """The DLQ's source queue the message came from: SQS's DeadLetterQueueSourceArn, else
+    """The DLQ's source queue the message came from: where the broker says it died, else
     the DLQ's only source queue."""
-    arn = s.message.attributes.get("DeadLetterQueueSourceArn")
-    if arn:
-        return queue_name(arn)
+    if s.message.died_in:
+        return queue_name(s.message.died_in)
     return s.sources[0] if len(s.sources) == 1 else None
 
 
@@ -161,7 +160,7 @@ _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "message_id": lambda s: s.message.message_id,
     "receive_count": lambda s: s.message.receive_count,
     "consumer_receives": lambda s: max(0, s.message.receive_count - s.message.redrive_receives),
-    "sent_at": lambda s: iso_utc(s.message.sent_timestamp),
+    "sent_at": lambda s: iso_utc(s.message.enqueued_at),
     "age_seconds": _age,
     "attributes": _attributes,
     "queue": _queue,
@@ -185,7 +184,7 @@ class RecordBuilder:
     def build(
         self,
         info: TaskInfo,
-        message: Message,
+        message: Delivery,
         *,
         now: float,
         outcome: TaskOutcome | None = None,

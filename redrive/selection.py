@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from redrive.messages import TaskInfo
 
 if TYPE_CHECKING:
-    from redrive.aws.sqs import Message
+    from redrive.broker.base import Delivery
     from redrive.where import Where
 
 
@@ -54,7 +54,7 @@ class Selection:
         message_id: str,
         sent_at: float | None,
         now: float,
-        message: Message | None = None,
+        message: Delivery | None = None,
         sources: Sequence[str] = (),
     ) -> bool:
         """Whether one message passes every filter except ``limit`` (the caller counts).

@@ -25,7 +25,7 @@ from jmespath.functions import Functions
 from jmespath.parser import ParsedResult, Parser
 from jmespath.visitor import TreeInterpreter
 
-from redrive.aws.sqs import Message
+from redrive.broker.base import Delivery
 from redrive.errors import UsageProblem
 from redrive.message_record import FIELDS, RecordBuilder, ResultLookup
 from redrive.messages import TaskInfo
@@ -472,7 +472,7 @@ class Where:
         return all(_truthy(e.evaluate(record)) for e in self.expressions)
 
     def matches(
-        self, info: TaskInfo, message: Message, *, now: float, sources: Sequence[str] = ()
+        self, info: TaskInfo, message: Delivery, *, now: float, sources: Sequence[str] = ()
     ) -> bool:
         return self.holds(self.builder(sources).build(info, message, now=now))
 

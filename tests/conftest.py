@@ -193,11 +193,11 @@ class Redelivery:
         self.delivered_again = 0
 
     def sqs(self) -> Any:
-        from redrive.aws.sqs import Sqs
+        from redrive.broker.sqs import SqsBroker
 
         redelivery = self
 
-        class Redelivering(Sqs):
+        class Redelivering(SqsBroker):
             def receive(self, url: str, **kwargs: Any) -> list[Any]:
                 got: list[Any] = super().receive(url, **kwargs)
                 with redelivery.lock:
@@ -263,7 +263,7 @@ def sqs_client(aws_env: None) -> Iterator[Any]:
 class SqsClock:
     """In-process SQS's clock (moto's visibility timeouts, delays and retention), wound by
     hand: a lease runs out when the test says so, however slow the machine. Pass it as the
-    ``clock`` of the redrive objects that date holds (``Sqs``, ``DlqScan``) so that both
+    ``clock`` of the redrive objects that date holds (``SqsBroker``, ``DlqScan``) so that both
     sides keep the same time.
 
     Every reading is a microsecond after the last, because moto shows a released message
@@ -485,19 +485,20 @@ def as_json(result: Result) -> Any:
 def sqs_for(sqs_client: Any) -> Callable[[str | None], Any]:
     """What the CLI does: one client per call, through AwsSettings (inside mock_aws)."""
     from redrive.aws.session import AwsSettings
+    from redrive.broker.sqs import open_sqs
 
     settings = AwsSettings(region=REGION)
-    return lambda region: settings.sqs(region=region)
+    return lambda region: open_sqs(settings, region=region)
 
 
 def unreachable() -> Callable[[str | None], Any]:
     """SQS on a closed port of 127.0.0.1: every call fails to connect, at once."""
     from botocore.config import Config
 
-    from redrive.aws.sqs import Sqs
+    from redrive.broker.sqs import SqsBroker
 
     url = f"http://127.0.0.1:{free_port()}"
     config = Config(retries={"mode": "standard", "max_attempts": 1}, connect_timeout=1)
-    return lambda region: Sqs(
+    return lambda region: SqsBroker(
         boto3.client("sqs", endpoint_url=url, region_name=REGION, config=config)
     )

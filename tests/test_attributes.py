@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive.attributes import COUNT, KEY, SOURCE_DLQ, originals, redrive_count, stamped
-from redrive.aws.sqs import MAX_MESSAGE_ATTRIBUTES
+from redrive.broker.sqs.calls import MAX_MESSAGE_ATTRIBUTES
 
 OURS = (COUNT, KEY, SOURCE_DLQ)
 

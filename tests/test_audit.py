@@ -15,10 +15,10 @@ from click.testing import Result
 from conftest import Cli, Family, as_json
 
 from redrive.aws.identity import caller_identity
-from redrive.aws.sqs import Sqs
+from redrive.broker import resolve_target
+from redrive.broker.sqs import SqsBroker
 from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.config import built_in_layout
-from redrive.dlq.queues import resolve_target
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.operations.move import MoveEngine, MoveOptions
@@ -216,7 +216,9 @@ def test_since_narrows(family: Family, argv: Any, cli: Cli) -> None:
 def test_interrupted_run_shows_interrupted(family: Family, cli: Cli) -> None:
     for i in range(25):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
-    target = resolve_target(built_in_layout({}), "checkout", lambda region=None: Sqs(family.client))
+    target = resolve_target(
+        built_in_layout({}), "checkout", lambda region=None: SqsBroker(family.client)
+    )
     stop = threading.Event()
     ledger = SqliteLedger(default_ledger_path())
     try:
@@ -224,7 +226,7 @@ def test_interrupted_run_shows_interrupted(family: Family, cli: Cli) -> None:
             target,
             ledger,
             MoveOptions(selection=Selection(), execute=True),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             stop=stop,
             observer=Callbacks(on_progress=lambda _: stop.set()),
             record=RunRecord(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from conftest import Cli, Family, make_family
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
 from redrive.cli.exit_codes import EXIT_ERROR
 from redrive.config import built_in_layout, load_layout
 from redrive.reporting.check import Finding, check_layout, expected_dlq_name
@@ -17,7 +17,7 @@ from redrive.reporting.check import Finding, check_layout, expected_dlq_name
 
 def findings_of(client: Any, config: str | None = None) -> list[Finding]:
     layout = load_layout(config, {}) if config else built_in_layout({})
-    return check_layout(layout, lambda region=None: Sqs(client))
+    return check_layout(layout, lambda region=None: SqsBroker(client))
 
 
 def problems(findings: list[Finding]) -> list[tuple[str | None, str, str]]:

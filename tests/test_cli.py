@@ -25,6 +25,7 @@ from test_sqs import FOREIGN, foreign_endpoint
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
+from redrive.broker.sqs import SqsBroker
 from redrive.cli import cli as redrive_group
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE
 from redrive.keys import key_for
@@ -390,12 +391,12 @@ def test_move_with_filters(family: Family, cli: Cli) -> None:
 def test_move_failed_sends_exit_3(
     family: Family, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
-    from redrive.aws.sqs import BatchResult, Sqs
+    from redrive.broker.base import BatchResult
 
-    def refuse(self: Sqs, url: str, entries: Any) -> BatchResult:
+    def refuse(self: SqsBroker, url: str, entries: Any) -> BatchResult:
         return BatchResult({}, {e.id: "KMS.DisabledException: key disabled" for e in entries})
 
-    monkeypatch.setattr(Sqs, "send_batch", refuse)
+    monkeypatch.setattr(SqsBroker, "send_batch", refuse)
     seed(family, charges=2, mails=0)
     result = cli("move", "checkout", "--execute", "--yes")
     assert result.exit_code == EXIT_ATTENTION, result.output

@@ -15,9 +15,10 @@ from conftest import Family as QueueFamily
 from conftest import make_family, start_moto_server
 
 from redrive import attributes
-from redrive.aws.sqs import Message, Sqs
+from redrive.broker import resolve_target
+from redrive.broker.base import Delivery, DlqTarget
+from redrive.broker.sqs import SqsBroker
 from redrive.config import built_in_layout
-from redrive.dlq.queues import DlqTarget, resolve_target
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsError
 from redrive.messages import UNKNOWN_TASK, decode
@@ -33,12 +34,12 @@ ODD_BODIES = ["plain text, not Celery", json.dumps({"hello": "world"}), "eyJub3Q
 
 @pytest.fixture
 def target(family: QueueFamily) -> DlqTarget:
-    return resolve_target(built_in_layout({}), "checkout", lambda region: Sqs(family.client))
+    return resolve_target(built_in_layout({}), "checkout", lambda region: SqsBroker(family.client))
 
 
 @pytest.fixture
-def factory(family: QueueFamily) -> Callable[[], Sqs]:
-    return lambda: Sqs(family.client)
+def factory(family: QueueFamily) -> Callable[[], SqsBroker]:
+    return lambda: SqsBroker(family.client)
 
 
 def redriven(count: int) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def comparable(result: InspectResult) -> dict[str, Any]:
 def test_groups_protocol_1_and_2_samples_and_odd_bodies(
     family: QueueFamily,
     target: DlqTarget,
-    factory: Callable[[], Sqs],
+    factory: Callable[[], SqsBroker],
     samples: list[dict[str, Any]],
 ) -> None:
     for sample in samples:
@@ -95,7 +96,7 @@ def test_groups_protocol_1_and_2_samples_and_odd_bodies(
 
 
 def test_counts_times_and_sample_ids(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     before = time.time()
     task_ids = [f"task-{i}" for i in range(5)]
@@ -123,7 +124,7 @@ def test_counts_times_and_sample_ids(
 
 
 def test_max_receive_count_of_dead_lettered_messages(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     family.client.send_message(QueueUrl=family.queue_url, MessageBody=encode(CHECKOUT, [1]))
     # A consumer that fails it five times (maxReceiveCount 5): SQS moves it to the DLQ.
@@ -135,7 +136,7 @@ def test_max_receive_count_of_dead_lettered_messages(
     assert group.max_receive_count >= 5
 
 
-def test_expired(family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]) -> None:
+def test_expired(family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]) -> None:
     now = datetime.now(UTC)
     family.send_to_dlq(encode(CHECKOUT, [1], expires=now - timedelta(hours=1)))
     family.send_to_dlq(encode(CHECKOUT, [2], protocol=1, expires=now - timedelta(minutes=1)))
@@ -150,7 +151,7 @@ def test_expired(family: QueueFamily, target: DlqTarget, factory: Callable[[], S
 
 
 def test_redriven_and_poison(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     family.send_to_dlq(encode(CHECKOUT, [1]))
     family.send_to_dlq(encode(CHECKOUT, [2]), redriven(1))
@@ -167,7 +168,7 @@ def test_redriven_and_poison(
 
 
 def test_leaving_within_24h(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     for i in range(4):
         family.send_to_dlq(encode(PROGRESS, [i]))
@@ -183,7 +184,7 @@ def test_leaving_within_24h(
 def test_args_only_when_asked(
     family: QueueFamily,
     target: DlqTarget,
-    factory: Callable[[], Sqs],
+    factory: Callable[[], SqsBroker],
     samples: list[dict[str, Any]],
 ) -> None:
     for sample in samples:
@@ -205,7 +206,7 @@ def test_args_only_when_asked(
 
 
 def test_show_args_shows_the_start_of_a_body_that_is_not_a_celery_task(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     from redrive.render.inspect import inspect_text
     from redrive.reporting.inspect import SHOWN_BODY_CHARS
@@ -235,7 +236,7 @@ def test_show_args_shows_the_start_of_a_body_that_is_not_a_celery_task(
 def test_inspect_twice_gives_the_same_result_and_leaves_the_depth(
     family: QueueFamily,
     target: DlqTarget,
-    factory: Callable[[], Sqs],
+    factory: Callable[[], SqsBroker],
     samples: list[dict[str, Any]],
     tmp_path: Path,
 ) -> None:
@@ -258,7 +259,7 @@ def test_inspect_twice_gives_the_same_result_and_leaves_the_depth(
 
 
 def test_receive_counts_shown_are_the_consumers_not_redrive_s_own_reads(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs], tmp_path: Path
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker], tmp_path: Path
 ) -> None:
     """Each inspect receives each message once more, which raises SQS's count: a dozen
     scans took a DLQ's "max receives" from 6 to 20. The count shown leaves redrive's own
@@ -282,7 +283,9 @@ def test_receive_counts_shown_are_the_consumers_not_redrive_s_own_reads(
     assert unlogged.groups[0].max_consumer_receives == 5 + 13
 
 
-def test_empty_dlq(family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]) -> None:
+def test_empty_dlq(
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
+) -> None:
     result = inspect_dlq(target, factory)
     assert result.total == 0
     assert result.groups == []
@@ -293,7 +296,7 @@ def test_empty_dlq(family: QueueFamily, target: DlqTarget, factory: Callable[[],
 
 
 def test_limit_is_partial_and_releases(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     for i in range(25):
         family.send_to_dlq(encode(CHECKOUT, [i]))
@@ -306,7 +309,7 @@ def test_limit_is_partial_and_releases(
 
 
 def test_interrupted_by_the_stop_event_releases_everything(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     for i in range(25):
         family.send_to_dlq(encode(CHECKOUT, [i]))
@@ -320,7 +323,7 @@ def test_interrupted_by_the_stop_event_releases_everything(
 
 
 def test_stopped_before_it_starts(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs]
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     family.send_to_dlq(encode(CHECKOUT, [1]))
     stop = threading.Event()
@@ -330,14 +333,14 @@ def test_stopped_before_it_starts(
     assert family.depth() == (1, 0)
 
 
-class FailingReceives(Sqs):
+class FailingReceives(SqsBroker):
     """Receives work twice, then the network goes."""
 
     def __init__(self, client: Any) -> None:
         super().__init__(client)
         self.receives = 0
 
-    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+    def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         self.receives += 1
         if self.receives > 2:
             raise AwsError("ReceiveMessage failed: InternalError")
@@ -355,7 +358,7 @@ def test_an_error_mid_scan_still_releases_what_was_received(
 
 
 def test_a_failure_while_counting_a_batch_still_releases_that_batch(
-    family: QueueFamily, target: DlqTarget, factory: Callable[[], Sqs], monkeypatch: Any
+    family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker], monkeypatch: Any
 ) -> None:
     # Ctrl-C a second time (KeyboardInterrupt) or a bug while a batch is in hand: the batch
     # was received, so it is hidden for the whole lease unless it is given back too.
@@ -386,8 +389,10 @@ def test_several_workers(tmp_path: Path) -> None:
         family = make_family(server.client())
         for i in range(60):
             family.send_to_dlq(encode(CHECKOUT if i % 3 else EMAIL, [i]))
-        target = resolve_target(built_in_layout({}), "checkout", lambda r: Sqs(server.client()))
-        result = inspect_dlq(target, lambda: Sqs(server.client()), workers=3)
+        target = resolve_target(
+            built_in_layout({}), "checkout", lambda r: SqsBroker(server.client())
+        )
+        result = inspect_dlq(target, lambda: SqsBroker(server.client()), workers=3)
         assert result.total == 60
         assert {g.task: g.count for g in result.groups} == {CHECKOUT: 40, EMAIL: 20}
         assert result.seen_again == 0
@@ -403,7 +408,7 @@ def test_several_workers(tmp_path: Path) -> None:
 def test_json_shape(
     family: QueueFamily,
     target: DlqTarget,
-    factory: Callable[[], Sqs],
+    factory: Callable[[], SqsBroker],
     samples: list[dict[str, Any]],
 ) -> None:
     for sample in samples:

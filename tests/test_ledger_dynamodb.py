@@ -30,9 +30,9 @@ from conftest import REGION, Cli, Family, MotoServer, start_moto_server
 from moto import mock_aws
 from test_ledger_contract import Clock, claims, one_line, state
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
-from redrive.dlq.queues import resolve_family
 from redrive.errors import LedgerError
 from redrive.ledger import Claim, KeyState, open_ledger
 from redrive.ledger.dynamodb import (
@@ -599,10 +599,10 @@ def test_a_move_with_the_dynamodb_ledger_sends_each_task_once(family: Family) ->
     def move() -> Any:
         with DynamoDbLedger(TABLE, dynamodb) as ledger:
             return MoveEngine(
-                resolve_family(Sqs(family.client), checkout),
+                resolve_family(SqsBroker(family.client), checkout),
                 ledger,
                 MoveOptions(execute=True),
-                sqs_factory=lambda: Sqs(family.client),
+                broker_factory=lambda: SqsBroker(family.client),
             ).run()
 
     result = move()
@@ -632,20 +632,21 @@ _OPERATOR = textwrap.dedent(
     from redrive.config import built_in_layout
     from redrive.ledger import open_ledger
     from redrive.operations.move import MoveEngine, MoveOptions
-    from redrive.dlq.queues import resolve_family
+    from redrive.broker.sqs.queues import resolve_family
     from redrive.aws.session import AwsSettings
+from redrive.broker.sqs import open_sqs
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     table, go = sys.argv[1:3]
     settings = AwsSettings()  # endpoint and region from the environment
-    target = resolve_family(settings.sqs(), built_in_layout({}).family("checkout"))
+    target = resolve_family(open_sqs(settings), built_in_layout({}).family("checkout"))
     ledger = open_ledger("dynamodb://" + table, client_factory=settings.client)
     print("ready", flush=True)
     while not Path(go).exists():
         time.sleep(0.01)
     with ledger:
         result = MoveEngine(
-            target, ledger, MoveOptions(execute=True, lease=10), sqs_factory=settings.sqs
+            target, ledger, MoveOptions(execute=True, lease=10), broker_factory=settings.sqs
         ).run()
     print(json.dumps(result.to_json()), flush=True)
     """
@@ -703,10 +704,10 @@ def test_two_operators_draining_one_dlq_send_each_task_once(
         assert checkout is not None
         with DynamoDbLedger(TABLE, dynamodb) as ledger:
             last = MoveEngine(
-                resolve_family(Sqs(sqs), checkout),
+                resolve_family(SqsBroker(sqs), checkout),
                 ledger,
                 MoveOptions(execute=True),
-                sqs_factory=lambda: Sqs(sqs),
+                broker_factory=lambda: SqsBroker(sqs),
             ).run()
         assert (last.moved, last.in_doubt) == (0, 0)
         assert sum(r["duplicates_deleted"] for r in results) + last.duplicates == len(ids[::8])

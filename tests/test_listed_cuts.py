@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from conftest import Cli, Family, as_json
 
-from redrive.aws.sqs import BatchResult, Sqs
+from redrive.broker.base import BatchResult
+from redrive.broker.sqs import SqsBroker
 from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.keys import key_for
 from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
@@ -144,10 +145,10 @@ def test_a_listing_of_nothing_in_doubt_exits_0(family: Family, cli: Cli) -> None
 def test_failed_sends_beyond_the_cut_say_how_many_are_shown_and_that_all_stay(
     family: Family, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def refuse(self: Sqs, url: str, entries: Any) -> BatchResult:
+    def refuse(self: SqsBroker, url: str, entries: Any) -> BatchResult:
         return BatchResult({}, {e.id: "KMS.DisabledException: key disabled" for e in entries})
 
-    monkeypatch.setattr(Sqs, "send_batch", refuse)
+    monkeypatch.setattr(SqsBroker, "send_batch", refuse)
     monkeypatch.setattr(move_module, "MAX_LISTED", 5)
     put_many(family, 8)
     data = as_json(cli("move", "checkout", "--execute", "--yes", "--json"))

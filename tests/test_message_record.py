@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive import message_record
-from redrive.aws.sqs import Message
+from redrive.broker.base import Delivery
+from redrive.broker.sqs.calls import message as sqs_message
 from redrive.message_record import FIELDS, RecordBuilder, TaskOutcome
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
@@ -40,10 +41,10 @@ json_values = st.recursive(
 compressions = st.sampled_from([None, "gzip", "bzip2", "lzma"])
 
 
-def message(body: str, **attributes: Any) -> Message:
+def message(body: str, **attributes: Any) -> Delivery:
     attrs = {"SentTimestamp": str(int(SENT * 1000)), "ApproximateReceiveCount": "6"}
     attrs.update({k: str(v) for k, v in attributes.items()})
-    return Message(
+    return sqs_message(
         message_id="m-1",
         receipt_handle="r-1",
         body=body,
@@ -154,7 +155,7 @@ def test_plain_text_has_no_json() -> None:
 
 
 def test_message_attributes_are_name_to_value_with_numbers_as_numbers() -> None:
-    msg = Message(
+    msg = sqs_message(
         message_id="m-2",
         receipt_handle="r",
         body=encode("t.a", [], {}),
@@ -255,7 +256,7 @@ def test_keys_of_the_whole_record_lists_every_field() -> None:
 
 def test_consumer_receives_leave_out_redrives_own() -> None:
     base = message(encode("t.a"))
-    msg = Message(
+    msg = sqs_message(
         message_id=base.message_id,
         receipt_handle="r",
         body=base.body,

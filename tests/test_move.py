@@ -39,9 +39,12 @@ from conftest import (
 )
 
 from redrive import attributes
-from redrive.aws.sqs import MAX_BATCH_BYTES, Message, Sqs, clean_attribute
+from redrive.broker import resolve_target
+from redrive.broker.base import Delivery, DlqTarget
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.calls import MAX_BATCH_BYTES, clean_attribute
+from redrive.broker.sqs.queues import describe_queue, resolve_family
 from redrive.config import built_in_layout
-from redrive.dlq.queues import DlqTarget, describe_queue, resolve_family, resolve_target
 from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
 from redrive.ledger import KeyState, SqliteLedger
@@ -163,14 +166,14 @@ def wait_for_leases(clock: SqsClock) -> None:
 def checkout(client: Any) -> DlqTarget:
     family = built_in_layout({}).family("checkout")
     assert family is not None
-    return resolve_family(Sqs(client), family)
+    return resolve_family(SqsBroker(client), family)
 
 
 @dataclass
 class Spy:
     """What an engine received, sent and deleted, in order."""
 
-    received: list[list[Message]] = field(default_factory=list)
+    received: list[list[Delivery]] = field(default_factory=list)
     events: list[tuple[str, frozenset[str]]] = field(default_factory=list)
     sends: int = 0
 
@@ -178,8 +181,8 @@ class Spy:
         return {m.receipt_handle: m.message_id for batch in self.received for m in batch}
 
 
-class SpySqs(Sqs):
-    """An Sqs that records its calls and may rewrite received messages (``patch``)."""
+class SpySqs(SqsBroker):
+    """An SqsBroker that records its calls and may rewrite received messages (``patch``)."""
 
     def __init__(
         self,
@@ -187,13 +190,13 @@ class SpySqs(Sqs):
         spy: Spy,
         *,
         send_client: Any | None = None,
-        patch: Callable[[Message], Message] | None = None,
+        patch: Callable[[Delivery], Delivery] | None = None,
     ) -> None:
         super().__init__(client, send_client=send_client)
         self.spy = spy
         self.patch = patch
 
-    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+    def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         messages = super().receive(url, **kwargs)
         if self.patch is not None:
             messages = [self.patch(m) for m in messages]
@@ -233,7 +236,7 @@ def move(
     ledger_path: Path | None,
     *,
     target: DlqTarget | None = None,
-    sqs: Callable[[], Sqs] | None = None,
+    sqs: Callable[[], SqsBroker] | None = None,
     fault: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
     on_progress: Callable[[MoveResult], None] | None = None,
@@ -259,7 +262,7 @@ def move(
             target or checkout(client),
             ledger,
             MoveOptions(pipelined=pipelined, **options),
-            sqs_factory=sqs or (lambda: Sqs(client)),
+            broker_factory=sqs or (lambda: SqsBroker(client)),
             observer=Callbacks(on_step=fault, on_progress=on_progress),
             stop=stop,
             **extra,
@@ -428,7 +431,9 @@ def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
     sqs_client: Any, tmp_path: Path, samples: list[dict[str, Any]]
 ) -> None:
     fifo = make_family(sqs_client, "onion-checkout.fifo")
-    target = resolve_target(built_in_layout({}), "onion-checkout.fifo", lambda _: Sqs(sqs_client))
+    target = resolve_target(
+        built_in_layout({}), "onion-checkout.fifo", lambda _: SqsBroker(sqs_client)
+    )
     sample = next(s for s in samples if s["queue"].endswith(".fifo"))
     sent = {
         sample["Body"]: sample["Attributes"]["MessageGroupId"],
@@ -463,7 +468,9 @@ def test_fifo_resend_of_an_in_doubt_send_is_dropped_by_sqs(
     sqs_client: Any, tmp_path: Path, sqs_clock: SqsClock
 ) -> None:
     fifo = make_family(sqs_client, "onion-checkout.fifo")
-    target = resolve_target(built_in_layout({}), "onion-checkout.fifo", lambda _: Sqs(sqs_client))
+    target = resolve_target(
+        built_in_layout({}), "onion-checkout.fifo", lambda _: SqsBroker(sqs_client)
+    )
     for i in range(5):
         sqs_client.send_message(
             QueueUrl=fifo.dlq_url,
@@ -514,7 +521,7 @@ def test_the_stamp_never_makes_a_message_too_big_to_send(family: Family, tmp_pat
     result = move(
         family.client,
         ledger,
-        sqs=lambda: Sqs(family.client, send_client=proxy),
+        sqs=lambda: SqsBroker(family.client, send_client=proxy),
         include_unknown=True,  # the big body is not a Celery task
     )
 
@@ -559,7 +566,7 @@ def test_failed_sends_stay_in_the_dlq_with_their_keys_released(
     proxy = failing_sends(family.client, bad)
     ledger = tmp_path / "l.sqlite3"
 
-    result = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    result = move(family.client, ledger, sqs=lambda: SqsBroker(family.client, send_client=proxy))
 
     assert (result.moved, result.failed) == (10, 2)
     assert {m.task_id for m in result.failed_messages} == bad
@@ -583,7 +590,7 @@ def test_sends_sqs_neither_confirms_nor_refuses_are_in_doubt_not_resent(
     proxy = failing_sends(family.client, set(), unanswered=bad)
     ledger = tmp_path / "l.sqlite3"
 
-    first = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    first = move(family.client, ledger, sqs=lambda: SqsBroker(family.client, send_client=proxy))
 
     assert (first.moved, first.failed, first.in_doubt) == (10, 0, 2)
     assert {m.task_id for m in first.in_doubt_messages} == bad
@@ -601,7 +608,7 @@ def test_failed_sends_succeed_on_the_next_run(family: Family, tmp_path: Path) ->
     put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(5)])
     ledger = tmp_path / "l.sqlite3"
     proxy = failing_sends(family.client, {"t-1"})
-    first = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    first = move(family.client, ledger, sqs=lambda: SqsBroker(family.client, send_client=proxy))
     second = move(family.client, ledger)
 
     assert (first.moved, first.failed, second.moved, second.duplicates) == (4, 1, 1, 0)
@@ -672,7 +679,7 @@ def test_a_send_timeout_leaves_only_its_own_request_in_doubt(
             ledger,
             clock=sqs_clock,
             lease=LEASE,
-            sqs=lambda: Sqs(family.client, send_client=proxy),
+            sqs=lambda: SqsBroker(family.client, send_client=proxy),
         )
 
     assert len(calls) == 2 and all(len(c) == 2 for c in calls)
@@ -874,7 +881,7 @@ def test_a_copy_is_kept_while_its_twin_failed_to_send(family: Family, tmp_path: 
     ledger = tmp_path / "l.sqlite3"
     proxy = failing_sends(family.client, {"t-1"})
 
-    first = move(family.client, ledger, sqs=lambda: Sqs(family.client, send_client=proxy))
+    first = move(family.client, ledger, sqs=lambda: SqsBroker(family.client, send_client=proxy))
 
     assert (first.moved, first.failed, first.duplicates) == (1, 1, 0)
     assert family.depth() == (2, 0)  # both copies of t-1 stay
@@ -1239,7 +1246,7 @@ def test_age_filters_use_the_sent_timestamp(family: Family, tmp_path: Path) -> N
     ages = {"h-1": 3 * 3600, "h-2": 2 * 3600, "m-1": 600, "m-2": 60}
     put(family.client, family.dlq_url, [body(t) for t in ages])
 
-    def aged(message: Message) -> Message:
+    def aged(message: Delivery) -> Delivery:
         sent = NOW - ages[str(task_id_of(message.body))]
         return replace(
             message, attributes={**message.attributes, "SentTimestamp": str(int(sent * 1000))}
@@ -1318,7 +1325,7 @@ def test_expired_tasks_are_skipped_unless_included(family: Family, tmp_path: Pat
 def test_to_sends_to_another_queue(family: Family, tmp_path: Path) -> None:
     other = family.client.create_queue(QueueName="onion-checkout-retry")["QueueUrl"]
     put(family.client, family.dlq_url, [body("t-1"), body("t-2")])
-    to = describe_queue(Sqs(family.client), "onion-checkout-retry")
+    to = describe_queue(SqsBroker(family.client), "onion-checkout-retry")
 
     result = move(family.client, tmp_path / "l.sqlite3", to=to)
 
@@ -1361,11 +1368,11 @@ def test_to_a_queue_that_is_not_a_familys_takes_every_body(family: Family, tmp_p
     quarantine = family.client.create_queue(QueueName="quarantine")["QueueUrl"]
     put(family.client, family.dlq_url, [body("t-1"), *NOT_CELERY_BODIES])
     ledger = tmp_path / "l.sqlite3"
-    celery_queue = describe_queue(Sqs(family.client), "onion-checkout")
+    celery_queue = describe_queue(SqsBroker(family.client), "onion-checkout")
 
     kept = move(family.client, ledger, to=celery_queue, to_celery_queue=True)
     assert (kept.moved, kept.skipped) == (1, Counter({NOT_CELERY: 2}))
-    to = describe_queue(Sqs(family.client), "quarantine")
+    to = describe_queue(SqsBroker(family.client), "quarantine")
     sent = move(family.client, ledger, to=to, to_celery_queue=False)
 
     assert (sent.moved, sent.skipped_total) == (2, 0)
@@ -1440,7 +1447,7 @@ def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
         ]["QueueArn"]
         for name, url in sources.items()
     }
-    target = resolve_target(built_in_layout({}), "orders-dlq", lambda _: Sqs(sqs_client))
+    target = resolve_target(built_in_layout({}), "orders-dlq", lambda _: SqsBroker(sqs_client))
     assert sorted(s.name for s in target.sources) == sorted(sources)
     origin = {"eu-1": "orders-eu", "eu-2": "orders-eu", "us-1": "orders-us"}
     put(sqs_client, dlq, [body(t) for t in origin])
@@ -1463,7 +1470,7 @@ def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
         "candidates": ["orders-eu", "orders-us"],
     }
 
-    def with_source(message: Message) -> Message:
+    def with_source(message: Delivery) -> Delivery:
         source_arn = arn[origin[str(task_id_of(message.body))]]
         return replace(
             message, attributes={**message.attributes, "DeadLetterQueueSourceArn": source_arn}
@@ -1489,19 +1496,20 @@ OPERATOR = textwrap.dedent(
     from redrive.config import built_in_layout
     from redrive.ledger import SqliteLedger
     from redrive.operations.move import MoveEngine, MoveOptions
-    from redrive.dlq.queues import resolve_family
+    from redrive.broker.sqs.queues import resolve_family
     from redrive.aws.session import AwsSettings
+from redrive.broker.sqs import open_sqs
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     endpoint, ledger, go = sys.argv[1:4]
     settings = AwsSettings(endpoint_url=endpoint, region="us-east-1")
-    target = resolve_family(settings.sqs(), built_in_layout({}).family("checkout"))
+    target = resolve_family(open_sqs(settings), built_in_layout({}).family("checkout"))
     print("ready", flush=True)
     while not Path(go).exists():
         time.sleep(0.01)
     with SqliteLedger(Path(ledger)) as led:
         result = MoveEngine(
-            target, led, MoveOptions(execute=True, lease=10), sqs_factory=settings.sqs
+            target, led, MoveOptions(execute=True, lease=10), broker_factory=settings.sqs
         ).run()
     print(json.dumps(result.to_json()), flush=True)
     """
@@ -1552,7 +1560,7 @@ def test_two_operators_at_once_send_each_task_once(serial_server: Any, tmp_path:
             results.append(json.loads(out.strip().splitlines()[-1]))
 
         # What one operator saw as busy (the other's claim) a last run deletes as duplicate.
-        cleanup = move(client, ledger, sqs=lambda: Sqs(client))
+        cleanup = move(client, ledger, sqs=lambda: SqsBroker(client))
 
         assert all(r["moved"] > 0 for r in results), "both operators did some of the work"
         assert sum(r["moved"] for r in results) == len(ids)
@@ -1629,7 +1637,9 @@ def test_big_messages_are_sent_in_requests_within_the_batch_limit(
     proxy = Proxy(family.client, send_message_batch=send_message_batch)
 
     result = move(
-        family.client, tmp_path / "l.sqlite3", sqs=lambda: Sqs(family.client, send_client=proxy)
+        family.client,
+        tmp_path / "l.sqlite3",
+        sqs=lambda: SqsBroker(family.client, send_client=proxy),
     )
 
     assert result.moved == 8
@@ -1674,7 +1684,7 @@ def test_progress_never_shows_more_matched_than_scanned_nor_more_moved_than_matc
             checkout(family.client),
             ledger,
             MoveOptions(execute=True, workers=2, pipelined=False, lease=30),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             observer=watch,
         ).run()
     finally:
@@ -1722,7 +1732,7 @@ class FailingReceives(SpySqs):
         self.nth = nth
         self.calls = 0
 
-    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+    def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         self.calls += 1
         if self.calls >= self.nth:
             raise AwsUnavailable("cannot reach SQS at http://127.0.0.1:1 (test)")

@@ -12,9 +12,10 @@ from typing import Any
 
 from conftest import Family
 
-from redrive.aws.sqs import Message, Sqs
+from redrive.broker.base import Delivery
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
-from redrive.dlq.queues import resolve_family
 from redrive.ledger import SqliteLedger
 from redrive.operations.move import (
     OVERLAP_MIN_WAIT,
@@ -60,14 +61,14 @@ def test_the_blocked_clock_counts_waiting_not_running() -> None:
         assert spun < 0.01
 
 
-class SlowSqs(Sqs):
-    """An Sqs whose receives wait ``wait`` seconds off the CPU, as a network's do."""
+class SlowSqs(SqsBroker):
+    """An SqsBroker whose receives wait ``wait`` seconds off the CPU, as a network's do."""
 
     def __init__(self, client: Any, wait: float) -> None:
         super().__init__(client)
         self.wait = wait
 
-    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+    def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         time.sleep(self.wait)
         return super().receive(url, **kwargs)
 
@@ -84,7 +85,7 @@ def seed(family: Family, n: int) -> None:
 
 
 def move_watching_threads(
-    family: Family, ledger: Path, sqs: Sqs
+    family: Family, ledger: Path, sqs: SqsBroker
 ) -> tuple[MoveResult, Counter[str]]:
     """Run a move; which threads received its batches (step "received")."""
     receivers: Counter[str] = Counter()
@@ -98,10 +99,10 @@ def move_watching_threads(
     opened = SqliteLedger(ledger)
     try:
         result = MoveEngine(
-            resolve_family(Sqs(family.client), layout),
+            resolve_family(SqsBroker(family.client), layout),
             opened,
             MoveOptions(execute=True),
-            sqs_factory=lambda: sqs,
+            broker_factory=lambda: sqs,
             observer=Callbacks(on_step=on_step),
         ).run()
     finally:
@@ -113,7 +114,9 @@ def test_a_move_starts_in_one_thread_and_stays_there_while_nothing_waits(
     family: Family, tmp_path: Path
 ) -> None:
     seed(family, 100)
-    result, receivers = move_watching_threads(family, tmp_path / "l.sqlite3", Sqs(family.client))
+    result, receivers = move_watching_threads(
+        family, tmp_path / "l.sqlite3", SqsBroker(family.client)
+    )
     assert (result.moved, result.in_doubt) == (100, 0)
     # In-process moto answers without waiting: the batches are received by the worker itself
     # (the first five always; a test machine so loaded that moto's thread waits for the

@@ -24,13 +24,9 @@ from botocore.stub import Stubber
 from conftest import REGION, Cli, Family
 
 from redrive.aws.session import AwsSettings
-from redrive.aws.sqs import Sqs
-from redrive.cli import cli as redrive_group
-from redrive.cli import native as cli_native
-from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
-from redrive.dlq.queues import DlqTarget, QueueRef
-from redrive.errors import AwsError, UsageProblem
-from redrive.operations.native import (
+from redrive.broker.base import DlqTarget, QueueRef
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.native import (
     CANCELLING,
     COMPLETED,
     FAILED,
@@ -43,6 +39,10 @@ from redrive.operations.native import (
     list_move_tasks,
     start_native_move,
 )
+from redrive.cli import cli as redrive_group
+from redrive.cli import native as cli_native
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
+from redrive.errors import AwsError, UsageProblem
 from redrive.render.native import move_tasks_table, native_task_text
 
 ACCOUNT = "123456789012"
@@ -63,7 +63,7 @@ def fresh_now() -> None:
 
 def queue(name: str, arn: str) -> QueueRef:
     return QueueRef(
-        url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{name}", name=name, arn=arn, fifo=False
+        url=f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{name}", name=name, ident=arn, fifo=False
     )
 
 
@@ -102,10 +102,10 @@ LIST_PARAMS = {"SourceArn": DLQ_ARN, "MaxResults": 10}
 
 
 @pytest.fixture
-def stubbed() -> Iterator[tuple[Sqs, Stubber]]:
+def stubbed() -> Iterator[tuple[SqsBroker, Stubber]]:
     client = boto3.client("sqs", region_name=REGION)
     with Stubber(client) as stubber:
-        yield Sqs(client), stubber
+        yield SqsBroker(client), stubber
         stubber.assert_no_pending_responses()
 
 
@@ -113,7 +113,7 @@ def stubbed() -> Iterator[tuple[Sqs, Stubber]]:
 
 
 def test_start_moves_back_to_the_original_sources_by_default(
-    stubbed: tuple[Sqs, Stubber],
+    stubbed: tuple[SqsBroker, Stubber],
 ) -> None:
     sqs, stub = stubbed
     # Only SourceArn: SQS then sends each message back where it was dead-lettered from.
@@ -121,7 +121,7 @@ def test_start_moves_back_to_the_original_sources_by_default(
     assert start_native_move(sqs, TARGET, destination=None, rate=None) == HANDLE
 
 
-def test_start_with_a_destination_and_a_rate(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_start_with_a_destination_and_a_rate(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response(
         "start_message_move_task",
@@ -132,7 +132,7 @@ def test_start_with_a_destination_and_a_rate(stubbed: tuple[Sqs, Stubber]) -> No
 
 
 @pytest.mark.parametrize("rate", [1.0, 500.0])
-def test_the_rate_limits_are_accepted(stubbed: tuple[Sqs, Stubber], rate: float) -> None:
+def test_the_rate_limits_are_accepted(stubbed: tuple[SqsBroker, Stubber], rate: float) -> None:
     sqs, stub = stubbed
     stub.add_response(
         "start_message_move_task",
@@ -144,20 +144,20 @@ def test_the_rate_limits_are_accepted(stubbed: tuple[Sqs, Stubber], rate: float)
 
 @pytest.mark.parametrize("rate", [0.5, 501.0, 2.5, 10_000.0])
 def test_a_rate_sqs_cannot_take_is_a_usage_problem(
-    stubbed: tuple[Sqs, Stubber], rate: float
+    stubbed: tuple[SqsBroker, Stubber], rate: float
 ) -> None:
     sqs, _ = stubbed
     with pytest.raises(UsageProblem, match="1 to 500"):
         start_native_move(sqs, TARGET, destination=None, rate=rate)
 
 
-def test_moving_a_dlq_into_itself_is_refused(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_moving_a_dlq_into_itself_is_refused(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, _ = stubbed
     with pytest.raises(UsageProblem, match="the DLQ itself"):
         start_native_move(sqs, TARGET, destination=TARGET.dlq, rate=None)
 
 
-def test_an_already_running_task_is_one_clear_line(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_an_already_running_task_is_one_clear_line(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_client_error(
         "start_message_move_task",
@@ -177,7 +177,7 @@ def test_an_already_running_task_is_one_clear_line(stubbed: tuple[Sqs, Stubber])
     assert "redrive tasks checkout --cancel" in text
 
 
-def test_an_active_task_found_after_an_unclear_refusal(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_an_active_task_found_after_an_unclear_refusal(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_client_error(
         "start_message_move_task",
@@ -189,7 +189,7 @@ def test_an_active_task_found_after_an_unclear_refusal(stubbed: tuple[Sqs, Stubb
         start_native_move(sqs, TARGET, destination=None, rate=None)
 
 
-def test_other_refusals_keep_sqs_words(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_other_refusals_keep_sqs_words(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_client_error(
         "start_message_move_task",
@@ -204,7 +204,7 @@ def test_other_refusals_keep_sqs_words(stubbed: tuple[Sqs, Stubber]) -> None:
 
 
 def test_access_denied_names_every_permission_a_redrive_needs(
-    stubbed: tuple[Sqs, Stubber],
+    stubbed: tuple[SqsBroker, Stubber],
 ) -> None:
     sqs, stub = stubbed
     stub.add_client_error(
@@ -220,7 +220,7 @@ def test_access_denied_names_every_permission_a_redrive_needs(
 # -- list ----------------------------------------------------------------------------------
 
 
-def test_list_parses_every_field_newest_first(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_list_parses_every_field_newest_first(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     older = entry(
         FAILED,
@@ -244,7 +244,7 @@ def test_list_parses_every_field_newest_first(stubbed: tuple[Sqs, Stubber]) -> N
     assert failed.to_json()["started"].endswith("Z")
 
 
-def test_list_asks_for_at_most_ten(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_list_asks_for_at_most_ten(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response("list_message_move_tasks", listing(), {"SourceArn": DLQ_ARN, "MaxResults": 1})
     assert list_move_tasks(sqs, TARGET, max_results=1) == []
@@ -252,7 +252,7 @@ def test_list_asks_for_at_most_ten(stubbed: tuple[Sqs, Stubber]) -> None:
         list_move_tasks(sqs, TARGET, max_results=11)
 
 
-def test_list_access_denied_names_the_action(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_list_access_denied_names_the_action(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_client_error("list_message_move_tasks", service_error_code="AccessDenied")
     with pytest.raises(AwsError, match="sqs:ListMessageMoveTasks on onion-checkout-dlq"):
@@ -262,7 +262,7 @@ def test_list_access_denied_names_the_action(stubbed: tuple[Sqs, Stubber]) -> No
 # -- follow --------------------------------------------------------------------------------
 
 
-def follow(sqs: Sqs, **kwargs: Any) -> tuple[MoveTask, list[MoveTask]]:
+def follow(sqs: SqsBroker, **kwargs: Any) -> tuple[MoveTask, list[MoveTask]]:
     seen: list[MoveTask] = []
     kwargs.setdefault("stop", threading.Event())
     task = follow_native_move(
@@ -271,7 +271,7 @@ def follow(sqs: Sqs, **kwargs: Any) -> tuple[MoveTask, list[MoveTask]]:
     return task, seen
 
 
-def test_follow_reports_progress_until_completed(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_follow_reports_progress_until_completed(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     for raw in (
         entry(RUNNING),
@@ -289,7 +289,7 @@ def test_follow_reports_progress_until_completed(stubbed: tuple[Sqs, Stubber]) -
     assert task.status == COMPLETED and task.terminal
 
 
-def test_follow_ends_on_failure_with_the_reason(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_follow_ends_on_failure_with_the_reason(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response("list_message_move_tasks", listing(entry(RUNNING, moved=2)), LIST_PARAMS)
     failed = entry(FAILED, moved=7, to_move=50, FailureReason="CouldNotDetermineMessageSource")
@@ -300,7 +300,7 @@ def test_follow_ends_on_failure_with_the_reason(stubbed: tuple[Sqs, Stubber]) ->
 
 
 def test_follow_finds_a_task_that_ended_before_the_first_poll(
-    stubbed: tuple[Sqs, Stubber],
+    stubbed: tuple[SqsBroker, Stubber],
 ) -> None:
     sqs, stub = stubbed
     yesterday = entry(COMPLETED, moved=999, StartedTimestamp=NOW_MS - 86_400_000)
@@ -314,7 +314,7 @@ def test_follow_finds_a_task_that_ended_before_the_first_poll(
 
 
 def test_follow_is_not_fooled_by_an_old_task_while_the_new_one_is_not_listed_yet(
-    stubbed: tuple[Sqs, Stubber],
+    stubbed: tuple[SqsBroker, Stubber],
 ) -> None:
     sqs, stub = stubbed
     yesterday = entry(COMPLETED, moved=999, StartedTimestamp=NOW_MS - 86_400_000)
@@ -327,7 +327,7 @@ def test_follow_is_not_fooled_by_an_old_task_while_the_new_one_is_not_listed_yet
     assert len(seen) == 1
 
 
-def test_stopping_ends_the_follow_without_cancelling(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_stopping_ends_the_follow_without_cancelling(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stop = threading.Event()
     stub.add_response("list_message_move_tasks", listing(entry(RUNNING, moved=3)), LIST_PARAMS)
@@ -351,7 +351,7 @@ class Ticking(threading.Event):
         return False
 
 
-def test_a_task_that_never_appears_ends_the_follow(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_a_task_that_never_appears_ends_the_follow(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stop = Ticking(40)
     # Polls at 0, 40 and 80 s: the third is past the 60 s allowed for the task to show up.
@@ -361,7 +361,7 @@ def test_a_task_that_never_appears_ends_the_follow(stubbed: tuple[Sqs, Stubber])
         follow(sqs, stop=stop, appear_within=60, clock=lambda: stop.now)
 
 
-def test_following_is_bounded(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_following_is_bounded(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stop = Ticking(10)
     for moved in (1, 2, 3):
@@ -376,7 +376,7 @@ def test_following_is_bounded(stubbed: tuple[Sqs, Stubber]) -> None:
 # -- cancel --------------------------------------------------------------------------------
 
 
-def test_cancel_the_running_task(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_cancel_the_running_task(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response(
         "list_message_move_tasks",
@@ -393,7 +393,7 @@ def test_cancel_the_running_task(stubbed: tuple[Sqs, Stubber]) -> None:
     assert (task.status, task.moved, task.to_move) == (CANCELLING, 12, 80)
 
 
-def test_cancel_with_nothing_running_says_so(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_cancel_with_nothing_running_says_so(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response("list_message_move_tasks", listing(entry(COMPLETED)), LIST_PARAMS)
     with pytest.raises(NoRunningMoveTask) as caught:
@@ -402,7 +402,7 @@ def test_cancel_with_nothing_running_says_so(stubbed: tuple[Sqs, Stubber]) -> No
     assert "is COMPLETED" in str(caught.value)
 
 
-def test_cancel_racing_the_end_of_the_task(stubbed: tuple[Sqs, Stubber]) -> None:
+def test_cancel_racing_the_end_of_the_task(stubbed: tuple[SqsBroker, Stubber]) -> None:
     sqs, stub = stubbed
     stub.add_response("list_message_move_tasks", listing(entry(RUNNING)), LIST_PARAMS)
     stub.add_client_error(
@@ -463,7 +463,7 @@ def cli_stub(family: Family, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbe
     client = boto3.client("sqs", region_name=REGION)
     with Stubber(client) as stubber:
         hybrid = MoveTaskClient(family.client, client)
-        monkeypatch.setattr(AwsSettings, "sqs", lambda self, region=None: Sqs(hybrid))
+        monkeypatch.setattr(AwsSettings, "sqs", lambda self, region=None: SqsBroker(hybrid))
         monkeypatch.setattr(cli_native, "NATIVE_POLL_SECONDS", 0.0)
         yield stubber
         stubber.assert_no_pending_responses()

@@ -25,9 +25,10 @@ from conftest import REGION, Cli, Family, ParkOneWorker, Redelivery, SqsClock, m
 
 import redrive.archive.writer as archive_writer
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer, read_records
-from redrive.aws.sqs import BatchResult, Message, Sqs
+from redrive.broker import resolve_target
+from redrive.broker.base import BatchResult, Delivery, DlqTarget, QueueRef
+from redrive.broker.sqs import SqsBroker
 from redrive.config import load_layout
-from redrive.dlq.queues import DlqTarget, QueueRef, resolve_target
 from redrive.errors import ArchiveError, AwsError
 from redrive.operations.observer import Callbacks
 from redrive.operations.purge import (
@@ -54,7 +55,7 @@ class Crash(BaseException):
 
 
 def checkout(client: Any) -> DlqTarget:
-    return resolve_target(load_layout(None), "checkout", lambda region: Sqs(client))
+    return resolve_target(load_layout(None), "checkout", lambda region: SqsBroker(client))
 
 
 def seed(family: Family, plan: Sequence[tuple[str, int]]) -> dict[str, dict[str, Any]]:
@@ -123,7 +124,7 @@ def run_purge(
     *,
     tasks: Sequence[str] = (),
     fault: Callable[[str], None] | None = None,
-    sqs_factory: Callable[[], Sqs] | None = None,
+    sqs_factory: Callable[[], SqsBroker] | None = None,
     target: DlqTarget | None = None,
     **options: Any,
 ) -> PurgeResult:
@@ -131,7 +132,7 @@ def run_purge(
     return purge_dlq(
         target or checkout(client),
         PurgeOptions(selection=Selection(tasks=tuple(tasks)), **options),
-        sqs_factory=sqs_factory or (lambda: Sqs(client)),
+        broker_factory=sqs_factory or (lambda: SqsBroker(client)),
         writer=writer,
         observer=Callbacks(on_step=fault),
     )
@@ -154,7 +155,7 @@ def crash_at(step: str, nth: int) -> Callable[[str], None]:
     return hook
 
 
-class RecordingSqs(Sqs):
+class RecordingSqs(SqsBroker):
     """Remembers which message every receipt handle belongs to."""
 
     def __init__(self, client: Any, log: list[tuple[str, Any]] | None = None) -> None:
@@ -162,7 +163,7 @@ class RecordingSqs(Sqs):
         self.handles: dict[str, str] = {}
         self.log = log if log is not None else []
 
-    def receive(self, url: str, **kwargs: Any) -> list[Message]:
+    def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         messages = super().receive(url, **kwargs)
         for message in messages:
             self.handles[message.receipt_handle] = message.message_id
@@ -227,7 +228,7 @@ def test_purge_limit_takes_at_most_n(family: Family, tmp_path: Path) -> None:
         result = purge_dlq(
             checkout(family.client),
             PurgeOptions(selection=Selection(tasks=(REFUND,), limit=4), execute=True),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             writer=writer,
         )
     assert (result.matched, result.purged) == (4, 4)
@@ -259,7 +260,7 @@ def test_progress_never_shows_more_matched_than_scanned(family: Family, tmp_path
         result = purge_dlq(
             checkout(family.client),
             PurgeOptions(execute=True, workers=2, buffer=10),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             writer=writer,
             observer=watch,
         )
@@ -277,7 +278,7 @@ def test_a_message_sqs_delivers_again_after_its_purge_is_neither_archived_nor_co
     redelivery = Redelivery(family.client)
     path = str(tmp_path / "a.jsonl.gz")
     with open_writer(path) as writer:
-        result = run_purge(family.client, writer, tasks=[REFUND], sqs_factory=redelivery.sqs)
+        result = run_purge(family.client, writer, tasks=[REFUND], broker_factory=redelivery.sqs)
     assert redelivery.delivered_again == 1
     assert (result.archived, result.purged, result.failed) == (60, 60, 0)
     assert result.redelivered == 1 and result.to_json()["redelivered"] == 1
@@ -397,7 +398,9 @@ def test_killed_purge_loses_nothing_and_a_rerun_finishes(
     runs = []
     for n, (step, nth) in enumerate(KILL_POINTS):
         family = make_family(sqs_client, f"onion-kill-{n}")
-        target = resolve_target(load_layout(None), f"onion-kill-{n}", lambda r: Sqs(sqs_client))
+        target = resolve_target(
+            load_layout(None), f"onion-kill-{n}", lambda r: SqsBroker(sqs_client)
+        )
         sent = seed(family, [(REFUND, 25), (RECEIPT, 10)])
         first = str(tmp_path / f"first-{n}.jsonl.gz")
         writer = open_writer(first)
@@ -475,7 +478,7 @@ def test_a_write_that_fails_mid_way_deletes_nothing_of_that_batch(
     log: list[tuple[str, Any]] = []
     sqs = RecordingSqs(family.client, log)
     with open_writer(path) as writer, pytest.raises(ArchiveError, match="disk full"):
-        run_purge(family.client, writer, tasks=[REFUND], sqs_factory=lambda: sqs)
+        run_purge(family.client, writer, tasks=[REFUND], broker_factory=lambda: sqs)
 
     records, problems = archived(path)
     # The half-written member was rolled back: the archive reads cleanly, and holds
@@ -576,7 +579,7 @@ def test_local_archive_is_fsynced_before_any_of_its_messages_is_deleted(
     fd = inner._fd  # type: ignore[attr-defined]
     sqs = RecordingSqs(family.client, log)
     with LoggingWriter(inner, log) as writer:
-        result = run_purge(family.client, writer, tasks=[REFUND], sqs_factory=lambda: sqs)
+        result = run_purge(family.client, writer, tasks=[REFUND], broker_factory=lambda: sqs)
     assert result.purged == 35
 
     deletes = [(i, ids) for i, (kind, ids) in enumerate(log) if kind == "delete"]
@@ -629,7 +632,7 @@ def test_s3_purge_writes_chunked_objects_before_deleting(family: Family, s3: Any
     sqs = RecordingSqs(family.client, log)
     with writer:
         result = run_purge(
-            family.client, writer, tasks=[REFUND], sqs_factory=lambda: sqs, buffer=S3_BUFFER
+            family.client, writer, tasks=[REFUND], broker_factory=lambda: sqs, buffer=S3_BUFFER
         )
     assert result.purged == 45 and result.archive == writer.location
     assert result.archive.startswith("s3://dlq-archive/checkout/")
@@ -688,13 +691,13 @@ def test_fifo_dlq_is_purged_completely_with_a_large_buffer(sqs_client: Any, tmp_
             MessageGroupId=f"user-{i % 3}",
             MessageDeduplicationId=f"d{i}",
         )
-    target = resolve_target(load_layout(None), "onion-orders.fifo", lambda r: Sqs(sqs_client))
+    target = resolve_target(load_layout(None), "onion-orders.fifo", lambda r: SqsBroker(sqs_client))
     path = str(tmp_path / "fifo.jsonl.gz")
     with open_writer(path) as writer:
         result = purge_dlq(
             target,
             PurgeOptions(execute=True, buffer=S3_BUFFER),
-            sqs_factory=lambda: Sqs(sqs_client),
+            broker_factory=lambda: SqsBroker(sqs_client),
             writer=writer,
         )
     assert (result.matched, result.purged) == (37, 37)
@@ -729,7 +732,7 @@ def test_failed_deletes_are_counted_and_stay_in_dlq_and_archive(
     sqs = FlakyDeletes(family.client, failing)
     path = str(tmp_path / "a.jsonl")
     with open_writer(path) as writer:
-        result = run_purge(family.client, writer, tasks=[REFUND], sqs_factory=lambda: sqs)
+        result = run_purge(family.client, writer, tasks=[REFUND], broker_factory=lambda: sqs)
     assert (result.archived, result.purged, result.failed) == (14, 11, 3)
     assert result.needs_attention
     # Visible again at once: the run gave them back.
@@ -743,14 +746,14 @@ def test_cli_purge_with_failed_deletes_exits_3(
     family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: Cli
 ) -> None:
     seed(family, [(REFUND, 5)])
-    real = Sqs.delete_batch
+    real = SqsBroker.delete_batch
 
-    def first_fails(self: Sqs, url: str, handles: Mapping[str, str]) -> BatchResult:
+    def first_fails(self: SqsBroker, url: str, handles: Mapping[str, str]) -> BatchResult:
         first, *rest = handles
         result = real(self, url, {i: handles[i] for i in rest})
         return BatchResult(result.ok, {**result.failed, first: "InternalError: x"})
 
-    monkeypatch.setattr(Sqs, "delete_batch", first_fails)
+    monkeypatch.setattr(SqsBroker, "delete_batch", first_fails)
     path = str(tmp_path / "a.jsonl.gz")
     result = cli.raising("purge", "checkout", "--archive", path, "--execute", "--yes", "--json")
     assert result.exit_code == 3
@@ -789,7 +792,7 @@ def test_core_purge_defaults_to_a_dry_run(family: Family) -> None:
     result = purge_dlq(
         checkout(family.client),
         PurgeOptions(),
-        sqs_factory=lambda: Sqs(family.client),
+        broker_factory=lambda: SqsBroker(family.client),
         writer=None,
     )
     assert result.dry_run and result.matched == 3 and result.purged == 0
@@ -878,7 +881,7 @@ def test_purge_queue_in_progress_is_one_clear_line_whatever_moto_does() -> None:
     target = DlqTarget(
         label="checkout",
         family=None,
-        dlq=QueueRef(url=url, name="onion-checkout-dlq", arn="", fifo=False),
+        dlq=QueueRef(url=url, name="onion-checkout-dlq", ident="", fifo=False),
         sources=(),
     )
     with Stubber(client) as stub:
@@ -899,7 +902,7 @@ def test_purge_queue_in_progress_is_one_clear_line_whatever_moto_does() -> None:
             http_status_code=403,
         )
         with pytest.raises(AwsError) as raised:
-            purge_whole_queue(target, Sqs(client), execute=True)
+            purge_whole_queue(target, SqsBroker(client), execute=True)
     message = str(raised.value)
     assert "\n" not in message
     assert "one PurgeQueue per 60 seconds on onion-checkout-dlq" in message
@@ -912,10 +915,10 @@ def test_filtered_no_archive_purge_deletes_without_purge_queue(
     monkeypatch.chdir(tmp_path)
     sent = seed(family, [(REFUND, 4), (RECEIPT, 3)])
 
-    def no_purge_queue(self: Sqs, url: str) -> None:
+    def no_purge_queue(self: SqsBroker, url: str) -> None:
         raise AssertionError("PurgeQueue must not be used for a filtered purge")
 
-    monkeypatch.setattr(Sqs, "purge", no_purge_queue)
+    monkeypatch.setattr(SqsBroker, "purge", no_purge_queue)
     data = json_of(
         cli.raising(
             "purge", "checkout", "--task", RECEIPT, "--no-archive", "--execute", "--yes", "--json"
@@ -958,7 +961,7 @@ def test_purge_run_id_can_be_given_so_the_archive_names_the_ledger_run(
         result = purge_dlq(
             checkout(family.client),
             PurgeOptions(execute=True),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             writer=writer,
             run_id="ledger-run-1",
         )

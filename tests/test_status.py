@@ -10,7 +10,7 @@ import pytest
 from conftest import Family as QueueFamily
 from conftest import make_family, unreachable
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsUnavailable
 from redrive.reporting.status import QueueCounts, family_status
@@ -19,7 +19,7 @@ BUILT_IN = built_in_layout({})
 
 
 def test_every_family(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     checkout = all_families["checkout"]
     for i in range(3):
@@ -60,7 +60,7 @@ def test_json_shape(all_families: dict[str, QueueFamily], sqs_for: Any) -> None:
 
 
 def test_missing_queue_gives_an_error_row_and_the_others_still_report(
-    sqs_client: Any, sqs_for: Callable[[str | None], Sqs]
+    sqs_client: Any, sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     make_family(sqs_client, "onion-checkout").send_to_dlq("x")
     make_family(sqs_client, "onion-progress")
@@ -76,7 +76,7 @@ def test_missing_queue_gives_an_error_row_and_the_others_still_report(
 
 
 def test_missing_dlq_gives_an_error_row(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     progress = all_families["progress"]
     progress.client.delete_queue(QueueUrl=progress.dlq_url)
@@ -86,7 +86,7 @@ def test_missing_dlq_gives_an_error_row(
 
 
 def test_family_whose_client_cannot_be_made_gives_an_error_row(
-    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], Sqs]
+    all_families: dict[str, QueueFamily], sqs_for: Callable[[str | None], SqsBroker]
 ) -> None:
     # A typo in one family's region breaks that family, not the whole status.
     layout = Layout(
@@ -118,8 +118,8 @@ def test_aws_unavailable_after_a_good_family_still_propagates(sqs_client: Any) -
         source="t.toml",
     )
 
-    def sqs_for(region: str | None) -> Sqs:
-        return dead(region) if region else Sqs(sqs_client)
+    def sqs_for(region: str | None) -> SqsBroker:
+        return dead(region) if region else SqsBroker(sqs_client)
 
     with pytest.raises(AwsUnavailable):
         family_status(layout, sqs_for)

@@ -19,7 +19,7 @@ from click.testing import Result
 from conftest import Cli, Family
 from result_backends import RedisServer, start_redis
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.sqs import SqsBroker
 from redrive.errors import AwsUnavailable, LedgerError
 from redrive.ledger import open_ledger
 from redrive.ledger.sqlite import SqliteLedger
@@ -152,16 +152,16 @@ def test_sqs_failing_mid_purge_still_gets_its_summary(
 ) -> None:
     seed(family)
     batches: list[int] = []
-    original = Sqs.receive
+    original = SqsBroker.receive
 
-    def receive(self: Sqs, url: str, **kwargs: Any) -> Any:
+    def receive(self: SqsBroker, url: str, **kwargs: Any) -> Any:
         if batches:
             raise AwsUnavailable("cannot reach SQS at its endpoint: connection refused")
         got = original(self, url, **kwargs)
         batches.append(len(got))
         return got
 
-    monkeypatch.setattr(Sqs, "receive", receive)
+    monkeypatch.setattr(SqsBroker, "receive", receive)
     archive = tmp_path / "purged.jsonl.gz"
     args = ["purge", "checkout", "--task", CAPTURE, "--archive", str(archive), "--workers", "1"]
     result = cli(*args, "--execute", "--yes")
@@ -172,7 +172,7 @@ def test_sqs_failing_mid_purge_still_gets_its_summary(
     assert f"{batches[0]} archived, {batches[0]} deleted" in head, result.stdout
     assert str(archive) in head
     assert "stopped by the error below" in result.stdout
-    monkeypatch.setattr(Sqs, "receive", original)
+    monkeypatch.setattr(SqsBroker, "receive", original)
     assert family.depth() == (MESSAGES - batches[0], 0)
 
 

@@ -17,9 +17,9 @@ import wcwidth
 from click.testing import Result
 from conftest import Cli, Family, as_json
 
+from redrive.broker.sqs.native import MoveTask
 from redrive.cli import console as cli_module
 from redrive.ledger import RunInfo
-from redrive.operations.native import MoveTask
 from redrive.render.audit import audit_table, run_detail_text
 from redrive.render.check import findings_table
 from redrive.render.inspect import inspect_text

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import Family
 
-from redrive.aws.sqs import Message, Sqs
+from redrive.broker.base import Delivery
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
-from redrive.dlq.queues import resolve_family
 from redrive.ledger import KeyState, SqliteLedger
 from redrive.messages import TaskInfo
 from redrive.operations.limit import Limit
@@ -238,13 +239,16 @@ def test_a_gate_s_reason_reaches_the_engine_s_counts_and_sends_nothing(
     gated = set(ids[:2])
 
     class Gated(MoveEngine):
-        def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> dict[str, str]:
+        def _gate_reasons(self, decoded: Sequence[tuple[Delivery, TaskInfo]]) -> dict[str, str]:
             return {m.message_id: "unregistered" for m, _ in decoded if m.message_id in gated}
 
-    target = resolve_family(Sqs(family.client), built_in_layout({}).family("checkout"))  # type: ignore[arg-type]
+    target = resolve_family(SqsBroker(family.client), built_in_layout({}).family("checkout"))  # type: ignore[arg-type]
     with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
         result = Gated(
-            target, ledger, MoveOptions(execute=True), sqs_factory=lambda: Sqs(family.client)
+            target,
+            ledger,
+            MoveOptions(execute=True),
+            broker_factory=lambda: SqsBroker(family.client),
         ).run()
     assert (result.matched, result.moved) == (4, 2)
     assert result.skipped == Counter({"unregistered": 2})

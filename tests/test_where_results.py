@@ -11,9 +11,9 @@ from conftest import Family
 from result_backends import CAPTURE
 from test_results import backend_url, dead_letter_jobs, factory, lookup, redis_server, target
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.base import DlqTarget
+from redrive.broker.sqs import SqsBroker
 from redrive.celery.results import ResultLookup
-from redrive.dlq.queues import DlqTarget
 from redrive.reporting.inspect import Focus, inspect_dlq
 from redrive.where import compile_expression, compile_where
 
@@ -26,7 +26,7 @@ _ = (backend_url, factory, lookup, redis_server, target)  # fixtures, imported
 
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 def test_where_and_group_by_read_state_and_exception_from_the_backend(
-    family: Family, target: DlqTarget, factory: Callable[[], Sqs], lookup: ResultLookup
+    family: Family, target: DlqTarget, factory: Callable[[], SqsBroker], lookup: ResultLookup
 ) -> None:
     dead_letter_jobs(family)
     failed = inspect_dlq(

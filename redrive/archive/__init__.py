@@ -6,7 +6,7 @@ One JSON object per line, UTF-8 (in practice pure ASCII, see below), ``\\n``-ter
 
     {"v": 1, "message_id": ..., "task": ..., "task_id": ... | null, "dlq": <queue URL>,
      "run_id": ..., "archived_at": "2026-11-30T12:00:00.000000Z",
-     "attributes": {<only the SQS system attributes in ARCHIVED_ATTRIBUTES that were present>},
+     "attributes": {<the broker's own facts it archives (SQS: ARCHIVED_ATTRIBUTES)>},
      "message_attributes": {<MessageAttributes exactly as boto3 returned them>},
      "body": <the exact SQS Body string>}
 
@@ -80,7 +80,7 @@ from redrive.archive.reader import (
     check_archive,
     read_records,
 )
-from redrive.archive.record import ARCHIVE_VERSION, ARCHIVED_ATTRIBUTES, ArchiveRecord
+from redrive.archive.record import ARCHIVE_VERSION, ArchiveRecord
 from redrive.archive.writer import (
     ArchiveWriter,
     LocalArchiveWriter,
@@ -90,7 +90,6 @@ from redrive.archive.writer import (
 )
 
 __all__ = [
-    "ARCHIVED_ATTRIBUTES",
     "ARCHIVE_VERSION",
     "ArchiveCheck",
     "ArchiveDamaged",

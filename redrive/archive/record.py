@@ -8,26 +8,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
+from redrive.broker.base import Delivery
 from redrive.errors import ArchiveError
 
 ARCHIVE_VERSION: Final = 1
-
-# What replay or a human investigating a failure can use; the rest (SenderId, ...) is noise
-# or identifies callers, so it stays out of long-lived archives.
-ARCHIVED_ATTRIBUTES: Final = (
-    "SentTimestamp",
-    "ApproximateReceiveCount",
-    "ApproximateFirstReceiveTimestamp",
-    "MessageGroupId",
-    "MessageDeduplicationId",
-    "DeadLetterQueueSourceArn",
-    "SequenceNumber",
-)
 
 _T = TypeVar("_T")
 
@@ -53,7 +42,7 @@ class ArchiveRecord:
     archived_at: datetime
     run_id: str
     redrive_receives: int | None = None
-    """How many of the receives in ApproximateReceiveCount were redrive's own (the archiving
+    """How many of the receives in the broker's receive count were redrive's own (the archiving
     one included), as far as its receive log knew; None when not known."""
 
     def __post_init__(self) -> None:
@@ -63,8 +52,9 @@ class ArchiveRecord:
     @classmethod
     def from_message(
         cls,
-        message: Mapping[str, Any],
+        message: Delivery,
         *,
+        kept: Collection[str],
         task: str,
         task_id: str | None,
         dlq: str,
@@ -72,15 +62,16 @@ class ArchiveRecord:
         archived_at: datetime,
         redrive_receives: int | None = None,
     ) -> ArchiveRecord:
-        """Build a record from one entry of boto3's ``receive_message()["Messages"]``."""
-        attributes = message.get("Attributes") or {}
-        message_attributes = message.get("MessageAttributes") or {}
+        """Build a record from one received message, keeping the broker's ``kept`` facts."""
+        attributes = message.attributes
         return cls(
-            message_id=message["MessageId"],
-            body=message["Body"],
-            # Copied so later changes to the boto3 response cannot alter what gets archived.
-            message_attributes={name: dict(value) for name, value in message_attributes.items()},
-            attributes={k: attributes[k] for k in ARCHIVED_ATTRIBUTES if k in attributes},
+            message_id=message.message_id,
+            body=message.body,
+            # Copied so later changes to the received message cannot alter what is archived.
+            message_attributes={
+                name: dict(value) for name, value in message.message_attributes.items()
+            },
+            attributes={k: attributes[k] for k in kept if k in attributes},
             task=task,
             task_id=task_id,
             dlq=dlq,

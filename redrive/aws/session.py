@@ -9,7 +9,6 @@ import boto3
 from botocore.config import Config
 
 from redrive.aws.errors import aws_errors, one_line
-from redrive.aws.sqs import Sqs
 from redrive.errors import AwsUnavailable
 
 
@@ -73,11 +72,3 @@ class AwsSettings:
                 f"cannot create the {service} client: {one_line(str(exc))}: check "
                 "--endpoint-url / AWS_ENDPOINT_URL (e.g. http://127.0.0.1:4566)"
             ) from exc
-
-    def sqs(self, *, region: str | None = None) -> Sqs:
-        # Sends go through a client that never retries by itself: botocore would resend a
-        # batch whose response timed out, and that batch may already be in the queue.
-        return Sqs(
-            self.client("sqs", region=region),
-            send_client=self.client("sqs", region=region, max_attempts=1),
-        )

@@ -12,10 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from redrive.aws.sqs import Sqs, queue_name
+from redrive.broker.base import Broker, QueueRef, queue_name
 from redrive.celery.registry import Registry
 from redrive.celery.routes import TaskRouter
-from redrive.dlq.queues import QueueRef, describe_queue
 from redrive.errors import AwsUnavailable, QueueNotFound, RedriveError
 from redrive.messages import UNKNOWN_TASK, TaskInfo
 from redrive.reporting.inspect import TaskGroup
@@ -70,11 +69,11 @@ class TaskKnowledge:
             return None
         return self.router.queue_for(task)
 
-    def route(self, sqs: Sqs, task: str, message_id: str) -> Routed | None:
+    def route(self, broker: Broker, task: str, message_id: str) -> Routed | None:
         """Where the message goes instead of its source; None: to its source."""
         if self.planned is not None:
             url = self.planned.get(message_id)
-            return self._resolve(sqs, url, f"message {message_id}'s target") if url else None
+            return self._resolve(broker, url, f"message {message_id}'s target") if url else None
         if not self.route_by_task:
             return None
         try:
@@ -83,15 +82,15 @@ class TaskKnowledge:
             return Routed(None, NoTarget(str(exc), by_route=True))
         if address is None:
             return None
-        return self._resolve(sqs, address, f"task {task} routes to {queue_name(address)}")
+        return self._resolve(broker, address, f"task {task} routes to {queue_name(address)}")
 
-    def _resolve(self, sqs: Sqs, address: str, why: str) -> Routed:
+    def _resolve(self, broker: Broker, address: str, why: str) -> Routed:
         with self._lock:
             known = self._queues.get(address)
         if known is not None:
             return known
         try:
-            routed = Routed(describe_queue(sqs, address))
+            routed = Routed(broker.describe(address))
         except AwsUnavailable:
             raise  # no queue can be reached: the run stops, as it would for its source
         except RedriveError as exc:

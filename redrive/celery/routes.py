@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redrive.aws.sqs import queue_name
+from redrive.broker.base import queue_name
 from redrive.celery.streams import users_code
 from redrive.config import Layout
 from redrive.errors import CeleryAppError

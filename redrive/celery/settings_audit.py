@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redrive.aws.sqs import queue_name
+from redrive.broker.base import queue_name
 from redrive.celery.routes import AppRoutes
 from redrive.celery.streams import users_code
 from redrive.config import Family, Layout

@@ -9,11 +9,11 @@ from typing import Any, TypeVar
 
 import click
 
+from redrive.broker.base import QueueRef
 from redrive.celery.knowledge import ROUTE_MODES, TaskKnowledge
 from redrive.celery.registry import Registry
 from redrive.celery.routes import AppRoutes, ConfigRoutes, TaskRouter
 from redrive.cli.context import Context
-from redrive.dlq.queues import QueueRef
 from redrive.errors import UsageProblem
 from redrive.reporting.check import Finding, check_celery
 

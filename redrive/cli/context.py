@@ -1,4 +1,4 @@
-"""The state a command runs with (:class:`Context`: AWS settings, the layout, adapters per
+"""The state a command runs with (:class:`Context`: AWS settings, the layout, brokers per
 region), the mapping of core errors to one-line failures, and what every run shares."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import click
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
-from redrive.aws.sqs import Sqs, queue_name
+from redrive.broker import open_broker, resolve_target
+from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.console import ARGV, command_line, warn
 from redrive.config import Layout, load_layout
-from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue, resolve_target
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import default_ledger_path, open_ledger
@@ -36,6 +36,8 @@ class Context:
     aws: AwsSettings
     config: str | None
     _layout: Layout | None = None
+    broker_url: str | None = None
+    """The broker's URL (None: SQS with the AWS settings)."""
 
     @property
     def layout(self) -> Layout:
@@ -43,7 +45,7 @@ class Context:
             self._layout = load_layout(self.config)
         return self._layout
 
-    _spare: dict[str | None, Sqs] = field(default_factory=dict)
+    _spare: dict[str | None, Broker] = field(default_factory=dict)
     _receive_log: ReceiveLog | None = None
     celery_app: str | None = None
     """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
@@ -119,31 +121,35 @@ class Context:
             self._receive_log = log
         return self._receive_log
 
-    def sqs_for(self, region: str | None = None) -> Sqs:
-        """An adapter with clients of its own (one per worker thread)."""
+    def broker_for(self, region: str | None = None) -> Broker:
+        """A broker with connections of its own (one per worker thread)."""
         spare = self._spare.pop(region, None)
-        return spare if spare is not None else self.aws.sqs(region=region)
+        return (
+            spare
+            if spare is not None
+            else open_broker(self.broker_url, aws=self.aws, region=region)
+        )
 
-    def _resolver(self, region: str | None = None) -> Sqs:
+    def _resolver(self, region: str | None = None) -> Broker:
         # Resolving a target and the run's first worker share one adapter: each costs two
         # clients, ~15 ms apiece to create, paid by every run however small.
         if region not in self._spare:
-            self._spare[region] = self.aws.sqs(region=region)
+            self._spare[region] = open_broker(self.broker_url, aws=self.aws, region=region)
         return self._spare[region]
 
     def target(self, name: str) -> DlqTarget:
         return resolve_target(self.layout, name, self._resolver)
 
     def queue(self, name_or_url: str) -> QueueRef:
-        return describe_queue(self._resolver(), name_or_url)
+        return self._resolver().describe(name_or_url)
 
     def is_celery_queue(self, queue: QueueRef) -> bool:
         """Whether Celery workers consume ``queue``: it is one of the families' queues."""
         return any(queue_name(f.queue) == queue.name for f in self.layout.families)
 
-    def sqs_of(self, dlq: DlqTarget) -> Callable[[], Sqs]:
-        """Adapters for the DLQ's own region (a family may name one)."""
-        return lambda: self.sqs_for(dlq.region)
+    def broker_of(self, dlq: DlqTarget) -> Callable[[], Broker]:
+        """Brokers for the DLQ's own region (a family may name one)."""
+        return lambda: self.broker_for(dlq.region)
 
     def s3_client(self) -> Any:
         return self.aws.client("s3")
@@ -170,8 +176,7 @@ def core_errors() -> Iterator[None]:
 def dlq_details(ctx: Context, dlq: DlqTarget, selection: Selection | None) -> list[str]:
     """What a confirmation names: the DLQ, how many messages it shows now, the filters."""
     try:
-        attributes = ctx.sqs_of(dlq)().attributes(dlq.dlq.url, ["ApproximateNumberOfMessages"])
-        visible = f"{int(attributes.get('ApproximateNumberOfMessages', '0')):,} message(s) visible"
+        visible = f"{ctx.broker_of(dlq)().counts(dlq.dlq.url).ready:,} message(s) visible"
     except Exception as exc:  # the prompt still asks; the run reports any real error
         visible = f"visible count unknown: {exc}"
     lines = [f"  DLQ:      {dlq.dlq.name} ({dlq.label}): {visible}"]

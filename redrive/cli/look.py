@@ -78,7 +78,7 @@ def ascii_option(f: F) -> F:
 def status(ctx: Context, as_json: bool, wide: bool) -> None:
     """Queue and DLQ counts of every family (instant: no message is received)."""
     with core_errors():
-        rows = family_status(ctx.layout, ctx.sqs_for)
+        rows = family_status(ctx.layout, ctx.broker_for)
     if as_json:
         emit_json({"layout": ctx.layout.source, "families": [r.to_json() for r in rows]})
     else:
@@ -198,7 +198,7 @@ def _inspect_queue(
                 ),
                 processes=processes,
                 wiring=inspect_wiring(ctx, dlq, results),
-                sqs=ctx.sqs_of(dlq)(),
+                broker=ctx.broker_of(dlq)(),
                 stop=stop,
                 on_progress=on_progress,
                 on_depth=on_depth,
@@ -206,7 +206,7 @@ def _inspect_queue(
         else:
             result = inspect_dlq(
                 dlq,
-                ctx.sqs_of(dlq),
+                ctx.broker_of(dlq),
                 limit=limit,
                 focus=focus,
                 workers=workers,
@@ -366,7 +366,7 @@ def report(ctx: Context, /, **options: Any) -> None:
         results = _results_for(ctx, backend_reader(focus.where, focus.group_by))
         result = build_report(
             ctx.layout,
-            ctx.sqs_for,
+            ctx.broker_for,
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
@@ -554,12 +554,12 @@ def _post(
 @wide_option
 @pass_ctx
 def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
-    """Audit the families against SQS: RedrivePolicy, DLQ names, maxReceiveCount, retention,
+    """Audit the families against the broker: DLQ links, DLQ names, receive limits, retention,
     and stray queues with the layout's prefix; with --celery, the Celery app's settings that
     decide whether failing tasks reach a DLQ. Exits 1 when there are findings."""
     with core_errors():
         app_findings = celery_findings(ctx) if with_celery else []
-        findings = check_layout(ctx.layout, ctx.sqs_for) + app_findings
+        findings = check_layout(ctx.layout, ctx.broker_for) + app_findings
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
     elif with_celery and not findings:

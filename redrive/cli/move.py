@@ -11,6 +11,7 @@ from typing import Any, Literal, NoReturn
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
     route_options,
@@ -60,7 +61,6 @@ from redrive.cli.options import (
 )
 from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
-from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.errors import UsageProblem
 from redrive.ledger import Ledger, open_ledger
 from redrive.operations.apply import (
@@ -299,7 +299,7 @@ def move_once(
         dlq,
         ledger,
         options,
-        sqs_factory=ctx.sqs_of(dlq),
+        broker_factory=ctx.broker_of(dlq),
         observer=observer,
         stop=stop,
         record=record,
@@ -649,7 +649,7 @@ def replay_once(
         to,
         ledger,
         options,
-        sqs_factory=ctx.sqs_for,
+        broker_factory=ctx.broker_for,
         s3_client_factory=ctx.s3_client,
         observer=display,
         stop=stop,
@@ -867,7 +867,7 @@ def run_apply(
                 dlq,
                 plan,
                 options,
-                sqs_factory=ctx.sqs_of(dlq),
+                broker_factory=ctx.broker_of(dlq),
                 ledger=ledger,
                 record=RunRecord(command_line(), info if options.execute else {}),
                 s3_client_factory=ctx.s3_client,

@@ -10,15 +10,9 @@ from dataclasses import dataclass
 import click
 from click.core import ParameterSource
 
-from redrive.aws.sqs import Sqs
-from redrive.cli.celery_app import refuse_native_with_routes
-from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
-from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
-from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
-from redrive.cli.options import json_option, target_argument, wide_option
-from redrive.dlq.queues import DlqTarget
-from redrive.errors import RedriveError
-from redrive.operations.native import (
+from redrive.broker.base import Broker, DlqTarget
+from redrive.broker.sqs.broker import SqsBroker
+from redrive.broker.sqs.native import (
     CANCELLED,
     CANCELLING,
     COMPLETED,
@@ -32,6 +26,12 @@ from redrive.operations.native import (
     plan_native_move,
     start_native_move,
 )
+from redrive.cli.celery_app import refuse_native_with_routes
+from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
+from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
+from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
+from redrive.cli.options import json_option, target_argument, wide_option
+from redrive.errors import RedriveError
 from redrive.render.native import move_tasks_table, native_plan_text, native_task_text
 
 # -- native moves: move --native, tasks (StartMessageMoveTask) ------------------------------
@@ -153,9 +153,9 @@ def native_move(
     with core_errors():
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
-        sqs = ctx.sqs_of(dlq)()
+        broker = native_broker(ctx.broker_of(dlq)())
         if not execute:
-            plan = plan_native_move(sqs, dlq, destination=queue, rate=rate)
+            plan = plan_native_move(broker, dlq, destination=queue, rate=rate)
             if as_json:
                 emit_json(plan.to_json())
             else:
@@ -169,14 +169,14 @@ def native_move(
             f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
             details=lambda: dlq_details(ctx, dlq, None),
         )
-        handle = start_native_move(sqs, dlq, destination=queue, rate=rate)
+        handle = start_native_move(broker, dlq, destination=queue, rate=rate)
     click.echo(
         f"started move task {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
         "following, not the task)",
         err=True,
     )
     with following() as stop:
-        task = follow_task(sqs, dlq, handle, target, stop)
+        task = follow_task(broker, dlq, handle, target, stop)
     if as_json:
         emit_json(
             {
@@ -196,13 +196,13 @@ def native_move(
 
 
 def follow_task(
-    sqs: Sqs, dlq: DlqTarget, handle: str, target: str, stop: threading.Event
+    broker: SqsBroker, dlq: DlqTarget, handle: str, target: str, stop: threading.Event
 ) -> MoveTask:
     """Follow the started task until it ends (or Ctrl-C), its progress on stderr."""
     progress = Progress("move task")
     try:
         return follow_native_move(
-            sqs,
+            broker,
             dlq,
             handle,
             poll_seconds=NATIVE_POLL_SECONDS,
@@ -268,21 +268,21 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
     """
     with core_errors():
         dlq = ctx.target(target)
-        sqs = ctx.sqs_of(dlq)()
+        broker = native_broker(ctx.broker_of(dlq)())
         if not cancel:
-            listed = list_move_tasks(sqs, dlq)
+            listed = list_move_tasks(broker, dlq)
             if as_json:
                 emit_json(
                     {
                         "dlq": dlq.dlq.name,
-                        "dlq_arn": dlq.dlq.arn,
+                        "dlq_arn": dlq.dlq.ident,
                         "tasks": [t.to_json() for t in listed],
                     }
                 )
             else:
                 click.echo(move_tasks_table(listed, dlq=dlq.dlq.name, width=table_width(wide)))
             return
-        cancelled = cancel_move_task(sqs, dlq)
+        cancelled = cancel_move_task(broker, dlq)
     if cancelled is None:
         fail(
             f"nothing cancelled: the move task of DLQ {dlq.dlq.name} finished by itself "
@@ -297,3 +297,10 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
             "message(s) already moved stay moved, the rest stay in the DLQ; SQS ends the task "
             f"shortly (`redrive tasks {target}` shows it)"
         )
+
+
+def native_broker(broker: Broker) -> SqsBroker:
+    """The broker, if it moves a DLQ by itself (SQS's message move tasks)."""
+    if not broker.capabilities.native_move or not isinstance(broker, SqsBroker):
+        fail("--native needs a broker that moves a whole DLQ by itself (SQS): move without it")
+    return broker

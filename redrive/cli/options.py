@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import click
 from click.shell_completion import CompletionItem
 
-from redrive.aws.sqs import queue_name
+from redrive.broker.base import queue_name
 from redrive.cli.console import WIDE
 from redrive.cli.context import Context
 from redrive.config import Layout, load_layout
@@ -282,7 +282,7 @@ def wide_output_option(f: F) -> F:
 
 
 def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | None:
-    # botocore would reject it only when the first client is made, as a bare ValueError.
+    # The AWS client would reject it only when the first one is made, as a bare ValueError.
     if value is not None:
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.netloc:

@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from redrive.aws.session import AwsSettings
+from redrive.broker.base import DlqTarget
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.celery.registry import Registry
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.celery_app import task_router
 from redrive.cli.context import Context
-from redrive.dlq.queues import DlqTarget
 from redrive.ledger import Ledger
 from redrive.operations.move import MoveOptions
 from redrive.operations.processes import ProcessesResult, Wiring
@@ -29,6 +29,7 @@ def child_wiring(
     boundary), how each process opens its own."""
     return Wiring.of(
         ctx.aws,
+        broker_url=ctx.broker_url,
         region=dlq.region,
         ledger=ledger.location if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
@@ -40,6 +41,7 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
     """A replay's: its sends go to the region of the options (replay has no family)."""
     return Wiring.of(
         ctx.aws,
+        broker_url=ctx.broker_url,
         ledger=ledger.location if ledger is not None else None,
         receive_log=False,
         rebuild=_celery_rebuild(ctx, options),
@@ -63,6 +65,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
         rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
     return Wiring.of(
         ctx.aws,
+        broker_url=ctx.broker_url,
         region=dlq.region,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from redrive.broker.base import DlqTarget
 from redrive.cli.console import (
     Progress,
     ProgressDisplay,
@@ -32,7 +33,6 @@ from redrive.cli.options import (
     workers_doing,
 )
 from redrive.cli.processes import child_wiring, processes_text
-from redrive.dlq.queues import DlqTarget
 from redrive.ledger import Ledger, open_ledger
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import PlanWriter
@@ -128,7 +128,7 @@ def purge_once(
     return run_purge(
         dlq,
         options,
-        sqs_factory=ctx.sqs_of(dlq),
+        broker_factory=ctx.broker_of(dlq),
         ledger=ledger,
         command=command_line(),
         record=purge_record(ctx, dlq, options, ledger),
@@ -195,7 +195,7 @@ def _purge_whole_queue(
     try:
         result = purge_whole_queue(
             dlq,
-            ctx.sqs_of(dlq)(),
+            ctx.broker_of(dlq)(),
             execute=execute,
             ledger=ledger,
             command=command_line(),

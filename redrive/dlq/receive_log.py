@@ -2,7 +2,7 @@
 shows are what the queue's consumers did, not what redrive's own reads did.
 
 SQS has no peek: every inspect, report, archive and dry run receives each message once
-more, and each receive raises its ApproximateReceiveCount. A cron ``report`` every 10
+more, and each receive raises its receive count. A cron ``report`` every 10
 minutes adds 144 a day. redrive remembers its own receives here and subtracts them.
 
 One SQLite file in the state directory (``receives.sqlite3`` beside the ledger), shared by

@@ -3,7 +3,7 @@
 SQS has no peek: receiving a message hides it for its visibility timeout. A scan receives
 batches, hands each message to the operation once, keeps the messages it does not consume
 hidden until the scan ends (so they are not received again), and then makes them visible
-again. Memory stays flat at any depth: receipt handles of held messages are spooled to
+again. Memory stays flat at any depth: delivery tags of held messages are spooled to
 temporary files, and the messages already seen are remembered as 8-byte digests until they
 are deleted.
 
@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
+from redrive.broker.base import Broker, Capabilities, Delivery
 
 if TYPE_CHECKING:
     from redrive.dlq.receive_log import ReceiveLog
@@ -42,8 +42,8 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.isdigit() else default
 
 
-#: SQS's longest visibility timeout (12 hours).
-MAX_VISIBILITY = 43_200
+#: A broker's batch size until one is known (the hold policy's unit of renewal).
+DEFAULT_BATCH = 10
 #: Long polling for each receive: an empty answer then means the queue really had nothing
 #: visible (short polls sample only some SQS servers). Unit tests set it to 0.
 RECEIVE_WAIT_SECONDS = _env_int("REDRIVE_RECEIVE_WAIT", 1)
@@ -54,7 +54,7 @@ RENEW_CALLS_PER_SECOND = 10.0
 HOLD_AGE_FACTOR = 2.0
 #: The share of its measured capacity the renewing thread may need to keep up.
 RENEW_SHARE = 0.5
-#: Held receipt handles per spool segment: a segment is renewed as one, when its first hold
+#: Held delivery tags per spool segment: a segment is renewed as one, when its first hold
 #: is about to end.
 SEGMENT_HANDLES = 1_000
 #: How often the renewing thread looks for holds about to end.
@@ -63,7 +63,15 @@ RENEW_POLL_SECONDS = 0.25
 RECENTLY_DELETED = 50_000
 
 
-def hold_seconds(*, lease: int, age: float, held: int, renew_capacity: float = math.inf) -> int:
+def hold_seconds(
+    *,
+    lease: int,
+    age: float,
+    held: int,
+    renew_capacity: float = math.inf,
+    batch_size: int = DEFAULT_BATCH,
+    max_hold: int | None = None,
+) -> int:
     """How long, from now, a scan hides the messages it holds.
 
     ``lease``, unless renewing every held message once per lease would cost more than
@@ -82,10 +90,10 @@ def hold_seconds(*, lease: int, age: float, held: int, renew_capacity: float = m
     seconds when the renewer keeps up, and renewing costs at most ``max(10, half the run's
     average receives per second)`` calls a second (plus the renewal margin).
     """
-    affordable = held / (MAX_BATCH_ENTRIES * RENEW_CALLS_PER_SECOND)
+    affordable = held / (batch_size * RENEW_CALLS_PER_SECOND)
     sustainable = held / (RENEW_SHARE * renew_capacity)
     hold = max(lease, min(HOLD_AGE_FACTOR * age, affordable), sustainable)
-    return int(min(MAX_VISIBILITY, hold))
+    return int(hold if max_hold is None else min(max_hold, hold))
 
 
 def renew_ahead(hold: float) -> float:
@@ -125,7 +133,7 @@ def digest(message_id: str) -> int:
 
 
 class _Segment:
-    """Up to SEGMENT_HANDLES held receipt handles in a temporary file, and the time by which
+    """Up to SEGMENT_HANDLES held delivery tags in a temporary file, and the time by which
     the first of their holds must be renewed."""
 
     __slots__ = ("file", "handles", "renew_at")
@@ -141,14 +149,14 @@ class _Segment:
         self.handles += len(handles)
         self.renew_at = min(self.renew_at, renew_at)
 
-    def chunks(self) -> Iterator[list[str]]:
-        """The handles, one batch (10) at a time: a segment is never loaded whole."""
+    def chunks(self, size: int = DEFAULT_BATCH) -> Iterator[list[str]]:
+        """The tags, one batch at a time: a segment is never loaded whole."""
         self.file.flush()
         self.file.seek(0)
         chunk: list[str] = []
         for line in self.file:
             chunk.append(line.rstrip("\n"))
-            if len(chunk) == MAX_BATCH_ENTRIES:
+            if len(chunk) == size:
                 yield chunk
                 chunk = []
         if chunk:
@@ -159,7 +167,7 @@ class _Segment:
 
 
 class _Holds:
-    """The held receipt handles, in segments. Newly kept ones fill an *open* segment until
+    """The held delivery tags, in segments. Newly kept ones fill an *open* segment until
     it is full; a renewed segment becomes a segment of its own, so that the handles of one
     segment come due together (one that mixed them would be renewed early, and often).
     Handles SQS would not renew are *retired*: never renewed again, still released at the
@@ -234,18 +242,18 @@ class _Holds:
 class ReceivedBatch:
     """One receive, sorted against what the scan has seen."""
 
-    fresh: list[Message]
+    fresh: list[Delivery]
     """Never seen in this scan: handed to the operation."""
-    stale: list[Message]
+    stale: list[Delivery]
     """Seen before (or over ``--limit``): held again, not handed out."""
-    again: list[Message]
+    again: list[Delivery]
     """Deleted by this scan before: SQS delivered a copy again, deleted once more."""
     first_seen: list[int]
     """The digests this receive saw first (over-limit ones included)."""
 
 
 def sort_received(
-    messages: Sequence[Message],
+    messages: Sequence[Delivery],
     digests: Sequence[int],
     *,
     seen: AbstractSet[int],
@@ -275,7 +283,7 @@ def sort_received(
 
 @dataclass
 class DlqScan:
-    """One pass over a queue, shared by any number of worker threads (each with its own Sqs)."""
+    """One pass over a queue, shared by any number of worker threads (each with its own Broker)."""
 
     url: str
     lease: int
@@ -289,7 +297,7 @@ class DlqScan:
     """Empty receives in a row after which the scan ends whatever SQS's counts say."""
     stop: threading.Event = field(default_factory=threading.Event)
     on_receive: Callable[[int], None] | None = None
-    sqs_factory: Callable[[], Sqs] | None = None
+    broker_factory: Callable[[], Broker] | None = None
     """Makes the client that renews holds (else the one of the first :meth:`keep`)."""
     receive_log: ReceiveLog | None = None
     """Where redrive's own receives are counted (see redrive.dlq.receive_log)."""
@@ -299,6 +307,8 @@ class DlqScan:
     but reads nothing back (a run that never shows the counts)."""
     stats: ScanStats = field(default_factory=ScanStats)
     clock: Callable[[], float] = time.monotonic
+    limits: Capabilities | None = None
+    """The broker's batch size and longest hold (its own, from the first receive)."""
     """When holds end and are renewed; it must be the clock of the clients' ``hidden_until``
     (tests pass one that moves only when told, SQS's own too, so no lease races them)."""
 
@@ -334,24 +344,32 @@ class DlqScan:
             lease=self.lease,
             age=self.clock() - self._started,
             held=self._holds.count + self._in_renewal,
-            renew_capacity=MAX_BATCH_ENTRIES / self._renew_call_seconds
+            renew_capacity=self._batch / self._renew_call_seconds
             if self._renew_call_seconds
             else math.inf,
+            batch_size=self._batch,
+            max_hold=self.limits.max_hold_seconds if self.limits is not None else None,
         )
 
-    def next_batch(self, sqs: Sqs) -> list[Message] | None:
+    @property
+    def _batch(self) -> int:
+        return self.limits.batch_size if self.limits is not None else DEFAULT_BATCH
+
+    def next_batch(self, broker: Broker) -> list[Delivery] | None:
         """New messages (never seen in this scan), or ``None`` when the scan is over.
 
         Messages seen before are held again without being returned.
         """
+        if self.limits is None:
+            self.limits = broker.capabilities
         while not self.done:
             want = self._batch_size()
             if want <= 0:
                 return None
             visibility = self.hold() if self.receive_held else self.lease
-            messages = sqs.receive(
+            messages = broker.receive(
                 self.url,
-                visibility_timeout=visibility,
+                hold=visibility,
                 wait_seconds=(
                     RECEIVE_WAIT_SECONDS if self.wait_seconds is None else self.wait_seconds
                 ),
@@ -360,7 +378,7 @@ class DlqScan:
             if self._count_receive(empty=not messages):
                 # An empty long poll and a queue that counts nothing visible: covered. One
                 # attribute call, where a second long poll would cost a second of waiting.
-                if not self._done and self._nothing_visible(sqs):
+                if not self._done and self._nothing_visible(broker):
                     with self._lock:
                         self._done = True
                 continue
@@ -368,9 +386,9 @@ class DlqScan:
             messages = self._with_receive_counts(messages, digests)
             batch, received = self._take(messages, digests)
             if batch.stale:
-                self.keep(sqs, batch.stale)
+                self.keep(broker, batch.stale)
             if batch.again:
-                self._delete_again(sqs, batch.again)
+                self._delete_again(broker, batch.again)
             if batch.fresh:
                 if self.on_receive is not None:
                     self.on_receive(received)
@@ -381,8 +399,8 @@ class DlqScan:
         """How many messages the next receive asks for; at 0 or below the scan is over."""
         with self._lock:
             if self.max_messages is None:
-                return MAX_BATCH_ENTRIES
-            want = min(MAX_BATCH_ENTRIES, self.max_messages - self.stats.received)
+                return self._batch
+            want = min(self._batch, self.max_messages - self.stats.received)
             if want <= 0:
                 self._done = True
             return want
@@ -399,17 +417,17 @@ class DlqScan:
                 self._done = True
             return self._consecutive_empty
 
-    def _with_receive_counts(self, messages: list[Message], digests: list[int]) -> list[Message]:
+    def _with_receive_counts(self, messages: list[Delivery], digests: list[int]) -> list[Delivery]:
         if self.receive_log is None:
             return messages
-        # Every receive raised the message's ApproximateReceiveCount, repeats too.
+        # Every receive raised the message's receive count, repeats too.
         if not self.receive_counts:
             self.receive_log.count_digests(digests)
             return messages
         counts = self.receive_log.record_digests(digests)
         return [replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)]
 
-    def _take(self, messages: list[Message], digests: list[int]) -> tuple[ReceivedBatch, int]:
+    def _take(self, messages: list[Delivery], digests: list[int]) -> tuple[ReceivedBatch, int]:
         """Sort a receive against what the scan saw, and count it: the batch, and the
         messages received so far."""
         with self._lock:
@@ -431,9 +449,8 @@ class DlqScan:
                 self._done = True
             return batch, self.stats.received
 
-    def _nothing_visible(self, sqs: Sqs) -> bool:
-        counts = sqs.attributes(self.url, ["ApproximateNumberOfMessages"])
-        return counts.get("ApproximateNumberOfMessages", "0") == "0"
+    def _nothing_visible(self, broker: Broker) -> bool:
+        return broker.counts(self.url).ready == 0
 
     def stop_receiving(self) -> None:
         """End the scan after the batches in progress (e.g. ``--limit`` reached)."""
@@ -442,7 +459,7 @@ class DlqScan:
 
     # -- holding -------------------------------------------------------------------------
 
-    def keep(self, sqs: Sqs, messages: Sequence[Message]) -> None:
+    def keep(self, broker: Broker, messages: Sequence[Delivery]) -> None:
         """Keep messages hidden until the scan ends; they are released by :meth:`release_all`.
 
         No call here: each message is still hidden by its receive, and the renewing thread
@@ -455,57 +472,57 @@ class DlqScan:
         renew_at = ends - renew_ahead(max(self.lease, ends - now))
         start = False
         with self._lock:
-            self._holds.add([m.receipt_handle for m in messages], renew_at)
+            self._holds.add([m.tag for m in messages], renew_at)
             self.stats.held += len(messages)
             if not self._renewing and not self._halt.is_set():
                 self._renewing = start = True
         if start:
-            self._start_renewing(sqs)
+            self._start_renewing(broker)
 
-    def _start_renewing(self, sqs: Sqs) -> None:
+    def _start_renewing(self, broker: Broker) -> None:
         thread = threading.Thread(
-            target=self._renew_while_held, args=(sqs,), name="redrive-renew", daemon=True
+            target=self._renew_while_held, args=(broker,), name="redrive-renew", daemon=True
         )
         with self._lock:
             self._renewer = thread
         thread.start()
 
-    def _renew_while_held(self, keeper: Sqs) -> None:
+    def _renew_while_held(self, keeper: Broker) -> None:
         # A client of its own, made when a hold first needs renewing (~30 ms of CPU that a
         # scan ending within its lease never pays); else the keeper's (clients are
         # thread-safe).
-        sqs: Sqs | None = None
+        broker: Broker | None = None
         while not self._halt.is_set():
             with self._lock:
                 due = self._holds.next_renewal() <= self.clock()
-            if sqs is None and due:
+            if broker is None and due:
                 try:
-                    sqs = self.sqs_factory() if self.sqs_factory is not None else keeper
+                    broker = self.broker_factory() if self.broker_factory is not None else keeper
                 except Exception:
                     with self._lock:
                         self.stats.renew_errors += 1
             with self._lock:
-                segment = self._holds.take_due(self.clock()) if sqs is not None else None
+                segment = self._holds.take_due(self.clock()) if broker is not None else None
                 if segment is not None:
                     self._in_renewal = segment.handles
             if segment is None:
                 self._halt.wait(RENEW_POLL_SECONDS)
                 continue
-            assert sqs is not None
+            assert broker is not None
             try:
-                self._renew(sqs, segment)
+                self._renew(broker, segment)
             finally:
                 with self._lock:
                     self._in_renewal = 0
                 segment.close()
 
-    def _renew(self, sqs: Sqs, segment: _Segment) -> None:
+    def _renew(self, broker: Broker, segment: _Segment) -> None:
         """Renew one segment's holds; what is left undone (halted, or a call failed) goes
         back to the holds, so release_all still gives it back."""
         hold = self.hold()
         with self._lock:
             self.stats.longest_hold = max(self.stats.longest_hold, hold)
-        chunks = segment.chunks()
+        chunks = segment.chunks(self._batch)
         retry_at: float | None = None
         renewed_segment = _Segment()
         try:
@@ -515,9 +532,7 @@ class DlqScan:
                     break
                 called_at = self.clock()
                 try:
-                    result = sqs.change_visibility_batch(
-                        self.url, {str(i): h for i, h in enumerate(chunk)}, hold
-                    )
+                    result = broker.extend(self.url, {str(i): h for i, h in enumerate(chunk)}, hold)
                 except Exception:
                     # Throttled or unreachable after the client's retries: try again soon;
                     # if SQS stays away, these holds run out and the messages come back.
@@ -558,17 +573,15 @@ class DlqScan:
             # At most the call in flight; then every hold is back in self._holds.
             thread.join(timeout=60)
 
-    def _delete_again(self, sqs: Sqs, messages: Sequence[Message]) -> None:
+    def _delete_again(self, broker: Broker, messages: Sequence[Delivery]) -> None:
         """A copy of a message this scan deleted once it was sent or archived: the same
         message, so it goes the same way (an archive record written twice, or a purge
         counting one message twice, would be wrong)."""
-        result = sqs.delete_batch(
-            self.url, {str(i): m.receipt_handle for i, m in enumerate(messages)}
-        )
+        result = broker.ack(self.url, {str(i): m.tag for i, m in enumerate(messages)})
         # One that would not go stays held, and visible again when the scan ends.
-        self.keep(sqs, [m for i, m in enumerate(messages) if str(i) not in result.ok])
+        self.keep(broker, [m for i, m in enumerate(messages) if str(i) not in result.ok])
 
-    def forget(self, messages: Sequence[Message]) -> None:
+    def forget(self, messages: Sequence[Delivery]) -> None:
         """Messages deleted from the queue: they need not be remembered as held. What is
         remembered is then what the scan holds or works on, which SQS caps (about 120,000
         messages in flight per queue), and the last RECENTLY_DELETED deleted: memory stays
@@ -587,17 +600,19 @@ class DlqScan:
 
     # -- giving back ---------------------------------------------------------------------
 
-    def release_now(self, sqs: Sqs, messages: Sequence[Message]) -> int:
+    def release_now(self, broker: Broker, messages: Sequence[Delivery]) -> int:
         """Make messages visible at once (they may be received again by this scan)."""
-        handles = {str(i): m.receipt_handle for i, m in enumerate(messages)}
-        result = sqs.change_visibility_batch(self.url, handles, 0)
+        handles = {str(i): m.tag for i, m in enumerate(messages)}
+        result = broker.release(self.url, handles)
         return len(result.ok)
 
-    def extend(self, sqs: Sqs, messages: Sequence[Message], seconds: int) -> None:
-        handles = {str(i): m.receipt_handle for i, m in enumerate(messages)}
-        sqs.change_visibility_batch(self.url, handles, seconds)
+    def extend(self, broker: Broker, messages: Sequence[Delivery], seconds: int) -> None:
+        handles = {str(i): m.tag for i, m in enumerate(messages)}
+        broker.extend(self.url, handles, seconds)
 
-    def release_all(self, sqs: Sqs, *, on_progress: Callable[[int], None] | None = None) -> None:
+    def release_all(
+        self, broker: Broker, *, on_progress: Callable[[int], None] | None = None
+    ) -> None:
         """Make every held message visible again. Safe to call more than once."""
         self._stop_renewing()
         with self._lock:
@@ -606,19 +621,17 @@ class DlqScan:
         for segment in segments:
             # A segment leaves the holds once released whole: if a call fails, a second
             # release_all gives back what is left.
-            for chunk in segment.chunks():
-                self._release(sqs, chunk, on_progress)
+            for chunk in segment.chunks(self._batch):
+                self._release(broker, chunk, on_progress)
             with self._lock:
                 self._holds.remove(segment)
         if self.receive_log is not None:
             self.receive_log.flush()
 
     def _release(
-        self, sqs: Sqs, handles: list[str], on_progress: Callable[[int], None] | None
+        self, broker: Broker, handles: list[str], on_progress: Callable[[int], None] | None
     ) -> None:
-        result = sqs.change_visibility_batch(
-            self.url, {str(i): h for i, h in enumerate(handles)}, 0
-        )
+        result = broker.release(self.url, {str(i): h for i, h in enumerate(handles)})
         # A failure here is a handle made stale by a later receive of the same message: the
         # newer handle is held too and releases it.
         self.stats.released += len(result.ok)
@@ -643,9 +656,9 @@ def wait_until(deadline: float, stop: threading.Event) -> None:
 
 
 def run_pipelines(
-    work: Callable[[Sqs], None],
-    first: Sqs,
-    sqs_factory: Callable[[], Sqs],
+    work: Callable[[Broker], None],
+    first: Broker,
+    broker_factory: Callable[[], Broker],
     workers: int,
     stop: threading.Event,
 ) -> None:
@@ -659,9 +672,9 @@ def run_pipelines(
     failures: list[BaseException] = []
     failures_lock = threading.Lock()
 
-    def guarded(sqs: Sqs) -> None:
+    def guarded(broker: Broker) -> None:
         try:
-            work(sqs)
+            work(broker)
         except BaseException as exc:
             with failures_lock:
                 failures.append(exc)
@@ -671,7 +684,7 @@ def run_pipelines(
     if workers <= 1:
         guarded(first)
         return
-    clients = [first, *(sqs_factory() for _ in range(workers - 1))]
+    clients = [first, *(broker_factory() for _ in range(workers - 1))]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="redrive") as pool:
         for client in clients:
             pool.submit(guarded, client)

@@ -13,9 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.base import Broker, DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
-from redrive.dlq.queues import DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import KeyState, Ledger
@@ -146,7 +145,7 @@ def apply_plan(
     plan: Plan,
     options: MoveOptions | PurgeOptions,
     *,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     ledger: Ledger | None,
     record: RunRecord,
     s3_client_factory: Callable[[], Any] | None = None,
@@ -173,7 +172,7 @@ def apply_plan(
             target,
             plan,
             options,
-            sqs_factory=sqs_factory,
+            broker_factory=broker_factory,
             ledger=ledger,
             record=record,
             s3_client_factory=s3_client_factory,
@@ -205,7 +204,7 @@ def _apply_here(
     plan: Plan,
     options: MoveOptions | PurgeOptions,
     *,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     ledger: Ledger | None,
     record: RunRecord,
     s3_client_factory: Callable[[], Any] | None,
@@ -220,7 +219,7 @@ def _apply_here(
             target,
             ledger,
             options,
-            sqs_factory=sqs_factory,
+            broker_factory=broker_factory,
             observer=observer,
             stop=stop,
             record=record,
@@ -232,7 +231,7 @@ def _apply_here(
     result = run_purge(
         target,
         options,
-        sqs_factory=sqs_factory,
+        broker_factory=broker_factory,
         ledger=ledger,
         command=record.command,
         record=record.info,

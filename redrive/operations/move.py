@@ -31,7 +31,16 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from redrive import attributes
-from redrive.aws.sqs import Message, SendEntry, Sqs, queue_name, split_batches
+from redrive.broker.base import (
+    Broker,
+    Capabilities,
+    Delivery,
+    DlqTarget,
+    QueueRef,
+    SendEntry,
+    queue_name,
+    split_batches,
+)
 from redrive.celery.knowledge import NoTarget, TaskKnowledge, skip_reason
 from redrive.celery.results import (
     ALREADY_SUCCEEDED,
@@ -39,7 +48,6 @@ from redrive.celery.results import (
     delivered_after_claim,
     succeeded_ids,
 )
-from redrive.dlq.queues import DlqTarget, QueueRef, describe_queue
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, digest, run_pipelines
 from redrive.durations import iso_utc
@@ -83,9 +91,8 @@ AMBIGUOUS_POLICIES: tuple[AmbiguousPolicy, ...] = ("hold", "move")
 DEFAULT_LEASE = 30
 DEFAULT_MAX_REDRIVES = 3
 MAX_LISTED = 100
-# Message sizes (bytes, body plus attributes) queues accept: SQS's old maximum, which many
+# Delivery sizes (bytes, body plus attributes) queues accept: SQS's old maximum, which many
 # queues still set as MaximumMessageSize, and its current one.
-MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
@@ -119,17 +126,17 @@ class MessageSource(Protocol):
     """Whether copies are deleted from the source once sent (a DLQ: yes; an archive: no)."""
     stop: threading.Event
 
-    def next_batch(self, sqs: Sqs) -> list[Message] | None: ...
+    def next_batch(self, broker: Broker) -> list[Delivery] | None: ...
 
-    def keep(self, sqs: Sqs, messages: Sequence[Message]) -> None: ...
+    def keep(self, broker: Broker, messages: Sequence[Delivery]) -> None: ...
 
-    def extend(self, sqs: Sqs, messages: Sequence[Message], seconds: int) -> None: ...
+    def extend(self, broker: Broker, messages: Sequence[Delivery], seconds: int) -> None: ...
 
     def stop_receiving(self) -> None: ...
 
-    def forget(self, messages: Sequence[Message]) -> None: ...
+    def forget(self, messages: Sequence[Delivery]) -> None: ...
 
-    def release_all(self, sqs: Sqs) -> None: ...
+    def release_all(self, broker: Broker) -> None: ...
 
     def close(self) -> None: ...
 
@@ -354,11 +361,13 @@ class MoveResult:
 class _Candidate:
     """A selected message on its way: its key, where it goes and how it goes there."""
 
-    message: Message
+    message: Delivery
     info: TaskInfo
     key: str
     generation: int
     target: QueueRef
+    namespace: str
+    """The broker's key namespace (``Capabilities.key_namespace``)."""
     legacy_key: str | None = None
     """Its key in the form before keys named the publish, when the ledger may hold those."""
     held: str | None = None
@@ -375,11 +384,15 @@ class _Candidate:
             message_id=self.message.message_id,
             generation=self.generation,
             body=self.message.body,
+            namespace=self.namespace,
             by_message=by_message,
         )
         if self.legacy_key is not None:
             self.legacy_key = legacy_key_for(
-                self.info, message_id=self.message.message_id, generation=self.generation
+                self.info,
+                message_id=self.message.message_id,
+                generation=self.generation,
+                namespace=self.namespace,
             )
 
 
@@ -387,9 +400,9 @@ class _Candidate:
 class _Decided:
     """A batch decided on and not yet claimed: what each message is to become."""
 
-    batch: Sequence[Message]
+    batch: Sequence[Delivery]
     received_at: float
-    keep: list[Message]
+    keep: list[Delivery]
     to_send: list[_Candidate] = field(default_factory=list)
     takeovers: list[tuple[_Candidate, str]] = field(default_factory=list)
     duplicates: list[tuple[_Candidate, str]] = field(default_factory=list)  # (copy, key sent)
@@ -444,7 +457,7 @@ class SendOutcome:
 class DeleteOutcome:
     done: set[str] = field(default_factory=set)
     """Keys whose DLQ copies are all gone."""
-    kept: list[Message] = field(default_factory=list)
+    kept: list[Delivery] = field(default_factory=list)
     """Copies not deleted: kept hidden, found again by the next run."""
 
 
@@ -480,7 +493,7 @@ class MoveTally:
         self,
         result: MoveResult,
         seen: SeenByFilters,
-        source_of: Callable[[Message], str | None],
+        source_of: Callable[[Delivery], str | None],
     ) -> None:
         self.result = result
         self.seen = seen
@@ -649,7 +662,7 @@ class _Prefetch:
 
 
 class MoveEngine:
-    """One move run. Thread-safe: ``--workers`` threads share it, each with its own Sqs."""
+    """One move run. Thread-safe: ``--workers`` threads share it, each with its own Broker."""
 
     def __init__(
         self,
@@ -657,7 +670,7 @@ class MoveEngine:
         ledger: Ledger | None,
         options: MoveOptions,
         *,
-        sqs_factory: Callable[[], Sqs],
+        broker_factory: Callable[[], Broker],
         observer: RunObserver[MoveResult] = NULL_OBSERVER,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.time,
@@ -676,7 +689,7 @@ class MoveEngine:
         self.target = target
         self.ledger = ledger
         self.options = options
-        self.sqs_factory = sqs_factory
+        self.broker_factory = broker_factory
         self.observer = observer
         self.stop = stop or threading.Event()
         self.now = clock
@@ -693,6 +706,17 @@ class MoveEngine:
         self._open_caches()
         self._decision_options = _decision_options(options)
         self._run_open, self._run_full = RunFacts(self.run_id), RunFacts(self.run_id, True)
+        self.limits: Capabilities | None = None
+        """The broker's limits, from the first broker the run uses."""
+
+    @property
+    def _limits(self) -> Capabilities:
+        assert self.limits is not None, "the run has not used its broker yet"
+        return self.limits
+
+    def _know(self, broker: Broker) -> None:
+        if self.limits is None:
+            self.limits = broker.capabilities
 
     def _lifecycle(self, record: RunRecord, clock: Callable[[], float]) -> RunLifecycle:
         """The run as the ledger records it: target, DLQ and filters, with ``record``'s say."""
@@ -742,24 +766,21 @@ class MoveEngine:
 
     def run(self) -> MoveResult:
         started = time.monotonic()
-        sqs = self.sqs_factory()
+        broker = self.broker_factory()
+        self._know(broker)
         scan: MessageSource
         if self.source is not None:
             scan = self.source
         else:
             # What the run skips stays hidden until its end, renewed while it lives: a
             # killed run's messages come back within about --lease (see redrive.dlq.scan).
-            depth = int(
-                sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"]).get(
-                    "ApproximateNumberOfMessages", "0"
-                )
-            )
+            depth = broker.counts(self.target.dlq.url).ready
             self.result.depth_before = depth
             scan = DlqScan(
                 url=self.target.dlq.url,
                 lease=self.options.lease,
                 stop=self.stop,
-                sqs_factory=self.sqs_factory,
+                broker_factory=self.broker_factory,
                 receive_log=self.receive_log,
                 # Only a --where on them reads redrive's own receives (a move shows none).
                 receive_counts=self.options.selection.reads("consumer_receives"),
@@ -769,7 +790,7 @@ class MoveEngine:
             try:
                 try:
                     run_pipelines(
-                        self._work, sqs, self.sqs_factory, self.options.workers, self.stop
+                        self._work, broker, self.broker_factory, self.options.workers, self.stop
                     )
                 except (Exception, KeyboardInterrupt) as exc:
                     # Give back what is held and end the run as failed. A real crash (SIGKILL)
@@ -781,35 +802,34 @@ class MoveEngine:
                     # A second Ctrl-C is an interruption the operator asked for.
                     how: Outcome = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
                     with contextlib.suppress(Exception):
-                        self._finish(self.sqs_factory(), scan, how, started)
+                        self._finish(self.broker_factory(), scan, how, started)
                     if isinstance(exc, RedriveError):
                         # What it had done by then (the ledger's audit has the same counts).
                         exc.partial = self.result
                     raise
                 outcome: Outcome = "interrupted" if self.stop.is_set() else "completed"
-                self._finish(sqs, scan, outcome, started)
+                self._finish(broker, scan, outcome, started)
             finally:
                 scan.close()
         return self.result
 
-    def _finish(self, sqs: Sqs, scan: MessageSource, outcome: Outcome, started: float) -> None:
+    def _finish(
+        self, broker: Broker, scan: MessageSource, outcome: Outcome, started: float
+    ) -> None:
         if self._shares is not None and self._shares.scan_ended is not None:
             # --processes: the siblings' scans end first, or one would count what we give back.
             self._shares.scan_ended()
-        scan.release_all(sqs)
+        scan.release_all(broker)
         scan.close()
         result = self.result
         result.misses = self._tally.seen.misses()
         result.interrupted = outcome == "interrupted"
         result.seconds = time.monotonic() - started
-        result.throttled = sqs.throttled
+        result.throttled = broker.throttled
         if isinstance(scan, DlqScan):
             result.redelivered = scan.stats.redelivered
         if scan.deletes:
-            hidden = sqs.attributes(
-                self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]
-            ).get("ApproximateNumberOfMessagesNotVisible", "0")
-            result.still_hidden = int(hidden) if hidden.isdigit() else 0
+            result.still_hidden = broker.counts(self.target.dlq.url).held
         if self.ledger is not None and result.still_hidden:
             leases = [
                 r.lease_until
@@ -819,49 +839,49 @@ class MoveEngine:
             result.hidden_until = max(leases) if leases else None
         self._life.end(outcome)
 
-    def _work(self, sqs: Sqs) -> None:
+    def _work(self, broker: Broker) -> None:
         # A FIFO queue hands out nothing more of a message group while a batch of it is in
         # flight: a receive ahead would come back empty and end the scan early.
         if not self.options.pipelined or (self._scan.deletes and self.target.dlq.fifo):
-            while (decided := self._receive_and_decide(sqs)) is not None:
-                self._complete(sqs, decided)
+            while (decided := self._receive_and_decide(broker)) is not None:
+                self._complete(broker, decided)
             return
-        if self.options.pipelined == "auto" and not self._one_stage_until_overlap_pays(sqs):
+        if self.options.pipelined == "auto" and not self._one_stage_until_overlap_pays(broker):
             return
         # Two stages: a helper thread receives and decides batch k+1 while this one claims,
         # sends and deletes batch k. Claims stay in this thread, in batch order, so a crash
         # still leaves at most one batch in doubt; what the helper overlaps is the waiting
         # (SQS's answers, the ledger's disk flush, SQLite's own work outside the GIL).
-        ahead = _Prefetch(lambda: self._receive_and_decide(sqs))
+        ahead = _Prefetch(lambda: self._receive_and_decide(broker))
         try:
             while (decided := ahead.get()) is not None:
-                self._complete(sqs, decided)
+                self._complete(broker, decided)
         except Exception:
             # Batches received but never worked on: hold them like the rest, so that the
             # run's end gives them back at once instead of after their lease.
             with contextlib.suppress(Exception):
                 for left in ahead.close():
-                    self._scan.keep(sqs, left.batch)
+                    self._scan.keep(broker, left.batch)
             raise
         finally:
             ahead.close()
 
-    def _one_stage_until_overlap_pays(self, sqs: Sqs) -> bool:
+    def _one_stage_until_overlap_pays(self, broker: Broker) -> bool:
         """Work batch after batch in this thread while the first stage barely waits; True
         once a second stage would pay (:func:`overlap_pays`), False when the scan is over."""
         waits: deque[float] = deque(maxlen=OVERLAP_SAMPLE)
         with BlockedClock() as blocked:
             while not overlap_pays(waits):
                 before = blocked.now()
-                decided = self._receive_and_decide(sqs)
+                decided = self._receive_and_decide(broker)
                 if decided is None:
                     return False
                 waits.append(blocked.now() - before)
-                self._complete(sqs, decided)
+                self._complete(broker, decided)
         return True
 
-    def _receive_and_decide(self, sqs: Sqs) -> _Decided | None:
-        batch = self._scan.next_batch(sqs)
+    def _receive_and_decide(self, broker: Broker) -> _Decided | None:
+        batch = self._scan.next_batch(broker)
         if batch is None:
             return None
         received_at = time.monotonic()
@@ -869,33 +889,35 @@ class MoveEngine:
         # Counted as received, before any of it is matched: scanned >= matched at all times.
         self._tally.scanned(len(batch))
         try:
-            decided = self._decide(sqs, batch, received_at)
+            decided = self._decide(broker, batch, received_at)
         except Exception:
             # Its decision failed (a result backend, the ledger): hold it like the rest, so
             # that the run's end gives it back at once instead of after its lease.
             with contextlib.suppress(Exception):
-                self._scan.keep(sqs, batch)
+                self._scan.keep(broker, batch)
             raise
         if self._limit.reached:
             self._scan.stop_receiving()
         return decided
 
-    def _complete(self, sqs: Sqs, decided: _Decided) -> None:
+    def _complete(self, broker: Broker, decided: _Decided) -> None:
         try:
-            keep = self._execute(sqs, decided)
+            keep = self._execute(broker, decided)
         except Exception:
             # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
             # run's end gives back at once what it did not delete (the ledger knows what it
             # sent or claimed), instead of after its lease.
             with contextlib.suppress(Exception):
-                self._scan.keep(sqs, decided.batch)
+                self._scan.keep(broker, decided.batch)
             raise
-        self._scan.keep(sqs, keep)
+        self._scan.keep(broker, keep)
         self.observer.on_progress(self._tally.snapshot())
 
     # -- one batch -----------------------------------------------------------------------
 
-    def _select(self, sqs: Sqs, batch: Sequence[Message], keep: list[Message]) -> list[_Candidate]:
+    def _select(
+        self, broker: Broker, batch: Sequence[Delivery], keep: list[Delivery]
+    ) -> list[_Candidate]:
         """The batch's selected messages that may be sent, with their keys; the others go
         to ``keep`` (counted as skipped when selected)."""
         candidates: list[_Candidate] = []
@@ -913,7 +935,7 @@ class MoveEngine:
         for message, info in decoded:
             gate = gates.get(message.message_id)
             done = info.task_id in succeeded
-            facts, route = self._message_facts(sqs, message, info, (now, now_dt), gate, done)
+            facts, route = self._message_facts(broker, message, info, (now, now_dt), gate, done)
             screened = screen(facts, self._decision_options)
             if screened is not None or route is None:
                 self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
@@ -924,8 +946,8 @@ class MoveEngine:
 
     def _message_facts(
         self,
-        sqs: Sqs,
-        message: Message,
+        broker: Broker,
+        message: Delivery,
         info: TaskInfo,
         now: tuple[float, datetime],
         gate: str | None,
@@ -937,7 +959,7 @@ class MoveEngine:
         if not selection.matches(
             info,
             message_id=message.message_id,
-            sent_at=message.sent_timestamp,
+            sent_at=message.enqueued_at,
             now=now[0],
             # --where (issue 15): the record reads the message and its DLQ's sources.
             message=message,
@@ -951,7 +973,7 @@ class MoveEngine:
             return MessageFacts(expired=True), None
         if succeeded:  # redrive.celery.results: the result backend says it succeeded
             return MessageFacts(late_gate=ALREADY_SUCCEEDED), None
-        route = self._route(sqs, message, info.task)
+        route = self._route(broker, message, info.task)
         facts = MessageFacts(
             routed=route is not None,
             celery=info.is_celery,
@@ -959,27 +981,32 @@ class MoveEngine:
         )
         return facts, route
 
-    def _gate_reasons(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> Mapping[str, str]:
+    def _gate_reasons(self, decoded: Sequence[tuple[Delivery, TaskInfo]]) -> Mapping[str, str]:
         """Gates' reasons to skip messages of a batch (MessageId -> reason, e.g. a task whose
         result says it succeeded), asked once per received batch: none yet."""
         return {}
 
     def _candidate(
-        self, message: Message, info: TaskInfo, generation: int, route: QueueRef
+        self, message: Delivery, info: TaskInfo, generation: int, route: QueueRef
     ) -> _Candidate:
-        key = key_for(info, message_id=message.message_id, generation=generation, body=message.body)
+        namespace = self._limits.key_namespace
+        mid = message.message_id
+        key = key_for(
+            info, message_id=mid, generation=generation, body=message.body, namespace=namespace
+        )
         legacy = (
-            legacy_key_for(info, message_id=message.message_id, generation=generation)
+            legacy_key_for(info, message_id=mid, generation=generation, namespace=namespace)
             if self._legacy and info.task_id
             else None
         )
-        return _Candidate(message, info, key, generation, route, legacy)
+        return _Candidate(message, info, key, generation, route, namespace, legacy)
 
-    def _decide(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> _Decided:
+    def _decide(self, broker: Broker, batch: Sequence[Delivery], received_at: float) -> _Decided:
         """Decode a batch and decide each message's fate from the ledger as it stands; a
         dry run ends here."""
+        self._know(broker)
         decided = _Decided(batch, received_at, keep=[])
-        candidates = self._select(sqs, batch, decided.keep)
+        candidates = self._select(broker, batch, decided.keep)
         entries = self._entries_for(candidates)
         live_owners = {
             e.run_id
@@ -1036,7 +1063,7 @@ class MoveEngine:
             verdict = decide(facts, known, self._run_full, options)
         return verdict
 
-    def _execute(self, sqs: Sqs, decided: _Decided) -> list[Message]:
+    def _execute(self, broker: Broker, decided: _Decided) -> list[Delivery]:
         """Claim, send, record and delete what was decided; return the messages to keep
         hidden until the scan ends."""
         if not self.options.execute:
@@ -1044,13 +1071,13 @@ class MoveEngine:
         claimed = self._claim(decided)
         self._life.heartbeat()
         self.observer.on_step("claimed")
-        self._extend_if_slow(sqs, decided.batch, decided.received_at)
-        sent = self._send(sqs, claimed.claimed)
+        self._extend_if_slow(broker, decided.batch, decided.received_at)
+        sent = self._send(broker, claimed.claimed)
         self.observer.on_step("sent")
         self._record(sent)
         self.observer.on_step("recorded")
         self._settle(sent, decided)
-        deleted = self._delete(sqs, self._deletable(sent, decided))
+        deleted = self._delete(broker, self._deletable(sent, decided))
         decided.keep.extend(deleted.kept)
         self.observer.on_step("deleted")
         if deleted.done:
@@ -1092,7 +1119,7 @@ class MoveEngine:
         self,
         proven: Sequence[tuple[_Candidate, str]],
         duplicates: list[tuple[_Candidate, str]],
-        keep: list[Message],
+        keep: list[Delivery],
     ) -> list[tuple[_Candidate, str]]:
         """--in-doubt auto: take over the keys the result backend proved delivered and
         record them SENT (by the dead run's copy), so their DLQ copies are deleted as
@@ -1146,10 +1173,10 @@ class MoveEngine:
             decided.keep.append(cand.message)
             decided.keep.extend(f.message for f in decided.followers.pop(cand.key, []))
 
-    def _deletable(self, sent: SendOutcome, decided: _Decided) -> list[tuple[Message, str]]:
+    def _deletable(self, sent: SendOutcome, decided: _Decided) -> list[tuple[Delivery, str]]:
         """The DLQ copies to delete, with the key each was sent under: the ones sent, their
         followers, and the duplicates of keys sent before."""
-        deletable: list[tuple[Message, str]] = [(c.message, c.key) for c, _ in sent.sent]
+        deletable: list[tuple[Delivery, str]] = [(c.message, c.key) for c, _ in sent.sent]
         for cand, _ in sent.sent:
             for follower in decided.followers.get(cand.key, []):
                 deletable.append((follower.message, cand.key))
@@ -1257,10 +1284,11 @@ class MoveEngine:
         """Per generation from the candidate's own on, the keys it would have there."""
         info, message = cand.info, cand.message
         chain = []
+        ns, mid = cand.namespace, message.message_id
         for g in range(cand.generation, cand.generation + self.options.max_redrives + 1):
-            keys = [key_for(info, message_id=message.message_id, generation=g, body=message.body)]
+            keys = [key_for(info, message_id=mid, generation=g, body=message.body, namespace=ns)]
             if cand.legacy_key is not None:
-                keys.append(legacy_key_for(info, message_id=message.message_id, generation=g))
+                keys.append(legacy_key_for(info, message_id=mid, generation=g, namespace=ns))
             chain.append(keys)
         return chain
 
@@ -1284,7 +1312,7 @@ class MoveEngine:
             verdict = copy_verdict(
                 same_message=False,
                 tagged=False,  # the legacy key says nothing of the publish
-                enqueued_at=cand.message.sent_timestamp,
+                enqueued_at=cand.message.enqueued_at,
                 first_sent_at=_sent_at(old) if sent else None,
             )
             if verdict is CopyVerdict.AMBIGUOUS and self.options.ambiguous == "hold":
@@ -1313,7 +1341,7 @@ class MoveEngine:
                 verdict = copy_verdict(
                     same_message=other == cand.message.message_id,
                     tagged=cand.tagged,
-                    enqueued_at=cand.message.sent_timestamp,
+                    enqueued_at=cand.message.enqueued_at,
                     first_sent_at=sent_at,
                 )
                 if verdict is CopyVerdict.AMBIGUOUS and self.options.ambiguous == "hold":
@@ -1349,7 +1377,7 @@ class MoveEngine:
             return "", None  # the scan never hands out one message twice: another one
         return None, None
 
-    def _send(self, sqs: Sqs, claimed: Sequence[_Candidate]) -> SendOutcome:
+    def _send(self, broker: Broker, claimed: Sequence[_Candidate]) -> SendOutcome:
         """Send the claimed messages: what SQS confirmed, refused, or left unconfirmed.
 
         An entry SQS named in neither list of its response may have been queued: its claim
@@ -1363,10 +1391,10 @@ class MoveEngine:
         for url, cands in by_target.items():
             by_id = {str(i): c for i, c in enumerate(cands)}
             entries = [self._entry(entry_id, c) for entry_id, c in by_id.items()]
-            for chunk in split_batches(entries):
+            for chunk in split_batches(entries, self._limits):
                 self._rate.acquire(len(chunk))
                 try:
-                    result = sqs.send_batch(url, chunk)
+                    result = broker.send(url, chunk)
                 except Exception:
                     # Earlier unconfirmed entries stay claimed, like the request in flight.
                     self._settle_before_error(
@@ -1417,33 +1445,35 @@ class MoveEngine:
                 count=cand.generation + 1,
                 key=cand.key,
                 dlq=self.target.dlq.name,
+                room=self._limits.max_message_attributes,
             ),
-            group_id=(message.attributes.get("MessageGroupId") or "default") if fifo else None,
-            # SQS drops a FIFO resend with the same deduplication id within 5 minutes.
+            group_id=(message.group_id or "default") if fifo else None,
+            # A FIFO queue drops a resend with the same deduplication id (SQS: for 5 minutes).
             deduplication_id=cand.key if fifo else None,
         )
-        if entry.size() <= MESSAGE_SIZE_LIMITS[0]:
+        limits = self._limits.message_size_limits
+        if entry.size() <= limits[0]:
             return entry
         bare = replace(entry, message_attributes=attributes.originals(message.message_attributes))
-        if any(bare.size() <= limit < entry.size() for limit in MESSAGE_SIZE_LIMITS):
-            # SQS counts attributes in a message's size: our stamp must never be what makes
+        if any(bare.size() <= limit < entry.size() for limit in limits):
+            # A broker counts attributes in a message's size: our stamp must never be what makes
             # a message too big to send. Unstamped, a return is still recognised (by the
             # MessageId the ledger recorded for the send).
             return bare
         return entry
 
-    def _delete(self, sqs: Sqs, deletable: Sequence[tuple[Message, str]]) -> DeleteOutcome:
+    def _delete(self, broker: Broker, deletable: Sequence[tuple[Delivery, str]]) -> DeleteOutcome:
         """Delete DLQ copies: the keys whose copies are all gone, and what stays."""
         if not self._scan.deletes:
             # An archive being replayed: there is no copy to delete.
             return DeleteOutcome(done={key for _, key in deletable})
         done: set[str] = set()
         failed_keys: set[str] = set()
-        not_deleted: list[Message] = []
+        not_deleted: list[Delivery] = []
         for start in range(0, len(deletable), 10):
             chunk = deletable[start : start + 10]
-            result = sqs.delete_batch(
-                self.target.dlq.url, {str(i): m.receipt_handle for i, (m, _) in enumerate(chunk)}
+            result = broker.ack(
+                self.target.dlq.url, {str(i): m.tag for i, (m, _) in enumerate(chunk)}
             )
             self._scan.forget([m for i, (m, _) in enumerate(chunk) if str(i) in result.ok])
             for i, (message, key) in enumerate(chunk):
@@ -1455,27 +1485,29 @@ class MoveEngine:
                     not_deleted.append(message)
         return DeleteOutcome(done - failed_keys, not_deleted)
 
-    def _extend_if_slow(self, sqs: Sqs, batch: Sequence[Message], received_at: float) -> None:
+    def _extend_if_slow(
+        self, broker: Broker, batch: Sequence[Delivery], received_at: float
+    ) -> None:
         # Past half the lease, another receiver could get these messages: extend it. Safety
         # does not depend on this (the ledger does), but it saves needless "busy" skips.
         if time.monotonic() - received_at > self.options.lease / 2:
-            self._scan.extend(sqs, batch, self.options.lease)
+            self._scan.extend(broker, batch, self.options.lease)
 
     def _counts(self) -> dict[str, int]:
         return self.result.run_counts()
 
-    def _route(self, sqs: Sqs, message: Message, task: str | None = None) -> QueueRef | None:
+    def _route(self, broker: Broker, message: Delivery, task: str | None = None) -> QueueRef | None:
         if self.options.to is not None:
             return self.options.to
         # redrive.celery: the queue the task routes to now (or a plan's target), if known.
         if self.options.celery is not None and task is not None:
-            routed = self.options.celery.route(sqs, task, message.message_id)
+            routed = self.options.celery.route(broker, task, message.message_id)
             if routed is not None:
                 if routed.queue is None and routed.problem is not None:
                     self._tally.no_target(routed.problem)
                 return routed.queue
-        arn = message.attributes.get("DeadLetterQueueSourceArn")
-        if not arn:
+        died_in = message.died_in
+        if not died_in:
             if self.target.single_source is None:
                 self._tally.no_target(
                     _why_no_single_source(self.target)
@@ -1484,33 +1516,33 @@ class MoveEngine:
                 )
             return self.target.single_source
         with self._cache_lock:
-            if arn in self._routes:
-                return self._routes[arn]
-        route = self.target.source_for_arn(arn)
+            if died_in in self._routes:
+                return self._routes[died_in]
+        route = self.target.source_for(died_in)
         if route is None:
+            name = queue_name(died_in)
             try:
-                route = describe_queue(sqs, queue_name(arn))
+                route = broker.describe(died_in)
             except RedriveError as exc:
                 route = None
                 self._tally.no_target(
                     NoTarget(
-                        f"the source queue SQS names ({queue_name(arn)}, in the message's "
-                        f"DeadLetterQueueSourceArn) cannot be used: {exc}",
-                        missing=queue_name(arn) if isinstance(exc, QueueNotFound) else None,
+                        f"the source queue the broker names ({name}, the queue the message "
+                        f"died in) cannot be used: {exc}",
+                        missing=name if isinstance(exc, QueueNotFound) else None,
                     )
                 )
         with self._cache_lock:
-            self._routes[arn] = route
+            self._routes[died_in] = route
         return route
 
-    def _source_name(self, message: Message) -> str | None:
+    def _source_name(self, message: Delivery) -> str | None:
         """The queue the message came from, when it is not sent there by choice (``--to``):
         a task's route may send it elsewhere (redrive.celery)."""
         if self.options.to is not None:
             return None
-        arn = message.attributes.get("DeadLetterQueueSourceArn")
-        if arn:
-            return queue_name(arn)
+        if message.died_in:
+            return queue_name(message.died_in)
         return self.target.single_source.name if self.target.single_source else None
 
     def _sibling(self, run_id: str, live: set[str] | None = None) -> bool:
@@ -1622,7 +1654,7 @@ def _copy_of(cand: _Candidate, entry: Entry) -> bool:
     verdict = copy_verdict(
         same_message=entry.message_id == cand.message.message_id,
         tagged=cand.tagged,
-        enqueued_at=cand.message.sent_timestamp,
+        enqueued_at=cand.message.enqueued_at,
         first_sent_at=_sent_at(entry),
     )
     return verdict in (CopyVerdict.SAME_MESSAGE, CopyVerdict.COPY)

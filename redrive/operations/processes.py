@@ -59,8 +59,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from redrive.archive import ArchiveReader, ArchiveRecord
 from redrive.archive.storage import archive_part
 from redrive.aws.session import AwsSettings
-from redrive.aws.sqs import Sqs
-from redrive.dlq.queues import DlqTarget, QueueRef
+from redrive.broker import open_broker
+from redrive.broker.base import Broker, DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
@@ -132,11 +132,13 @@ class Wiring:
     profile: str | None = None
     max_attempts: int = 6
     region: str | None = None
-    """The DLQ's region (:attr:`DlqTarget.region`), as ``Context.sqs_of`` picks it."""
+    """The DLQ's region (:attr:`DlqTarget.region`), as ``Context.broker_of`` picks it."""
     ledger: str | None = None
     """The ledger's URI; None: the run has no ledger (a dry run without one)."""
     receive_log: bool = True
     rebuild: Callable[[Any], Any] | None = None
+    broker_url: str | None = None
+    """The broker's URL (None: SQS), as the parent opened it."""
 
     @classmethod
     def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
@@ -167,9 +169,9 @@ class ChildRun:
     def __post_init__(self) -> None:
         self.aws = self.wiring.aws()
 
-    def sqs(self) -> Sqs:
-        """SQS in the DLQ's region: what the child's engine sends and receives with."""
-        return self.aws.sqs(region=self.wiring.region)
+    def broker(self) -> Broker:
+        """The broker in the DLQ's region: what the child's engine sends and receives with."""
+        return open_broker(self.wiring.broker_url, aws=self.aws, region=self.wiring.region)
 
     def rebuilt(self, options: Any) -> Any:
         """``options`` with what did not cross (Wiring.rebuild) made again in the child."""
@@ -216,7 +218,7 @@ class MoveJob:
                 self.target,
                 ledger,
                 options,
-                sqs_factory=child.sqs,
+                broker_factory=child.broker,
                 observer=child.observer,
                 stop=child.stop,
                 record=self.record,
@@ -1033,7 +1035,7 @@ class PurgeJob:
             result = run_purge(
                 self.target,
                 self.options,
-                sqs_factory=child.sqs,
+                broker_factory=child.broker,
                 ledger=ledger,
                 command=self.command,
                 record=self.record,
@@ -1217,7 +1219,7 @@ class ReplayJob:
                 archive_target(self.source),
                 ledger,
                 options,
-                sqs_factory=child.sqs,
+                broker_factory=child.broker,
                 observer=child.observer,
                 stop=child.stop,
                 source=archive,
@@ -1326,7 +1328,7 @@ class InspectJob:
             with child.receive_log() as receive_log:
                 return inspect_dlq(
                     self.target,
-                    child.sqs,
+                    child.broker,
                     limit=self.scan.limit,
                     show_args=self.scan.show_args,
                     workers=self.scan.workers,
@@ -1357,7 +1359,7 @@ def inspect_in_processes(
     *,
     processes: int,
     wiring: Wiring,
-    sqs: Sqs,
+    broker: Broker,
     stop: threading.Event | None = None,
     on_progress: Callable[[int], None] | None = None,
     on_depth: Callable[[int], None] | None = None,
@@ -1369,7 +1371,7 @@ def inspect_in_processes(
     check_picklable(scan, "these options")
     stop = stop or threading.Event()
     started = time.monotonic()
-    depth, hidden = inspect_counts(sqs, target.dlq.url)
+    depth, hidden = inspect_counts(broker, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
 

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from redrive.archive import ArchiveRecord, ArchiveWriter, default_archive_path, open_writer
-from redrive.aws.sqs import Message, Sqs
-from redrive.dlq.queues import DlqTarget
+from redrive.broker.base import Broker, Delivery, DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
-from redrive.errors import ArchiveError, AwsError, RedriveError, UsageProblem
+from redrive.errors import ArchiveError, RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.limit import Limit
@@ -142,7 +141,7 @@ class PurgeResult:
 
 @dataclass(slots=True)
 class _Pending:
-    message: Message
+    message: Delivery
     info: TaskInfo
     at: float
 
@@ -151,7 +150,7 @@ def run_purge(
     target: DlqTarget,
     options: PurgeOptions,
     *,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     ledger: Ledger | None = None,
     command: str = "purge",
     record: Mapping[str, Any] | None = None,
@@ -183,7 +182,7 @@ def run_purge(
             result = purge_dlq(
                 target,
                 options,
-                sqs_factory=sqs_factory,
+                broker_factory=broker_factory,
                 writer=writer,
                 observer=observer,
                 stop=stop,
@@ -289,7 +288,7 @@ def purge_dlq(
     target: DlqTarget,
     options: PurgeOptions,
     *,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     writer: ArchiveWriter | None,
     observer: RunObserver[PurgeResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
@@ -315,7 +314,7 @@ def purge_dlq(
     purge = _Purge(
         target,
         options,
-        sqs_factory=sqs_factory,
+        broker_factory=broker_factory,
         writer=writer,
         observer=observer,
         stop=stop or threading.Event(),
@@ -390,14 +389,14 @@ class _PurgeTally:
 
 class _Purge:
     """One purge (or archive) run: per batch, a decision per message, then the steps:
-    archive (durable first), then delete. Workers share it, each with its own Sqs."""
+    archive (durable first), then delete. Workers share it, each with its own Broker."""
 
     def __init__(
         self,
         target: DlqTarget,
         options: PurgeOptions,
         *,
-        sqs_factory: Callable[[], Sqs],
+        broker_factory: Callable[[], Broker],
         writer: ArchiveWriter | None,
         observer: RunObserver[PurgeResult],
         stop: threading.Event,
@@ -408,7 +407,7 @@ class _Purge:
     ) -> None:
         self.target = target
         self.options = options
-        self.sqs_factory = sqs_factory
+        self.broker_factory = broker_factory
         self.writer = writer
         self.observer = observer
         self.stop = stop
@@ -431,9 +430,9 @@ class _Purge:
 
     def run(self, receive_log: ReceiveLog | None) -> PurgeResult:
         started = time.monotonic()
-        sqs = self.sqs_factory()
-        depth = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessages"])
-        self.result.depth_before = int(depth.get("ApproximateNumberOfMessages", "0"))
+        broker = self.broker_factory()
+        self.result.depth_before = broker.counts(self.target.dlq.url).ready
+        self._kept_attributes = broker.capabilities.archived_attributes
         # archive keeps every message hidden until the end; purge only the ones it does not
         # take.
         self._scan = DlqScan(
@@ -441,14 +440,14 @@ class _Purge:
             lease=self.options.lease,
             receive_held=not self.options.delete,
             stop=self.stop,
-            sqs_factory=self.sqs_factory,
+            broker_factory=self.broker_factory,
             receive_log=receive_log,
             # The archive records them; a --no-archive purge reads them only for a --where.
             receive_counts=self.options.archive
             or self.options.selection.reads("consumer_receives"),
         )
         try:
-            run_pipelines(self._work, sqs, self.sqs_factory, self.options.workers, self.stop)
+            run_pipelines(self._work, broker, self.broker_factory, self.options.workers, self.stop)
         except RedriveError as exc:
             # What it had archived and deleted by then (completed in the finally below); the
             # stop the error set for the other workers is no interruption.
@@ -460,43 +459,40 @@ class _Purge:
                 # --processes: the siblings' scans end first, or one would count what we
                 # give back.
                 shares_ended()
-            self._scan.release_all(sqs)
+            self._scan.release_all(broker)
             self._scan.close()
             self.result.redelivered = self._scan.stats.redelivered
             self.result.interrupted = self.stop.is_set() and self.result.error is None
             self.result.seconds = time.monotonic() - started
             self.result.misses = self._tally.seen.misses()
-        hidden = sqs.attributes(self.target.dlq.url, ["ApproximateNumberOfMessagesNotVisible"]).get(
-            "ApproximateNumberOfMessagesNotVisible", "0"
-        )
-        self.result.still_hidden = int(hidden) if hidden.isdigit() else 0
+        self.result.still_hidden = broker.counts(self.target.dlq.url).held
         return self.result
 
-    def _work(self, sqs: Sqs) -> None:
+    def _work(self, broker: Broker) -> None:
         pending: list[_Pending] = []
         # The batch being sorted into kept and pending: an error before it is sorted must
         # not leave it hidden for a whole lease.
-        unsorted: list[Message] = []
+        unsorted: list[Delivery] = []
         try:
-            while (batch := self._scan.next_batch(sqs)) is not None:
+            while (batch := self._scan.next_batch(broker)) is not None:
                 unsorted = batch
                 self.observer.on_step("received")
-                pending.extend(self._sort(sqs, batch))
+                pending.extend(self._sort(broker, batch))
                 unsorted = []
                 if not self.options.execute:
-                    self._scan.keep(sqs, [p.message for p in pending])
+                    self._scan.keep(broker, [p.message for p in pending])
                     pending = []
                 elif pending and self._due(pending):
-                    self._flush(sqs, pending)
+                    self._flush(broker, pending)
                     pending = []
                 self.observer.on_progress(self._tally.snapshot())
-            self._flush(sqs, pending)
+            self._flush(broker, pending)
             pending = []
         except (Exception, KeyboardInterrupt):
             # Not archived, so not deleted: hand them back with the rest.
             held = {m.message_id: m for m in unsorted}
             held.update((p.message.message_id, p.message) for p in pending)
-            self._scan.keep(sqs, list(held.values()))
+            self._scan.keep(broker, list(held.values()))
             raise
 
     def _due(self, pending: Sequence[_Pending]) -> bool:
@@ -509,9 +505,9 @@ class _Purge:
             or self.target.dlq.fifo
         )
 
-    def _sort(self, sqs: Sqs, batch: Sequence[Message]) -> list[_Pending]:
+    def _sort(self, broker: Broker, batch: Sequence[Delivery]) -> list[_Pending]:
         """Decide each message of a batch: the ones taken, pending; the others kept."""
-        keep: list[Message] = []
+        keep: list[Delivery] = []
         taken: list[_Pending] = []
         now = self.clock()
         decoded = [(message, decode(message.body)) for message in batch]
@@ -523,7 +519,7 @@ class _Purge:
             selected = self.options.selection.matches(
                 info,
                 message_id=message.message_id,
-                sent_at=message.sent_timestamp,
+                sent_at=message.enqueued_at,
                 now=now,
                 # --where (issue 15): the record reads the message and its DLQ's sources.
                 message=message,
@@ -538,21 +534,21 @@ class _Purge:
             self.observer.on_plan(
                 PlanItem(message.message_id, info.task, info.task_id, key=None, action=action)
             )
-        self._scan.keep(sqs, keep)
+        self._scan.keep(broker, keep)
         if self._limit.reached:
             self._scan.stop_receiving()
         return taken
 
-    def _flush(self, sqs: Sqs, pending: list[_Pending]) -> None:
+    def _flush(self, broker: Broker, pending: list[_Pending]) -> None:
         if not pending:
             return
         self._archive(pending)
         self.observer.on_step("archived")
         if self.options.delete and self.options.execute:
-            self._delete(sqs, pending)
+            self._delete(broker, pending)
             self.observer.on_step("deleted")
         else:
-            self._scan.keep(sqs, [p.message for p in pending])
+            self._scan.keep(broker, [p.message for p in pending])
 
     def _archive(self, pending: Sequence[_Pending]) -> None:
         """Write the pending messages' records: durable before any of them is deleted."""
@@ -561,7 +557,8 @@ class _Purge:
         archived_at = datetime.fromtimestamp(self.clock(), UTC)
         records = [
             ArchiveRecord.from_message(
-                _as_boto(p.message),
+                p.message,
+                kept=self._kept_attributes,
                 task=p.info.task,
                 task_id=p.info.task_id,
                 dlq=self.target.dlq.url,
@@ -575,17 +572,17 @@ class _Purge:
             self.writer.write_batch(records)
         self._tally.archived(len(records))
 
-    def _delete(self, sqs: Sqs, pending: Sequence[_Pending]) -> None:
+    def _delete(self, broker: Broker, pending: Sequence[_Pending]) -> None:
         for start in range(0, len(pending), 10):
             chunk = pending[start : start + 10]
-            outcome = sqs.delete_batch(
-                self.target.dlq.url, {str(i): p.message.receipt_handle for i, p in enumerate(chunk)}
+            outcome = broker.ack(
+                self.target.dlq.url, {str(i): p.message.tag for i, p in enumerate(chunk)}
             )
             gone = [chunk[int(i)] for i in outcome.ok]
             self._scan.forget([p.message for p in gone])
             failed = [chunk[int(i)].message for i in outcome.failed]
             # Still in the DLQ (and archived): visible again when the scan ends.
-            self._scan.keep(sqs, failed)
+            self._scan.keep(broker, failed)
             self._tally.deleted(gone, len(failed), self.on_deleted)
 
 
@@ -638,7 +635,7 @@ def _probe_directory(destination: str, parent: str) -> None:
 
 def purge_whole_queue(
     target: DlqTarget,
-    sqs: Sqs,
+    broker: Broker,
     *,
     execute: bool,
     ledger: Ledger | None = None,
@@ -652,13 +649,8 @@ def purge_whole_queue(
     info = {**(record or {}), "archive": None, "dlq": target.dlq.url}
     life = RunLifecycle(ledger, execute=execute, command=command, info=info)
     with life:
-        counts = sqs.attributes(
-            target.dlq.url,
-            ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )
-        depth = int(counts.get("ApproximateNumberOfMessages", "0")) + int(
-            counts.get("ApproximateNumberOfMessagesNotVisible", "0")
-        )
+        counts = broker.counts(target.dlq.url)
+        depth = counts.ready + counts.held
         result = PurgeResult(
             dry_run=not execute,
             target=target.label,
@@ -669,30 +661,9 @@ def purge_whole_queue(
             run_id=life.run_id,
         )
         if execute:
-            _purge_queue(target, sqs)
+            broker.purge(target.dlq.url)
             result.purged = depth
             life.counts = lambda: {"matched": result.matched, "purged": result.purged}
             # SQS does not say which messages PurgeQueue deleted: the record says so.
             life.end_info = lambda: {"deleted": [], "method": "purge-queue"}
     return result
-
-
-def _purge_queue(target: DlqTarget, sqs: Sqs) -> None:
-    try:
-        sqs.purge(target.dlq.url)
-    except AwsError as exc:
-        if "PurgeQueueInProgress" in str(exc):
-            raise AwsError(
-                f"SQS allows one PurgeQueue per 60 seconds on {target.dlq.name} and one is "
-                "already in progress: wait a minute and rerun"
-            ) from exc
-        raise
-
-
-def _as_boto(message: Message) -> dict[str, Any]:
-    return {
-        "MessageId": message.message_id,
-        "Body": message.body,
-        "Attributes": dict(message.attributes),
-        "MessageAttributes": {k: dict(v) for k, v in message.message_attributes.items()},
-    }

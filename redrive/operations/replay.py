@@ -25,8 +25,8 @@ from redrive.archive import (
     DamageReport,
     check_archive,
 )
-from redrive.aws.sqs import MAX_BATCH_ENTRIES, Message, Sqs
-from redrive.dlq.queues import DlqTarget, QueueRef
+from redrive.broker import restored_delivery
+from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
 from redrive.errors import RedriveError
 from redrive.ledger import Ledger
 from redrive.messages import decode
@@ -54,15 +54,15 @@ class ArchiveSource:
         self.read = 0
         self.damage: DamageReport | None = None
 
-    def next_batch(self, sqs: Sqs) -> list[Message] | None:
+    def next_batch(self, broker: Broker) -> list[Delivery] | None:
         with self._lock:
             if self._done or self.stop.is_set():
                 return None
             batch = []
             try:
                 for record in self._records:
-                    batch.append(as_message(record))
-                    if len(batch) == MAX_BATCH_ENTRIES:
+                    batch.append(as_message(record, broker))
+                    if len(batch) == broker.capabilities.batch_size:
                         break
             except ArchiveDamaged as exc:
                 # Damaged since the check (it is being changed?): send nothing more.
@@ -75,34 +75,30 @@ class ArchiveSource:
                 return None
             return batch
 
-    def keep(self, sqs: Sqs, messages: Sequence[Message]) -> None:
+    def keep(self, broker: Broker, messages: Sequence[Delivery]) -> None:
         pass
 
-    def extend(self, sqs: Sqs, messages: Sequence[Message], seconds: int) -> None:
+    def extend(self, broker: Broker, messages: Sequence[Delivery], seconds: int) -> None:
         pass
 
-    def forget(self, messages: Sequence[Message]) -> None:
+    def forget(self, messages: Sequence[Delivery]) -> None:
         """Nothing is remembered of an archive's records."""
 
     def stop_receiving(self) -> None:
         with self._lock:
             self._done = True
 
-    def release_all(self, sqs: Sqs) -> None:
+    def release_all(self, broker: Broker) -> None:
         pass
 
     def close(self) -> None:
         pass
 
 
-def as_message(record: ArchiveRecord) -> Message:
-    return Message(
-        message_id=record.message_id,
-        receipt_handle="",
-        body=record.body,
-        attributes=record.attributes,
-        message_attributes=record.message_attributes,
-    )
+def as_message(record: ArchiveRecord, broker: Broker | None = None) -> Delivery:
+    """The archived message as a delivery (``broker``: the one it goes back to)."""
+    restore = broker.restored if broker is not None else restored_delivery
+    return restore(record.message_id, record.body, record.attributes, record.message_attributes)
 
 
 def archive_label(source: str) -> str:
@@ -155,7 +151,7 @@ def replay_archive(
     ledger: Ledger | None,
     options: MoveOptions,
     *,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     s3_client_factory: Callable[[], Any] | None = None,
     observer: RunObserver[MoveResult] = NULL_OBSERVER,
     stop: threading.Event | None = None,
@@ -186,7 +182,7 @@ def replay_archive(
         archive_target(source),
         ledger,
         replace(options, to=to),
-        sqs_factory=sqs_factory,
+        broker_factory=broker_factory,
         observer=observer,
         stop=stop,
         source=archive,
@@ -240,7 +236,7 @@ def archive_target(source: str) -> DlqTarget:
     return DlqTarget(
         label=label,
         family=None,
-        dlq=QueueRef(url=source, name=label, arn="", fifo=False),
+        dlq=QueueRef(url=source, name=label, ident="", fifo=False),
         sources=(),
     )
 

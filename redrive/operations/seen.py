@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from redrive.aws.sqs import Message
+from redrive.broker.base import Delivery
 from redrive.messages import TaskInfo
 from redrive.selection import FilterMisses, Selection, Sightings
 
@@ -20,7 +20,7 @@ class SeenByFilters:
         self._sightings = Sightings(selection) if wanted else None
         self._lock = threading.Lock()
 
-    def add(self, decoded: Sequence[tuple[Message, TaskInfo]]) -> None:
+    def add(self, decoded: Sequence[tuple[Delivery, TaskInfo]]) -> None:
         if self._sightings is None:
             return
         with self._lock:

@@ -295,8 +295,8 @@ def receive_notes(result: InspectResult) -> list[str]:
     """What the receive column leaves out, said when it leaves something out."""
     if result.redrive_receives:
         return [
-            "note: consumer receives = SQS's ApproximateReceiveCount less redrive's own "
+            "note: consumer receives = the broker's receive count less redrive's own "
             f"receives (up to {result.redrive_receives} per message: inspect, report, dry "
-            "runs, archive); SQS's own figure is max_receive_count in --json"
+            "runs, archive); the broker's own figure is max_receive_count in --json"
         ]
     return []

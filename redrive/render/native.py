@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redrive.operations.native import MAX_NATIVE_RATE, MoveTask, NativePlan
+from redrive.broker.sqs.native import MAX_NATIVE_RATE, MoveTask, NativePlan
 from redrive.render.tables import Narrow, fitted_table, when, when_cell
 
 

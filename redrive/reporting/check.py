@@ -1,7 +1,7 @@
-"""Check: audit the configured families against what SQS says, for CI or a schedule.
+"""Check: audit the configured families against what the broker says, for CI or a schedule.
 
-Findings: a source queue without a RedrivePolicy, a DLQ not named ``QUEUE-dlq`` (unless the
-config names it), a maxReceiveCount or DLQ retention other than expected (5 and 14 days,
+Findings: a source queue without a link to a DLQ, a DLQ not named ``QUEUE-dlq`` (unless
+the config names it), a receive limit or DLQ retention other than expected (5 and 14 days,
 unless the config says otherwise), and any queue with the layout's prefix that belongs to
 no family. With ``--celery``, the app's settings too (:mod:`redrive.celery.settings_audit`).
 """
@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redrive.aws.sqs import Sqs, queue_name
+from redrive.broker.base import Broker, queue_name
 from redrive.celery.routes import AppRoutes
 from redrive.celery.settings_audit import audit_app
 from redrive.config import DLQ_SUFFIX, Family, Layout
-from redrive.dlq.queues import describe_queue, dlq_of
 from redrive.durations import format_duration
 from redrive.errors import AwsUnavailable, RedriveError
 
@@ -44,16 +43,16 @@ def expected_dlq_name(queue: str) -> str:
     return name + DLQ_SUFFIX
 
 
-def check_layout(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[Finding]:
+def check_layout(layout: Layout, broker_for: Callable[[str | None], Broker]) -> list[Finding]:
     findings: list[Finding] = []
     known: set[str] = set()
     for family in layout.families:
         if family.dlq:
             # The config names this family's DLQ: never a stray, whatever else is wrong.
             known.add(queue_name(family.dlq))
-        findings += _check_family(family, sqs_for(family.region), known)
+        findings += _check_family(family, broker_for(family.region), known)
     if layout.prefix:
-        for url in sqs_for(None).list_queues(layout.prefix):
+        for url in broker_for(None).queues_named(layout.prefix):
             name = queue_name(url)
             if name not in known:
                 findings.append(
@@ -66,19 +65,20 @@ def check_layout(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[F
     return findings
 
 
-def _check_family(family: Family, sqs: Sqs, known: set[str]) -> list[Finding]:
+def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Finding]:
     """One family's findings; adds the queues it finds to ``known``."""
     try:
-        source = describe_queue(sqs, family.queue)
+        source = broker.describe(family.queue)
     except AwsUnavailable:
         raise
     except RedriveError as exc:
         return [Finding(family.name, queue_name(family.queue), str(exc))]
     known.add(source.name)
-    if not source.redrive_policy:
-        return [Finding(family.name, source.name, "has no RedrivePolicy (no DLQ)")]
+    words = broker.capabilities
+    if not source.dead_letter_target:
+        return [Finding(family.name, source.name, f"has no {words.dead_letter_setting} (no DLQ)")]
     try:
-        dlq = dlq_of(sqs, source)
+        dlq = broker.dlq_of(source)
     except AwsUnavailable:
         raise
     except RedriveError as exc:
@@ -89,7 +89,9 @@ def _check_family(family: Family, sqs: Sqs, known: set[str]) -> list[Finding]:
     if dlq.name != wanted:
         findings.append(
             Finding(
-                family.name, source.name, f"RedrivePolicy points to {dlq.name}, expected {wanted}"
+                family.name,
+                source.name,
+                f"{words.dead_letter_setting} points to {dlq.name}, expected {wanted}",
             )
         )
     if source.max_receive_count != family.max_receive_count:
@@ -97,7 +99,7 @@ def _check_family(family: Family, sqs: Sqs, known: set[str]) -> list[Finding]:
             Finding(
                 family.name,
                 source.name,
-                f"maxReceiveCount is {source.max_receive_count}, "
+                f"{words.receive_limit_setting} is {source.max_receive_count}, "
                 f"expected {family.max_receive_count}",
             )
         )

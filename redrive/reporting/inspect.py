@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.aws.sqs import Message, Sqs
+from redrive.broker.base import Broker, Delivery, DlqTarget
 from redrive.celery.results import (
     BatchReader,
     LookupsAhead,
@@ -23,7 +23,6 @@ from redrive.celery.results import (
     TaskRecord,
     exception_group,
 )
-from redrive.dlq.queues import DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.durations import iso_utc
@@ -80,7 +79,7 @@ class TaskGroup:
     oldest: float | None = None
     newest: float | None = None
     max_receive_count: int = 0
-    """The highest ApproximateReceiveCount SQS gave: redrive's own receives included."""
+    """The highest receive count the broker gave: redrive's own receives included."""
     max_consumer_receives: int = 0
     """The highest receive count without redrive's own receives: how often the queue's
     consumers (the workers, and any reader that is not redrive) received a message."""
@@ -188,12 +187,12 @@ class Grouping:
         """--limit reached: nothing more is counted (``total`` is what was selected)."""
         return self.limit is not None and self.total >= self.limit
 
-    def offer(self, message: Message, info: TaskInfo) -> None:
+    def offer(self, message: Delivery, info: TaskInfo) -> None:
         """One scanned message: counted in its group when the --where (if any) selects it."""
         self.count(message, info, self.place(message, info))
 
     def place(
-        self, message: Message, info: TaskInfo, backend: TaskRecord | None = None
+        self, message: Delivery, info: TaskInfo, backend: TaskRecord | None = None
     ) -> GroupKey | None:
         """The group a message counts in; None when the --where leaves it out. Pure.
         ``backend``: the result backend's record of its task id (the record's ``state``
@@ -213,7 +212,7 @@ class Grouping:
 
     def count(
         self,
-        message: Message,
+        message: Delivery,
         info: TaskInfo,
         key: GroupKey | None,
         backend: TaskRecord | None = None,
@@ -225,7 +224,7 @@ class Grouping:
         self.add(
             info,
             message_id=message.message_id,
-            sent_at=message.sent_timestamp,
+            sent_at=message.enqueued_at,
             receive_count=message.receive_count,
             redrive_count=attributes.redrive_count(message.message_attributes),
             body=message.body,
@@ -466,7 +465,7 @@ class Focus:
 
 def inspect_dlq(
     target: DlqTarget,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     *,
     limit: int | None = None,
     show_args: bool = False,
@@ -494,19 +493,19 @@ def inspect_dlq(
     started = time.monotonic()
     now = time.time() if now is None else now
     focus = Focus.of(focus, show_args)
-    sqs = sqs_factory()
-    depth, hidden = counts if counts is not None else inspect_counts(sqs, target.dlq.url)
+    broker = broker_factory()
+    depth, hidden = counts if counts is not None else inspect_counts(broker, target.dlq.url)
     if on_depth is not None:
         on_depth(depth)
     # With a --where the limit is on matches, which only counting can tell: the scan
     # receives until the grouping is full.
     scan_limit = limit if focus.where is None else None
-    scan = _inspect_scan(target, sqs_factory, lease, scan_limit, stop, on_progress, receive_log)
+    scan = _inspect_scan(target, broker_factory, lease, scan_limit, stop, on_progress, receive_log)
     grouping = focus.grouping(
         now, target, max_redrives, with_results=results is not None, group_by=group_by
     )
     grouping.limit = limit
-    problem = _scan_into(grouping, scan, sqs, sqs_factory, workers, results, scan_ended)
+    problem = _scan_into(grouping, scan, broker, broker_factory, workers, results, scan_ended)
     return InspectResult(
         **_target_fields(target),
         **grouping_fields(grouping),
@@ -528,7 +527,7 @@ def inspect_dlq(
 
 def _inspect_scan(
     target: DlqTarget,
-    sqs_factory: Callable[[], Sqs],
+    broker_factory: Callable[[], Broker],
     lease: int,
     limit: int | None,
     stop: threading.Event | None,
@@ -543,7 +542,7 @@ def _inspect_scan(
         max_messages=limit,
         stop=stop or threading.Event(),
         on_receive=on_progress,
-        sqs_factory=sqs_factory,
+        broker_factory=broker_factory,
         receive_log=receive_log,
     )
 
@@ -568,22 +567,17 @@ def grouping_fields(grouping: Grouping) -> dict[str, Any]:
     }
 
 
-def inspect_counts(sqs: Sqs, url: str) -> tuple[int, int]:
-    """SQS's counts of the DLQ's visible and in-flight messages."""
-    counts = sqs.attributes(
-        url, ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    )
-    return (
-        int(counts.get("ApproximateNumberOfMessages", "0")),
-        int(counts.get("ApproximateNumberOfMessagesNotVisible", "0")),
-    )
+def inspect_counts(broker: Broker, url: str) -> tuple[int, int]:
+    """The broker's counts of the DLQ's visible and in-flight messages."""
+    counts = broker.counts(url)
+    return counts.ready, counts.held
 
 
 def _scan_into(
     grouping: Grouping,
     scan: DlqScan,
-    sqs: Sqs,
-    sqs_factory: Callable[[], Sqs],
+    broker: Broker,
+    broker_factory: Callable[[], Broker],
     workers: int,
     results: ResultLookup | None,
     scan_ended: Callable[[], None] | None = None,
@@ -593,7 +587,7 @@ def _scan_into(
     ahead = LookupsAhead(BatchReader(results)) if results is not None else None
     lock = threading.Lock()
 
-    def work(worker_sqs: Sqs) -> None:
+    def work(worker_sqs: Broker) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
                 infos = [(m, decode(m.body)) for m in batch]
@@ -609,7 +603,7 @@ def _scan_into(
                 scan.keep(worker_sqs, batch)
 
     try:
-        run_pipelines(work, sqs, sqs_factory, workers, scan.stop)
+        run_pipelines(work, broker, broker_factory, workers, scan.stop)
         if ahead is not None:
             ahead.finish()
     finally:
@@ -618,7 +612,7 @@ def _scan_into(
         # Ctrl-C or an error: what was received goes back all the same.
         if scan_ended is not None:
             scan_ended()
-        scan.release_all(sqs)
+        scan.release_all(broker)
         scan.close()
     problem = ahead.reader.problem if ahead is not None else None
     if problem is not None:
@@ -631,7 +625,7 @@ def _scan_into(
 def _count(
     grouping: Grouping,
     lock: threading.Lock,
-    infos: list[tuple[Message, TaskInfo]],
+    infos: list[tuple[Delivery, TaskInfo]],
     records: dict[str, TaskRecord] | None,
     *,
     full: Callable[[], None],

@@ -8,10 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.base import Broker
 from redrive.celery.results import ResultLookup
 from redrive.config import Layout
-from redrive.dlq.queues import resolve_family
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
 from redrive.errors import AwsUnavailable, RedriveError
@@ -120,7 +119,7 @@ class _FamilyStop(threading.Event):
 
 def build_report(
     layout: Layout,
-    sqs_for: Callable[[str | None], Sqs],
+    broker_for: Callable[[str | None], Broker],
     *,
     stop: threading.Event | None = None,
     on_progress: Callable[[str, int], None] | None = None,
@@ -139,10 +138,10 @@ def build_report(
         report.group_by = focus.describe()["group_by"]
     for family in layout.families:
         try:
-            target = resolve_family(sqs_for(family.region), family)
+            target = broker_for(family.region).resolve_family(family)
             result = inspect_dlq(
                 target,
-                lambda region=family.region: sqs_for(region),  # type: ignore[misc]
+                lambda region=family.region: broker_for(region),  # type: ignore[misc]
                 stop=_FamilyStop(stop) if stop is not None else None,
                 on_progress=(lambda n, name=family.name: on_progress(name, n))  # type: ignore[misc]
                 if on_progress

@@ -1,4 +1,4 @@
-"""Status: queue counts of every family, from GetQueueAttributes only (instant at any depth)."""
+"""Status: queue counts of every family, from the broker's own counts (instant at any depth)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redrive.aws.sqs import Sqs
+from redrive.broker.base import Broker
+from redrive.broker.base import QueueCounts as BrokerCounts
 from redrive.config import Layout
-from redrive.dlq.queues import COUNT_ATTRIBUTES, resolve_family
 from redrive.errors import AwsUnavailable, RedriveError
 
 
@@ -19,16 +19,8 @@ class QueueCounts:
     delayed: int
 
     @classmethod
-    def from_attributes(cls, attrs: dict[str, str]) -> QueueCounts:
-        def number(name: str) -> int:
-            value = attrs.get(name, "0")
-            return int(value) if value.isdigit() else 0
-
-        return cls(
-            visible=number(COUNT_ATTRIBUTES[0]),
-            in_flight=number(COUNT_ATTRIBUTES[1]),
-            delayed=number(COUNT_ATTRIBUTES[2]),
-        )
+    def of(cls, counts: BrokerCounts) -> QueueCounts:
+        return cls(visible=counts.ready, in_flight=counts.held, delayed=counts.delayed)
 
     def to_json(self) -> dict[str, int]:
         return {"visible": self.visible, "in_flight": self.in_flight, "delayed": self.delayed}
@@ -56,27 +48,23 @@ class FamilyStatus:
         }
 
 
-def family_status(layout: Layout, sqs_for: Callable[[str | None], Sqs]) -> list[FamilyStatus]:
+def family_status(layout: Layout, broker_for: Callable[[str | None], Broker]) -> list[FamilyStatus]:
     """One row per family. A family that cannot be resolved gets its error in its row, so
     one broken queue does not hide the others; the caller decides the exit code."""
     rows = []
     for family in layout.families:
         try:
             # Inside the try: a family's own region may be what is broken.
-            sqs = sqs_for(family.region)
-            target = resolve_family(sqs, family)
+            broker = broker_for(family.region)
+            target = broker.resolve_family(family)
             source = target.sources[0]
             rows.append(
                 FamilyStatus(
                     family=family.name,
                     queue=source.name,
                     dlq=target.dlq.name,
-                    queue_counts=QueueCounts.from_attributes(
-                        sqs.attributes(source.url, COUNT_ATTRIBUTES)
-                    ),
-                    dlq_counts=QueueCounts.from_attributes(
-                        sqs.attributes(target.dlq.url, COUNT_ATTRIBUTES)
-                    ),
+                    queue_counts=QueueCounts.of(broker.counts(source.url)),
+                    dlq_counts=QueueCounts.of(broker.counts(target.dlq.url)),
                     dlq_retention_seconds=target.dlq.retention_seconds,
                 )
             )

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from redrive.aws.sqs import queue_name
+from redrive.broker.base import queue_name
 from redrive.config import Layout
 from redrive.sandbox.results import write_results
 from redrive.sandbox.seeding import STORIES, SeededFamily

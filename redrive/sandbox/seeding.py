@@ -16,7 +16,8 @@ from typing import Any, Final
 
 from moto.sqs.models import Message, Queue, sqs_backends
 
-from redrive.aws.sqs import SendEntry, queue_name, split_batches
+from redrive.broker.base import SendEntry, queue_name
+from redrive.broker.sqs.calls import request_entry, split_batches
 from redrive.config import DLQ_SUFFIX, Family, Layout
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
@@ -488,7 +489,7 @@ def dead_letter(client: Any, queue_url: str, entries: Sequence[tuple[str, dict[s
 
 def _send(client: Any, queue_url: str, batch: Sequence[SendEntry]) -> None:
     response = client.send_message_batch(
-        QueueUrl=queue_url, Entries=[entry.request() for entry in batch]
+        QueueUrl=queue_url, Entries=[request_entry(entry) for entry in batch]
     )
     failed = response.get("Failed", [])
     if failed:

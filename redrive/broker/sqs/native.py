@@ -17,8 +17,9 @@ from typing import Any
 import botocore.exceptions
 
 from redrive.aws.errors import ACCESS_CODES, aws_errors, error_code
-from redrive.aws.sqs import Sqs, queue_name
-from redrive.dlq.queues import COUNT_ATTRIBUTES, DlqTarget, QueueRef
+from redrive.broker.base import DlqTarget, QueueRef, queue_name
+from redrive.broker.sqs.broker import SqsBroker
+from redrive.broker.sqs.calls import COUNT_ATTRIBUTES
 from redrive.durations import iso_utc
 from redrive.errors import AwsError, RedriveError, UsageProblem
 
@@ -136,9 +137,9 @@ class NativePlan:
             "native": True,
             "dry_run": True,
             "dlq": self.dlq.name,
-            "dlq_arn": self.dlq.arn,
+            "dlq_arn": self.dlq.ident,
             "destination": self.destination.name if self.destination else None,
-            "destination_arn": self.destination.arn if self.destination else None,
+            "destination_arn": self.destination.ident if self.destination else None,
             "sources": list(self.sources),
             "rate": self.rate,
             "approximate_messages": self.approximate_messages,
@@ -169,15 +170,15 @@ def native_request(
     target: DlqTarget, *, destination: QueueRef | None, rate: float | None
 ) -> dict[str, Any]:
     """The StartMessageMoveTask parameters, checked before anything is sent."""
-    if not target.dlq.arn:
+    if not target.dlq.ident:
         raise RedriveError(f"SQS gave no ARN for DLQ {target.dlq.name}: cannot start a move task")
-    request: dict[str, Any] = {"SourceArn": target.dlq.arn}
+    request: dict[str, Any] = {"SourceArn": target.dlq.ident}
     if destination is not None:
-        if not destination.arn:
+        if not destination.ident:
             raise RedriveError(f"SQS gave no ARN for queue {destination.name}: cannot move to it")
-        if destination.arn == target.dlq.arn:
+        if destination.ident == target.dlq.ident:
             raise UsageProblem(f"--to {destination.name} is the DLQ itself: name another queue")
-        request["DestinationArn"] = destination.arn
+        request["DestinationArn"] = destination.ident
     per_second = validate_rate(rate)
     if per_second is not None:
         request["MaxNumberOfMessagesPerSecond"] = per_second
@@ -185,16 +186,16 @@ def native_request(
 
 
 def plan_native_move(
-    sqs: Sqs, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
+    broker: SqsBroker, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
 ) -> NativePlan:
     """Check the request and read what the dry run shows: the DLQ's depth, an active task."""
     request = native_request(target, destination=destination, rate=rate)
-    counts = sqs.attributes(target.dlq.url, [COUNT_ATTRIBUTES[0]])
+    counts = broker.attributes(target.dlq.url, [COUNT_ATTRIBUTES[0]])
     depth = counts.get(COUNT_ATTRIBUTES[0], "")
     running: MoveTask | None = None
     unknown: str | None = None
     try:
-        running = active_task(list_move_tasks(sqs, target))
+        running = active_task(list_move_tasks(broker, target))
     except RedriveError as exc:
         # Only informs the dry run; --execute would meet the same error and stop there.
         unknown = str(exc)
@@ -210,7 +211,7 @@ def plan_native_move(
 
 
 def start_native_move(
-    sqs: Sqs, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
+    broker: SqsBroker, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
 ) -> str:
     """Start SQS's move of every message in the DLQ; returns the task handle.
 
@@ -219,9 +220,9 @@ def start_native_move(
     request = native_request(target, destination=destination, rate=rate)
     try:
         with aws_errors("StartMessageMoveTask", resource=target.dlq.name):
-            response = sqs.client.start_message_move_task(**request)
+            response = broker.client.start_message_move_task(**request)
     except AwsError as exc:
-        raise _explain_start_failure(sqs, target, exc) from exc.__cause__
+        raise _explain_start_failure(broker, target, exc) from exc.__cause__
     handle = response.get("TaskHandle")
     if not handle:
         raise AwsError(
@@ -232,7 +233,7 @@ def start_native_move(
 
 
 def list_move_tasks(
-    sqs: Sqs, target: DlqTarget, max_results: int = MAX_LISTED_TASKS
+    broker: SqsBroker, target: DlqTarget, max_results: int = MAX_LISTED_TASKS
 ) -> list[MoveTask]:
     """The DLQ's most recent move tasks, newest first."""
     if not 1 <= max_results <= MAX_LISTED_TASKS:
@@ -240,8 +241,8 @@ def list_move_tasks(
             f"SQS lists 1 to {MAX_LISTED_TASKS} move tasks per queue, not {max_results}"
         )
     with aws_errors("ListMessageMoveTasks", resource=target.dlq.name):
-        response = sqs.client.list_message_move_tasks(
-            SourceArn=target.dlq.arn, MaxResults=max_results
+        response = broker.client.list_message_move_tasks(
+            SourceArn=target.dlq.ident, MaxResults=max_results
         )
     tasks = [MoveTask.from_response(raw) for raw in response.get("Results", [])]
     return sorted(tasks, key=lambda t: t.started or 0.0, reverse=True)
@@ -252,7 +253,7 @@ def active_task(tasks: list[MoveTask]) -> MoveTask | None:
 
 
 def follow_native_move(
-    sqs: Sqs,
+    broker: SqsBroker,
     target: DlqTarget,
     handle: str,
     *,
@@ -278,7 +279,7 @@ def follow_native_move(
     last: MoveTask | None = None
     sighted = began
     while True:
-        mine = _find_task(list_move_tasks(sqs, target), handle, seen_started, earliest)
+        mine = _find_task(list_move_tasks(broker, target), handle, seen_started, earliest)
         if mine is not None and mine.handle == handle:
             seen_started = mine.started
         if mine is not None:
@@ -323,19 +324,19 @@ def _not_yet_seen(target: DlqTarget, handle: str) -> MoveTask:
         started=None,
         failure_reason=None,
         handle=handle,
-        source_arn=target.dlq.arn,
+        source_arn=target.dlq.ident,
         destination_arn=None,
         rate=None,
     )
 
 
-def cancel_move_task(sqs: Sqs, target: DlqTarget) -> MoveTask | None:
+def cancel_move_task(broker: SqsBroker, target: DlqTarget) -> MoveTask | None:
     """Cancel the DLQ's RUNNING move task; messages already moved stay moved.
 
     Returns the task as CANCELLING (SQS ends it shortly after), or ``None`` when it finished
     by itself before the cancel reached it.
     """
-    tasks = list_move_tasks(sqs, target)
+    tasks = list_move_tasks(broker, target)
     running = next((t for t in tasks if t.status == RUNNING and t.handle), None)
     if running is None or running.handle is None:
         latest = (
@@ -348,10 +349,10 @@ def cancel_move_task(sqs: Sqs, target: DlqTarget) -> MoveTask | None:
         )
     try:
         with aws_errors("CancelMessageMoveTask", resource=target.dlq.name):
-            response = sqs.client.cancel_message_move_task(TaskHandle=running.handle)
+            response = broker.client.cancel_message_move_task(TaskHandle=running.handle)
     except AwsError:
         # SQS refuses to cancel a task that is no longer RUNNING: a race, not a failure.
-        if any(t.handle == running.handle for t in list_move_tasks(sqs, target)):
+        if any(t.handle == running.handle for t in list_move_tasks(broker, target)):
             raise
         return None
     moved = response.get("ApproximateNumberOfMessagesMoved")
@@ -360,7 +361,9 @@ def cancel_move_task(sqs: Sqs, target: DlqTarget) -> MoveTask | None:
     )
 
 
-def _explain_start_failure(sqs: Sqs, target: DlqTarget, exc: AwsError) -> AwsError | RedriveError:
+def _explain_start_failure(
+    broker: SqsBroker, target: DlqTarget, exc: AwsError
+) -> AwsError | RedriveError:
     cause = exc.__cause__
     if not isinstance(cause, botocore.exceptions.ClientError):
         return exc
@@ -374,7 +377,7 @@ def _explain_start_failure(sqs: Sqs, target: DlqTarget, exc: AwsError) -> AwsErr
     if code not in _CONFLICT_CODES and "already" not in message:
         return exc
     try:
-        running = active_task(list_move_tasks(sqs, target))
+        running = active_task(list_move_tasks(broker, target))
     except RedriveError:
         running = None
     if running is None and "already" not in message and "active" not in message:

@@ -1,69 +1,29 @@
-"""Turning a TARGET (family name, queue name or queue URL) into a DLQ and its source queues."""
+"""SQS's side of turning a TARGET (family name, queue name, URL or ARN) into a DLQ and its
+source queues: a source names its DLQ in its RedrivePolicy; a DLQ lists its sources."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from redrive.aws.sqs import Sqs, queue_name
-from redrive.config import Family, Layout
+from redrive.broker.base import DlqTarget, QueueRef, queue_name
+from redrive.broker.sqs.calls import SqsCalls
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
 
-# Counts SQS keeps per queue; GetQueueAttributes with these names is instant at any depth.
-COUNT_ATTRIBUTES = (
-    "ApproximateNumberOfMessages",
-    "ApproximateNumberOfMessagesNotVisible",
-    "ApproximateNumberOfMessagesDelayed",
-)
+if TYPE_CHECKING:
+    from redrive.broker.base import Broker
+    from redrive.config import Family, Layout
 
 
-@dataclass(frozen=True, slots=True)
-class QueueRef:
-    url: str
-    name: str
-    arn: str
-    fifo: bool
-    redrive_policy: dict[str, object] | None = None
-    retention_seconds: int | None = None
-
-    @property
-    def max_receive_count(self) -> int | None:
-        value = (self.redrive_policy or {}).get("maxReceiveCount")
-        try:
-            return int(str(value)) if value is not None else None
-        except ValueError:
-            return None
-
-
-@dataclass(frozen=True, slots=True)
-class DlqTarget:
-    """A DLQ to work on and the queue(s) that dead-letter into it."""
-
-    label: str
-    """The family name, or the DLQ's name when the target was a queue."""
-    family: Family | None
-    dlq: QueueRef
-    sources: tuple[QueueRef, ...]
-
-    def source_for_arn(self, arn: str) -> QueueRef | None:
-        for source in self.sources:
-            if source.arn == arn:
-                return source
-        return None
-
-    @property
-    def single_source(self) -> QueueRef | None:
-        return self.sources[0] if len(self.sources) == 1 else None
-
-    @property
-    def region(self) -> str | None:
-        """The DLQ's own region (a family may name one); None: the default."""
-        return self.family.region if self.family is not None else None
-
-
-def describe_queue(sqs: Sqs, name_or_url: str) -> QueueRef:
-    url = sqs.queue_url(name_or_url)
+def describe_queue(sqs: SqsCalls, name_or_url: str) -> QueueRef:
+    """A queue by name, URL or ARN (an ARN names its owner's account)."""
+    owner = None
+    if name_or_url.startswith("arn:"):
+        parts = name_or_url.split(":")
+        owner = parts[4] if len(parts) >= 6 and parts[4].isdigit() else None
+        name_or_url = parts[-1]
+    url = sqs.queue_url(name_or_url, owner=owner)
     attrs = sqs.attributes(url, ["QueueArn", "RedrivePolicy", "MessageRetentionPeriod"])
     policy: dict[str, object] | None = None
     if attrs.get("RedrivePolicy"):
@@ -74,19 +34,30 @@ def describe_queue(sqs: Sqs, name_or_url: str) -> QueueRef:
             policy = None
     retention = attrs.get("MessageRetentionPeriod")
     name = queue_name(url)
+    target = str((policy or {}).get("deadLetterTargetArn") or "") if policy else ""
     return QueueRef(
         url=url,
         name=name,
-        arn=attrs.get("QueueArn", ""),
+        ident=attrs.get("QueueArn", ""),
         fifo=name.endswith(".fifo"),
-        redrive_policy=policy,
+        # A RedrivePolicy without a target still says the queue was meant to have a DLQ.
+        dead_letter_target=target or ("" if policy else None),
+        max_receive_count=_max_receive_count(policy),
         retention_seconds=int(retention) if retention and retention.isdigit() else None,
     )
 
 
-def dlq_of(sqs: Sqs, source: QueueRef) -> QueueRef:
+def _max_receive_count(policy: dict[str, object] | None) -> int | None:
+    value = (policy or {}).get("maxReceiveCount")
+    try:
+        return int(str(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def dlq_of(sqs: SqsCalls, source: QueueRef) -> QueueRef:
     """The DLQ named by a source queue's RedrivePolicy."""
-    arn = str((source.redrive_policy or {}).get("deadLetterTargetArn") or "")
+    arn = source.dead_letter_target or ""
     if not arn:
         raise NoDeadLetterQueue(
             f"queue {source.name} has no RedrivePolicy, so it has no DLQ: name the DLQ "
@@ -104,7 +75,7 @@ def dlq_of(sqs: Sqs, source: QueueRef) -> QueueRef:
     return describe_queue(sqs, url)
 
 
-def resolve_family(sqs: Sqs, family: Family) -> DlqTarget:
+def resolve_family(sqs: SqsCalls, family: Family) -> DlqTarget:
     try:
         source = describe_queue(sqs, family.queue)
     except QueueNotFound:
@@ -124,15 +95,20 @@ def resolve_family(sqs: Sqs, family: Family) -> DlqTarget:
     return DlqTarget(label=family.name, family=family, dlq=dlq, sources=(source,))
 
 
-def resolve_target(layout: Layout, target: str, sqs_for: Callable[[str | None], Sqs]) -> DlqTarget:
+def resolve_target(
+    layout: Layout, target: str, broker_for: Callable[[str | None], Broker], *, default: SqsCalls
+) -> DlqTarget:
     """A family name, a source queue (stands for its DLQ) or a DLQ, by name or URL.
 
-    ``sqs_for(region)`` gives the adapter for a family's region (``None``: the default).
+    ``broker_for(region)`` gives the broker of a family's region; ``default`` is the
+    default region's.
     """
     family = layout.family(target)
     if family is not None:
-        return resolve_family(sqs_for(family.region), family)
-    sqs = sqs_for(None)
+        if family.region is None:
+            return resolve_family(default, family)
+        return broker_for(family.region).resolve_family(family)
+    sqs = default
     try:
         queue = describe_queue(sqs, target)
     except QueueNotFound:
@@ -147,7 +123,7 @@ def resolve_target(layout: Layout, target: str, sqs_for: Callable[[str | None], 
         names = {queue_name(fam.queue), *([queue_name(fam.dlq)] if fam.dlq else [])}
         if queue.name in names and fam.region is None:
             return resolve_family(sqs, fam)
-    if queue.redrive_policy:
+    if queue.dead_letter_target is not None:
         return DlqTarget(label=queue.name, family=None, dlq=dlq_of(sqs, queue), sources=(queue,))
     source_urls = sqs.dead_letter_sources(queue.url)
     if not source_urls:

@@ -1,7 +1,8 @@
-"""The SQS adapter: batched calls that report per-entry failures, never drop them.
+"""The SQS calls behind the broker seam: batched calls that report per-entry failures.
 
 Its errors go through :func:`redrive.aws.errors.aws_errors`; clients come from
-:class:`redrive.aws.session.AwsSettings`.
+:class:`redrive.aws.session.AwsSettings`. A receipt handle is a delivery's opaque ``tag``
+above this module; queue discovery (RedrivePolicy, source queues) is :mod:`.queues`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import botocore.exceptions
@@ -22,12 +22,57 @@ from redrive.aws.errors import (
     is_throttle,
     not_an_aws_error,
 )
+from redrive.broker.base import (
+    BatchResult,
+    Capabilities,
+    Delivery,
+    SendEntry,
+    queue_name,
+)
+from redrive.broker.base import split_batches as split_entries
 from redrive.errors import AwsError, SendInDoubt
 
 #: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
 MAX_BATCH_BYTES = 262_144
 MAX_BATCH_ENTRIES = 10
 MAX_MESSAGE_ATTRIBUTES = 10
+#: A message's size limits: 256 KiB, and 1 MiB for queues that allow it.
+MESSAGE_SIZE_LIMITS = (262_144, 1_048_576)
+#: SQS's longest visibility timeout, counted from a message's first receive.
+MAX_VISIBILITY_SECONDS = 43_200
+# Counts SQS keeps per queue; GetQueueAttributes with these names is instant at any depth.
+COUNT_ATTRIBUTES = (
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+)
+# What replay or a human investigating a failure can use; the rest (SenderId, ...) is noise
+# or identifies callers, so it stays out of long-lived archives.
+ARCHIVED_ATTRIBUTES: Final = (
+    "SentTimestamp",
+    "ApproximateReceiveCount",
+    "ApproximateFirstReceiveTimestamp",
+    "MessageGroupId",
+    "MessageDeduplicationId",
+    "DeadLetterQueueSourceArn",
+    "SequenceNumber",
+)
+CAPABILITIES: Final = Capabilities(
+    # Keys of non-Celery messages began "sqs:" before the seam: ledgers hold them.
+    key_namespace="sqs",
+    durable_holds=True,
+    receive_count=True,
+    fifo_groups=True,
+    batch_size=MAX_BATCH_ENTRIES,
+    batch_bytes=MAX_BATCH_BYTES,
+    message_size_limits=MESSAGE_SIZE_LIMITS,
+    max_hold_seconds=MAX_VISIBILITY_SECONDS,
+    native_move=True,
+    dead_letter_setting="RedrivePolicy",
+    receive_limit_setting="maxReceiveCount",
+    max_message_attributes=MAX_MESSAGE_ATTRIBUTES,
+    archived_attributes=ARCHIVED_ATTRIBUTES,
+)
 # The paginated listings, by API action: botocore names its paginators in snake case.
 _OPERATIONS: Final = {
     "ListDeadLetterSourceQueues": "list_dead_letter_source_queues",
@@ -35,83 +80,72 @@ _OPERATIONS: Final = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One received SQS message, exactly as SQS returned it."""
-
-    message_id: str
-    receipt_handle: str
-    body: str
-    attributes: Mapping[str, str]
-    message_attributes: Mapping[str, Mapping[str, Any]]
-    hidden_until: float = field(default=0.0, compare=False)
-    """``time.monotonic()`` by which SQS shows this copy again, as far as the receive's own
-    visibility timeout goes (counted from before the request: never later than SQS's)."""
-    redrive_receives: int = field(default=0, compare=False)
-    """How many times redrive received this message, this receive included (0: unknown)."""
-
-    @classmethod
-    def from_response(cls, raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Message:
-        return cls(
-            message_id=raw["MessageId"],
-            receipt_handle=raw["ReceiptHandle"],
-            body=raw.get("Body", ""),
-            attributes=raw.get("Attributes", {}),
-            message_attributes=raw.get("MessageAttributes", {}),
-            hidden_until=hidden_until,
-        )
-
-    @property
-    def sent_timestamp(self) -> float | None:
-        """When the message was first enqueued (seconds); SQS keeps it through dead-lettering."""
-        raw = self.attributes.get("SentTimestamp")
-        return int(raw) / 1000 if raw and raw.isdigit() else None
-
-    @property
-    def receive_count(self) -> int:
-        raw = self.attributes.get("ApproximateReceiveCount", "0")
-        return int(raw) if raw.isdigit() else 0
+def delivery_of(raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Delivery:
+    """One received SQS message, exactly as SQS returned it (the receipt handle its tag)."""
+    attributes: Mapping[str, str] = raw.get("Attributes", {})
+    count = attributes.get("ApproximateReceiveCount", "0")
+    sent = attributes.get("SentTimestamp")
+    return Delivery(
+        message_id=raw["MessageId"],
+        tag=raw["ReceiptHandle"],
+        body=raw.get("Body", ""),
+        attributes=attributes,
+        message_attributes=raw.get("MessageAttributes", {}),
+        receive_count=int(count) if count.isdigit() else 0,
+        enqueued_at=int(sent) / 1000 if sent and sent.isdigit() else None,
+        died_in=attributes.get("DeadLetterQueueSourceArn") or None,
+        group_id=attributes.get("MessageGroupId"),
+        hidden_until=hidden_until,
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class SendEntry:
-    id: str
-    body: str
-    message_attributes: Mapping[str, Mapping[str, Any]]
-    group_id: str | None = None
-    deduplication_id: str | None = None
+def message(
+    message_id: str,
+    receipt_handle: str,
+    body: str,
+    attributes: Mapping[str, str] | None = None,
+    message_attributes: Mapping[str, Mapping[str, Any]] | None = None,
+    hidden_until: float = 0.0,
+) -> Delivery:
+    """A delivery as SQS would give it, from SQS's own fields (tests, archives)."""
+    raw: dict[str, Any] = {
+        "MessageId": message_id,
+        "ReceiptHandle": receipt_handle,
+        "Body": body,
+        "Attributes": attributes or {},
+        "MessageAttributes": message_attributes or {},
+    }
+    return delivery_of(raw, hidden_until=hidden_until)
 
-    # Measured once: a batch split and the engine's size checks ask several times per entry.
-    _size: int = field(default=0, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_size", self._measure())
+def restored_delivery(
+    message_id: str,
+    body: str,
+    attributes: Mapping[str, str],
+    message_attributes: Mapping[str, Mapping[str, Any]],
+) -> Delivery:
+    """A delivery rebuilt from what an archive kept (no receipt handle: nothing to delete)."""
+    return message(
+        message_id=message_id,
+        receipt_handle="",
+        body=body,
+        attributes=attributes,
+        message_attributes=message_attributes,
+    )
 
-    def size(self) -> int:
-        """Bytes this entry counts against the batch limit (body plus attributes)."""
-        return self._size
 
-    def _measure(self) -> int:
-        total = len(self.body.encode("utf-8"))
-        for name, value in self.message_attributes.items():
-            total += len(name.encode("utf-8")) + len(str(value.get("DataType", "")).encode())
-            if "StringValue" in value:
-                total += len(str(value["StringValue"]).encode("utf-8"))
-            if "BinaryValue" in value:
-                total += len(value["BinaryValue"])
-        return total
-
-    def request(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"Id": self.id, "MessageBody": self.body}
-        if self.message_attributes:
-            entry["MessageAttributes"] = {
-                name: clean_attribute(value) for name, value in self.message_attributes.items()
-            }
-        if self.group_id is not None:
-            entry["MessageGroupId"] = self.group_id
-        if self.deduplication_id is not None:
-            entry["MessageDeduplicationId"] = self.deduplication_id
-        return entry
+def request_entry(entry: SendEntry) -> dict[str, Any]:
+    """One SendMessageBatch entry."""
+    out: dict[str, Any] = {"Id": entry.id, "MessageBody": entry.body}
+    if entry.message_attributes:
+        out["MessageAttributes"] = {
+            name: clean_attribute(value) for name, value in entry.message_attributes.items()
+        }
+    if entry.group_id is not None:
+        out["MessageGroupId"] = entry.group_id
+    if entry.deduplication_id is not None:
+        out["MessageDeduplicationId"] = entry.deduplication_id
+    return out
 
 
 def clean_attribute(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,34 +157,16 @@ def clean_attribute(value: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class BatchResult:
-    ok: dict[str, str]
-    """Entry id -> the MessageId SQS gave (for sends) or ``""`` (deletes, visibility)."""
-    failed: dict[str, str]
-    """Entry id -> ``Code: Message`` for every entry not confirmed (including unconfirmed)."""
-    unconfirmed: frozenset[str] = frozenset()
-    """Entries SQS named in neither list: for a send, possibly sent (in doubt, never resent
-    blindly); for a delete or a visibility change, simply not done."""
-
-
 def split_batches(entries: Sequence[SendEntry]) -> Iterator[list[SendEntry]]:
     """Groups of at most 10 entries whose payload stays within SQS's batch size limit."""
-    batch: list[SendEntry] = []
-    size = 0
-    for entry in entries:
-        entry_size = entry.size()
-        if batch and (len(batch) == MAX_BATCH_ENTRIES or size + entry_size > MAX_BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += entry_size
-    if batch:
-        yield batch
+    return split_entries(entries, CAPABILITIES)
 
 
-class Sqs:
-    """Batched SQS calls on one client. Failures per entry are returned, never dropped."""
+class SqsCalls:
+    """Batched SQS calls on one client, by SQS's names. Failures per entry are returned,
+    never dropped."""
+
+    capabilities = CAPABILITIES
 
     def __init__(
         self,
@@ -203,22 +219,19 @@ class Sqs:
         return urls
 
     def receive(
-        self, url: str, *, visibility_timeout: int, wait_seconds: int = 1, max_messages: int = 10
-    ) -> list[Message]:
-        hidden_until = self.clock() + visibility_timeout
+        self, url: str, *, hold: int, wait_seconds: int = 1, max_messages: int = 10
+    ) -> list[Delivery]:
+        hidden_until = self.clock() + hold
         with aws_errors("ReceiveMessage", resource=url):
             response = self.client.receive_message(
                 QueueUrl=url,
                 MaxNumberOfMessages=max_messages,
-                VisibilityTimeout=visibility_timeout,
+                VisibilityTimeout=hold,
                 WaitTimeSeconds=wait_seconds,
                 MessageSystemAttributeNames=["All"],
                 MessageAttributeNames=["All"],
             )
-        return [
-            Message.from_response(raw, hidden_until=hidden_until)
-            for raw in response.get("Messages", [])
-        ]
+        return [delivery_of(raw, hidden_until=hidden_until) for raw in response.get("Messages", [])]
 
     def send_batch(self, url: str, entries: Sequence[SendEntry]) -> BatchResult:
         """Send one batch; per-entry failures come back in the result.
@@ -229,7 +242,7 @@ class Sqs:
         """
         if not entries:
             return BatchResult({}, {})
-        request = [entry.request() for entry in entries]
+        request = [request_entry(entry) for entry in entries]
         for attempt in range(1, self.send_attempts + 1):
             try:
                 with aws_errors("SendMessageBatch", resource=url):
@@ -301,8 +314,25 @@ class Sqs:
         return _batch_result(response, list(handles))
 
     def purge(self, url: str) -> None:
-        with aws_errors("PurgeQueue", resource=url):
-            self.client.purge_queue(QueueUrl=url)
+        try:
+            with aws_errors("PurgeQueue", resource=url):
+                self.client.purge_queue(QueueUrl=url)
+        except AwsError as exc:
+            if "PurgeQueueInProgress" in str(exc):
+                raise AwsError(
+                    f"SQS allows one PurgeQueue per 60 seconds on {queue_name(url)} and one "
+                    "is already in progress: wait a minute and rerun"
+                ) from exc
+            raise
+
+    def restored(
+        self,
+        message_id: str,
+        body: str,
+        attributes: Mapping[str, str],
+        message_attributes: Mapping[str, Mapping[str, Any]],
+    ) -> Delivery:
+        return restored_delivery(message_id, body, attributes, message_attributes)
 
 
 def _in_doubt_on_the_server(exc: botocore.exceptions.ClientError, url: str, count: int) -> str:
@@ -332,7 +362,3 @@ def _batch_result(
     for entry_id in missing:
         failed[entry_id] = "not in the response"
     return BatchResult(ok, failed, missing)
-
-
-def queue_name(url_or_arn: str) -> str:
-    return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]

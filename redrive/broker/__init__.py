@@ -1,0 +1,66 @@
+"""Brokers behind one seam: :mod:`redrive.broker.base` is what every operation speaks;
+each backend (:mod:`redrive.broker.sqs`) implements it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from redrive.broker.base import Broker, Delivery, DlqTarget
+from redrive.errors import UsageProblem
+
+if TYPE_CHECKING:
+    from redrive.aws.session import AwsSettings
+    from redrive.config import Layout
+
+#: URL schemes of each backend (none: SQS, as before there was a choice).
+SQS_SCHEMES = ("sqs", "https+sqs")
+
+
+def broker_scheme(url: str | None) -> str:
+    """Which backend a broker URL names; a URL no backend takes is a usage error."""
+    scheme = (url or "sqs://").partition("://")[0].lower()
+    if scheme in SQS_SCHEMES:
+        return "sqs"
+    raise UsageProblem(
+        f"broker URL {mask_password(url or '')!r}: redrive speaks SQS (sqs://): give an sqs:// "
+        "URL or none"
+    )
+
+
+def mask_password(url: str) -> str:
+    """A URL fit to print: its password, if any, as ``***``."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+
+
+def open_broker(url: str | None, *, aws: AwsSettings, region: str | None = None) -> Broker:
+    """The broker a URL names (None: SQS), with connections of its own."""
+    broker_scheme(url)
+    from redrive.broker.sqs import open_sqs
+
+    return open_sqs(aws, region=region)
+
+
+def restored_delivery(
+    message_id: str,
+    body: str,
+    attributes: Mapping[str, str],
+    message_attributes: Mapping[str, Mapping[str, Any]],
+) -> Delivery:
+    """A delivery rebuilt from an archive record with no broker at hand (inspecting an
+    archive): archives of format 1 hold what SQS kept of each message."""
+    from redrive.broker.sqs.calls import restored_delivery as from_sqs
+
+    return from_sqs(message_id, body, attributes, message_attributes)
+
+
+def resolve_target(
+    layout: Layout, target: str, broker_for: Callable[[str | None], Broker]
+) -> DlqTarget:
+    """A TARGET (family, source queue or DLQ) as a DLQ and its sources, on the default
+    region's broker (a family of another region on its own)."""
+    return broker_for(None).resolve(layout, target, broker_for)

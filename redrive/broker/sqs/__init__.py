@@ -1,0 +1,19 @@
+"""Amazon SQS, one backend of the broker seam (:mod:`redrive.broker.base`)."""
+
+from __future__ import annotations
+
+from redrive.aws.session import AwsSettings
+from redrive.broker.sqs.broker import SqsBroker
+from redrive.broker.sqs.calls import SqsCalls, delivery_of, message
+
+__all__ = ["SqsBroker", "SqsCalls", "delivery_of", "message", "open_sqs"]
+
+
+def open_sqs(settings: AwsSettings, *, region: str | None = None) -> SqsBroker:
+    """SQS in ``region`` (None: the settings' own), with clients of its own."""
+    # Sends go through a client that never retries by itself: botocore would resend a
+    # batch whose response timed out, and that batch may already be in the queue.
+    return SqsBroker(
+        settings.client("sqs", region=region),
+        send_client=settings.client("sqs", region=region, max_attempts=1),
+    )
