@@ -201,7 +201,7 @@ class Redelivery:
             def receive(self, url: str, **kwargs: Any) -> list[Any]:
                 got: list[Any] = super().receive(url, **kwargs)
                 with redelivery.lock:
-                    redelivery.received.update((m.receipt_handle, m) for m in got)
+                    redelivery.received.update((m.tag, m) for m in got)
                     if got and redelivery.deleted is not None and not redelivery.delivered_again:
                         redelivery.delivered_again += 1
                         got.append(redelivery.deleted)

@@ -28,6 +28,7 @@ from redrive.archive import (
     open_writer,
     read_records,
 )
+from redrive.broker.sqs.calls import ARCHIVED_ATTRIBUTES, delivery_of
 from redrive.errors import ArchiveError
 
 SQS_MAX_BYTES = 262_144
@@ -64,7 +65,8 @@ def make_record(n: int, *, body: str | None = None) -> ArchiveRecord:
         },
     }
     return ArchiveRecord.from_message(
-        message,
+        delivery_of({**message, "ReceiptHandle": "-"}),
+        kept=ARCHIVED_ATTRIBUTES,
         task="apps.tasks.send_email",
         task_id=f"task-{n}" if n % 2 else None,
         dlq="https://sqs.us-east-1.amazonaws.com/123456789012/onion-dlq",

@@ -39,7 +39,13 @@ def test_redrive_count(value: dict[str, Any] | None, count: int) -> None:
 
 def test_stamp_adds_count_key_and_dlq() -> None:
     original = producer(2)
-    out = stamped(original, count=1, key="celery:abc:r0:g0:1234abcd", dlq="onion-dlq")
+    out = stamped(
+        original,
+        count=1,
+        key="celery:abc:r0:g0:1234abcd",
+        dlq="onion-dlq",
+        room=MAX_MESSAGE_ATTRIBUTES,
+    )
     assert out == {
         **original,
         COUNT: {"DataType": "Number", "StringValue": "1"},
@@ -51,22 +57,24 @@ def test_stamp_adds_count_key_and_dlq() -> None:
 
 @pytest.mark.parametrize(("n", "ours"), [(7, 3), (8, 2), (9, 1), (10, 0)])
 def test_stamp_only_where_there_is_room(n: int, ours: int) -> None:
-    out = stamped(producer(n), count=1, key="k", dlq="d")
+    out = stamped(producer(n), count=1, key="k", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     assert {k: v for k, v in out.items() if k not in OURS} == producer(n)
     assert [k for k in out if k in OURS] == list(OURS[:ours])
 
 
 def test_an_earlier_stamp_is_replaced_not_counted_twice() -> None:
-    before = stamped(producer(7), count=1, key="k0", dlq="d")
+    before = stamped(producer(7), count=1, key="k0", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     assert len(before) == 10
-    after = stamped(before, count=2, key="k1", dlq="d")
+    after = stamped(before, count=2, key="k1", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     assert len(after) == 10
     assert after[COUNT]["StringValue"] == "2" and after[KEY]["StringValue"] == "k1"
     assert originals(after) == producer(7)
 
 
 def test_originals_drop_only_ours() -> None:
-    assert originals(stamped(producer(3), count=4, key="k", dlq="d")) == producer(3)
+    assert originals(
+        stamped(producer(3), count=4, key="k", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
+    ) == producer(3)
     assert originals({}) == {}
 
 
@@ -84,7 +92,7 @@ values = st.one_of(
 def test_stamping_never_drops_or_changes_an_original(
     original: dict[str, dict[str, Any]], count: int
 ) -> None:
-    out = stamped(original, count=count, key="k", dlq="d")
+    out = stamped(original, count=count, key="k", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     kept = {k: v for k, v in original.items() if k not in OURS}
     assert {k: out[k] for k in kept} == kept
     assert len(out) <= max(MAX_MESSAGE_ATTRIBUTES, len(kept))

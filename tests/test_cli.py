@@ -25,6 +25,7 @@ from test_sqs import FOREIGN, foreign_endpoint
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
+from redrive.broker import sqs as sqs_backend
 from redrive.broker.sqs import SqsBroker
 from redrive.cli import cli as redrive_group
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_USAGE
@@ -414,7 +415,7 @@ def test_move_in_doubt_exit_3_and_lists_task_and_id(family: Family, cli: Cli) ->
     ledger = open_ledger(None)
     try:
         ledger.start_run("deadrun", command="move", info={"host": "elsewhere"})
-        key = key_for(decode(body), message_id=message_id, generation=0, body=body)
+        key = key_for(decode(body), message_id=message_id, generation=0, body=body, namespace="sqs")
         ledger.claim_many("deadrun", [Claim(key, CHARGE, message_id, family.queue_url)])
         ledger.end_run("deadrun", outcome="failed", counts={})
     finally:
@@ -515,7 +516,7 @@ def test_the_cli_fixture_catches_or_raises_an_unexpected_exception(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(AwsSettings, "sqs", broken)
+    monkeypatch.setattr(sqs_backend, "open_sqs", broken)
     caught = cli("inspect", "checkout")
     assert isinstance(caught.exception, RuntimeError) and caught.exit_code == 1
     with pytest.raises(RuntimeError, match="a bug"):

@@ -564,7 +564,9 @@ def claimed_by_a_dead_run(family: Family, ledger: Path) -> tuple[Dead, str]:
     long_ago = time.time() - 3600
     with SqliteLedger(ledger, clock=lambda: long_ago) as book:
         book.start_run("dead-run", command="redrive move", info={"host": "elsewhere", "pid": 1})
-        key = key_for(decode(task.body), message_id="-", generation=0, body=task.body)
+        key = key_for(
+            decode(task.body), message_id="-", generation=0, body=task.body, namespace="sqs"
+        )
         book.claim_many("dead-run", [Claim(key, CAPTURE, "-", family.queue_url)])
     return task, key
 

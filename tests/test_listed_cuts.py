@@ -49,7 +49,12 @@ def die_holding(ledger: Ledger, messages: dict[str, str], target: str) -> None:
     """A run that claimed the keys of ``messages`` and died before confirming any send."""
     ledger.start_run(DEAD, command="move", info={"host": "elsewhere", "target": "checkout"})
     claims = [
-        Claim(key_for(decode(b), message_id=m, generation=0, body=b), CHARGE, m, target)
+        Claim(
+            key_for(decode(b), message_id=m, generation=0, body=b, namespace="sqs"),
+            CHARGE,
+            m,
+            target,
+        )
         for m, b in messages.items()
     ]
     for start in range(0, len(claims), 50):
@@ -242,10 +247,11 @@ def test_the_task_id_is_read_back_from_its_key() -> None:
     body = encode(CHARGE, [1], {}, task_id="abc:with-colon")
     info = decode(body)
     assert (
-        task_id_of_key(key_for(info, message_id="m", generation=2, body=body)) == "abc:with-colon"
+        task_id_of_key(key_for(info, message_id="m", generation=2, body=body, namespace="sqs"))
+        == "abc:with-colon"
     )
     assert task_id_of_key(
-        key_for(info, message_id="m", generation=0, body=body, by_message=True)
+        key_for(info, message_id="m", generation=0, body=body, by_message=True, namespace="sqs")
     ) == ("abc:with-colon")
     assert task_id_of_key("celery:t-1:r0:g0:0123abcd") == "t-1"  # the earlier form
     assert task_id_of_key("sqs:m-1:g0") is None

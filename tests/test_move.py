@@ -178,7 +178,7 @@ class Spy:
     sends: int = 0
 
     def message_ids(self) -> dict[str, str]:
-        return {m.receipt_handle: m.message_id for batch in self.received for m in batch}
+        return {m.tag: m.message_id for batch in self.received for m in batch}
 
 
 class SpySqs(SqsBroker):
@@ -338,7 +338,9 @@ def test_body_and_every_attribute_arrive_unchanged_plus_the_stamp(
     keys = keys_in(ledger)
     for text, message_id in zip(bodies, ids, strict=True):
         got = {k: clean_attribute(v) for k, v in out[text]["MessageAttributes"].items()}
-        expected_key = key_for(decode(text), message_id=message_id, generation=0, body=text)
+        expected_key = key_for(
+            decode(text), message_id=message_id, generation=0, body=text, namespace="sqs"
+        )
         assert got == {
             **ORIGINAL_ATTRIBUTES,
             attributes.COUNT: {"DataType": "Number", "StringValue": "1"},
@@ -459,7 +461,7 @@ def test_fifo_keeps_message_group_and_uses_the_key_as_deduplication_id(
     for message in out:
         text = message["Body"]
         assert message["Attributes"]["MessageGroupId"] == sent[text]
-        key = key_for(decode(text), message_id=ids[text], generation=0, body=text)
+        key = key_for(decode(text), message_id=ids[text], generation=0, body=text, namespace="sqs")
         assert message["Attributes"]["MessageDeduplicationId"] == key
     assert fifo.depth() == (0, 0)
 
@@ -625,7 +627,7 @@ def test_a_failed_delete_leaves_the_key_sent_and_the_next_run_only_deletes(
 
     def delete_message_batch(QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
         held = {e["ReceiptHandle"]: e for e in Entries}
-        bodies = {m.receipt_handle: m.body for batch in spy.received for m in batch}
+        bodies = {m.tag: m.body for batch in spy.received for m in batch}
         refuse = [e for h, e in held.items() if task_id_of(bodies[h]) in undeletable]
         rest = [e for e in Entries if e not in refuse]
         response = family.client.delete_message_batch(QueueUrl=QueueUrl, Entries=rest)
@@ -817,7 +819,7 @@ def test_a_live_run_in_this_process_is_busy_not_in_doubt(family: Family, tmp_pat
                 Entries=[
                     {
                         "Id": "0",
-                        "ReceiptHandle": spy.received[-1][0].receipt_handle,
+                        "ReceiptHandle": spy.received[-1][0].tag,
                         "VisibilityTimeout": 0,
                     }
                 ],
@@ -1056,7 +1058,7 @@ def test_a_ledger_from_before_keys_named_the_publish_still_decides_safely(
     )
 
     def legacy(task_id: str) -> str:
-        return legacy_key_for(decode(texts[task_id]), message_id="-", generation=0)
+        return legacy_key_for(decode(texts[task_id]), message_id="-", generation=0, namespace="sqs")
 
     now, url = time.time(), family.queue_url
     schema_2_ledger(

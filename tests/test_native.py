@@ -23,7 +23,7 @@ import pytest
 from botocore.stub import Stubber
 from conftest import REGION, Cli, Family
 
-from redrive.aws.session import AwsSettings
+from redrive.broker import sqs as sqs_backend
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.native import (
@@ -463,7 +463,7 @@ def cli_stub(family: Family, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbe
     client = boto3.client("sqs", region_name=REGION)
     with Stubber(client) as stubber:
         hybrid = MoveTaskClient(family.client, client)
-        monkeypatch.setattr(AwsSettings, "sqs", lambda self, region=None: SqsBroker(hybrid))
+        monkeypatch.setattr(sqs_backend, "open_sqs", lambda aws, region=None: SqsBroker(hybrid))
         monkeypatch.setattr(cli_native, "NATIVE_POLL_SECONDS", 0.0)
         yield stubber
         stubber.assert_no_pending_responses()

@@ -298,6 +298,7 @@ def test_a_dead_childs_sends_and_claims_are_counted_from_the_ledger(tmp_path: Pa
                 message_id=f"m-{tid}",
                 generation=0,
                 body="",
+                namespace="sqs",
             ),
             task,
             f"m-{tid}",

@@ -124,7 +124,7 @@ def run_purge(
     *,
     tasks: Sequence[str] = (),
     fault: Callable[[str], None] | None = None,
-    sqs_factory: Callable[[], SqsBroker] | None = None,
+    broker_factory: Callable[[], SqsBroker] | None = None,
     target: DlqTarget | None = None,
     **options: Any,
 ) -> PurgeResult:
@@ -132,7 +132,7 @@ def run_purge(
     return purge_dlq(
         target or checkout(client),
         PurgeOptions(selection=Selection(tasks=tuple(tasks)), **options),
-        broker_factory=sqs_factory or (lambda: SqsBroker(client)),
+        broker_factory=broker_factory or (lambda: SqsBroker(client)),
         writer=writer,
         observer=Callbacks(on_step=fault),
     )
@@ -166,7 +166,7 @@ class RecordingSqs(SqsBroker):
     def receive(self, url: str, **kwargs: Any) -> list[Delivery]:
         messages = super().receive(url, **kwargs)
         for message in messages:
-            self.handles[message.receipt_handle] = message.message_id
+            self.handles[message.tag] = message.message_id
         return messages
 
     def delete_batch(self, url: str, handles: Mapping[str, str]) -> BatchResult:

@@ -11,8 +11,8 @@ from conftest import Family as QueueFamily
 from conftest import make_family
 
 from redrive.broker import resolve_target
-from redrive.broker.base import QueueRef
 from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.queues import _max_receive_count as max_receive_count_of
 from redrive.broker.sqs.queues import describe_queue
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
@@ -51,15 +51,15 @@ def test_family_name(family: QueueFamily, sqs_for: Callable[[str | None], SqsBro
     assert target.family == BUILT_IN.family("checkout")
     assert target.dlq.name == "onion-checkout-dlq"
     assert target.dlq.url == family.dlq_url
-    assert target.dlq.arn == family.dlq_arn
+    assert target.dlq.ident == family.dlq_arn
     assert target.dlq.retention_seconds == 14 * 86400
     assert target.dlq.fifo is False
     assert [s.name for s in target.sources] == ["onion-checkout"]
     source = target.single_source
     assert source is not None and source.url == family.queue_url
     assert source.max_receive_count == 5
-    assert target.source_for_arn(source.arn) == source
-    assert target.source_for_arn(family.dlq_arn) is None
+    assert target.source_for(source.ident) == source
+    assert target.source_for(family.dlq_arn) is None
 
 
 @pytest.mark.parametrize("how", ["name", "url"])
@@ -155,9 +155,9 @@ def test_dlq_with_two_sources(sqs_client: Any, sqs_for: Callable[[str | None], S
     assert target.label == "shared-dlq"
     assert [s.url for s in target.sources] == [a, b]
     assert target.single_source is None
-    a_ref = target.source_for_arn(arn_of(sqs_client, a))
+    a_ref = target.source_for(arn_of(sqs_client, a))
     assert a_ref is not None and a_ref.name == "a-queue" and a_ref.max_receive_count == 2
-    assert target.source_for_arn(arn_of(sqs_client, b)) == target.sources[1]
+    assert target.source_for(arn_of(sqs_client, b)) == target.sources[1]
 
 
 def test_dlq_shared_by_a_family_queue_and_another(
@@ -277,8 +277,9 @@ def test_describe_queue(family: QueueFamily, sqs_client: Any) -> None:
     ref = describe_queue(SqsBroker(sqs_client), "onion-checkout")
     assert ref.url == family.queue_url
     assert ref.name == "onion-checkout"
-    assert ref.arn.endswith(":onion-checkout")
-    assert ref.redrive_policy == {"deadLetterTargetArn": family.dlq_arn, "maxReceiveCount": 5}
+    assert ref.ident.endswith(":onion-checkout")
+    # The RedrivePolicy, as the seam keeps it: where it dead-letters, and after how many.
+    assert (ref.dead_letter_target, ref.max_receive_count) == (family.dlq_arn, 5)
     assert ref.retention_seconds == 4 * 86400  # SQS's default
     with pytest.raises(QueueNotFound, match="nope"):
         describe_queue(SqsBroker(sqs_client), "nope")
@@ -297,5 +298,4 @@ def test_describe_queue(family: QueueFamily, sqs_client: Any) -> None:
 def test_queue_ref_max_receive_count(
     policy: dict[str, object] | None, expected: int | None
 ) -> None:
-    ref = QueueRef(url="u", name="n", ident="a", fifo=False, redrive_policy=policy)
-    assert ref.max_receive_count == expected
+    assert max_receive_count_of(policy) == expected

@@ -274,7 +274,9 @@ def test_an_archive_replayed_before_the_upgrade_sends_nothing_again(
         tmp_path / "old.sqlite3",
         [
             (
-                legacy_key_for(decode(r.body), message_id=r.message_id, generation=0),
+                legacy_key_for(
+                    decode(r.body), message_id=r.message_id, generation=0, namespace="sqs"
+                ),
                 "done",
                 "old-run",
                 REFUND,

@@ -275,13 +275,13 @@ def test_redrives_native_calls_follow_and_cancel_a_sandbox_task(client: Any) -> 
     )
     target = DlqTarget(label="mt", family=None, dlq=ref, sources=(source,))
     sqs = SqsBroker(client)
-    client.start_message_move_task(SourceArn=ref.arn, MaxNumberOfMessagesPerSecond=1)
+    client.start_message_move_task(SourceArn=ref.ident, MaxNumberOfMessagesPerSecond=1)
     cancelled = cancel_move_task(sqs, target)
     assert cancelled is not None and cancelled.status == "CANCELLING"
     [stopped] = wait_for(
         lambda: [t for t in list_move_tasks(sqs, target) if t.status == "CANCELLED"]
     )
-    handle = client.start_message_move_task(SourceArn=ref.arn, MaxNumberOfMessagesPerSecond=50)[
+    handle = client.start_message_move_task(SourceArn=ref.ident, MaxNumberOfMessagesPerSecond=50)[
         "TaskHandle"
     ]
     seen: list[str] = []

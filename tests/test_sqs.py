@@ -20,7 +20,7 @@ from redrive.aws.session import AwsSettings
 from redrive.broker.base import SendEntry
 from redrive.broker.sqs import SqsBroker, open_sqs
 from redrive.broker.sqs import calls as sqs_module
-from redrive.broker.sqs.calls import MAX_BATCH_BYTES, _batch_result, split_batches
+from redrive.broker.sqs.calls import MAX_BATCH_BYTES, _batch_result, request_entry, split_batches
 from redrive.errors import (
     AwsError,
     AwsUnavailable,
@@ -115,7 +115,7 @@ def test_send_entry_request_drops_receive_only_attribute_fields() -> None:
         group_id="g",
         deduplication_id="k",
     )
-    assert e.request() == {
+    assert request_entry(e) == {
         "Id": "0",
         "MessageBody": "b",
         "MessageAttributes": {"a": {"DataType": "String", "StringValue": "v"}},
@@ -546,7 +546,7 @@ def test_sqss_own_answers_pass(sqs_client: Any) -> None:
     sent = sqs.send_batch(url, [entry(0), entry(1)])
     assert set(sent.ok) == {"0", "1"}
     (received, *_) = sqs.receive(url, hold=30, wait_seconds=0)
-    assert sqs.delete_batch(url, {"0": received.receipt_handle}).ok == {"0": ""}
+    assert sqs.delete_batch(url, {"0": received.tag}).ok == {"0": ""}
     sqs.purge(url)
 
 

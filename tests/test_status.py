@@ -11,6 +11,7 @@ from conftest import Family as QueueFamily
 from conftest import make_family, unreachable
 
 from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.broker import counts_of
 from redrive.config import Family, Layout, built_in_layout
 from redrive.errors import AwsUnavailable
 from redrive.reporting.status import QueueCounts, family_status
@@ -142,4 +143,4 @@ def test_aws_unavailable_after_a_good_family_still_propagates(sqs_client: Any) -
     ],
 )
 def test_queue_counts_from_attributes(attrs: dict[str, str], counts: QueueCounts) -> None:
-    assert QueueCounts.from_attributes(attrs) == counts
+    assert QueueCounts.of(counts_of(attrs)) == counts

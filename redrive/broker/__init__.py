@@ -63,4 +63,7 @@ def resolve_target(
 ) -> DlqTarget:
     """A TARGET (family, source queue or DLQ) as a DLQ and its sources, on the default
     region's broker (a family of another region on its own)."""
+    family = layout.family(target)
+    if family is not None:
+        return broker_for(family.region).resolve_family(family)
     return broker_for(None).resolve(layout, target, broker_for)

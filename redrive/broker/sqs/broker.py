@@ -39,13 +39,7 @@ class SqsBroker(SqsCalls):
         return self.list_queues(prefix)
 
     def counts(self, queue: str) -> QueueCounts:
-        got = self.attributes(queue, COUNT_ATTRIBUTES)
-        ready, held, delayed = (got.get(name, "0") for name in COUNT_ATTRIBUTES)
-        return QueueCounts(
-            ready=int(ready) if ready.isdigit() else 0,
-            held=int(held) if held.isdigit() else 0,
-            delayed=int(delayed) if delayed.isdigit() else 0,
-        )
+        return counts_of(self.attributes(queue, COUNT_ATTRIBUTES))
 
     def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
         return self.change_visibility_batch(queue, tags, seconds)
@@ -58,3 +52,14 @@ class SqsBroker(SqsCalls):
 
     def ack(self, queue: str, tags: Mapping[str, str]) -> BatchResult:
         return self.delete_batch(queue, tags)
+
+
+def counts_of(attributes: Mapping[str, str]) -> QueueCounts:
+    """A queue's counts from GetQueueAttributes (instant at any depth); a missing or odd
+    figure counts 0."""
+    ready, held, delayed = (attributes.get(name, "0") for name in COUNT_ATTRIBUTES)
+    return QueueCounts(
+        ready=int(ready) if ready.isdigit() else 0,
+        held=int(held) if held.isdigit() else 0,
+        delayed=int(delayed) if delayed.isdigit() else 0,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 import botocore.exceptions
@@ -106,6 +107,7 @@ def message(
     attributes: Mapping[str, str] | None = None,
     message_attributes: Mapping[str, Mapping[str, Any]] | None = None,
     hidden_until: float = 0.0,
+    redrive_receives: int = 0,
 ) -> Delivery:
     """A delivery as SQS would give it, from SQS's own fields (tests, archives)."""
     raw: dict[str, Any] = {
@@ -115,7 +117,8 @@ def message(
         "Attributes": attributes or {},
         "MessageAttributes": message_attributes or {},
     }
-    return delivery_of(raw, hidden_until=hidden_until)
+    delivery = delivery_of(raw, hidden_until=hidden_until)
+    return replace(delivery, redrive_receives=redrive_receives) if redrive_receives else delivery
 
 
 def restored_delivery(
