@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from redrive.broker import resolve_target
 from redrive.broker.base import Delivery, DlqTarget
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.calls import MAX_BATCH_BYTES, clean_attribute
+from redrive.broker.sqs.calls import message as sqs_message
 from redrive.broker.sqs.queues import describe_queue, resolve_family
 from redrive.config import built_in_layout
 from redrive.errors import AwsUnavailable, SendInDoubt
@@ -1250,8 +1251,14 @@ def test_age_filters_use_the_sent_timestamp(family: Family, tmp_path: Path) -> N
 
     def aged(message: Delivery) -> Delivery:
         sent = NOW - ages[str(task_id_of(message.body))]
-        return replace(
-            message, attributes={**message.attributes, "SentTimestamp": str(int(sent * 1000))}
+        # As SQS would give it, with the attribute changed (the seam's fields follow).
+        return sqs_message(
+            message.message_id,
+            message.tag,
+            message.body,
+            {**message.attributes, "SentTimestamp": str(int(sent * 1000))},
+            message.message_attributes,
+            hidden_until=message.hidden_until,
         )
 
     ledger = tmp_path / "l.sqlite3"
@@ -1474,8 +1481,14 @@ def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
 
     def with_source(message: Delivery) -> Delivery:
         source_arn = arn[origin[str(task_id_of(message.body))]]
-        return replace(
-            message, attributes={**message.attributes, "DeadLetterQueueSourceArn": source_arn}
+        # As SQS would give it, with the attribute changed (the seam's fields follow).
+        return sqs_message(
+            message.message_id,
+            message.tag,
+            message.body,
+            {**message.attributes, "DeadLetterQueueSourceArn": source_arn},
+            message.message_attributes,
+            hidden_until=message.hidden_until,
         )
 
     routed = move(
