@@ -76,7 +76,8 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from redrive.ledger import Claim, KeyState, SqliteLedger  # noqa: E402
-from redrive.ledger import sqlite as ledger_sqlite  # noqa: E402
+from redrive.ledger import sqlite_file as ledger_file  # noqa: E402
+from redrive.ledger.sqlite_writes import SqliteWrites  # noqa: E402
 
 BATCH = 10
 CALLS_PER_BATCH = 3
@@ -154,8 +155,8 @@ def instrument(mode: str) -> None:
     def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
         return original(*args, factory=TimedConnection, **kwargs)
 
-    ledger_sqlite.sqlite3.connect = connect  # type: ignore[assignment]
-    begin = getattr(ledger_sqlite.SqliteLedger, "_begin_write", None)
+    ledger_file.sqlite3.connect = connect  # type: ignore[assignment]
+    begin = getattr(SqliteWrites, "_begin_write", None)
     if begin is not None:
         # The grouped path takes SQLite's write lock itself (its own short retries instead of
         # the busy handler): time the whole wait, retries and sleeps included.
@@ -167,7 +168,7 @@ def instrument(mode: str) -> None:
                 STATS.add("lock_s", time.perf_counter() - start)
                 STATS.peak("lock_max_s", time.perf_counter() - start)
 
-        ledger_sqlite.SqliteLedger._begin_write = timed_begin  # type: ignore[attr-defined]
+        SqliteWrites._begin_write = timed_begin  # type: ignore[attr-defined]
     if mode == "grouped-busy":
         handled: set[int] = set()
 
@@ -182,17 +183,19 @@ def instrument(mode: str) -> None:
                 STATS.add("lock_s", time.perf_counter() - start)
                 STATS.peak("lock_max_s", time.perf_counter() - start)
 
-        ledger_sqlite.SqliteLedger._begin_write = busy_begin  # type: ignore[method-assign]
+        SqliteWrites._begin_write = busy_begin  # type: ignore[method-assign]
     if mode == "grouped-flock":
         import fcntl
 
-        try_group = ledger_sqlite.SqliteLedger._try_group
+        try_group = SqliteWrites._try_group
         locks: dict[int, int] = {}
 
         def flocked(self: Any, conn: sqlite3.Connection, pending: Any) -> Any:
             fd = locks.get(id(self))
             if fd is None:
-                fd = locks[id(self)] = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                fd = locks[id(self)] = os.open(
+                    f"{self._file.path}.lock", os.O_RDWR | os.O_CREAT, 0o600
+                )
             start = time.perf_counter()
             fcntl.flock(fd, fcntl.LOCK_EX)
             STATS.add("lock_s", time.perf_counter() - start)
@@ -202,7 +205,7 @@ def instrument(mode: str) -> None:
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
-        ledger_sqlite.SqliteLedger._try_group = flocked  # type: ignore[method-assign]
+        SqliteWrites._try_group = flocked  # type: ignore[method-assign]
 
 
 # --------------------------------------------------------------------------- one process
@@ -211,7 +214,7 @@ def instrument(mode: str) -> None:
 def open_ledger(path: Path, mode: str) -> SqliteLedger:
     led = SqliteLedger(path, group_commit=mode.startswith("grouped"))
     if mode == "plain":
-        led._lock = TimedLock()  # type: ignore[assignment]
+        led._writes.lock = TimedLock()  # type: ignore[assignment]
     return led
 
 
@@ -552,16 +555,16 @@ def dynamodb_main(args: argparse.Namespace) -> int:
 
 
 _ORIGINALS = (
-    ledger_sqlite.SqliteLedger._begin_write,
-    ledger_sqlite.SqliteLedger._try_group,
-    ledger_sqlite.sqlite3.connect,
+    SqliteWrites._begin_write,
+    SqliteWrites._try_group,
+    ledger_file.sqlite3.connect,
 )
 
 
 def instrument_once(mode: str) -> None:
     """This process's ledger instrumented for ``mode`` (child processes do their own)."""
-    cls = ledger_sqlite.SqliteLedger
-    cls._begin_write, cls._try_group, ledger_sqlite.sqlite3.connect = _ORIGINALS  # type: ignore[method-assign]
+    cls = SqliteWrites
+    cls._begin_write, cls._try_group, ledger_file.sqlite3.connect = _ORIGINALS  # type: ignore[method-assign]
     instrument(mode)
 
 

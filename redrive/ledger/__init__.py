@@ -2,8 +2,9 @@
 
 The interface and its types are in :mod:`redrive.ledger.base` (the state machine of a key
 is described there); the backends are :mod:`redrive.ledger.sqlite` (one machine) and
-:mod:`redrive.ledger.dynamodb` (shared across machines). They import ``.base`` only: this
-package imports them to open a URI, never the reverse.
+:mod:`redrive.ledger.dynamodb` (shared across machines), each with modules of its own
+(``sqlite_*``, ``dynamodb_*``). They import ``.base`` and those only: this package imports
+them to open a URI, never the reverse.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ update of the key), one per key for the same reason.
 
 Unlike SQLite's, a ``*_many`` call that fails part-way keeps the writes that succeeded: each
 is a true transition on its own (a key marked SENT was sent). A failed claim_many releases
-what it won before raising, so those keys are not left in doubt. Writes botocore retries
-after a lost answer are recognised: a claim or start_run by the token it wrote, a
+what it won before raising, so those keys are not left in doubt. Writes the AWS client
+retries after a lost answer are recognised: a claim or start_run by the token it wrote, a
 transaction by its ClientRequestToken.
 
 Reads that decide anything (get_many, run, and every read-back) are strongly consistent.
@@ -41,24 +41,17 @@ do not change the owner (sent, done) out of the index's writes.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import math
-import random
-import re
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from decimal import Decimal
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-import botocore.exceptions
-
-from redrive.aws.errors import ACCESS_CODES, IAM_ACTION, aws_errors, error_code
 from redrive.aws.session import AwsSettings
-from redrive.errors import AwsError, LedgerError
+from redrive.errors import LedgerError
+from redrive.ledger import dynamodb_writes as writes
 from redrive.ledger.base import (
     KEY_PAGE,
     Claim,
@@ -70,8 +63,30 @@ from redrive.ledger.base import (
     check_key,
     check_outcome,
     check_page_size,
-    ledger_closed,
     run_not_open,
+)
+from redrive.ledger.dynamodb_calls import CONFLICT_ATTEMPTS, ConditionFailed, TableCalls
+from redrive.ledger.dynamodb_items import (
+    KEY_PREFIX,
+    RUN_KIND,
+    as_n,
+    as_s,
+    attribute_names,
+    entry_of,
+    key_pk,
+    optional_string,
+    run_info_of,
+    run_pk,
+)
+from redrive.ledger.dynamodb_table import (
+    KEYS_BY_RUN,
+    RUNS_BY_START,
+    TTL_ATTRIBUTE,
+    TTL_SECONDS,
+    check_ledger_table,
+    check_table_name,
+    init_table,
+    ttl_needs_switching_on,
 )
 
 __all__ = [
@@ -83,309 +98,8 @@ __all__ = [
     "check_table_name",
     "init_table",
     "open_dynamodb",
+    "ttl_needs_switching_on",
 ]
-
-# Longer than SQS's 14-day maximum retention: a key must outlive every copy of its task.
-TTL_SECONDS = 30 * 86_400
-TTL_ATTRIBUTE = "expires_at"
-KEYS_BY_RUN = "keys_by_run"
-RUNS_BY_START = "runs_by_start"
-
-_KEY_PREFIX = "key#"
-_RUN_PREFIX = "run#"
-_RUN_KIND = "run"
-_BATCH_GET_MAX = 100  # DynamoDB's limit for one BatchGetItem
-# One engine batch is 10 keys, and --workers threads share the ledger: its write pool is as
-# wide as the client's connection pool (redrive's clients: 20; boto3's default: 10), so
-# that two workers' batches write at once instead of queueing behind one pool of 10. The
-# ledger's calls in flight (the pool's and its callers' own) are bounded by that size too:
-# one more would open a connection that urllib3 discards after, with a warning on stderr.
-_MIN_POOL_SIZE = 10
-_MAX_POOL_SIZE = 64
-# TransactionConflict: another transaction held the item; the write was not applied.
-_CONFLICT_ATTEMPTS = 5
-_UNPROCESSED_ATTEMPTS = 10
-_TABLE_NAME = re.compile(r"[A-Za-z0-9_.-]{3,255}")
-# The owner run of a key has no lease running: gone, ended, or past its promised time.
-_OWNER_NOT_LEASED = (
-    "attribute_not_exists(pk) OR attribute_exists(#ended_at) OR #lease_until <= :now"
-)
-
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-Item = dict[str, Any]
-
-
-# --------------------------------------------------------------------------- values
-
-
-def _s(value: str) -> dict[str, str]:
-    return {"S": value}
-
-
-def _n(value: float) -> dict[str, str]:
-    if not math.isfinite(value):
-        raise ValueError(f"the ledger stores finite times only, got {value!r}")
-    # repr round-trips a float exactly; "f" keeps DynamoDB away from exponent notation.
-    return {"N": format(Decimal(repr(float(value))), "f")}
-
-
-def _num(item: Item, name: str) -> float:
-    return float(item[name]["N"])
-
-
-def _opt_str(item: Item, name: str) -> str | None:
-    value = item.get(name)
-    return None if value is None else str(value["S"])
-
-
-def _key_pk(key: str) -> dict[str, dict[str, str]]:
-    return {"pk": _s(_KEY_PREFIX + key)}
-
-
-def _run_pk(run_id: str) -> dict[str, dict[str, str]]:
-    return {"pk": _s(_RUN_PREFIX + run_id)}
-
-
-def _names(*names: str) -> dict[str, str]:
-    # Every attribute goes through a placeholder: "state", "key" and others are reserved words.
-    return {f"#{name}": name for name in names}
-
-
-def _entry(item: Item) -> Entry:
-    return Entry(
-        key=item["key"]["S"],
-        state=KeyState(item["state"]["S"]),
-        run_id=item["run_id"]["S"],
-        task=item["task"]["S"],
-        message_id=item["message_id"]["S"],
-        target=item["target"]["S"],
-        sent_message_id=_opt_str(item, "sent_message_id"),
-        updated_at=_num(item, "updated_at"),
-        sent_at=_num(item, "sent_at") if "sent_at" in item else None,
-    )
-
-
-def _run_info(item: Item) -> RunInfo:
-    ended = item.get("ended_at")
-    return RunInfo(
-        run_id=item["pk"]["S"].removeprefix(_RUN_PREFIX),
-        command=item["command"]["S"],
-        started_at=_num(item, "started_at"),
-        heartbeat_at=_num(item, "heartbeat_at"),
-        lease_until=_num(item, "lease_until"),
-        ended_at=None if ended is None else float(ended["N"]),
-        outcome=_opt_str(item, "outcome"),
-        info=json.loads(item["info"]["S"]),
-        counts=json.loads(item["counts"]["S"]),
-    )
-
-
-def _snake(action: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", action).lower()
-
-
-def check_table_name(name: str, uri: str | None = None) -> str:
-    """``name`` if DynamoDB accepts it as a table name, else a LedgerError."""
-    if not name:
-        raise LedgerError(f"ledger URI {uri or name!r} names no table; use dynamodb://TABLE")
-    if not _TABLE_NAME.fullmatch(name):
-        source = f" (in {uri!r})" if uri else ""
-        raise LedgerError(
-            f"{name!r}{source} is not a DynamoDB table name: 3 to 255 letters, digits, "
-            "'_', '-' or '.'"
-        )
-    return name
-
-
-def _translate(exc: Exception, action: str, table: str, region: str | None) -> LedgerError:
-    """One line that says what to do, for any botocore failure of a ledger call."""
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code = error_code(exc)
-        if code == "ResourceNotFoundException":
-            where = f" in region {region}" if region else ""
-            return LedgerError(
-                f"the DynamoDB ledger table {table} does not exist{where}: create it with "
-                f"`redrive ledger init dynamodb://{table}` (or check --region / AWS_REGION)"
-            )
-        if code in ACCESS_CODES:
-            iam = IAM_ACTION.get(action, action)
-            return LedgerError(
-                f"access denied: the caller may not dynamodb:{iam} on the ledger table "
-                f"{table}; grant that IAM action or use another --profile"
-            )
-    try:
-        with aws_errors(action, resource=f"ledger table {table}", service="dynamodb"):
-            raise exc
-    except AwsError as err:
-        return LedgerError(str(err))
-    except Exception:  # not a botocore error: say what it was, on one line
-        pass
-    return LedgerError(f"{action} on ledger table {table} failed: {' '.join(str(exc).split())}")
-
-
-class _Refused(Exception):
-    """A conditional write whose condition did not hold (nothing was written).
-
-    ``item`` is the item as it stood, when DynamoDB returned it (ALL_OLD on a single write).
-    """
-
-    def __init__(self, item: Item | None) -> None:
-        super().__init__("the condition did not hold")
-        self.item = item
-
-
-# --------------------------------------------------------------------------- the table
-
-
-def _create_request(table: str) -> dict[str, Any]:
-    return {
-        "TableName": table,
-        "BillingMode": "PAY_PER_REQUEST",
-        "AttributeDefinitions": [
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "run_id", "AttributeType": "S"},
-            {"AttributeName": "kind", "AttributeType": "S"},
-            {"AttributeName": "started_at", "AttributeType": "N"},
-        ],
-        "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": KEYS_BY_RUN,
-                "KeySchema": [{"AttributeName": "run_id", "KeyType": "HASH"}],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            },
-            {
-                "IndexName": RUNS_BY_START,
-                "KeySchema": [
-                    {"AttributeName": "kind", "KeyType": "HASH"},
-                    {"AttributeName": "started_at", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            },
-        ],
-    }
-
-
-def _key_schema(schema: Iterable[Mapping[str, str]]) -> list[tuple[str, str]]:
-    return [(s["AttributeName"], s["KeyType"]) for s in schema]
-
-
-def _schema_problems(description: Mapping[str, Any]) -> list[str]:
-    """What keeps an existing table from being a redrive ledger (empty: nothing)."""
-    expected = _create_request("")
-    problems: list[str] = []
-    if _key_schema(description.get("KeySchema", [])) != _key_schema(expected["KeySchema"]):
-        problems.append("its key is not a single string partition key named pk")
-    types = {a["AttributeName"]: a["AttributeType"] for a in description["AttributeDefinitions"]}
-    if types.get("pk") not in (None, "S"):
-        problems.append("pk is not a string")
-    have = {
-        index["IndexName"]: _key_schema(index["KeySchema"])
-        for index in description.get("GlobalSecondaryIndexes", [])
-    }
-    for index in expected["GlobalSecondaryIndexes"]:
-        if have.get(index["IndexName"]) != _key_schema(index["KeySchema"]):
-            keys = ", ".join(s["AttributeName"] for s in index["KeySchema"])
-            problems.append(f"it lacks the global secondary index {index['IndexName']} ({keys})")
-    return problems
-
-
-def init_table(client: Any, table: str) -> str:
-    """Create the ledger table (on-demand billing, the two indexes, TTL on ``expires_at``)
-    and wait until it is usable; return one line saying what was done.
-
-    Idempotent: an existing table with the ledger's schema is fine (TTL is switched on if it
-    is not); a table with another schema is a LedgerError.
-    """
-    check_table_name(table)
-    region = getattr(getattr(client, "meta", None), "region_name", None)
-    call = _translated_calls(client, table, region)
-    created = _create_table(client, table, region)
-    _wait_until_active(client, table, region, call)
-    problems = _schema_problems(call("DescribeTable", TableName=table)["Table"])
-    if problems:
-        raise LedgerError(
-            f"the DynamoDB table {table} exists but is not a redrive ledger "
-            f"({'; '.join(problems)}); choose another table name"
-        )
-    ttl = call("DescribeTimeToLive", TableName=table).get("TimeToLiveDescription", {})
-    if ttl_needs_switching_on(table, ttl):
-        call(
-            "UpdateTimeToLive",
-            TableName=table,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
-        )
-    days = TTL_SECONDS // 86_400
-    if created:
-        return (
-            f"created the DynamoDB ledger table {table} (on-demand billing; an entry expires "
-            f"{days} days after its last change)"
-        )
-    return f"the DynamoDB ledger table {table} is ready (entries expire {days} days after use)"
-
-
-def _translated_calls(client: Any, table: str, region: str | None) -> Callable[..., Any]:
-    """Calls of the client by API action name, their errors translated."""
-
-    def call(action: str, **kwargs: Any) -> Any:
-        try:
-            return getattr(client, _snake(action))(**kwargs)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise _translate(exc, action, table, region) from exc
-
-    return call
-
-
-def _create_table(client: Any, table: str, region: str | None) -> bool:
-    """Create the table; False when it exists already (or is being made)."""
-    try:
-        client.create_table(**_create_request(table))
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) != "ResourceInUseException":
-            raise _translate(exc, "CreateTable", table, region) from exc
-        return False
-    except botocore.exceptions.BotoCoreError as exc:
-        raise _translate(exc, "CreateTable", table, region) from exc
-    return True
-
-
-def _wait_until_active(
-    client: Any, table: str, region: str | None, call: Callable[..., Any]
-) -> None:
-    try:
-        client.get_waiter("table_exists").wait(
-            TableName=table, WaiterConfig={"Delay": 2, "MaxAttempts": 150}
-        )
-    except botocore.exceptions.WaiterError as exc:
-        cause = getattr(exc, "last_response", {}) or {}
-        if "Error" in cause:
-            call("DescribeTable", TableName=table)  # raises the real error, translated
-        raise LedgerError(
-            f"the DynamoDB table {table} did not become ACTIVE within 5 minutes; "
-            "check it in the console, then run `redrive ledger init` again"
-        ) from exc
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-        raise _translate(exc, "DescribeTable", table, region) from exc
-
-
-def ttl_needs_switching_on(table: str, ttl: Mapping[str, Any]) -> bool:
-    """Whether a ledger table whose TTL is described by ``ttl`` (DescribeTimeToLive's
-    TimeToLiveDescription) needs TTL switched on; a LedgerError when it expires items by
-    another attribute (not ours) or TTL is being switched off."""
-    status, attribute = ttl.get("TimeToLiveStatus", "DISABLED"), ttl.get("AttributeName")
-    if status in ("ENABLED", "ENABLING") and attribute not in (None, TTL_ATTRIBUTE):
-        raise LedgerError(
-            f"the DynamoDB table {table} expires items by {attribute!r}, not by "
-            f"{TTL_ATTRIBUTE!r}; choose another table name for the ledger"
-        )
-    if status == "DISABLING":
-        raise LedgerError(
-            f"TTL of the DynamoDB table {table} is being switched off; wait an hour, then "
-            "run `redrive ledger init` again"
-        )
-    return bool(status == "DISABLED")
 
 
 def open_dynamodb(
@@ -403,20 +117,6 @@ def open_dynamodb(
         with contextlib.suppress(Exception):
             client.close()
         raise
-
-
-# --------------------------------------------------------------------------- the ledger
-
-
-def _connections(client: Any) -> int:
-    """The size of the client's HTTP connection pool (botocore's default when unknown)."""
-    config = getattr(getattr(client, "meta", None), "config", None)
-    connections = getattr(config, "max_pool_connections", None)
-    return connections if isinstance(connections, int) and connections > 0 else 10
-
-
-def _pool_size_for(client: Any) -> int:
-    return max(_MIN_POOL_SIZE, min(_MAX_POOL_SIZE, _connections(client)))
 
 
 class DynamoDbLedger(Ledger):
@@ -446,184 +146,21 @@ class DynamoDbLedger(Ledger):
         # so the lookups of legacy keys find nothing a month after an upgrade (and cost one
         # more item per message of a BatchGetItem that is made anyway).
         self.legacy_keys = True
-        self._client = client
         self._clock = clock
         self._ttl = ttl
-        self._close_client = close_client
-        self._region: str | None = getattr(getattr(client, "meta", None), "region_name", None)
-        self._lock = threading.Lock()
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._pool_size = write_threads or _pool_size_for(client)
-        # Threads beyond the connections wait here rather than open connections urllib3 drops.
-        self._in_flight = threading.BoundedSemaphore(_connections(client))
-        self._closed = False
-        self._verify_table()
-
-    def _verify_table(self) -> None:
-        table = self._call("DescribeTable", TableName=self.table)["Table"]
-        status = table.get("TableStatus", "ACTIVE")
-        if status in ("CREATING", "DELETING", "ARCHIVING", "ARCHIVED"):
-            raise LedgerError(
-                f"the DynamoDB ledger table {self.table} is {status.lower()}; wait for it "
-                f"(`redrive ledger init dynamodb://{self.table}` waits until it is ready)"
-            )
-        problems = _schema_problems(table)
-        if problems:
-            raise LedgerError(
-                f"the DynamoDB table {self.table} is not a redrive ledger "
-                f"({'; '.join(problems)}); create one with `redrive ledger init "
-                "dynamodb://NEW-TABLE`"
-            )
-
-    # ----------------------------------------------------------------- plumbing
-
-    def _call(self, action: str, **kwargs: Any) -> dict[str, Any]:
-        """One DynamoDB call. A condition that did not hold raises :class:`_Refused`; every
-        other failure a one-line LedgerError."""
-        if self._closed:
-            raise ledger_closed(self.location)
-        method = getattr(self._client, _snake(action))
-        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
-            try:
-                with self._in_flight:
-                    response: dict[str, Any] = method(**kwargs)
-                return response
-            except botocore.exceptions.ClientError as exc:
-                code = error_code(exc)
-                if code == "ConditionalCheckFailedException":
-                    old: Item | None = exc.response.get("Item")  # type: ignore[assignment]
-                    raise _Refused(old) from None
-                conflict = code == "TransactionConflictException"
-                if code == "TransactionCanceledException":
-                    reasons = {
-                        str(r.get("Code") or "None")
-                        for r in exc.response.get("CancellationReasons", [])
-                    }
-                    if "ConditionalCheckFailed" in reasons:
-                        raise _Refused(None) from None
-                    conflict = reasons <= {"None", "TransactionConflict"}
-                    if conflict and attempt == _CONFLICT_ATTEMPTS:
-                        # Lost to concurrent writers on the same items every time: the same
-                        # answer as a refused condition (the caller reads back if it cares).
-                        raise _Refused(None) from None
-                if not conflict or attempt == _CONFLICT_ATTEMPTS:
-                    raise _translate(exc, action, self.table, self._region) from exc
-            except botocore.exceptions.BotoCoreError as exc:
-                raise _translate(exc, action, self.table, self._region) from exc
-            time.sleep(0.02 * 2**attempt * (0.5 + random.random() / 2))
-        raise AssertionError("unreachable")
-
-    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._closed:
-                raise ledger_closed(self.location)
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self._pool_size, thread_name_prefix="redrive-ledger"
-                )
-            return self._pool
-
-    def _each(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R | Exception]:
-        """``fn`` on every item, side by side; an item's exception is its result, so the
-        caller learns what the others did before deciding how to fail."""
-        if len(items) <= 1:
-            return [self._attempt(fn, item) for item in items]
-        pool = self._executor()
-        futures = [pool.submit(self._attempt, fn, item) for item in items]
-        return [f.result() for f in futures]
-
-    @staticmethod
-    def _attempt(fn: Callable[[_T], _R], item: _T) -> _R | Exception:
-        try:
-            return fn(item)
-        except Exception as exc:
-            return exc
-
-    def _each_or_raise(self, fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
-        out: list[_R] = []
-        for result in self._each(fn, items):
-            if isinstance(result, Exception):
-                raise result
-            out.append(result)
-        return out
-
-    def _expiry(self, now: float) -> dict[str, str]:
-        # TTL wants whole epoch seconds.
-        return {"N": str(int(now + self._ttl))}
-
-    def _put_new(self, item: Item) -> None:
-        """Put an item whose key must not exist yet; a refusal (:class:`_Refused`) carries
-        the item that holds the key."""
-        self._call(
-            "PutItem",
-            TableName=self.table,
-            Item=item,
-            ConditionExpression="attribute_not_exists(pk)",
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        self._calls = TableCalls(
+            self.table,
+            client,
+            location=self.location,
+            close_client=close_client,
+            write_threads=write_threads,
         )
-
-    def _write_silently(self, action: str, **kwargs: Any) -> bool:
-        """A conditional write whose refusal is no error: True if it was applied."""
-        try:
-            self._call(action, TableName=self.table, **kwargs)
-        except _Refused:
-            return False
-        return True
-
-    def _get_chunk(self, pks: Sequence[str]) -> dict[str, Item]:
-        found: dict[str, Item] = {}
-        request: dict[str, Any] = {
-            self.table: {"Keys": [{"pk": _s(pk)} for pk in pks], "ConsistentRead": True}
-        }
-        for attempt in range(1, _UNPROCESSED_ATTEMPTS + 1):
-            response = self._call("BatchGetItem", RequestItems=request)
-            for item in response.get("Responses", {}).get(self.table, []):
-                found[item["pk"]["S"]] = item
-            unprocessed = response.get("UnprocessedKeys", {}).get(self.table)
-            if not unprocessed or not unprocessed.get("Keys"):
-                return found
-            request = {self.table: {"Keys": unprocessed["Keys"], "ConsistentRead": True}}
-            time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random() / 2))
-        raise LedgerError(
-            f"DynamoDB kept throttling reads of the ledger table {self.table}; wait a minute "
-            "and rerun, with fewer --workers"
+        check_ledger_table(
+            self.table, self._calls.call("DescribeTable", TableName=self.table)["Table"]
         )
-
-    def _batch_get(self, pks: Sequence[str]) -> dict[str, Item]:
-        unique = list(dict.fromkeys(pks))
-        chunks = [unique[i : i + _BATCH_GET_MAX] for i in range(0, len(unique), _BATCH_GET_MAX)]
-        found: dict[str, Item] = {}
-        for part in self._each_or_raise(self._get_chunk, chunks):
-            found.update(part)
-        return found
-
-    def _query_pks(self, **kwargs: Any) -> list[str]:
-        pks: list[str] = []
-        start: dict[str, Any] | None = None
-        while True:
-            extra = {"ExclusiveStartKey": start} if start else {}
-            response = self._call("Query", TableName=self.table, **kwargs, **extra)
-            pks.extend(item["pk"]["S"] for item in response.get("Items", []))
-            start = response.get("LastEvaluatedKey")
-            if not start:
-                return pks
-
-    def _get_item(self, pk: dict[str, dict[str, str]]) -> Item | None:
-        response = self._call("GetItem", TableName=self.table, Key=pk, ConsistentRead=True)
-        item: Item | None = response.get("Item")
-        return item
 
     def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-        if self._close_client:
-            with contextlib.suppress(Exception):
-                self._client.close()
+        self._calls.close()
 
     def __repr__(self) -> str:
         return f"DynamoDbLedger({self.location!r})"
@@ -633,24 +170,14 @@ class DynamoDbLedger(Ledger):
     def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None:
         now = self._clock()
         token = uuid.uuid4().hex
-        item = {
-            **_run_pk(run_id),
-            "kind": _s(_RUN_KIND),
-            "command": _s(command),
-            "started_at": _n(now),
-            "heartbeat_at": _n(now),
-            "lease_until": _n(now),
-            # default=str: info is descriptive; a Path or datetime in it must not crash a run.
-            "info": _s(json.dumps(dict(info), sort_keys=True, default=str)),
-            "counts": _s("{}"),
-            "start_token": _s(token),
-            TTL_ATTRIBUTE: self._expiry(now),
-        }
+        item = writes.run_item(
+            run_id, command=command, info=info, now=now, token=token, ttl=self._ttl
+        )
         try:
-            self._put_new(item)
-        except _Refused as refused:
-            # Our own put, retried by botocore after its answer was lost, finds itself.
-            if refused.item is not None and _opt_str(refused.item, "start_token") == token:
+            self._calls.put_new(item)
+        except ConditionFailed as refused:
+            # Our own put, retried by the AWS client after its answer was lost, finds itself.
+            if refused.item is not None and optional_string(refused.item, "start_token") == token:
                 return
             raise LedgerError(
                 f"run {run_id} already exists in ledger {self.location}; "
@@ -659,21 +186,9 @@ class DynamoDbLedger(Ledger):
 
     def heartbeat(self, run_id: str, *, lease_until: float) -> None:
         now = self._clock()
-        applied = self._write_silently(
+        applied = self._calls.write_silently(
             "UpdateItem",
-            Key=_run_pk(run_id),
-            UpdateExpression=(
-                "SET #heartbeat_at = :now, #lease_until = :lease, #expires_at = :exp"
-            ),
-            ConditionExpression="attribute_exists(pk) AND attribute_not_exists(#ended_at)",
-            ExpressionAttributeNames=_names(
-                "heartbeat_at", "lease_until", TTL_ATTRIBUTE, "ended_at"
-            ),
-            ExpressionAttributeValues={
-                ":now": _n(now),
-                ":lease": _n(lease_until),
-                ":exp": self._expiry(now),
-            },
+            **writes.heartbeat_update(run_id, lease_until=lease_until, now=now, ttl=self._ttl),
         )
         if not applied:
             raise run_not_open(run_id, self.location)
@@ -688,40 +203,23 @@ class DynamoDbLedger(Ledger):
     ) -> None:
         check_outcome(outcome)
         now = self._clock()
-        expression = (
-            "SET #ended_at = :now, #outcome = :outcome, #counts = :counts, #expires_at = :exp"
+        update = writes.end_run_update(
+            run_id, outcome=outcome, counts=counts, now=now, ttl=self._ttl
         )
-        names = _names("ended_at", "outcome", "counts", TTL_ATTRIBUTE)
-        values = {
-            ":now": _n(now),
-            ":outcome": _s(outcome),
-            ":counts": _s(json.dumps(dict(counts), sort_keys=True)),
-            ":exp": self._expiry(now),
-        }
-        item = self._get_item(_run_pk(run_id)) if info else None
+        item = self._calls.get_item(run_pk(run_id)) if info else None
         if item is not None and info:
             # Only the run itself writes its info, so reading it first races with no one.
-            merged = {**json.loads(item["info"]["S"]), **info}
-            expression += ", #info = :info"
-            names.update(_names("info"))
-            values[":info"] = _s(json.dumps(merged, sort_keys=True, default=str))
-        applied = self._write_silently(
-            "UpdateItem",
-            Key=_run_pk(run_id),
-            UpdateExpression=expression,
-            ConditionExpression="attribute_exists(pk) AND attribute_not_exists(#ended_at)",
-            ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values,
-        )
-        if not applied and self._get_item(_run_pk(run_id)) is None:
+            update = writes.with_info(update, {**json.loads(item["info"]["S"]), **info})
+        applied = self._calls.write_silently("UpdateItem", **update)
+        if not applied and self._calls.get_item(run_pk(run_id)) is None:
             raise LedgerError(
                 f"run {run_id} is not in ledger {self.location}; "
                 "it was never started there (check the ledger URI)"
             )
 
     def run(self, run_id: str) -> RunInfo | None:
-        item = self._get_item(_run_pk(run_id))
-        return None if item is None else _run_info(item)
+        item = self._calls.get_item(run_pk(run_id))
+        return None if item is None else run_info_of(item)
 
     def runs(self, since: float | None = None) -> list[RunInfo]:
         """Runs started at or after ``since`` (all when None), oldest first."""
@@ -731,20 +229,20 @@ class DynamoDbLedger(Ledger):
             since = None
         # DynamoDB refuses placeholders an expression does not use.
         condition = "#kind = :run"
-        names = _names("kind")
-        values: dict[str, Any] = {":run": _s(_RUN_KIND)}
+        names = attribute_names("kind")
+        values: dict[str, Any] = {":run": as_s(RUN_KIND)}
         if since is not None:
             condition += " AND #started_at >= :since"
-            names.update(_names("started_at"))
-            values[":since"] = _n(since)
-        pks = self._query_pks(
+            names.update(attribute_names("started_at"))
+            values[":since"] = as_n(since)
+        pks = self._calls.query_pks(
             IndexName=RUNS_BY_START,
             KeyConditionExpression=condition,
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=values,
         )
-        items = self._batch_get(pks)
-        infos = [_run_info(items[pk]) for pk in pks if pk in items]
+        items = self._calls.batch_get(pks)
+        infos = [run_info_of(items[pk]) for pk in pks if pk in items]
         if since is not None:
             infos = [r for r in infos if r.started_at >= since]
         return sorted(infos, key=lambda r: (r.started_at, r.run_id))
@@ -765,20 +263,20 @@ class DynamoDbLedger(Ledger):
     def get_many(self, keys: Sequence[str]) -> dict[str, Entry]:
         """Entries for those of ``keys`` the ledger has, in the order of ``keys``."""
         unique = list(dict.fromkeys(keys))
-        items = self._batch_get([_KEY_PREFIX + k for k in unique])
-        return {k: _entry(items[_KEY_PREFIX + k]) for k in unique if _KEY_PREFIX + k in items}
+        items = self._calls.batch_get([KEY_PREFIX + k for k in unique])
+        return {k: entry_of(items[KEY_PREFIX + k]) for k in unique if KEY_PREFIX + k in items}
 
     def keys_for_run(self, run_id: str) -> list[Entry]:
         """Entries whose owner is ``run_id``, in the order they were last changed."""
-        pks = self._query_pks(
+        pks = self._calls.query_pks(
             IndexName=KEYS_BY_RUN,
             KeyConditionExpression="#run_id = :run",
-            ExpressionAttributeNames=_names("run_id"),
-            ExpressionAttributeValues={":run": _s(run_id)},
+            ExpressionAttributeNames=attribute_names("run_id"),
+            ExpressionAttributeValues={":run": as_s(run_id)},
         )
-        items = self._batch_get(pks)
+        items = self._calls.batch_get(pks)
         # The index may lag an owner change; the consistent re-read has the last word.
-        entries = [_entry(items[pk]) for pk in pks if pk in items]
+        entries = [entry_of(items[pk]) for pk in pks if pk in items]
         return sorted(
             (e for e in entries if e.run_id == run_id), key=lambda e: (e.updated_at, e.key)
         )
@@ -801,18 +299,18 @@ class DynamoDbLedger(Ledger):
         while True:
             extra = {"ExclusiveStartKey": start} if start else {}
             # Limit bounds the items a page reads; the filter then keeps this state's keys.
-            response = self._call(
+            response = self._calls.call(
                 "Scan",
                 TableName=self.table,
                 Limit=size,
                 ConsistentRead=True,
                 FilterExpression="begins_with(#pk, :prefix) AND #state = :state",
-                ExpressionAttributeNames=_names("pk", "state"),
-                ExpressionAttributeValues={":prefix": _s(_KEY_PREFIX), ":state": _s(state)},
+                ExpressionAttributeNames=attribute_names("pk", "state"),
+                ExpressionAttributeValues={":prefix": as_s(KEY_PREFIX), ":state": as_s(state)},
                 **extra,
             )
             for item in response.get("Items", []):
-                yield _entry(item)
+                yield entry_of(item)
             start = response.get("LastEvaluatedKey")
             if not start:
                 return
@@ -821,21 +319,21 @@ class DynamoDbLedger(Ledger):
         start: dict[str, Any] | None = None
         while True:
             extra = {"ExclusiveStartKey": start} if start else {}
-            response = self._call(
+            response = self._calls.call(
                 "Query",
                 TableName=self.table,
                 IndexName=KEYS_BY_RUN,
                 KeyConditionExpression="#run_id = :run",
-                ExpressionAttributeNames=_names("run_id"),
-                ExpressionAttributeValues={":run": _s(run_id)},
+                ExpressionAttributeNames=attribute_names("run_id"),
+                ExpressionAttributeValues={":run": as_s(run_id)},
                 Limit=size,
                 **extra,
             )
             pks = [item["pk"]["S"] for item in response.get("Items", [])]
-            items = self._batch_get(pks)
+            items = self._calls.batch_get(pks)
             for pk in pks:
                 # The index may lag an owner change; the consistent re-read has the last word.
-                entry = _entry(items[pk]) if pk in items else None
+                entry = entry_of(items[pk]) if pk in items else None
                 if entry is not None and entry.state == state and entry.run_id == run_id:
                     yield entry
             start = response.get("LastEvaluatedKey")
@@ -863,7 +361,7 @@ class DynamoDbLedger(Ledger):
         def claim_one(claim: Claim) -> tuple[Entry, bool]:
             return self._claim_one(run_id, claim, now, token)
 
-        results = self._each(claim_one, list(first.values()))
+        results = self._calls.each(claim_one, list(first.values()))
         won = [r[0].key for r in results if not isinstance(r, Exception) and r[1]]
         errors = [r for r in results if isinstance(r, Exception)]
         if errors:
@@ -884,30 +382,19 @@ class DynamoDbLedger(Ledger):
             sent_message_id=None,
             updated_at=now,
         )
-        item = {
-            **_key_pk(claim.key),
-            "key": _s(claim.key),
-            "state": _s(KeyState.CLAIMED.value),
-            "run_id": _s(run_id),
-            "task": _s(claim.task),
-            "message_id": _s(claim.message_id),
-            "target": _s(claim.target),
-            "updated_at": _n(now),
-            "claim_token": _s(token),
-            TTL_ATTRIBUTE: self._expiry(now),
-        }
+        item = writes.claim_item(run_id, claim, now=now, token=token, ttl=self._ttl)
         # Every answer needs the entry that holds the key; when the holder releases it
         # between our put and our read, the key is absent again and we try once more.
-        for _ in range(_CONFLICT_ATTEMPTS):
+        for _ in range(CONFLICT_ATTEMPTS):
             try:
-                self._put_new(item)
+                self._calls.put_new(item)
                 return mine, True
-            except _Refused as refused:
-                held = refused.item or self._get_item(_key_pk(claim.key))
+            except ConditionFailed as refused:
+                held = refused.item or self._calls.get_item(key_pk(claim.key))
             if held is not None:
-                if _opt_str(held, "claim_token") == token:
-                    return _entry(held), True  # our put, retried after a lost answer
-                return _entry(held), False
+                if optional_string(held, "claim_token") == token:
+                    return entry_of(held), True  # our put, retried after a lost answer
+                return entry_of(held), False
         raise LedgerError(
             f"key {claim.key} kept being claimed and released by other runs in ledger "
             f"{self.location}; rerun"
@@ -925,13 +412,10 @@ class DynamoDbLedger(Ledger):
 
         def take(pair: tuple[str, str]) -> bool:
             key, old_run = pair
-            return self._transition_from_dead_owner(
-                key,
-                old_run,
-                now,
-                update="SET #run_id = :run, #updated_at = :now, #expires_at = :exp",
-                names=("run_id", "updated_at", TTL_ATTRIBUTE),
-                values={":run": _s(run_id)},
+            return self._transact(
+                writes.takeover_transaction(
+                    self.table, key, old_run, run_id, now=now, ttl=self._ttl
+                )
             )
 
         # One at a time: takeovers are rare (in-doubt resends only), and moto's in-process
@@ -940,51 +424,13 @@ class DynamoDbLedger(Ledger):
         results = [take(pair) for pair in pairs.items()]
         return {key for key, taken in zip(pairs, results, strict=True) if taken}
 
-    def _transition_from_dead_owner(
-        self,
-        key: str,
-        owner: str,
-        now: float,
-        *,
-        update: str,
-        names: Sequence[str],
-        values: Mapping[str, Any],
-    ) -> bool:
-        """Apply ``update`` to a key CLAIMED by ``owner`` if and only if ``owner``'s lease
-        has run out, atomically: the ConditionCheck fails if the owner heartbeats first."""
+    def _transact(self, items: list[dict[str, Any]]) -> bool:
+        """One two-item transaction (:mod:`redrive.ledger.dynamodb_writes`): True if it was
+        applied, False if a condition did not hold."""
         try:
-            # Retried by botocore with the same ClientRequestToken: applied at most once.
-            self._call(
-                "TransactWriteItems",
-                TransactItems=[
-                    {
-                        "ConditionCheck": {
-                            "TableName": self.table,
-                            "Key": _run_pk(owner),
-                            "ConditionExpression": _OWNER_NOT_LEASED,
-                            "ExpressionAttributeNames": _names("ended_at", "lease_until"),
-                            "ExpressionAttributeValues": {":now": _n(now)},
-                        }
-                    },
-                    {
-                        "Update": {
-                            "TableName": self.table,
-                            "Key": _key_pk(key),
-                            "UpdateExpression": update,
-                            "ConditionExpression": "#state = :claimed AND #run_id = :old",
-                            "ExpressionAttributeNames": _names("state", "run_id", *names),
-                            "ExpressionAttributeValues": {
-                                ":claimed": _s(KeyState.CLAIMED.value),
-                                ":old": _s(owner),
-                                ":now": _n(now),
-                                ":exp": self._expiry(now),
-                                **values,
-                            },
-                        }
-                    },
-                ],
-            )
-        except _Refused:
+            # Retried by the AWS client with the same ClientRequestToken: applied at most once.
+            self._calls.call("TransactWriteItems", TransactItems=items)
+        except ConditionFailed:
             return False
         return True
 
@@ -994,46 +440,21 @@ class DynamoDbLedger(Ledger):
 
         def mark(pair: tuple[str, str]) -> bool:
             key, sent_id = pair
-            return self._write_silently(
+            return self._calls.write_silently(
                 "UpdateItem",
-                Key=_key_pk(key),
-                UpdateExpression=(
-                    "SET #state = :sent, #sent_message_id = :sid, #updated_at = :now, "
-                    "#sent_at = :now, #expires_at = :exp"
-                ),
-                ConditionExpression="#state = :claimed AND #run_id = :run",
-                ExpressionAttributeNames=_names(
-                    "state", "sent_message_id", "updated_at", "sent_at", TTL_ATTRIBUTE, "run_id"
-                ),
-                ExpressionAttributeValues={
-                    ":sent": _s(KeyState.SENT.value),
-                    ":sid": _s(sent_id),
-                    ":now": _n(now),
-                    ":exp": self._expiry(now),
-                    ":claimed": _s(KeyState.CLAIMED.value),
-                    ":run": _s(run_id),
-                },
+                **writes.mark_sent_update(key, run_id, sent_id, now=now, ttl=self._ttl),
             )
 
-        self._each_or_raise(mark, list(sent.items()))
+        self._calls.each_or_raise(mark, list(sent.items()))
 
     def release_many(self, run_id: str, keys: Sequence[str]) -> None:
         """The send failed: forget keys still CLAIMED by ``run_id``, so they can be claimed
         again."""
 
         def release(key: str) -> bool:
-            return self._write_silently(
-                "DeleteItem",
-                Key=_key_pk(key),
-                ConditionExpression="#state = :claimed AND #run_id = :run",
-                ExpressionAttributeNames=_names("state", "run_id"),
-                ExpressionAttributeValues={
-                    ":claimed": _s(KeyState.CLAIMED.value),
-                    ":run": _s(run_id),
-                },
-            )
+            return self._calls.write_silently("DeleteItem", **writes.release_delete(key, run_id))
 
-        self._each_or_raise(release, list(dict.fromkeys(keys)))
+        self._calls.each_or_raise(release, list(dict.fromkeys(keys)))
 
     def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None:
         """SENT -> DONE once the DLQ copy is deleted. Any run may do it (a later run deletes
@@ -1042,21 +463,11 @@ class DynamoDbLedger(Ledger):
         now = self._clock()
 
         def done(key: str) -> bool:
-            return self._write_silently(
-                "UpdateItem",
-                Key=_key_pk(key),
-                UpdateExpression="SET #state = :done, #updated_at = :now, #expires_at = :exp",
-                ConditionExpression="#state = :sent",
-                ExpressionAttributeNames=_names("state", "updated_at", TTL_ATTRIBUTE),
-                ExpressionAttributeValues={
-                    ":done": _s(KeyState.DONE.value),
-                    ":sent": _s(KeyState.SENT.value),
-                    ":now": _n(now),
-                    ":exp": self._expiry(now),
-                },
+            return self._calls.write_silently(
+                "UpdateItem", **writes.mark_done_update(key, now=now, ttl=self._ttl)
             )
 
-        self._each_or_raise(done, list(dict.fromkeys(keys)))
+        self._calls.each_or_raise(done, list(dict.fromkeys(keys)))
 
     def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None:
         """In-doubt resolved as skip: CLAIMED by another run, whose lease has run out ->
@@ -1072,19 +483,7 @@ class DynamoDbLedger(Ledger):
             for key, entry in current.items()
             if entry.state is KeyState.CLAIMED and entry.run_id != run_id
         ]
-
-        def skip(pair: tuple[str, str]) -> bool:
-            key, owner = pair
-            return self._transition_from_dead_owner(
-                key,
-                owner,
-                now,
-                update=(
-                    "SET #state = :skipped, #run_id = :run, #updated_at = :now, #expires_at = :exp"
-                ),
-                names=("updated_at", TTL_ATTRIBUTE),
-                values={":skipped": _s(KeyState.SKIPPED.value), ":run": _s(run_id)},
+        for key, owner in owners:  # transactions, one at a time (see takeover_many)
+            self._transact(
+                writes.skip_transaction(self.table, key, owner, run_id, now=now, ttl=self._ttl)
             )
-
-        for owner in owners:  # transactions, one at a time (see takeover_many)
-            skip(owner)

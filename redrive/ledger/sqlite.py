@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard, TypeVar
+from typing import Any
 
 from redrive.errors import LedgerError
 from redrive.ledger.base import (
@@ -25,71 +23,19 @@ from redrive.ledger.base import (
     check_key,
     check_outcome,
     check_page_size,
-    ledger_closed,
     run_not_open,
 )
-from redrive.ledger.group_commit import GroupWriter, WriteRequest
+from redrive.ledger.group_commit import GroupWriter
+from redrive.ledger.sqlite_file import BUSY_TIMEOUT_S, LedgerFile, make_dirs
+from redrive.ledger.sqlite_schema import SCHEMA_VERSION
+from redrive.ledger.sqlite_writes import SqliteWrites
 
-SCHEMA_VERSION = 3
-
-# Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
-# truly stuck holder surfaces as an error instead of a silent hang.
-BUSY_TIMEOUT_S = 30.0
-
-# Waiting for another process's write lock: SQLite's own busy handler sleeps 1, 2, 5, 10 ...
-# ms between tries, so a waiter wakes up to several ms after a commit that took a fraction
-# of one. The grouped path tries again itself at these short steps (seconds) instead.
-_BEGIN_RETRY_STEPS = (0.0001, 0.0002, 0.0005, 0.001)
-
-_T = TypeVar("_T")
+__all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "SqliteLedger", "make_dirs"]
 
 # SQLite's bound-parameter limit is 32766 in current builds but 999 in old ones.
 _IN_CHUNK = 500
 
-
-# --------------------------------------------------------------------------- SQLite backend
-
-# Keys are random (hashes, task ids): in a table ordered by key each batch's rows land on
-# ~10 different pages, and its SENT and DONE updates rewrite all of them. Rows ordered by
-# rowid sit together in claim order, so those updates touch a page or two; only the key
-# index takes random inserts (schema 1 was keyed by key: ~30 % more ledger CPU per batch).
-_KEYS_TABLE = """
-CREATE TABLE keys (
-    id              INTEGER PRIMARY KEY,
-    key             TEXT NOT NULL UNIQUE,
-    state           TEXT NOT NULL CHECK (state IN ('claimed', 'sent', 'done', 'skipped')),
-    run_id          TEXT NOT NULL,
-    task            TEXT NOT NULL,
-    message_id      TEXT NOT NULL,
-    target          TEXT NOT NULL,
-    sent_message_id TEXT,
-    updated_at      REAL NOT NULL,
-    sent_at         REAL
-)"""
-_SCHEMA = f"""{_KEYS_TABLE};
-CREATE INDEX keys_by_run ON keys (run_id);
-CREATE TABLE runs (
-    run_id       TEXT PRIMARY KEY,
-    command      TEXT NOT NULL,
-    started_at   REAL NOT NULL,
-    heartbeat_at REAL NOT NULL,
-    lease_until  REAL NOT NULL,
-    ended_at     REAL,
-    outcome      TEXT,
-    info         TEXT NOT NULL,
-    counts       TEXT NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX runs_by_start ON runs (started_at);
-CREATE TABLE meta (
-    name  TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-"""
-# A ledger upgraded from schema 2 or older with keys in it: those keys have the legacy form.
-_LEGACY_KEYS = "legacy_keys"
-
 _KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at, sent_at"
-_SCHEMA_2_KEY_COLUMNS = "key, state, run_id, task, message_id, target, sent_message_id, updated_at"
 _RUN_COLUMNS = (
     "run_id, command, started_at, heartbeat_at, lease_until, ended_at, outcome, info, counts"
 )
@@ -148,32 +94,6 @@ def _select_keys(conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, Ent
     return {k: found[k] for k in unique if k in found}
 
 
-def _is_sqlite(e: BaseException) -> TypeGuard[sqlite3.Error]:
-    return isinstance(e, sqlite3.Error)
-
-
-def _is_busy(e: sqlite3.OperationalError) -> bool:
-    code = getattr(e, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(e) or "busy" in str(e)
-
-
-def make_dirs(directory: Path) -> None:
-    """Create ``directory`` and any missing parents as 0700; existing ones are left alone
-    (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another process won the race: fine
-            path.mkdir(mode=0o700)
-
-
 class SqliteLedger(Ledger):
     """The ledger in one SQLite file, shared safely by several processes on one machine.
 
@@ -209,347 +129,44 @@ class SqliteLedger(Ledger):
         self.location = f"sqlite://{self.path}"
         self._clock = clock
         self._busy_timeout = busy_timeout
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._file = LedgerFile(self.path, busy_timeout=busy_timeout)
         # Reads get a connection of their own: in WAL mode they then never wait for a write
         # (a claim's commit waits for the disk), so a worker's receiving stage can read the
         # ledger while its sending stage commits.
         self._read_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
-        self._writer: GroupWriter | None = None
-        self._create_file()
-        conn = self._connect()
-        try:
-            self._prepare(conn)
-            self.legacy_keys = self._read_legacy_flag(conn)
-            if group_commit:
-                # Only the writer uses this connection from here on, always first through a
-                # BEGIN IMMEDIATE that it retries itself (_begin_write), for as long: SQLite's
-                # busy handler would sleep in steps of up to 100 ms instead. Once the write
-                # lock is held (WAL), no statement of the transaction waits for another.
-                conn.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.Error as e:
-            conn.close()
-            raise self._open_error(e) from None
-        except BaseException:
-            conn.close()
-            raise
-        self._conn = conn
-        if group_commit:
-            self._writer = GroupWriter(self._commit_group, location=self.location)
+        conn, self.legacy_keys = self._file.open(writer_waits_itself=group_commit)
+        self._writes = SqliteWrites(self._file, conn, group_commit=group_commit)
 
-    # ----------------------------------------------------------------- opening
+    @property
+    def _conn(self) -> sqlite3.Connection | None:
+        """The write connection (None once closed)."""
+        return self._writes.conn
 
-    def _create_file(self) -> None:
-        try:
-            make_dirs(self.path.parent)
-            # Created here, not by sqlite, so the mode is 0600 from the first byte; SQLite
-            # gives its -wal and -shm files the same mode as the database file.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
-        except IsADirectoryError:
-            raise LedgerError(
-                f"ledger path {self.path} is a directory; give a file path inside it"
-            ) from None
-        except OSError as e:
-            reason = e.strerror or str(e)
-            raise LedgerError(
-                f"cannot create or open ledger {self.path} ({reason}); "
-                "make it and its directory writable by you, or choose another ledger path"
-            ) from None
-        if not stat.S_ISREG(os.stat(self.path).st_mode):
-            raise LedgerError(f"ledger path {self.path} is not a regular file; choose a file path")
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves, so the sqlite3 module
-            # never opens a deferred transaction behind our back.
-            return sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,  # the lock below serialises use instead
-            )
-        except sqlite3.Error as e:
-            raise self._open_error(e) from None
-
-    def _open_error(self, e: sqlite3.Error) -> LedgerError:
-        msg = str(e)
-        if isinstance(e, sqlite3.DatabaseError) and "not a database" in msg:
-            return LedgerError(
-                f"{self.path} is not a SQLite database, so not a redrive ledger; "
-                "move it aside or choose another ledger path"
-            )
-        if "readonly" in msg or "unable to open" in msg:
-            return LedgerError(
-                f"cannot write ledger {self.path} ({msg}); make the file and its directory "
-                "writable by you, or choose another ledger path"
-            )
-        if "locked" in msg or "busy" in msg:
-            return LedgerError(
-                f"ledger {self.path} stayed locked for {self._busy_timeout:.0f} s while opening; "
-                "check for a stuck redrive process, then retry"
-            )
-        return LedgerError(
-            f"cannot open ledger {self.path} ({msg}); move it aside or choose another ledger path"
-        )
-
-    def _prepare(self, conn: sqlite3.Connection) -> None:
-        try:
-            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-            if mode != "wal":
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if mode != "wal":
-                raise LedgerError(
-                    f"ledger {self.path} cannot use SQLite's WAL journal (got {mode!r}); "
-                    "put it on a local filesystem"
-                )
-            conn.execute("PRAGMA synchronous=FULL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._migrate(conn)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-        except sqlite3.Error as e:
-            raise self._open_error(e) from None
-
-    def _read_legacy_flag(self, conn: sqlite3.Connection) -> bool:
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE name = ?", (_LEGACY_KEYS,)).fetchone()
-        except sqlite3.Error as e:
-            raise self._open_error(e) from None
-        return row is not None
-
-    def _migrate(self, conn: sqlite3.Connection) -> None:
-        # Re-read under the write lock: another process may have created the schema meanwhile.
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version == SCHEMA_VERSION:
-            return
-        if version > SCHEMA_VERSION:
-            raise LedgerError(
-                f"ledger {self.path} was written by a newer redrive (schema {version}, this "
-                f"one knows {SCHEMA_VERSION}); upgrade redrive or use another ledger path"
-            )
-        if version == 1:
-            # Schema 1 differs from 2 only in how keys are stored; copy them over, oldest first.
-            conn.execute("DROP INDEX keys_by_run")
-            conn.execute("ALTER TABLE keys RENAME TO keys_schema_1")
-            conn.execute(_KEYS_TABLE)
-            conn.execute(
-                f"INSERT INTO keys ({_SCHEMA_2_KEY_COLUMNS}) SELECT {_SCHEMA_2_KEY_COLUMNS}"
-                " FROM keys_schema_1 ORDER BY updated_at, key"
-            )
-            conn.execute("DROP TABLE keys_schema_1")
-            conn.execute("CREATE INDEX keys_by_run ON keys (run_id)")
-            self._to_schema_3(conn, has_sent_at=True)
-            return
-        if version == 2:
-            self._to_schema_3(conn, has_sent_at=False)
-            return
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master")]
-        if tables:
-            raise LedgerError(
-                f"{self.path} is a SQLite database but not a redrive ledger; "
-                "move it aside or choose another ledger path"
-            )
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
-    def _to_schema_3(self, conn: sqlite3.Connection, *, has_sent_at: bool) -> None:
-        """Schema 3 adds when each key was sent, and remembers that the keys already there
-        have the legacy form (they did not name the publish), so the engine looks them up."""
-        if not has_sent_at:
-            conn.execute("ALTER TABLE keys ADD COLUMN sent_at REAL")
-        conn.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID")
-        if conn.execute("SELECT 1 FROM keys LIMIT 1").fetchone() is not None:
-            conn.execute("INSERT INTO meta (name, value) VALUES (?, '1')", (_LEGACY_KEYS,))
-        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-
-    # ----------------------------------------------------------------- plumbing
-
-    def _submit(self, what: str, apply: Callable[[sqlite3.Connection], _T], *, flush: bool) -> _T:
-        """Run ``apply`` in a write transaction (its group's, or one of its own on the plain
-        path) and return its answer once committed. Arguments are checked before this, in
-        the caller's thread; ``apply`` only runs statements."""
-        if self._writer is None:
-            with self._write(what, flush=flush) as conn:
-                return apply(conn)
-        return self._writer.submit(WriteRequest(what, apply, flush=flush))
-
-    def _commit_group(self, group: list[WriteRequest[Any]]) -> None:
-        """The writer's work: ``group`` in one transaction, in arrival order; settle every
-        request. A request whose own statements fail is answered with its error and the
-        others run again without it (rolled back first, so nothing of it stays); a failure
-        of the transaction itself (the lock, the commit, SQLite rolling back) fails them all,
-        each with the error its call would have met alone, and commits none."""
-        pending = list(group)
-        while pending:
-            conn = self._conn
-            if conn is None:
-                for request in pending:
-                    request.fail(ledger_closed(self.location))
-                return
-            outcome = self._try_group(conn, pending)
-            if isinstance(outcome, WriteRequest):
-                pending.remove(outcome)
-                continue
-            if outcome is not None:
-                for request, result in zip(pending, outcome, strict=True):
-                    request.finish(result)
-            return
-
-    def _try_group(
-        self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
-    ) -> list[Any] | WriteRequest[Any] | None:
-        """One attempt at ``pending``: their answers once committed; or the request whose
-        own statements failed (answered; nothing committed, the others to run again); or
-        None: the transaction failed, every request is answered with its error."""
-        flush = any(r.flush for r in pending)
-        try:
-            if not flush:
-                conn.execute("PRAGMA synchronous=NORMAL")
-            try:
-                self._begin_write(conn)
-                outcome = self._apply_in_order(conn, pending)
-                if isinstance(outcome, list):
-                    conn.execute("COMMIT")
-            finally:
-                if not flush:
-                    conn.execute("PRAGMA synchronous=FULL")
-        except BaseException as e:
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            for request in pending:
-                request.fail(self._request_error(request.what, e))
-            if not isinstance(e, Exception):
-                raise
-            return None
-        return outcome
-
-    def _apply_in_order(
-        self, conn: sqlite3.Connection, pending: list[WriteRequest[Any]]
-    ) -> list[Any] | WriteRequest[Any]:
-        """Inside the group's open transaction: each request's statements in turn, and
-        their answers; or the first request whose own statements failed (answered with its
-        error, the transaction rolled back). Raises when SQLite rolled the whole
-        transaction back itself: that is the group's failure, not one request's."""
-        results: list[Any] = []
-        for request in pending:
-            try:
-                results.append(request.apply(conn))
-            except Exception as e:
-                if not conn.in_transaction:
-                    raise
-                conn.execute("ROLLBACK")
-                request.fail(self._request_error(request.what, e))
-                return request
-        return results
-
-    def _request_error(self, what: str, e: BaseException) -> BaseException:
-        """What a caller is answered with: SQLite's errors said as a LedgerError."""
-        return self._op_error(what, e) if _is_sqlite(e) else e
-
-    def _begin_write(self, conn: sqlite3.Connection) -> None:
-        """BEGIN IMMEDIATE, trying again at short steps while another process holds the
-        write lock, for up to the busy timeout (then SQLite's "database is locked")."""
-        deadline: float | None = None
-        attempt = 0
-        while True:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as e:
-                if not _is_busy(e):
-                    raise
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self._busy_timeout
-                elif now >= deadline:
-                    raise
-            time.sleep(_BEGIN_RETRY_STEPS[min(attempt, len(_BEGIN_RETRY_STEPS) - 1)])
-            attempt += 1
-
-    @contextlib.contextmanager
-    def _write(self, what: str, *, flush: bool = True) -> Iterator[sqlite3.Connection]:
-        """The plain path's write: one IMMEDIATE transaction under the object's lock,
-        committed on success, rolled back on error.
-
-        ``flush=False`` commits without waiting for the disk: for records whose loss is
-        harmless (a lost SENT reads as CLAIMED, i.e. in doubt: held, never resent; a lost
-        DONE has nothing left to do; a heartbeat is refreshed). The next flushed commit (the
-        next claim) makes them durable too, since the WAL is written in order.
-        """
-        with self._lock:
-            conn = self._live_conn()
-            try:
-                with self._guarded(conn, what):
-                    if not flush:
-                        conn.execute("PRAGMA synchronous=NORMAL")
-                    conn.execute("BEGIN IMMEDIATE")
-                    yield conn
-                    conn.execute("COMMIT")
-            finally:
-                if not flush:
-                    conn.execute("PRAGMA synchronous=FULL")
+    @property
+    def _writer(self) -> GroupWriter | None:
+        """The group-commit writer (None on the plain path)."""
+        return self._writes.group
 
     @contextlib.contextmanager
     def _read(self, what: str) -> Iterator[sqlite3.Connection]:
         """One read transaction, so multi-statement reads see a single snapshot."""
         with self._read_lock:
-            self._live_conn()  # a closed ledger refuses reads too
+            self._writes.live_conn()  # a closed ledger refuses reads too
             if self._read_conn is None:
-                self._read_conn = self._connect()
+                self._read_conn = self._file.connect()
             conn = self._read_conn
-            with self._guarded(conn, what):
+            with self._file.guarded(conn, what):
                 conn.execute("BEGIN")
                 yield conn
                 conn.execute("COMMIT")
 
-    @contextlib.contextmanager
-    def _guarded(self, conn: sqlite3.Connection, what: str) -> Iterator[None]:
-        """Roll back whatever is open on failure, and say what failed as a LedgerError."""
-        try:
-            yield
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise self._op_error(what, e) from e
-            raise
-
-    def _live_conn(self) -> sqlite3.Connection:
-        if self._conn is None:
-            raise ledger_closed(self.location)
-        return self._conn
-
-    def _op_error(self, what: str, e: sqlite3.Error) -> LedgerError:
-        msg = str(e)
-        if "locked" in msg or "busy" in msg:
-            return LedgerError(
-                f"ledger {self.location} stayed locked by another process for "
-                f"{self._busy_timeout:g} s ({what}); check for a stuck redrive, then retry"
-            )
-        return LedgerError(
-            f"ledger {self.location}: {what} failed ({msg}); check free space and "
-            "permissions of the ledger file, then retry"
-        )
-
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()  # the group in flight ends first; queued ones are refused
-        with self._lock, self._read_lock:
-            for conn in (self._conn, self._read_conn):
-                if conn is not None:
-                    conn.close()
-            self._conn = self._read_conn = None
+        self._writes.close()
+        with self._read_lock:
+            if self._read_conn is not None:
+                self._read_conn.close()
+            self._read_conn = None
 
     def __repr__(self) -> str:
         return f"SqliteLedger({self.location!r})"
@@ -581,7 +198,7 @@ class SqliteLedger(Ledger):
                     "start the run again with a new run id"
                 )
 
-        self._submit("start run", apply, flush=True)
+        self._writes.submit("start run", apply, flush=True)
 
     def heartbeat(self, run_id: str, *, lease_until: float) -> None:
         now = self._clock()
@@ -595,7 +212,7 @@ class SqliteLedger(Ledger):
             if cur.rowcount != 1:
                 raise run_not_open(run_id, self.location)
 
-        self._submit("heartbeat", apply, flush=False)
+        self._writes.submit("heartbeat", apply, flush=False)
 
     def end_run(
         self,
@@ -636,7 +253,7 @@ class SqliteLedger(Ledger):
                         "it was never started there (check the ledger path)"
                     )
 
-        self._submit("end run", apply, flush=True)
+        self._writes.submit("end run", apply, flush=True)
 
     def run(self, run_id: str) -> RunInfo | None:
         with self._read("read run") as conn:
@@ -747,7 +364,7 @@ class SqliteLedger(Ledger):
             entries = _select_keys(conn, [c.key for c in claims])
             return ClaimResult(entries=entries, won=frozenset(won))
 
-        return self._submit("claim keys", apply, flush=True)
+        return self._writes.submit("claim keys", apply, flush=True)
 
     def takeover_many(self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]) -> set[str]:
         """For an in-doubt resend: move each key still CLAIMED by its named (dead) old run to
@@ -771,7 +388,7 @@ class SqliteLedger(Ledger):
                     taken.add(key)
             return taken
 
-        return self._submit("take over keys", apply, flush=True)
+        return self._writes.submit("take over keys", apply, flush=True)
 
     def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None:
         """CLAIMED by ``run_id`` -> SENT, recording the MessageId SQS gave the copy."""
@@ -828,4 +445,4 @@ class SqliteLedger(Ledger):
             # collection in a caller's thread would touch the connection the writer uses.
             conn.executemany(sql, rows).close()
 
-        self._submit(what, apply, flush=flush)
+        self._writes.submit(what, apply, flush=flush)
