@@ -29,6 +29,7 @@ from redrive.ledger.base import (
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter, WriteRequest
+from redrive.state_dir import make_dirs
 
 SCHEMA_VERSION = 3
 
@@ -157,21 +158,6 @@ def _is_busy(e: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(e) or "busy" in str(e)
-
-
-def make_dirs(directory: Path) -> None:
-    """Create ``directory`` and any missing parents as 0700; existing ones are left alone
-    (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another process won the race: fine
-            path.mkdir(mode=0o700)
 
 
 class SqliteLedger(Ledger):
