@@ -185,8 +185,7 @@ def inspect_run(
 def idle_run(
     endpoint: str, dlq_url: str, lease: int, hold_seconds: float, every: float
 ) -> dict[str, Any]:
-    from redrive.aws.sqs import Sqs
-
+    from redrive.broker.sqs import SqsBroker as Sqs
     from redrive.dlq.scan import DlqScan
 
     def sqs() -> Sqs:

@@ -91,8 +91,8 @@ DEFAULT_WHERE = "kwargs.currency != 'EUR'"
 WHERE = [DEFAULT_WHERE]
 _ONE_EMPTY = (
     "import functools, sys\n"
-    "import redrive.dlq.scan, redrive.reporting.inspect\n"
-    "redrive.reporting.inspect.DlqScan = functools.partial(\n"
+    "import redrive.dlq.scan, redrive.inspection.scan\n"
+    "redrive.inspection.scan.DlqScan = functools.partial(\n"
     "    redrive.dlq.scan.DlqScan, stop_after_empty=1\n"
     ")\n"
     "from redrive.cli import main\n"
@@ -771,7 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = ["fast", "moto"] if args.server == "both" else [args.server]
     # Compile and cache imports once so no measured run pays for writing .pyc files.
     subprocess.run(
-        [PYTHON, "-c", "import boto3, redrive.cli, redrive.reporting.inspect, redrive.messages"],
+        [PYTHON, "-c", "import boto3, redrive.cli, redrive.inspection.scan, redrive.messages"],
         cwd=ROOT,
         check=True,
         timeout=300,

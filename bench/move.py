@@ -257,7 +257,7 @@ with start_server(0, host={HOST!r}, serial=True, extended=False) as server:
 # than cProfile, so the shares are those of an ordinary run.
 _PHASES = """
 import atexit, functools, json, os, sys, time
-import redrive.aws.sqs, redrive.dlq.scan, redrive.ledger, redrive.operations.move
+import redrive.broker.sqs.calls, redrive.dlq.scan, redrive.ledger, redrive.operations.move
 stats = {}
 def timed(owner, name, label):
     original = getattr(owner, name)
@@ -275,7 +275,7 @@ def timed(owner, name, label):
 for name in ("get_many", "claim_many", "mark_sent_many", "mark_done_many", "heartbeat"):
     timed(redrive.ledger.SqliteLedger, name, "ledger." + name)
 for name in ("receive", "send_batch", "delete_batch", "change_visibility_batch"):
-    timed(redrive.aws.sqs.Sqs, name, "sqs." + name)
+    timed(redrive.broker.sqs.calls.SqsCalls, name, "sqs." + name)
 for name in ("run", "_decide", "_execute", "_entries_for", "_entry"):
     timed(redrive.operations.move.MoveEngine, name, "engine." + name)
 timed(redrive.operations.move, "decode", "messages.decode")
@@ -1454,7 +1454,7 @@ def profile_redrive(
     interesting = (
         "redrive/operations/move.py",
         "redrive/ledger/",
-        "redrive/aws/sqs.py",
+        "redrive/broker/sqs/",
         "redrive/dlq/scan.py",
         "redrive/messages.py",
         "botocore/client.py:",

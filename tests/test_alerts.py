@@ -13,9 +13,10 @@ from conftest import Cli, Family
 
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import ConfigError
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.reporting import alerts
 from redrive.reporting.alerts import decide_alert, load_state, save_state
-from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.sandbox.encoder import encode
 

@@ -367,9 +367,9 @@ def test_a_purge_records_which_messages_it_deleted(
 def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
     family: Family, tmp_path: Path, monkeypatch: Any, cli: Cli
 ) -> None:
-    from redrive.reporting import audit
+    from redrive.operations import purge
 
-    monkeypatch.setattr(audit, "DELETED_KEPT", 2)
+    monkeypatch.setattr(purge, "DELETED_KEPT", 2)
     for i in range(5):
         family.send_to_dlq(encode(CHARGE, [i], {}, task_id=f"c-{i}"))
     purged = as_json(

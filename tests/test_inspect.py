@@ -1,4 +1,4 @@
-"""Tests for redrive.reporting.inspect: group a DLQ by Celery task without disturbing it (moto)."""
+"""Tests for redrive.inspection: group a DLQ by Celery task without disturbing it (moto)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from redrive.broker.sqs import SqsBroker
 from redrive.config import built_in_layout
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import AwsError
+from redrive.inspection.groups import DAY, Grouping
+from redrive.inspection.scan import InspectResult, inspect_dlq
 from redrive.messages import UNKNOWN_TASK, decode
-from redrive.reporting.inspect import DAY, Grouping, InspectResult, inspect_dlq
 from redrive.sandbox import dead_letter
 from redrive.sandbox.encoder import encode
 
@@ -208,8 +209,8 @@ def test_args_only_when_asked(
 def test_show_args_shows_the_start_of_a_body_that_is_not_a_celery_task(
     family: QueueFamily, target: DlqTarget, factory: Callable[[], SqsBroker]
 ) -> None:
+    from redrive.inspection.groups import SHOWN_BODY_CHARS
     from redrive.render.inspect import inspect_text
-    from redrive.reporting.inspect import SHOWN_BODY_CHARS
 
     # A terminal escape and a newline in it, and longer than what is shown.
     long_text = "legacy cron 4242:\x1b[31m resync\n" + "x" * 1000
@@ -514,8 +515,8 @@ def test_grouping_order_ties_by_name() -> None:
 def test_a_scan_that_saw_fewer_than_sqs_counted_says_so() -> None:
     """Held messages that came back before the end, or SQS's in-flight quota, can hide
     messages from a scan: the result must say so, never pass for the whole DLQ."""
+    from redrive.inspection.scan import InspectResult
     from redrive.render.inspect import inspect_text
-    from redrive.reporting.inspect import InspectResult
 
     def result(**kw: object) -> InspectResult:
         base: dict[str, object] = dict(

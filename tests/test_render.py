@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.operations.move import Listed, MoveResult, TaskCounts
 from redrive.render.inspect import inspect_text
 from redrive.render.move import move_text
 from redrive.render.report import report_text
 from redrive.render.status import status_table
 from redrive.render.tables import when
-from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import FamilyStatus, QueueCounts
 

@@ -7,9 +7,10 @@ import re
 
 from conftest import Cli, Family
 
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.render.report import report_prometheus, since_last_text
 from redrive.reporting.alerts import changes_since, snapshot
-from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.sandbox.encoder import encode
 

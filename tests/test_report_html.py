@@ -13,11 +13,12 @@ from pathlib import Path
 from conftest import Cli, Family
 
 from redrive.celery.results import ResultCounts
+from redrive.inspection.groups import Grouping, TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.render.html import report_html
 from redrive.render.report import report_text, since_last_text
 from redrive.render.slack import slack_payload
 from redrive.reporting.alerts import Change
-from redrive.reporting.inspect import Grouping, InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.sandbox.encoder import encode
 

@@ -44,10 +44,10 @@ from redrive.celery.results import (
 )
 from redrive.config import built_in_layout, parse_config
 from redrive.errors import ResultBackendError
+from redrive.inspection.scan import inspect_dlq
 from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.operations.observer import Callbacks
 from redrive.render.inspect import inspect_text
-from redrive.reporting.inspect import inspect_dlq
 from redrive.reporting.report import build_report
 from redrive.sandbox.encoder import encode
 

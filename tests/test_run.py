@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from redrive.ledger import SqliteLedger
-from redrive.operations.observer import Callbacks, NullObserver, Observers
-from redrive.operations.plan import PlanItem
+from redrive.operations.observer import Callbacks, NullObserver, Observers, PlanItem
 from redrive.operations.run import RunLifecycle, run_is_live
 
 

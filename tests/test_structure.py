@@ -1,8 +1,11 @@
-"""The package's shape: every module imports alone (no cycles), and click stays in redrive.cli."""
+"""The package's shape: no import cycles (every module imports alone, and none imports another
+that imports it back, even inside a function), the layers (operations and celery below
+reporting, render and the CLI), and click stays in redrive.cli."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +31,17 @@ MODULES = _module_names()
 
 
 def test_the_package_has_its_sub_packages() -> None:
-    for role in ("aws", "ledger", "archive", "dlq", "operations", "reporting", "render", "cli"):
+    for role in (
+        "aws",
+        "ledger",
+        "archive",
+        "dlq",
+        "inspection",
+        "operations",
+        "reporting",
+        "render",
+        "cli",
+    ):
         assert f"redrive.{role}" in MODULES
 
 
@@ -73,6 +86,186 @@ def _imports(path: Path) -> set[str]:
 )
 def test_only_the_cli_imports_click(path: Path) -> None:
     assert "click" not in _imports(path)
+
+
+def _module_of(path: Path, package: Path) -> tuple[str, bool]:
+    """The dotted name of the module at ``path``, and whether it is a package's __init__."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _import_graph(package: Path) -> dict[str, dict[str, int]]:
+    """Module -> the package's modules it imports -> the line of the first such import.
+
+    Read from the source (nothing is imported). Every import statement counts, wherever it
+    is: at the top, inside a function, under ``if TYPE_CHECKING:`` (a cycle deferred into a
+    function is a cycle all the same, only hidden until that function runs), relative ones
+    resolved. An imported name stands for the longest module it names (``from redrive.a
+    import b`` is ``redrive.a.b`` when that is a module, else ``redrive.a``). A package's
+    __init__, which Python runs before any of its submodules, is not an edge of theirs: a
+    package imports its submodules, so counting it would make each a cycle with its package."""
+    paths = {_module_of(p, package)[0]: p for p in sorted(package.rglob("*.py"))}
+
+    def module(name: str) -> str | None:
+        parts = name.split(".")
+        while parts and ".".join(parts) not in paths:
+            parts.pop()
+        return ".".join(parts) if parts else None
+
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in paths.items():
+        is_package = _module_of(path, package)[1]
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    # Level 1 is the package the module is in (for an __init__: its own).
+                    here = name.split(".") if is_package else name.split(".")[:-1]
+                    here = here[: len(here) - (node.level - 1)]
+                    base = ".".join([*here, *([node.module] if node.module else [])])
+                imported = [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in filter(None, map(module, imported)):
+                if target != name:
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+GRAPH = _import_graph(PACKAGE)
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each
+    holds at least one cycle, and every module on a cycle is in one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
+
+
+def _one_cycle(graph: dict[str, dict[str, int]], component: list[str]) -> list[str]:
+    """A shortest cycle through the component's first module, as the path of its imports."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        for other in sorted(graph[module]):
+            if other == start:
+                return [*paths[module], start]
+            if other in members and other not in paths:
+                paths[other] = [*paths[module], other]
+                queue.append(other)
+    raise AssertionError(f"{component} is not strongly connected")
+
+
+def _cycle_texts(graph: dict[str, dict[str, int]]) -> list[str]:
+    """One line per component on a cycle: a cycle through it, each import with its line, and
+    the component's other members when the cycle shown does not pass them all."""
+    texts = []
+    for component in _cycles(graph):
+        cycle = _one_cycle(graph, component)
+        steps = [f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)]
+        text = " -> ".join([*steps, cycle[-1]])
+        if len(component) > len(cycle) - 1:
+            text += f"  [also in this tangle: {', '.join(sorted(set(component) - set(cycle)))}]"
+        texts.append(text)
+    return texts
+
+
+def test_the_import_graph_counts_deferred_type_checking_and_relative_imports(
+    tmp_path: Path,
+) -> None:
+    # The check's own check, on a package written for it: each cycle below hides one side of
+    # its import where a fresh interpreter importing each module alone would never see it.
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    files = {
+        "__init__.py": "from pkg import a\n",
+        "a.py": "def later() -> None:\n    from pkg.sub import b\n",
+        "sub/__init__.py": "",
+        "sub/b.py": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from ..a import later\n"
+            "from . import c\n"
+        ),
+        "sub/c.py": "import pkg.sub.d\n",
+        "sub/d.py": "from pkg.sub import c as again\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    graph = _import_graph(package)
+    assert graph == {
+        "pkg": {"pkg.a": 1},
+        "pkg.a": {"pkg.sub.b": 2},
+        "pkg.sub": {},
+        "pkg.sub.b": {"pkg.a": 3, "pkg.sub.c": 4},
+        "pkg.sub.c": {"pkg.sub.d": 1},
+        "pkg.sub.d": {"pkg.sub.c": 1},
+    }
+    assert _cycle_texts(graph) == [
+        "pkg.a (line 2) -> pkg.sub.b (line 3) -> pkg.a",
+        "pkg.sub.c (line 1) -> pkg.sub.d (line 1) -> pkg.sub.c",
+    ]
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    cycles = _cycle_texts(GRAPH)
+    for cycle in cycles:
+        print("import cycle:", cycle)
+    assert cycles == [], "import cycles:\n" + "\n".join(cycles)
+
+
+def _imports_from(package: str, *above: str) -> list[str]:
+    return [
+        f"{module} imports {target} (line {line})"
+        for module, edges in sorted(GRAPH.items())
+        if module == package or module.startswith(package + ".")
+        for target, line in sorted(edges.items())
+        if any(target == a or target.startswith(a + ".") for a in above)
+    ]
+
+
+LAYERS_ABOVE = ("redrive.reporting", "redrive.render", "redrive.cli")
+
+
+@pytest.mark.parametrize("package", ["redrive.operations", "redrive.celery"])
+def test_operations_and_celery_import_nothing_from_the_layers_above(package: str) -> None:
+    # Reporting, rendering and the CLI use operations and celery; the other way round, a
+    # change to a view could break a move (and the imports would be a cycle in waiting).
+    assert _imports_from(package, *LAYERS_ABOVE) == []
 
 
 def test_the_core_never_prints() -> None:

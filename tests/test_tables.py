@@ -19,6 +19,8 @@ from conftest import Cli, Family, as_json
 
 from redrive.broker.sqs.native import MoveTask
 from redrive.cli import console as cli_module
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.ledger import RunInfo
 from redrive.render.audit import audit_table, run_detail_text
 from redrive.render.check import findings_table
@@ -29,7 +31,6 @@ from redrive.render.status import status_table
 from redrive.render.tables import fitted_table, shorten_middle, shorten_task, table
 from redrive.reporting.audit import RunDetail
 from redrive.reporting.check import Finding
-from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import FamilyStatus, QueueCounts
 from redrive.sandbox.encoder import encode
@@ -496,8 +497,8 @@ def test_every_view_fits_its_width_with_every_wide_column(
 def test_cjk_and_emoji_task_names_are_measured_by_display_width() -> None:
     # Two columns a character in a terminal: measured by len() the table was cut too
     # late and its columns (and the timelines' marks) stood out of line.
+    from redrive.inspection.groups import Grouping
     from redrive.messages import decode
-    from redrive.reporting.inspect import Grouping
 
     tasks = [
         "apps.通知.tasks.发送欢迎邮件给所有新用户",

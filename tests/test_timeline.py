@@ -11,12 +11,9 @@ from conftest import Cli, Family, as_json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redrive.render.inspect import inspect_text
-from redrive.render.report import report_text
-from redrive.render.sparkline import sparkline, timeline_lines, wants_ascii
-from redrive.reporting.inspect import Grouping, InspectResult, TaskGroup
-from redrive.reporting.report import FamilyReport, Report
-from redrive.reporting.timeline import (
+from redrive.inspection.groups import Grouping, TaskGroup
+from redrive.inspection.scan import InspectResult
+from redrive.inspection.timeline import (
     BUCKET_LADDER,
     KEPT_BUCKETS,
     MAX_BUCKETS,
@@ -24,6 +21,10 @@ from redrive.reporting.timeline import (
     choose_bucket,
     fit_timelines,
 )
+from redrive.render.inspect import inspect_text
+from redrive.render.report import report_text
+from redrive.render.sparkline import sparkline, timeline_lines, wants_ascii
+from redrive.reporting.report import FamilyReport, Report
 from redrive.sandbox.encoder import encode
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC, aligned to every bucket up to a day

@@ -14,7 +14,7 @@ from test_results import backend_url, dead_letter_jobs, factory, lookup, redis_s
 from redrive.broker.base import DlqTarget
 from redrive.broker.sqs import SqsBroker
 from redrive.celery.results import ResultLookup
-from redrive.reporting.inspect import Focus, inspect_dlq
+from redrive.inspection.scan import Focus, inspect_dlq
 from redrive.where import compile_expression, compile_where
 
 pytest.importorskip("celery")

@@ -54,6 +54,13 @@ def archive_parts(path: str) -> list[str]:
     return [os.path.join(directory, n) for _, n in numbered]
 
 
+def absolute_location(location: str | None) -> str | None:
+    """A local archive path made absolute; an ``s3://`` URI (or None) as it is."""
+    if location is None or "://" in location:
+        return location
+    return os.path.abspath(os.path.expanduser(location))
+
+
 def reject_other_schemes(location: str) -> None:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", location):
         raise ArchiveError(

@@ -8,7 +8,7 @@ engine calls :meth:`~TaskKnowledge.route` in ``MoveEngine._route`` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,7 +17,6 @@ from redrive.celery.registry import Registry
 from redrive.celery.routes import TaskRouter
 from redrive.errors import AwsUnavailable, QueueNotFound, RedriveError
 from redrive.messages import UNKNOWN_TASK, TaskInfo
-from redrive.reporting.inspect import TaskGroup
 
 RouteMode = Literal["task", "source"]
 ROUTE_MODES: tuple[RouteMode, ...] = ("task", "source")
@@ -114,24 +113,3 @@ def skip_reason(knowledge: TaskKnowledge | None, info: TaskInfo) -> str | None:
     if knowledge is None or knowledge.registry is None or knowledge.include_unregistered:
         return None
     return UNREGISTERED if knowledge.registry.is_unregistered(info.task) else None
-
-
-def annotate_groups(
-    groups: Sequence[TaskGroup], knowledge: TaskKnowledge, sources: Sequence[str]
-) -> None:
-    """Inspect's groups learn how many messages no worker registers (with an app) and the
-    queue each task routes to now where that is not one of the DLQ's ``sources``."""
-    for group in groups:
-        if group.task == UNKNOWN_TASK:
-            continue
-        if knowledge.registry is not None:
-            group.unregistered = (
-                group.count if knowledge.registry.is_unregistered(group.task) else 0
-            )
-        try:
-            address = knowledge.address_for(group.task)
-        except RedriveError as exc:
-            group.routes_to = f"? ({exc})"
-            continue
-        if address is not None and queue_name(address) not in sources:
-            group.routes_to = queue_name(address)

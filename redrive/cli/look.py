@@ -15,7 +15,6 @@ from typing import Any, TypeVar
 import click
 
 from redrive import webhook
-from redrive.celery.knowledge import annotate_groups
 from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
@@ -38,6 +37,7 @@ from redrive.cli.options import (
 )
 from redrive.cli.processes import inspect_wiring
 from redrive.errors import PostFailed, UsageProblem
+from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
 from redrive.ledger import default_ledger_path
 from redrive.operations.processes import InspectScan, inspect_in_processes
 from redrive.operations.replay import inspect_archive
@@ -52,7 +52,7 @@ from redrive.render.status import status_table
 from redrive.render.tables import fit_text
 from redrive.reporting import alerts
 from redrive.reporting.check import check_layout
-from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
+from redrive.reporting.inspect import annotate_groups
 from redrive.reporting.report import Report, build_report
 from redrive.reporting.status import family_status
 

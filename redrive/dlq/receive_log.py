@@ -30,8 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from redrive.ledger import default_ledger_path
-from redrive.ledger.sqlite import make_dirs
+from redrive.state_dir import default_state_dir, make_dirs
 
 FILE_NAME = "receives.sqlite3"
 KEEP_DAYS = 15
@@ -64,7 +63,7 @@ def sqlite_integer(digest: int) -> int:
 
 
 def default_path() -> Path:
-    return default_ledger_path().parent / FILE_NAME
+    return default_state_dir() / FILE_NAME
 
 
 class ReceiveLog:

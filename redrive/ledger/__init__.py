@@ -27,6 +27,7 @@ from redrive.ledger.base import (
 )
 from redrive.ledger.dynamodb import open_dynamodb
 from redrive.ledger.sqlite import SCHEMA_VERSION, SqliteLedger
+from redrive.state_dir import default_state_dir
 
 __all__ = [
     "MAX_KEY_LENGTH",
@@ -47,14 +48,7 @@ __all__ = [
 def default_ledger_path() -> Path:
     """``$REDRIVE_STATE_DIR``, else ``$XDG_STATE_HOME/redrive``, else ``~/.local/state/redrive``;
     file ``ledger.sqlite3``."""
-    state_dir = os.environ.get("REDRIVE_STATE_DIR")
-    if state_dir:
-        return Path(state_dir).expanduser() / "ledger.sqlite3"
-    xdg = os.environ.get("XDG_STATE_HOME")
-    # The XDG spec says a relative value is invalid and must be ignored.
-    if xdg and Path(xdg).is_absolute():
-        return Path(xdg) / "redrive" / "ledger.sqlite3"
-    return Path.home() / ".local" / "state" / "redrive" / "ledger.sqlite3"
+    return default_state_dir() / "ledger.sqlite3"
 
 
 _ACCEPTED_FORMS = "a file path, sqlite:///ABSOLUTE/PATH, sqlite://RELATIVE/PATH or dynamodb://TABLE"

@@ -26,11 +26,11 @@ from redrive.ledger.base import (
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter
-from redrive.ledger.sqlite_file import BUSY_TIMEOUT_S, LedgerFile, make_dirs
+from redrive.ledger.sqlite_file import BUSY_TIMEOUT_S, LedgerFile
 from redrive.ledger.sqlite_schema import SCHEMA_VERSION
 from redrive.ledger.sqlite_writes import SqliteWrites
 
-__all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "SqliteLedger", "make_dirs"]
+__all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "SqliteLedger"]
 
 # SQLite's bound-parameter limit is 32766 in current builds but 999 in old ones.
 _IN_CHUNK = 500

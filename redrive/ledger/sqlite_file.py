@@ -12,25 +12,11 @@ from pathlib import Path
 
 from redrive.errors import LedgerError
 from redrive.ledger.sqlite_schema import LEGACY_KEYS, SCHEMA_VERSION, migrate
+from redrive.state_dir import make_dirs
 
 # Long enough to ride out another operator's batch and a WAL checkpoint, short enough that a
 # truly stuck holder surfaces as an error instead of a silent hang.
 BUSY_TIMEOUT_S = 30.0
-
-
-def make_dirs(directory: Path) -> None:
-    """Create ``directory`` and any missing parents as 0700; existing ones are left alone
-    (the ledger may live in a shared directory such as /tmp that is not ours to chmod)."""
-    missing: list[Path] = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        if current.parent == current:
-            break
-        current = current.parent
-    for path in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # another process won the race: fine
-            path.mkdir(mode=0o700)
 
 
 class LedgerFile:

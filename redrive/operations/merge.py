@@ -10,15 +10,11 @@ from dataclasses import replace
 from typing import TypeVar
 
 from redrive.celery.results import ResultCounts
+from redrive.inspection.groups import SAMPLES_PER_GROUP, TaskGroup, is_task_name
+from redrive.inspection.scan import InspectResult
+from redrive.inspection.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
 from redrive.operations.purge import PurgeResult
-from redrive.reporting.inspect import (
-    SAMPLES_PER_GROUP,
-    InspectResult,
-    TaskGroup,
-    is_task_name,
-)
-from redrive.reporting.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.selection import Selection, Sightings
 
 T = TypeVar("T")

@@ -57,8 +57,7 @@ from redrive.keys import copy_verdict, key_for, legacy_key_for
 from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.messages import UNKNOWN_TASK, TaskInfo, decode
 from redrive.operations.limit import Limit
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.plan import PlanItem
+from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares

@@ -9,12 +9,44 @@ from any worker for the rest.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-if TYPE_CHECKING:
-    from redrive.operations.plan import PlanItem
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 R = TypeVar("R", contravariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanItem:
+    """One planned action of a dry run: what :meth:`RunObserver.on_plan` hears, and one item
+    of a plan file (:mod:`redrive.operations.plan` writes and reads them)."""
+
+    message_id: str
+    task: str
+    task_id: str | None
+    key: str | None
+    """The idempotency key (move); ``None`` for purge, which sends nothing."""
+    target: str | None = None
+    """Queue the message would go to (move)."""
+    action: str = "send"
+    """``send``, ``delete-duplicate`` (a copy of a task that is or will be sent) or ``purge``."""
+    routed_from: str | None = None
+    """The message's source queue, when its task's route sends it elsewhere (redrive.celery)."""
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "message_id": self.message_id,
+            "action": self.action,
+            "task": self.task,
+        }
+        if self.task_id is not None:
+            data["task_id"] = self.task_id
+        if self.key is not None:
+            data["key"] = self.key
+        if self.target is not None:
+            data["target"] = self.target
+        if self.routed_from is not None:
+            data["routed_from"] = self.routed_from
+        return data
 
 
 class RunObserver(Generic[R]):

@@ -21,41 +21,10 @@ from typing import IO, Any
 
 from redrive.aws.identity import local_identity
 from redrive.errors import UsageProblem
-from redrive.operations.observer import RunObserver
+from redrive.operations.observer import PlanItem, RunObserver
 
 PLAN_VERSION = 1
 KINDS = ("move", "purge")
-
-
-@dataclass(frozen=True, slots=True)
-class PlanItem:
-    message_id: str
-    task: str
-    task_id: str | None
-    key: str | None
-    """The idempotency key (move); ``None`` for purge, which sends nothing."""
-    target: str | None = None
-    """Queue the message would go to (move)."""
-    action: str = "send"
-    """``send``, ``delete-duplicate`` (a copy of a task that is or will be sent) or ``purge``."""
-    routed_from: str | None = None
-    """The message's source queue, when its task's route sends it elsewhere (redrive.celery)."""
-
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "message_id": self.message_id,
-            "action": self.action,
-            "task": self.task,
-        }
-        if self.task_id is not None:
-            data["task_id"] = self.task_id
-        if self.key is not None:
-            data["key"] = self.key
-        if self.target is not None:
-            data["target"] = self.target
-        if self.routed_from is not None:
-            data["routed_from"] = self.routed_from
-        return data
 
 
 @dataclass(slots=True)

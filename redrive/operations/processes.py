@@ -57,13 +57,15 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.archive import ArchiveReader, ArchiveRecord
-from redrive.archive.storage import archive_part
+from redrive.archive.storage import absolute_location, archive_part
 from redrive.aws.session import AwsSettings
 from redrive.broker import open_broker
 from redrive.broker.base import Broker, DlqTarget, QueueRef
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
+from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
+from redrive.inspection.scan import Focus, InspectResult, inspect_counts, inspect_dlq
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger, open_ledger
 from redrive.messages import decode
@@ -74,8 +76,7 @@ from redrive.operations.merge import (
     merge_sightings,
 )
 from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.plan import PlanItem
+from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
 from redrive.operations.purge import (
     PurgeOptions,
     PurgeResult,
@@ -94,14 +95,6 @@ from redrive.operations.replay import (
 from redrive.operations.run import Finished, Outcome, RunLifecycle, RunRecord
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.operations.verdict import IN_DOUBT
-from redrive.reporting.audit import absolute_location
-from redrive.reporting.inspect import (
-    DEFAULT_MAX_REDRIVES,
-    Focus,
-    InspectResult,
-    inspect_counts,
-    inspect_dlq,
-)
 from redrive.selection import Sightings
 
 MAX_PROCESSES = 64

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from redrive.archive import ArchiveRecord, ArchiveWriter, default_archive_path, open_writer
+from redrive.archive.storage import absolute_location
 from redrive.broker.base import Broker, Delivery, DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
@@ -27,12 +28,10 @@ from redrive.errors import ArchiveError, RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.limit import Limit
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.plan import PlanItem
+from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
 from redrive.operations.run import RunLifecycle, new_run_id
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.shared import LimitLike, RunShares
-from redrive.reporting.audit import DeletedMessages, absolute_location
 from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30
@@ -250,6 +249,27 @@ def archive_location(
     return options.archive_to or default_archive_path(
         target.label, datetime.fromtimestamp(now(), UTC)
     )
+
+
+DELETED_KEPT = 500
+"""How many deleted messages a purge lists in its run record: enough for any incident note,
+and a bounded record (a DynamoDB item holds at most 400 KB). The archive holds every one."""
+
+
+class DeletedMessages:
+    """The first :data:`DELETED_KEPT` messages a purge deleted: ``[message id, task, task id]``
+    each, for the audit trail. Not thread-safe: the purge calls it under its own lock."""
+
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = DELETED_KEPT if keep is None else keep
+        self.items: list[list[str | None]] = []
+        self.total = 0
+
+    def add(self, deleted: Sequence[tuple[str, str, str | None]]) -> None:
+        self.total += len(deleted)
+        room = self.keep - len(self.items)
+        # A task name is producer text: long ones must not blow the record's bound.
+        self.items.extend([m, t[:200], i] for m, t, i in deleted[: max(0, room)])
 
 
 @dataclass(slots=True)

@@ -28,17 +28,13 @@ from redrive.archive import (
 from redrive.broker import restored_delivery
 from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
 from redrive.errors import RedriveError
+from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
+from redrive.inspection.scan import Focus, InspectResult, grouping_fields
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.run import RunRecord
-from redrive.reporting.inspect import (
-    DEFAULT_MAX_REDRIVES,
-    Focus,
-    InspectResult,
-    grouping_fields,
-)
 
 
 class ArchiveSource:

@@ -14,14 +14,14 @@ from datetime import UTC, datetime
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.durations import format_duration
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.timeline import Timeline
 from redrive.render.inspect import exceptions_cell
 from redrive.render.report import coverage_cell, interrupted_note
 from redrive.render.sparkline import group_label
 from redrive.render.tables import printable
 from redrive.reporting.alerts import Change
-from redrive.reporting.inspect import TaskGroup
 from redrive.reporting.report import FamilyReport, Report
-from redrive.reporting.timeline import Timeline
 
 CHART_HEIGHT = 40
 BAR_PITCH = 10  # viewBox units per bucket; a bar takes 8 of them

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.scan import InspectResult
 from redrive.operations.replay import ArchiveInspectResult
 from redrive.render.sparkline import group_label, timeline_lines
 from redrive.render.tables import (
@@ -17,7 +19,6 @@ from redrive.render.tables import (
     when_cell,
     wrapped,
 )
-from redrive.reporting.inspect import InspectResult, TaskGroup
 from redrive.shell import shell_quote
 
 

@@ -14,11 +14,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.durations import format_duration
+from redrive.inspection.timeline import rebinned
 from redrive.render.sparkline import group_label, sparkline
 from redrive.render.tables import printable, shorten_task
 from redrive.reporting.alerts import Change
 from redrive.reporting.report import FamilyReport, Report
-from redrive.reporting.timeline import rebinned
 
 GROUPS_PER_BLOCK = 10
 MOST_BLOCKS = 48  # Slack takes 50: the headline, 48 DLQs, and how many were left out

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from redrive.durations import format_duration
+from redrive.inspection.groups import TaskGroup
+from redrive.inspection.timeline import Timeline, rebinned
 from redrive.render.tables import display_width, printable, shorten_task, wrapped
-from redrive.reporting.inspect import TaskGroup
-from redrive.reporting.timeline import Timeline, rebinned
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 # Eight levels that read as rising in any font; a bucket with nothing stays blank in both.

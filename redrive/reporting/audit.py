@@ -7,10 +7,11 @@ they moved, so the trail is wherever the ledger is and needs no second store.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from redrive.archive.storage import absolute_location
 from redrive.aws.identity import local_identity
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError
@@ -43,39 +44,11 @@ def run_record(
     }
 
 
-def absolute_location(location: str | None) -> str | None:
-    """A local archive path made absolute; an ``s3://`` URI (or None) as it is."""
-    if location is None or "://" in location:
-        return location
-    return os.path.abspath(os.path.expanduser(location))
-
-
 def working_directory() -> str | None:
     try:
         return os.getcwd()
     except OSError:  # the directory was removed under the shell
         return None
-
-
-DELETED_KEPT = 500
-"""How many deleted messages a purge lists in its run record: enough for any incident note,
-and a bounded record (a DynamoDB item holds at most 400 KB). The archive holds every one."""
-
-
-class DeletedMessages:
-    """The first :data:`DELETED_KEPT` messages a purge deleted: ``[message id, task, task id]``
-    each, for the audit trail. Not thread-safe: the purge calls it under its own lock."""
-
-    def __init__(self, keep: int | None = None) -> None:
-        self.keep = DELETED_KEPT if keep is None else keep
-        self.items: list[list[str | None]] = []
-        self.total = 0
-
-    def add(self, deleted: Sequence[tuple[str, str, str | None]]) -> None:
-        self.total += len(deleted)
-        room = self.keep - len(self.items)
-        # A task name is producer text: long ones must not blow the record's bound.
-        self.items.extend([m, t[:200], i] for m, t, i in deleted[: max(0, room)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +114,9 @@ def run_json(run: RunInfo) -> dict[str, Any]:
 
 
 def _deleted_cut(run: RunInfo) -> dict[str, Any]:
-    """How much of what a purge deleted its record lists (the first DELETED_KEPT), as every
-    capped list in the JSON says it: ``deleted_listed`` and ``deleted_truncated``."""
+    """How much of what a purge deleted its record lists (the first
+    :data:`~redrive.operations.purge.DELETED_KEPT`), as every capped list in the JSON says it:
+    ``deleted_listed`` and ``deleted_truncated``."""
     deleted = (run.info or {}).get("deleted")
     if not isinstance(deleted, list):
         return {}

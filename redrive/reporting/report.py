@@ -14,7 +14,7 @@ from redrive.config import Layout
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
 from redrive.errors import AwsUnavailable, RedriveError
-from redrive.reporting.inspect import Focus, InspectResult, inspect_dlq
+from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
 
 Coverage = Literal["full", "partial", "none"]
 """How much of a DLQ a report scanned: to the end, until it was interrupted, or nothing (an

@@ -58,26 +58,14 @@ from moto.sqs.constants import MAXIMUM_VISIBILITY_TIMEOUT
 from moto.sqs.exceptions import InvalidParameterValue
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from redrive.sandbox import move_tasks
+from redrive.sandbox import message_index, move_tasks
 
-__all__ = ["MOTO_SERIES", "extended", "installed", "origin_arn"]
+__all__ = ["MOTO_SERIES", "extended", "installed"]
 
 #: The moto release series these replacements were written against.
 MOTO_SERIES: Final = "5.2."
 
 _RECEIPT_HANDLE_LENGTH: Final = 185  # moto.sqs.utils.generate_receipt_handle's
-
-# Bookkeeping of the messages handled while installed. Keyed by message object (moto's
-# Message has no __eq__/__hash__ of its own: identity), held outside the messages so that
-# the deepcopy moto makes of every message it hands out copies none of it.
-_handles: dict[str, Message] = {}
-"""Receipt handle -> the message it was issued for."""
-_homes: dict[Message, Queue] = {}
-"""Message -> the queue whose ``_messages`` holds it."""
-_received_at: dict[Message, float] = {}
-"""Message -> when it was last received (epoch milliseconds)."""
-_origins: dict[Message, str] = {}
-"""Message -> ARN of the queue moto dead-lettered it from."""
 
 _install_lock = threading.Lock()
 _users = 0
@@ -87,13 +75,6 @@ _originals: list[tuple[Any, str, Any]] = []
 def installed() -> bool:
     """Whether the extensions are in force in this process."""
     return _users > 0
-
-
-def origin_arn(receipt_handle: str) -> str | None:
-    """ARN of the queue moto dead-lettered the message of ``receipt_handle`` from, if it did so
-    while the extensions were installed."""
-    message = _handles.get(receipt_handle)
-    return _origins.get(message) if message is not None else None
 
 
 @contextmanager
@@ -124,7 +105,7 @@ def _install() -> None:
             f"the sandbox's SQS extensions are written for moto {MOTO_SERIES}x, "
             f"not {moto.__version__}: install 'moto>=5.2,<5.3'"
         )
-    _forget_everything()
+    message_index.forget_everything()
     replacements: list[tuple[Any, str, Any]] = [
         (Queue, "messages", property(_visible_messages)),
         (Queue, "approximate_number_of_messages_delayed", property(_count_delayed)),
@@ -171,35 +152,10 @@ def _uninstall() -> None:
             delattr(owner, name)
         else:
             setattr(owner, name, original)
-    _forget_everything()
+    message_index.forget_everything()
 
 
 _ABSENT: Final = object()
-
-
-def _forget_everything() -> None:
-    _handles.clear()
-    _homes.clear()
-    _received_at.clear()
-    _origins.clear()
-
-
-def _forget(message: Message) -> None:
-    if _homes.get(message) is not None:
-        del _homes[message]
-    _received_at.pop(message, None)
-    _origins.pop(message, None)
-    for handle in message.all_receipt_handles:
-        if handle is not None and _handles.get(handle) is message:
-            del _handles[handle]
-
-
-def _indexed_in(queue: Queue, receipt_handle: str) -> Message | None:
-    """The message ``receipt_handle`` was issued for, if the index places it in ``queue``."""
-    message = _handles.get(receipt_handle)
-    if message is None or _homes.get(message) is not queue:
-        return None
-    return message
 
 
 # -- Queue --------------------------------------------------------------------------------
@@ -237,17 +193,17 @@ def _add_message(original: Callable[[Queue, Message], None]) -> Callable[[Queue,
     def add_message(self: Queue, message: Message) -> None:
         # moto dead-letters a message by removing it from its queue and adding the same
         # object to the DLQ: the queue it was in is where it came from.
-        source = _homes.get(message)
+        source = message_index.homes.get(message)
         # Before moto appends it: a reader must never find the message without its home.
-        _homes[message] = self
+        message_index.homes[message] = self
         original(self, message)
         if self.fifo_queue and not any(m is message for m in self._messages):
             # Dropped as a duplicate within FIFO's deduplication window.
-            if _homes.get(message) is self:
-                del _homes[message]
+            if message_index.homes.get(message) is self:
+                del message_index.homes[message]
             return
         if source is not None and source is not self and source.dead_letter_queue is self:
-            _origins[message] = source.queue_arn
+            message_index.origins[message] = source.queue_arn
 
     return add_message
 
@@ -256,7 +212,7 @@ def _delete_message(original: Callable[[Queue, str], None]) -> Callable[[Queue, 
     def delete_message(self: Queue, receipt_handle: str) -> None:
         message = None
         if receipt_handle not in self.deleted_messages:
-            message = _indexed_in(self, receipt_handle)
+            message = message_index.indexed_in(self, receipt_handle)
         if message is None:
             original(self, receipt_handle)
             return
@@ -267,7 +223,7 @@ def _delete_message(original: Callable[[Queue, str], None]) -> Callable[[Queue, 
         remaining = list(self._messages)
         remaining.remove(message)
         self._messages = remaining
-        _forget(message)
+        message_index.forget(message)
 
     return delete_message
 
@@ -280,9 +236,9 @@ def _mark_received(
 ) -> Callable[[Message, int | None], None]:
     def mark_received(self: Message, visibility_timeout: int | None = None) -> None:
         original(self, visibility_timeout)
-        _received_at[self] = unix_time_millis()
+        message_index.received_at[self] = unix_time_millis()
         if self.receipt_handle is not None:
-            _handles[self.receipt_handle] = self
+            message_index.handles[self.receipt_handle] = self
 
     return mark_received
 
@@ -325,14 +281,14 @@ def _change_visibility(
         self: SQSBackend, queue_name: str, receipt_handle: str, visibility_timeout: int
     ) -> None:
         queue = self.get_queue(queue_name)
-        message = _indexed_in(queue, receipt_handle)
+        message = message_index.indexed_in(queue, receipt_handle)
         if message is None:
             original(self, queue_name, receipt_handle, visibility_timeout)
             return
         visibility_timeout_msec = int(visibility_timeout) * 1000
         given_visibility_timeout = unix_time_millis() + visibility_timeout_msec
         # SQS: at most 12 hours from the receive (moto: from the send).
-        received = _received_at.get(message, message.sent_timestamp)
+        received = message_index.received_at.get(message, message.sent_timestamp)
         if given_visibility_timeout - received > MAXIMUM_VISIBILITY_TIMEOUT * 1000:  # type: ignore[operator]
             raise InvalidParameterValue(
                 f"Value {visibility_timeout} for parameter VisibilityTimeout is invalid. "
@@ -351,7 +307,7 @@ def _forgetting_queue(original: Callable[..., None]) -> Callable[..., None]:
         queue = self.queues.get(queue_name)
         if queue is not None:
             for message in list(queue._messages):
-                _forget(message)
+                message_index.forget(message)
         original(self, queue_name, *args, **kwargs)
 
     return forgetting
@@ -362,7 +318,7 @@ def _forgetting_backend(original: Callable[[SQSBackend], None]) -> Callable[[SQS
         move_tasks.stop_backend(self)
         for queue in list(getattr(self, "queues", {}).values()):
             for message in list(queue._messages):
-                _forget(message)
+                message_index.forget(message)
         original(self)
 
     return reset

@@ -34,6 +34,8 @@ from moto.sqs.exceptions import InvalidParameterValue, SQSException
 from moto.sqs.models import Message, Queue, SQSBackend, sqs_backends
 from moto.sqs.responses import SQSResponse
 
+from redrive.sandbox import message_index
+
 __all__ = ["DEFAULT_RATE", "MAX_RATE", "replacements", "stop_all", "stop_backend"]
 
 MAX_RATE: Final = 500
@@ -315,10 +317,7 @@ def _send_back(task: _Task, copy: Message) -> None:
 
 
 def _origin(task: _Task, copy: Message) -> str:
-    # Imported here: redrive.sandbox.moto_sqs installs this module.
-    from redrive.sandbox import moto_sqs
-
-    arn = moto_sqs.origin_arn(copy.receipt_handle or "")
+    arn = message_index.origin_arn(copy.receipt_handle or "")
     if arn is not None:
         return arn
     # A message sent to the DLQ directly has no origin; a DLQ with one source queue names it.
