@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,19 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# LocalStack's SQS for the tests that run against it (tests/localstack_server.py): on the
+# host, no Docker, in a venv of its own (its pins clash with moto's and boto3's), from the
+# exact pins of requirements/localstack.txt. The tests find its python at
+# $(LOCALSTACK_VENV)/bin/python, or at REDRIVE_LOCALSTACK_PYTHON.
+LOCALSTACK_VENV ?= .venv-localstack
+$(LOCALSTACK_VENV)/.installed: requirements/localstack.txt
+	$(PYTHON) -m venv $(LOCALSTACK_VENV)
+	$(LOCALSTACK_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LOCALSTACK_VENV)/bin/python -m pip install --quiet -r requirements/localstack.txt
+	touch $@
+
+localstack: $(LOCALSTACK_VENV)/.installed
 
 # Start the sandbox (a local SQS on 127.0.0.1 with the built-in families and seeded DLQs),
 # look at it the way an on-call engineer would, then stop it.
@@ -46,7 +59,7 @@ unit: install
 	$(BIN)/pytest -q -n 4 -m "not e2e"
 
 # Every test, unit and end-to-end.
-suite: install
+suite: install localstack
 	$(BIN)/pytest -q -n 4 --durations=15
 
 test: lint typecheck browser suite
@@ -92,4 +105,4 @@ bench: install
 	$(BIN)/python bench/archive.py
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

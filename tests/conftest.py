@@ -30,6 +30,7 @@ import boto3
 import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, settings
+from localstack_server import LocalStackServer, start_localstack
 from moto import mock_aws
 
 from redrive.cli import cli as redrive_group
@@ -46,7 +47,9 @@ settings.load_profile("redrive")
 
 # Fixtures that start a moto server process (here and in test modules): a test using one is
 # end-to-end, whether or not it says so.
-_SERVER_FIXTURES = frozenset({"moto_server", "server", "serial_server", "serial_moto"})
+_SERVER_FIXTURES = frozenset(
+    {"moto_server", "server", "serial_server", "serial_moto", "localstack_endpoint"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -401,6 +404,21 @@ def server(moto_server: MotoServer) -> MotoServer:
     """The session's moto server, emptied for this test."""
     moto_server.reset()
     return moto_server
+
+
+@pytest.fixture(scope="session")
+def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackServer]:
+    """LocalStack's SQS on 127.0.0.1 (tests/localstack_server.py), one per session: under
+    xdist one per worker, each on its own free port and in its own temp dir (HOME
+    included). Fails, never skips, when LocalStack is not installed (``make localstack``).
+    Queues outlive a test: name them per test, or empty it with ``reset_sqs``."""
+    server = start_localstack(tmp_path_factory.mktemp("localstack"))
+    yield server
+    crashed = server.process.poll()
+    server.stop()
+    assert crashed is None, (
+        f"LocalStack exited ({crashed}) during the session:\n{server.log_tail()}"
+    )
 
 
 @pytest.fixture(autouse=True)
