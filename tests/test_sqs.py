@@ -519,7 +519,9 @@ def test_an_answer_that_is_not_sqss_is_one_line_for_every_call(call: str, answer
             '{"Messages": [{"Body": "x"}]}',
             "(an item of Messages has no MessageId)",
         ),
-        ("SendMessageBatch", '{"Successful": []}', "(no Failed)"),
+        # SQS (and LocalStack) leave out an empty list; an answer with neither is no answer.
+        ("SendMessageBatch", "{}", "(no Successful)"),
+        ("SendMessageBatch", '{"Successful": "all"}', "(Successful is not a list)"),
         ("ListQueues", '{"QueueUrls": "abc"}', "(QueueUrls is not a list)"),
         ("DeleteMessageBatch", "[]", "(not an object)"),
     ],
