@@ -80,7 +80,7 @@ def test_the_adapter_receives_hides_again_and_deletes_a_batch(family: Family, sq
     assert family.depth() == (0, 10)
 
     # Back in sight at once (timeout 0), and received again: a second receive of each.
-    handles = {str(i): m.receipt_handle for i, m in enumerate(got)}
+    handles = {str(i): m.tag for i, m in enumerate(got)}
     shown = sqs.change_visibility_batch(family.dlq_url, handles, 0)
     assert sorted(shown.ok, key=int) == sorted(handles, key=int)
     assert not shown.failed
@@ -89,7 +89,7 @@ def test_the_adapter_receives_hides_again_and_deletes_a_batch(family: Family, sq
     assert {m.receive_count for m in again} == {2}
 
     deleted = sqs.delete_batch(
-        family.dlq_url, {str(i): m.receipt_handle for i, m in enumerate(again)}
+        family.dlq_url, {str(i): m.tag for i, m in enumerate(again)}
     )
     assert len(deleted.ok) == 10
     assert not deleted.failed
@@ -118,7 +118,7 @@ def test_a_bad_receipt_handle_fails_its_entry_only(family: Family, sqs: Sqs) -> 
     seed(family, family.dlq_url, 2)
     got = sqs.receive(family.dlq_url, hold=300)
     assert len(got) == 2
-    result = sqs.delete_batch(family.dlq_url, {"good": got[0].receipt_handle, "bad": "garbage"})
+    result = sqs.delete_batch(family.dlq_url, {"good": got[0].tag, "bad": "garbage"})
     assert set(result.ok) == {"good"}
     assert result.failed["bad"].startswith("ReceiptHandleIsInvalid")
     assert family.depth() == (0, 1)
@@ -130,7 +130,7 @@ def test_a_message_past_max_receive_count_is_dead_lettered_and_purge_empties(
     seed(family, family.queue_url, 1)
     first = sqs.receive(family.queue_url, hold=300)
     assert len(first) == 1
-    sqs.change_visibility_batch(family.queue_url, {"0": first[0].receipt_handle}, 0)
+    sqs.change_visibility_batch(family.queue_url, {"0": first[0].tag}, 0)
     # Its second receive is past maxReceiveCount 1: LocalStack moves it to the DLQ instead.
     assert sqs.receive(family.queue_url, hold=300, wait_seconds=0) == []
     assert family.depth(family.dlq_url) == (1, 0)
