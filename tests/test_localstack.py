@@ -88,9 +88,7 @@ def test_the_adapter_receives_hides_again_and_deletes_a_batch(family: Family, sq
     assert {m.message_id for m in again} == {m.message_id for m in got}
     assert {m.receive_count for m in again} == {2}
 
-    deleted = sqs.delete_batch(
-        family.dlq_url, {str(i): m.tag for i, m in enumerate(again)}
-    )
+    deleted = sqs.delete_batch(family.dlq_url, {str(i): m.tag for i, m in enumerate(again)})
     assert len(deleted.ok) == 10
     assert not deleted.failed
     assert family.depth() == (0, 0)
