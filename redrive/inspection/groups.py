@@ -65,7 +65,7 @@ class TaskGroup:
     oldest: float | None = None
     newest: float | None = None
     max_receive_count: int = 0
-    """The highest ApproximateReceiveCount SQS gave: redrive's own receives included."""
+    """The highest receive count the broker gave: redrive's own receives included."""
     max_consumer_receives: int = 0
     """The highest receive count without redrive's own receives: how often the queue's
     consumers (the workers, and any reader that is not redrive) received a message."""
