@@ -88,6 +88,27 @@ def test_only_the_cli_imports_click(path: Path) -> None:
     assert "click" not in _imports(path)
 
 
+# The AWS SDK (and its type stubs) stays behind the adapters; the sandbox is moto's SQS.
+AWS_SDK_PACKAGES = (("aws",), ("broker", "sqs"), ("sandbox",))
+
+
+def _is_aws_sdk(name: str) -> bool:
+    return name in ("boto3", "botocore") or name.startswith("mypy_boto3")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if not any(p.relative_to(PACKAGE).parts[: len(pkg)] == pkg for pkg in AWS_SDK_PACKAGES)
+    ],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_only_the_aws_adapters_import_the_aws_sdk(path: Path) -> None:
+    assert sorted(filter(_is_aws_sdk, _imports(path))) == []
+
+
 def _module_of(path: Path, package: Path) -> tuple[str, bool]:
     """The dotted name of the module at ``path``, and whether it is a package's __init__."""
     parts = path.relative_to(package.parent).with_suffix("").parts

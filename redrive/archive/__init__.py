@@ -7,21 +7,22 @@ One JSON object per line, UTF-8 (in practice pure ASCII, see below), ``\\n``-ter
     {"v": 1, "message_id": ..., "task": ..., "task_id": ... | null, "dlq": <queue URL>,
      "run_id": ..., "archived_at": "2026-11-30T12:00:00.000000Z",
      "attributes": {<the broker's own facts it archives (SQS: ARCHIVED_ATTRIBUTES)>},
-     "message_attributes": {<MessageAttributes exactly as boto3 returned them>},
+     "message_attributes": {<MessageAttributes exactly as the AWS client returned them>},
      "body": <the exact SQS Body string>}
 
 * Lines are written with ``ensure_ascii=True``: every non-ASCII character is a ``\\uXXXX``
   escape, so the file has no encoding ambiguity and any Python string (even one SQS would
   never send) survives byte-for-byte.
-* Binary message attributes: boto3 hands back ``bytes`` under ``BinaryValue`` (and
-  ``BinaryListValues``), which JSON cannot hold.  They are stored under the key with a
+* Binary message attributes: the AWS client hands back ``bytes`` under ``BinaryValue``
+  (and ``BinaryListValues``), which JSON cannot hold.  They are stored under the key with a
   ``_b64`` suffix as standard base64 (RFC 4648, with padding)::
 
       {"DataType": "Binary.gzip", "BinaryValue_b64": "AP8="}      <- b"\\x00\\xff"
       {"DataType": "Binary", "BinaryListValues_b64": ["AA==", ""]}
 
   Every other key (``DataType`` with its custom suffix, ``StringValue``,
-  ``StringListValues``) is stored unchanged, so the decoded dict equals what boto3 returned.
+  ``StringListValues``) is stored unchanged, so the decoded dict equals what the AWS client
+  returned.
 * Readers ignore fields they do not know (later v1 writers may add some) and refuse
   records with a newer ``v``.
 

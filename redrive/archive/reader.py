@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from redrive.archive.format import (
     FEXTRA,
     GZIP_MAGIC,
@@ -31,13 +29,13 @@ from redrive.archive.storage import (
     local_error,
     parse_s3_uri,
     reject_other_schemes,
-    s3_error,
 )
 from redrive.aws.errors import one_line
+from redrive.aws.s3 import s3_errors, s3_read_errors
 from redrive.errors import ArchiveError
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
+    from redrive.aws.s3 import S3Client
 
 _READ_CHUNK: Final = 1 << 16
 _LISTED_DAMAGE: Final = 20
@@ -341,10 +339,8 @@ class ArchiveReader:
             if self._segment is None or self._segment.key != folder:
                 self._end_segment()
                 self._segment = _Segment(key=folder, next_seq=1 if self._whole_runs else None)
-            try:
+            with s3_errors(where, bucket, writing=False):
                 body = client.get_object(Bucket=bucket, Key=object_key)["Body"]
-            except (ClientError, BotoCoreError) as exc:
-                raise s3_error(exc, where, bucket, writing=False) from exc
             try:
                 yield from self._read_stream(_iter_chunks(body.read, where), where, whole=True)
             finally:
@@ -597,15 +593,13 @@ def _raise_problem(message: str) -> None:
 
 def _list_archive_keys(client: S3Client, bucket: str, prefix: str, source: str) -> list[str]:
     keys: list[str] = []
-    try:
+    with s3_errors(source, bucket, writing=False):
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys.extend(
                 obj["Key"]
                 for obj in page.get("Contents", [])
                 if obj["Key"].endswith((".jsonl", ".jsonl.gz"))
             )
-    except (ClientError, BotoCoreError) as exc:
-        raise s3_error(exc, source, bucket, writing=False) from exc
     # Numeric order, so part-1000000 (should a run ever get there) follows part-999999.
     keys.sort(key=_natural_key)
     return keys
@@ -620,14 +614,13 @@ def _natural_key(text: str) -> list[tuple[int, int, str]]:
 
 def _iter_chunks(read: Callable[[int], bytes], where: str) -> Iterator[bytes]:
     while True:
-        try:
-            chunk = read(_READ_CHUNK)
-        except OSError as exc:
-            raise local_error(exc, where, writing=False) from exc
-        except BotoCoreError as exc:
-            raise ArchiveError(
-                f"reading archive {where} failed: {one_line(str(exc))}; try again"
-            ) from exc
+        # A failure that is an OSError too (the AWS client's read timeouts are) is said as
+        # the local one it also is.
+        with s3_read_errors(where):
+            try:
+                chunk = read(_READ_CHUNK)
+            except OSError as exc:
+                raise local_error(exc, where, writing=False) from exc
         if not chunk:
             return
         yield chunk

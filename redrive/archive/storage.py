@@ -7,9 +7,7 @@ import errno
 import os
 import re
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from redrive.aws.errors import ACCESS_CODES, CREDENTIAL_CODES, error_code, one_line
+from redrive.aws.errors import one_line
 from redrive.errors import ArchiveError
 
 
@@ -88,44 +86,4 @@ def local_error(exc: OSError, location: str, *, writing: bool = True) -> Archive
     reason = one_line(exc.strerror or str(exc))
     return ArchiveError(
         f"{action} archive {location} failed: {reason}; check the path and the disk"
-    )
-
-
-def s3_error(
-    exc: ClientError | BotoCoreError, location: str, bucket: str, *, writing: bool
-) -> ArchiveError:
-    action = "writing" if writing else "reading"
-    if isinstance(exc, BotoCoreError):
-        return ArchiveError(
-            f"cannot reach S3 {action} archive {location}: {one_line(str(exc))}; "
-            "check AWS credentials, region, endpoint and network"
-        )
-    code = error_code(exc)
-    if code == "NoSuchBucket":
-        return ArchiveError(
-            f"S3 bucket {bucket} does not exist ({action} archive {location}); "
-            "create it or use an existing bucket"
-        )
-    if code in ("NoSuchKey", "404"):
-        return ArchiveError(f"no archive object at {location}; check the URI")
-    if code in ("PreconditionFailed", "412"):
-        return ArchiveError(
-            f"archive object {location} already exists; refusing to overwrite it, "
-            "choose another prefix"
-        )
-    if code in ACCESS_CODES:
-        needed = "s3:PutObject" if writing else "s3:ListBucket and s3:GetObject"
-        return ArchiveError(
-            f"access denied {action} archive {location}; grant {needed} on it "
-            "or choose another archive location"
-        )
-    if code in CREDENTIAL_CODES:
-        return ArchiveError(
-            f"S3 rejected the AWS credentials {action} archive {location} ({code}); "
-            "refresh or fix your credentials"
-        )
-    message = one_line(str(exc.response.get("Error", {}).get("Message", "")))
-    return ArchiveError(
-        f"S3 error {action} archive {location}: {code or 'unknown'} {message}".rstrip()
-        + "; check the URI, your permissions and try again"
     )

@@ -7,21 +7,19 @@ import errno
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from redrive.archive.format import gzip_member_pieces, header_member
 from redrive.archive.record import ArchiveRecord, chunked, encode_lines
-from redrive.archive.storage import local_error, parse_s3_uri, reject_other_schemes, s3_error
-from redrive.aws.errors import ACCESS_CODES, error_code
+from redrive.archive.storage import local_error, parse_s3_uri, reject_other_schemes
+from redrive.aws.s3 import ignore_s3_errors, s3_errors
 from redrive.errors import ArchiveError
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3 import S3Client
+    from redrive.aws.s3 import S3Client
 
 _WRITE_CHUNK: Final = 1 << 20
 
@@ -237,18 +235,15 @@ class S3ArchiveWriter(_WriterBase):
 
     def _preflight(self) -> None:
         # Fails before purge receives anything if the bucket is missing or the run exists.
-        try:
+        listing: Mapping[str, object] | None = None
+        # Write-only credentials (PutObject without ListBucket) are a sane setup for an
+        # archive bucket; the first put will tell if writing is denied too.
+        with s3_errors(self.location, self._bucket, writing=True, denied_ok=True):
             listing = self._client.list_objects_v2(
                 Bucket=self._bucket, Prefix=self._run_prefix, MaxKeys=1
             )
-        except ClientError as exc:
-            if error_code(exc) in ACCESS_CODES:
-                # Write-only credentials (PutObject without ListBucket) are a sane setup for
-                # an archive bucket; the first put will tell if writing is denied too.
-                return
-            raise s3_error(exc, self.location, self._bucket, writing=True) from exc
-        except BotoCoreError as exc:
-            raise s3_error(exc, self.location, self._bucket, writing=True) from exc
+        if listing is None:
+            return
         if listing.get("KeyCount", 0) or listing.get("Contents"):
             raise ArchiveError(
                 f"archive {self.location} already has objects; refusing to mix runs, "
@@ -259,12 +254,13 @@ class S3ArchiveWriter(_WriterBase):
         self._check_usable()
         for chunk in chunked(records, self._chunk_records):
             body = b"".join(gzip_member_pieces(encode_lines(chunk), seq=self._part + 1))
+            where = f"s3://{self._bucket}/{self._part_key(self._part + 1)}"
             try:
-                self._put(self._part + 1, body)
-            except (ClientError, BotoCoreError) as exc:
+                with s3_errors(where, self._bucket, writing=True):
+                    self._put(self._part + 1, body)
+            except ArchiveError:
                 self._broken = True
-                where = f"s3://{self._bucket}/{self._part_key(self._part + 1)}"
-                raise s3_error(exc, where, self._bucket, writing=True) from exc
+                raise
             self._part += 1
             self._records += len(chunk)
 
@@ -291,7 +287,7 @@ class S3ArchiveWriter(_WriterBase):
             return
         header = header_member(closed=True, records=self._records, members=self._part)
         # Unsealed, the run reads as one whose writer was stopped: readable, checked less.
-        with contextlib.suppress(ClientError, BotoCoreError):
+        with ignore_s3_errors():
             self._put(0, header)
 
 
