@@ -357,10 +357,6 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "cli": {"*"},
 }
 
-#: The only parts that import the AWS SDK (boto3/botocore) or moto: the AWS adapters, the SQS
-#: backend, and the sandbox (a moto SQS on loopback for ``make demo`` and the tests).
-AWS_SDK_PARTS = {"aws", "broker.sqs", "sandbox"}
-
 
 def test_each_part_imports_only_the_parts_the_table_allows() -> None:
     crossings = sorted(
@@ -376,15 +372,3 @@ def test_each_part_imports_only_the_parts_the_table_allows() -> None:
 
 def test_the_table_names_every_part() -> None:
     assert {_part(m) for m in GRAPH} <= set(ALLOWED_IMPORTS)
-
-
-def test_only_the_aws_adapters_the_sqs_backend_and_the_sandbox_import_the_aws_sdk() -> None:
-    sdk = {"boto3", "botocore", "moto"}
-    found = sorted(
-        str(path.relative_to(PACKAGE))
-        for path in PACKAGE.rglob("*.py")
-        if _imports(path) & sdk
-        and _part(".".join(("redrive", *path.relative_to(PACKAGE).with_suffix("").parts)))
-        not in AWS_SDK_PARTS
-    )
-    assert found == []
