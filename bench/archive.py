@@ -37,6 +37,7 @@ from datetime import UTC, datetime  # noqa: E402
 
 from bench.common import DLQ, TASKS, arguments, parse_sizes  # noqa: E402
 from redrive.archive import ArchiveRecord, check_archive, open_writer  # noqa: E402
+from redrive.broker.sqs.calls import ARCHIVED_ATTRIBUTES, delivery_of  # noqa: E402
 from redrive.sandbox.encoder import encode  # noqa: E402
 
 BATCH = 10  # records per write_batch: a local purge archives each receive of 10
@@ -64,7 +65,8 @@ def write_archive(path: str, size: int, seed: int = 7) -> float:
             }
             batch.append(
                 ArchiveRecord.from_message(
-                    message,
+                    delivery_of({**message, "ReceiptHandle": "-"}),
+                    kept=ARCHIVED_ATTRIBUTES,
                     task=task,
                     task_id=None,
                     dlq=f"https://sqs.example/{DLQ}",

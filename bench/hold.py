@@ -192,7 +192,7 @@ def idle_run(
         return Sqs(client_for(endpoint))
 
     first = sqs()
-    scan = DlqScan(url=dlq_url, lease=lease, receive_held=True, wait_seconds=0, sqs_factory=sqs)
+    scan = DlqScan(url=dlq_url, lease=lease, receive_held=True, wait_seconds=0, broker_factory=sqs)
     started = time.monotonic()
     try:
         while (batch := scan.next_batch(first)) is not None:
