@@ -634,7 +634,7 @@ _OPERATOR = textwrap.dedent(
     from redrive.operations.move import MoveEngine, MoveOptions
     from redrive.broker.sqs.queues import resolve_family
     from redrive.aws.session import AwsSettings
-from redrive.broker.sqs import open_sqs
+    from redrive.broker.sqs import open_sqs
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     table, go = sys.argv[1:3]
@@ -646,7 +646,10 @@ from redrive.broker.sqs import open_sqs
         time.sleep(0.01)
     with ledger:
         result = MoveEngine(
-            target, ledger, MoveOptions(execute=True, lease=10), broker_factory=settings.sqs
+            target,
+            ledger,
+            MoveOptions(execute=True, lease=10),
+            broker_factory=lambda: open_sqs(settings),
         ).run()
     print(json.dumps(result.to_json()), flush=True)
     """

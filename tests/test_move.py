@@ -1513,7 +1513,7 @@ OPERATOR = textwrap.dedent(
     from redrive.operations.move import MoveEngine, MoveOptions
     from redrive.broker.sqs.queues import resolve_family
     from redrive.aws.session import AwsSettings
-from redrive.broker.sqs import open_sqs
+    from redrive.broker.sqs import open_sqs
 
     scan.RECEIVE_WAIT_SECONDS = 0  # a long poll would hold up the serial server
     endpoint, ledger, go = sys.argv[1:4]
@@ -1524,7 +1524,10 @@ from redrive.broker.sqs import open_sqs
         time.sleep(0.01)
     with SqliteLedger(Path(ledger)) as led:
         result = MoveEngine(
-            target, led, MoveOptions(execute=True, lease=10), broker_factory=settings.sqs
+            target,
+            led,
+            MoveOptions(execute=True, lease=10),
+            broker_factory=lambda: open_sqs(settings),
         ).run()
     print(json.dumps(result.to_json()), flush=True)
     """
