@@ -19,9 +19,9 @@ from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.keys import key_for
 from redrive.ledger import Claim, KeyState, Ledger, SqliteLedger, open_ledger
 from redrive.messages import decode
-from redrive.operations import move as move_module
 from redrive.operations.merge import merge_move_results
 from redrive.operations.move import AMBIGUOUS, MAX_LISTED, Listed, MoveResult
+from redrive.operations.move import result as move_result
 from redrive.render.move import move_text
 from redrive.sandbox.encoder import encode
 
@@ -118,7 +118,7 @@ def test_250_in_doubt_in_a_dynamodb_ledger_are_all_listed(
                 ],
             )
 
-    monkeypatch.setattr(move_module, "MAX_LISTED", 5)
+    monkeypatch.setattr(move_result, "MAX_LISTED", 5)
     data = as_json(cli("move", "checkout", "--execute", "--yes", "--json", "--ledger", uri))
     assert (data["in_doubt"], data["in_doubt_listed"], data["in_doubt_truncated"]) == (8, 5, True)
     text = cli("move", "checkout", "--execute", "--yes", "--ledger", uri).output
@@ -154,7 +154,7 @@ def test_failed_sends_beyond_the_cut_say_how_many_are_shown_and_that_all_stay(
         return BatchResult({}, {e.id: "KMS.DisabledException: key disabled" for e in entries})
 
     monkeypatch.setattr(SqsBroker, "send_batch", refuse)
-    monkeypatch.setattr(move_module, "MAX_LISTED", 5)
+    monkeypatch.setattr(move_result, "MAX_LISTED", 5)
     put_many(family, 8)
     data = as_json(cli("move", "checkout", "--execute", "--yes", "--json"))
     assert data["failed"] == 8

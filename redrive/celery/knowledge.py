@@ -1,8 +1,8 @@
 """What the engine asks about each message's task: where it goes (the queue its route names
 now, or the one a plan recorded), and whether to keep it in the DLQ because no worker
 registers it. :class:`TaskKnowledge` is the one object ``MoveOptions.celery`` carries; the
-engine calls :meth:`~TaskKnowledge.route` in ``MoveEngine._route`` and
-:func:`skip_reason` in ``MoveEngine._select``'s skip chain.
+engine calls :meth:`~TaskKnowledge.route` in ``Router.route`` and :func:`skip_reason` in
+``Decider._select``'s skip chain (:mod:`redrive.operations.move`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ anything else is asked of its key.
 
 Features slot in as facts: a per-message skip reason from a gate (:attr:`MessageFacts.gate`,
 e.g. a task the Celery app does not register, or one whose result says it succeeded), a
-per-task route (the engine's ``_route``: ``routed``), a content predicate (inside
+per-task route (the engine's ``Router.route``: ``routed``), a content predicate (inside
 :meth:`redrive.selection.Selection.matches`: ``selected``).
 """
 

@@ -1,0 +1,288 @@
+"""Deciding each received message's fate: selected or not, gated, expired, routed, keyed, and
+then (from the ledger as it stands) sent, followed, a duplicate, taken over, in doubt or held
+(:mod:`redrive.operations.verdict` says which). A dry run ends here: what it would do is
+planned (:class:`PlannedKeys`) and counted, and nothing changes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from redrive import attributes
+from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
+from redrive.celery.knowledge import skip_reason
+from redrive.celery.results import ALREADY_SUCCEEDED, delivered_after_claim, succeeded_ids
+from redrive.dlq.scan import digest
+from redrive.ledger import Entry
+from redrive.messages import TaskInfo, decode
+from redrive.operations.move.candidate import Candidate, DecidedBatch, candidate_for
+from redrive.operations.move.copies import KeySettler
+from redrive.operations.move.options import MoveOptions, decision_options
+from redrive.operations.move.owners import ClaimOwners
+from redrive.operations.move.result import MoveResult, MoveTally
+from redrive.operations.move.routing import Router, routed_from
+from redrive.operations.observer import PlanItem, RunObserver
+from redrive.operations.shared import LimitLike, PlannedLike
+from redrive.operations.verdict import (
+    EntryFacts,
+    Fate,
+    MessageFacts,
+    RunFacts,
+    Verdict,
+    decide,
+    screen,
+)
+
+GateReasons = Callable[[Sequence[tuple[Delivery, TaskInfo]]], Mapping[str, str]]
+"""Gates' reasons to skip messages of a batch: MessageId -> reason, asked once per batch."""
+
+
+class PlannedKeys:
+    """A dry run's keys it "would claim": a second copy is then a duplicate. Digests, not
+    keys: a dry run of a million messages must not hold a million strings."""
+
+    def __init__(self) -> None:
+        self._digests: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add(self, key: str) -> bool:
+        """Plan ``key``; False when it was planned already (the dry run's lost claim)."""
+        seen = digest(key)
+        with self._lock:
+            if seen in self._digests:
+                return False
+            self._digests.add(seen)
+            return True
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str) or not self._digests:  # an executed run plans nothing
+            return False
+        with self._lock:
+            return digest(key) in self._digests
+
+
+class Decider:
+    """Decides the run's batches, each as a whole, from what the run knows so far: its
+    filters, routes, the ledger's entries and what it has planned. Thread-safe."""
+
+    def __init__(
+        self,
+        target: DlqTarget,
+        options: MoveOptions,
+        *,
+        tally: MoveTally,
+        limit: LimitLike,
+        planned: PlannedLike,
+        router: Router,
+        owners: ClaimOwners,
+        settler: KeySettler,
+        observer: RunObserver[MoveResult],
+        clock: Callable[[], float],
+        namespace: Callable[[], str],
+        legacy: bool,
+        gate_reasons: GateReasons,
+    ) -> None:
+        """``namespace``: the broker's key namespace (known once the run uses a broker);
+        ``legacy``: the ledger may hold keys of the earlier form."""
+        self.target = target
+        self.options = options
+        self._tally = tally
+        self._limit = limit
+        self._planned = planned
+        self._router = router
+        self._owners = owners
+        self._settler = settler
+        self._observer = observer
+        self._now = clock
+        self._namespace = namespace
+        self._legacy = legacy
+        self._gate_reasons = gate_reasons
+        self._options = decision_options(options)
+        run_id = owners.run_id
+        self._run_open, self._run_full = RunFacts(run_id), RunFacts(run_id, True)
+
+    def decide(self, broker: Broker, batch: Sequence[Delivery], received_at: float) -> DecidedBatch:
+        """Decode a batch and decide each message's fate from the ledger as it stands; a
+        dry run ends here."""
+        decided = DecidedBatch(batch, received_at, keep=[])
+        candidates = self._select(broker, batch, decided.keep)
+        entries = self._settler.entries_for(candidates)
+        live_owners = self._owners.live_others(entries.values())
+        # redrive.celery.results: which in-doubt tasks the result backend proves delivered.
+        delivered = (
+            delivered_after_claim(self.options.results, candidates, entries, self._owners.run_id)
+            if self.options.in_doubt == "auto"
+            else set()
+        )
+        for cand in candidates:
+            entry = entries.get(cand.key)
+            verdict = self._verdict(cand, entry, (live_owners, delivered), decided)
+            self._tally.decided(cand.info, verdict, cand.message.message_id, cand.key)
+            decided.add(cand, verdict, entry)
+            if verdict.fate is Fate.PLANNED_DUPLICATE:
+                self._to_plan(cand, "delete-duplicate")
+        if not self.options.execute:
+            self._plan_only(decided)
+        return decided
+
+    # -- what needs no key ---------------------------------------------------------------
+
+    def _select(
+        self, broker: Broker, batch: Sequence[Delivery], keep: list[Delivery]
+    ) -> list[Candidate]:
+        """The batch's selected messages that may be sent, with their keys; the others go
+        to ``keep`` (counted as skipped when selected)."""
+        candidates: list[Candidate] = []
+        now = self._now()
+        now_dt = datetime.fromtimestamp(now, UTC)
+        decoded = [(message, decode(message.body)) for message in batch]
+        self._tally.seen.add(decoded)
+        gates = self._gate_reasons(decoded)
+        succeeded = self._succeeded(decoded)
+        for message, info in decoded:
+            gate = gates.get(message.message_id)
+            done = info.task_id in succeeded
+            facts, route = self._message_facts(broker, message, info, (now, now_dt), gate, done)
+            screened = screen(facts, self._options)
+            if screened is not None or route is None:
+                self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
+                keep.append(message)
+                continue
+            candidates.append(
+                candidate_for(
+                    message,
+                    info,
+                    facts.generation,
+                    route,
+                    self._namespace(),
+                    legacy=self._legacy,
+                )
+            )
+        return candidates
+
+    def _succeeded(self, decoded: Sequence[tuple[Delivery, TaskInfo]]) -> set[str]:
+        """redrive.celery.results: the batch's task ids whose result says they succeeded (one
+        lookup per batch; a backend that cannot answer stops the run here, before this batch
+        is claimed or sent)."""
+        return succeeded_ids(
+            None if self.options.include_succeeded else self.options.results,
+            (info.task_id for _, info in decoded),
+        )
+
+    def _message_facts(
+        self,
+        broker: Broker,
+        message: Delivery,
+        info: TaskInfo,
+        now: tuple[float, datetime],
+        gate: str | None,
+        succeeded: bool,
+    ) -> tuple[MessageFacts, QueueRef | None]:
+        """What :func:`screen` needs to know of a message, found in its order: a fact that
+        already decides spares the rest (an expired message is not routed)."""
+        selection = self.options.selection
+        if not selection.matches(
+            info,
+            message_id=message.message_id,
+            sent_at=message.enqueued_at,
+            now=now[0],
+            # --where (issue 15): the record reads the message and its DLQ's sources.
+            message=message,
+            sources=[s.name for s in self.target.sources],
+        ):
+            return MessageFacts(selected=False), None
+        # redrive.celery: a task no worker registers would be dropped.
+        if (gate := gate or skip_reason(self.options.celery, info)) is not None:
+            return MessageFacts(gate=gate), None
+        if not self.options.include_expired and info.is_expired(now[1]):
+            return MessageFacts(expired=True), None
+        if succeeded:  # redrive.celery.results: the result backend says it succeeded
+            return MessageFacts(late_gate=ALREADY_SUCCEEDED), None
+        route = self._router.route(broker, message, info.task)
+        facts = MessageFacts(
+            routed=route is not None,
+            celery=info.is_celery,
+            generation=attributes.redrive_count(message.message_attributes),
+        )
+        return facts, route
+
+    # -- what the key's entry decides ----------------------------------------------------
+
+    def _verdict(
+        self,
+        cand: Candidate,
+        entry: Entry | None,
+        known_of: tuple[set[str], set[str]],
+        decided: DecidedBatch,
+    ) -> Verdict:
+        """The candidate's verdict; one that would send takes one of --limit's messages."""
+        facts = MessageFacts(
+            generation=cand.generation,
+            held=cand.held,
+            in_batch=cand.key in decided.followers,
+            planned=entry is None and cand.key in self._planned,
+        )
+        live_owners, delivered = known_of
+        known = (
+            EntryFacts(
+                entry.state,
+                self._owners.decided_as(entry.run_id, live_owners),
+                owner_live=entry.run_id in live_owners,
+                delivered=cand.key in delivered,
+            )
+            if entry is not None
+            else None
+        )
+        options = self._options
+        run = self._run_full if self._limit.reached else self._run_open
+        verdict = decide(facts, known, run, options)
+        if verdict.sends and not self._limit.take():
+            # Another worker took the last one meanwhile.
+            verdict = decide(facts, known, self._run_full, options)
+        return verdict
+
+    # -- a dry run -----------------------------------------------------------------------
+
+    def _plan_only(self, decided: DecidedBatch) -> None:
+        """A dry run: count what would happen, change nothing, keep every message."""
+        keep = decided.keep
+        for cand in [*decided.to_send, *(c for c, _ in decided.takeovers)]:
+            if not self._planned.add(cand.key):
+                self._lost_planned_race(cand, decided)
+                continue
+            self._to_plan(cand, "send")
+            self._tally.moved(cand)
+            keep.append(cand.message)
+            for follower in decided.followers.get(cand.key, []):
+                self._tally.duplicate(follower.info, matched=True)
+                self._to_plan(follower, "delete-duplicate")
+                keep.append(follower.message)
+        for cand, _ in decided.duplicates:
+            self._tally.duplicate(cand.info)
+            self._to_plan(cand, "delete-duplicate")
+            keep.append(cand.message)
+
+    def _to_plan(self, cand: Candidate, action: str) -> None:
+        self._observer.on_plan(
+            PlanItem(
+                message_id=cand.message.message_id,
+                task=cand.info.task,
+                task_id=cand.info.task_id,
+                key=cand.key,
+                target=cand.target.url,
+                action=action,
+                routed_from=routed_from(self._router.source_name(cand.message), cand.target.name),
+            )
+        )
+
+    def _lost_planned_race(self, cand: Candidate, decided: DecidedBatch) -> None:
+        """A dry run's claim lost: another worker or process planned the same task between
+        this one's decision and its plan, as a real run's claim_many would have found it
+        claimed. This copy and its followers are then duplicates, as the real run's are."""
+        more = decided.followers.pop(cand.key, [])
+        self._limit.give_back()  # taken as a send when decided; it is not one
+        decided.duplicates.append((cand, cand.key))
+        decided.duplicates.extend((f, cand.key) for f in more)
+        for f in more:
+            self._tally.matched(f.info)

@@ -1,0 +1,231 @@
+"""Carrying out a decided batch of an executed run, a step at a time (each a point a crash may
+hit): claim the keys to send in the ledger, send them, record what was sent and give back what
+was refused, delete the DLQ copies of what was sent, record those keys as done. What is neither
+sent nor refused stays claimed: in doubt."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from redrive.broker.base import Broker, Delivery
+from redrive.ledger import Claim, Entry, KeyState, Ledger
+from redrive.operations.move.candidate import Candidate, DecidedBatch
+from redrive.operations.move.copies import copy_of
+from redrive.operations.move.options import MessageSource, MoveOptions
+from redrive.operations.move.result import (
+    ClaimOutcome,
+    DeleteOutcome,
+    MoveResult,
+    MoveTally,
+    SendOutcome,
+    listed_for,
+)
+from redrive.operations.move.send import Sender
+from redrive.operations.observer import RunObserver
+from redrive.operations.shared import LimitLike
+from redrive.operations.verdict import BUSY
+
+UNCONFIRMED = "SQS confirmed neither success nor failure of its send"
+"""What the result says of a send the broker's answer left unconfirmed."""
+
+
+class Executor:
+    """Claims, sends, records and deletes the run's decided batches, one at a time per
+    worker; thread-safe (the ledger and the tally are)."""
+
+    def __init__(
+        self,
+        ledger: Ledger | None,
+        run_id: str | None,
+        options: MoveOptions,
+        *,
+        scan: MessageSource,
+        dlq_url: str,
+        tally: MoveTally,
+        limit: LimitLike,
+        sender: Sender,
+        observer: RunObserver[MoveResult],
+        heartbeat: Callable[[], None],
+    ) -> None:
+        """``heartbeat``: tell the ledger the run lives (its claims are not in doubt)."""
+        self.ledger = ledger
+        self.run_id = run_id
+        self.options = options
+        self._scan = scan
+        self._dlq_url = dlq_url
+        self._tally = tally
+        self._limit = limit
+        self._sender = sender
+        self._observer = observer
+        self._heartbeat = heartbeat
+
+    def execute(self, broker: Broker, decided: DecidedBatch) -> list[Delivery]:
+        """Claim, send, record and delete what was decided; return the messages to keep
+        hidden until the scan ends."""
+        if not self.options.execute:
+            return decided.keep
+        claimed = self._claim(decided)
+        self._heartbeat()
+        self._observer.on_step("claimed")
+        self._extend_if_slow(broker, decided.batch, decided.received_at)
+        sent = self._sender.send(broker, claimed.claimed)
+        self._observer.on_step("sent")
+        self._record(sent)
+        self._observer.on_step("recorded")
+        self._settle(sent, decided)
+        deleted = self._delete(broker, self._deletable(sent, decided))
+        decided.keep.extend(deleted.kept)
+        self._observer.on_step("deleted")
+        if deleted.done:
+            assert self.ledger is not None and self.run_id is not None
+            self.ledger.mark_done_many(self.run_id, sorted(deleted.done))
+        return decided.keep
+
+    # -- claim ---------------------------------------------------------------------------
+
+    def _claim(self, decided: DecidedBatch) -> ClaimOutcome:
+        """Claim the keys to send (and take over the in-doubt ones to resend, mark the ones
+        to skip): durable before anything is sent."""
+        assert self.ledger is not None and self.run_id is not None
+        if decided.proven:
+            decided.duplicates = self._adopt_delivered(
+                decided.proven, decided.duplicates, decided.keep
+            )
+        if decided.resolve_skip:
+            self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in decided.resolve_skip])
+        outcome = ClaimOutcome()
+        if decided.to_send:
+            self._claim_new(decided, outcome)
+        if decided.takeovers:
+            self._take_over(decided, outcome)
+        return outcome
+
+    def _claim_new(self, decided: DecidedBatch, outcome: ClaimOutcome) -> None:
+        assert self.ledger is not None and self.run_id is not None
+        won = self.ledger.claim_many(
+            self.run_id,
+            [
+                Claim(c.key, c.info.task, c.message.message_id, c.target.url)
+                for c in decided.to_send
+            ],
+        )
+        for cand in decided.to_send:
+            if cand.key in won.won:
+                outcome.claimed.append(cand)
+            else:
+                # Another run claimed it between our read and our claim.
+                outcome.lost.append(cand)
+                self._lost_race(cand, won[cand.key], decided)
+
+    def _adopt_delivered(
+        self,
+        proven: Sequence[tuple[Candidate, str]],
+        duplicates: list[tuple[Candidate, str]],
+        keep: list[Delivery],
+    ) -> list[tuple[Candidate, str]]:
+        """--in-doubt auto: take over the keys the result backend proved delivered and
+        record them SENT (by the dead run's copy), so their DLQ copies are deleted as
+        duplicates and the keys end DONE. A key another run took meanwhile stays held."""
+        assert self.ledger is not None and self.run_id is not None
+        taken = self.ledger.takeover_many(self.run_id, [(c.key, run) for c, run in proven])
+        self.ledger.mark_sent_many(self.run_id, {key: "" for key in taken})
+        untaken = {id(c) for c, _ in proven if c.key not in taken}
+        keep.extend(c.message for c, _ in proven if id(c) in untaken)
+        return [(c, k) for c, k in duplicates if id(c) not in untaken]
+
+    def _take_over(self, decided: DecidedBatch, outcome: ClaimOutcome) -> None:
+        assert self.ledger is not None and self.run_id is not None
+        takeovers = decided.takeovers
+        taken = self.ledger.takeover_many(self.run_id, [(c.key, old) for c, old in takeovers])
+        lost = [c for c, _ in takeovers if c.key not in taken]
+        # Decided on before an earlier batch of this run went through, a takeover may find
+        # that batch sent another copy of the key since: then this one is a duplicate.
+        now_entries = self.ledger.get_many([c.key for c in lost]) if lost else {}
+        for cand, _ in takeovers:
+            if cand.key in taken:
+                outcome.claimed.append(cand)
+                continue
+            outcome.lost.append(cand)
+            if (entry := now_entries.get(cand.key)) is not None:
+                self._lost_race(cand, entry, decided)
+            else:
+                decided.keep_with_followers(cand)
+                self._tally.skipped(cand.info, BUSY)
+
+    def _lost_race(self, cand: Candidate, entry: Entry, decided: DecidedBatch) -> None:
+        more = decided.followers.pop(cand.key, [])
+        self._limit.give_back()  # taken as a send when decided; it is not one
+        if entry.state in (KeyState.SENT, KeyState.DONE) and copy_of(cand, entry):
+            decided.duplicates.append((cand, entry.key))
+            decided.duplicates.extend((f, entry.key) for f in more)
+            for f in more:
+                self._tally.matched(f.info)
+            return
+        # Claimed by a live run, or sent for a message this one may not be a copy of:
+        # the next run decides, with that key's entry in hand.
+        self._tally.skipped(cand.info, BUSY)
+        decided.keep.append(cand.message)
+        decided.keep.extend(f.message for f in more)
+
+    def _extend_if_slow(
+        self, broker: Broker, batch: Sequence[Delivery], received_at: float
+    ) -> None:
+        # Past half the lease, another receiver could get these messages: extend it. Safety
+        # does not depend on this (the ledger does), but it saves needless "busy" skips.
+        if time.monotonic() - received_at > self.options.lease / 2:
+            self._scan.extend(broker, batch, self.options.lease)
+
+    # -- after the send ------------------------------------------------------------------
+
+    def _record(self, sent: SendOutcome) -> None:
+        """Record the confirmed sends; give back the claims of the refused ones (the
+        unconfirmed stay claimed: in doubt)."""
+        assert self.ledger is not None and self.run_id is not None
+        if sent.sent:
+            self.ledger.mark_sent_many(self.run_id, {c.key: mid for c, mid in sent.sent})
+        if sent.refused:
+            self.ledger.release_many(self.run_id, [c.key for c, _ in sent.refused])
+
+    def _settle(self, sent: SendOutcome, decided: DecidedBatch) -> None:
+        """Count what the send did; keep what was not sent (with its followers) hidden."""
+        self._tally.sent(sent)
+        for cand, _ in sent.refused:
+            decided.keep_with_followers(cand)
+        for cand in sent.unconfirmed:
+            self._tally.in_doubt(listed_for(cand, UNCONFIRMED))
+            decided.keep_with_followers(cand)
+
+    def _deletable(self, sent: SendOutcome, decided: DecidedBatch) -> list[tuple[Delivery, str]]:
+        """The DLQ copies to delete, with the key each was sent under: the ones sent, their
+        followers, and the duplicates of keys sent before."""
+        deletable: list[tuple[Delivery, str]] = [(c.message, c.key) for c, _ in sent.sent]
+        for cand, _ in sent.sent:
+            for follower in decided.followers.get(cand.key, []):
+                deletable.append((follower.message, cand.key))
+                self._tally.duplicate(follower.info, matched=True)
+        for cand, key in decided.duplicates:
+            deletable.append((cand.message, key))
+            self._tally.duplicate(cand.info)
+        return deletable
+
+    def _delete(self, broker: Broker, deletable: Sequence[tuple[Delivery, str]]) -> DeleteOutcome:
+        """Delete DLQ copies: the keys whose copies are all gone, and what stays."""
+        if not self._scan.deletes:
+            # An archive being replayed: there is no copy to delete.
+            return DeleteOutcome(done={key for _, key in deletable})
+        done: set[str] = set()
+        failed_keys: set[str] = set()
+        not_deleted: list[Delivery] = []
+        for start in range(0, len(deletable), 10):
+            chunk = deletable[start : start + 10]
+            result = broker.ack(self._dlq_url, {str(i): m.tag for i, (m, _) in enumerate(chunk)})
+            self._scan.forget([m for i, (m, _) in enumerate(chunk) if str(i) in result.ok])
+            for i, (message, key) in enumerate(chunk):
+                if str(i) in result.ok:
+                    done.add(key)
+                else:
+                    # Stays SENT: the next run finds the copy and only deletes it.
+                    failed_keys.add(key)
+                    not_deleted.append(message)
+        return DeleteOutcome(done - failed_keys, not_deleted)

@@ -1,0 +1,355 @@
+"""What a move run found and did: its :class:`MoveResult` (with per-task :class:`TaskCounts`
+and the messages it names, :class:`Listed`), the :class:`MoveTally` that counts into it, and
+what each step of a batch came to (:class:`ClaimOutcome`, :class:`SendOutcome`,
+:class:`DeleteOutcome`)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from redrive.broker.base import Delivery
+from redrive.celery.knowledge import NoTarget
+from redrive.messages import TaskInfo
+from redrive.operations.move.candidate import Candidate
+from redrive.operations.seen import SeenByFilters
+from redrive.operations.verdict import AMBIGUOUS, IN_DOUBT, NO_TARGET, Fate, Verdict
+from redrive.selection import FilterMisses
+
+MAX_LISTED = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One message named in the result (in doubt, or failed)."""
+
+    task: str
+    task_id: str | None
+    message_id: str
+    key: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "task_id": self.task_id,
+            "message_id": self.message_id,
+            "key": self.key,
+            "detail": self.detail,
+        }
+
+
+def listed_json(name: str, count: int, listing: Sequence[object]) -> dict[str, Any]:
+    """How much of a capped list (at most :data:`MAX_LISTED`) the JSON holds: ``NAME_listed``
+    (its length) and ``NAME_truncated`` (whether ``count``, NAME's total, is more)."""
+    return {f"{name}_listed": len(listing), f"{name}_truncated": count > len(listing)}
+
+
+@dataclass(slots=True)
+class TaskCounts:
+    matched: int = 0
+    moved: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    failed: int = 0
+    duplicates: int = 0
+    targets: Counter[str] = field(default_factory=Counter)
+    rerouted: Counter[str] = field(default_factory=Counter)
+    """Source queue -> messages sent elsewhere than their source by their task's route."""
+
+    def sent_to(self, target: str, source: str | None) -> None:
+        self.targets[target] += 1
+        if source is not None and source != target:
+            self.rerouted[source] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": dict(self.skipped),
+            "failed": self.failed,
+            "duplicates_deleted": self.duplicates,
+            "targets": dict(self.targets),
+            "routed_from": dict(self.rerouted),
+        }
+
+
+@dataclass(slots=True)
+class MoveResult:
+    dry_run: bool
+    target: str
+    dlq: str
+    run_id: str | None = None
+    ledger: str | None = None
+    scanned: int = 0
+    matched: int = 0
+    moved: int = 0
+    failed: int = 0
+    in_doubt: int = 0
+    died_in_doubt: int = 0
+    """Of ``in_doubt``: the claims a process of this run (``--processes``) left unconfirmed
+    when it died; the others were left by earlier runs."""
+    duplicates: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    tasks: dict[str, TaskCounts] = field(default_factory=dict)
+    in_doubt_messages: list[Listed] = field(default_factory=list)
+    failed_messages: list[Listed] = field(default_factory=list)
+    ambiguous_messages: list[Listed] = field(default_factory=list)
+    no_target_reason: str | None = None
+    """Why messages had no single target (the DLQ's source queues, and what SQS said)."""
+    no_target_candidates: list[str] = field(default_factory=list)
+    no_target_missing: str | None = None
+    """A queue named for them that does not exist (creating it is a way)."""
+    no_target_by_route: bool = False
+    """A task route or a plan named where they go (``--route source`` is a way)."""
+    misses: FilterMisses | None = None
+    """A --task or --message-id filter that matched nothing: what the scan saw instead."""
+    interrupted: bool = False
+    error: str | None = None
+    still_hidden: int = 0
+    hidden_until: float | None = None
+    seconds: float = 0.0
+    throttled: int = 0
+    depth_before: int | None = None
+    """SQS's count of visible messages in the DLQ when the run started (for progress)."""
+    redelivered: int = 0
+    """Copies SQS delivered again after the run deleted their message: deleted once more."""
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+    @property
+    def by_task(self) -> dict[str, int]:
+        """Messages moved (or, in a dry run, that would move) per task."""
+        return {task: c.moved for task, c in sorted(self.tasks.items()) if c.moved}
+
+    @property
+    def ambiguous(self) -> int:
+        return self.skipped[AMBIGUOUS]
+
+    @property
+    def needs_attention(self) -> bool:
+        return bool(self.failed or self.in_doubt or self.ambiguous)
+
+    @property
+    def acted(self) -> bool:
+        """Whether the run got anywhere (a summary of it says something): a message sent,
+        deleted, skipped, failed or left in doubt. Not ``scanned``, which counts a batch as it
+        is received: a first send refused has received its batch and done nothing."""
+        return bool(
+            self.moved or self.duplicates or self.skipped_total or self.failed or self.in_doubt
+        )
+
+    def run_counts(self) -> dict[str, int]:
+        """What the ledger records at the run's end (the audit trail's counts)."""
+        return {
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": self.skipped_total,
+            "failed": self.failed,
+            "in_doubt": self.in_doubt,
+            "duplicates_deleted": self.duplicates,
+        }
+
+    def task(self, name: str) -> TaskCounts:
+        counts = self.tasks.get(name)
+        if counts is None:
+            counts = self.tasks[name] = TaskCounts()
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "target": self.target,
+            "dlq": self.dlq,
+            "run_id": self.run_id,
+            "ledger": self.ledger,
+            "scanned": self.scanned,
+            "matched": self.matched,
+            "moved": self.moved,
+            "skipped": self.skipped_total,
+            "skipped_by_reason": dict(self.skipped),
+            "failed": self.failed,
+            "in_doubt": self.in_doubt,
+            # A dry run deletes nothing: it says what it would delete under its own name.
+            "duplicates_deleted": 0 if self.dry_run else self.duplicates,
+            **({"duplicates_to_delete": self.duplicates} if self.dry_run else {}),
+            "by_task": self.by_task,
+            "tasks": {task: c.to_json() for task, c in sorted(self.tasks.items())},
+            "in_doubt_messages": [m.to_json() for m in self.in_doubt_messages],
+            **listed_json("in_doubt", self.in_doubt, self.in_doubt_messages),
+            "failed_messages": [m.to_json() for m in self.failed_messages],
+            **listed_json("failed", self.failed, self.failed_messages),
+            "ambiguous": self.ambiguous,
+            "ambiguous_messages": [m.to_json() for m in self.ambiguous_messages],
+            **listed_json("ambiguous", self.ambiguous, self.ambiguous_messages),
+            "no_target": (
+                {"reason": self.no_target_reason, "candidates": self.no_target_candidates}
+                if self.skipped[NO_TARGET]
+                else None
+            ),
+            "filter_misses": self.misses.to_json() if self.misses is not None else None,
+            "interrupted": self.interrupted,
+            "error": self.error,
+            "still_hidden": self.still_hidden,
+            "hidden_until": (
+                datetime.fromtimestamp(self.hidden_until, UTC).isoformat(timespec="seconds")
+                if self.hidden_until
+                else None
+            ),
+            "seconds": round(self.seconds, 3),
+            "redelivered": self.redelivered,
+        }
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    claimed: list[Candidate] = field(default_factory=list)
+    lost: list[Candidate] = field(default_factory=list)
+    """Claimed by another run between the read and the claim (or taken over first)."""
+
+
+@dataclass(slots=True)
+class SendOutcome:
+    sent: list[tuple[Candidate, str]] = field(default_factory=list)
+    """Confirmed, with the MessageId SQS gave the copy."""
+    refused: list[tuple[Candidate, str]] = field(default_factory=list)
+    """Refused by SQS, with its error: the claim is given back."""
+    unconfirmed: list[Candidate] = field(default_factory=list)
+    """Named in neither list of SQS's answer: may have been queued, so in doubt."""
+
+
+@dataclass(slots=True)
+class DeleteOutcome:
+    done: set[str] = field(default_factory=set)
+    """Keys whose DLQ copies are all gone."""
+    kept: list[Delivery] = field(default_factory=list)
+    """Copies not deleted: kept hidden, found again by the next run."""
+
+
+class MoveTally:
+    """The run's counts, its MoveResult: changed only here, under the tally's own lock (the
+    workers share it)."""
+
+    def __init__(
+        self,
+        result: MoveResult,
+        seen: SeenByFilters,
+        source_of: Callable[[Delivery], str | None],
+    ) -> None:
+        self.result = result
+        self.seen = seen
+        self._source_of = source_of
+        """The queue a message came from (its target may be another: a task's route)."""
+        self._lock = threading.Lock()
+
+    def decided(
+        self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
+    ) -> None:
+        """Count a message as its verdict says, as soon as it is decided."""
+        if not verdict.matched:
+            return
+        with self._lock:
+            self._matched(info)
+            reason = verdict.skip_reason
+            if reason is not None:
+                self._skip(info.task, reason)
+            if verdict.fate is Fate.IN_DOUBT:
+                self.result.in_doubt += 1
+                listing = self.result.in_doubt_messages
+                add_listed(
+                    listing, Listed(info.task, info.task_id, message_id, key, verdict.detail)
+                )
+            elif verdict.fate is Fate.AMBIGUOUS:
+                listing = self.result.ambiguous_messages
+                add_listed(
+                    listing, Listed(info.task, info.task_id, message_id, key, verdict.detail)
+                )
+            elif verdict.fate is Fate.PLANNED_DUPLICATE:
+                self._duplicate(info)
+
+    def matched(self, info: TaskInfo) -> None:
+        with self._lock:
+            self._matched(info)
+
+    def skipped(self, info: TaskInfo, reason: str) -> None:
+        with self._lock:
+            self._skip(info.task, reason)
+
+    def duplicate(self, info: TaskInfo, *, matched: bool = False) -> None:
+        with self._lock:
+            if matched:
+                self._matched(info)
+            self._duplicate(info)
+
+    def in_doubt(self, listed: Listed) -> None:
+        with self._lock:
+            self.result.in_doubt += 1
+            self._skip(listed.task, IN_DOUBT)
+            add_listed(self.result.in_doubt_messages, listed)
+
+    def moved(self, cand: Candidate) -> None:
+        with self._lock:
+            self._moved(cand)
+
+    def sent(self, outcome: SendOutcome) -> None:
+        with self._lock:
+            for cand, _ in outcome.sent:
+                self._moved(cand)
+            for cand, error in outcome.refused:
+                self.result.failed += 1
+                self.result.task(cand.info.task).failed += 1
+                add_listed(self.result.failed_messages, listed_for(cand, error))
+
+    def scanned(self, n: int) -> None:
+        with self._lock:
+            self.result.scanned += n
+
+    def snapshot(self) -> MoveResult:
+        """The counts as they stand, taken under the lock: what a progress line reads, so
+        that it never catches one worker's matches without its batch's scan (issue 22)."""
+        with self._lock:
+            return replace(self.result)
+
+    def no_target(self, problem: NoTarget) -> None:
+        """Why messages had no single target (the first reason found is kept)."""
+        with self._lock:
+            if self.result.no_target_reason is None:
+                self.result.no_target_reason = problem.reason
+                self.result.no_target_candidates = list(problem.candidates)
+                self.result.no_target_missing = problem.missing
+                self.result.no_target_by_route = problem.by_route
+
+    # -- callers hold self._lock -------------------------------------------------------
+
+    def _matched(self, info: TaskInfo) -> None:
+        self.result.matched += 1
+        self.result.task(info.task).matched += 1
+
+    def _skip(self, task: str, reason: str) -> None:
+        self.result.skipped[reason] += 1
+        self.result.task(task).skipped[reason] += 1
+
+    def _duplicate(self, info: TaskInfo) -> None:
+        self.result.duplicates += 1
+        self.result.task(info.task).duplicates += 1
+
+    def _moved(self, cand: Candidate) -> None:
+        counts = self.result.task(cand.info.task)
+        counts.moved += 1
+        counts.sent_to(cand.target.name, self._source_of(cand.message))
+        self.result.moved += 1
+
+
+def add_listed(listing: list[Listed], listed: Listed) -> None:
+    if len(listing) < MAX_LISTED:
+        listing.append(listed)
+
+
+def listed_for(cand: Candidate, detail: str) -> Listed:
+    """A candidate as the result names it (in doubt, or failed)."""
+    return Listed(cand.info.task, cand.info.task_id, cand.message.message_id, cand.key, detail)
