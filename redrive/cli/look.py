@@ -37,9 +37,10 @@ from redrive.cli.options import (
 )
 from redrive.cli.processes import inspect_wiring
 from redrive.errors import PostFailed, UsageProblem
-from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
+from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import default_ledger_path
-from redrive.operations.processes import InspectScan, inspect_in_processes
+from redrive.operations.inspect_processes import InspectScan
+from redrive.operations.inspect_run import inspect_queue
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table
 from redrive.render.html import report_html
@@ -184,40 +185,26 @@ def _inspect_queue(
     with core_errors(), interruptible() as stop:
         dlq = ctx.target(target)
         results = _results_for(ctx, reader)
-        if processes > 1:
-            result = inspect_in_processes(
-                dlq,
-                InspectScan(
-                    limit=limit,
-                    show_args=show_args,
-                    workers=workers,
-                    now=time.time(),
-                    lease=lease,
-                    focus=focus,
-                    group_by="exception" if group_by == "exception" else None,
-                ),
-                processes=processes,
-                wiring=inspect_wiring(ctx, dlq, results),
-                broker=ctx.broker_of(dlq)(),
-                stop=stop,
-                on_progress=on_progress,
-                on_depth=on_depth,
-            )
-        else:
-            result = inspect_dlq(
-                dlq,
-                ctx.broker_of(dlq),
+        result = inspect_queue(
+            dlq,
+            InspectScan(
                 limit=limit,
-                focus=focus,
+                show_args=show_args,
                 workers=workers,
-                stop=stop,
-                on_progress=on_progress,
-                on_depth=on_depth,
+                now=time.time(),
                 lease=lease,
-                receive_log=ctx.receive_log(),
-                results=results,
+                focus=focus,
                 group_by="exception" if group_by == "exception" else None,
-            )
+            ),
+            broker_factory=ctx.broker_of(dlq),
+            receive_log=ctx.receive_log(),
+            results=results,
+            wiring=inspect_wiring(ctx, dlq, results),
+            stop=stop,
+            on_progress=on_progress,
+            on_depth=on_depth,
+            processes=processes,
+        )
     progress.done()
     return result
 

@@ -4,9 +4,8 @@ purge plan)."""
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import replace
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, Unpack
 
 import click
 
@@ -41,7 +40,7 @@ from redrive.cli.context import (
 from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
-    MovePolicies,
+    MovePolicyValues,
     complete_file,
     complete_queue,
     execute_options,
@@ -49,6 +48,7 @@ from redrive.cli.options import (
     json_option,
     lease_option,
     ledger_option,
+    move_options,
     plan_out_option,
     processes_option,
     processes_sharing,
@@ -56,13 +56,13 @@ from redrive.cli.options import (
     selected,
     target_argument,
     wide_output_option,
-    with_policies,
     workers_option,
 )
 from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.errors import UsageProblem
 from redrive.ledger import Ledger, open_ledger
+from redrive.operations import move_run, replay_run
 from redrive.operations.apply import (
     ApplyOptions,
     ApplyResult,
@@ -71,17 +71,17 @@ from redrive.operations.apply import (
     plan_purge_options,
 )
 from redrive.operations.move import (
+    DEFAULT_LEASE,
     IN_DOUBT_POLICIES,
     InDoubtPolicy,
-    MoveEngine,
     MoveOptions,
     MoveResult,
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
-from redrive.operations.processes import ProcessesResult, move_in_processes, replay_in_processes
+from redrive.operations.processes import ProcessesResult
 from redrive.operations.purge import PurgeOptions
-from redrive.operations.replay import ReplayResult, replay_archive
+from redrive.operations.replay import ReplayResult
 from redrive.operations.run import RunRecord
 from redrive.render.move import archive_damage_lines, move_text, purge_text
 from redrive.render.selection import filters_text
@@ -105,7 +105,7 @@ from redrive.selection import Selection
 )
 @execute_options
 @ledger_option
-@with_policies
+@move_options
 @lease_option
 @workers_option
 @processes_option
@@ -125,7 +125,6 @@ def move(
     execute: bool,
     yes: bool,
     ledger: str | None,
-    policies: MovePolicies,
     lease: int,
     workers: int,
     processes: int,
@@ -134,6 +133,7 @@ def move(
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
+    **policies: Unpack[MovePolicyValues],
 ) -> None:
     """Send DLQ messages back to their source queue, each task once.
 
@@ -147,18 +147,23 @@ def move(
             ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
         )
         return
-    dlq, options = move_run_options(
+    with core_errors():
+        # The app first: its errors are local, and one line, before any AWS call.
+        knowledge = task_knowledge(
+            ctx, route=route, include_unregistered=include_unregistered, to=to
+        )
+        dlq = ctx.target(target)
+        queue = ctx.queue(to) if to else None
+    options = move_run_options(
         ctx,
-        target,
         selection,
-        policies,
-        to=to,
+        to=queue,
+        knowledge=knowledge,
         execute=execute,
         lease=lease,
         workers=workers,
         rate=rate,
-        route=route,
-        include_unregistered=include_unregistered,
+        **policies,
     )
     run_move(
         ctx,
@@ -174,43 +179,30 @@ def move(
 
 def move_run_options(
     ctx: Context,
-    target: str,
     selection: Selection,
-    policies: MovePolicies,
     *,
-    to: str | None,
+    to: QueueRef | None,
+    knowledge: TaskKnowledge | None,
     execute: bool,
-    lease: int,
     workers: int,
     rate: float | None,
-    route: str | None,
-    include_unregistered: bool,
-) -> tuple[DlqTarget, MoveOptions]:
-    """The DLQ a move drains and its options: the Celery app, the target and --to found."""
-    with core_errors():
-        # The app first: its errors are local, and one line, before any AWS call.
-        knowledge = task_knowledge(
-            ctx, route=route, include_unregistered=include_unregistered, to=to
-        )
-        dlq = ctx.target(target)
-        queue = ctx.queue(to) if to else None
-    options = MoveOptions(
+    lease: int = DEFAULT_LEASE,
+    **policies: Unpack[MovePolicyValues],
+) -> MoveOptions:
+    """The engine's options of a move or a replay, as its command line gives them (the
+    policies: :func:`move_options`), sending to ``to`` (None: each message's source, or
+    where its task routes)."""
+    return MoveOptions(
         selection=selection,
         execute=execute,
-        to=queue,
-        include_expired=policies.include_expired,
-        max_redrives=policies.max_redrives,
-        in_doubt=policies.in_doubt,
+        to=to,
         lease=lease,
         workers=workers,
         rate=rate,
-        include_unknown=policies.include_unknown,
-        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
-        ambiguous=policies.ambiguous,
+        to_celery_queue=to is None or ctx.is_celery_queue(to),
         celery=knowledge,
-        include_succeeded=policies.include_succeeded,
+        **policies,
     )
-    return dlq, options
 
 
 def run_move(
@@ -244,7 +236,18 @@ def run_move(
     )
     try:
         with core_errors(), interruptible() as stop, summary:
-            outcome = move_once(ctx, dlq, ledger, options, observer, stop, record, processes)
+            outcome = move_run.move(
+                dlq,
+                ledger,
+                options,
+                broker_factory=ctx.broker_of(dlq),
+                receive_log=ctx.receive_log(),
+                wiring=child_wiring(ctx, dlq, ledger, options),
+                observer=observer,
+                stop=stop,
+                record=record,
+                processes=processes,
+            )
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -271,40 +274,6 @@ def move_summary(
 ) -> str:
     result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
     return processes_text(outcome, routed_text(knowledge, move_text(result, width=width)))
-
-
-def move_once(
-    ctx: Context,
-    dlq: DlqTarget,
-    ledger: Ledger | None,
-    options: MoveOptions,
-    observer: RunObserver[MoveResult],
-    stop: threading.Event,
-    record: RunRecord,
-    processes: int,
-) -> MoveResult | ProcessesResult[MoveResult]:
-    """The move itself: in this process (its --workers threads), or in ``processes``."""
-    if processes > 1:
-        return move_in_processes(
-            dlq,
-            ledger,
-            options,
-            processes=processes,
-            wiring=child_wiring(ctx, dlq, ledger, options),
-            observer=observer,
-            stop=stop,
-            record=record,
-        )
-    return MoveEngine(
-        dlq,
-        ledger,
-        options,
-        broker_factory=ctx.broker_of(dlq),
-        observer=observer,
-        stop=stop,
-        record=record,
-        receive_log=ctx.receive_log(),
-    ).run()
 
 
 def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
@@ -408,7 +377,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @selected
 @execute_options
 @ledger_option
-@with_policies
+@move_options
 @workers_option
 @processes_option
 @rate_option
@@ -430,7 +399,6 @@ def replay(
     execute: bool,
     yes: bool,
     ledger: str | None,
-    policies: MovePolicies,
     workers: int,
     processes: int,
     rate: float | None,
@@ -438,6 +406,7 @@ def replay(
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
+    **policies: Unpack[MovePolicyValues],
 ) -> None:
     """Send archived messages to a queue, byte-identical, each task once.
 
@@ -445,16 +414,17 @@ def replay(
     A dry run unless --execute; replaying twice sends nothing the second time. The whole
     archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
     """
-    queue, options = replay_run_options(
+    with core_errors():
+        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
+    options = move_run_options(
         ctx,
         selection,
-        policies,
-        to=to,
+        to=queue,
+        knowledge=knowledge,
         execute=execute,
         workers=workers,
         rate=rate,
-        route=route,
-        include_unregistered=include_unregistered,
+        **policies,
     )
     outcome = run_replay(
         ctx,
@@ -468,38 +438,6 @@ def replay(
         processes=processes,
     )
     finish_replay(outcome, options.celery, as_json=as_json, allow_partial=allow_partial)
-
-
-def replay_run_options(
-    ctx: Context,
-    selection: Selection,
-    policies: MovePolicies,
-    *,
-    to: str | None,
-    execute: bool,
-    workers: int,
-    rate: float | None,
-    route: str | None,
-    include_unregistered: bool,
-) -> tuple[QueueRef | None, MoveOptions]:
-    """Where a replay sends (``--to``, else each task's route) and its options."""
-    with core_errors():
-        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
-    options = MoveOptions(
-        selection=selection,
-        execute=execute,
-        include_expired=policies.include_expired,
-        max_redrives=policies.max_redrives,
-        in_doubt=policies.in_doubt,
-        workers=workers,
-        rate=rate,
-        include_unknown=policies.include_unknown,
-        to_celery_queue=queue is None or ctx.is_celery_queue(queue),
-        ambiguous=policies.ambiguous,
-        celery=knowledge,
-        include_succeeded=policies.include_succeeded,
-    )
-    return queue, options
 
 
 def finish_replay(
@@ -575,11 +513,7 @@ def run_replay(
             details=lambda: replay_details(source, destination, options.selection),
         )
         ledger = move_ledger(ctx, ledger_uri, options.execute)
-    info = (
-        execute_record(ctx, source, options.selection, ledger, archive=source)
-        if options.execute and ledger
-        else {}
-    )
+    record = replay_record(ctx, source, options, ledger)
     display = ProgressDisplay(
         Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
     )
@@ -594,15 +528,17 @@ def run_replay(
         with core_errors(), interruptible() as stop, summary:
             try:
                 options = with_results(ctx, options)
-                outcome = replay_once(
-                    ctx,
+                outcome = replay_run.replay(
                     source,
                     to,
                     ledger,
                     options,
-                    display=display,
+                    broker_factory=ctx.broker_for,
+                    s3_client_factory=ctx.s3_client,
+                    wiring=replay_wiring(ctx, ledger, options),
+                    observer=display,
                     stop=stop,
-                    record=RunRecord(command_line(), info),
+                    record=record,
                     allow_partial=allow_partial,
                     processes=processes,
                 )
@@ -616,46 +552,16 @@ def run_replay(
     return outcome
 
 
-def replay_once(
-    ctx: Context,
-    source: str,
-    to: QueueRef | None,
-    ledger: Ledger | None,
-    options: MoveOptions,
-    *,
-    display: ProgressDisplay,
-    stop: threading.Event,
-    record: RunRecord,
-    allow_partial: bool,
-    processes: int,
-) -> ReplayResult | ProcessesResult[ReplayResult]:
-    """The replay itself: in this process (its --workers threads), or in ``processes``."""
-    if processes > 1:
-        return replay_in_processes(
-            source,
-            to,
-            ledger,
-            options,
-            processes=processes,
-            wiring=replay_wiring(ctx, ledger, options),
-            s3_client_factory=ctx.s3_client,
-            observer=display,
-            stop=stop,
-            record=record,
-            allow_partial=allow_partial,
-        )
-    return replay_archive(
-        source,
-        to,
-        ledger,
-        options,
-        broker_factory=ctx.broker_for,
-        s3_client_factory=ctx.s3_client,
-        observer=display,
-        stop=stop,
-        record=record,
-        allow_partial=allow_partial,
+def replay_record(
+    ctx: Context, source: str, options: MoveOptions, ledger: Ledger | None
+) -> RunRecord:
+    """What an executed replay's ledger record says of it (who, what, the archive)."""
+    info = (
+        execute_record(ctx, source, options.selection, ledger, archive=source)
+        if options.execute and ledger
+        else {}
     )
+    return RunRecord(command_line(), info)
 
 
 def replay_text(
@@ -875,7 +781,7 @@ def run_apply(
                 stop=stop,
                 receive_log=ctx.receive_log(),
                 processes=processes,
-                wiring=child_wiring(ctx, dlq, ledger, options) if processes > 1 else None,
+                wiring=child_wiring(ctx, dlq, ledger, options),
             )
     finally:
         if ledger is not None:

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -367,6 +366,8 @@ def include_succeeded_option(f: F) -> F:
 
 
 def move_options(f: F) -> F:
+    """How a move or a replay treats in-doubt, poison, expired, unknown, ambiguous and
+    succeeded messages: its command hands them to ``move_run_options`` (redrive.cli.move)."""
     f = include_succeeded_option(f)
     f = click.option(
         "--in-doubt",
@@ -402,10 +403,9 @@ def move_options(f: F) -> F:
     return f
 
 
-@dataclass(frozen=True, slots=True)
-class MovePolicies:
-    """What :func:`move_options` parsed: how a move treats in-doubt, poison, expired,
-    unknown, ambiguous and succeeded messages."""
+class MovePolicyValues(TypedDict):
+    """The values :func:`move_options` gives its command, as keyword arguments it passes on
+    to ``move_run_options`` (redrive.cli.move) as they are."""
 
     in_doubt: InDoubtPolicy
     max_redrives: int
@@ -413,24 +413,6 @@ class MovePolicies:
     include_unknown: bool
     ambiguous: AmbiguousPolicy
     include_succeeded: bool
-
-
-def with_policies(f: Callable[..., None]) -> Callable[..., None]:
-    """The :func:`move_options`, handed to the command as one ``policies: MovePolicies``."""
-
-    @functools.wraps(f)
-    def command(*args: Any, **kwargs: Any) -> None:
-        policies = MovePolicies(
-            in_doubt=kwargs.pop("in_doubt"),
-            max_redrives=kwargs.pop("max_redrives"),
-            include_expired=kwargs.pop("include_expired"),
-            include_unknown=kwargs.pop("include_unknown"),
-            ambiguous=kwargs.pop("ambiguous"),
-            include_succeeded=kwargs.pop("include_succeeded"),
-        )
-        f(*args, policies=policies, **kwargs)
-
-    return move_options(command)
 
 
 def plan_out_option(f: F) -> F:

@@ -34,10 +34,11 @@ from redrive.cli.options import (
 )
 from redrive.cli.processes import child_wiring, processes_text
 from redrive.ledger import Ledger, open_ledger
+from redrive.operations import purge_run
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import PlanWriter
-from redrive.operations.processes import ProcessesResult, purge_in_processes
-from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue, run_purge
+from redrive.operations.processes import ProcessesResult
+from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue
 from redrive.render.move import purge_text
 from redrive.selection import Selection
 
@@ -70,17 +71,12 @@ def purge_command(
     summary = summary_if_stopped(
         (PurgeResult, ProcessesResult),
         as_json,
-        lambda partial, width: processes_text(
-            partial,
-            purge_text(
-                partial.result if isinstance(partial, ProcessesResult) else partial, width=width
-            ),
-        ),
+        purge_summary,
         before=display.done,
     )
     try:
         with core_errors(), interruptible() as stop, summary:
-            outcome = purge_once(ctx, dlq, options, ledger, observer, stop, processes)
+            outcome = _purge(ctx, dlq, options, ledger, observer, stop, processes)
     except BaseException:
         if plan is not None:
             plan.abort()
@@ -96,14 +92,14 @@ def purge_command(
     finish_move(
         outcome,
         as_json,
-        lambda width: processes_text(outcome, purge_text(result, width=width)),
+        lambda width: purge_summary(outcome, width),
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
     )
 
 
-def purge_once(
+def _purge(
     ctx: Context,
     dlq: DlqTarget,
     options: PurgeOptions,
@@ -112,20 +108,8 @@ def purge_once(
     stop: threading.Event,
     processes: int,
 ) -> PurgeResult | ProcessesResult[PurgeResult]:
-    """The purge (or archive) itself: in this process, or in ``processes``."""
-    if processes > 1:
-        return purge_in_processes(
-            dlq,
-            options,
-            processes=processes,
-            wiring=child_wiring(ctx, dlq, ledger),
-            ledger=ledger,
-            command=command_line(),
-            record=purge_record(ctx, dlq, options, ledger),
-            observer=observer,
-            stop=stop,
-        )
-    return run_purge(
+    """The purge (or archive): its one core entry, with this command's adapters."""
+    return purge_run.purge(
         dlq,
         options,
         broker_factory=ctx.broker_of(dlq),
@@ -133,10 +117,19 @@ def purge_once(
         command=command_line(),
         record=purge_record(ctx, dlq, options, ledger),
         s3_client_factory=ctx.s3_client,
+        receive_log=ctx.receive_log(),
+        wiring=child_wiring(ctx, dlq, ledger),
         observer=observer,
         stop=stop,
-        receive_log=ctx.receive_log(),
+        processes=processes,
     )
+
+
+def purge_summary(
+    outcome: PurgeResult | ProcessesResult[PurgeResult], width: int | None = None
+) -> str:
+    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
+    return processes_text(outcome, purge_text(result, width=width))
 
 
 def confirm_purge(ctx: Context, dlq: DlqTarget, options: PurgeOptions, yes: bool) -> None:

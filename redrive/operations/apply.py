@@ -22,19 +22,15 @@ from redrive.operations.move import (
     DEFAULT_LEASE,
     DEFAULT_MAX_REDRIVES,
     InDoubtPolicy,
-    MoveEngine,
     MoveOptions,
     MoveResult,
 )
+from redrive.operations.move_run import move
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import Plan
-from redrive.operations.processes import (
-    ProcessesResult,
-    Wiring,
-    move_in_processes,
-    purge_in_processes,
-)
-from redrive.operations.purge import PurgeOptions, PurgeResult, run_purge
+from redrive.operations.processes import ProcessesResult, Wiring
+from redrive.operations.purge import PurgeOptions, PurgeResult
+from redrive.operations.purge_run import purge
 from redrive.operations.run import RunRecord
 from redrive.selection import Selection
 
@@ -162,15 +158,8 @@ def apply_plan(
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)
     with _partway_as_apply(plan):
-        if processes > 1:
-            if wiring is None:
-                raise UsageProblem("--processes needs the processes' wiring")
-            return _apply_in_processes(
-                target, plan, options, ledger, record, observer, stop, processes, wiring
-            )
-        return _apply_here(
+        outcome = _run_plan(
             target,
-            plan,
             options,
             broker_factory=broker_factory,
             ledger=ledger,
@@ -179,7 +168,62 @@ def apply_plan(
             observer=observer,
             stop=stop,
             receive_log=receive_log,
+            processes=processes,
+            wiring=wiring,
         )
+        spread: ProcessesResult[Any] | None = None
+        result: MoveResult | PurgeResult
+        if isinstance(outcome, ProcessesResult):
+            spread, result = outcome, outcome.result
+        else:
+            result = outcome
+        kind: Literal["move", "purge"] = "move" if isinstance(options, MoveOptions) else "purge"
+        applied = ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
+        return _with_gone(applied, plan, ledger)
+
+
+def _run_plan(
+    target: DlqTarget,
+    options: MoveOptions | PurgeOptions,
+    *,
+    broker_factory: Callable[[], Broker],
+    ledger: Ledger | None,
+    record: RunRecord,
+    s3_client_factory: Callable[[], Any] | None,
+    observer: RunObserver[Any],
+    stop: threading.Event | None,
+    receive_log: ReceiveLog | None,
+    processes: int,
+    wiring: Wiring | None,
+) -> MoveResult | PurgeResult | ProcessesResult[Any]:
+    """The plan's move or purge, in this process or in ``processes``."""
+    if isinstance(options, MoveOptions):
+        return move(
+            target,
+            ledger,
+            options,
+            broker_factory=broker_factory,
+            receive_log=receive_log,
+            wiring=wiring,
+            observer=observer,
+            stop=stop,
+            record=record,
+            processes=processes,
+        )
+    return purge(
+        target,
+        options,
+        broker_factory=broker_factory,
+        ledger=ledger,
+        command=record.command,
+        record=record.info,
+        s3_client_factory=s3_client_factory,
+        receive_log=receive_log,
+        wiring=wiring,
+        observer=observer,
+        stop=stop,
+        processes=processes,
+    )
 
 
 @contextlib.contextmanager
@@ -197,91 +241,6 @@ def _partway_as_apply(plan: Plan) -> Iterator[None]:
             kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
             exc.partial = ApplyResult(kind, len(plan.items), result, result.dry_run, spread)
         raise
-
-
-def _apply_here(
-    target: DlqTarget,
-    plan: Plan,
-    options: MoveOptions | PurgeOptions,
-    *,
-    broker_factory: Callable[[], Broker],
-    ledger: Ledger | None,
-    record: RunRecord,
-    s3_client_factory: Callable[[], Any] | None,
-    observer: RunObserver[Any],
-    stop: threading.Event | None,
-    receive_log: ReceiveLog | None,
-) -> ApplyResult:
-    """The plan's run in this process."""
-    result: MoveResult | PurgeResult
-    if isinstance(options, MoveOptions):
-        engine = MoveEngine(
-            target,
-            ledger,
-            options,
-            broker_factory=broker_factory,
-            observer=observer,
-            stop=stop,
-            record=record,
-            receive_log=receive_log,
-        )
-        result = engine.run()
-        applied = ApplyResult("move", len(plan.items), result, result.dry_run)
-        return _with_gone(applied, plan, ledger)
-    result = run_purge(
-        target,
-        options,
-        broker_factory=broker_factory,
-        ledger=ledger,
-        command=record.command,
-        record=record.info,
-        s3_client_factory=s3_client_factory,
-        observer=observer,
-        stop=stop,
-        receive_log=receive_log,
-    )
-    return _with_gone(ApplyResult("purge", len(plan.items), result, result.dry_run), plan, ledger)
-
-
-def _apply_in_processes(
-    target: DlqTarget,
-    plan: Plan,
-    options: MoveOptions | PurgeOptions,
-    ledger: Ledger | None,
-    record: RunRecord,
-    observer: RunObserver[Any],
-    stop: threading.Event | None,
-    processes: int,
-    wiring: Wiring,
-) -> ApplyResult:
-    spread: ProcessesResult[Any]
-    if isinstance(options, MoveOptions):
-        spread = move_in_processes(
-            target,
-            ledger,
-            options,
-            processes=processes,
-            wiring=wiring,
-            observer=observer,
-            stop=stop,
-            record=record,
-        )
-        kind: Literal["move", "purge"] = "move"
-    else:
-        spread = purge_in_processes(
-            target,
-            options,
-            processes=processes,
-            wiring=wiring,
-            ledger=ledger,
-            command=record.command,
-            record=record.info,
-            observer=observer,
-            stop=stop,
-        )
-        kind = "purge"
-    applied = ApplyResult(kind, len(plan.items), spread.result, spread.dry_run, spread)
-    return _with_gone(applied, plan, ledger)
 
 
 def _with_gone(applied: ApplyResult, plan: Plan, ledger: Ledger | None) -> ApplyResult:

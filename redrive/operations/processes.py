@@ -28,13 +28,17 @@ A child that dies (a signal, or an exit without its result) stops the run: its s
 told to stop, finish what is in flight and end; the result names the child, how it ended
 and what it left in doubt (its claimed keys, from the ledger), and needs attention (exit 3).
 
-Per command: ``move`` and ``apply`` (:func:`move_in_processes`, :func:`purge_in_processes`)
-scan the same DLQ from every child; ``purge`` and ``archive`` give each child an archive of
-its own (:func:`archive_part`); ``replay`` checks the archive in the parent, then each child
-replays its share, split by task id (:func:`share_of`); ``inspect`` merges the children's
-groups (:func:`inspect_in_processes`). The scans end together (``RunShares.scan_ended``):
-a child holds what it received until every sibling's scan has ended, so none receives,
-and counts, what another gave back.
+This module is the supervisor: it spawns the children, links each to its parent, spreads
+the run over them, sums their totals, answers Ctrl-C (and carries ``abort`` with SIGUSR1)
+and records the run for the audit. What each child runs is its operation's own, in a module
+beside it: ``move`` and ``apply`` of a move plan (:mod:`redrive.operations.move_processes`)
+scan the same DLQ from every child; ``purge``, ``archive`` and ``apply`` of a purge plan
+(:mod:`redrive.operations.purge_processes`) give each child an archive of its own
+(:func:`archive_part`); ``replay`` (:mod:`redrive.operations.replay_processes`) checks the
+archive in the parent, then each child replays its share, split by task id; ``inspect``
+(:mod:`redrive.operations.inspect_processes`) merges the children's groups. The scans end
+together (``RunShares.scan_ended``): a child holds what it received until every sibling's
+scan has ended, so none receives, and counts, what another gave back.
 """
 
 from __future__ import annotations
@@ -56,45 +60,17 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from redrive.archive import ArchiveReader, ArchiveRecord
-from redrive.archive.storage import absolute_location, archive_part
 from redrive.aws.session import AwsSettings
 from redrive.broker import open_broker
-from redrive.broker.base import Broker, DlqTarget, QueueRef
+from redrive.broker.base import Broker
 from redrive.dlq.receive_log import ReceiveLog
-from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
-from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
-from redrive.inspection.scan import Focus, InspectResult, inspect_counts, inspect_dlq
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger, open_ledger
-from redrive.messages import decode
-from redrive.operations.merge import (
-    merge_inspect_results,
-    merge_move_results,
-    merge_purge_results,
-    merge_sightings,
-)
-from redrive.operations.move import MAX_LISTED, Listed, MoveEngine, MoveOptions, MoveResult
-from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
-from redrive.operations.purge import (
-    PurgeOptions,
-    PurgeResult,
-    archive_location,
-    check_archive_path,
-    run_purge,
-)
-from redrive.operations.replay import (
-    ArchiveSource,
-    ReplayResult,
-    archive_label,
-    archive_target,
-    check_whole_archive,
-    stopped_replay,
-)
-from redrive.operations.run import Finished, Outcome, RunLifecycle, RunRecord
+from redrive.operations.move import Listed
+from redrive.operations.observer import PlanItem, RunObserver
+from redrive.operations.run import Finished, Outcome, RunLifecycle
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
-from redrive.operations.verdict import IN_DOUBT
 from redrive.selection import Sightings
 
 MAX_PROCESSES = 64
@@ -196,40 +172,6 @@ class Job(Protocol):
     """One child's work: runs in the child, returns its result and its filters' sightings."""
 
     def run(self, child: ChildRun) -> tuple[Any, Sightings | None]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MoveJob:
-    target: DlqTarget
-    options: MoveOptions
-    record: RunRecord
-
-    def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
-        options = child.rebuilt(self.options)
-        with child.ledger() as ledger, child.receive_log() as receive_log:
-            engine = MoveEngine(
-                self.target,
-                ledger,
-                options,
-                broker_factory=child.broker,
-                observer=child.observer,
-                stop=child.stop,
-                record=self.record,
-                receive_log=receive_log,
-                shares=child.shares,
-            )
-            return _run_to_the_end(engine), engine.sightings
-
-
-def _run_to_the_end(engine: MoveEngine) -> MoveResult:
-    """The engine's result, however its run ends: on a second Ctrl-C (the parent's
-    ``abort``) the engine gives back what it holds and ends its run, and what it did so far
-    is its parent's to count and record (issue 22), as one process records it."""
-    try:
-        return engine.run()
-    except KeyboardInterrupt:
-        engine.result.interrupted = True
-        return engine.result
 
 
 # -- the child process ------------------------------------------------------------------------
@@ -445,7 +387,7 @@ class ProcessesResult(Generic[Res]):
 
 
 @dataclass(slots=True)
-class _Child:
+class Child:
     number: int
     run_id: str | None
     process: SpawnProcess
@@ -557,7 +499,7 @@ class Supervisor:
         progress: Callable[[Sequence[tuple[int, ...]]], Any],
         heartbeat: Callable[[], None],
         processes: int,
-        children: list[_Child] | None = None,
+        children: list[Child] | None = None,
     ) -> None:
         self.context = context
         self.scan_ends = ScanEnds(processes, context)
@@ -565,7 +507,7 @@ class Supervisor:
         self.stop = stop
         self._progress = progress
         self._heartbeat = heartbeat
-        self.children: list[_Child] = children if children is not None else []
+        self.children: list[Child] = children if children is not None else []
         """The children as they start (``children``: the caller's list, filled in)."""
 
     def start(
@@ -597,7 +539,7 @@ class Supervisor:
             # pipe, and the child's death ends the parent's reports pipe.
             commands_in.close()
             reports_out.close()
-            self.children.append(_Child(number, run_id, process, commands_out, reports_in))
+            self.children.append(Child(number, run_id, process, commands_out, reports_in))
 
     def supervise(self) -> None:
         """Until every child has ended. A child that ends without its result, or with an
@@ -653,6 +595,13 @@ def check_processes(processes: int) -> None:
         raise UsageProblem(f"--processes must be from 1 to {MAX_PROCESSES}, not {processes}")
 
 
+def needs_wiring(wiring: Wiring | None) -> Wiring:
+    """The wiring a run in processes builds its children from (none: a caller's mistake)."""
+    if wiring is None:
+        raise UsageProblem("--processes needs the processes' wiring")
+    return wiring
+
+
 def check_picklable(what: object, hint: str) -> None:
     """What crosses to a child must pickle: say what does not, before anything starts."""
     try:
@@ -661,7 +610,7 @@ def check_picklable(what: object, hint: str) -> None:
         raise UsageProblem(f"--processes cannot hand {hint} to its processes ({exc})") from exc
 
 
-def first_error(children: Sequence[_Child]) -> RedriveError | None:
+def first_error(children: Sequence[Child]) -> RedriveError | None:
     for child in children:
         if child.error is not None and child.error[0] in ("usage", "error"):
             kind, message = child.error
@@ -708,7 +657,7 @@ def left_by(ledger: Ledger | None, status: ChildStatus) -> Left:
 
 
 @dataclass(slots=True)
-class _Spread(Generic[R]):
+class Spread(Generic[R]):
     """How one kind of run goes in processes: its parent's record, its children's jobs,
     their progress and their merge."""
 
@@ -726,15 +675,15 @@ class _Spread(Generic[R]):
     progress: Callable[[Sequence[tuple[int, ...]], str | None], Any]
     """In the parent: a result to show from the children's reports (what the progress line
     reads, which for a replay is its engine's result)."""
-    merge: Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], R]
+    merge: Callable[[Sequence[Child], Sequence[ChildStatus], str | None], R]
     counts: Callable[[R], Mapping[str, int]]
     claims: bool = True
     """Whether its children claim keys in the ledger (a move does; a purge, an archive and
     an inspect do not)."""
 
 
-def _run_spread(
-    spread: _Spread[R],
+def run_spread(
+    spread: Spread[R],
     *,
     processes: int,
     wiring: Wiring,
@@ -748,7 +697,7 @@ def _run_spread(
     context = multiprocessing.get_context("spawn")
     merged: list[R] = []
     statuses: list[ChildStatus] = []
-    children: list[_Child] = []
+    children: list[Child] = []
     life = _spread_lifecycle(spread, processes, stop, (merged, statuses, children))
     jobs = _child_jobs(spread, processes, life.run_id)
     with tempfile.TemporaryDirectory(prefix="redrive-processes-") as scratch:
@@ -788,10 +737,10 @@ def _run_spread(
 
 
 def _spread_lifecycle(
-    spread: _Spread[R],
+    spread: Spread[R],
     processes: int,
     stop: threading.Event,
-    ends: tuple[list[R], list[ChildStatus], list[_Child]],
+    ends: tuple[list[R], list[ChildStatus], list[Child]],
 ) -> RunLifecycle:
     """The parent's run: its counts are the merged result's, its end names every child
     (``ends``: the merged result, the children's statuses and the children, filled in as
@@ -821,7 +770,7 @@ def _spread_lifecycle(
 
 
 def _child_jobs(
-    spread: _Spread[R], processes: int, parent: str | None
+    spread: Spread[R], processes: int, parent: str | None
 ) -> list[tuple[Job, str | None]]:
     """Each child's job and run id (the parent's, numbered)."""
     jobs: list[tuple[Job, str | None]] = []
@@ -835,601 +784,3 @@ def _spread_outcome(statuses: Sequence[ChildStatus], stop: threading.Event) -> O
     if any(s.died for s in statuses):
         return "failed"
     return "interrupted" if stop.is_set() else "completed"
-
-
-# -- move ------------------------------------------------------------------------------------
-
-
-def _move_progress(result: MoveResult) -> tuple[int, ...]:
-    return (result.scanned, result.matched, result.moved, result.depth_before or 0)
-
-
-def move_in_processes(
-    target: DlqTarget,
-    ledger: Ledger | None,
-    options: MoveOptions,
-    *,
-    processes: int,
-    wiring: Wiring,
-    observer: RunObserver[MoveResult] = NULL_OBSERVER,
-    stop: threading.Event | None = None,
-    record: RunRecord | None = None,
-) -> ProcessesResult[MoveResult]:
-    """``move`` (or ``apply`` of a move plan) in ``processes`` processes (see the module)."""
-    check_processes(processes)
-    if options.execute and ledger is None:
-        raise UsageProblem("an executed move needs a ledger")
-    stop = stop or threading.Event()
-    record = record or RunRecord("move")
-    crossing = _crossing(options, wiring)
-
-    def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        return MoveJob(target, crossing, _child_record(record, number, run_id, parent))
-
-    spread = _move_spread(
-        _MoveRun(target, ledger, options, record, stop),
-        {"target": target.label, "dlq": target.dlq.url},
-        job,
-        move_of=lambda result: result if isinstance(result, MoveResult) else None,
-        wrap=lambda result, children: result,
-        unwrap=lambda result: result,
-    )
-    return _run_spread(
-        spread,
-        processes=processes,
-        wiring=wiring,
-        observer=observer,
-        stop=stop,
-        done=lambda result, statuses: ProcessesResult(result, processes, statuses),
-    )
-
-
-def _child_record(
-    record: RunRecord, number: int, run_id: str | None, parent: str | None
-) -> RunRecord:
-    """A child's own record of a move-like run: the parent's, naming the parent and its
-    number."""
-    return RunRecord(record.command, {**record.info, "parent": parent, "process": number}, run_id)
-
-
-def _crossing(options: MoveOptions, wiring: Wiring) -> MoveOptions:
-    """The options as they cross to the children: the Celery app and its result backend do
-    not (each child opens its own, Wiring.rebuild); the parent's serve the checks it made."""
-    crossing = replace(options, celery=None, results=None) if wiring.rebuild else options
-    check_picklable(crossing, "these options")
-    return crossing
-
-
-@dataclass(frozen=True, slots=True)
-class _MoveRun:
-    """A move-like run (move, apply of a move plan, replay) as its parent sees it."""
-
-    target: DlqTarget
-    ledger: Ledger | None
-    options: MoveOptions
-    record: RunRecord
-    stop: threading.Event
-
-    def blank(self, run_id: str | None) -> MoveResult:
-        return MoveResult(
-            dry_run=not self.options.execute,
-            target=self.target.label,
-            dlq=self.target.dlq.name,
-            run_id=run_id,
-            ledger=self.ledger.location if self.ledger is not None else None,
-        )
-
-    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> MoveResult:
-        shown = self.blank(run_id)
-        shown.scanned = sum(s[0] for s in snapshots)
-        shown.matched = sum(s[1] for s in snapshots)
-        shown.moved = sum(s[2] for s in snapshots)
-        shown.depth_before = max((s[3] for s in snapshots), default=None) or None
-        return shown
-
-
-def _move_spread(
-    run: _MoveRun,
-    info: Mapping[str, Any],
-    job: Callable[[int, str | None, str | None], Job],
-    *,
-    move_of: Callable[[Any], MoveResult | None],
-    wrap: Callable[[MoveResult, Sequence[_Child]], R],
-    unwrap: Callable[[R], MoveResult],
-) -> _Spread[R]:
-    """How a move-like run goes in processes: ``move_of`` finds the engine's result in a
-    child's, ``wrap`` makes the command's result of the merged one (``unwrap``: back)."""
-    started = time.monotonic()
-    options = run.options
-
-    def merge(children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None) -> R:
-        parts = [move_of(c.result) for c in children]
-        result = _merged_moves(run.blank(run_id), children, parts, statuses, run.ledger, options)
-        result.seconds = time.monotonic() - started
-        # Children stop when told: on the operator's Ctrl-C (interrupted), or because a
-        # sibling died (then the run needs attention, exit 3, not 130).
-        result.interrupted = run.stop.is_set()
-        return wrap(result, children)
-
-    return _Spread(
-        ledger=run.ledger,
-        execute=options.execute,
-        command=run.record.command,
-        info={**info, "filters": options.selection.describe(), **run.record.info},
-        lease=options.lease,
-        limit=options.selection.limit,
-        rate=options.rate,
-        job=job,
-        progress_of=_move_progress,
-        progress=run.progress,
-        merge=merge,
-        counts=lambda result: unwrap(result).run_counts(),
-    )
-
-
-def _merged_moves(
-    template: MoveResult,
-    children: Sequence[_Child],
-    results: Sequence[MoveResult | None],
-    statuses: Sequence[ChildStatus],
-    ledger: Ledger | None,
-    options: MoveOptions,
-) -> MoveResult:
-    parts = [r for r in results if r is not None]
-    sightings = merge_sightings(options.selection, [c.sightings for c in children])
-    result = merge_move_results(template, parts, sightings)
-    for child, part, status in zip(children, results, statuses, strict=True):
-        if part is None:
-            _add_left(result, child.progress, status, left_by(ledger, status))
-    return result
-
-
-def _add_left(
-    result: MoveResult, progress: tuple[int, ...], status: ChildStatus, left: Left
-) -> None:
-    """A child that ended without its result (it died), counted from the ledger: its sends
-    (moved, per task), its claims (in doubt, listed); matched and scanned at least that, and
-    at least what it last reported."""
-    for entry in left.sent:
-        counts = result.task(entry.task)
-        counts.matched += 1
-        counts.moved += 1
-        counts.targets[entry.target.rsplit("/", 1)[-1]] += 1
-    result.moved += status.moved
-    result.in_doubt += status.in_doubt
-    if status.died:
-        result.died_in_doubt += status.in_doubt
-    scanned, matched = progress[:2] if progress else (0, 0)
-    matched = max(matched, status.moved + status.in_doubt)
-    result.matched += matched
-    result.scanned += max(scanned, matched)
-    for item in left.in_doubt:
-        result.skipped[IN_DOUBT] += 1
-        result.task(item.task).matched += 1
-        result.task(item.task).skipped[IN_DOUBT] += 1
-        if len(result.in_doubt_messages) < MAX_LISTED:
-            result.in_doubt_messages.append(item)
-
-
-# -- purge and archive --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PurgeJob:
-    target: DlqTarget
-    options: PurgeOptions
-    command: str
-    record: Mapping[str, Any] | None
-    run_id: str | None
-
-    def run(self, child: ChildRun) -> tuple[PurgeResult, Sightings | None]:
-        seen: list[Sightings | None] = []
-        with child.ledger() as ledger, child.receive_log() as receive_log:
-            result = run_purge(
-                self.target,
-                self.options,
-                broker_factory=child.broker,
-                ledger=ledger,
-                command=self.command,
-                record=self.record,
-                s3_client_factory=lambda: child.aws.client("s3"),
-                observer=child.observer,
-                stop=child.stop,
-                receive_log=receive_log,
-                run_id=self.run_id,
-                shares=child.shares,
-                sightings=seen.append,
-            )
-        return result, seen[0] if seen else None
-
-
-def _purge_progress(result: PurgeResult) -> tuple[int, ...]:
-    return (
-        result.scanned,
-        result.matched,
-        result.archived,
-        result.purged,
-        result.depth_before or 0,
-    )
-
-
-def purge_in_processes(
-    target: DlqTarget,
-    options: PurgeOptions,
-    *,
-    processes: int,
-    wiring: Wiring,
-    ledger: Ledger | None = None,
-    command: str = "purge",
-    record: Mapping[str, Any] | None = None,
-    observer: RunObserver[PurgeResult] = NULL_OBSERVER,
-    stop: threading.Event | None = None,
-) -> ProcessesResult[PurgeResult]:
-    """``purge`` or ``archive`` (or ``apply`` of a purge plan) in ``processes`` processes,
-    each archiving to its own file (:func:`archive_part`) before it deletes."""
-    check_processes(processes)
-    check_picklable(options, "these options")
-    stop = stop or threading.Event()
-    where = archive_location(target, options)
-    if where and options.archive and "://" not in where:
-        # Each process's archive must be writable before any of them deletes anything: one
-        # refused later would leave the run half done. The name given must be free too: it
-        # stands for the parts (replay takes it), not for an earlier archive of that name.
-        check_archive_path(where)
-        for number in range(1, processes + 1):
-            check_archive_path(archive_part(where, number))
-    run = _PurgeRun(target, options, stop, where)
-
-    def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        mine = replace(options, archive_to=archive_part(where, number) if where else None)
-        info = {**(record or {}), "parent": parent, "process": number}
-        # An archive without a ledger still names its run in its records: the child's own.
-        return PurgeJob(target, mine, command, info, run_id)
-
-    spread = _Spread(
-        ledger=ledger,
-        execute=options.execute,
-        command=command,
-        info={**(record or {}), "archive": absolute_location(where), "dlq": target.dlq.url},
-        lease=options.lease,
-        limit=options.selection.limit,
-        rate=None,
-        job=job,
-        progress_of=_purge_progress,
-        progress=run.progress,
-        merge=run.merge,
-        counts=PurgeResult.run_counts,
-        claims=False,
-    )
-    return _run_spread(
-        spread,
-        processes=processes,
-        wiring=wiring,
-        observer=observer,
-        stop=stop,
-        done=lambda result, statuses: ProcessesResult(
-            result, processes, statuses, archives=run.archives
-        ),
-    )
-
-
-@dataclass(slots=True)
-class _PurgeRun:
-    """A purge or archive as its parent sees it: its progress and its merged result."""
-
-    target: DlqTarget
-    options: PurgeOptions
-    stop: threading.Event
-    where: str | None
-    """The run's archive location (each process's is beside it: :func:`archive_part`)."""
-    started: float = field(default_factory=time.monotonic)
-    archives: list[str] = field(default_factory=list)
-    """The children's archives, as they reported them (none for one that archived none)."""
-
-    def blank(self, run_id: str | None, archive: str | None = None) -> PurgeResult:
-        return PurgeResult(
-            dry_run=not self.options.execute,
-            target=self.target.label,
-            dlq=self.target.dlq.name,
-            archive=archive,
-            command="purge" if self.options.delete else "archive",
-            run_id=run_id,
-        )
-
-    def progress(self, snapshots: Sequence[tuple[int, ...]], run_id: str | None) -> PurgeResult:
-        shown = self.blank(run_id)
-        shown.scanned = sum(s[0] for s in snapshots)
-        shown.matched = sum(s[1] for s in snapshots)
-        shown.archived = sum(s[2] for s in snapshots)
-        shown.purged = sum(s[3] for s in snapshots)
-        shown.depth_before = max((s[4] for s in snapshots), default=None) or None
-        return shown
-
-    def merge(
-        self, children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
-    ) -> PurgeResult:
-        parts = [c.result for c in children if isinstance(c.result, PurgeResult)]
-        sightings = merge_sightings(self.options.selection, [c.sightings for c in children])
-        archives = [p.archive for p in parts if p.archive]
-        result = merge_purge_results(self.blank(run_id, None), parts, sightings)
-        for child, status in zip(children, statuses, strict=True):
-            if isinstance(child.result, PurgeResult):
-                continue
-            left = archive_part(self.where, status.number) if self.where else None
-            if left and ("://" in left or Path(left).expanduser().exists()):
-                # It ended before it could say (died, or aborted by a second Ctrl-C): what
-                # it archived is there all the same.
-                archives.append(left)
-            if child.progress:
-                # What it archived and deleted before it died is in its archive and gone
-                # from the DLQ: counted as it last reported.
-                scanned, matched, archived, purged, _ = child.progress
-                result.scanned += scanned
-                result.matched += matched
-                result.archived += archived
-                result.purged += purged
-        self.archives[:] = archives  # set, not added: the run's end may merge again
-        if archives and self.where:
-            # The name given stands for every part (replay takes it); each is named too.
-            result.archive, result.parts = self.where, list(archives)
-        result.seconds = time.monotonic() - self.started
-        result.interrupted = self.stop.is_set()
-        return result
-
-
-# -- replay ------------------------------------------------------------------------------------
-
-
-def share_of(record: ArchiveRecord, processes: int) -> int:
-    """Which process (0-based) replays a record: by its task id (the body's, else its
-    MessageId), so that every copy of a task is in one process's share and is settled
-    there as one process settles it (a duplicate, never a busy claim of a sibling)."""
-    task_id = decode(record.body).task_id
-    return digest(task_id or record.message_id) % processes
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayJob:
-    source: str
-    options: MoveOptions
-    record: RunRecord
-    allow_partial: bool
-    number: int
-    processes: int
-
-    def run(self, child: ChildRun) -> tuple[ReplayResult, Sightings | None]:
-        options = child.rebuilt(self.options)
-        reader = ArchiveReader(
-            self.source,
-            s3_client_factory=lambda: child.aws.client("s3"),
-            on_problem=lambda problem: None,  # the parent's check reported them
-            skip_damage=self.allow_partial,
-        )
-        mine = (r for r in reader if share_of(r, self.processes) == self.number - 1)
-        archive = ArchiveSource(mine, child.stop)
-        with child.ledger() as ledger:
-            engine = MoveEngine(
-                archive_target(self.source),
-                ledger,
-                options,
-                broker_factory=child.broker,
-                observer=child.observer,
-                stop=child.stop,
-                source=archive,
-                record=self.record,
-                shares=child.shares,
-            )
-            try:
-                result = _run_to_the_end(engine)
-            except RedriveError as exc:
-                if isinstance(exc.partial, MoveResult):
-                    exc.partial = ReplayResult(exc.partial, archive.damage or reader.report())
-                raise
-        return ReplayResult(result, archive.damage or reader.report()), engine.sightings
-
-
-def replay_in_processes(
-    source: str,
-    to: QueueRef | None,
-    ledger: Ledger | None,
-    options: MoveOptions,
-    *,
-    processes: int,
-    wiring: Wiring,
-    s3_client_factory: Callable[[], Any] | None = None,
-    observer: RunObserver[MoveResult] = NULL_OBSERVER,
-    stop: threading.Event | None = None,
-    record: RunRecord | None = None,
-    allow_partial: bool = False,
-) -> ProcessesResult[ReplayResult]:
-    """``replay`` in ``processes`` processes: the parent checks the archive whole (as one
-    process does, before anything is sent), then each child replays its share of it
-    (:func:`share_of`)."""
-    check_processes(processes)
-    if options.execute and ledger is None:
-        raise UsageProblem("an executed replay needs a ledger")
-    stop = stop or threading.Event()
-    record = record or RunRecord("replay")
-    check = check_whole_archive(source, s3_client_factory, observer, stop, allow_partial)
-    if check is None:
-        return ProcessesResult(stopped_replay(source, options), processes, [])
-    options = replace(options, to=to)
-    crossing = _crossing(options, wiring)
-
-    def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        child_record = _child_record(record, number, run_id, parent)
-        return ReplayJob(source, crossing, child_record, allow_partial, number, processes)
-
-    def wrap(result: MoveResult, children: Sequence[_Child]) -> ReplayResult:
-        found = (c.result.damage for c in children if isinstance(c.result, ReplayResult))
-        return ReplayResult(result, check.damage or next((d for d in found if d), None))
-
-    spread = _move_spread(
-        _MoveRun(archive_target(source), ledger, options, record, stop),
-        {"target": archive_label(source), "dlq": source},
-        job,
-        move_of=lambda result: result.move if isinstance(result, ReplayResult) else None,
-        wrap=wrap,
-        unwrap=lambda result: result.move,
-    )
-    return _run_spread(
-        spread,
-        processes=processes,
-        wiring=wiring,
-        observer=observer,
-        stop=stop,
-        done=lambda result, statuses: ProcessesResult(result, processes, statuses),
-    )
-
-
-# -- inspect -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class InspectScan:
-    """What one inspect scan reads: inspect_dlq's options, the same in every process
-    (``now`` too, so expiry and ages agree) but ``limit``, split between them."""
-
-    limit: int | None = None
-    show_args: bool = False
-    workers: int = 1
-    max_redrives: int = DEFAULT_MAX_REDRIVES
-    now: float = 0.0
-    lease: int = 30
-    focus: Focus | None = None
-    group_by: str | None = None
-    counts: tuple[int, int] | None = None
-    """SQS's depth and in-flight count, as the parent read them (the children read none)."""
-
-
-def limit_share(limit: int | None, processes: int, number: int) -> int | None:
-    """Process ``number``'s part of an inspect's ``--limit``: the parts add up to it."""
-    if limit is None:
-        return None
-    return limit // processes + (1 if number <= limit % processes else 0)
-
-
-@dataclass(frozen=True, slots=True)
-class InspectJob:
-    target: DlqTarget
-    scan: InspectScan
-
-    def run(self, child: ChildRun) -> tuple[InspectResult, Sightings | None]:
-        results = child.rebuilt(None)
-        observer = child.observer
-        try:
-            with child.receive_log() as receive_log:
-                return inspect_dlq(
-                    self.target,
-                    child.broker,
-                    limit=self.scan.limit,
-                    show_args=self.scan.show_args,
-                    workers=self.scan.workers,
-                    stop=child.stop,
-                    on_progress=observer.on_progress,
-                    max_redrives=self.scan.max_redrives,
-                    now=self.scan.now,
-                    lease=self.scan.lease,
-                    receive_log=receive_log,
-                    focus=self.scan.focus,
-                    results=results,
-                    group_by=self.scan.group_by,
-                    scan_ended=child.shares.scan_ended,
-                    counts=self.scan.counts,
-                ), None
-        finally:
-            if results is not None:
-                results.close()
-
-
-def _received(n: int) -> tuple[int, ...]:
-    return (n,)
-
-
-def inspect_in_processes(
-    target: DlqTarget,
-    scan: InspectScan,
-    *,
-    processes: int,
-    wiring: Wiring,
-    broker: Broker,
-    stop: threading.Event | None = None,
-    on_progress: Callable[[int], None] | None = None,
-    on_depth: Callable[[int], None] | None = None,
-) -> InspectResult:
-    """``inspect`` in ``processes`` processes: each scans part of the DLQ, holding what it
-    received until every one's scan has ended; the groups merged into one inspect. A
-    process that dies makes the inspect an error (what it counted is lost)."""
-    check_processes(processes)
-    check_picklable(scan, "these options")
-    stop = stop or threading.Event()
-    started = time.monotonic()
-    depth, hidden = inspect_counts(broker, target.dlq.url)
-    if on_depth is not None:
-        on_depth(depth)
-
-    def job(number: int, run_id: str | None, parent: str | None) -> Job:
-        limit = limit_share(scan.limit, processes, number)
-        share = replace(scan, limit=limit, counts=(depth, hidden))
-        return InspectJob(target, share)
-
-    merge = _inspect_merger(depth, hidden, started, stop)
-    spread: _Spread[InspectResult] = _Spread(
-        ledger=None,
-        execute=False,
-        command="inspect",
-        info={},
-        lease=scan.lease,
-        limit=None,
-        rate=None,
-        job=job,
-        progress_of=_received,
-        progress=lambda snapshots, run_id: sum(s[0] for s in snapshots),
-        merge=merge,
-        counts=lambda result: {},
-        claims=False,
-    )
-    return _run_spread(
-        spread,
-        processes=processes,
-        wiring=wiring,
-        observer=_Received(on_progress),
-        stop=stop,
-        # Each process counted up to its share of the limit: the note names the one given.
-        done=lambda result, statuses: replace(result, limit=scan.limit),
-    )
-
-
-class _Received(RunObserver[Any]):
-    """Hands the children's messages received so far to ``on_progress``."""
-
-    def __init__(self, on_progress: Callable[[int], None] | None) -> None:
-        self._on_progress = on_progress
-
-    def on_progress(self, result: Any) -> None:
-        if self._on_progress is not None:
-            self._on_progress(result)
-
-
-def _inspect_merger(
-    depth: int, hidden: int, started: float, stop: threading.Event
-) -> Callable[[Sequence[_Child], Sequence[ChildStatus], str | None], InspectResult]:
-    """The inspect the children's groups merge into; a dead child makes it an error."""
-
-    def merge(
-        children: Sequence[_Child], statuses: Sequence[ChildStatus], run_id: str | None
-    ) -> InspectResult:
-        dead = [s for s in statuses if s.died]
-        if dead:
-            raise RedriveError(
-                f"{dead[0].describe()}: the inspect is incomplete (what it counted is lost); "
-                "run it again"
-            )
-        parts = [c.result for c in children if isinstance(c.result, InspectResult)]
-        merged: InspectResult = merge_inspect_results(
-            parts, depth_before=depth, hidden_before=hidden, seconds=time.monotonic() - started
-        )
-        merged.interrupted = merged.interrupted or stop.is_set()
-        return merged
-
-    return merge

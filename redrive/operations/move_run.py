@@ -1,0 +1,54 @@
+"""``move``'s one entry: the move in this process (the engine, its ``--workers`` threads) or
+spread over ``--processes`` (redrive.operations.move_processes)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from redrive.broker.base import Broker, DlqTarget
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.ledger import Ledger
+from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move_processes import move_in_processes
+from redrive.operations.observer import NULL_OBSERVER, RunObserver
+from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
+from redrive.operations.run import RunRecord
+
+
+def move(
+    target: DlqTarget,
+    ledger: Ledger | None,
+    options: MoveOptions,
+    *,
+    broker_factory: Callable[[], Broker],
+    receive_log: ReceiveLog | None = None,
+    wiring: Wiring | None = None,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    stop: threading.Event | None = None,
+    record: RunRecord | None = None,
+    processes: int = 1,
+) -> MoveResult | ProcessesResult[MoveResult]:
+    """Move the selected messages of ``target``'s DLQ: with ``processes`` above 1, in that
+    many processes, each built from ``wiring``; else here, with ``broker_factory``."""
+    if processes > 1:
+        return move_in_processes(
+            target,
+            ledger,
+            options,
+            processes=processes,
+            wiring=needs_wiring(wiring),
+            observer=observer,
+            stop=stop,
+            record=record,
+        )
+    return MoveEngine(
+        target,
+        ledger,
+        options,
+        broker_factory=broker_factory,
+        observer=observer,
+        stop=stop,
+        record=record,
+        receive_log=receive_log,
+    ).run()
