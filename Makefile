@@ -82,7 +82,7 @@ browser:
 # monotonic clock left alone (Debian's 0.9.10 fails Python's sleeps: EINVAL, or hangs).
 # A long cache keeps libfaketime from reading the environment while tests change it.
 FAKETIME_AHEAD ?= +730d
-test-clock-ahead: install
+test-clock-ahead: install localstack
 	$(BIN)/python -m pip install --quiet 'libfaketime>=3,<4'
 	LD_PRELOAD="$$($(BIN)/python -c 'import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), "vendor", "libfaketime", "src", "libfaketime.so.1"))')" \
 	FAKETIME="$(FAKETIME_AHEAD)" FAKETIME_DONT_FAKE_MONOTONIC=1 FAKETIME_CACHE_DURATION=86400 \
@@ -91,7 +91,7 @@ test-clock-ahead: install
 # The suite on the lowest version of every dependency pyproject.toml allows (its own venv):
 # a floor that admits a release which cannot run is found here, not by a user.
 MIN_VENV ?= .venv-min
-test-minimums:
+test-minimums: localstack
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PYTHON) .ci/minimum_pins.py > $(MIN_VENV)/constraints.txt

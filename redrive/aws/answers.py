@@ -139,6 +139,14 @@ def _structure(shape: Any) -> tuple[dict[str, Any], tuple[str, ...]]:
     return members, (*shape.required_members, *_ALSO_REQUIRED.get(shape.name, ()))
 
 
+def _an_empty_list_left_out(name: str, members: dict[str, Any], value: dict[str, Any]) -> bool:
+    """SQS's JSON protocol leaves out a batch answer's empty list (no Failed when every entry
+    went through), though the model says required: another of its lists is there."""
+    return members[name].type_name == "list" and any(
+        other in value for other, member in members.items() if member.type_name == "list"
+    )
+
+
 def _misfit(shape: Any, value: Any, where: str, *, top: bool = False) -> str | None:
     """Where ``value`` (``where``, for people) does not fit ``shape`` (the first place)."""
     kind = shape.type_name
@@ -148,12 +156,8 @@ def _misfit(shape: Any, value: Any, where: str, *, top: bool = False) -> str | N
         members, required = _structure(shape)
         if top and value and not value.keys() & members.keys():
             return f"unknown keys: {', '.join(sorted(value)[:3])}"
-        # SQS's JSON protocol leaves out a batch answer's empty list (no Failed when all
-        # went through), though the model says required: one of its lists is enough.
-        lists = [n for n in required if members[n].type_name == "list"]
-        any_list = any(n in value for n in lists)
         for name in required:
-            if name not in value and not (any_list and name in lists):
+            if name not in value and not _an_empty_list_left_out(name, members, value):
                 return f"no {name}" if top else f"{where} has no {name}"
         for name, item in value.items():
             member = members.get(name)
