@@ -118,8 +118,8 @@ def copy_verdict(
     run): is it a copy of that message or another invocation?
 
     ``tagged``: the key names the publish by kombu's delivery tag (not just the body);
-    ``enqueued_at``: the message's SentTimestamp; ``first_sent_at``: when the ledger recorded
-    the send of the key's first copy (None when it is not sent yet).
+    ``enqueued_at``: when the broker enqueued the message; ``first_sent_at``: when the
+    ledger recorded the send of the key's first copy (None when it is not sent yet).
     """
     if same_message:
         return Verdict.SAME_MESSAGE

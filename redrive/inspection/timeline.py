@@ -1,4 +1,4 @@
-"""Timelines: when each group's messages were enqueued (SentTimestamp), as counts per bucket
+"""Timelines: when each group's messages were enqueued (as the broker says), per bucket
 over the span the whole DLQ covers.
 
 Streamed: a group keeps a count per bucket (a few hundred at most), never its messages. The
@@ -95,7 +95,7 @@ class Timeline:
 def fit_timelines(groups: Sequence[SentTimes]) -> list[Timeline | None]:
     """One timeline per group over the span of them all, with one bucket width: the finest
     that every group's counts allow and that fits the span in MAX_BUCKETS. A group with no
-    enqueue time (no SentTimestamp) has none."""
+    enqueue time (the broker gave none) has none."""
     timed = [g for g in groups if g.first is not None and g.last is not None]
     if not timed:
         return [None] * len(groups)

@@ -120,5 +120,5 @@ def why_no_archived_source(task: str | None) -> NoTarget:
         )
     return NoTarget(
         f"no route names a queue for task {task} and the archive does not say which queue "
-        "it came from (no DeadLetterQueueSourceArn)"
+        "it came from (no record of the queue it died in)"
     )
