@@ -322,6 +322,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "shell": set(),
     "rate": set(),
     "state_dir": set(),
+    "signals": set(),
     "messages": set(),
     "webhook": {"errors"},
     "config": {"durations", "errors"},
@@ -343,7 +344,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     },
     "operations": {
         *("archive", "attributes", "aws", "broker", "celery", "dlq", "durations", "errors"),
-        *("inspection", "keys", "ledger", "messages", "rate", "selection"),
+        *("inspection", "keys", "ledger", "messages", "rate", "selection", "signals"),
     },
     "reporting": {
         *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),

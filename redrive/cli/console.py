@@ -24,6 +24,7 @@ from redrive.operations.observer import RunObserver
 from redrive.operations.run import Finished
 from redrive.render.tables import fit_text
 from redrive.shell import shell_join
+from redrive.signals import handlers_while
 
 STOPPING = (
     "stopping: finishing the batch in flight and giving back held messages (Ctrl-C again to abort)"
@@ -81,12 +82,8 @@ def interruptible(message: str = STOPPING) -> Iterator[threading.Event]:
         stop.set()
         click.echo(f"\n{message}", err=True)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handlers_while(handler, (signal.SIGINT, signal.SIGTERM)):
         yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 class Progress:

@@ -72,6 +72,7 @@ from redrive.operations.observer import PlanItem, RunObserver
 from redrive.operations.run import Finished, Outcome, RunLifecycle
 from redrive.operations.shared import RunShares, ScanEnds, make_shares
 from redrive.selection import Sightings
+from redrive.signals import handlers_while
 
 MAX_PROCESSES = 64
 PROGRESS_EVERY = 0.25
@@ -458,12 +459,8 @@ def _signals_ignored() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handlers_while(signal.SIG_IGN, (signal.SIGINT, signal.SIGTERM)):
         yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 # glibc gives each thread that allocates an arena of its own, up to 8 per core; a child's
