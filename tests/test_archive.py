@@ -5,6 +5,7 @@ import errno
 import gzip
 import json
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -133,10 +134,17 @@ def test_naive_archived_at_is_rejected() -> None:
         ArchiveRecord("m", "b", {}, {}, "t", None, "q", datetime(2026, 1, 1), "r")
 
 
+# A high surrogate followed by a low one, as two code points: JSON's escape of that pair is the
+# escape of the one character it encodes, so no JSON line can tell them apart. SQS bodies are
+# Unicode text and never hold one (hypothesis 6.100, `make test-minimums`, drew one).
+def _no_surrogate_pair(text: str) -> str:
+    return re.sub("[\ud800-\udbff](?=[\udc00-\udfff])", "x", text)
+
+
 @settings(max_examples=150, deadline=None)
-# Surrogates included: SQS never sends them, but the encoding must not depend on that.
+# Lone surrogates included: SQS never sends them, but the encoding must not depend on that.
 @given(
-    body=st.text(st.characters() | st.characters(categories=["Cs"])),
+    body=st.text(st.characters() | st.characters(categories=["Cs"])).map(_no_surrogate_pair),
     blob=st.binary(),
     kind=st.text(min_size=1),
 )
