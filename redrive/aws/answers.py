@@ -98,6 +98,19 @@ def _not_the_answer(operation_model: Any, response: Mapping[str, Any]) -> str | 
         value = json.loads(text)
     except ValueError:
         return f"HTTP {status} with {_described(text, str(headers.get('content-type', '')))}"
+    return json_misfit(operation_model, status, value)
+
+
+def not_the_answer(operation_model: Any, response: Mapping[str, Any]) -> str | None:
+    """What a 2xx answer (botocore's response dict: status_code, headers, body) was, when
+    it is not one ``operation_model`` can have; None when it is one."""
+    return _not_the_answer(operation_model, response)
+
+
+def json_misfit(operation_model: Any, status: int, value: Any) -> str | None:
+    """:func:`not_the_answer` for a body already parsed as JSON (``value``): callers that
+    parse the answer themselves (the lean SQS path) need not parse it twice."""
+    shape = operation_model.output_shape
     if shape is None:  # no output (PurgeQueue): nothing, or an empty object
         misfit = _misfit_nothing(value)
     else:
