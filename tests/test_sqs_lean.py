@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import botocore.auth
 import botocore.credentials
@@ -587,3 +588,151 @@ def test_lean_calls_builds_a_broker_on_both_paths(server: Any) -> None:
     (got,) = broker.receive(url, hold=30, wait_seconds=0)
     assert got.body == "é"
     assert broker.delete_batch(url, {"0": got.tag}).ok == {"0": ""}
+
+
+# -- retries: the client's own handler, and never a resent batch ------------------------------
+
+
+@contextlib.contextmanager
+def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterator[list[str]]:
+    """A loopback server that answers every request with one error; yields its URL, then
+    the X-Amz-Target of each request it gets."""
+    import http.server
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.headers.get("X-Amz-Target", ""))
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/x-amz-json-1.0", **headers}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    seen.insert(0, f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize(
+    "status, body, headers",
+    [
+        (500, b'{"__type": "com.amazonaws.sqs#InternalError", "message": "boom"}', {}),
+        (503, b"<html><title>Service Unavailable</title></html>", {"Content-Type": "text/html"}),
+        (
+            400,
+            b'{"__type": "com.amazonaws.sqs#RequestThrottled", "message": "slow down"}',
+            {"x-amzn-query-error": "RequestThrottled;Sender"},
+        ),
+    ],
+    ids=["500", "503-page", "throttled"],
+)
+def test_retries_are_botocores_and_a_batch_is_never_resent(
+    aws_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+) -> None:
+    import time
+
+    delays: list[float] = []
+    monkeypatch.setattr(time, "sleep", delays.append)  # the backoff's delays, not waited
+    with _failing_server(status, body, headers) as seen:
+        url = seen.pop(0)
+        both = Both(url, retries={"mode": "standard", "total_max_attempts": 3})
+        receive = {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0}
+        both.equal("ReceiveMessage", receive)
+        assert seen == ["AmazonSQS.ReceiveMessage"] * 6  # 3 attempts each way
+        assert len(delays) == 4
+        seen.clear()
+        send = {"QueueUrl": f"{url}/1/q", "Entries": [entry(0, "x")]}
+        kind = both.lean_call("SendMessageBatch", send)
+        assert seen == ["AmazonSQS.SendMessageBatch"]  # however many the client would try
+        assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
+
+
+# -- proxies: botocore's choice of one, taken as it is -----------------------------------------
+
+
+@contextlib.contextmanager
+def _forward_proxy() -> Iterator[list[str]]:
+    """A plain-HTTP forward proxy on loopback; yields its URL, then each URL it forwards."""
+    import http.client
+    import http.server
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.path)
+            target = urlsplit(self.path)
+            upstream = http.client.HTTPConnection(target.hostname or "", target.port or 80)
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() != "proxy-connection"}
+            upstream.request("POST", target.path or "/", body=body, headers=forwarded)
+            answer = upstream.getresponse()
+            data = answer.read()
+            upstream.close()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    seen.append(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("how", ["config", "environment", "no-proxy"])
+def test_calls_go_through_the_proxy_botocore_chose(
+    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    with _forward_proxy() as seen:
+        proxy = seen.pop(0)
+        config: dict[str, Any] = {"proxies": {"http": proxy}} if how == "config" else {}
+        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        if how != "config":
+            monkeypatch.setenv("HTTP_PROXY", proxy)
+        if how == "no-proxy":
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        both = Both(fast_endpoint, **config) if config else Both(fast_endpoint)
+        url = str(both.client.create_queue(QueueName=f"proxied-{how}")["QueueUrl"])
+        seen.clear()
+        params = {"QueueUrl": url, "Entries": [entry(0, "through")]}
+        assert both.botocore("SendMessageBatch", params) == both.lean_call(
+            "SendMessageBatch", params
+        )
+        expected = [] if how == "no-proxy" else [f"{fast_endpoint}/"] * 2
+        assert seen == expected

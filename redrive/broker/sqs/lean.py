@@ -21,6 +21,7 @@ import base64
 import http.client
 import json
 import select
+import socket
 import ssl
 import threading
 import time
@@ -255,17 +256,16 @@ class _Pool:
         weakref.finalize(self, _close_all, self._idle)
 
     def exchange(
-        self, request: botocore.awsrequest.AWSRequest
+        self, request: botocore.awsrequest.AWSRequest, body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request and its answer: status, headers (lower-cased, as botocore's) and body."""
+        """One request and its answer: status, headers (lower-cased, as botocore's) and body.
+        ``body`` is the request's own (``request.body`` would prepare the request again)."""
         connection = self._take()
         url = self.target.url
         try:
-            connection.request(
-                "POST", self.target.path, body=request.body, headers=self._headers(request)
-            )
+            connection.request("POST", self.target.path, body=body, headers=self._headers(request))
             response = connection.getresponse()
-            body = response.read()
+            answer = response.read()
         except TimeoutError as exc:
             connection.close()
             raise botocore.exceptions.ReadTimeoutError(endpoint_url=url, error=exc) from exc
@@ -282,7 +282,7 @@ class _Pool:
             connection.close()
         else:
             self._give_back(connection)
-        return response.status, headers, body
+        return response.status, headers, answer
 
     def _headers(self, request: botocore.awsrequest.AWSRequest) -> dict[str, str]:
         headers = dict(request.headers.items())
@@ -340,6 +340,9 @@ class _Pool:
         assert connection.sock is not None
         # The connect timeout bounds the connect (and TLS); the read timeout every wait after.
         connection.sock.settimeout(target.read_timeout)
+        # http.client writes headers and body apart: without this, Nagle's algorithm holds the
+        # body until the headers are acknowledged (urllib3, botocore's, sets it too).
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return connection
 
     def close(self) -> None:
@@ -498,7 +501,7 @@ class LeanTransport:
                 headers = {k.lower(): v for k, v in stubbed.headers.items()}
                 raw = bytes(stubbed.content)
             else:
-                status, headers, raw = self._pool.exchange(request)
+                status, headers, raw = self._pool.exchange(request, body)
             answer = _Answer(self._url, status, headers, raw)
             return answer, self._parsed(op, status, headers, raw), None
         except Exception as exc:  # botocore's endpoint catches every one alike
