@@ -736,3 +736,53 @@ def test_calls_go_through_the_proxy_botocore_chose(
         )
         expected = [] if how == "no-proxy" else [f"{fast_endpoint}/"] * 2
         assert seen == expected
+
+
+# -- the endpoint: botocore's resolver's, and its request URL ----------------------------------
+
+
+class _Stop(Exception):
+    """Raised from botocore's before-send: its request is seen, never sent."""
+
+
+@pytest.mark.parametrize(
+    "endpoint_url, config",
+    [
+        ("http://127.0.0.1:9", {}),
+        ("http://127.0.0.1:9/some/prefix", {}),
+        (None, {}),
+        (None, {"use_fips_endpoint": True}),
+        (None, {"use_dualstack_endpoint": True}),
+    ],
+    ids=["plain", "path", "region", "fips", "dual-stack"],
+)
+def test_the_request_goes_where_botocores_would(
+    aws_env: None, endpoint_url: str | None, config: dict[str, Any]
+) -> None:
+    import boto3
+
+    client = boto3.client(
+        "sqs", region_name="eu-west-1", endpoint_url=endpoint_url, config=Config(**config)
+    )
+    urls: list[str] = []
+
+    def seen(request: Any, **_: Any) -> None:
+        urls.append(request.url)
+        raise _Stop
+
+    client.meta.events.register("before-send.sqs", seen)
+    with pytest.raises(_Stop):
+        client.receive_message(QueueUrl="https://sqs.eu-west-1.amazonaws.com/1/q")
+    lean = LeanTransport(client)
+    assert lean.signed_request("ReceiveMessage", b"{}").url == urls[0]
+
+
+def test_a_setting_only_botocore_implements_keeps_botocores_calls(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    broker = lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
+    assert broker.lean is None and broker.lean_send is None
+    assert broker.lean_declined and "proxy" in broker.lean_declined

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import botocore
 import botocore.auth
@@ -369,6 +369,26 @@ class _Answer:
     content: bytes
 
 
+def _resolved_endpoint(client: Any) -> str:
+    """The endpoint botocore's resolver gives the client's calls (region, FIPS, dual-stack,
+    AWS_ENDPOINT_URL, ``--endpoint-url``): SQS's rules do not depend on a call's queue, so
+    once per transport."""
+    model = client.meta.service_model.operation_model("ReceiveMessage")
+    context: dict[str, Any] = {"client_config": client.meta.config}
+    url, headers, properties = client._resolve_endpoint_ruleset(model, {}, context)
+    if headers or properties:
+        # Headers or auth schemes the rules add would be botocore's to apply, not ours.
+        raise LeanUnsupported(f"an endpoint with rules' headers or properties ({url})")
+    return str(url)
+
+
+def _request_url(endpoint_url: str) -> str:
+    """Where botocore POSTs a JSON-protocol call: the endpoint's path, "/" when it has none
+    (botocore.awsrequest's join of the endpoint and the operation's "/")."""
+    parts = urlsplit(endpoint_url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query, ""))
+
+
 def _total_attempts(config: Any) -> int:
     """Attempts as botocore counts them, for the ``amz-sdk-request`` header only: the retry
     decisions are the client's own handler's."""
@@ -390,8 +410,8 @@ class LeanTransport:
         if service.protocol != "json":
             raise LeanUnsupported(f"the {service.protocol} protocol")
         self.client = client
-        self.endpoint_url = str(meta.endpoint_url)
-        self._url = self.endpoint_url.rstrip("/") + "/"
+        self.endpoint_url = _resolved_endpoint(client)
+        self._url = _request_url(self.endpoint_url)
         self._events = meta.events
         self._service_id = service.service_id.hyphenize()
         self._service_name = str(service.metadata.get("serviceId", "SQS"))
@@ -572,12 +592,15 @@ def lean_calls(settings: AwsSettings, *, region: str | None = None) -> SqsBroker
     client = settings.client("sqs", region=region)
     # As open_sqs: sends on a client that never retries by itself (see SqsCalls.send_batch).
     send_client = settings.client("sqs", region=region, max_attempts=1)
-    return SqsBroker(
-        client,
-        send_client=send_client,
-        lean=LeanTransport(client),
-        lean_send=LeanTransport(send_client),
-    )
+    try:
+        lean, lean_send = LeanTransport(client), LeanTransport(send_client)
+    except LeanUnsupported as exc:
+        # A setting only botocore implements: its calls are the right ones, and the broker
+        # says why it made them (``lean_declined``) for whoever records which path ran.
+        broker = SqsBroker(client, send_client=send_client)
+        broker.lean_declined = f"the lean SQS path does not implement {exc}"
+        return broker
+    return SqsBroker(client, send_client=send_client, lean=lean, lean_send=lean_send)
 
 
 __all__ = ["OPERATIONS", "LeanTransport", "LeanUnsupported", "lean_calls"]
