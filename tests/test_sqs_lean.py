@@ -16,6 +16,7 @@ import importlib.util
 import socket
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -786,3 +787,95 @@ def test_a_setting_only_botocore_implements_keeps_botocores_calls(
     broker = lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
     assert broker.lean is None and broker.lean_send is None
     assert broker.lean_declined and "proxy" in broker.lean_declined
+
+
+# -- TLS: botocore's verification, its CA bundle -----------------------------------------------
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, signed by itself."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@contextlib.contextmanager
+def _fast_sqs_over_tls(cert: Path, key: Path) -> Iterator[str]:
+    import ssl
+
+    server = _load_fast_sqs().FastSqsServer("127.0.0.1", 0)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("trust", ["AWS_CA_BUNDLE", "verify-off", "untrusted"])
+def test_tls_is_verified_as_botocore_verifies_it(
+    aws_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trust: str
+) -> None:
+    import boto3
+
+    cert, key = _self_signed(tmp_path)
+    if trust == "AWS_CA_BUNDLE":
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    with _fast_sqs_over_tls(cert, key) as endpoint_url:
+        client = boto3.client(
+            "sqs",
+            region_name="us-east-1",
+            endpoint_url=endpoint_url,
+            # None: botocore's own choice (AWS_CA_BUNDLE here); True would override it.
+            verify=False if trust == "verify-off" else None,
+            config=Config(retries={"total_max_attempts": 1}),
+        )
+        check_answers(client)
+        lean = LeanTransport(client)
+        params = {"QueueUrl": f"{endpoint_url}/123456789012/none", "WaitTimeSeconds": 0}
+        with warnings.catch_warnings():
+            # urllib3 warns of each unverified request: the test suite makes warnings errors.
+            warnings.simplefilter("ignore")
+            theirs = outcome("ReceiveMessage", lambda: client.receive_message(**params))
+            ours = outcome("ReceiveMessage", lambda: lean.call("ReceiveMessage", params))
+    if trust == "untrusted":  # the words are ssl's, as each library quotes them: the kind is one
+        assert ours[0] is theirs[0] is botocore.exceptions.SSLError
+    else:
+        assert ours == theirs and ours[0] is not botocore.exceptions.SSLError
