@@ -3,8 +3,9 @@
 Written once, as the ledger's contract is (tests/test_ledger_contract.py): each test takes
 a ``broker`` and a fresh ``queue`` (its address) and says what the engine counts on. Backends:
 SQS on moto (in-process), SQS on a real LocalStack on loopback, and SQS's lean call path
-(redrive/broker/sqs/lean.py, issue 25) on a moto server: its raw HTTP is not what in-process
-moto sees. A broker added later joins ``BACKENDS``.
+(redrive/broker/sqs/lean.py, issue 25) on a moto server (its own HTTP) and on in-process moto
+(which answers it through botocore's before-send event, as it answers botocore). A broker
+added later joins ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from moto import mock_aws
 from redrive.aws.session import AwsSettings
 from redrive.broker.base import Broker, Delivery, SendEntry, split_batches
 from redrive.broker.sqs import SqsBroker
-from redrive.broker.sqs.lean import lean_calls
+from redrive.broker.sqs.lean import LeanTransport, lean_calls
 
 # LocalStack is a server process: end-to-end, as every server test is (see conftest).
 BACKENDS = [
     "sqs-moto",
     pytest.param("sqs-localstack", marks=pytest.mark.e2e),
     pytest.param("sqs-lean-moto", marks=pytest.mark.e2e),
+    "sqs-lean-moto-inprocess",
 ]
 
 
@@ -40,12 +42,15 @@ def backend(
     request: pytest.FixtureRequest, aws_env: None
 ) -> Iterator[tuple[Broker, Any, Callable[[], Any]]]:
     """A broker, a client of the same server, and a way to make another client."""
-    if request.param == "sqs-moto":
+    if request.param in ("sqs-moto", "sqs-lean-moto-inprocess"):
         import boto3
 
         with mock_aws():
             client = boto3.client("sqs", region_name="us-east-1")
-            yield SqsBroker(client), client, lambda: boto3.client("sqs", region_name="us-east-1")
+            # In-process moto answers the lean path's requests too (botocore's before-send).
+            lean = LeanTransport(client) if request.param == "sqs-lean-moto-inprocess" else None
+            broker = SqsBroker(client, lean=lean, lean_send=lean)
+            yield broker, client, lambda: boto3.client("sqs", region_name="us-east-1")
     elif request.param == "sqs-lean-moto":
         moto: MotoServer = request.getfixturevalue("server")
         settings = AwsSettings(endpoint_url=moto.endpoint_url, region="us-east-1")

@@ -256,10 +256,10 @@ class _Pool:
         weakref.finalize(self, _close_all, self._idle)
 
     def exchange(
-        self, request: botocore.awsrequest.AWSRequest, body: bytes
+        self, request: botocore.awsrequest.AWSPreparedRequest, body: bytes
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request and its answer: status, headers (lower-cased, as botocore's) and body.
-        ``body`` is the request's own (``request.body`` would prepare the request again)."""
+        """One request and its answer: status, headers (lower-cased, as botocore's) and body
+        (``body``: the request's own bytes)."""
         connection = self._take()
         url = self.target.url
         try:
@@ -284,7 +284,7 @@ class _Pool:
             self._give_back(connection)
         return response.status, headers, answer
 
-    def _headers(self, request: botocore.awsrequest.AWSRequest) -> dict[str, str]:
+    def _headers(self, request: botocore.awsrequest.AWSPreparedRequest) -> dict[str, str]:
         headers = dict(request.headers.items())
         if self.target.proxy and self.target.tls is None:
             headers.update(self.target.proxy_headers)
@@ -512,16 +512,18 @@ class LeanTransport:
             request = self.signed_request(
                 op.name, body, attempt=retries["attempt"], invocation=retries["invocation-id"]
             )
-            # The adaptive mode's rate limiter waits here; a stub (moto's mock_aws) answers.
+            # Prepared once, as botocore's endpoint sends it: the adaptive mode's rate limiter
+            # waits here, and a stub (moto's mock_aws) answers in the server's place.
+            prepared = request.prepare()
             stubbed = first_non_none_response(
-                self._events.emit(f"before-send.{self._service_id}.{op.name}", request=request)
+                self._events.emit(f"before-send.{self._service_id}.{op.name}", request=prepared)
             )
             if stubbed is not None:
                 status = int(stubbed.status_code)
                 headers = {k.lower(): v for k, v in stubbed.headers.items()}
                 raw = bytes(stubbed.content)
             else:
-                status, headers, raw = self._pool.exchange(request, body)
+                status, headers, raw = self._pool.exchange(prepared, body)
             answer = _Answer(self._url, status, headers, raw)
             return answer, self._parsed(op, status, headers, raw), None
         except Exception as exc:  # botocore's endpoint catches every one alike
