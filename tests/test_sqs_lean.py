@@ -193,7 +193,7 @@ def _stable(value: Any) -> Any:
     return value
 
 
-def entry(i: int, body: str, **attributes: dict[str, Any]) -> dict[str, Any]:
+def entry(i: int, body: str, attributes: dict[str, Any] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"Id": str(i), "MessageBody": body}
     if attributes:
         out["MessageAttributes"] = attributes
@@ -217,7 +217,7 @@ def test_sends_and_receives_of_every_attribute_type_are_equal(endpoint: str) -> 
     both = Both(endpoint)
     url = both.queue()
     entries = [
-        entry(0, '{"task": "ünïcode € 😀"}', **ATTRIBUTES),
+        entry(0, '{"task": "ünïcode € 😀"}', ATTRIBUTES),
         entry(1, "x" * 1000),
         entry(2, "\t\n\r plain"),
     ]
@@ -403,7 +403,7 @@ def test_random_bodies_and_attributes_come_back_equal(
 ) -> None:
     both = Both(fast_endpoint)
     url = both.queue()
-    params = {"QueueUrl": url, "Entries": [entry(0, body, **attributes)]}
+    params = {"QueueUrl": url, "Entries": [entry(0, body, attributes)]}
     sent = [both.botocore("SendMessageBatch", params), both.lean_call("SendMessageBatch", params)]
     assert sent[0] == sent[1] and sent[0][0] == "ok"
     for message in both.receives_equal(url, 1) * 2:
@@ -435,7 +435,7 @@ def test_the_request_and_signature_are_botocores_own(
     sent: list[Any] = []
     both.client.meta.events.register("before-send.sqs", lambda request, **_: sent.append(request))
     cases = {
-        "SendMessageBatch": {"QueueUrl": url, "Entries": [entry(0, "ü € 😀", **ATTRIBUTES)]},
+        "SendMessageBatch": {"QueueUrl": url, "Entries": [entry(0, "ü € 😀", ATTRIBUTES)]},
         "ReceiveMessage": {
             "QueueUrl": url,
             "MaxNumberOfMessages": 10,
