@@ -514,7 +514,11 @@ class LeanTransport:
             )
             # Prepared once, as botocore's endpoint sends it: the adaptive mode's rate limiter
             # waits here, and a stub (moto's mock_aws) answers in the server's place.
-            prepared = request.prepare()
+            # (Built, not ``request.prepare()``d: nothing here needs preparing, and that copy
+            # of the headers is CPU on every call.)
+            prepared = botocore.awsrequest.AWSPreparedRequest(
+                "POST", self._url, request.headers, body, False
+            )
             stubbed = first_non_none_response(
                 self._events.emit(f"before-send.{self._service_id}.{op.name}", request=prepared)
             )
