@@ -885,3 +885,38 @@ def test_tls_is_verified_as_botocore_verifies_it(
         assert ours[0] is theirs[0] is botocore.exceptions.SSLError
     else:
         assert ours == theirs and ours[0] is not botocore.exceptions.SSLError
+
+
+def test_one_transport_serves_many_threads(fast_endpoint: str) -> None:
+    both = Both(fast_endpoint)
+    urls = [both.queue() for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def work(url: str) -> None:
+        try:
+            for n in range(20):
+                rows = [entry(i, f"{url} {n} {i}") for i in range(10)]
+                sent = both.lean.call("SendMessageBatch", {"QueueUrl": url, "Entries": rows})
+                assert len(sent["Successful"]) == 10
+                got = both.lean.call("ReceiveMessage", {"QueueUrl": url, "MaxNumberOfMessages": 10})
+                assert all(m["Body"].startswith(url) for m in got["Messages"])
+                handles = [
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                    for i, m in enumerate(got["Messages"])
+                ]
+                deleted = both.lean.call(
+                    "DeleteMessageBatch", {"QueueUrl": url, "Entries": handles}
+                )
+                assert len(deleted["Successful"]) == len(handles)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[0]
+    assert not any(thread.is_alive() for thread in threads)
+    # Connections are reused, never more kept idle than the pool's size.
+    assert 0 < len(both.lean._pool._idle) <= min(8, both.lean._pool.size)
