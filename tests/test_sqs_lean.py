@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from localstack_server import LocalStackServer
 
-from redrive.aws.answers import check_answers
+from redrive.aws.answers import ForeignAnswer, check_answers
 from redrive.aws.errors import aws_error
 from redrive.aws.session import AwsSettings
 from redrive.broker.base import SendEntry
@@ -920,3 +920,30 @@ def test_one_transport_serves_many_threads(fast_endpoint: str) -> None:
     assert not any(thread.is_alive() for thread in threads)
     # Connections are reused, never more kept idle than the pool's size.
     assert 0 < len(both.lean._pool._idle) <= min(8, both.lean._pool.size)
+
+
+@pytest.mark.parametrize(
+    "body, content_type",
+    [
+        (b"<html><title>Sign in</title></html>", "text/html"),
+        (b"", "application/x-amz-json-1.0"),
+        (b'{"Messages": "not a list"}', "application/x-amz-json-1.0"),
+        (b'{"Successful": [{"Id": 1}]}', "application/x-amz-json-1.0"),
+    ],
+    ids=["html", "empty", "wrong-shape", "wrong-type"],
+)
+def test_a_2xx_that_is_no_sqs_answer_is_refused_alike_and_a_send_left_in_doubt(
+    aws_env: None, body: bytes, content_type: str
+) -> None:
+    with _failing_server(200, body, {"Content-Type": content_type}) as seen:
+        url = seen.pop(0)
+        both = Both(url, retries={"total_max_attempts": 1})
+        kind = both.equal("ReceiveMessage", {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0})
+        assert kind[0] is ForeignAnswer
+        both.equal(
+            "DeleteMessageBatch",
+            {"QueueUrl": f"{url}/1/q", "Entries": _ONE_ENTRY["DeleteMessageBatch"]},
+        )
+        calls = SqsBroker(both.client, lean=both.lean, lean_send=both.lean)
+        with pytest.raises(SendInDoubt):
+            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
