@@ -2,8 +2,10 @@
 
 Written once, as the ledger's contract is (tests/test_ledger_contract.py): each test takes
 a ``broker`` and a fresh ``queue`` (its address) and says what the engine counts on. Backends:
-SQS on moto (in-process), and SQS on a real LocalStack on loopback. A broker added later
-joins ``BACKENDS``.
+SQS on moto (in-process), SQS on a real LocalStack on loopback, and SQS's lean call path
+(redrive/broker/sqs/lean.py, issue 25) on a moto server (its own HTTP) and on in-process moto
+(which answers it through botocore's before-send event, as it answers botocore). A broker
+added later joins ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -13,15 +15,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from conftest import MotoServer, wait_until
 from localstack_server import LocalStackServer, reset_sqs
 from moto import mock_aws
 
+from redrive.aws.session import AwsSettings
 from redrive.broker.base import Broker, Delivery, SendEntry, split_batches
 from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.lean import LeanTransport, lean_calls
 
 # LocalStack is a server process: end-to-end, as every server test is (see conftest).
-BACKENDS = ["sqs-moto", pytest.param("sqs-localstack", marks=pytest.mark.e2e)]
+BACKENDS = [
+    "sqs-moto",
+    pytest.param("sqs-localstack", marks=pytest.mark.e2e),
+    pytest.param("sqs-lean-moto", marks=pytest.mark.e2e),
+    "sqs-lean-moto-inprocess",
+]
 
 
 def _new_queue(client: Any) -> str:
@@ -33,12 +42,19 @@ def backend(
     request: pytest.FixtureRequest, aws_env: None
 ) -> Iterator[tuple[Broker, Any, Callable[[], Any]]]:
     """A broker, a client of the same server, and a way to make another client."""
-    if request.param == "sqs-moto":
+    if request.param in ("sqs-moto", "sqs-lean-moto-inprocess"):
         import boto3
 
         with mock_aws():
             client = boto3.client("sqs", region_name="us-east-1")
-            yield SqsBroker(client), client, lambda: boto3.client("sqs", region_name="us-east-1")
+            # In-process moto answers the lean path's requests too (botocore's before-send).
+            lean = LeanTransport(client) if request.param == "sqs-lean-moto-inprocess" else None
+            broker = SqsBroker(client, lean=lean, lean_send=lean)
+            yield broker, client, lambda: boto3.client("sqs", region_name="us-east-1")
+    elif request.param == "sqs-lean-moto":
+        moto: MotoServer = request.getfixturevalue("server")
+        settings = AwsSettings(endpoint_url=moto.endpoint_url, region="us-east-1")
+        yield lean_calls(settings), moto.client(), moto.client
     else:
         server: LocalStackServer = request.getfixturevalue("localstack_endpoint")
         reset_sqs(server)
@@ -112,7 +128,7 @@ def test_a_refused_entry_is_refused_alone(
     request: pytest.FixtureRequest, broker: Broker, queue: str
 ) -> None:
     # A character SQS does not allow in a body: refused per entry, the others sent.
-    if "sqs-moto" in request.node.name:
+    if "moto" in request.node.name:
         pytest.skip("moto does not check a body's characters: LocalStack's run covers it")
     bad = SendEntry(id="1", body="bad \x00 body", message_attributes={})
     ok = entries(1)[0]
@@ -134,12 +150,20 @@ def test_an_entry_the_answer_leaves_out_is_unconfirmed_never_sent(
     assert isinstance(broker, SqsBroker)
     real = broker.send_client.send_message_batch
 
-    def losing_one(**kwargs: Any) -> Any:
-        answer = real(**kwargs)
+    def losing_one(answer: Any = None, **kwargs: Any) -> Any:
+        answer = real(**kwargs) if answer is None else answer
         answer["Successful"] = [s for s in answer.get("Successful", []) if s["Id"] != "1"]
         return answer
 
-    broker.send_client = type("Lossy", (), {"send_message_batch": staticmethod(losing_one)})()
+    if broker.lean_send is not None:  # the lean path sends through its own transport
+        real_lean = broker.lean_send.call
+
+        def losing_one_lean(operation: str, params: dict[str, Any]) -> Any:
+            return losing_one(answer=real_lean(operation, params))
+
+        broker.lean_send = type("Lossy", (), {"call": staticmethod(losing_one_lean)})()
+    else:
+        broker.send_client = type("Lossy", (), {"send_message_batch": staticmethod(losing_one)})()
     result = broker.send(queue, entries(3))
     assert result.outcome("1") == "unconfirmed"
     assert "1" not in result.ok and "1" in result.unconfirmed

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import botocore.exceptions
@@ -98,6 +98,19 @@ def _not_the_answer(operation_model: Any, response: Mapping[str, Any]) -> str | 
         value = json.loads(text)
     except ValueError:
         return f"HTTP {status} with {_described(text, str(headers.get('content-type', '')))}"
+    return json_misfit(operation_model, status, value)
+
+
+def not_the_answer(operation_model: Any, response: Mapping[str, Any]) -> str | None:
+    """What a 2xx answer (botocore's response dict: status_code, headers, body) was, when
+    it is not one ``operation_model`` can have; None when it is one."""
+    return _not_the_answer(operation_model, response)
+
+
+def json_misfit(operation_model: Any, status: int, value: Any) -> str | None:
+    """:func:`not_the_answer` for a body already parsed as JSON (``value``): callers that
+    parse the answer themselves (the lean SQS path) need not parse it twice."""
+    shape = operation_model.output_shape
     if shape is None:  # no output (PurgeQueue): nothing, or an empty object
         misfit = _misfit_nothing(value)
     else:
@@ -147,39 +160,67 @@ def _an_empty_list_left_out(name: str, members: dict[str, Any], value: dict[str,
     )
 
 
+_CONTAINERS: Final = frozenset({"structure", "list", "map"})
+
+
 def _misfit(shape: Any, value: Any, where: str, *, top: bool = False) -> str | None:
     """Where ``value`` (``where``, for people) does not fit ``shape`` (the first place)."""
     kind = shape.type_name
     if kind == "structure":
-        if not isinstance(value, dict):
-            return "not an object" if top else f"{where} is not an object"
-        members, required = _structure(shape)
-        if top and value and not value.keys() & members.keys():
-            return f"unknown keys: {', '.join(sorted(value)[:3])}"
-        for name in required:
-            if name not in value and not _an_empty_list_left_out(name, members, value):
-                return f"no {name}" if top else f"{where} has no {name}"
-        for name, item in value.items():
-            member = members.get(name)
-            if member is not None and item is not None:
-                misfit = _misfit(member, item, name)
-                if misfit is not None:
-                    return misfit
-        return None
+        return _structure_misfit(shape, value, where, top=top)
     if kind == "list":
         if not isinstance(value, list):
             return f"{where} is not a list"
-        item = f"an item of {where}"
-        return next((m for m in (_misfit(shape.member, v, item) for v in value) if m), None)
+        return _items_misfit(shape.member, value, f"an item of {where}")
     if kind == "map":
         if not isinstance(value, dict):
             return f"{where} is not an object"
-        item = f"a value of {where}"
-        values = (_misfit(shape.value, v, item) for v in value.values())
-        return next((m for m in values if m), None)
+        return _items_misfit(shape.value, value.values(), f"a value of {where}")
+    return None if _scalar_fits(kind, value) else f"{where} is not a {kind}"
+
+
+def _structure_misfit(shape: Any, value: Any, where: str, *, top: bool) -> str | None:
+    if not isinstance(value, dict):
+        return "not an object" if top else f"{where} is not an object"
+    members, required = _structure(shape)
+    if top and value and not value.keys() & members.keys():
+        return f"unknown keys: {', '.join(sorted(value)[:3])}"
+    for name in required:
+        if name not in value and not _an_empty_list_left_out(name, members, value):
+            return f"no {name}" if top else f"{where} has no {name}"
+    for name, item in value.items():
+        member = members.get(name)
+        if member is None or item is None:
+            continue
+        kind = member.type_name
+        if kind in _CONTAINERS:
+            misfit = _misfit(member, item, name)
+            if misfit is not None:
+                return misfit
+        elif not _scalar_fits(kind, item):
+            return f"{name} is not a {kind}"
+    return None
+
+
+def _items_misfit(shape: Any, values: Iterable[Any], where: str) -> str | None:
+    """The first of ``values`` (a list's items, a map's values) that does not fit ``shape``."""
+    kind = shape.type_name
+    if kind in _CONTAINERS:
+        return next((m for m in (_misfit(shape, v, where) for v in values) if m), None)
+    # Scalars (every attribute's value of every message) checked in one loop, not a call
+    # each: the check runs on every answer, on the hot path.
     expected = _JSON_TYPES.get(kind)
     if expected is None:
         return None
-    if not isinstance(value, expected) or (kind != "boolean" and isinstance(value, bool)):
-        return f"{where} is not a {kind}"
+    strict = kind != "boolean"
+    for item in values:
+        if not isinstance(item, expected) or (strict and isinstance(item, bool)):
+            return f"{where} is not a {kind}"
     return None
+
+
+def _scalar_fits(kind: str, value: Any) -> bool:
+    expected = _JSON_TYPES.get(kind)
+    if expected is None:
+        return True
+    return isinstance(value, expected) and (kind == "boolean" or not isinstance(value, bool))

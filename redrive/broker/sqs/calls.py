@@ -11,7 +11,7 @@ import random
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import botocore.exceptions
 
@@ -32,6 +32,14 @@ from redrive.broker.base import (
 )
 from redrive.broker.base import split_batches as split_entries
 from redrive.errors import AwsError, SendInDoubt
+
+
+class LeanCalls(Protocol):
+    """The lean path's per-message calls (:class:`redrive.broker.sqs.lean.LeanTransport`,
+    named by its shape here: lean.py builds SqsBrokers, so this module cannot import it)."""
+
+    def call(self, operation: str, params: Mapping[str, Any]) -> dict[str, Any]: ...
+
 
 #: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
 MAX_BATCH_BYTES = 262_144
@@ -178,8 +186,16 @@ class SqsCalls:
         send_client: Any | None = None,
         send_attempts: int = 8,
         clock: Callable[[], float] = time.monotonic,
+        lean: LeanCalls | None = None,
+        lean_send: LeanCalls | None = None,
     ) -> None:
         self.client = client
+        # The per-message calls on the lean path (issue 25), when given: receive, delete and
+        # visibility on ``lean`` (built from ``client``), sends on ``lean_send``.
+        self.lean = lean
+        self.lean_send = lean_send
+        self.lean_declined: str | None = None
+        """Why the calls are botocore's though the lean path was asked for (lean_calls)."""
         self.clock = clock
         """Dates what a receive hides (``Message.hidden_until``); tests pass SQS's own."""
         self.send_client = send_client if send_client is not None else client
@@ -225,15 +241,19 @@ class SqsCalls:
         self, url: str, *, hold: int, wait_seconds: int = 1, max_messages: int = 10
     ) -> list[Delivery]:
         hidden_until = self.clock() + hold
+        params = {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": max_messages,
+            "VisibilityTimeout": hold,
+            "WaitTimeSeconds": wait_seconds,
+            "MessageSystemAttributeNames": ["All"],
+            "MessageAttributeNames": ["All"],
+        }
         with aws_errors("ReceiveMessage", resource=url):
-            response = self.client.receive_message(
-                QueueUrl=url,
-                MaxNumberOfMessages=max_messages,
-                VisibilityTimeout=hold,
-                WaitTimeSeconds=wait_seconds,
-                MessageSystemAttributeNames=["All"],
-                MessageAttributeNames=["All"],
-            )
+            if self.lean is not None:
+                response = self.lean.call("ReceiveMessage", params)
+            else:
+                response = self.client.receive_message(**params)
         return [delivery_of(raw, hidden_until=hidden_until) for raw in response.get("Messages", [])]
 
     def send_batch(self, url: str, entries: Sequence[SendEntry]) -> BatchResult:
@@ -250,9 +270,7 @@ class SqsCalls:
             try:
                 with aws_errors("SendMessageBatch", resource=url):
                     try:
-                        response = self.send_client.send_message_batch(
-                            QueueUrl=url, Entries=request
-                        )
+                        response = self._send_call({"QueueUrl": url, "Entries": request})
                     # HTTPClientError covers ReadTimeoutError, ConnectionClosedError and any
                     # other failure after the connection was made: the request may have left.
                     except botocore.exceptions.HTTPClientError as exc:
@@ -291,14 +309,23 @@ class SqsCalls:
                 time.sleep(min(20.0, 0.2 * 2**attempt) * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
+    def _send_call(self, params: dict[str, Any]) -> Any:
+        if self.lean_send is not None:
+            return self.lean_send.call("SendMessageBatch", params)
+        return self.send_client.send_message_batch(**params)
+
     def delete_batch(self, url: str, handles: Mapping[str, str]) -> BatchResult:
         if not handles:
             return BatchResult({}, {})
+        params = {
+            "QueueUrl": url,
+            "Entries": [{"Id": i, "ReceiptHandle": h} for i, h in handles.items()],
+        }
         with aws_errors("DeleteMessageBatch", resource=url):
-            response = self.client.delete_message_batch(
-                QueueUrl=url,
-                Entries=[{"Id": i, "ReceiptHandle": h} for i, h in handles.items()],
-            )
+            if self.lean is not None:
+                response = self.lean.call("DeleteMessageBatch", params)
+            else:
+                response = self.client.delete_message_batch(**params)
         return _batch_result(response, list(handles))
 
     def change_visibility_batch(
@@ -306,14 +333,18 @@ class SqsCalls:
     ) -> BatchResult:
         if not handles:
             return BatchResult({}, {})
+        params = {
+            "QueueUrl": url,
+            "Entries": [
+                {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": timeout}
+                for i, h in handles.items()
+            ],
+        }
         with aws_errors("ChangeMessageVisibilityBatch", resource=url):
-            response = self.client.change_message_visibility_batch(
-                QueueUrl=url,
-                Entries=[
-                    {"Id": i, "ReceiptHandle": h, "VisibilityTimeout": timeout}
-                    for i, h in handles.items()
-                ],
-            )
+            if self.lean is not None:
+                response = self.lean.call("ChangeMessageVisibilityBatch", params)
+            else:
+                response = self.client.change_message_visibility_batch(**params)
         return _batch_result(response, list(handles))
 
     def purge(self, url: str) -> None:

@@ -1,0 +1,949 @@
+"""The lean SQS path answers as botocore does (issue 25): differential tests.
+
+Every per-message operation is called both ways, botocore's client method and
+:meth:`LeanTransport.call` on a transport built from that same client, against the same
+server (moto's server, bench/fast_sqs.py, LocalStack), and the two outcomes must be equal:
+the parsed answer (less what differs per call: request ids, receipt handles, message ids,
+receive counts) or the exception (its class, its ``response["Error"]``, its status, and the
+one line redrive words from it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import socket
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import botocore.auth
+import botocore.credentials
+import botocore.exceptions
+import botocore.session
+import pytest
+from botocore.config import Config
+from conftest import free_port
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from localstack_server import LocalStackServer
+
+from redrive.aws.answers import ForeignAnswer, check_answers
+from redrive.aws.errors import aws_error
+from redrive.aws.session import AwsSettings
+from redrive.broker.base import SendEntry
+from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs.lean import LeanTransport, lean_calls
+from redrive.errors import AwsUnavailable, SendInDoubt
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SERVERS = [
+    "moto",
+    "fast",
+    pytest.param("localstack", marks=pytest.mark.e2e),
+]
+METHODS = {
+    "ReceiveMessage": "receive_message",
+    "SendMessageBatch": "send_message_batch",
+    "DeleteMessageBatch": "delete_message_batch",
+    "ChangeMessageVisibilityBatch": "change_message_visibility_batch",
+}
+# What differs from one call to the next whoever makes it.
+_PER_CALL = frozenset({"ReceiptHandle", "MessageId", "SequenceNumber"})
+_PER_RECEIVE = frozenset({"ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp"})
+
+
+def _load_fast_sqs() -> Any:
+    spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def fast_endpoint() -> Iterator[str]:
+    server = _load_fast_sqs().start()
+    yield str(server.endpoint_url)
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(params=SERVERS)
+def endpoint(request: pytest.FixtureRequest, aws_env: None) -> str:
+    if request.param == "moto":
+        return str(request.getfixturevalue("server").endpoint_url)
+    if request.param == "fast":
+        return str(request.getfixturevalue("fast_endpoint"))
+    server: LocalStackServer = request.getfixturevalue("localstack_endpoint")
+    return server.endpoint_url
+
+
+class Both:
+    """One botocore client as redrive configures it (answers checked) and a lean transport
+    built from it."""
+
+    def __init__(self, endpoint_url: str, **config: Any) -> None:
+        self.client = client_of(endpoint_url, **config)
+        self.lean = LeanTransport(self.client)
+
+    def queue(self, *, fifo: bool = False) -> str:
+        name = f"lean-{uuid.uuid4().hex[:12]}" + (".fifo" if fifo else "")
+        attributes = {"FifoQueue": "true"} if fifo else {}
+        return str(self.client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"])
+
+    def botocore(self, operation: str, params: dict[str, Any]) -> Any:
+        return outcome(operation, lambda: getattr(self.client, METHODS[operation])(**params))
+
+    def lean_call(self, operation: str, params: dict[str, Any]) -> Any:
+        return outcome(operation, lambda: self.lean.call(operation, params))
+
+    def equal(self, operation: str, params: dict[str, Any]) -> Any:
+        """Both outcomes of a call that changes nothing (an error, a refused entry)."""
+        theirs, ours = self.botocore(operation, params), self.lean_call(operation, params)
+        assert ours == theirs
+        return ours
+
+    def fill(self, url: str, entries: list[dict[str, Any]]) -> None:
+        for start in range(0, len(entries), 10):
+            answer = self.client.send_message_batch(QueueUrl=url, Entries=entries[start:][:10])
+            assert not answer.get("Failed"), answer
+
+    def receives_equal(self, url: str, count: int) -> list[Any]:
+        """Receive every message both ways (hidden for 0 s, so both see them all)."""
+        params = {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": 10,
+            "VisibilityTimeout": 0,
+            "WaitTimeSeconds": 0,
+            "MessageSystemAttributeNames": ["All"],
+            "MessageAttributeNames": ["All"],
+        }
+        theirs = self._all(lambda: self.botocore("ReceiveMessage", params), count)
+        ours = self._all(lambda: self.lean_call("ReceiveMessage", params), count)
+        assert ours == theirs
+        return ours
+
+    @staticmethod
+    def _all(receive: Callable[[], Any], count: int) -> list[Any]:
+        seen: dict[str, Any] = {}
+        for _ in range(50):  # a bound for a hang: a short poll may see part of a queue
+            kind, answer = receive()
+            assert kind == "ok", answer
+            for message in answer.get("Messages", []):
+                group = message.get("Attributes", {}).get("MessageGroupId", "")
+                seen[f"{message['Body']}{message.get('MessageAttributes')!r}{group}"] = message
+            if len(seen) >= count:
+                break
+        assert len(seen) == count
+        return [seen[key] for key in sorted(seen)]
+
+
+def client_of(endpoint_url: str, **config: Any) -> Any:
+    if config:
+        import boto3
+
+        client = boto3.client(
+            "sqs",
+            endpoint_url=endpoint_url,
+            region_name="us-east-1",
+            config=Config(parameter_validation=False, **config),
+        )
+    else:
+        client = AwsSettings(endpoint_url=endpoint_url, region="us-east-1").client("sqs")
+    check_answers(client)
+    return client
+
+
+def outcome(operation: str, call: Callable[[], Any]) -> Any:
+    """A call's outcome, less what differs per call."""
+    try:
+        answer = call()
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        response = getattr(exc, "response", None) or {}
+        return (
+            type(exc),
+            response.get("Error"),
+            response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+            str(aws_error(exc, operation, resource="q")),
+        )
+    return "ok", _stable(answer)
+
+
+def _stable(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "ResponseMetadata":
+                out[key] = {"HTTPStatusCode": item["HTTPStatusCode"]}
+            elif key in _PER_CALL:
+                out[key] = bool(item)
+            elif key == "Attributes" and isinstance(item, dict):
+                out[key] = {k: (v if k not in _PER_RECEIVE else bool(v)) for k, v in item.items()}
+            else:
+                out[key] = _stable(item)
+        return out
+    if isinstance(value, list):
+        return [_stable(item) for item in value]
+    return value
+
+
+def entry(i: int, body: str, attributes: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"Id": str(i), "MessageBody": body}
+    if attributes:
+        out["MessageAttributes"] = attributes
+    return out
+
+
+ATTRIBUTES: dict[str, Any] = {
+    "s": {"DataType": "String", "StringValue": "ünï €"},
+    "n": {"DataType": "Number", "StringValue": "-12.5e3"},
+    "b": {"DataType": "Binary", "BinaryValue": bytes(range(256))},
+    "custom": {"DataType": "String.celery-task", "StringValue": "tasks.add"},
+    "count": {"DataType": "Number.int", "StringValue": "7"},
+    "blob": {"DataType": "Binary.gzip", "BinaryValue": b"\x1f\x8b\x00"},
+}
+
+
+# -- success, attribute types, unicode, large bodies, FIFO --------------------------------------
+
+
+def test_sends_and_receives_of_every_attribute_type_are_equal(endpoint: str) -> None:
+    both = Both(endpoint)
+    url = both.queue()
+    entries = [
+        entry(0, '{"task": "ünïcode € 😀"}', ATTRIBUTES),
+        entry(1, "x" * 1000),
+        entry(2, "\t\n\r plain"),
+    ]
+    kinds = [both.botocore("SendMessageBatch", {"QueueUrl": url, "Entries": entries})]
+    kinds.append(both.lean_call("SendMessageBatch", {"QueueUrl": url, "Entries": entries}))
+    assert kinds[0] == kinds[1] and kinds[0][0] == "ok"
+    messages = both.receives_equal(url, 3)
+    assert {
+        bytes(m.get("MessageAttributes", {}).get("b", {}).get("BinaryValue", b"")) for m in messages
+    } >= {bytes(range(256))}
+
+
+@pytest.mark.parametrize("limit", [262_144, 1_048_576], ids=["256KiB", "1MiB"])
+def test_the_largest_body_goes_and_comes_back_equal(endpoint: str, limit: int) -> None:
+    both = Both(endpoint)
+    url = both.queue()
+    both.client.set_queue_attributes(QueueUrl=url, Attributes={"MaximumMessageSize": str(limit)})
+    unit = "é" * 1000 + "a" * 48  # 2,048 bytes of UTF-8
+    body = unit * (limit // 2048)
+    assert len(body.encode()) == limit
+    params = {"QueueUrl": url, "Entries": [entry(0, body)]}
+    sent = both.botocore("SendMessageBatch", params)
+    assert sent == both.lean_call("SendMessageBatch", params)
+    if sent[0] != "ok" or sent[1].get("Failed"):  # a server without 1 MiB messages: alike
+        return
+    (message,) = both.receives_equal(url, 1)  # the two copies are alike: seen as one
+    assert message["Body"] == body
+
+
+def test_fifo_fields_are_equal(request: pytest.FixtureRequest, endpoint: str) -> None:
+    if "[fast]" in request.node.name:
+        pytest.skip("bench/fast_sqs.py serves a .fifo queue as a standard one (its docstring)")
+    both = Both(endpoint)
+    answers, received = [], []
+    # One message a queue: what a FIFO group hands out next is then the same for both.
+    for call in (both.botocore, both.lean_call):
+        url = both.queue(fifo=True)
+        sent = {**entry(0, "fifo"), "MessageGroupId": "g", "MessageDeduplicationId": "d"}
+        answers.append(call("SendMessageBatch", {"QueueUrl": url, "Entries": [sent]}))
+        received += both.receives_equal(url, 1)
+    assert answers[0] == answers[1] and answers[0][0] == "ok"
+    assert answers[0][1]["Successful"][0]["SequenceNumber"] is True
+    attributes = received[0]["Attributes"]
+    assert attributes["MessageGroupId"] == "g" and attributes["MessageDeduplicationId"] == "d"
+    assert attributes["SequenceNumber"]
+
+
+# -- batches: per-entry failures, deletes and visibility ----------------------------------------
+
+
+def _handles(both: Both, url: str, count: int) -> list[str]:
+    both.fill(url, [entry(i, f"m{i}") for i in range(count)])
+    handles: dict[str, str] = {}
+    for _ in range(50):
+        answer = both.client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60
+        )
+        handles.update({m["Body"]: m["ReceiptHandle"] for m in answer.get("Messages", [])})
+        if len(handles) == count:
+            break
+    return [handles[f"m{i}"] for i in range(count)]
+
+
+@pytest.mark.parametrize("operation", ["DeleteMessageBatch", "ChangeMessageVisibilityBatch"])
+def test_batches_with_good_and_bad_handles_are_equal(endpoint: str, operation: str) -> None:
+    both = Both(endpoint)
+    url = both.queue()
+    mine, theirs = _handles(both, url, 4)[:2], _handles(both, url, 4)[2:]
+
+    def params(handles: list[str]) -> dict[str, Any]:
+        rows: list[dict[str, Any]] = [
+            {"Id": "good", "ReceiptHandle": handles[0]},
+            {"Id": "invalid", "ReceiptHandle": "not-a-receipt-handle"},
+        ]
+        if operation == "ChangeMessageVisibilityBatch":
+            for row in rows:
+                row["VisibilityTimeout"] = 30
+        return {"QueueUrl": url, "Entries": rows}
+
+    ours = both.lean_call(operation, params(mine))
+    assert ours == both.botocore(operation, params(theirs))
+    assert ours[0] == "ok" and [item["Id"] for item in ours[1]["Successful"]] == ["good"]
+    (failed,) = ours[1]["Failed"]
+    assert failed["Id"] == "invalid" and failed["Code"] == "ReceiptHandleIsInvalid"
+
+
+def test_a_stale_handle_is_answered_alike(endpoint: str) -> None:
+    both = Both(endpoint)
+    url = both.queue()
+    both.fill(url, [entry(0, "stale")])
+    first = both.client.receive_message(QueueUrl=url, VisibilityTimeout=0)["Messages"][0]
+    both.receives_equal(url, 1)  # received again since: the first handle is stale
+    rows = [{"Id": "0", "ReceiptHandle": first["ReceiptHandle"], "VisibilityTimeout": 5}]
+    both.equal("ChangeMessageVisibilityBatch", {"QueueUrl": url, "Entries": rows})
+
+
+# -- whole-request errors -------------------------------------------------------------------
+
+
+_ONE_ENTRY: dict[str, list[dict[str, Any]]] = {
+    "SendMessageBatch": [entry(0, "b")],
+    "DeleteMessageBatch": [{"Id": "0", "ReceiptHandle": "h"}],
+    "ChangeMessageVisibilityBatch": [{"Id": "0", "ReceiptHandle": "h", "VisibilityTimeout": 1}],
+}
+
+
+@pytest.mark.parametrize("operation", list(METHODS))
+def test_a_missing_queue_is_the_same_error(endpoint: str, operation: str) -> None:
+    both = Both(endpoint)
+    url = both.queue().rsplit("/", 1)[0] + "/no-such-queue-" + uuid.uuid4().hex[:6]
+    params: dict[str, Any] = {"QueueUrl": url}
+    if operation in _ONE_ENTRY:
+        params["Entries"] = _ONE_ENTRY[operation]
+    kind = both.equal(operation, params)
+    assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
+
+
+@pytest.mark.parametrize(
+    "operation, params",
+    [
+        ("ReceiveMessage", {"MaxNumberOfMessages": 11}),
+        ("ReceiveMessage", {"VisibilityTimeout": -1}),
+        ("SendMessageBatch", {"Entries": []}),
+        ("SendMessageBatch", {"Entries": [entry(0, "a"), entry(0, "b")]}),
+        ("SendMessageBatch", {"Entries": [entry(i, "a") for i in range(11)]}),
+        ("DeleteMessageBatch", {"Entries": []}),
+        ("ChangeMessageVisibilityBatch", {"Entries": []}),
+    ],
+    ids=[
+        "max-11",
+        "visibility--1",
+        "send-empty",
+        "send-same-ids",
+        "send-11",
+        "delete-empty",
+        "visibility-empty",
+    ],
+)
+def test_a_refused_request_is_the_same_error(
+    endpoint: str, operation: str, params: dict[str, Any]
+) -> None:
+    both = Both(endpoint)
+    url = both.queue()
+    kind = both.equal(operation, {"QueueUrl": url, **params})
+    # What every server refuses (the others differ among servers, and each agrees both ways).
+    if operation != "ChangeMessageVisibilityBatch" and "VisibilityTimeout" not in params:
+        assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
+
+
+# -- a property: random bodies and attributes ---------------------------------------------------
+
+_SQS_TEXT = st.text(
+    alphabet=st.characters(
+        codec="utf-8", blacklist_categories=("Cs",), blacklist_characters="\x00\ufffe\uffff"
+    ).filter(lambda c: c in "\t\n\r" or ord(c) >= 0x20),
+    min_size=1,
+    max_size=300,
+)
+_ATTRIBUTE = st.one_of(
+    st.builds(
+        lambda suffix, text: {"DataType": "String" + suffix, "StringValue": text},
+        st.sampled_from(["", ".json", ".x-y_z"]),
+        _SQS_TEXT,
+    ),
+    st.builds(
+        lambda suffix, n: {"DataType": "Number" + suffix, "StringValue": str(n)},
+        st.sampled_from(["", ".int"]),
+        st.integers(-(10**20), 10**20),
+    ),
+    st.builds(
+        lambda suffix, raw: {"DataType": "Binary" + suffix, "BinaryValue": raw},
+        st.sampled_from(["", ".pickle"]),
+        st.binary(min_size=1, max_size=200),
+    ),
+)
+_ATTRIBUTES = st.dictionaries(
+    st.from_regex(r"[a-zA-Z0-9_-]{1,20}", fullmatch=True).filter(
+        lambda n: not n.lower().startswith(("aws", "amazon"))
+    ),
+    _ATTRIBUTE,
+    max_size=4,
+)
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=_SQS_TEXT, attributes=_ATTRIBUTES)
+def test_random_bodies_and_attributes_come_back_equal(
+    fast_endpoint: str, body: str, attributes: dict[str, Any]
+) -> None:
+    both = Both(fast_endpoint)
+    url = both.queue()
+    params = {"QueueUrl": url, "Entries": [entry(0, body, attributes)]}
+    sent = [both.botocore("SendMessageBatch", params), both.lean_call("SendMessageBatch", params)]
+    assert sent[0] == sent[1] and sent[0][0] == "ok"
+    for message in both.receives_equal(url, 1) * 2:
+        assert message["Body"] == body
+        got = {
+            k: {f: v[f] for f in ("DataType", "StringValue", "BinaryValue") if f in v}
+            for k, v in message.get("MessageAttributes", {}).items()
+        }
+        assert got == attributes
+
+
+# -- the signature, the credentials ------------------------------------------------------------
+
+
+def _frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    moment = datetime.datetime(2026, 5, 4, 3, 2, 1, tzinfo=datetime.UTC)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: moment)
+
+
+@pytest.mark.parametrize("token", [None, "a-session-token"])
+def test_the_request_and_signature_are_botocores_own(
+    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch, token: str | None
+) -> None:
+    if token:
+        monkeypatch.setenv("AWS_SESSION_TOKEN", token)
+    _frozen(monkeypatch)
+    both = Both(fast_endpoint)
+    url = both.queue()
+    sent: list[Any] = []
+    both.client.meta.events.register("before-send.sqs", lambda request, **_: sent.append(request))
+    cases = {
+        "SendMessageBatch": {"QueueUrl": url, "Entries": [entry(0, "ü € 😀", ATTRIBUTES)]},
+        "ReceiveMessage": {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": 10,
+            "VisibilityTimeout": 0,
+            "MessageAttributeNames": ["All"],
+        },
+        "DeleteMessageBatch": {"QueueUrl": url, "Entries": [{"Id": "0", "ReceiptHandle": "h"}]},
+        "ChangeMessageVisibilityBatch": {
+            "QueueUrl": url,
+            "Entries": [{"Id": "0", "ReceiptHandle": "h", "VisibilityTimeout": 3}],
+        },
+    }
+    for operation, params in cases.items():
+        sent.clear()
+        with contextlib.suppress(botocore.exceptions.ClientError):
+            getattr(both.client, METHODS[operation])(**params)
+        (theirs,) = sent
+        body = both.lean.request_body(operation, params)
+        ours = both.lean.signed_request(operation, body)
+        assert body == theirs.body
+        assert ours.url == theirs.url
+        for name in (
+            "Authorization",
+            "X-Amz-Date",
+            "X-Amz-Target",
+            "Content-Type",
+            "X-Amz-Security-Token",
+            "x-amzn-query-mode",
+        ):
+            expected = theirs.headers.get(name)
+            expected = expected.decode() if isinstance(expected, bytes) else expected
+            assert ours.headers.get(name) == expected, name
+        assert ("X-Amz-Security-Token" in ours.headers) == bool(token)
+
+
+def test_refreshed_credentials_sign_the_next_request(fast_endpoint: str) -> None:
+    keys = iter(["AKIDFIRST", "AKIDSECOND"])
+
+    def refresh() -> dict[str, str]:
+        expiry = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
+        return {
+            "access_key": next(keys),
+            "secret_key": "s",
+            "token": "t",
+            "expiry_time": expiry.isoformat(),
+        }
+
+    credentials = botocore.credentials.RefreshableCredentials.create_from_metadata(
+        metadata=refresh(), refresh_using=refresh, method="test"
+    )
+    session = botocore.session.Session()
+    session._credentials = credentials
+    client = session.create_client("sqs", region_name="us-east-1", endpoint_url=fast_endpoint)
+    lean = LeanTransport(client)
+    url = client.create_queue(QueueName="refreshing")["QueueUrl"]
+    signed: list[str] = []
+    client.meta.events.register(
+        "before-send.sqs", lambda request, **_: signed.append(request.headers["Authorization"])
+    )
+    params = {"QueueUrl": url, "WaitTimeSeconds": 0}
+    lean.call("ReceiveMessage", params)
+    # Due within botocore's mandatory refresh window: the next request refreshes first.
+    credentials._expiry_time = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)
+    lean.call("ReceiveMessage", params)
+    assert "Credential=AKIDFIRST/" in signed[0] and "Credential=AKIDSECOND/" in signed[1]
+
+
+# -- connections that fail: the same exceptions, the same in-doubt rules -----------------------
+
+
+@contextlib.contextmanager
+def _silent_server(*, reset: bool = False) -> Iterator[str]:
+    """A loopback server that reads a request and never answers (or resets it)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            if reset:
+                conn.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
+                conn.close()
+            else:
+                held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+def _both_fail(endpoint_url: str, operation: str, params: dict[str, Any]) -> Any:
+    both = Both(
+        endpoint_url, retries={"total_max_attempts": 1}, read_timeout=0.5, connect_timeout=2
+    )
+    return both.equal(operation, params)
+
+
+def test_a_refused_connection_is_botocores_error(aws_env: None) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    kind = _both_fail(url, "ReceiveMessage", {"QueueUrl": f"{url}/1/q"})
+    assert kind[0] is botocore.exceptions.EndpointConnectionError
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["read-timeout", "reset"])
+def test_no_answer_after_the_request_is_botocores_error(aws_env: None, reset: bool) -> None:
+    with _silent_server(reset=reset) as url:
+        kind = _both_fail(
+            url, "SendMessageBatch", {"QueueUrl": f"{url}/1/q", "Entries": [entry(0, "x")]}
+        )
+    expected = (
+        botocore.exceptions.ConnectionClosedError if reset else botocore.exceptions.ReadTimeoutError
+    )
+    assert kind[0] is expected
+
+
+def test_a_lost_answer_leaves_a_lean_send_in_doubt_and_a_refused_one_retried(aws_env: None) -> None:
+    with _silent_server() as url:
+        client = client_of(url, retries={"total_max_attempts": 1}, read_timeout=0.5)
+        calls = SqsBroker(client, lean=LeanTransport(client), lean_send=LeanTransport(client))
+        with pytest.raises(SendInDoubt):
+            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+    refused = f"http://127.0.0.1:{free_port()}"
+    client = client_of(refused, retries={"total_max_attempts": 1})
+    lean = LeanTransport(client)
+    calls = SqsBroker(client, lean=lean, lean_send=lean, send_attempts=2)
+    tried: list[Any] = []
+    client.meta.events.register("before-send.sqs", lambda request, **_: tried.append(request))
+    with pytest.raises(AwsUnavailable):
+        calls.send_batch(f"{refused}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+    assert len(tried) == 2  # SqsCalls' own retry: provably never sent
+
+
+def test_lean_calls_builds_a_broker_on_both_paths(server: Any) -> None:
+    broker = lean_calls(AwsSettings(endpoint_url=server.endpoint_url, region="us-east-1"))
+    assert broker.lean is not None and broker.lean_send is not None
+    url = broker.client.create_queue(QueueName="built")["QueueUrl"]
+    assert broker.send_batch(url, [SendEntry(id="0", body="é", message_attributes={})]).ok
+    (got,) = broker.receive(url, hold=30, wait_seconds=0)
+    assert got.body == "é"
+    assert broker.delete_batch(url, {"0": got.tag}).ok == {"0": ""}
+
+
+# -- retries: the client's own handler, and never a resent batch ------------------------------
+
+
+@contextlib.contextmanager
+def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterator[list[str]]:
+    """A loopback server that answers every request with one error; yields its URL, then
+    the X-Amz-Target of each request it gets."""
+    import http.server
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.headers.get("X-Amz-Target", ""))
+            self.send_response(status)
+            for name, value in {"Content-Type": "application/x-amz-json-1.0", **headers}.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    seen.insert(0, f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize(
+    "status, body, headers",
+    [
+        (500, b'{"__type": "com.amazonaws.sqs#InternalError", "message": "boom"}', {}),
+        (503, b"<html><title>Service Unavailable</title></html>", {"Content-Type": "text/html"}),
+        (
+            400,
+            b'{"__type": "com.amazonaws.sqs#RequestThrottled", "message": "slow down"}',
+            {"x-amzn-query-error": "RequestThrottled;Sender"},
+        ),
+    ],
+    ids=["500", "503-page", "throttled"],
+)
+def test_retries_are_botocores_and_a_batch_is_never_resent(
+    aws_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+) -> None:
+    import time
+
+    delays: list[float] = []
+    monkeypatch.setattr(time, "sleep", delays.append)  # the backoff's delays, not waited
+    with _failing_server(status, body, headers) as seen:
+        url = seen.pop(0)
+        both = Both(url, retries={"mode": "standard", "total_max_attempts": 3})
+        receive = {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0}
+        both.equal("ReceiveMessage", receive)
+        assert seen == ["AmazonSQS.ReceiveMessage"] * 6  # 3 attempts each way
+        assert len(delays) == 4
+        seen.clear()
+        send = {"QueueUrl": f"{url}/1/q", "Entries": [entry(0, "x")]}
+        kind = both.lean_call("SendMessageBatch", send)
+        assert seen == ["AmazonSQS.SendMessageBatch"]  # however many the client would try
+        assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
+
+
+# -- proxies: botocore's choice of one, taken as it is -----------------------------------------
+
+
+@contextlib.contextmanager
+def _forward_proxy() -> Iterator[list[str]]:
+    """A plain-HTTP forward proxy on loopback; yields its URL, then each URL it forwards."""
+    import http.client
+    import http.server
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            seen.append(self.path)
+            target = urlsplit(self.path)
+            upstream = http.client.HTTPConnection(target.hostname or "", target.port or 80)
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() != "proxy-connection"}
+            upstream.request("POST", target.path or "/", body=body, headers=forwarded)
+            answer = upstream.getresponse()
+            data = answer.read()
+            upstream.close()
+            self.send_response(answer.status)
+            for name, value in answer.getheaders():
+                if name.lower() not in ("content-length", "connection", "transfer-encoding"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    seen.append(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("how", ["config", "environment", "no-proxy"])
+def test_calls_go_through_the_proxy_botocore_chose(
+    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    with _forward_proxy() as seen:
+        proxy = seen.pop(0)
+        config: dict[str, Any] = {"proxies": {"http": proxy}} if how == "config" else {}
+        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        if how != "config":
+            monkeypatch.setenv("HTTP_PROXY", proxy)
+        if how == "no-proxy":
+            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+        both = Both(fast_endpoint, **config) if config else Both(fast_endpoint)
+        url = str(both.client.create_queue(QueueName=f"proxied-{how}")["QueueUrl"])
+        seen.clear()
+        params = {"QueueUrl": url, "Entries": [entry(0, "through")]}
+        assert both.botocore("SendMessageBatch", params) == both.lean_call(
+            "SendMessageBatch", params
+        )
+        expected = [] if how == "no-proxy" else [f"{fast_endpoint}/"] * 2
+        assert seen == expected
+
+
+# -- the endpoint: botocore's resolver's, and its request URL ----------------------------------
+
+
+class _Stop(Exception):
+    """Raised from botocore's before-send: its request is seen, never sent."""
+
+
+@pytest.mark.parametrize(
+    "endpoint_url, config",
+    [
+        ("http://127.0.0.1:9", {}),
+        ("http://127.0.0.1:9/some/prefix", {}),
+        (None, {}),
+        (None, {"use_fips_endpoint": True}),
+        (None, {"use_dualstack_endpoint": True}),
+    ],
+    ids=["plain", "path", "region", "fips", "dual-stack"],
+)
+def test_the_request_goes_where_botocores_would(
+    aws_env: None, endpoint_url: str | None, config: dict[str, Any]
+) -> None:
+    import boto3
+
+    client = boto3.client(
+        "sqs", region_name="eu-west-1", endpoint_url=endpoint_url, config=Config(**config)
+    )
+    urls: list[str] = []
+
+    def seen(request: Any, **_: Any) -> None:
+        urls.append(request.url)
+        raise _Stop
+
+    client.meta.events.register("before-send.sqs", seen)
+    with pytest.raises(_Stop):
+        client.receive_message(QueueUrl="https://sqs.eu-west-1.amazonaws.com/1/q")
+    lean = LeanTransport(client)
+    assert lean.signed_request("ReceiveMessage", b"{}").url == urls[0]
+
+
+def test_a_setting_only_botocore_implements_keeps_botocores_calls(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    broker = lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
+    assert broker.lean is None and broker.lean_send is None
+    assert broker.lean_declined and "proxy" in broker.lean_declined
+
+
+# -- TLS: botocore's verification, its CA bundle -----------------------------------------------
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, signed by itself."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@contextlib.contextmanager
+def _fast_sqs_over_tls(cert: Path, key: Path) -> Iterator[str]:
+    import ssl
+
+    server = _load_fast_sqs().FastSqsServer("127.0.0.1", 0)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        yield f"https://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("trust", ["AWS_CA_BUNDLE", "verify-off", "untrusted"])
+def test_tls_is_verified_as_botocore_verifies_it(
+    aws_env: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trust: str
+) -> None:
+    import boto3
+
+    cert, key = _self_signed(tmp_path)
+    if trust == "AWS_CA_BUNDLE":
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    with _fast_sqs_over_tls(cert, key) as endpoint_url:
+        client = boto3.client(
+            "sqs",
+            region_name="us-east-1",
+            endpoint_url=endpoint_url,
+            # None: botocore's own choice (AWS_CA_BUNDLE here); True would override it.
+            verify=False if trust == "verify-off" else None,
+            config=Config(retries={"total_max_attempts": 1}),
+        )
+        check_answers(client)
+        lean = LeanTransport(client)
+        params = {"QueueUrl": f"{endpoint_url}/123456789012/none", "WaitTimeSeconds": 0}
+        with warnings.catch_warnings():
+            # urllib3 warns of each unverified request: the test suite makes warnings errors.
+            warnings.simplefilter("ignore")
+            theirs = outcome("ReceiveMessage", lambda: client.receive_message(**params))
+            ours = outcome("ReceiveMessage", lambda: lean.call("ReceiveMessage", params))
+    if trust == "untrusted":  # the words are ssl's, as each library quotes them: the kind is one
+        assert ours[0] is theirs[0] is botocore.exceptions.SSLError
+    else:
+        assert ours == theirs and ours[0] is not botocore.exceptions.SSLError
+
+
+def test_one_transport_serves_many_threads(fast_endpoint: str) -> None:
+    both = Both(fast_endpoint)
+    urls = [both.queue() for _ in range(8)]
+    errors: list[BaseException] = []
+
+    def work(url: str) -> None:
+        try:
+            for n in range(20):
+                rows = [entry(i, f"{url} {n} {i}") for i in range(10)]
+                sent = both.lean.call("SendMessageBatch", {"QueueUrl": url, "Entries": rows})
+                assert len(sent["Successful"]) == 10
+                got = both.lean.call("ReceiveMessage", {"QueueUrl": url, "MaxNumberOfMessages": 10})
+                assert all(m["Body"].startswith(url) for m in got["Messages"])
+                handles = [
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                    for i, m in enumerate(got["Messages"])
+                ]
+                deleted = both.lean.call(
+                    "DeleteMessageBatch", {"QueueUrl": url, "Entries": handles}
+                )
+                assert len(deleted["Successful"]) == len(handles)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors[0]
+    assert not any(thread.is_alive() for thread in threads)
+    # Connections are reused, never more kept idle than the pool's size.
+    assert 0 < len(both.lean._pool._idle) <= min(8, both.lean._pool.size)
+
+
+@pytest.mark.parametrize(
+    "body, content_type",
+    [
+        (b"<html><title>Sign in</title></html>", "text/html"),
+        (b"", "application/x-amz-json-1.0"),
+        (b'{"Messages": "not a list"}', "application/x-amz-json-1.0"),
+        (b'{"Successful": [{"Id": 1}]}', "application/x-amz-json-1.0"),
+    ],
+    ids=["html", "empty", "wrong-shape", "wrong-type"],
+)
+def test_a_2xx_that_is_no_sqs_answer_is_refused_alike_and_a_send_left_in_doubt(
+    aws_env: None, body: bytes, content_type: str
+) -> None:
+    with _failing_server(200, body, {"Content-Type": content_type}) as seen:
+        url = seen.pop(0)
+        both = Both(url, retries={"total_max_attempts": 1})
+        kind = both.equal("ReceiveMessage", {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0})
+        assert kind[0] is ForeignAnswer
+        both.equal(
+            "DeleteMessageBatch",
+            {"QueueUrl": f"{url}/1/q", "Entries": _ONE_ENTRY["DeleteMessageBatch"]},
+        )
+        calls = SqsBroker(both.client, lean=both.lean, lean_send=both.lean)
+        with pytest.raises(SendInDoubt):
+            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
