@@ -11,10 +11,10 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from redrive.durations import parse_duration
-from redrive.errors import ConfigError
+from redrive.errors import ConfigError, UsageProblem
 
 #: name, queue, environment variable that overrides the queue, priority (lower = more urgent)
 BUILT_IN_FAMILIES: tuple[tuple[str, str, str, int], ...] = (
@@ -31,6 +31,15 @@ DEFAULT_DEPLOY_STOP_TIMEOUT = 30.0
 _FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_retention"}
 _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
 _CELERY_KEYS = {"app", "deploy_stop_timeout", "result_backend"}
+_SQS_KEYS = {"client"}
+
+SqsClient = Literal["botocore", "lean"]
+#: The clients the SQS backend calls SQS with (``--sqs-client``, REDRIVE_SQS_CLIENT,
+#: ``[sqs] client``): botocore's, or the lean path for the per-message calls (issue 25).
+SQS_CLIENTS: tuple[SqsClient, ...] = ("botocore", "lean")
+DEFAULT_SQS_CLIENT: SqsClient = "botocore"
+SQS_CLIENT_OPTION = "--sqs-client"
+SQS_CLIENT_ENV = "REDRIVE_SQS_CLIENT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,8 @@ class Layout:
     """``[celery] deploy_stop_timeout``: how long a deploy lets a worker finish before SIGKILL."""
     result_backend: str | None = None
     """``[celery] result_backend``: Celery's result backend URL (read-only)."""
+    sqs_client: SqsClient | None = None
+    """``[sqs] client``: the SQS client, as ``--sqs-client`` names it (None: not set)."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -101,12 +112,12 @@ def parse_config_file(path: Path) -> Layout:
 
 
 def parse_config(data: Mapping[str, Any], source: str) -> Layout:
-    unknown = set(data) - {"defaults", "families", "routes", "celery"}
+    unknown = set(data) - {"defaults", "families", "routes", "celery", "sqs"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
-            f"{source}: unknown key '{key}' (expected [defaults], [families.NAME], [routes] "
-            "and [celery])"
+            f"{source}: unknown key '{key}' (expected [defaults], [families.NAME], [routes], "
+            "[celery] and [sqs])"
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
@@ -147,9 +158,27 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         )
     families.sort(key=lambda f: f.priority)
     prefix = _opt_str(defaults, "prefix", "defaults", source)
-    return _with_celery(
-        Layout(families=tuple(families), source=source, prefix=prefix), data, source
+    sqs = _table(data.get("sqs"), "sqs", source)
+    _check_keys(sqs, _SQS_KEYS, "sqs", source)
+    client = sqs.get("client")
+    layout = Layout(
+        families=tuple(families),
+        source=source,
+        prefix=prefix,
+        sqs_client=(
+            None if client is None else sqs_client_named(client, f"{source}: key 'sqs.client'")
+        ),
     )
+    return _with_celery(layout, data, source)
+
+
+def sqs_client_named(value: object, where: str) -> SqsClient:
+    """``value`` as an SQS client's name; any other is a usage error (exit 2) that names
+    ``where`` it came from (the option, the environment variable, the config file's key)."""
+    if isinstance(value, str) and value in SQS_CLIENTS:
+        return value
+    allowed = " or ".join(repr(name) for name in SQS_CLIENTS)
+    raise UsageProblem(f"{where} must be {allowed}, not {value!r}")
 
 
 def _with_celery(layout: Layout, data: Mapping[str, Any], source: str) -> Layout:

@@ -463,7 +463,9 @@ def cli_stub(family: Family, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stubbe
     client = boto3.client("sqs", region_name=REGION)
     with Stubber(client) as stubber:
         hybrid = MoveTaskClient(family.client, client)
-        monkeypatch.setattr(sqs_backend, "open_sqs", lambda aws, region=None: SqsBroker(hybrid))
+        monkeypatch.setattr(
+            sqs_backend, "open_sqs", lambda aws, region=None, client="botocore": SqsBroker(hybrid)
+        )
         monkeypatch.setattr(cli_native, "NATIVE_POLL_SECONDS", 0.0)
         yield stubber
         stubber.assert_no_pending_responses()

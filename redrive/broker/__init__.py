@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from redrive.broker.base import Broker, Delivery, DlqTarget
+from redrive.config import SqsClient as SqsClient  # the name open_broker's callers give
 from redrive.errors import UsageProblem
 
 if TYPE_CHECKING:
@@ -37,12 +38,19 @@ def mask_password(url: str) -> str:
     return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
 
 
-def open_broker(url: str | None, *, aws: AwsSettings, region: str | None = None) -> Broker:
-    """The broker a URL names (None: SQS), with connections of its own."""
+def open_broker(
+    url: str | None,
+    *,
+    aws: AwsSettings,
+    region: str | None = None,
+    sqs_client: SqsClient = "botocore",
+) -> Broker:
+    """The broker a URL names (None: SQS), with connections of its own; SQS's calls go
+    through ``sqs_client`` (``--sqs-client``)."""
     broker_scheme(url)
     from redrive.broker.sqs import open_sqs
 
-    return open_sqs(aws, region=region)
+    return open_sqs(aws, region=region, client=sqs_client)
 
 
 def restored_delivery(

@@ -19,7 +19,12 @@ from redrive.aws.session import AwsSettings
 from redrive.cli import audit, console, look, move, native, purge, sandbox
 from redrive.cli.context import Context, RedriveGroup
 from redrive.cli.exit_codes import EXIT_INTERRUPTED
-from redrive.cli.options import add_global_options, endpoint_url
+from redrive.cli.options import (
+    SQS_CLIENT_HELP,
+    add_global_options,
+    checked_sqs_client,
+    endpoint_url,
+)
 
 
 @click.group(
@@ -55,6 +60,12 @@ from redrive.cli.options import add_global_options, endpoint_url
     "succeeded (redis://..., db+sqlite:///...; env REDRIVE_RESULT_BACKEND; "
     "config [celery] result_backend).",
 )
+@click.option(
+    "--sqs-client",
+    metavar="botocore|lean",
+    envvar="REDRIVE_SQS_CLIENT",
+    help=SQS_CLIENT_HELP,
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -65,6 +76,7 @@ def cli(
     config: str | None,
     celery_app: str | None,
     result_backend: str | None,
+    sqs_client: str | None,
 ) -> None:
     """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
 
@@ -80,6 +92,11 @@ def cli(
     ctx.obj.result_backend_given = (
         ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE
     )
+    if ctx.get_parameter_source("sqs_client") is click.core.ParameterSource.ENVIRONMENT:
+        # Checked when a broker is opened: a --sqs-client after the command overrides it.
+        ctx.obj.sqs_client_env = sqs_client
+    else:
+        ctx.obj.sqs_client = checked_sqs_client(sqs_client)
 
 
 def main() -> None:

@@ -18,7 +18,14 @@ from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.console import ARGV, command_line, warn
-from redrive.config import Layout, load_layout
+from redrive.config import (
+    DEFAULT_SQS_CLIENT,
+    SQS_CLIENT_ENV,
+    Layout,
+    SqsClient,
+    load_layout,
+    sqs_client_named,
+)
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import default_ledger_path, open_ledger
@@ -59,6 +66,23 @@ class Context:
     """--result-backend was on the command line (not a standing default from the env or
     the config file)."""
     _results: ResultLookup | None = None
+    sqs_client: SqsClient | None = None
+    """--sqs-client's (checked when parsed); None: not on the command line."""
+    sqs_client_env: str | None = None
+    """REDRIVE_SQS_CLIENT's, unchecked until a broker is opened (--sqs-client after the
+    command overrides it)."""
+
+    @property
+    def sqs(self) -> SqsClient:
+        """The SQS client the run's brokers call with: --sqs-client's, else
+        REDRIVE_SQS_CLIENT's, else the config's ``[sqs] client``, else botocore. A bad value
+        is a usage error (exit 2) naming where it came from."""
+        with core_errors():
+            if self.sqs_client is not None:
+                return self.sqs_client
+            if self.sqs_client_env is not None:
+                return sqs_client_named(self.sqs_client_env, SQS_CLIENT_ENV)
+            return self.layout.sqs_client or DEFAULT_SQS_CLIENT
 
     @property
     def result_backend_url(self) -> str | None:
@@ -124,17 +148,16 @@ class Context:
     def broker_for(self, region: str | None = None) -> Broker:
         """A broker with connections of its own (one per worker thread)."""
         spare = self._spare.pop(region, None)
-        return (
-            spare
-            if spare is not None
-            else open_broker(self.broker_url, aws=self.aws, region=region)
-        )
+        return spare if spare is not None else self._open_broker(region)
+
+    def _open_broker(self, region: str | None) -> Broker:
+        return open_broker(self.broker_url, aws=self.aws, region=region, sqs_client=self.sqs)
 
     def _resolver(self, region: str | None = None) -> Broker:
         # Resolving a target and the run's first worker share one adapter: each costs two
         # clients, ~15 ms apiece to create, paid by every run however small.
         if region not in self._spare:
-            self._spare[region] = open_broker(self.broker_url, aws=self.aws, region=region)
+            self._spare[region] = self._open_broker(region)
         return self._spare[region]
 
     def target(self, name: str) -> DlqTarget:
@@ -223,6 +246,7 @@ def execute_record(
         ledger=ledger.location,
         archive=archive,
         caller=caller_identity(lambda: ctx.aws.client("sts")),
+        sqs_client=ctx.sqs,
     )
 
 

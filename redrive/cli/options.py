@@ -15,7 +15,7 @@ from click.shell_completion import CompletionItem
 from redrive.broker.base import queue_name
 from redrive.cli.console import WIDE
 from redrive.cli.context import Context
-from redrive.config import Layout, load_layout
+from redrive.config import SQS_CLIENT_OPTION, Layout, SqsClient, load_layout, sqs_client_named
 from redrive.durations import parse_duration
 from redrive.errors import UsageProblem
 from redrive.operations.move import (
@@ -291,6 +291,22 @@ def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | Non
     return value
 
 
+SQS_CLIENT_HELP = (
+    "How redrive calls SQS: botocore (the default), or lean, a lean path for the calls "
+    "each message costs (env REDRIVE_SQS_CLIENT; config [sqs] client)."
+)
+
+
+def checked_sqs_client(value: str | None) -> SqsClient | None:
+    """``--sqs-client``'s value, checked at once (a usage error names the option)."""
+    if value is None:
+        return None
+    try:
+        return sqs_client_named(value, SQS_CLIENT_OPTION)
+    except UsageProblem as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _completion_layout(ctx: click.Context) -> Layout | None:
     """The layout for shell completion: ``--config`` if given before the command, else
     REDRIVE_CONFIG or the built-in one. Completion never fails aloud, nor calls AWS."""
@@ -450,8 +466,9 @@ def archive_destination(f: F) -> F:
 
 
 def _global_options() -> list[click.Option]:
-    """``--endpoint-url``, ``--region``, ``--profile`` and ``--config`` after the command too,
-    as the AWS CLI accepts them (``redrive inspect checkout --region eu-west-1``)."""
+    """``--endpoint-url``, ``--region``, ``--profile``, ``--config`` (and ``--celery-app``,
+    ``--result-backend``, ``--sqs-client``) after the command too, as the AWS CLI accepts
+    them (``redrive inspect checkout --region eu-west-1``)."""
 
     def setter(attribute: str) -> Callable[[click.Context, click.Parameter, Any], None]:
         def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -464,6 +481,8 @@ def _global_options() -> list[click.Option]:
                 state.celery_app, state.celery_app_from_env = value, False
             elif attribute == "result_backend":
                 state.result_backend, state.result_backend_given = value or None, True
+            elif attribute == "sqs_client":
+                state.sqs_client = checked_sqs_client(value)
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -500,6 +519,13 @@ def _global_options() -> list[click.Option]:
             metavar="URL",
             expose_value=False,
             callback=setter("result_backend"),
+        ),
+        click.Option(
+            ["--sqs-client"],
+            metavar="botocore|lean",
+            expose_value=False,
+            callback=setter("sqs_client"),
+            help="As the global option (may also come before the command).",
         ),
     ]
 

@@ -30,6 +30,7 @@ def child_wiring(
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        sqs_client=ctx.sqs,
         region=dlq.region,
         ledger=ledger.location if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
@@ -42,6 +43,7 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        sqs_client=ctx.sqs,
         ledger=ledger.location if ledger is not None else None,
         receive_log=False,
         rebuild=_celery_rebuild(ctx, options),
@@ -66,6 +68,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        sqs_client=ctx.sqs,
         region=dlq.region,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,

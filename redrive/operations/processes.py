@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.aws.session import AwsSettings
-from redrive.broker import open_broker
+from redrive.broker import SqsClient, open_broker
 from redrive.broker.base import Broker
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
@@ -109,6 +109,8 @@ class Wiring:
     rebuild: Callable[[Any], Any] | None = None
     broker_url: str | None = None
     """The broker's URL (None: SQS), as the parent opened it."""
+    sqs_client: SqsClient = "botocore"
+    """The client SQS's calls go through (``--sqs-client``), as the parent's."""
 
     @classmethod
     def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
@@ -141,7 +143,12 @@ class ChildRun:
 
     def broker(self) -> Broker:
         """The broker in the DLQ's region: what the child's engine sends and receives with."""
-        return open_broker(self.wiring.broker_url, aws=self.aws, region=self.wiring.region)
+        return open_broker(
+            self.wiring.broker_url,
+            aws=self.aws,
+            region=self.wiring.region,
+            sqs_client=self.wiring.sqs_client,
+        )
 
     def rebuilt(self, options: Any) -> Any:
         """``options`` with what did not cross (Wiring.rebuild) made again in the child."""

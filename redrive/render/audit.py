@@ -103,8 +103,11 @@ def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
         f"  filters:  {filters_text(info.get('filters') or {})}",
         f"  ledger:   {value_of('ledger')}",
         f"  archive:  {value_of('archive')}",
-        f"  counts:   {counts_text(run.counts, zeros=True) or '-'}",
     ]
+    if info.get("sqs_client"):
+        # Runs of a redrive before --sqs-client did not record it (they used botocore).
+        lines.append(f"  client:   {value_of('sqs_client')} (SQS)")
+    lines.append(f"  counts:   {counts_text(run.counts, zeros=True) or '-'}")
     if detail.keys:
         lines.append("")
         lines.append(

@@ -26,11 +26,13 @@ def run_record(
     ledger: str,
     archive: str | None,
     caller: Mapping[str, str],
+    sqs_client: str | None = None,
 ) -> dict[str, Any]:
     """What an ``--execute`` run records about itself when it starts.
 
     Paths are made absolute and the working directory is kept: an incident note written
     from another shell must still find the archive and paste the command back.
+    ``sqs_client``: which client called SQS (``--sqs-client``), kept when given.
     """
     return {
         "command_line": command_line,
@@ -39,6 +41,7 @@ def run_record(
         "ledger": ledger,
         "archive": absolute_location(archive),
         "cwd": working_directory(),
+        **({"sqs_client": sqs_client} if sqs_client is not None else {}),
         **local_identity(),
         **caller,
     }
