@@ -10,7 +10,7 @@ record the ``client`` that reaches ``open_sqs`` and open botocore's in its place
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import pickle
 import threading
 from pathlib import Path
@@ -189,21 +189,16 @@ def test_a_bad_value_from_the_config_file(
     assert clients == []
 
 
+def test_lean_runs_a_command_on_the_lean_path(family: Family, cli: Cli) -> None:
+    family.send_to_dlq("a body")
+    result = cli("--sqs-client", "lean", "inspect", "checkout", "--json")
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(result.stdout)["total"] == 1
+
+
 def test_a_good_option_overrides_a_bad_env(family: Family, clients: list[str], cli: Cli) -> None:
     cli.ok("inspect", "checkout", "--sqs-client", "botocore", env={"REDRIVE_SQS_CLIENT": "x"})
     assert clients and set(clients) == {"botocore"}
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("redrive.broker.sqs.lean") is not None,
-    reason="the lean client is in this redrive",
-)
-def test_lean_without_its_module_is_one_line(family: Family, cli: Cli) -> None:
-    result = cli("--sqs-client", "lean", "inspect", "checkout")
-    assert result.exit_code == EXIT_ERROR, (result.output, result.exception)
-    assert result.output.strip().splitlines() == [
-        "Error: the lean SQS client is not in this redrive yet: use --sqs-client botocore"
-    ]
 
 
 # -- the choice reaches every broker: the command's and its processes' ------------------------

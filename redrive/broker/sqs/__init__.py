@@ -6,7 +6,6 @@ from redrive.aws.session import AwsSettings
 from redrive.broker.sqs.broker import SqsBroker
 from redrive.broker.sqs.calls import SqsCalls, delivery_of, message
 from redrive.config import SqsClient
-from redrive.errors import RedriveError
 
 __all__ = ["SqsBroker", "SqsCalls", "delivery_of", "message", "open_sqs"]
 
@@ -17,19 +16,9 @@ def open_sqs(
     """SQS in ``region`` (None: the settings' own), with clients of its own: botocore's, or
     (``client="lean"``) the lean path for the per-message calls (issue 25)."""
     if client == "lean":
-        # Imported here: only the runs that ask for the lean path load it. (It is written
-        # beside this switch: until it lands, mypy finds no module, and a run that asks for
-        # it is refused in one line.)
-        try:
-            from redrive.broker.sqs.lean import (  # type: ignore[import-not-found,import-untyped,unused-ignore]
-                lean_calls,
-            )
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.lean":
-                raise
-            raise RedriveError(
-                "the lean SQS client is not in this redrive yet: use --sqs-client botocore"
-            ) from None
+        # Imported here: only the runs that ask for the lean path load it.
+        from redrive.broker.sqs.lean import lean_calls
+
         lean: SqsBroker = lean_calls(settings, region=region)
         return lean
     # Sends go through a client that never retries by itself: botocore would resend a
