@@ -196,6 +196,17 @@ def test_lean_runs_a_command_on_the_lean_path(family: Family, cli: Cli) -> None:
     assert json.loads(result.stdout)["total"] == 1
 
 
+def test_lean_with_a_setting_it_does_not_implement_is_refused_before_anything_changes(
+    family: Family, cli: Cli
+) -> None:
+    family.send_to_dlq("a body")
+    env = {"HTTPS_PROXY": "https://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    result = cli("--sqs-client", "lean", "move", "checkout", "--execute", "--yes", env=env)
+    assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
+    assert "--sqs-client botocore" in result.output.strip().splitlines()[-1]
+    assert family.depth() == (1, 0)
+
+
 def test_a_good_option_overrides_a_bad_env(family: Family, clients: list[str], cli: Cli) -> None:
     cli.ok("inspect", "checkout", "--sqs-client", "botocore", env={"REDRIVE_SQS_CLIENT": "x"})
     assert clients and set(clients) == {"botocore"}

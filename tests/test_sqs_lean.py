@@ -39,7 +39,7 @@ from redrive.aws.session import AwsSettings
 from redrive.broker.base import SendEntry
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.lean import LeanTransport, lean_calls
-from redrive.errors import AwsUnavailable, SendInDoubt
+from redrive.errors import AwsUnavailable, SendInDoubt, UsageProblem
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SERVERS = [
@@ -784,15 +784,15 @@ def test_the_request_goes_where_botocores_would(
     assert lean.signed_request("ReceiveMessage", b"{}").url == urls[0]
 
 
-def test_a_setting_only_botocore_implements_keeps_botocores_calls(
+def test_a_setting_only_botocore_implements_is_refused_in_one_line_before_any_call(
     aws_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    broker = lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
-    assert broker.lean is None and broker.lean_send is None
-    assert broker.lean_declined and "proxy" in broker.lean_declined
+    with pytest.raises(UsageProblem, match="proxy") as refused:
+        lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
+    assert "\n" not in str(refused.value) and "--sqs-client botocore" in str(refused.value)
 
 
 # -- TLS: botocore's verification, its CA bundle -----------------------------------------------

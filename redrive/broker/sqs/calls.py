@@ -194,8 +194,6 @@ class SqsCalls:
         # visibility on ``lean`` (built from ``client``), sends on ``lean_send``.
         self.lean = lean
         self.lean_send = lean_send
-        self.lean_declined: str | None = None
-        """Why the calls are botocore's though the lean path was asked for (lean_calls)."""
         self.clock = clock
         """Dates what a receive hides (``Message.hidden_until``); tests pass SQS's own."""
         self.send_client = send_client if send_client is not None else client

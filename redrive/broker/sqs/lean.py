@@ -43,6 +43,7 @@ from botocore.hooks import first_non_none_response
 from redrive.aws.answers import ENDPOINT_KEY, ForeignAnswer, json_misfit, not_the_answer
 from redrive.aws.session import AwsSettings
 from redrive.broker.sqs.broker import SqsBroker
+from redrive.errors import UsageProblem
 
 OPERATIONS: Final = (
     "ReceiveMessage",
@@ -601,11 +602,12 @@ def lean_calls(settings: AwsSettings, *, region: str | None = None) -> SqsBroker
     try:
         lean, lean_send = LeanTransport(client), LeanTransport(send_client)
     except LeanUnsupported as exc:
-        # A setting only botocore implements: its calls are the right ones, and the broker
-        # says why it made them (``lean_declined``) for whoever records which path ran.
-        broker = SqsBroker(client, send_client=send_client)
-        broker.lean_declined = f"the lean SQS path does not implement {exc}"
-        return broker
+        # Refused, not quietly run on botocore: the audit records the client the operator
+        # chose, so the client asked for is the client that runs. Nothing has been sent yet.
+        raise UsageProblem(
+            f"--sqs-client lean: the lean SQS path does not implement {exc}: "
+            "use --sqs-client botocore"
+        ) from None
     return SqsBroker(client, send_client=send_client, lean=lean, lean_send=lean_send)
 
 
