@@ -244,22 +244,25 @@ def check_edits(edits: Sequence[Edit]) -> None:
                 raise UsageProblem(f"{_shown(first)} is given twice: give it once")
             for a in _paths(first):
                 for b in _paths(second):
-                    if (
-                        a.within(b)
-                        or b.within(a)
-                        or _shifted(first, a, b)
-                        or _shifted(second, b, a)
-                    ):
+                    if a.within(b) or b.within(a):
                         raise UsageProblem(
                             f"{_shown(first)} and {_shown(second)} both change "
                             f"{min(a.text, b.text, key=len)}: give one edit per place"
                         )
+                    for unset, other, edit in ((first, b, second), (second, a, first)):
+                        if _shifts(unset, other):
+                            raise UsageProblem(
+                                f"{_shown(unset)} moves every element after it, so "
+                                f"{_shown(edit)} would reach another one: give that list "
+                                "one edit, or set it whole"
+                            )
 
 
-def _shifted(edit: Edit, path: TaskPath, other: TaskPath) -> bool:
-    """Whether ``edit`` removes a list element that ``other`` reaches past."""
-    if not isinstance(edit, Unset) or not isinstance(path.steps[-1], int):
+def _shifts(edit: Edit, other: TaskPath) -> bool:
+    """Whether ``edit`` removes a list element of a list that ``other`` reaches into."""
+    if not isinstance(edit, Unset) or not isinstance(edit.path.steps[-1], int):
         return False
+    path = edit.path
     parent = TaskPath(path.root, path.parent, path.text)
     return other.within(parent) and len(other.steps) > len(path.parent)
 
@@ -436,8 +439,9 @@ def _set(work: _Work, edit: SetValue) -> EditOutcome:
     parent, why = _walk(work.root(path), path, path.parent)
     if why.startswith("no ") and edit.create:
         # Tried on a copy first: a path that cannot be made whole must leave nothing made.
-        _, why = _walk(copy.deepcopy(work.root(path)), path, path.parent, create=True)
-        if not why:
+        # (Only objects are made: a list made here could hold no element yet.)
+        _, trial = _walk(copy.deepcopy(work.root(path)), path, path.parent, create=True)
+        if not trial and isinstance(path.steps[-1], str):
             parent, why = _walk(work.root(path), path, path.parent, create=True)
     if why:
         return EditOutcome(edit, "missing", why)
