@@ -448,3 +448,13 @@ def test_outcomes_come_in_the_edits_order() -> None:
     assert [outcome.edit for outcome in outcomes] == list(edits)
     assert [outcome.changed for outcome in outcomes] == [False, True, True]
     assert isinstance(outcomes[0].edit, Rename)
+
+
+def test_a_name_jmespath_would_not_read_bare_is_shown_quoted() -> None:
+    _, outcomes = _apply(_one("set", 'kwargs."ção".x=1'), _one("unset", 'kwargs."odd key".y'))
+    assert outcomes == [
+        ("missing", 'no kwargs."ção"'),
+        ("missing", 'kwargs."odd key" is a number, not an object'),
+    ]
+    message = _problem(parse_rename, 'kwargs.address.zip=kwargs."post code"')
+    assert message.endswith("""--rename 'kwargs.address.zip=kwargs.address."post code"'""")

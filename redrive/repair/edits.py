@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
 from redrive.errors import UsageProblem
-from redrive.repair.paths import Step, TaskPath, parse_path, split_assignment
+from redrive.repair.paths import Step, TaskPath, parse_path, path_text, split_assignment
 from redrive.shell import shell_quote
 
 __all__ = [
@@ -216,10 +216,7 @@ def parse_rename(word: str) -> Rename:
 
 def _beside(old: TaskPath, new: TaskPath) -> str:
     """NEW's name beside OLD, in OLD's object: what a rename across objects most likely meant."""
-    head, _, _ = old.text.rpartition(".")
-    name = str(new.steps[-1])
-    shown = name if name.isidentifier() else json.dumps(name)
-    return f"{head}.{shown}" if head else shown
+    return path_text(old.root, (*old.parent, new.steps[-1]))
 
 
 def _paths(edit: Edit) -> tuple[TaskPath, ...]:
@@ -409,14 +406,8 @@ def _walk(
 
 
 def _text(path: TaskPath, depth: int) -> str:
-    """The path down to ``depth`` steps, as written (``kwargs.address``)."""
-    text: str = path.root
-    for step in path.steps[:depth]:
-        if isinstance(step, int):
-            text += f"[{step}]"
-        else:
-            text += "." + (step if step.isidentifier() else json.dumps(step, ensure_ascii=False))
-    return text
+    """The path down to ``depth`` steps (``kwargs.address``)."""
+    return path_text(path.root, path.steps[:depth])
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -9,6 +9,9 @@ Reading and writing a path go through plain JSON values: a task's arguments as d
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -18,13 +21,15 @@ from jmespath.parser import Parser
 from redrive.errors import UsageProblem
 from redrive.shell import shell_quote
 
-__all__ = ["ROOTS", "Root", "Step", "TaskPath", "parse_path", "split_assignment"]
+__all__ = ["ROOTS", "Root", "Step", "TaskPath", "parse_path", "path_text", "split_assignment"]
 
 Root = Literal["args", "kwargs"]
 Step = str | int
 """A key of an object, or an index of a list (negative: from the end, as in JMESPath)."""
 
 ROOTS: Final = ("args", "kwargs")
+# JMESPath's unquoted identifier: any other name is written quoted, as a JSON string.
+_BARE_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _EXAMPLES: Final = 'kwargs.currency, args[0], kwargs.address.zip, kwargs."odd key"'
 # What the rest of a --where record holds: named in the error that refuses them.
 _NOT_EDITABLE: Final = frozenset(
@@ -136,3 +141,16 @@ def split_assignment(word: str) -> tuple[str, str] | None:
             return word[:at], word[at + 1 :]
         at += 1
     return None
+
+
+def path_text(root: str, steps: Sequence[Step]) -> str:
+    """A path as it is written: ``kwargs.address.zip``, ``args[0]``, ``kwargs."odd key"``."""
+    text = root
+    for step in steps:
+        if isinstance(step, int):
+            text += f"[{step}]"
+        elif _BARE_NAME.fullmatch(step):
+            text += "." + step
+        else:
+            text += "." + json.dumps(step, ensure_ascii=False)
+    return text

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from redrive.repair.edits import Edit, EditOutcome, TaskContent, apply_edits
 from redrive.repair.encode import TaskMessage, encode, open_task
+from redrive.repair.paths import path_text
 
 __all__ = ["ABSENT", "Change", "Repair", "body_digest", "diff_content", "repair"]
 
@@ -54,12 +55,6 @@ def _shown(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _place(path: str, step: str | int) -> str:
-    if isinstance(step, int):
-        return f"{path}[{step}]"
-    return f"{path}.{step if step.isidentifier() else json.dumps(step, ensure_ascii=False)}"
-
-
 def _same(a: Any, b: Any) -> bool:
     return a is b or (
         a is not ABSENT
@@ -68,27 +63,27 @@ def _same(a: Any, b: Any) -> bool:
     )
 
 
-def _diff(path: str, before: Any, after: Any) -> Iterator[Change]:
+def _diff(root: str, steps: tuple[str | int, ...], before: Any, after: Any) -> Iterator[Change]:
     if _same(before, after):
         return
     if isinstance(before, dict) and isinstance(after, dict):
         for key in [*before, *(key for key in after if key not in before)]:
-            yield from _diff(_place(path, key), before.get(key, ABSENT), after.get(key, ABSENT))
+            yield from _diff(root, (*steps, key), before.get(key, ABSENT), after.get(key, ABSENT))
     elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
         for index, (old, new) in enumerate(zip(before, after, strict=True)):
-            yield from _diff(_place(path, index), old, new)
+            yield from _diff(root, (*steps, index), old, new)
     else:
-        yield Change(path, before, after)
+        yield Change(path_text(root, steps), before, after)
 
 
 def diff_content(before: TaskContent, after: TaskContent) -> tuple[Change, ...]:
     """Each place that differs, in the task's own order: args, kwargs, eta, expires. A list
     whose length changed is shown whole (its elements moved)."""
     return (
-        *_diff("args", before.args, after.args),
-        *_diff("kwargs", before.kwargs, after.kwargs),
-        *_diff("eta", before.eta, after.eta),
-        *_diff("expires", before.expires, after.expires),
+        *_diff("args", (), before.args, after.args),
+        *_diff("kwargs", (), before.kwargs, after.kwargs),
+        *_diff("eta", (), before.eta, after.eta),
+        *_diff("expires", (), before.expires, after.expires),
     )
 
 
