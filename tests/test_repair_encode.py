@@ -649,3 +649,12 @@ def test_decode_of_the_edited_message_is_the_edit_of_the_decoded_one(
             was = before.args if isinstance(old, tuple) else before.kwargs
             celerys = was == celery_saferepr(old, 1024)
             assert shown == (celery_saferepr(new, 1024) if celerys else was)
+
+
+def test_a_task_nested_too_deeply_is_refused_not_raised() -> None:
+    nested: list[Any] = []
+    for _ in range(600):
+        nested = [nested]
+    body = sandbox_encode("apps.x", [nested], {})
+    with pytest.raises(NotRepairable, match="nested too deeply"):
+        repair(body, [parse_set("kwargs.a=1", create=True)])

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redrive.errors import NotRepairable
 from redrive.repair.edits import Edit, EditOutcome, TaskContent, apply_edits
 from redrive.repair.encode import TaskMessage, encode, open_task
 from redrive.repair.paths import path_text
@@ -121,7 +122,11 @@ def repair(body: str | bytes, edits: Sequence[Edit]) -> Repair:
     """``body`` with ``edits`` applied and written back as Celery would;
     :class:`redrive.errors.NotRepairable` for a message that cannot be edited (not a
     Celery task, or not JSON)."""
-    message = open_task(body)
-    after, outcomes = apply_edits(message.content, edits)
-    changed = any(outcome.changed for outcome in outcomes)
-    return Repair(message, after, outcomes, encode(message, after) if changed else message.body)
+    try:
+        message = open_task(body)
+        after, outcomes = apply_edits(message.content, edits)
+        changed = any(outcome.changed for outcome in outcomes)
+        return Repair(message, after, outcomes, encode(message, after) if changed else message.body)
+    except RecursionError:
+        # Copying and writing JSON recurse: one absurdly nested task must not stop a run.
+        raise NotRepairable("the task's arguments are nested too deeply to edit") from None
