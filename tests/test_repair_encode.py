@@ -658,3 +658,23 @@ def test_a_task_nested_too_deeply_is_refused_not_raised() -> None:
     body = sandbox_encode("apps.x", [nested], {})
     with pytest.raises(NotRepairable, match="nested too deeply"):
         repair(body, [parse_set("kwargs.a=1", create=True)])
+
+
+def test_json_no_style_of_ours_writes_is_edited_in_kombus() -> None:
+    # Another producer's whitespace: left alone it stays; edited, it is written as kombu would.
+    envelope, _ = _layers(SAMPLES[0]["Body"])
+    body = json.dumps(envelope, indent=2)
+    assert repair(body, [parse_set("args[0]=1042")]).body == body
+    done = repair(body, [parse_set("args[0]=1")])
+    assert done.body == json.dumps(_layers(done.body)[0])
+    assert _content(done.body).args == [1]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "bzip2", "lzma"])
+@pytest.mark.parametrize("protocol", [1, 2])
+def test_a_repair_writes_the_same_bytes_every_time(compression: str | None, protocol: int) -> None:
+    # apply re-encodes what the dry run reviewed: the digests must match run after run.
+    body = sandbox_encode("apps.x", ARGS, KWARGS, protocol=protocol, compression=compression)
+    edits = edits_from_options(sets=['kwargs.currency="EUR"'], clear_eta=True)
+    digests = {repair(body, edits).digest_after for _ in range(3)}
+    assert len(digests) == 1 and digests != {body_digest(body)}
