@@ -20,6 +20,12 @@ class UsageProblem(RedriveError):
     """The command line asks for something that cannot work (exit 2)."""
 
 
+class NotRepairable(RedriveError):
+    """A message that a repair cannot edit: not a Celery task, or one whose body is not JSON
+    (pickle, yaml, msgpack: never decoded, let alone unpickled), or one the decoder cannot
+    read. The message itself is left as it was."""
+
+
 class ConfigError(RedriveError):
     """The config file (or an environment variable) is broken."""
 

@@ -346,6 +346,8 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
         *("archive", "attributes", "aws", "broker", "celery", "dlq", "durations", "errors"),
         *("inspection", "keys", "ledger", "messages", "rate", "selection", "signals"),
     },
+    # Edits of a task and its re-encoding: pure, below the operations that will send it.
+    "repair": {"errors", "messages", "shell"},
     "reporting": {
         *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),
         *("inspection", "keys", "ledger", "messages", "operations"),
