@@ -10,6 +10,7 @@ from typing import Any, Literal, NoReturn, Unpack
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.archive.storage import absolute_location
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -374,7 +375,16 @@ def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
 def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
     """What an executed move's ledger record says of it (who, what, the command line)."""
     info = execute_record(ctx, label, options.selection, ledger) if ledger else {}
-    return RunRecord(command_line(), info if options.execute else {})
+    return RunRecord(command_line(), {**info, **edit_record(options)} if options.execute else {})
+
+
+def edit_record(options: MoveOptions | PurgeOptions) -> dict[str, Any]:
+    """What the audit trail keeps of a run's edits (issue 26): their words, and where the
+    originals went (each key the run sent is the ledger's, under its run)."""
+    repair = getattr(options, "repair", None)
+    if repair is None:
+        return {}
+    return {"edits": repair.words, "archive": absolute_location(repair.archive_to)}
 
 
 def move_plan_writer(dlq: DlqTarget, options: MoveOptions, plan_out: str) -> PlanWriter:
@@ -635,7 +645,10 @@ def replay_record(
 ) -> RunRecord:
     """What an executed replay's ledger record says of it (who, what, the archive)."""
     info = (
-        execute_record(ctx, source, options.selection, ledger, archive=source)
+        {
+            **execute_record(ctx, source, options.selection, ledger, archive=source),
+            **({"edits": options.repair.words} if options.repair is not None else {}),
+        }
         if options.execute and ledger
         else {}
     )
@@ -833,6 +846,7 @@ def run_apply(
     as_json: bool = False,
 ) -> ApplyResult:
     info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
+    info = {**info, **edit_record(options)} if ledger else info
     display: ProgressDisplay
     if isinstance(options, MoveOptions):
         display = ProgressDisplay(Progress("move"), move_progress)
