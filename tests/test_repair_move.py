@@ -148,3 +148,196 @@ def test_a_kill_at_any_step_of_an_edited_move_loses_and_doubles_nothing(
         assert len(left) == 10
     else:
         assert left == []
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_the_dry_run_shows_a_diff_and_counts_what_the_edit_leaves(family: Family, cli: Cli) -> None:
+    seed(family, [task_body(0, region="eu"), task_body(1, region="us"), task_body(2)])
+    result = cli.ok("move", "checkout", "--rename", "kwargs.region=kwargs.zone")
+    text = result.output
+    assert "edits: --rename kwargs.region=kwargs.zone" in text
+    # Argument values hidden unless asked: the paths, and … for the values.
+    assert "kwargs.region: … → (absent)" in text
+    assert "kwargs.zone: (absent) → …" in text
+    assert '"eu"' not in text and '"us"' not in text
+    assert "2 message(s) changed by the edits, 1 left in the DLQ (1 unchanged by them)" in text
+    assert "1 × no kwargs.region" in text
+    assert "2 would move" in text
+    shown = cli.ok("move", "checkout", "--set", 'kwargs.currency="EUR"', "--show-args").output
+    assert 'kwargs.currency: "USD" → "EUR"' in shown
+    data = as_json(cli.ok("move", "checkout", "--rename", "kwargs.region=kwargs.zone", "--json"))
+    repair = data["repair"]
+    assert (repair["changed"], repair["unchanged_by_edit"]) == (2, 1)
+    assert repair["reasons"] == {"no kwargs.region": 1}
+    assert repair["samples"][TASK] == [["kwargs.region: … → (absent)", "kwargs.zone: (absent) → …"]]
+    assert [m["detail"] for m in repair["left_messages"]] == ["no kwargs.region"]
+    assert data["skipped_by_reason"] == {"unchanged-by-edit": 1}
+    assert family.depth() == (3, 0)
+
+
+def test_unchanged_and_unrepairable_messages_stay_in_the_dlq(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    seed(family, [task_body(0, region="eu"), task_body(1), "not a task at all"])
+    data = as_json(
+        cli.ok(
+            "move",
+            "checkout",
+            "--unset",
+            "kwargs.region",
+            "--include-unknown",
+            "--archive",
+            str(tmp_path / "a.jsonl.gz"),
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert data["moved"] == 1
+    assert data["repair"]["unchanged_by_edit"] == 1
+    assert data["repair"]["not_repairable"] == 1
+    assert family.depth() == (2, 0)
+    (sent,) = family.drain(family.queue_url)
+    assert "region" not in arguments(sent["Body"])[1]
+
+
+def test_set_with_create_adds_a_missing_path(family: Family, cli: Cli) -> None:
+    seed(family, [task_body(0)])
+    plain = as_json(cli.ok("move", "checkout", "--set", 'kwargs.region="eu"', "--json"))
+    assert plain["repair"]["reasons"] == {"no kwargs.region (--create adds it)": 1}
+    made = as_json(cli.ok("move", "checkout", "--set", 'kwargs.region="eu"', "--create", "--json"))
+    assert (made["repair"]["changed"], made["moved"]) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--set", "kwargs.currency=EUR"], "is not JSON"),
+        (["--set", "headers.x=1"], "--set"),
+        (["--create"], "--create applies to --set"),
+        (["--set", 'kwargs.currency="EUR"', "--execute", "--yes"], "add --archive PATH"),
+        (["--set", "kwargs.a=1", "--archive", "x.jsonl", "--no-archive"], "contradict"),
+        (["--archive", "x.jsonl"], "go with edits"),
+        (["--set", "kwargs.a=1", "--native"], "--native"),
+    ],
+)
+def test_bad_edits_are_one_line_and_exit_2(
+    family: Family, cli: Cli, args: list[str], said: str
+) -> None:
+    seed(family, [task_body(0)])
+    result = cli("move", "checkout", *args)
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "Traceback" not in result.output
+    assert family.depth() == (1, 0)
+
+
+def test_a_rerun_with_another_edit_does_not_resend(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    original = task_body(0)
+    seed(family, [original])
+    cli.ok(
+        "move",
+        "checkout",
+        "--set",
+        'kwargs.currency="EUR"',
+        "--archive",
+        str(tmp_path / "1.jsonl.gz"),
+        "--execute",
+        "--yes",
+    )
+    (sent,) = family.drain(family.queue_url)
+    # The same publish dead-lettered again (a copy of the original): the ledger knows its key.
+    seed(family, [original])
+    again = as_json(
+        cli.ok(
+            "move",
+            "checkout",
+            "--set",
+            'kwargs.currency="GBP"',
+            "--archive",
+            str(tmp_path / "2.jsonl.gz"),
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert again["moved"] == 0
+    assert again["duplicates_deleted"] == 1
+    assert family.depth(family.queue_url) == (0, 0)
+    assert arguments(sent["Body"])[1]["currency"] == "EUR"
+
+
+def test_an_edit_that_makes_a_body_too_big_is_refused_per_message(family: Family, cli: Cli) -> None:
+    seed(family, [task_body(0), task_body(1)])
+    big = json.dumps("x" * 1_100_000)
+    data = as_json(cli.ok("move", "checkout", "--set", f"kwargs.currency={big}", "--json"))
+    assert data["repair"]["too_big"] == 2
+    assert data["moved"] == 0
+
+
+def test_a_plan_records_the_edits_and_apply_sends_exactly_the_reviewed_bodies(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    seed(family, [task_body(0), task_body(1)])
+    plan = tmp_path / "plan.json"
+    archive = tmp_path / "originals.jsonl.gz"
+    cli.ok(
+        "move",
+        "checkout",
+        "--set",
+        'kwargs.currency="EUR"',
+        "--archive",
+        str(archive),
+        "--plan-out",
+        str(plan),
+    )
+    recorded = json.loads(plan.read_text())
+    assert recorded["options"]["edits"] == ["--set", 'kwargs.currency="EUR"']
+    items = recorded["items"]
+    assert all(i["digest_before"].startswith("sha256:") for i in items)
+    assert all(i["digest_before"] != i["digest_after"] for i in items)
+    # One message changed since the plan (as a producer would republish it): refused, left.
+    tampered = dict(items[0], digest_before="sha256:" + "0" * 64)
+    recorded["items"] = [tampered, items[1]]
+    plan.write_text(json.dumps(recorded))
+    data = as_json(cli.ok("apply", str(plan), "--execute", "--yes", "--json"))
+    move = data["result"] if "result" in data else data
+    assert move["moved"] == 1
+    assert move["repair"]["changed_since_plan"] == 1
+    (sent,) = family.drain(family.queue_url)
+    from redrive.repair import body_digest
+
+    assert body_digest(sent["Body"]) == items[1]["digest_after"]
+    assert family.depth() == (1, 0)
+    assert len(archived_bodies(archive)) == 1
+
+
+def test_the_audit_records_the_edits_and_the_archive(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    seed(family, [task_body(0)])
+    archive = tmp_path / "a.jsonl.gz"
+    run = as_json(
+        cli.ok(
+            "move",
+            "checkout",
+            "--clear-expires",
+            "--set",
+            'kwargs.currency="EUR"',
+            "--archive",
+            str(archive),
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert run["moved"] == 1
+    shown = as_json(cli.ok("audit", run["run_id"], "--json"))
+    info = shown["info"] if "info" in shown else shown["run"]["info"]
+    assert info["edits"] == ["--set", 'kwargs.currency="EUR"', "--clear-expires"]
+    assert info["archive"] == str(archive)
+    assert [k["task"] for k in shown["keys"]] == [TASK]
