@@ -341,3 +341,89 @@ def test_the_audit_records_the_edits_and_the_archive(
     assert info["edits"] == ["--set", 'kwargs.currency="EUR"', "--clear-expires"]
     assert info["archive"] == str(archive)
     assert [k["task"] for k in shown["keys"]] == [TASK]
+
+
+def test_a_replay_with_edits_sends_the_archived_tasks_edited(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    originals = [task_body(n, region="eu") for n in range(2)] + [task_body(2)]
+    seed(family, originals)
+    archive = tmp_path / "purged.jsonl.gz"
+    cli.ok("purge", "checkout", "--archive", str(archive), "--execute", "--yes")
+    words = ["--rename", "kwargs.region=kwargs.zone"]
+    refused = cli("replay", str(archive), "--to", "onion-checkout", *words, "--no-archive")
+    assert refused.exit_code == 2 and "drop --archive/--no-archive" in refused.output
+    dry = as_json(cli.ok("replay", str(archive), "--to", "onion-checkout", *words, "--json"))
+    assert dry["repair"]["changed"] == 2 and dry["repair"]["unchanged_by_edit"] == 1
+    cli.ok("replay", str(archive), "--to", "onion-checkout", *words, "--execute", "--yes")
+    sent = family.drain(family.queue_url)
+    assert sorted(arguments(m["Body"])[1]["zone"] for m in sent) == ["eu", "eu"]
+
+
+# -- the step itself ------------------------------------------------------------------------------
+
+
+def test_change_text_hides_values_unless_asked() -> None:
+    from redrive.operations.move.repair_step import change_text
+    from redrive.repair import ABSENT, Change
+
+    change = Change("kwargs.currency", "usd", "USD")
+    assert change_text(change, show_args=True) == 'kwargs.currency: "usd" → "USD"'
+    assert change_text(change, show_args=False) == "kwargs.currency: … → …"
+    added = Change("kwargs.zone", ABSENT, "eu")
+    assert change_text(added, show_args=False) == "kwargs.zone: (absent) → …"
+
+
+def test_reports_of_processes_merge() -> None:
+    from redrive.operations.move.repair_step import UNCHANGED, RepairReport
+
+    one = RepairReport(["--clear-eta"], changed=2, archived=2, samples={TASK: [["eta: … → …"]]})
+    two = RepairReport(["--clear-eta"], changed=1, archived=1)
+    two.left[UNCHANGED] += 3
+    two.details["no eta"] += 3
+    merged = RepairReport(["--clear-eta"])
+    merged.merge(one)
+    merged.merge(two)
+    data = merged.to_json()
+    assert (data["changed"], data["archived"], data["unchanged_by_edit"]) == (3, 3, 3)
+    assert data["reasons"] == {"no eta": 3}
+    assert data["samples"] == {TASK: [["eta: … → …"]]}
+
+
+def test_repair_options_cross_to_processes_pickled() -> None:
+    import pickle
+
+    options = RepairOptions(
+        edits_from_options(
+            sets=['kwargs.a.b="x"'], renames=["kwargs.c=kwargs.d"], clear_eta=True, create=True
+        ),
+        "s3://bucket/prefix",
+        planned={"m": ("sha256:1", "sha256:2")},
+    )
+    assert pickle.loads(pickle.dumps(options)) == options
+    assert options.words == [
+        "--rename", "kwargs.c=kwargs.d", "--set", 'kwargs.a.b="x"', "--create", "--clear-eta",
+    ]  # fmt: skip
+
+
+def test_a_passed_expires_cleared_is_sent_not_skipped_as_expired(
+    family: Family, cli: Cli, tmp_path: Path
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    past = datetime.now(UTC) - timedelta(hours=1)
+    late = encode(TASK, [1], {"currency": "USD"}, task_id="late", expires=past)
+    seed(family, [late, task_body(2)])
+    plain = as_json(cli.ok("move", "checkout", "--json"))
+    assert plain["skipped_by_reason"] == {"expired": 1}
+    data = as_json(
+        cli.ok(
+            "move", "checkout", "--clear-expires", "--archive", str(tmp_path / "a.jsonl.gz"),
+            "--execute", "--yes", "--json",
+        )
+    )  # fmt: skip
+    assert data["moved"] == 1
+    assert data["repair"]["reasons"] == {"no expires": 1}
+    (sent,) = family.drain(family.queue_url)
+    assert decode(sent["Body"]).task_id == "late"
+    assert open_task(sent["Body"]).content.expires is None
