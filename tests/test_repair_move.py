@@ -305,7 +305,7 @@ def test_a_plan_records_the_edits_and_apply_sends_exactly_the_reviewed_bodies(
     recorded["items"] = [tampered, items[1]]
     plan.write_text(json.dumps(recorded))
     data = as_json(cli.ok("apply", str(plan), "--execute", "--yes", "--json"))
-    move = data["result"] if "result" in data else data
+    move = data.get("result", data)
     assert move["moved"] == 1
     assert move["repair"]["changed_since_plan"] == 1
     (sent,) = family.drain(family.queue_url)
