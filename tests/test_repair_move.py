@@ -341,6 +341,9 @@ def test_the_audit_records_the_edits_and_the_archive(
     assert info["edits"] == ["--set", 'kwargs.currency="EUR"', "--clear-expires"]
     assert info["archive"] == str(archive)
     assert [k["task"] for k in shown["keys"]] == [TASK]
+    text = cli.ok("audit", run["run_id"]).output
+    assert """edits:    --set 'kwargs.currency="EUR"' --clear-expires""" in text
+    assert f"archive:  {archive}" in text
 
 
 def test_a_replay_with_edits_sends_the_archived_tasks_edited(
