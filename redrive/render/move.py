@@ -59,7 +59,7 @@ def move_text(
     if result.tasks:
         lines += ["", _tasks_table(result, verb, would, width)]
     if result.repair is not None:
-        lines += repair_lines(result.repair, dry_run=result.dry_run)
+        lines += repair_lines(result.repair, dry_run=result.dry_run, replay=verb == "replay")
     lines += _in_doubt_lines(result, width)
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result, width)
@@ -426,7 +426,7 @@ def _purge_text(result: PurgeResult, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def repair_lines(report: RepairReport, *, dry_run: bool) -> list[str]:
+def repair_lines(report: RepairReport, *, dry_run: bool, replay: bool = False) -> list[str]:
     """What the edits did (issue 26): the edits, a sample's diff per task, how many messages
     they changed and how many they left in the DLQ (and why), and where the originals went."""
     edits = " ".join(shell_quote(word) for word in report.edits)
@@ -447,6 +447,12 @@ def repair_lines(report: RepairReport, *, dry_run: bool) -> list[str]:
         lines.append(f"  originals {said} {report.archive}")
         if not dry_run:
             lines[-1] += f" ({report.archived} message(s))"
-    elif not dry_run and report.archived == 0 and report.changed:
-        lines.append("  originals not archived (--no-archive or a replay's own archive)")
+    elif replay:
+        lines.append("  originals: the archive replayed")
+    elif dry_run:
+        lines.append(
+            "  --execute archives the originals first: add --archive PATH (or --no-archive)"
+        )
+    elif report.changed:
+        lines.append("  originals not archived (--no-archive)")
     return lines
