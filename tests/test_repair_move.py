@@ -104,7 +104,7 @@ def edited_move(
             return MoveEngine(
                 checkout(family.client),
                 ledger,
-                MoveOptions(execute=True, lease=LEASE, pipelined=False, repair=repair, **options),
+                MoveOptions(execute=True, lease=LEASE, repair=repair, **options),
                 broker_factory=lambda: SqsBroker(family.client, clock=clock),
                 observer=Callbacks(on_step=fault),
                 clock=clock,
@@ -118,20 +118,23 @@ def archived_bodies(*paths: Path) -> list[str]:
     return [r.body for p in paths if p.exists() for r in read_records(str(p))]
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["two-stage", "one-stage"])
 @pytest.mark.parametrize("step", REPAIR_STEPS[1:])
 def test_a_kill_at_any_step_of_an_edited_move_loses_and_doubles_nothing(
-    family: Family, tmp_path: Path, sqs_clock: SqsClock, step: str
+    family: Family, tmp_path: Path, sqs_clock: SqsClock, step: str, pipelined: bool
 ) -> None:
     originals = [task_body(n) for n in range(12)]
     seed(family, originals)
     ledger = tmp_path / "l.sqlite3"
     first, second = tmp_path / "a1.jsonl.gz", tmp_path / "a2.jsonl.gz"
     with pytest.raises(Crash):
-        edited_move(family, ledger, first, clock=sqs_clock, fault=crash_at(step, 1))
+        edited_move(
+            family, ledger, first, clock=sqs_clock, fault=crash_at(step, 1), pipelined=pipelined
+        )
     wait_for_leases(sqs_clock)
     # Claimed and never sent: resend; sent before the ledger heard: the operator skips it.
     policy = "skip" if step == "sent" else "resend"
-    edited_move(family, ledger, second, clock=sqs_clock, in_doubt=policy)
+    edited_move(family, ledger, second, clock=sqs_clock, in_doubt=policy, pipelined=pipelined)
     sent = family.drain(family.queue_url)
     left = family.drain(family.dlq_url)
     ids = Counter(decode(m["Body"]).task_id for m in sent)
