@@ -87,7 +87,7 @@ def merge_move_results(
     repairs = [part.repair for part in parts if part.repair is not None]
     if repairs:
         merged.repair = RepairReport(list(repairs[0].edits))
-        archives = [r.archive for r in repairs if r.archive]
+        archives = list(dict.fromkeys(r.archive for r in repairs if r.archive))
         # --processes: each process archives beside the run's path; the first names them.
         merged.repair.archive = ", ".join(archives) or None
         for report in repairs:
