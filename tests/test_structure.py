@@ -344,7 +344,8 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     },
     "operations": {
         *("archive", "attributes", "aws", "broker", "celery", "dlq", "durations", "errors"),
-        *("inspection", "keys", "ledger", "messages", "rate", "selection", "signals"),
+        *("inspection", "keys", "ledger", "messages", "rate", "repair", "selection"),
+        "signals",
     },
     # Edits of a task and its re-encoding: pure, below the operations that will send it.
     "repair": {"errors", "messages", "shell"},

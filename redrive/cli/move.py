@@ -10,6 +10,7 @@ from typing import Any, Literal, NoReturn, Unpack
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.archive.storage import absolute_location
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -40,9 +41,11 @@ from redrive.cli.context import (
 from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
+    EditValues,
     MovePolicyValues,
     complete_file,
     complete_queue,
+    edit_options,
     execute_options,
     include_succeeded_option,
     json_option,
@@ -76,15 +79,17 @@ from redrive.operations.move import (
     InDoubtPolicy,
     MoveOptions,
     MoveResult,
+    RepairOptions,
 )
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
 from redrive.operations.processes import ProcessesResult
-from redrive.operations.purge import PurgeOptions
+from redrive.operations.purge import PurgeOptions, check_archive_path
 from redrive.operations.replay import ReplayResult
 from redrive.operations.run import RunRecord
 from redrive.render.move import archive_damage_lines, move_text, purge_text
 from redrive.render.selection import filters_text
+from redrive.repair import edits_from_options
 from redrive.selection import Selection
 
 
@@ -111,6 +116,7 @@ from redrive.selection import Selection
 @processes_option
 @rate_option
 @plan_out_option
+@edit_options
 @route_options
 @json_option
 @wide_output_option
@@ -120,6 +126,7 @@ def move(
     /,
     target: str,
     selection: Selection,
+    edits: EditValues,
     to: str | None,
     native: bool,
     execute: bool,
@@ -141,6 +148,8 @@ def move(
     an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
     harmless.
     """
+    if native and edit_words(edits):
+        raise click.UsageError("--native moves the DLQ as it is: edits need a move without it")
     if native:
         routes = NativeRoutes(route, include_unregistered)
         native_move(
@@ -152,6 +161,7 @@ def move(
         knowledge = task_knowledge(
             ctx, route=route, include_unregistered=include_unregistered, to=to
         )
+        repair = repair_options(edits, execute=execute, plan_out=plan_out)
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
     options = move_run_options(
@@ -163,6 +173,7 @@ def move(
         lease=lease,
         workers=workers,
         rate=rate,
+        repair=repair,
         **policies,
     )
     run_move(
@@ -187,6 +198,7 @@ def move_run_options(
     workers: int,
     rate: float | None,
     lease: int = DEFAULT_LEASE,
+    repair: RepairOptions | None = None,
     **policies: Unpack[MovePolicyValues],
 ) -> MoveOptions:
     """The engine's options of a move or a replay, as its command line gives them (the
@@ -201,8 +213,55 @@ def move_run_options(
         rate=rate,
         to_celery_queue=to is None or ctx.is_celery_queue(to),
         celery=knowledge,
+        repair=repair,
         **policies,
     )
+
+
+def edit_words(edits: EditValues) -> bool:
+    """Whether any edit option was given."""
+    return bool(
+        edits["sets"]
+        or edits["unsets"]
+        or edits["renames"]
+        or edits["clear_expires"]
+        or edits["clear_eta"]
+        or edits["create"]
+    )
+
+
+def repair_options(
+    edits: EditValues, *, execute: bool, plan_out: str | None = None, archives: bool = True
+) -> RepairOptions | None:
+    """The edits of a move or a replay (None without any), and where their originals go:
+    an executed move (or a plan of one) with edits names ``--archive`` or says
+    ``--no-archive``; a replay (``archives=False``) sends from an archive already."""
+    where, no_archive = edits["edit_archive"], edits["no_archive"]
+    if not edit_words(edits):
+        if where or no_archive:
+            raise click.UsageError(
+                "--archive and --no-archive go with edits (--set, --unset, --rename, "
+                "--clear-expires, --clear-eta): add one, or drop them"
+            )
+        return None
+    parsed = edits_from_options(
+        sets=edits["sets"],
+        unsets=edits["unsets"],
+        renames=edits["renames"],
+        clear_expires=edits["clear_expires"],
+        clear_eta=edits["clear_eta"],
+        create=edits["create"],
+    )
+    if where and no_archive:
+        raise click.UsageError("--archive and --no-archive contradict each other: give one")
+    if archives and (execute or plan_out) and not (where or no_archive):
+        raise click.UsageError(
+            "an edited move archives the original messages first: add --archive PATH "
+            "(a file, or s3://BUCKET/PREFIX), or --no-archive to send without keeping them"
+        )
+    if where and not execute:
+        check_archive_path(where)  # the dry run says so where the execute would fail
+    return RepairOptions(parsed, where if archives else None, show_args=edits["show_args"])
 
 
 def run_move(
@@ -247,6 +306,7 @@ def run_move(
                 stop=stop,
                 record=record,
                 processes=processes,
+                s3_client_factory=ctx.s3_client,
             )
     except BaseException:
         if writer is not None:
@@ -315,7 +375,16 @@ def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
 def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
     """What an executed move's ledger record says of it (who, what, the command line)."""
     info = execute_record(ctx, label, options.selection, ledger) if ledger else {}
-    return RunRecord(command_line(), info if options.execute else {})
+    return RunRecord(command_line(), {**info, **edit_record(options)} if options.execute else {})
+
+
+def edit_record(options: MoveOptions | PurgeOptions) -> dict[str, Any]:
+    """What the audit trail keeps of a run's edits (issue 26): their words, and where the
+    originals went (each key the run sent is the ledger's, under its run)."""
+    repair = getattr(options, "repair", None)
+    if repair is None:
+        return {}
+    return {"edits": repair.words, "archive": absolute_location(repair.archive_to)}
 
 
 def move_plan_writer(dlq: DlqTarget, options: MoveOptions, plan_out: str) -> PlanWriter:
@@ -361,6 +430,16 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
         "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
         "include_unregistered": knowledge is not None and knowledge.include_unregistered,
         "include_succeeded": options.include_succeeded,
+        **(
+            {
+                "edits": options.repair.words,
+                "archive": options.repair.archive_to,
+                "no_archive": options.repair.archive_to is None,
+                "show_args": options.repair.show_args,
+            }
+            if options.repair is not None
+            else {}
+        ),
     }
 
 
@@ -381,6 +460,7 @@ def move_plan_options(options: MoveOptions) -> dict[str, Any]:
 @workers_option
 @processes_option
 @rate_option
+@edit_options
 @click.option(
     "--allow-partial",
     is_flag=True,
@@ -396,6 +476,7 @@ def replay(
     source: str,
     to: str | None,
     selection: Selection,
+    edits: EditValues,
     execute: bool,
     yes: bool,
     ledger: str | None,
@@ -416,6 +497,12 @@ def replay(
     """
     with core_errors():
         queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
+        if edits["edit_archive"] or edits["no_archive"]:
+            raise click.UsageError(
+                "a replay sends from an archive: its originals are kept there already; "
+                "drop --archive/--no-archive"
+            )
+        repair = repair_options(edits, execute=execute, archives=False)
     options = move_run_options(
         ctx,
         selection,
@@ -424,6 +511,7 @@ def replay(
         execute=execute,
         workers=workers,
         rate=rate,
+        repair=repair,
         **policies,
     )
     outcome = run_replay(
@@ -557,7 +645,10 @@ def replay_record(
 ) -> RunRecord:
     """What an executed replay's ledger record says of it (who, what, the archive)."""
     info = (
-        execute_record(ctx, source, options.selection, ledger, archive=source)
+        {
+            **execute_record(ctx, source, options.selection, ledger, archive=source),
+            **({"edits": options.repair.words} if options.repair is not None else {}),
+        }
         if options.execute and ledger
         else {}
     )
@@ -755,6 +846,7 @@ def run_apply(
     as_json: bool = False,
 ) -> ApplyResult:
     info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
+    info = {**info, **edit_record(options)} if ledger else info
     display: ProgressDisplay
     if isinstance(options, MoveOptions):
         display = ProgressDisplay(Progress("move"), move_progress)

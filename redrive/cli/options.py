@@ -537,3 +537,77 @@ def add_global_options(group: click.Group) -> None:
         else:
             names = {opt for p in command.params for opt in getattr(p, "opts", [])}
             command.params.extend(p for p in _global_options() if p.opts[0] not in names)
+
+
+# -- repairs: edits of a task on its way back (issue 26) ---------------------------------------
+
+
+class EditValues(TypedDict):
+    """The values :func:`edit_options` gives its command, for ``repair_options``
+    (redrive.cli.move)."""
+
+    sets: tuple[str, ...]
+    unsets: tuple[str, ...]
+    renames: tuple[str, ...]
+    clear_expires: bool
+    clear_eta: bool
+    create: bool
+    edit_archive: str | None
+    no_archive: bool
+    show_args: bool
+
+
+def edit_options(f: Callable[..., None]) -> Callable[..., None]:
+    """``--set``, ``--unset``, ``--rename``, ``--clear-expires``, ``--clear-eta``,
+    ``--create``, where the originals go (``--archive``/``--no-archive``) and
+    ``--show-args``; handed to the command as one ``edits: EditValues``."""
+    names = tuple(EditValues.__annotations__)
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in names}
+        f(*args, edits=EditValues(**values), **kwargs)  # type: ignore[typeddict-item]
+
+    options = [
+        click.option(
+            "--set",
+            "sets",
+            multiple=True,
+            metavar="PATH=JSON",
+            help="Set an argument on the way back (repeatable), the value as JSON: "
+            """--set 'kwargs.currency="EUR"'.""",
+        ),
+        click.option(
+            "--unset", "unsets", multiple=True, metavar="PATH", help="Remove an argument."
+        ),
+        click.option(
+            "--rename",
+            "renames",
+            multiple=True,
+            metavar="kwargs.OLD=kwargs.NEW",
+            help="Rename a keyword argument (its place kept).",
+        ),
+        click.option("--clear-expires", is_flag=True, help="Clear the task's expires."),
+        click.option("--clear-eta", is_flag=True, help="Clear the task's eta (run it at once)."),
+        click.option("--create", is_flag=True, help="--set also adds a PATH a task lacks."),
+        click.option(
+            "--archive",
+            "edit_archive",
+            metavar="PATH|s3://BUCKET/PREFIX",
+            help="With edits: archive the original messages here before sending the edited "
+            "ones (required with edits and --execute, unless --no-archive).",
+        ),
+        click.option(
+            "--no-archive",
+            is_flag=True,
+            help="With edits: send them without keeping the originals.",
+        ),
+        click.option(
+            "--show-args",
+            is_flag=True,
+            help="Show argument values in the edit's diff (they may hold personal data).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -24,6 +24,7 @@ from redrive.operations.move import (
     InDoubtPolicy,
     MoveOptions,
     MoveResult,
+    RepairOptions,
 )
 from redrive.operations.move_run import move
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
@@ -32,6 +33,7 @@ from redrive.operations.processes import ProcessesResult, Wiring
 from redrive.operations.purge import PurgeOptions, PurgeResult
 from redrive.operations.purge_run import purge
 from redrive.operations.run import RunRecord
+from redrive.repair import parse_edit_words
 from redrive.selection import Selection
 
 
@@ -120,6 +122,35 @@ def plan_move_options(
         ambiguous="move" if opts.get("ambiguous") == "move" else "hold",
         celery=celery,
         include_succeeded=options.include_succeeded or bool(opts.get("include_succeeded")),
+        repair=plan_repair(plan),
+    )
+
+
+def plan_repair(plan: Plan) -> RepairOptions | None:
+    """A move plan's edits (issue 26), applied again to each message, which is sent only if
+    its body is still the one reviewed and the edits give the very body reviewed."""
+    opts = plan.options
+    words = opts.get("edits")
+    if not words:
+        return None
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise UsageProblem(f"plan {plan.path} is damaged: its edits are not a list of words")
+    archive = opts.get("archive")
+    if not archive and not opts.get("no_archive"):
+        raise UsageProblem(
+            f"plan {plan.path} has edits but no archive for the originals: make it again "
+            "with --archive PATH (or --no-archive)"
+        )
+    planned = {
+        item.message_id: (item.digest_before, item.digest_after)
+        for item in plan.items
+        if item.digest_before is not None and item.digest_after is not None
+    }
+    return RepairOptions(
+        parse_edit_words(words),
+        str(archive) if archive else None,
+        show_args=bool(opts.get("show_args")),
+        planned=planned,
     )
 
 
@@ -209,6 +240,7 @@ def _run_plan(
             stop=stop,
             record=record,
             processes=processes,
+            s3_client_factory=s3_client_factory,
         )
     return purge(
         target,

@@ -14,6 +14,7 @@ from redrive.inspection.groups import SAMPLES_PER_GROUP, TaskGroup, is_task_name
 from redrive.inspection.scan import InspectResult
 from redrive.inspection.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
+from redrive.operations.move.repair_step import RepairReport
 from redrive.operations.purge import PurgeResult
 from redrive.selection import Selection, Sightings
 
@@ -83,6 +84,14 @@ def merge_move_results(
             merged.no_target_candidates = list(part.no_target_candidates)
             merged.no_target_missing = part.no_target_missing
             merged.no_target_by_route = part.no_target_by_route
+    repairs = [part.repair for part in parts if part.repair is not None]
+    if repairs:
+        merged.repair = RepairReport(list(repairs[0].edits))
+        archives = list(dict.fromkeys(r.archive for r in repairs if r.archive))
+        # --processes: each process archives beside the run's path; the first names them.
+        merged.repair.archive = ", ".join(archives) or None
+        for report in repairs:
+            merged.repair.merge(report)
     names = sorted({name for part in parts for name in part.tasks})
     merged.tasks = {
         name: merge_task_counts([p.tasks[name] for p in parts if name in p.tasks]) for name in names

@@ -17,6 +17,7 @@ from redrive.operations.merge import (
     merge_sightings,
 )
 from redrive.operations.move import MAX_LISTED, MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move.repair_step import repair_step
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.processes import (
     Child,
@@ -47,7 +48,17 @@ class MoveJob:
 
     def run(self, child: ChildRun) -> tuple[MoveResult, Sightings | None]:
         options = child.rebuilt(self.options)
-        with child.ledger() as ledger, child.receive_log() as receive_log:
+        number = self.record.info.get("process")
+        with (
+            child.ledger() as ledger,
+            child.receive_log() as receive_log,
+            repair_step(
+                options.repair,
+                execute=options.execute,
+                s3_client_factory=lambda: child.aws.client("s3"),
+                part=number if isinstance(number, int) else None,
+            ) as repair,
+        ):
             engine = MoveEngine(
                 self.target,
                 ledger,
@@ -58,6 +69,7 @@ class MoveJob:
                 record=self.record,
                 receive_log=receive_log,
                 shares=child.shares,
+                repair=repair,
             )
             return run_to_the_end(engine), engine.sightings
 

@@ -31,6 +31,9 @@ class PlanItem:
     """``send``, ``delete-duplicate`` (a copy of a task that is or will be sent) or ``purge``."""
     routed_from: str | None = None
     """The message's source queue, when its task's route sends it elsewhere (redrive.celery)."""
+    digest_before: str | None = None
+    """An edited move (issue 26): the digest of the body reviewed, and of the body to send."""
+    digest_after: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -46,6 +49,9 @@ class PlanItem:
             data["target"] = self.target
         if self.routed_from is not None:
             data["routed_from"] = self.routed_from
+        if self.digest_before is not None:
+            data["digest_before"] = self.digest_before
+            data["digest_after"] = self.digest_after
         return data
 
 

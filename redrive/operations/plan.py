@@ -139,6 +139,8 @@ def read_plan(path: str) -> Plan:
                 target=raw.get("target"),
                 action=str(raw.get("action", "send")),
                 routed_from=raw.get("routed_from"),
+                digest_before=raw.get("digest_before"),
+                digest_after=raw.get("digest_after"),
             )
             for raw in data.get("items", [])
         ]

@@ -33,6 +33,7 @@ from redrive.inspection.scan import Focus, InspectResult, grouping_fields
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move.repair_step import RepairStep
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.run import RunRecord
 
@@ -183,6 +184,8 @@ def replay_archive(
         stop=stop,
         source=archive,
         record=record or RunRecord("replay"),
+        # Edits (issue 26): the archive replayed is the originals' copy already.
+        repair=RepairStep(options.repair) if options.repair is not None else None,
     )
     try:
         result = engine.run()

@@ -15,6 +15,7 @@ from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move.repair_step import RepairStep
 from redrive.operations.move_processes import (
     MoveRun,
     child_record,
@@ -84,6 +85,7 @@ class ReplayJob:
                 source=archive,
                 record=self.record,
                 shares=child.shares,
+                repair=RepairStep(options.repair) if options.repair is not None else None,
             )
             try:
                 result = run_to_the_end(engine)

@@ -9,6 +9,7 @@ from redrive.ledger import RunInfo
 from redrive.render.selection import filters_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable, when, when_cell
 from redrive.reporting.audit import RunDetail
+from redrive.shell import shell_quote
 
 # The command names the target, and `audit RUN` shows everything: the listing keeps what
 # tells runs apart (id, when, outcome, counts, the command's start).
@@ -104,6 +105,10 @@ def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
         f"  ledger:   {value_of('ledger')}",
         f"  archive:  {value_of('archive')}",
     ]
+    edits = info.get("edits")
+    if isinstance(edits, list) and edits:
+        # Issue 26: what the run changed in each task it sent (the archive keeps the originals).
+        lines.append(f"  edits:    {' '.join(shell_quote(str(word)) for word in edits)}")
     if info.get("sqs_client"):
         # Runs of a redrive before --sqs-client did not record it (they used botocore).
         lines.append(f"  client:   {value_of('sqs_client')} (SQS)")

@@ -10,6 +10,7 @@ from typing import Any
 from redrive.archive import DamageReport
 from redrive.ledger import default_ledger_path
 from redrive.operations.move import MoveResult, TaskCounts
+from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable
@@ -57,6 +58,8 @@ def move_text(
     lines = [_move_head(result, verb, would)]
     if result.tasks:
         lines += ["", _tasks_table(result, verb, would, width)]
+    if result.repair is not None:
+        lines += repair_lines(result.repair, dry_run=result.dry_run, replay=verb == "replay")
     lines += _in_doubt_lines(result, width)
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result, width)
@@ -421,3 +424,35 @@ def _purge_text(result: PurgeResult, width: int | None) -> str:
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines += _stopped_lines(result.interrupted, result.error)
     return "\n".join(lines)
+
+
+def repair_lines(report: RepairReport, *, dry_run: bool, replay: bool = False) -> list[str]:
+    """What the edits did (issue 26): the edits, a sample's diff per task, how many messages
+    they changed and how many they left in the DLQ (and why), and where the originals went."""
+    edits = " ".join(shell_quote(word) for word in report.edits)
+    lines = ["", f"edits: {edits}"]
+    for task, samples in sorted(report.samples.items()):
+        for sample in samples:
+            lines.append(f"  {task} (a sample):")
+            lines += [f"    {line}" for line in sample]
+    left = sum(report.left.values())
+    lines.append(
+        f"  {report.changed} message(s) changed by the edits, {left} left in the DLQ "
+        f"({report.left[UNCHANGED]} unchanged by them)"
+    )
+    for detail, count in report.details.most_common(10):
+        lines.append(f"    {count} × {detail}")
+    if report.archive:
+        said = "would be archived first to" if dry_run else "archived first to"
+        lines.append(f"  originals {said} {report.archive}")
+        if not dry_run:
+            lines[-1] += f" ({report.archived} message(s))"
+    elif replay:
+        lines.append("  originals: the archive replayed")
+    elif dry_run:
+        lines.append(
+            "  --execute archives the originals first: add --archive PATH (or --no-archive)"
+        )
+    elif report.changed:
+        lines.append("  originals not archived (--no-archive)")
+    return lines

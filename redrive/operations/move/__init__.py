@@ -24,7 +24,7 @@ message's fate: step 2), :mod:`.execute` with :mod:`.send` (steps 3 to 7), :mod:
 worker's two stages) and :mod:`.engine` (the run's life, wiring the parts).
 """
 
-from redrive.operations.move.engine import STEPS, MoveEngine
+from redrive.operations.move.engine import REPAIR_STEPS, STEPS, MoveEngine
 from redrive.operations.move.options import (
     AMBIGUOUS_POLICIES,
     DEFAULT_LEASE,
@@ -35,6 +35,7 @@ from redrive.operations.move.options import (
     MessageSource,
     MoveOptions,
 )
+from redrive.operations.move.repair_step import RepairOptions, RepairReport
 from redrive.operations.move.result import (
     MAX_LISTED,
     ClaimOutcome,
@@ -73,6 +74,7 @@ __all__ = [
     "OVERLAP_MIN_WAIT",
     "OVERLAP_SAMPLE",
     "POISON",
+    "REPAIR_STEPS",
     "RESOLVED_SKIP",
     "STEPS",
     "AmbiguousPolicy",
@@ -85,6 +87,8 @@ __all__ = [
     "MoveOptions",
     "MoveResult",
     "MoveTally",
+    "RepairOptions",
+    "RepairReport",
     "SendOutcome",
     "TaskCounts",
     "listed_json",

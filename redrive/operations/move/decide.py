@@ -20,6 +20,7 @@ from redrive.operations.move.candidate import Candidate, DecidedBatch, candidate
 from redrive.operations.move.copies import KeySettler
 from redrive.operations.move.options import MoveOptions, decision_options
 from redrive.operations.move.owners import ClaimOwners
+from redrive.operations.move.repair_step import RepairStep, planned_digests
 from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.routing import Router, routed_from
 from redrive.operations.observer import PlanItem, RunObserver
@@ -82,9 +83,11 @@ class Decider:
         namespace: Callable[[], str],
         legacy: bool,
         gate_reasons: GateReasons,
+        repair: RepairStep | None = None,
     ) -> None:
         """``namespace``: the broker's key namespace (known once the run uses a broker);
-        ``legacy``: the ledger may hold keys of the earlier form."""
+        ``legacy``: the ledger may hold keys of the earlier form; ``repair``: the run's edits
+        (issue 26)."""
         self.target = target
         self.options = options
         self._tally = tally
@@ -98,6 +101,7 @@ class Decider:
         self._namespace = namespace
         self._legacy = legacy
         self._gate_reasons = gate_reasons
+        self._repair = repair
         self._options = decision_options(options)
         run_id = owners.run_id
         self._run_open, self._run_full = RunFacts(run_id), RunFacts(run_id, True)
@@ -140,25 +144,23 @@ class Decider:
         self._tally.seen.add(decoded)
         gates = self._gate_reasons(decoded)
         succeeded = self._succeeded(decoded)
+        bodies: dict[str, str] = {}
         for message, info in decoded:
             gate = gates.get(message.message_id)
             done = info.task_id in succeeded
-            facts, route = self._message_facts(broker, message, info, (now, now_dt), gate, done)
+            facts, route = self._message_facts(
+                broker, message, info, (now, now_dt), gate, done, bodies
+            )
             screened = screen(facts, self._options)
             if screened is not None or route is None:
                 self._tally.decided(info, screened or Verdict(Fate.NO_TARGET))
                 keep.append(message)
                 continue
-            candidates.append(
-                candidate_for(
-                    message,
-                    info,
-                    facts.generation,
-                    route,
-                    self._namespace(),
-                    legacy=self._legacy,
-                )
+            cand = candidate_for(
+                message, info, facts.generation, route, self._namespace(), legacy=self._legacy
             )
+            cand.body = bodies.get(message.message_id)
+            candidates.append(cand)
         return candidates
 
     def _succeeded(self, decoded: Sequence[tuple[Delivery, TaskInfo]]) -> set[str]:
@@ -178,6 +180,7 @@ class Decider:
         now: tuple[float, datetime],
         gate: str | None,
         succeeded: bool,
+        bodies: dict[str, str],
     ) -> tuple[MessageFacts, QueueRef | None]:
         """What :func:`screen` needs to know of a message, found in its order: a fact that
         already decides spares the rest (an expired message is not routed)."""
@@ -195,7 +198,13 @@ class Decider:
         # redrive.celery: a task no worker registers would be dropped.
         if (gate := gate or skip_reason(self.options.celery, info)) is not None:
             return MessageFacts(gate=gate), None
-        if not self.options.include_expired and info.is_expired(now[1]):
+        cleared = False
+        if self._repair is not None:  # issue 26: the edits decide before expiry
+            left, bodies[message.message_id] = self._repair.check(broker, message, info)
+            if left is not None:
+                return MessageFacts(gate=left), None
+            cleared = self._repair.clears_expires  # and its expires is gone
+        if not self.options.include_expired and not cleared and info.is_expired(now[1]):
             return MessageFacts(expired=True), None
         if succeeded:  # redrive.celery.results: the result backend says it succeeded
             return MessageFacts(late_gate=ALREADY_SUCCEEDED), None
@@ -273,6 +282,7 @@ class Decider:
                 target=cand.target.url,
                 action=action,
                 routed_from=routed_from(self._router.source_name(cand.message), cand.target.name),
+                **planned_digests(cand),
             )
         )
 

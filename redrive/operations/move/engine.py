@@ -26,6 +26,7 @@ from redrive.operations.move.decide import Decider, PlannedKeys
 from redrive.operations.move.execute import Executor
 from redrive.operations.move.options import MessageSource, MoveOptions
 from redrive.operations.move.owners import ClaimOwners
+from redrive.operations.move.repair_step import RepairStep
 from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.routing import Router, source_name
 from redrive.operations.move.send import Sender
@@ -40,6 +41,8 @@ from redrive.selection import Sightings
 
 # Names of the points between steps, where tests inject crashes.
 STEPS = ("received", "claimed", "sent", "recorded", "deleted")
+REPAIR_STEPS = ("received", "archived", "claimed", "sent", "recorded", "deleted")
+"""The points of a move with edits: its originals are archived before anything is claimed."""
 
 
 class MoveEngine:
@@ -59,12 +62,14 @@ class MoveEngine:
         record: RunRecord | None = None,
         receive_log: ReceiveLog | None = None,
         shares: RunShares | None = None,
+        repair: RepairStep | None = None,
     ) -> None:
         """``source``: where the messages come from (default: a scan of the target's DLQ);
         ``record``: what the run's ledger record says of it (its command line, who, what);
         ``receive_log``: where the DLQ scan counts redrive's own receives; ``shares``: the
         limit, rate and dry-run keys this run shares with other processes (``--processes``,
-        redrive.operations.shared), else its own."""
+        redrive.operations.shared), else its own; ``repair``: the run's edits and the archive
+        of its originals (issue 26), which ``options.repair`` asks for."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")
         self.target = target
@@ -81,7 +86,11 @@ class MoveEngine:
         self.run_id = self._life.run_id
         parent = record.info.get("parent")
         self._parent = parent if isinstance(parent, str) and self.run_id else None
+        self._repair = repair
+        if options.repair is not None and repair is None:
+            raise UsageProblem("a move with edits needs its repair step")
         self.result = self._empty_result()
+        self.result.repair = repair.report if repair is not None else None
         self._tally = MoveTally(
             self.result,
             SeenByFilters(options.selection),
@@ -150,6 +159,7 @@ class MoveEngine:
             namespace=lambda: self._limits.key_namespace,
             legacy=self.ledger is not None and self.ledger.legacy_keys,
             gate_reasons=self._gate_reasons,
+            repair=self._repair,
         )
 
     def _wire_executor(self, scan: MessageSource) -> Executor:
@@ -358,6 +368,13 @@ class MoveEngine:
     def _execute(self, broker: Broker, decided: DecidedBatch) -> list[Delivery]:
         """Claim, send, record and delete what was decided; return the messages to keep
         hidden until the scan ends."""
+        if self._repair is not None and self.options.execute:
+            # The originals first: durable before a key is claimed or an edited copy sent.
+            run_id = self.run_id or ""
+            self._repair.archive(
+                broker, decided, run_id=run_id, dlq=self.target.dlq.url, clock=self.now
+            )
+            self.observer.on_step("archived")
         return self._executor.execute(broker, decided)
 
     def _counts(self) -> dict[str, int]:

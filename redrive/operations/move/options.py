@@ -11,6 +11,7 @@ from typing import Literal, Protocol
 from redrive.broker.base import Broker, Delivery, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.celery.results import ResultLookup
+from redrive.operations.move.repair_step import RepairOptions
 from redrive.operations.verdict import DecisionOptions
 from redrive.selection import Selection
 
@@ -75,6 +76,9 @@ class MoveOptions:
     (``already-succeeded``; see :mod:`redrive.celery.results`)."""
     include_succeeded: bool = False
     """Send such tasks all the same (and do not consult the backend)."""
+    repair: RepairOptions | None = None
+    """Edits of each task on its way back, and where the originals are archived (issue 26;
+    see :mod:`redrive.operations.move.repair_step`)."""
 
 
 def decision_options(options: MoveOptions) -> DecisionOptions:

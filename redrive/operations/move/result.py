@@ -16,6 +16,7 @@ from redrive.broker.base import Delivery
 from redrive.celery.knowledge import NoTarget
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate
+from redrive.operations.move.repair_step import RepairReport
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.verdict import AMBIGUOUS, IN_DOUBT, NO_TARGET, Fate, Verdict
 from redrive.selection import FilterMisses
@@ -117,6 +118,8 @@ class MoveResult:
     """SQS's count of visible messages in the DLQ when the run started (for progress)."""
     redelivered: int = 0
     """Copies SQS delivered again after the run deleted their message: deleted once more."""
+    repair: RepairReport | None = None
+    """What the run's edits did (issue 26); None without edits."""
 
     @property
     def skipped_total(self) -> int:
@@ -203,6 +206,7 @@ class MoveResult:
             ),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
+            **({"repair": self.repair.to_json()} if self.repair is not None else {}),
         }
 
 

@@ -100,7 +100,7 @@ class Sender:
         fifo = cand.target.fifo
         entry = SendEntry(
             id=entry_id,
-            body=message.body,
+            body=message.body if cand.body is None else cand.body,
             message_attributes=attributes.stamped(
                 message.message_attributes,
                 count=cand.generation + 1,
