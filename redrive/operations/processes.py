@@ -231,6 +231,11 @@ class _ParentLink(RunObserver[Any]):
         with self._lock, contextlib.suppress(OSError):  # a parent gone hears nothing
             self._reports.send(message)
 
+    @property
+    def wants_progress(self) -> bool:
+        # Sent at most every PROGRESS_EVERY: the run need not copy its counts in between.
+        return time.monotonic() - self._last >= PROGRESS_EVERY
+
     def on_progress(self, result: Any) -> None:
         now = time.monotonic()
         if now - self._last < PROGRESS_EVERY:
