@@ -55,9 +55,7 @@ def test_a_childs_workers_share_a_broker_on_the_lean_path_only(family: Family) -
     assert botocore.broker() is not botocore.broker()
 
 
-def test_workers_sharing_a_lean_broker_move_every_message_once(
-    family: Family, cli: Cli
-) -> None:
+def test_workers_sharing_a_lean_broker_move_every_message_once(family: Family, cli: Cli) -> None:
     for i in range(60):
         family.send_to_dlq(encode("apps.shop.tasks.charge", [i], {}, task_id=f"charge-{i}"))
     args = ("--sqs-client", "lean", "move", "checkout", "--execute", "--yes", "--json")
