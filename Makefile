@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,11 @@ bench: install
 	$(BIN)/python bench/move.py
 	$(BIN)/python bench/move.py --latency-ms 20 --sizes 1000 --rounds 2
 	$(BIN)/python bench/archive.py
+
+# Where a -w16 move's client CPU goes (py-spy --gil, lean path, loopback): issue 25, item 5.
+profile: install
+	$(BIN)/python -m pip install --quiet -r requirements/bench.txt
+	$(BIN)/python bench/profile_move.py --n 20000 --workers 16
 
 clean:
 	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info

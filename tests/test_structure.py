@@ -324,6 +324,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "state_dir": set(),
     "signals": set(),
     "messages": set(),
+    "allocator": set(),
     "webhook": {"errors"},
     "config": {"durations", "errors"},
     "keys": {"messages"},
@@ -336,15 +337,15 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "selection": {"broker", "messages", "where"},
     "ledger": {"aws", "errors", "state_dir"},
     "archive": {"aws", "broker", "errors"},
-    "dlq": {"broker", "state_dir"},
+    "dlq": {"allocator", "broker", "state_dir"},
     "celery": {"broker", "config", "errors", "messages"},
     "inspection": {
         *("attributes", "broker", "celery", "dlq", "durations"),
         *("message_record", "messages", "where"),
     },
     "operations": {
-        *("archive", "attributes", "aws", "broker", "celery", "dlq", "durations", "errors"),
-        *("inspection", "keys", "ledger", "messages", "rate", "repair", "selection"),
+        *("allocator", "archive", "attributes", "aws", "broker", "celery", "dlq", "durations"),
+        *("errors", "inspection", "keys", "ledger", "messages", "rate", "repair", "selection"),
         "signals",
     },
     # Edits of a task and its re-encoding: pure, below the operations that will send it.

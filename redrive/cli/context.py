@@ -27,6 +27,7 @@ from redrive.config import (
     sqs_client_named,
 )
 from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import default_ledger_path, open_ledger
 from redrive.render.selection import filters_text
@@ -53,6 +54,8 @@ class Context:
         return self._layout
 
     _spare: dict[str | None, Broker] = field(default_factory=dict)
+    _shared: dict[str | None, Broker] = field(default_factory=dict)
+    """Per region, the broker every worker shares (:func:`shared_by_workers`)."""
     _receive_log: ReceiveLog | None = None
     celery_app: str | None = None
     """``--celery-app`` (or REDRIVE_CELERY_APP); else the config's ``[celery] app``."""
@@ -146,9 +149,15 @@ class Context:
         return self._receive_log
 
     def broker_for(self, region: str | None = None) -> Broker:
-        """A broker with connections of its own (one per worker thread)."""
+        """A broker for one worker thread: with connections of its own, or the one every
+        worker shares where that is safe (the lean SQS path: :func:`shared_by_workers`)."""
+        if (shared := self._shared.get(region)) is not None:
+            return shared
         spare = self._spare.pop(region, None)
-        return spare if spare is not None else self._open_broker(region)
+        broker = spare if spare is not None else self._open_broker(region)
+        if shared_by_workers(broker):
+            self._shared[region] = self._spare[region] = broker
+        return broker
 
     def _open_broker(self, region: str | None) -> Broker:
         return open_broker(self.broker_url, aws=self.aws, region=region, sqs_client=self.sqs)

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from redrive.allocator import bound_arenas
 from redrive.broker.base import Broker, Capabilities, Delivery
 
 if TYPE_CHECKING:
@@ -655,6 +656,15 @@ def wait_until(deadline: float, stop: threading.Event) -> None:
         stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
 
+def shared_by_workers(broker: Broker) -> bool:
+    """Whether one ``broker`` may serve every worker thread of a run, instead of one each:
+    SQS's lean path (issue 25), whose calls go through one thread-safe transport with a pool
+    of keep-alive connections. Each SQS broker holds two botocore clients (about 1.1 MB of
+    RSS apiece), so 16 workers on one broker spare about 17 MB; botocore's own path keeps a
+    broker per worker, as its clients' connection pools are sized for one."""
+    return getattr(broker, "lean", None) is not None
+
+
 def run_pipelines(
     work: Callable[[Broker], None],
     first: Broker,
@@ -662,7 +672,8 @@ def run_pipelines(
     workers: int,
     stop: threading.Event,
 ) -> None:
-    """Run ``work`` in ``workers`` threads, each with its own client.
+    """Run ``work`` in ``workers`` threads, each with a broker from ``broker_factory`` (its
+    own, or one they share: :func:`shared_by_workers`).
 
     The first error stops the others (through ``stop``) and is re-raised.
     """
@@ -684,6 +695,8 @@ def run_pipelines(
     if workers <= 1:
         guarded(first)
         return
+    # Before the workers' threads allocate: they share two malloc arenas, not one each.
+    bound_arenas()
     clients = [first, *(broker_factory() for _ in range(workers - 1))]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="redrive") as pool:
         for client in clients:

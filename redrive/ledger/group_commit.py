@@ -50,14 +50,17 @@ class WriteRequest(Generic[_T]):
         self.apply = apply
         self.flush = flush
         # Made only for a request that waits for the writer (one a caller runs itself is
-        # settled when it returns).
-        self._done: threading.Event | None = None
+        # settled when it returns): a lock held until the request is settled. Cheaper than
+        # an Event (a Condition, its lock and a waiter lock), made and set once per request.
+        self._done: threading.Lock | None = None
         self._settled = False
         self._result: _T | None = None
         self._error: BaseException | None = None
 
     def will_wait(self) -> None:
-        self._done = threading.Event()
+        done = threading.Lock()
+        done.acquire()
+        self._done = done
 
     def finish(self, result: _T) -> None:
         self._result = result
@@ -68,17 +71,21 @@ class WriteRequest(Generic[_T]):
         self._settle()
 
     def _settle(self) -> None:
+        if self._settled:
+            return
         self._settled = True
         if self._done is not None:
-            self._done.set()
+            self._done.release()
 
     @property
     def settled(self) -> bool:
         return self._settled
 
     def outcome(self) -> _T:
-        if self._done is not None:
-            self._done.wait()
+        if (done := self._done) is not None:
+            # Taken once settled, and given back: asking again does not wait.
+            with done:
+                pass
         if self._error is not None:
             # Raised in the caller's thread; the writer's traceback frames stay out of it.
             raise self._error.with_traceback(None)

@@ -59,6 +59,12 @@ class RunObserver(Generic[R]):
     """Hears a run's events; every method does nothing unless a subclass says otherwise.
     ``R`` is the run's result type, handed to :meth:`on_progress` as it grows."""
 
+    @property
+    def wants_progress(self) -> bool:
+        """Whether :meth:`on_progress` does anything: when it does not, a run spares itself
+        the copy of its counts it would hand over after every batch."""
+        return True
+
     def on_progress(self, result: R) -> None:
         """The run's result so far, after each batch."""
 
@@ -79,6 +85,10 @@ class RunObserver(Generic[R]):
 class NullObserver(RunObserver[Any]):
     """Hears nothing."""
 
+    @property
+    def wants_progress(self) -> bool:
+        return False
+
 
 NULL_OBSERVER = NullObserver()
 
@@ -88,6 +98,10 @@ class Observers(RunObserver[R]):
 
     def __init__(self, *observers: RunObserver[R]) -> None:
         self.observers = observers
+
+    @property
+    def wants_progress(self) -> bool:
+        return any(observer.wants_progress for observer in self.observers)
 
     def on_progress(self, result: R) -> None:
         for observer in self.observers:
@@ -127,6 +141,10 @@ class Callbacks(RunObserver[R]):
         self._step = on_step
         self._check = on_check
         self._problem = on_problem
+
+    @property
+    def wants_progress(self) -> bool:
+        return self._progress is not None
 
     def on_progress(self, result: R) -> None:
         if self._progress is not None:

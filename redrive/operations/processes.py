@@ -60,10 +60,12 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from redrive.allocator import ARENAS
 from redrive.aws.session import AwsSettings
 from redrive.broker import SqsClient, open_broker
 from redrive.broker.base import Broker
 from redrive.dlq.receive_log import ReceiveLog
+from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger, open_ledger
@@ -137,18 +139,26 @@ class ChildRun:
     stop: threading.Event
     observer: RunObserver[Any]
     aws: AwsSettings = field(init=False)
+    _shared: Broker | None = field(default=None, init=False)
+    """The broker every worker of the child shares, where that is safe."""
 
     def __post_init__(self) -> None:
         self.aws = self.wiring.aws()
 
     def broker(self) -> Broker:
-        """The broker in the DLQ's region: what the child's engine sends and receives with."""
-        return open_broker(
+        """The broker in the DLQ's region: what the child's engine sends and receives with
+        (one per worker, or one they share: :func:`shared_by_workers`)."""
+        if self._shared is not None:
+            return self._shared
+        broker = open_broker(
             self.wiring.broker_url,
             aws=self.aws,
             region=self.wiring.region,
             sqs_client=self.wiring.sqs_client,
         )
+        if shared_by_workers(broker):
+            self._shared = broker
+        return broker
 
     def rebuilt(self, options: Any) -> Any:
         """``options`` with what did not cross (Wiring.rebuild) made again in the child."""
@@ -220,6 +230,11 @@ class _ParentLink(RunObserver[Any]):
     def send(self, message: tuple[Any, ...]) -> None:
         with self._lock, contextlib.suppress(OSError):  # a parent gone hears nothing
             self._reports.send(message)
+
+    @property
+    def wants_progress(self) -> bool:
+        # Sent at most every PROGRESS_EVERY: the run need not copy its counts in between.
+        return time.monotonic() - self._last >= PROGRESS_EVERY
 
     def on_progress(self, result: Any) -> None:
         now = time.monotonic()
@@ -470,11 +485,11 @@ def _signals_ignored() -> Iterator[None]:
         yield
 
 
-# glibc gives each thread that allocates an arena of its own, up to 8 per core; a child's
-# 2 x --workers threads then spread a long run's garbage over 16 arenas that each keep their
-# high-water mark. Two arenas held a -w16 child at 100,000 messages to 81 MB peak instead of
-# 102-117 MB, with no CPU cost seen (bench/README.md, issue 17). A value the user set wins.
-_CHILD_ARENAS = "2"
+# A child's 2 x --workers threads would spread a long run's garbage over 16 malloc arenas
+# (redrive.allocator); set from its start, MALLOC_ARENA_MAX bounds its first threads too.
+# Two arenas held a -w16 child at 100,000 messages to 81 MB peak instead of 102-117 MB, with
+# no CPU cost seen (bench/README.md, issue 17). A value the user set wins.
+_CHILD_ARENAS = str(ARENAS)
 
 
 @contextlib.contextmanager

@@ -505,7 +505,8 @@ class _Purge:
                 elif pending and self._due(pending):
                     self._flush(broker, pending)
                     pending = []
-                self.observer.on_progress(self._tally.snapshot())
+                if self.observer.wants_progress:
+                    self.observer.on_progress(self._tally.snapshot())
             self._flush(broker, pending)
             pending = []
         except (Exception, KeyboardInterrupt):

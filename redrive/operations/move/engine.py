@@ -348,7 +348,8 @@ class MoveEngine:
                 self._scan.keep(broker, decided.batch)
             raise
         self._scan.keep(broker, keep)
-        self.observer.on_progress(self._tally.snapshot())
+        if self.observer.wants_progress:
+            self.observer.on_progress(self._tally.snapshot())
 
     # -- one batch: the hooks a subclass (or a bench's timer) may wrap -------------------
 
