@@ -123,8 +123,15 @@ class PyAmqp:
     def close(self) -> None:
         self.connection.close()
 
+    def channel(self) -> Any:
+        """A channel that leaves bodies as bytes: py-amqp's default (``auto_decode``)
+        decodes each body by its content_encoding, which costs CPU and is not byte-exact."""
+        channel = amqp.Channel(self.connection, auto_decode=False)
+        channel.open()
+        return channel
+
     def publish(self, messages: list[tuple[bytes, dict[str, Any]]], window: int) -> dict[str, int]:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.confirm_select()
         counts = {"acked": 0, "nacked": 0, "returned": 0}
         confirmed = [0]  # highest tag confirmed so far (acks come in order on one channel)
@@ -162,7 +169,7 @@ class PyAmqp:
         return counts
 
     def peek(self, count: int) -> int:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.basic_qos(0, 0, False)
         received = [0]
 
@@ -176,7 +183,7 @@ class PyAmqp:
         return received[0]
 
     def loop(self, count: int) -> int:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.confirm_select()
         state = {"acked": 0, "returned": 0}
         channel.events["basic_ack"].add(lambda tag, multiple: state.__setitem__("acked", tag))
@@ -199,13 +206,13 @@ class PyAmqp:
         return moved
 
     def depth(self, queue: str) -> int:
-        channel = self.connection.channel()
+        channel = self.channel()
         count = channel.queue_declare(queue, passive=True).message_count
         channel.close()
         return int(count)
 
     def return_order(self) -> list[str]:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.confirm_select()
         order: list[str] = []
         channel.events["basic_ack"].add(lambda tag, multiple: order.append("ack"))
@@ -242,6 +249,9 @@ class Pika:
     def close(self) -> None:
         self.connection.close()
 
+    def channel(self) -> Any:
+        return self.connection.channel()
+
     def _wait(self, done: Callable[[], bool]) -> None:
         """Run pika's I/O loop until ``done()``. ``process_data_events`` cannot wait for an
         event of the asynchronous channel (it returns on a timer or on the blocking
@@ -263,7 +273,7 @@ class Pika:
     ) -> tuple[Any, Any]:
         """pika's asynchronous channel under a blocking channel, in confirm mode."""
         spec = self.pika.spec
-        channel = self.connection.channel()
+        channel = self.channel()
         impl = channel._impl
 
         def on_confirm(frame: Any) -> None:
@@ -299,7 +309,7 @@ class Pika:
         return counts
 
     def peek(self, count: int) -> int:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.basic_qos(prefetch_count=0)
         received = [0]
 
@@ -313,7 +323,7 @@ class Pika:
         return received[0]
 
     def loop(self, count: int) -> int:
-        channel = self.connection.channel()
+        channel = self.channel()
         channel.confirm_delivery()  # basic_publish waits for the confirm; raises if returned
         moved = 0
         while moved < count:
