@@ -63,12 +63,15 @@ START_TIMEOUT: Final = 240.0
 STOP_TIMEOUT: Final = 60.0
 
 
-def server_installed(server: Path = RABBITMQ_SERVER) -> bool:
+def server_installed(server: Path | None = None) -> bool:
+    """Whether the server script is there (``server``: :data:`RABBITMQ_SERVER`)."""
+    server = server or RABBITMQ_SERVER
     return server.is_file() and os.access(server, os.X_OK)
 
 
-def require_server(server: Path = RABBITMQ_SERVER) -> None:
+def require_server(server: Path | None = None) -> None:
     """Raise :class:`RabbitMQNotInstalled` (one line saying how to install it) when missing."""
+    server = server or RABBITMQ_SERVER
     if not server_installed(server):
         raise RabbitMQNotInstalled(
             f"RabbitMQ is not installed ({server} is missing): {INSTALL_HINT}"
@@ -124,9 +127,9 @@ class RabbitMQNode:
     :func:`start_node`), read ``amqp_url`` and ``api_url``, ``stop()`` it (idempotent; also
     as a context manager)."""
 
-    def __init__(self, base: Path, *, server: Path = RABBITMQ_SERVER) -> None:
+    def __init__(self, base: Path, *, server: Path | None = None) -> None:
         self.base = base
-        self.server = server
+        self.server = server or RABBITMQ_SERVER
         self.ports = NodePorts.pick()
         self.node_name = f"redrive-{os.getpid()}-{secrets.token_hex(4)}@localhost"
         self.process: subprocess.Popen[bytes] | None = None
