@@ -58,6 +58,8 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import amqp  # noqa: E402
 
+from redrive.sandbox.rabbitmq_layout import Confirms  # noqa: E402
+
 SRC = "bench-src"
 DST = "bench-dst"
 CLIENTS = ("amqp", "pika")
@@ -133,24 +135,15 @@ class PyAmqp:
     def publish(self, messages: list[tuple[bytes, dict[str, Any]]], window: int) -> dict[str, int]:
         channel = self.channel()
         channel.confirm_select()
-        counts = {"acked": 0, "nacked": 0, "returned": 0}
-        confirmed = [0]  # highest tag confirmed so far (acks come in order on one channel)
-
-        def on_ack(tag: int, multiple: bool) -> None:
-            counts["acked"] += tag - confirmed[0] if multiple else 1
-            confirmed[0] = tag
-
-        def on_nack(tag: int, multiple: bool) -> None:
-            counts["nacked"] += tag - confirmed[0] if multiple else 1
-            confirmed[0] = tag
+        confirms = Confirms()  # acks come out of tag order (see Confirms)
+        returned = [0]
 
         def on_return(exc: Any, exchange: str, routing_key: str, message: Any) -> None:
-            counts["returned"] += 1
+            returned[0] += 1
 
-        channel.events["basic_ack"].add(on_ack)
-        channel.events["basic_nack"].add(on_nack)
+        channel.events["basic_ack"].add(lambda t, m: confirms.settle(t, m, ok=True))
+        channel.events["basic_nack"].add(lambda t, m: confirms.settle(t, m, ok=False))
         channel.events["basic_return"].add(on_return)
-        sent = 0
         for start in range(0, len(messages), window):
             for body, headers in messages[start : start + window]:
                 message = amqp.Message(
@@ -162,9 +155,10 @@ class PyAmqp:
                     application_headers=headers,
                 )
                 channel.basic_publish(message, exchange="", routing_key=SRC, mandatory=True)
-                sent += 1
-            while confirmed[0] < sent:
+                confirms.published()
+            while confirms.pending:
                 self.connection.drain_events(timeout=60)
+        counts = {"acked": confirms.acked, "nacked": confirms.nacked, "returned": returned[0]}
         channel.close()
         return counts
 
@@ -269,23 +263,22 @@ class Pika:
         )
 
     def _confirming_impl(
-        self, counts: dict[str, int], confirmed: list[int], order: list[str] | None = None
+        self, confirms: Confirms, returned: list[int], order: list[str] | None = None
     ) -> tuple[Any, Any]:
         """pika's asynchronous channel under a blocking channel, in confirm mode."""
         spec = self.pika.spec
-        channel = self.channel()
+        channel = self.connection.channel()
         impl = channel._impl
 
         def on_confirm(frame: Any) -> None:
             method = frame.method
-            kind = "acked" if isinstance(method, spec.Basic.Ack) else "nacked"
-            counts[kind] += method.delivery_tag - confirmed[0] if method.multiple else 1
-            confirmed[0] = method.delivery_tag
+            ok = isinstance(method, spec.Basic.Ack)
+            confirms.settle(method.delivery_tag, method.multiple, ok=ok)
             if order is not None:
                 order.append("ack")
 
         def on_return(channel: Any, method: Any, properties: Any, body: bytes) -> None:
-            counts["returned"] += 1
+            returned[0] += 1
             if order is not None:
                 order.append("return")
 
@@ -296,17 +289,15 @@ class Pika:
         return channel, impl
 
     def publish(self, messages: list[tuple[bytes, dict[str, Any]]], window: int) -> dict[str, int]:
-        counts = {"acked": 0, "nacked": 0, "returned": 0}
-        confirmed = [0]
-        channel, impl = self._confirming_impl(counts, confirmed)
-        sent = 0
+        confirms, returned = Confirms(), [0]
+        channel, impl = self._confirming_impl(confirms, returned)
         for start in range(0, len(messages), window):
             for body, headers in messages[start : start + window]:
                 impl.basic_publish("", SRC, body, self._properties(headers), mandatory=True)
-                sent += 1
-            self._wait(lambda sent=sent: confirmed[0] >= sent)
+                confirms.published()
+            self._wait(lambda: not confirms.pending)
         channel.close()
-        return counts
+        return {"acked": confirms.acked, "nacked": confirms.nacked, "returned": returned[0]}
 
     def peek(self, count: int) -> int:
         channel = self.channel()
@@ -338,11 +329,11 @@ class Pika:
 
     def return_order(self) -> list[str]:
         order: list[str] = []
-        counts = {"acked": 0, "nacked": 0, "returned": 0}
-        confirmed = [0]
-        channel, impl = self._confirming_impl(counts, confirmed, order)
+        confirms = Confirms()
+        channel, impl = self._confirming_impl(confirms, [0], order)
         impl.basic_publish("", "nowhere", b"x", self.pika.BasicProperties(), mandatory=True)
-        self._wait(lambda: confirmed[0] > 0)
+        confirms.published()
+        self._wait(lambda: not confirms.pending)
         channel.close()
         return order
 
@@ -404,11 +395,12 @@ def run_rounds(url: str, args: argparse.Namespace) -> dict[str, Any]:
     messages = [celery_message(i) for i in range(args.messages)]
     factories = {"amqp": PyAmqp, "pika": Pika}
     admin = PyAmqp(url)
-    results: dict[str, dict[str, list[tuple[float, float]]]] = {c: {} for c in CLIENTS}
+    clients = tuple(args.clients)
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {c: {} for c in clients}
     orders: dict[str, list[str]] = {}
     for round_number in range(args.rounds):
-        shift = round_number % len(CLIENTS)
-        for name in CLIENTS[shift:] + CLIENTS[:shift]:
+        shift = round_number % len(clients)
+        for name in clients[shift:] + clients[:shift]:
             client = factories[name](url)
             try:
                 for scenario, figures in one_client(client, admin, messages, args).items():
@@ -430,14 +422,15 @@ def report(outcome: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"{'scenario':<10}{'client':<7}{'msg/s':>10}{'CPU µs/msg':>12}")
     for scenario in ("publish", "peek", "loop"):
         medians = {}
-        for name in CLIENTS:
+        for name in results:
             rates = [rate for rate, _ in results[name][scenario]]
             cpus = [cpu for _, cpu in results[name][scenario]]
             medians[name] = (statistics.median(rates), statistics.median(cpus))
             rate, cpu = medians[name]
             print(f"{scenario:<10}{name:<7}{rate:>10.0f}{cpu:>12.1f}")
-        (ra, ca), (rp, cp) = medians["amqp"], medians["pika"]
-        print(f"{scenario:<10}{'ratio':<7}{rp / ra:>9.2f}x{cp / ca:>11.2f}x  (pika / amqp)")
+        if len(medians) == 2:
+            (ra, ca), (rp, cp) = medians["amqp"], medians["pika"]
+            print(f"{scenario:<10}{'ratio':<7}{rp / ra:>9.2f}x{cp / ca:>11.2f}x  (pika / amqp)")
     for name, order in outcome["return_order"].items():
         print(f"unroutable mandatory publish, {name}: {' then '.join(order)}")
 
@@ -450,6 +443,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--window", type=int, default=500)
     parser.add_argument("--amqp-url", help="a vhost of a running node (default: start one)")
     parser.add_argument("--json", action="store_true", help="the raw figures as JSON")
+    parser.add_argument(
+        "--clients",
+        type=lambda text: [c for c in text.split(",") if c],
+        default=list(CLIENTS),
+        help="comma-separated, of amqp,pika (default both)",
+    )
     args = parser.parse_args(argv)
     if args.amqp_url:
         outcome = run_rounds(args.amqp_url, args)

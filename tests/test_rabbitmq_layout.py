@@ -16,11 +16,13 @@ import pytest
 from redrive.errors import RabbitMQNodeError
 from redrive.sandbox.rabbitmq_layout import (
     DLX,
+    Confirms,
     celery_message,
     dead_letter,
     declare_layout,
     fill_layout,
     open_connection,
+    publish_confirmed,
     queue_depth,
     rabbit_families,
     raw_channel,
@@ -179,3 +181,43 @@ def test_quorum_queues_and_dlqs_dead_letter_the_same(rabbitmq_vhost: Vhost) -> N
     with open_connection(rabbitmq_vhost.amqp_url) as connection:
         more = sample_celery_messages("checkout", 2, seed=9)
         assert dead_letter(connection, family, more) == 2
+
+
+def test_pipelined_confirms_settle_every_tag_and_a_return_comes_before_its_ack(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """What the RabbitMQ backend relies on, seen on the real broker: with confirms
+    pipelined, every publish is settled by its own ack or a multiple one (not in tag order:
+    an unroutable one is acked at once, a persistent routed one after the disk write), and
+    an unroutable mandatory publish's basic.return arrives before the ack that settles it."""
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        channel.queue_declare("real", durable=True, auto_delete=False)
+        channel.confirm_select()
+        confirms = Confirms()
+        returned_before_settled: list[bool] = []
+
+        def on_return(exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+            assert exc.reply_code == 312  # NO_ROUTE
+            tag = message.properties["application_headers"]["tag"]
+            returned_before_settled.append(tag in confirms.pending)
+
+        channel.events["basic_ack"].add(lambda t, m: confirms.settle(t, m, ok=True))
+        channel.events["basic_return"].add(on_return)
+        for _ in range(300):
+            tag = confirms.next_tag
+            key = "nowhere" if tag % 7 == 0 else "real"
+            message = celery_message("t.task", [tag])
+            message.properties["application_headers"]["tag"] = tag
+            channel.basic_publish(message, exchange="", routing_key=key, mandatory=True)
+            confirms.published()
+        while confirms.pending:
+            connection.drain_events(timeout=60)
+        assert (confirms.acked, confirms.nacked) == (300, 0)
+        assert returned_before_settled == [True] * (300 // 7)
+        assert queue_depth(channel, "real") == 300 - 300 // 7
+        with pytest.raises(RabbitMQNodeError, match="0 nacked, 1 unroutable"):
+            publish_confirmed(raw_channel(connection), "nowhere", [celery_message("t.x")])
+    finally:
+        connection.close()

@@ -230,33 +230,57 @@ def sample_celery_messages(family: str, count: int, *, seed: int = 7) -> list[am
 # -- dead-lettering --------------------------------------------------------------------------------
 
 
+class Confirms:
+    """Which publishes of a channel in confirm mode are still unconfirmed, by delivery tag
+    (1, 2, ... in publish order). The broker does not confirm in tag order: an unroutable
+    mandatory publish is acked at once (after its basic.return), a persistent routed one
+    after the write to disk, often by a ``multiple`` ack covering earlier tags; so a tag
+    is settled only by its own ack or a multiple one at or above it, never by a later
+    tag's single ack."""
+
+    def __init__(self) -> None:
+        self.next_tag = 1
+        self.pending: set[int] = set()
+        self.acked = 0
+        self.nacked = 0
+
+    def published(self) -> int:
+        tag = self.next_tag
+        self.pending.add(tag)
+        self.next_tag += 1
+        return tag
+
+    def settle(self, tag: int, multiple: bool, *, ok: bool) -> None:
+        done = {t for t in self.pending if t <= tag} if multiple else {tag} & self.pending
+        self.pending -= done
+        if ok:
+            self.acked += len(done)
+        else:
+            self.nacked += len(done)
+
+
 def publish_confirmed(channel: amqp.Channel, queue: str, messages: Sequence[amqp.Message]) -> None:
     """Publish to ``queue`` through the default exchange, ``mandatory``, with publisher
     confirms pipelined (all sent, then the acks read); raise if any is nacked or returned
     (a basic.return arrives before the ack of its publish)."""
     channel.confirm_select()
-    state = {"confirmed": 0, "nacked": 0, "returned": 0}
-
-    def on_ack(tag: int, multiple: bool) -> None:
-        state["confirmed"] = max(state["confirmed"], tag)
-
-    def on_nack(tag: int, multiple: bool) -> None:
-        state["confirmed"] = max(state["confirmed"], tag)
-        state["nacked"] += 1
+    confirms = Confirms()
+    returned = [0]
 
     def on_return(*_: Any) -> None:
-        state["returned"] += 1
+        returned[0] += 1
 
-    channel.events["basic_ack"].add(on_ack)
-    channel.events["basic_nack"].add(on_nack)
+    channel.events["basic_ack"].add(lambda tag, multiple: confirms.settle(tag, multiple, ok=True))
+    channel.events["basic_nack"].add(lambda tag, multiple: confirms.settle(tag, multiple, ok=False))
     channel.events["basic_return"].add(on_return)
     for message in messages:
         channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
-    while state["confirmed"] < len(messages):
+        confirms.published()
+    while confirms.pending:
         channel.connection.drain_events(timeout=WAIT_SECONDS)
-    if state["nacked"] or state["returned"]:
+    if confirms.nacked or returned[0]:
         raise RabbitMQNodeError(
-            f"publishing to {queue}: {state['nacked']} nacked, {state['returned']} unroutable"
+            f"publishing to {queue}: {confirms.nacked} nacked, {returned[0]} unroutable"
         )
 
 
