@@ -221,3 +221,23 @@ def test_pipelined_confirms_settle_every_tag_and_a_return_comes_before_its_ack(
             publish_confirmed(raw_channel(connection), "nowhere", [celery_message("t.x")])
     finally:
         connection.close()
+
+
+def test_dead_lettering_moves_celerys_expiration_into_x_death(rabbitmq_vhost: Vhost) -> None:
+    """Celery turns ``expires`` into the AMQP expiration (a per-message TTL); dead-lettering
+    removes it, so the DLQ copy never expires there, and keeps it in x-death's
+    ``original-expiration`` (the ``expires`` header stays as Celery wrote it)."""
+    family = rabbit_families()[0]
+    expires = datetime.now(UTC) + timedelta(days=1)
+    message = celery_message("t.expiring", [1], expires=expires)
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        declare_layout(raw_channel(connection), [family])
+        assert dead_letter(connection, family, [message]) == 1
+        got = raw_channel(connection).basic_get(family.dlq, no_ack=True)
+    finally:
+        connection.close()
+    assert "expiration" not in got.properties
+    (death,) = got.properties["application_headers"]["x-death"]
+    assert death["original-expiration"] == message.properties["expiration"]
+    assert got.properties["application_headers"]["expires"] == expires.isoformat()
