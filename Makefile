@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser bench profile clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser rabbitmq bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,7 +62,7 @@ unit: install
 suite: install localstack
 	$(BIN)/pytest -q -n 4 --durations=15
 
-test: lint typecheck browser suite
+test: lint typecheck browser rabbitmq suite
 
 # The HTML report's browser test needs headless Chromium (Debian's package). Installed here
 # when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
@@ -76,6 +76,19 @@ browser:
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
 	    echo 'chromium could not be installed: the browser test will skip'; \
 	  else echo 'no chromium (and not root with apt-get): the browser test will skip'; fi; }
+
+# The RabbitMQ tests run private nodes of Debian's rabbitmq-server on loopback (tests/conftest.py,
+# redrive/sandbox/rabbitmq_node.py). Installed here when missing and this runs as root with
+# apt-get (as CI does); otherwise those tests skip and the summary says why.
+rabbitmq:
+	@test -x /usr/lib/rabbitmq/bin/rabbitmq-server || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing rabbitmq-server for the RabbitMQ tests'; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1; } || \
+	    echo 'rabbitmq-server could not be installed: the RabbitMQ tests will skip'; \
+	  else echo 'no rabbitmq-server (and not root with apt-get): the RabbitMQ tests will skip'; fi; }
 
 # The suite with the wall clock two years ahead, subprocesses included: no test may depend on
 # today's date. libfaketime from PyPI, because its vendored build sleeps correctly with the

@@ -79,3 +79,11 @@ class CeleryAppError(ConfigError):
 
 class ResultBackendError(RedriveError):
     """Celery's result backend cannot be opened or read (bad URL, unreachable, too slow)."""
+
+
+class RabbitMQNodeError(RedriveError):
+    """A private RabbitMQ node (the sandbox's, the tests') could not be started or used."""
+
+
+class RabbitMQNotInstalled(RabbitMQNodeError):
+    """Debian's rabbitmq-server, which a private node runs, is not installed."""

@@ -35,6 +35,7 @@ from moto import mock_aws
 
 from redrive.cli import cli as redrive_group
 from redrive.operations.observer import RunObserver
+from redrive.sandbox.rabbitmq_node import RABBITMQ_SERVER, RabbitMQNode, Vhost, server_installed
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGION = "us-east-1"
@@ -48,7 +49,10 @@ settings.load_profile("redrive")
 # Fixtures that start a moto server process (here and in test modules): a test using one is
 # end-to-end, whether or not it says so.
 _SERVER_FIXTURES = frozenset(
-    {"moto_server", "server", "serial_server", "serial_moto", "localstack_endpoint"}
+    {
+        *("moto_server", "server", "serial_server", "serial_moto", "localstack_endpoint"),
+        *("rabbitmq_node", "rabbitmq_vhost"),
+    }
 )
 
 
@@ -419,6 +423,33 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
     assert crashed is None, (
         f"LocalStack exited ({crashed}) during the session:\n{server.log_tail()}"
     )
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQNode]:
+    """A private RabbitMQ node on free loopback ports (redrive/sandbox/rabbitmq_node.py), one
+    per session: under xdist one per worker, started when a test first asks for it, stopped
+    by PID at the session's end. Tests share it: each takes a vhost of its own
+    (``rabbitmq_vhost``). Skips when Debian's rabbitmq-server is not installed (``make
+    test`` installs it when it runs as root with apt-get)."""
+    if not server_installed():
+        pytest.skip(f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server")
+    node = RabbitMQNode(tmp_path_factory.mktemp("rabbitmq")).start()
+    yield node
+    assert node.process is not None
+    crashed = node.process.poll()
+    node.stop()
+    assert crashed is None, f"RabbitMQ exited ({crashed}) during the session: {node.log_tail()}"
+
+
+@pytest.fixture
+def rabbitmq_vhost(rabbitmq_node: RabbitMQNode, request: pytest.FixtureRequest) -> Iterator[Vhost]:
+    """A fresh vhost on the session's node for this test (deleted afterwards, with every
+    queue, exchange and message on it): tests never see each other's queues."""
+    name = f"t-{request.node.name[:60]}-{os.urandom(4).hex()}"
+    vhost = rabbitmq_node.create_vhost(name)
+    yield vhost
+    rabbitmq_node.delete_vhost(name)
 
 
 @pytest.fixture(autouse=True)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import boto3
 import pytest
@@ -167,3 +168,20 @@ def test_fast_sqs_counts_calls_per_operation() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.e2e
+def test_bench_amqp_clients_runs_its_scenarios_and_checks_each(rabbitmq_vhost: Any) -> None:
+    # pika is the benchmark's alone (requirements/bench.txt): without it, py-amqp runs alone.
+    clients = "amqp,pika" if importlib.util.find_spec("pika") else "amqp"
+    out = run_bench(
+        "amqp_clients.py",
+        *("--messages", "200", "--loop-messages", "30", "--rounds", "2", "--window", "50"),
+        *("--amqp-url", rabbitmq_vhost.amqp_url, "--clients", clients),
+    )
+    for scenario in ("publish", "peek", "loop"):
+        assert [line.split()[1] for line in out.splitlines() if line.startswith(scenario)] == [
+            *clients.split(","),
+            *(["ratio"] if "," in clients else []),
+        ]
+    assert "unroutable mandatory publish, amqp: return then ack" in out

@@ -299,6 +299,19 @@ def sample_dlq(
     return out
 
 
+def sample_tasks(
+    family: str, count: int, *, seed: int = 7
+) -> list[tuple[str, list[Any], dict[str, Any]]]:
+    """``count`` (task, args, kwargs) of ``family``'s tasks in its DLQ's proportions, with
+    realistic arguments: what a broker without SQS's envelope (RabbitMQ's sandbox) seeds."""
+    rng = random.Random(f"redrive-sandbox:{family}:{seed}:tasks")
+    out: list[tuple[str, list[Any], dict[str, Any]]] = []
+    for task in _task_cycle(family, count, rng):
+        args, kwargs = _arguments(task, rng)
+        out.append((task, args, kwargs))
+    return out
+
+
 def _kinds(count: int, rng: random.Random) -> list[str]:
     """Which kind of message each slot holds: each kind takes its own slots, chosen at
     random, so a DLQ listing looks mixed; small counts get fewer kinds."""
