@@ -207,3 +207,49 @@ def _states(ledger: Path) -> Counter[str]:
             return Counter(state for (state,) in db.execute("SELECT state FROM keys"))
     except sqlite3.Error:
         return Counter()
+
+
+#: A ``redrive`` whose first acknowledgement SIGKILLs it: the batch in flight is confirmed
+#: and recorded SENT in the ledger, its DLQ copies not yet acked (the step after "recorded").
+KILLED_AT_ACK = (
+    "import os, signal, sys\n"
+    "from redrive.broker.rabbitmq.broker import RabbitBroker\n"
+    "RabbitBroker.ack = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+    "from redrive.cli import main\n"
+    "sys.argv[0] = 'redrive'\n"
+    "main()\n"
+)
+
+
+def test_a_sigkill_between_confirm_and_ack_leaves_the_copy_and_the_rerun_only_acks_it(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 150)
+    before = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
+    broker = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_ACK, *broker, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr)
+    states = _states(ledger)
+    assert states["sent"] == 100 and states["done"] == 0, states  # one batch, confirmed
+    sent = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert sum(sent.values()) == 100
+    # The kill closed the connection: every DLQ copy is back, the sent ones too.
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == before
+
+    data = ok_json(redrive(rabbitmq_vhost, *args))
+    assert data["moved"] == 50, data
+    source = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert source == before, "each task in the source exactly once"
+    assert drain(rabbitmq_vhost, "onion-checkout-dlq") == []
+    assert _states(ledger) == Counter({"done": 150})
+    again = ok_json(redrive(rabbitmq_vhost, *args))
+    assert again["moved"] == 0
