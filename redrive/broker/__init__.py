@@ -57,7 +57,7 @@ def open_broker(
     if url is not None and broker_scheme(url) == "rabbitmq":
         from redrive.broker.rabbitmq import open_rabbitmq
 
-        return open_rabbitmq(url, api_url=rabbitmq_api, masked=mask_password(url))
+        return open_rabbitmq(url, api_url=rabbitmq_api, mask=mask_password)
     broker_scheme(url)
     from redrive.broker.sqs import open_sqs
 

@@ -5,6 +5,7 @@ tell (queue arguments, policies, bindings)."""
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 
 from redrive.broker.rabbitmq.api import ManagementApi
 from redrive.broker.rabbitmq.broker import RabbitBroker
@@ -19,15 +20,13 @@ def default_api_url(url: str) -> str:
     return f"http://{host}:15672"
 
 
-def open_rabbitmq(url: str, *, api_url: str | None = None, masked: str) -> RabbitBroker:
+def open_rabbitmq(
+    url: str, *, api_url: str | None = None, mask: Callable[[str], str]
+) -> RabbitBroker:
     """A broker on the URL's vhost (sharing the process's link to it); the management API
     at ``api_url`` (default :func:`default_api_url`, the broker URL's credentials unless
-    the API URL has its own). ``masked``: the URL fit to print."""
-    from redrive.broker import mask_password
-
+    the API URL has its own). ``mask`` makes a URL fit to print."""
     address = AmqpAddress.parse(url)
     api_at = api_url or default_api_url(url)
-    api = ManagementApi(
-        api_at, user=address.user, password=address.password, masked=mask_password(api_at)
-    )
-    return RabbitBroker(link_for(url, masked), api)
+    api = ManagementApi(api_at, user=address.user, password=address.password, masked=mask(api_at))
+    return RabbitBroker(link_for(url, mask(url)), api)

@@ -236,10 +236,17 @@ class Link:
         new consumer, so the deliveries it keeps unacked never count against the next one's
         prefetch (a scan holds everything it saw until it ends)."""
         want = min(count, ready)
-        if want <= 0:
-            return []
         with self.calling(f"basic.consume {queue}"):
             channel = self.work()
+            if want <= 0:
+                # A quorum queue's count lags a requeue: one basic.get tells for sure.
+                if count <= 0:
+                    return []
+                try:
+                    message = channel.basic_get(queue, no_ack=False)
+                except amqp.exceptions.NotFound:
+                    raise QueueNotFound(f"queue {queue} does not exist") from None
+                return [self._got(message, queue)] if message is not None else []
             got: list[Got] = []
 
             def on_message(message: amqp.Message) -> None:
@@ -283,7 +290,8 @@ class Link:
         with self.lock:
             try:
                 channel = self._work if self._work is not None and self._work.is_open else None
-                for entry_id, tag in tags.items():
+                # In delivery order: a classic queue then puts each back where it was.
+                for entry_id, tag in sorted(tags.items(), key=lambda item: _number(item[1])):
                     generation, _, number = tag.partition(":")
                     delivery = int(number) if number.isdigit() else -1
                     if channel is None or generation != str(self.generation):
@@ -367,6 +375,11 @@ class Link:
             body = message.body if isinstance(message.body, bytes) else bytes(message.body)
             why = getattr(exc, "reply_text", "") or str(exc)
             self._confirms.returned(routing_key, body, f"Returned: {why}")
+
+
+def _number(tag: str) -> int:
+    number = tag.partition(":")[2]
+    return int(number) if number.isdigit() else -1
 
 
 def _why(exc: BaseException) -> str:
