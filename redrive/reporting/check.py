@@ -103,7 +103,8 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
                 f"expected {family.max_receive_count}",
             )
         )
-    if dlq.retention_seconds != family.dlq_retention_seconds:
+    # None: the broker keeps a message until it is consumed (RabbitMQ without a TTL).
+    if dlq.retention_seconds is not None and dlq.retention_seconds != family.dlq_retention_seconds:
         findings.append(
             Finding(
                 family.name,
