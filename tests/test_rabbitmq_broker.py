@@ -267,3 +267,44 @@ def test_a_quorum_queue_counts_deliveries(channel: amqp.Channel, broker: RabbitB
     assert (first.receive_count, second.receive_count) == (0, 1)
     # The count is the delivery's, not the message's: the envelope and id stay the same.
     assert (first.body, first.message_id) == (second.body, second.message_id)
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+
+def test_a_reused_task_id_gets_a_key_per_publish_and_a_redelivery_keeps_its_key(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    """Celery on RabbitMQ stamps no per-publish delivery_tag: the key names the publish by
+    a digest of the envelope (body and headers, x-death included). Two publishes of one task
+    id with other arguments get two keys; the same message delivered again keeps its own."""
+    from redrive.keys import key_for
+
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 0)
+    for args in ([1], [2]):
+        publish(channel, "onion-checkout", celery_message("shop.capture", args, task_id="same"))
+    for _ in range(2):
+        got = channel.basic_get("onion-checkout", no_ack=False)
+        channel.basic_reject(got.delivery_tag, requeue=False)
+
+    def keys() -> list[str]:
+        held = [d for _ in range(3) for d in broker.receive("onion-checkout-dlq", hold=60)]
+        broker.release("onion-checkout-dlq", {str(i): d.tag for i, d in enumerate(held)})
+        return [
+            key_for(
+                decode(d.body),
+                message_id=d.message_id,
+                generation=0,
+                body=d.body,
+                namespace=broker.capabilities.key_namespace,
+            )
+            for d in held
+        ]
+
+    first = keys()
+    assert len(first) == 2 and len(set(first)) == 2
+    assert all(k.startswith("celery:same:") for k in first)
+    from conftest import wait_until
+
+    # Released copies come back (rejects have no reply): the same keys, redelivered or not.
+    wait_until(lambda: sorted(keys()) == sorted(first), "the same keys on redelivery")
