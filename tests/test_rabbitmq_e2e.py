@@ -253,3 +253,34 @@ def test_a_sigkill_between_confirm_and_ack_leaves_the_copy_and_the_rerun_only_ac
     assert _states(ledger) == Counter({"done": 150})
     again = ok_json(redrive(rabbitmq_vhost, *args))
     assert again["moved"] == 0
+
+
+def test_an_unreachable_broker_is_one_line_before_anything_changes(tmp_path: Path) -> None:
+    url = "amqp://guest:hunter2@127.0.0.1:1//"
+    for args in (["status"], ["move", "checkout", "--execute", "--yes"]):
+        result = subprocess.run(
+            [*REDRIVE, *args, "--broker", url, "--rabbitmq-api", "http://guest:pw@127.0.0.1:1"],
+            env={**os.environ, "REDRIVE_STATE_DIR": str(tmp_path)},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == 1, result.stderr
+        assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+        assert "hunter2" not in result.stderr and "cannot be reached" in result.stderr
+    assert not (tmp_path / "ledger.sqlite3").exists()
+
+
+def test_the_config_names_the_broker(tmp_path: Path) -> None:
+    from redrive.config import parse_config
+
+    layout = parse_config(
+        {
+            "families": {"checkout": {"queue": "onion-checkout"}},
+            "broker": {"url": "amqp://h//", "rabbitmq_api": "http://h:15672"},
+        },
+        "test",
+    )
+    assert (layout.broker_url, layout.rabbitmq_api) == ("amqp://h//", "http://h:15672")

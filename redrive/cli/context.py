@@ -175,14 +175,13 @@ class Context:
         return spare if spare is not None else self._open_broker(region)
 
     def _open_broker(self, region: str | None) -> Broker:
-        with core_errors():
-            return open_broker(
-                self.broker_url,
-                aws=self.aws,
-                region=region,
-                sqs_client=self.sqs,
-                rabbitmq_api=self.rabbitmq_api,
-            )
+        return open_broker(
+            self.broker_url,
+            aws=self.aws,
+            region=region,
+            sqs_client=self.sqs,
+            rabbitmq_api=self.rabbitmq_api,
+        )
 
     def _resolver(self, region: str | None = None) -> Broker:
         # Resolving a target and the run's first worker share one adapter: each costs two
