@@ -284,3 +284,35 @@ def test_the_config_names_the_broker(tmp_path: Path) -> None:
         "test",
     )
     assert (layout.broker_url, layout.rabbitmq_api) == ("amqp://h//", "http://h:15672")
+
+
+def test_with_a_celery_app_and_no_broker_the_apps_broker_url_decides(
+    rabbitmq_vhost: Vhost, filled: dict[str, list[amqp.Message]], tmp_path: Path
+) -> None:
+    (tmp_path / "rmq_app.py").write_text(
+        f"from celery import Celery\napp = Celery('shop', broker={rabbitmq_vhost.amqp_url!r})\n"
+    )
+    result = subprocess.run(
+        [
+            *REDRIVE,
+            "--celery-app",
+            "rmq_app:app",
+            "--rabbitmq-api",
+            rabbitmq_vhost.api_url,
+            "status",
+            "--json",
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        },
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    rows = ok_json(result)
+    rows = rows["families"] if isinstance(rows, dict) else rows
+    checkout = next(row for row in rows if row["family"] == "checkout")
+    assert checkout["dlq_counts"]["visible"] == 30

@@ -98,8 +98,11 @@ class Context:
             return self.layout.broker_url
         if not (self.celery_app or self.layout.celery_app):
             return None
-        with core_errors():
+        try:
             loaded = self.celery()
+        except RedriveError:
+            # An app that does not load is reported by what uses it, not here: SQS, as before.
+            return None
         url = str(getattr(loaded[0].conf, "broker_url", None) or "") if loaded else ""
         scheme = url.partition("://")[0].lower()
         return url if scheme in RABBITMQ_SCHEMES else None
