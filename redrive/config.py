@@ -32,6 +32,7 @@ _FAMILY_KEYS = {"queue", "dlq", "region", "priority", "max_receive_count", "dlq_
 _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
 _CELERY_KEYS = {"app", "deploy_stop_timeout", "result_backend"}
 _SQS_KEYS = {"client"}
+_BROKER_KEYS = {"url", "rabbitmq_api"}
 
 SqsClient = Literal["botocore", "lean"]
 #: The clients the SQS backend calls SQS with (``--sqs-client``, REDRIVE_SQS_CLIENT,
@@ -72,6 +73,10 @@ class Layout:
     """``[celery] result_backend``: Celery's result backend URL (read-only)."""
     sqs_client: SqsClient | None = None
     """``[sqs] client``: the SQS client, as ``--sqs-client`` names it (None: not set)."""
+    broker_url: str | None = None
+    """``[broker] url``: the broker, as ``--broker`` names it (None: SQS)."""
+    rabbitmq_api: str | None = None
+    """``[broker] rabbitmq_api``: RabbitMQ's management API, as ``--rabbitmq-api``."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -112,12 +117,12 @@ def parse_config_file(path: Path) -> Layout:
 
 
 def parse_config(data: Mapping[str, Any], source: str) -> Layout:
-    unknown = set(data) - {"defaults", "families", "routes", "celery", "sqs"}
+    unknown = set(data) - {"defaults", "families", "routes", "celery", "sqs", "broker"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
             f"{source}: unknown key '{key}' (expected [defaults], [families.NAME], [routes], "
-            "[celery] and [sqs])"
+            "[celery], [sqs] and [broker])"
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
@@ -161,6 +166,8 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
     sqs = _table(data.get("sqs"), "sqs", source)
     _check_keys(sqs, _SQS_KEYS, "sqs", source)
     client = sqs.get("client")
+    broker = _table(data.get("broker"), "broker", source)
+    _check_keys(broker, _BROKER_KEYS, "broker", source)
     layout = Layout(
         families=tuple(families),
         source=source,
@@ -168,6 +175,8 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         sqs_client=(
             None if client is None else sqs_client_named(client, f"{source}: key 'sqs.client'")
         ),
+        broker_url=_opt_str(broker, "url", "broker", source),
+        rabbitmq_api=_opt_str(broker, "rabbitmq_api", "broker", source),
     )
     return _with_celery(layout, data, source)
 

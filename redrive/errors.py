@@ -50,7 +50,17 @@ class ArchiveError(RedriveError):
     """An archive cannot be written or read."""
 
 
-class AwsUnavailable(AwsError):
+class BrokerError(RedriveError):
+    """A broker's call failed in a way the user must fix (a broker other than SQS: SQS's
+    errors are :class:`AwsError`)."""
+
+
+class BrokerUnavailable(RedriveError):
+    """No call to the broker can succeed (unreachable, credentials refused): operations
+    over several queues stop at once on this instead of failing each queue."""
+
+
+class AwsUnavailable(AwsError, BrokerUnavailable):
     """No call can succeed: no credentials or region, rejected credentials, endpoint down.
 
     Operations over several queues stop at once on this instead of failing each queue.

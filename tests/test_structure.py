@@ -307,6 +307,8 @@ def _part(module: str) -> str:
     parts = module.split(".")[1:] or ["redrive"]
     if parts[:2] == ["broker", "sqs"]:
         return "broker.sqs"
+    if parts[:2] == ["broker", "rabbitmq"]:
+        return "broker.rabbitmq"
     return parts[0]
 
 
@@ -329,8 +331,9 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "config": {"durations", "errors"},
     "keys": {"messages"},
     "aws": {"errors"},
-    "broker": {"aws", "broker.sqs", "config", "errors"},
+    "broker": {"aws", "broker.rabbitmq", "broker.sqs", "config", "errors"},
     "broker.sqs": {"aws", "broker", "config", "durations", "errors"},
+    "broker.rabbitmq": {"attributes", "broker", "config", "errors"},
     "attributes": set(),
     "message_record": {"broker", "durations", "messages"},
     "where": {"broker", "errors", "message_record", "messages", "shell"},
@@ -358,7 +361,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
         *("archive", "broker.sqs", "celery", "durations", "inspection", "ledger"),
         *("operations", "reporting", "selection", "shell"),
     },
-    "sandbox": {"broker", "broker.sqs", "config", "errors", "messages"},
+    "sandbox": {"broker", "broker.rabbitmq", "broker.sqs", "config", "errors", "messages"},
     "cli": {"*"},
 }
 

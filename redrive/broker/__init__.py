@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 
 #: URL schemes of each backend (none: SQS, as before there was a choice).
 SQS_SCHEMES = ("sqs", "https+sqs")
+#: Celery's broker_url forms for RabbitMQ.
+RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp")
 
 
 def broker_scheme(url: str | None) -> str:
@@ -23,9 +25,11 @@ def broker_scheme(url: str | None) -> str:
     scheme = (url or "sqs://").partition("://")[0].lower()
     if scheme in SQS_SCHEMES:
         return "sqs"
+    if scheme in RABBITMQ_SCHEMES:
+        return "rabbitmq"
     raise UsageProblem(
-        f"broker URL {mask_password(url or '')!r}: redrive speaks SQS (sqs://): give an sqs:// "
-        "URL or none"
+        f"broker URL {mask_password(url or '')!r}: redrive speaks SQS (sqs://, or none) and "
+        "RabbitMQ (amqp://, amqps://, pyamqp://)"
     )
 
 
@@ -44,9 +48,16 @@ def open_broker(
     aws: AwsSettings,
     region: str | None = None,
     sqs_client: SqsClient = "botocore",
+    rabbitmq_api: str | None = None,
 ) -> Broker:
     """The broker a URL names (None: SQS), with connections of its own; SQS's calls go
-    through ``sqs_client`` (``--sqs-client``)."""
+    through ``sqs_client`` (``--sqs-client``). RabbitMQ's brokers of one URL share one
+    connection per process (its delivery tags belong to a channel); ``rabbitmq_api`` is its
+    management API (default ``http://HOST:15672`` with the URL's credentials)."""
+    if url is not None and broker_scheme(url) == "rabbitmq":
+        from redrive.broker.rabbitmq import open_rabbitmq
+
+        return open_rabbitmq(url, api_url=rabbitmq_api, mask=mask_password)
     broker_scheme(url)
     from redrive.broker.sqs import open_sqs
 

@@ -15,7 +15,7 @@ from typing import Literal
 from redrive.broker.base import Broker, QueueRef, queue_name
 from redrive.celery.registry import Registry
 from redrive.celery.routes import TaskRouter
-from redrive.errors import AwsUnavailable, QueueNotFound, RedriveError
+from redrive.errors import BrokerUnavailable, QueueNotFound, RedriveError
 from redrive.messages import UNKNOWN_TASK, TaskInfo
 
 RouteMode = Literal["task", "source"]
@@ -90,7 +90,7 @@ class TaskKnowledge:
             return known
         try:
             routed = Routed(broker.describe(address))
-        except AwsUnavailable:
+        except BrokerUnavailable:
             raise  # no queue can be reached: the run stops, as it would for its source
         except RedriveError as exc:
             routed = Routed(

@@ -66,6 +66,21 @@ from redrive.cli.options import (
     envvar="REDRIVE_SQS_CLIENT",
     help=SQS_CLIENT_HELP,
 )
+@click.option(
+    "--broker",
+    metavar="URL",
+    envvar="REDRIVE_BROKER",
+    help="The broker: amqp://USER:PASS@HOST:PORT/VHOST (also amqps://, pyamqp://) for "
+    "RabbitMQ; none or sqs:// for SQS (env REDRIVE_BROKER; config [broker] url; else "
+    "--celery-app's broker_url).",
+)
+@click.option(
+    "--rabbitmq-api",
+    metavar="URL",
+    envvar="REDRIVE_RABBITMQ_API",
+    help="RabbitMQ's management API (default http://HOST:15672 with the broker URL's "
+    "credentials; env REDRIVE_RABBITMQ_API; config [broker] rabbitmq_api).",
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -77,8 +92,10 @@ def cli(
     celery_app: str | None,
     result_backend: str | None,
     sqs_client: str | None,
+    broker: str | None,
+    rabbitmq_api: str | None,
 ) -> None:
-    """Drain Amazon SQS dead-letter queues full of Celery tasks, safely.
+    """Drain Amazon SQS (and RabbitMQ) dead-letter queues full of Celery tasks, safely.
 
     TARGET is a family name (checkout, default, progress in the built-in layout), a queue
     name or a queue URL; a source queue stands for its DLQ. Commands that change anything
@@ -88,6 +105,8 @@ def cli(
     ctx.obj.celery_app_from_env = (
         ctx.get_parameter_source("celery_app") is click.core.ParameterSource.ENVIRONMENT
     )
+    ctx.obj.broker_option = broker or None
+    ctx.obj.rabbitmq_api_option = rabbitmq_api or None
     ctx.obj.result_backend = result_backend or None
     ctx.obj.result_backend_given = (
         ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE

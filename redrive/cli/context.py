@@ -13,7 +13,7 @@ import click
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
-from redrive.broker import open_broker, resolve_target
+from redrive.broker import RABBITMQ_SCHEMES, open_broker, resolve_target
 from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
@@ -44,8 +44,11 @@ class Context:
     aws: AwsSettings
     config: str | None
     _layout: Layout | None = None
-    broker_url: str | None = None
-    """The broker's URL (None: SQS with the AWS settings)."""
+    broker_option: str | None = None
+    """``--broker`` (or REDRIVE_BROKER); else the config's ``[broker] url``, else the Celery
+    app's ``broker_url`` (:attr:`broker_url`)."""
+    rabbitmq_api_option: str | None = None
+    """``--rabbitmq-api`` (or REDRIVE_RABBITMQ_API); else the config's."""
 
     @property
     def layout(self) -> Layout:
@@ -86,6 +89,30 @@ class Context:
             if self.sqs_client_env is not None:
                 return sqs_client_named(self.sqs_client_env, SQS_CLIENT_ENV)
             return self.layout.sqs_client or DEFAULT_SQS_CLIENT
+
+    @property
+    def broker_url(self) -> str | None:
+        """The broker's URL (None: SQS with the AWS settings): --broker's, else
+        REDRIVE_BROKER's, else the config's ``[broker] url``, else, with a Celery app named,
+        the app's ``broker_url`` when it is one redrive speaks (RabbitMQ's or SQS's)."""
+        if self.broker_option:
+            return self.broker_option
+        if self.layout.broker_url:
+            return self.layout.broker_url
+        if not (self.celery_app or self.layout.celery_app):
+            return None
+        try:
+            loaded = self.celery()
+        except RedriveError:
+            # An app that does not load is reported by what uses it, not here: SQS, as before.
+            return None
+        url = str(getattr(loaded[0].conf, "broker_url", None) or "") if loaded else ""
+        scheme = url.partition("://")[0].lower()
+        return url if scheme in RABBITMQ_SCHEMES else None
+
+    @property
+    def rabbitmq_api(self) -> str | None:
+        return self.rabbitmq_api_option or self.layout.rabbitmq_api
 
     @property
     def result_backend_url(self) -> str | None:
@@ -160,7 +187,13 @@ class Context:
         return broker
 
     def _open_broker(self, region: str | None) -> Broker:
-        return open_broker(self.broker_url, aws=self.aws, region=region, sqs_client=self.sqs)
+        return open_broker(
+            self.broker_url,
+            aws=self.aws,
+            region=region,
+            sqs_client=self.sqs,
+            rabbitmq_api=self.rabbitmq_api,
+        )
 
     def _resolver(self, region: str | None = None) -> Broker:
         # Resolving a target and the run's first worker share one adapter: each costs two

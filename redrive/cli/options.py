@@ -483,6 +483,10 @@ def _global_options() -> list[click.Option]:
                 state.result_backend, state.result_backend_given = value or None, True
             elif attribute == "sqs_client":
                 state.sqs_client = checked_sqs_client(value)
+            elif attribute == "broker":
+                state.broker_option = value or None
+            elif attribute == "rabbitmq_api":
+                state.rabbitmq_api_option = value or None
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -526,6 +530,19 @@ def _global_options() -> list[click.Option]:
             expose_value=False,
             callback=setter("sqs_client"),
             help="As the global option (may also come before the command).",
+        ),
+        click.Option(
+            ["--broker"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("broker"),
+            help="As the global option (may also come before the command).",
+        ),
+        click.Option(
+            ["--rabbitmq-api"],
+            metavar="URL",
+            expose_value=False,
+            callback=setter("rabbitmq_api"),
         ),
     ]
 

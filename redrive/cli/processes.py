@@ -30,6 +30,7 @@ def child_wiring(
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
         region=dlq.region,
         ledger=ledger.location if ledger is not None else None,
@@ -43,6 +44,7 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
         ledger=ledger.location if ledger is not None else None,
         receive_log=False,
@@ -68,6 +70,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
+        rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
         region=dlq.region,
         receive_log=not ctx.receive_log().problem,

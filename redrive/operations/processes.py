@@ -113,6 +113,8 @@ class Wiring:
     """The broker's URL (None: SQS), as the parent opened it."""
     sqs_client: SqsClient = "botocore"
     """The client SQS's calls go through (``--sqs-client``), as the parent's."""
+    rabbitmq_api: str | None = None
+    """RabbitMQ's management API (``--rabbitmq-api``), as the parent's."""
 
     @classmethod
     def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
@@ -155,6 +157,7 @@ class ChildRun:
             aws=self.aws,
             region=self.wiring.region,
             sqs_client=self.wiring.sqs_client,
+            rabbitmq_api=self.wiring.rabbitmq_api,
         )
         if shared_by_workers(broker):
             self._shared = broker

@@ -17,7 +17,7 @@ from redrive.celery.routes import AppRoutes
 from redrive.celery.settings_audit import audit_app
 from redrive.config import DLQ_SUFFIX, Family, Layout
 from redrive.durations import format_duration
-from redrive.errors import AwsUnavailable, RedriveError
+from redrive.errors import BrokerUnavailable, RedriveError
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
     """One family's findings; adds the queues it finds to ``known``."""
     try:
         source = broker.describe(family.queue)
-    except AwsUnavailable:
+    except BrokerUnavailable:
         raise
     except RedriveError as exc:
         return [Finding(family.name, queue_name(family.queue), str(exc))]
@@ -79,7 +79,7 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
         return [Finding(family.name, source.name, f"has no {words.dead_letter_setting} (no DLQ)")]
     try:
         dlq = broker.dlq_of(source)
-    except AwsUnavailable:
+    except BrokerUnavailable:
         raise
     except RedriveError as exc:
         return [Finding(family.name, source.name, str(exc))]
@@ -103,7 +103,8 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
                 f"expected {family.max_receive_count}",
             )
         )
-    if dlq.retention_seconds != family.dlq_retention_seconds:
+    # None: the broker keeps a message until it is consumed (RabbitMQ without a TTL).
+    if dlq.retention_seconds is not None and dlq.retention_seconds != family.dlq_retention_seconds:
         findings.append(
             Finding(
                 family.name,

@@ -13,7 +13,7 @@ from redrive.celery.results import ResultLookup
 from redrive.config import Layout
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
-from redrive.errors import AwsUnavailable, RedriveError
+from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
 
 Coverage = Literal["full", "partial", "none"]
@@ -153,7 +153,7 @@ def build_report(
                 results=results,
             )
             report.queues.append(FamilyReport(family.name, target.dlq.name, result))
-        except AwsUnavailable:
+        except BrokerUnavailable:
             # Credentials or network: every family would fail the same way; say it once.
             raise
         except RedriveError as exc:

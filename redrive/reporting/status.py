@@ -9,7 +9,7 @@ from typing import Any
 from redrive.broker.base import Broker
 from redrive.broker.base import QueueCounts as BrokerCounts
 from redrive.config import Layout
-from redrive.errors import AwsUnavailable, RedriveError
+from redrive.errors import BrokerUnavailable, RedriveError
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +68,7 @@ def family_status(layout: Layout, broker_for: Callable[[str | None], Broker]) ->
                     dlq_retention_seconds=target.dlq.retention_seconds,
                 )
             )
-        except AwsUnavailable:
+        except BrokerUnavailable:
             # Credentials or network: every family would fail the same way; say it once.
             raise
         except RedriveError as exc:

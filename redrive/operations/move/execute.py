@@ -26,7 +26,7 @@ from redrive.operations.observer import RunObserver
 from redrive.operations.shared import LimitLike
 from redrive.operations.verdict import BUSY
 
-UNCONFIRMED = "SQS confirmed neither success nor failure of its send"
+UNCONFIRMED = "the broker confirmed neither success nor failure of its send"
 """What the result says of a send the broker's answer left unconfirmed."""
 
 

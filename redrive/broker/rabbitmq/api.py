@@ -1,0 +1,58 @@
+"""RabbitMQ's management API (HTTP, stdlib urllib): queue arguments, effective policies,
+exchanges and their bindings, which AMQP itself does not tell."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Final
+
+from redrive.errors import BrokerUnavailable
+
+TIMEOUT: Final = 15.0
+
+
+class ManagementApi:
+    """The API at ``url`` (``http://HOST:15672``); credentials from the URL, else given."""
+
+    def __init__(self, url: str, *, user: str, password: str, masked: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+        netloc = parts.hostname or "localhost"
+        if parts.port:
+            netloc += f":{parts.port}"
+        self.base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        self.masked = masked
+        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        self._auth = f"Basic {token}"
+
+    def get(self, *path: str, query: str = "") -> Any:
+        """The JSON at ``/api/<path...>`` (each part quoted), or None for a 404."""
+        quoted = "/".join(urllib.parse.quote(part, safe="") for part in path)
+        url = f"{self.base}/api/{quoted}" + (f"?{query}" if query else "")
+        request = urllib.request.Request(url, headers={"Authorization": self._auth})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
+                return json.loads(answer.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            if exc.code in (401, 403):
+                raise BrokerUnavailable(
+                    f"RabbitMQ management API at {self.masked} refused the credentials "
+                    f"({exc.code}): give them in --rabbitmq-api or the broker URL"
+                ) from None
+            raise BrokerUnavailable(
+                f"RabbitMQ management API at {self.masked} answered {exc.code} for {quoted}"
+            ) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise BrokerUnavailable(
+                f"RabbitMQ management API at {self.masked} cannot be reached: {reason} "
+                "(is the rabbitmq_management plugin on? --rabbitmq-api names another address)"
+            ) from None

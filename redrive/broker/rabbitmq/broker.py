@@ -1,0 +1,230 @@
+"""RabbitMQ as a :class:`redrive.broker.base.Broker`.
+
+A received copy is an unacked delivery (held while the channel lives: holds do not outlive
+the process, so nothing renews them; ``extend`` has nothing to do), its body kombu's
+envelope of the AMQP message (:mod:`.envelope`). Sends go to the default exchange with the
+queue's name as routing key (exactly that queue, never a fan-out through the original
+exchange), persistent, ``mandatory``, and pipelined under publisher confirms: an entry is sent
+only once confirmed and not returned (a basic.return is refused: no route; a nack refused);
+one whose confirm never came is unconfirmed (in doubt).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from redrive.broker.base import (
+    BatchResult,
+    Broker,
+    Capabilities,
+    Delivery,
+    DlqTarget,
+    QueueCounts,
+    QueueRef,
+    SendEntry,
+)
+from redrive.broker.rabbitmq.api import ManagementApi
+from redrive.broker.rabbitmq.envelope import (
+    NotAnEnvelope,
+    envelope_of,
+    marks_of,
+    message_id_of,
+    unpacked,
+)
+from redrive.broker.rabbitmq.link import Got, Link
+from redrive.broker.rabbitmq.queues import Queues
+from redrive.errors import BrokerUnavailable
+
+if TYPE_CHECKING:
+    from redrive.config import Family, Layout
+
+#: RabbitMQ's default max_message_size (3.8 to 3.13; 4.x: 16 MiB). The envelope redrive
+#: sees is larger (base64 of the body): counted by its own size, a message near the limit is
+#: refused by redrive before the broker would.
+MAX_MESSAGE_BYTES: Final = 134_217_728
+#: consumer_timeout (30 min) closes a channel that holds a delivery longer: stay below.
+MAX_HOLD_SECONDS: Final = 25 * 60
+BATCH_SIZE: Final = 100
+#: Facts of the delivery kept with an archived copy.
+ARCHIVED_ATTRIBUTES: Final = ("exchange", "routing_key")
+CAPABILITIES: Final = Capabilities(
+    key_namespace="amqp",
+    durable_holds=False,
+    receive_count=False,
+    fifo_groups=False,
+    batch_size=BATCH_SIZE,
+    batch_bytes=64 * 1024 * 1024,
+    message_size_limits=(MAX_MESSAGE_BYTES,),
+    max_hold_seconds=MAX_HOLD_SECONDS,
+    native_move=False,
+    dead_letter_setting="x-dead-letter-exchange",
+    receive_limit_setting="x-delivery-limit",
+    max_message_attributes=64,
+    archived_attributes=ARCHIVED_ATTRIBUTES,
+)
+
+
+class RabbitBroker:
+    """One vhost's queues, over the process's shared link to its URL."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self, link: Link, api: ManagementApi, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.link = link
+        self.queues = Queues(api, link.address.vhost)
+        self.clock = clock
+        self.throttled = 0
+
+    def _name(self, queue: str) -> str:
+        return self.queues.name_of(queue)
+
+    # -- queues --------------------------------------------------------------------------
+
+    def describe(self, name_or_address: str) -> QueueRef:
+        return self.queues.describe(name_or_address)
+
+    def resolve(
+        self, layout: Layout, target: str, broker_for: Callable[[str | None], Broker]
+    ) -> DlqTarget:
+        return self.queues.resolve(layout, target, broker_for)
+
+    def resolve_family(self, family: Family) -> DlqTarget:
+        return self.queues.resolve_family(family)
+
+    def dlq_of(self, source: QueueRef) -> QueueRef:
+        return self.queues.dlq_of(source)
+
+    def queues_named(self, prefix: str) -> list[str]:
+        return [self.queues.ident(name) for name in self.queues.names(prefix)]
+
+    def counts(self, queue: str) -> QueueCounts:
+        """Ready: exact (a passive declare). Held: the larger of this process's own holds
+        and the management API's count (which lags by its statistics interval)."""
+        name = self._name(queue)
+        ready, _ = self.link.declared(name)
+        held = self.link.held(name)
+        try:
+            raw = self.queues.raw(name)
+            held = max(held, int(raw.get("messages_unacknowledged") or 0))
+        except BrokerUnavailable:
+            raise
+        except Exception:  # a count the API does not have yet: our own holds stand
+            pass
+        return QueueCounts(ready=ready, held=held)
+
+    def purge(self, queue: str) -> None:
+        self.link.purge(self._name(queue))
+
+    # -- copies --------------------------------------------------------------------------
+
+    def receive(
+        self, queue: str, *, hold: int, wait_seconds: int = 1, max_messages: int = 10
+    ) -> list[Delivery]:
+        name = self._name(queue)
+        hidden_until = self.clock() + min(hold, MAX_HOLD_SECONDS)
+        ready, _ = self.link.declared(name)
+        got = self.link.get(name, max_messages, ready)
+        return [delivery_of(g, hidden_until=hidden_until, vhost=self.queues.vhost) for g in got]
+
+    def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
+        # A hold lasts while the channel lives: nothing to renew.
+        return BatchResult({entry_id: "" for entry_id in tags}, {})
+
+    def release(self, queue: str, tags: Mapping[str, str]) -> BatchResult:
+        return self.link.settle(tags, ack=False)
+
+    def ack(self, queue: str, tags: Mapping[str, str]) -> BatchResult:
+        return self.link.settle(tags, ack=True)
+
+    def send(self, queue: str, entries: Sequence[SendEntry]) -> BatchResult:
+        if not entries:
+            return BatchResult({}, {})
+        name = self._name(queue)
+        failed: dict[str, str] = {}
+        ready: list[tuple[str, bytes, dict[str, Any]]] = []
+        ids: dict[str, str] = {}
+        for entry in entries:
+            try:
+                body, properties = unpacked(entry.body, entry.message_attributes)
+            except NotAnEnvelope as exc:
+                failed[entry.id] = f"NotAnEnvelope: {exc}"
+                continue
+            properties["delivery_mode"] = 2  # persistent, whatever the producer said
+            ready.append((entry.id, body, properties))
+            ids[entry.id] = message_id_of(
+                properties, envelope_of(body, properties), marks_of(properties)
+            )
+        refused, unconfirmed = self.link.publish(name, ready)
+        failed.update(refused)
+        for entry_id in unconfirmed:
+            failed[entry_id] = "Unconfirmed: no publisher confirm came (the message may be queued)"
+        ok = {i: ids[i] for i, _, _ in ready if i not in refused and i not in unconfirmed}
+        return BatchResult(ok, failed, frozenset(unconfirmed))
+
+    def restored(
+        self,
+        message_id: str,
+        body: str,
+        attributes: Mapping[str, str],
+        message_attributes: Mapping[str, Mapping[str, Any]],
+    ) -> Delivery:
+        return restored_delivery(message_id, body, attributes, message_attributes)
+
+
+def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
+    """One delivery as the core reads it (see :mod:`.envelope`)."""
+    envelope = envelope_of(got.body, got.properties)
+    marks = marks_of(got.properties)
+    headers = got.properties.get("application_headers") or {}
+    deaths = headers.get("x-death")
+    latest = (
+        deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict) else {}
+    )
+    first = (
+        deaths[-1] if isinstance(deaths, list) and deaths and isinstance(deaths[-1], dict) else {}
+    )
+    count = headers.get("x-delivery-count")
+    died_in = latest.get("queue")
+    return Delivery(
+        message_id=message_id_of(got.properties, envelope, marks),
+        tag=got.tag,
+        body=envelope,
+        attributes={
+            "exchange": got.exchange,
+            "routing_key": got.routing_key,
+            "redelivered": "true" if got.redelivered else "false",
+        },
+        message_attributes=marks,
+        receive_count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
+        enqueued_at=_epoch(first.get("time")),
+        died_in=f"{vhost}/{died_in}" if isinstance(died_in, str) and died_in else None,
+        hidden_until=hidden_until,
+    )
+
+
+def _epoch(value: object) -> float | None:
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return moment.timestamp()
+    return None
+
+
+def restored_delivery(
+    message_id: str,
+    body: str,
+    attributes: Mapping[str, str],
+    message_attributes: Mapping[str, Mapping[str, Any]],
+) -> Delivery:
+    """A delivery rebuilt from an archive record (no tag: nothing to ack)."""
+    return Delivery(
+        message_id=message_id,
+        tag="",
+        body=body,
+        attributes=dict(attributes),
+        message_attributes=dict(message_attributes),
+    )

@@ -1,0 +1,411 @@
+"""One AMQP connection per broker URL and process, shared by every thread (py-amqp).
+
+AMQP channels are not thread-safe and a delivery tag belongs to the channel it came on, while
+the engine and the scan call one broker from several threads and ack, hold or release a copy
+from another thread (and another broker object) than the one that received it. So every
+broker of one URL in a process shares one :class:`Link`: one connection, a ``work`` channel
+(gets, acks, publishes with confirms) and a ``probe`` channel (passive declares, purges: a
+missing queue closes the channel it was asked on, and must never close the one holding the
+scan's deliveries), all behind one lock.
+
+A copy's tag is ``<channel generation>:<delivery tag>``: once the channel is gone, its
+deliveries are back in their queue, and acknowledging or releasing one of them fails for that
+entry (never raises, never pretends). The tags still unacked on the channel are tracked,
+because an unknown tag would close the channel (and with it every hold).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ssl
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import amqp
+import amqp.exceptions
+
+from redrive.broker.base import BatchResult
+from redrive.errors import BrokerUnavailable, QueueNotFound
+
+#: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
+CONFIRM_TIMEOUT: Final = 30.0
+#: How long a receive waits for the deliveries a consumer window was promised.
+DELIVERY_TIMEOUT: Final = 2.0
+CONNECT_TIMEOUT: Final = 10.0
+#: Connection failures: the link is dropped and made again on the next call.
+LINK_ERRORS: Final = (
+    OSError,
+    amqp.exceptions.ConnectionError,
+    amqp.exceptions.IrrecoverableConnectionError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpAddress:
+    host: str
+    port: int
+    user: str
+    password: str
+    vhost: str
+    tls: bool
+
+    @classmethod
+    def parse(cls, url: str) -> AmqpAddress:
+        """``amqp://``, ``amqps://`` or ``pyamqp://`` (Celery's forms); ``//`` is vhost ``/``."""
+        parts = urllib.parse.urlsplit(url)
+        tls = parts.scheme.lower() == "amqps"
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        return cls(
+            host=parts.hostname or "localhost",
+            port=parts.port or (5671 if tls else 5672),
+            user=urllib.parse.unquote(parts.username or "guest"),
+            password=urllib.parse.unquote(parts.password or "guest"),
+            vhost=urllib.parse.unquote(path) if path else "/",
+            tls=tls,
+        )
+
+
+@dataclass(slots=True)
+class Got:
+    """One delivery as py-amqp gave it."""
+
+    tag: str
+    body: bytes
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+    redelivered: bool
+
+
+@dataclass(slots=True)
+class _Publish:
+    entry_id: str
+    content: tuple[str, bytes]
+    state: str = "pending"  # pending, ack, nack
+    returned: str | None = None
+
+
+@dataclass(slots=True)
+class _Confirms:
+    by_seq: dict[int, _Publish] = field(default_factory=dict)
+    by_content: dict[tuple[str, bytes], list[_Publish]] = field(default_factory=dict)
+    pending: int = 0
+
+    def settle(self, tag: int, multiple: bool, state: str) -> None:
+        seqs = [s for s in self.by_seq if s <= tag] if multiple else [tag]
+        for seq in seqs:
+            publish = self.by_seq.get(seq)
+            if publish is not None and publish.state == "pending":
+                publish.state = state
+                self.pending -= 1
+
+    def returned(self, routing_key: str, body: bytes, why: str) -> None:
+        for publish in self.by_content.get((routing_key, body), []):
+            if publish.returned is None:
+                publish.returned = why
+                return
+
+
+class Link:
+    """The shared connection of one URL (see the module's docstring); thread-safe."""
+
+    def __init__(self, url: str, masked: str) -> None:
+        self.address = AmqpAddress.parse(url)
+        self.masked = masked
+        self.lock = threading.RLock()
+        self.generation = 0
+        self._connection: amqp.Connection | None = None
+        self._work: amqp.Channel | None = None
+        self._probe: amqp.Channel | None = None
+        self._unacked: dict[int, str] = {}
+        """Delivery tags unacked on the work channel -> their queue's name."""
+        self._seq = 0
+        self._confirms: _Confirms | None = None
+
+    # -- the connection ------------------------------------------------------------------
+
+    def _connect(self) -> amqp.Connection:
+        if self._connection is not None:
+            return self._connection
+        a = self.address
+        connection = amqp.Connection(
+            f"{a.host}:{a.port}",
+            userid=a.user,
+            password=a.password,
+            virtual_host=a.vhost,
+            connect_timeout=CONNECT_TIMEOUT,
+            ssl=ssl.create_default_context() if a.tls else False,
+        )
+        try:
+            connection.connect()
+        except (*LINK_ERRORS, amqp.exceptions.AMQPError) as exc:
+            raise BrokerUnavailable(
+                f"RabbitMQ at {self.masked} cannot be reached: {_why(exc)}"
+            ) from None
+        self._connection = connection
+        self.generation += 1
+        return connection
+
+    def _drop(self, *, close: bool = False) -> None:
+        """Forget the connection (its deliveries are back in their queues)."""
+        connection, self._connection = self._connection, None
+        self._work = self._probe = None
+        self._unacked.clear()
+        self._confirms = None
+        if connection is not None:
+            # Already broken, or closing: the broker cleans up whatever is left.
+            with contextlib.suppress(Exception):
+                connection.close() if close else connection.collect()
+
+    def close(self) -> None:
+        with self.lock:
+            self._drop(close=True)
+
+    def work(self) -> amqp.Channel:
+        if self._work is None or not self._work.is_open:
+            connection = self._connect()
+            if self._work is not None:  # the channel closed: its deliveries went back
+                self._unacked.clear()
+                self.generation += 1
+            channel = amqp.Channel(connection, auto_decode=False)
+            channel.open()
+            channel.confirm_select()
+            channel.events["basic_ack"].add(self._on_ack)
+            channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
+            self._work, self._seq = channel, 0
+        return self._work
+
+    def probe(self) -> amqp.Channel:
+        if self._probe is None or not self._probe.is_open:
+            channel = amqp.Channel(self._connect(), auto_decode=False)
+            channel.open()
+            self._probe = channel
+        return self._probe
+
+    @contextmanager
+    def calling(self, what: str) -> Iterator[None]:
+        """Under the lock; a lost connection becomes one error naming the broker."""
+        with self.lock:
+            try:
+                yield
+            except LINK_ERRORS as exc:
+                self._drop()
+                raise BrokerUnavailable(
+                    f"RabbitMQ at {self.masked}: {what} failed, the connection was lost: "
+                    f"{_why(exc)}"
+                ) from None
+
+    # -- queues --------------------------------------------------------------------------
+
+    def declared(self, queue: str) -> tuple[int, int]:
+        """(ready messages, consumers) of a queue, by a passive declare."""
+        with self.calling(f"queue.declare {queue}"):
+            try:
+                _, ready, consumers = self.probe().queue_declare(queue, passive=True)
+            except amqp.exceptions.NotFound:
+                self._probe = None
+                raise QueueNotFound(f"queue {queue} does not exist") from None
+            return int(ready), int(consumers)
+
+    def held(self, queue: str) -> int:
+        with self.lock:
+            return sum(1 for q in self._unacked.values() if q == queue)
+
+    def purge(self, queue: str) -> None:
+        with self.calling(f"queue.purge {queue}"):
+            try:
+                self.probe().queue_purge(queue)
+            except amqp.exceptions.NotFound:
+                self._probe = None
+                raise QueueNotFound(f"queue {queue} does not exist") from None
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def get(self, queue: str, count: int, ready: int) -> list[Got]:
+        """Up to ``count`` deliveries, held (unacked) while the channel lives.
+
+        A consumer with a prefetch of the window, cancelled once the window is full: one
+        round trip per batch, where ``basic.get`` costs one per message. Each receive is a
+        new consumer, so the deliveries it keeps unacked never count against the next one's
+        prefetch (a scan holds everything it saw until it ends)."""
+        want = min(count, ready)
+        with self.calling(f"basic.consume {queue}"):
+            channel = self.work()
+            if want <= 0:
+                # A quorum queue's count lags a requeue: one basic.get tells for sure.
+                if count <= 0:
+                    return []
+                try:
+                    message = channel.basic_get(queue, no_ack=False)
+                except amqp.exceptions.NotFound:
+                    raise QueueNotFound(f"queue {queue} does not exist") from None
+                return [self._got(message, queue)] if message is not None else []
+            got: list[Got] = []
+
+            def on_message(message: amqp.Message) -> None:
+                got.append(self._got(message, queue))
+
+            try:
+                channel.basic_qos(0, want, False)
+                tag = channel.basic_consume(queue, callback=on_message)
+            except amqp.exceptions.NotFound:
+                raise QueueNotFound(f"queue {queue} does not exist") from None
+            deadline = time.monotonic() + DELIVERY_TIMEOUT
+            assert self._connection is not None
+            while len(got) < want and time.monotonic() < deadline:
+                try:
+                    self._connection.drain_events(timeout=max(0.01, deadline - time.monotonic()))
+                except TimeoutError:
+                    break
+            # Deliveries that arrive before cancel-ok are ours too (the callback stays).
+            channel.basic_cancel(tag)
+            return got
+
+    def _got(self, message: amqp.Message, queue: str) -> Got:
+        info = message.delivery_info
+        delivery_tag = int(info["delivery_tag"])
+        self._unacked[delivery_tag] = queue
+        body = message.body
+        return Got(
+            tag=f"{self.generation}:{delivery_tag}",
+            body=bytes(body) if not isinstance(body, str) else body.encode("utf-8"),
+            properties=dict(message.properties),
+            exchange=str(info.get("exchange", "")),
+            routing_key=str(info.get("routing_key", "")),
+            redelivered=bool(info.get("redelivered")),
+        )
+
+    def settle(self, tags: Mapping[str, str], *, ack: bool) -> BatchResult:
+        """Ack (or release: reject with requeue) copies; a tag of a channel that is gone,
+        or already settled, fails for its entry."""
+        ok: dict[str, str] = {}
+        failed: dict[str, str] = {}
+        with self.lock:
+            try:
+                channel = self._work if self._work is not None and self._work.is_open else None
+                # In delivery order: a classic queue then puts each back where it was.
+                for entry_id, tag in sorted(tags.items(), key=lambda item: _number(item[1])):
+                    generation, _, number = tag.partition(":")
+                    delivery = int(number) if number.isdigit() else -1
+                    if channel is None or generation != str(self.generation):
+                        failed[entry_id] = "StaleTag: the channel it was received on is gone"
+                    elif delivery not in self._unacked:
+                        failed[entry_id] = "StaleTag: not held on this channel"
+                    else:
+                        if ack:
+                            channel.basic_ack(delivery)
+                        else:
+                            channel.basic_reject(delivery, requeue=True)
+                        del self._unacked[delivery]
+                        ok[entry_id] = ""
+            except LINK_ERRORS as exc:
+                self._drop()
+                for entry_id in tags:
+                    if entry_id not in ok:
+                        failed.setdefault(entry_id, f"ConnectionLost: {_why(exc)}")
+        return BatchResult(ok, failed)
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def publish(
+        self, queue: str, messages: Sequence[tuple[str, bytes, dict[str, Any]]]
+    ) -> tuple[dict[str, str], set[str]]:
+        """Publish a batch (entry id, body, properties) to ``queue`` through the default
+        exchange, mandatory, then collect the confirms: (entry id -> why it is not sent, for
+        the refused ones; the unconfirmed entry ids). The rest were confirmed and routed."""
+        refused: dict[str, str] = {}
+        unconfirmed: set[str] = set()
+        with self.lock:
+            confirms = _Confirms()
+            published: list[_Publish] = []
+            try:
+                channel = self.work()
+                self._confirms = confirms
+                for entry_id, body, properties in messages:
+                    publish = _Publish(entry_id, (queue, body))
+                    message = amqp.Message(body, **properties)
+                    self._seq += 1
+                    confirms.by_seq[self._seq] = publish
+                    confirms.by_content.setdefault(publish.content, []).append(publish)
+                    confirms.pending += 1
+                    published.append(publish)
+                    channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
+                self._wait_for_confirms(confirms)
+            except LINK_ERRORS:
+                self._drop()
+            finally:
+                self._confirms = None
+            for entry_id, _, _ in messages[len(published) :]:
+                refused[entry_id] = "NotPublished: the connection was lost first"
+        for publish in published:
+            if publish.returned is not None:
+                refused[publish.entry_id] = publish.returned
+            elif publish.state == "nack":
+                refused[publish.entry_id] = "Nacked: the broker refused the message"
+            elif publish.state == "pending":
+                unconfirmed.add(publish.entry_id)
+        return refused, unconfirmed
+
+    def _wait_for_confirms(self, confirms: _Confirms) -> None:
+        assert self._connection is not None
+        deadline = time.monotonic() + CONFIRM_TIMEOUT
+        while confirms.pending > 0 and time.monotonic() < deadline:
+            try:
+                self._connection.drain_events(timeout=max(0.01, deadline - time.monotonic()))
+            except TimeoutError:
+                continue
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        if self._confirms is not None:
+            self._confirms.settle(tag, multiple, "ack")
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        if self._confirms is not None:
+            self._confirms.settle(tag, multiple, "nack")
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        if self._confirms is not None:
+            body = message.body if isinstance(message.body, bytes) else bytes(message.body)
+            why = getattr(exc, "reply_text", "") or str(exc)
+            self._confirms.returned(routing_key, body, f"Returned: {why}")
+
+
+def _number(tag: str) -> int:
+    number = tag.partition(":")[2]
+    return int(number) if number.isdigit() else -1
+
+
+def _why(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+_LINKS: dict[str, Link] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def link_for(url: str, masked: str) -> Link:
+    """The process's link to ``url`` (made on first use; connected on the first call)."""
+    with _LINKS_LOCK:
+        link = _LINKS.get(url)
+        if link is None:
+            link = _LINKS[url] = Link(url, masked)
+        return link
+
+
+def close_links() -> None:
+    """Close every link (at exit: what is still held goes back to its queue)."""
+    with _LINKS_LOCK:
+        links = list(_LINKS.values())
+        _LINKS.clear()
+    for link in links:
+        link.close()
+
+
+atexit.register(close_links)

@@ -1,0 +1,239 @@
+"""RabbitMQ's side of turning a TARGET into a DLQ and its source queues.
+
+A queue dead-letters per its arguments (``x-dead-letter-exchange``,
+``x-dead-letter-routing-key``), else its effective policy (``dead-letter-exchange``,
+``dead-letter-routing-key``); with no routing key set, a message keeps its own (for Celery:
+the queue's name). Its DLQ is the queue the DLX routes that key to, found by the DLX's
+bindings (the default exchange ``""``: the queue of that name). Queues are named within their
+vhost, as x-death names them: a queue's ident is ``<vhost>/<name>``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redrive.broker.base import DlqTarget, QueueRef, queue_name
+from redrive.broker.rabbitmq.api import ManagementApi
+from redrive.errors import NoDeadLetterQueue, QueueNotFound
+
+if TYPE_CHECKING:
+    from redrive.broker.base import Broker
+    from redrive.config import Family, Layout
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettering:
+    """Where a queue dead-letters: its DLX and the routing key dead messages carry."""
+
+    exchange: str
+    routing_key: str
+    queues: tuple[str, ...]
+    """The queues the DLX routes that key to."""
+
+
+class Queues:
+    """Queue discovery on one vhost through the management API."""
+
+    def __init__(self, api: ManagementApi, vhost: str) -> None:
+        self.api = api
+        self.vhost = vhost
+
+    def ident(self, name: str) -> str:
+        return f"{self.vhost}/{name}"
+
+    def name_of(self, name_or_address: str) -> str:
+        prefix = f"{self.vhost}/"
+        if name_or_address.startswith(prefix):
+            return name_or_address[len(prefix) :]
+        return name_or_address
+
+    def raw(self, name: str) -> dict[str, Any]:
+        found = self.api.get("queues", self.vhost, name)
+        if not isinstance(found, dict):
+            raise QueueNotFound(f"queue {name} does not exist on vhost {self.vhost!r}")
+        return found
+
+    def describe(self, name_or_address: str) -> QueueRef:
+        name = self.name_of(name_or_address)
+        raw = self.raw(name)
+        args = raw.get("arguments") or {}
+        policy = raw.get("effective_policy_definition") or {}
+        if not isinstance(policy, dict):
+            policy = {}
+        letting = self.dead_lettering(name, args, policy)
+        target: str | None = None
+        if letting is not None:
+            target = self.ident(letting.queues[0]) if len(letting.queues) == 1 else ""
+        limit = args.get("x-delivery-limit", policy.get("delivery-limit"))
+        ttl = args.get("x-message-ttl", policy.get("message-ttl"))
+        return QueueRef(
+            url=self.ident(name),
+            name=name,
+            ident=self.ident(name),
+            fifo=False,
+            dead_letter_target=target,
+            max_receive_count=int(limit) if isinstance(limit, int) else None,
+            retention_seconds=int(ttl) // 1000 if isinstance(ttl, int) else None,
+        )
+
+    def dead_lettering(
+        self, name: str, args: Mapping[str, Any], policy: Mapping[str, Any]
+    ) -> DeadLettering | None:
+        exchange = args.get("x-dead-letter-exchange", policy.get("dead-letter-exchange"))
+        if exchange is None:
+            return None
+        key = args.get("x-dead-letter-routing-key", policy.get("dead-letter-routing-key"))
+        routing_key = str(key) if key is not None else name
+        return DeadLettering(str(exchange), routing_key, self.routed(str(exchange), routing_key))
+
+    def routed(self, exchange: str, routing_key: str) -> tuple[str, ...]:
+        """The queues ``exchange`` routes ``routing_key`` to (by its bindings)."""
+        if exchange == "":
+            return (
+                (routing_key,)
+                if isinstance(self.api.get("queues", self.vhost, routing_key), dict)
+                else ()
+            )
+        info = self.api.get("exchanges", self.vhost, exchange)
+        if not isinstance(info, dict):
+            return ()
+        kind = str(info.get("type", "direct"))
+        bindings = self.api.get("exchanges", self.vhost, exchange, "bindings", "source") or []
+        names: set[str] = set()
+        for binding in bindings:
+            if binding.get("destination_type") != "queue":
+                continue
+            if _routes(kind, str(binding.get("routing_key", "")), routing_key):
+                names.add(str(binding["destination"]))
+        return tuple(sorted(names))
+
+    def dlq_of(self, source: QueueRef) -> QueueRef:
+        raw = self.raw(source.name)
+        policy = raw.get("effective_policy_definition") or {}
+        letting = self.dead_lettering(
+            source.name, raw.get("arguments") or {}, policy if isinstance(policy, dict) else {}
+        )
+        if letting is None:
+            raise NoDeadLetterQueue(
+                f"queue {source.name} has no x-dead-letter-exchange (argument or policy), so "
+                "it has no DLQ: name the DLQ itself, or set `dlq` for its family in the config"
+            )
+        shown = f"exchange {letting.exchange!r} for routing key {letting.routing_key!r}"
+        if not letting.queues:
+            raise NoDeadLetterQueue(
+                f"queue {source.name} dead-letters to {shown}, which routes it to no queue: "
+                "its dead messages vanish; bind a DLQ to the exchange for that key"
+            )
+        if len(letting.queues) > 1:
+            raise NoDeadLetterQueue(
+                f"queue {source.name} dead-letters to {shown}, which routes it to "
+                f"{len(letting.queues)} queues ({', '.join(letting.queues)}): name the DLQ "
+                "itself, or set `dlq` for its family in the config"
+            )
+        return self.describe(letting.queues[0])
+
+    def names(self, prefix: str = "") -> list[str]:
+        listed = self.api.get("queues", self.vhost, query="columns=name") or []
+        return sorted(str(q["name"]) for q in listed if str(q.get("name", "")).startswith(prefix))
+
+    def sources_of(self, dlq: QueueRef) -> list[QueueRef]:
+        """The queues of the vhost that dead-letter into ``dlq``."""
+        found = []
+        for name in self.names():
+            if name == dlq.name:
+                continue
+            try:
+                queue = self.describe(name)
+            except QueueNotFound:
+                continue  # deleted since listed
+            if queue.dead_letter_target == dlq.ident:
+                found.append(queue)
+        return found
+
+    def resolve_family(self, family: Family) -> DlqTarget:
+        try:
+            source = self.describe(family.queue)
+        except QueueNotFound:
+            raise QueueNotFound(
+                f"family {family.name}: queue {family.queue} does not exist on vhost "
+                f"{self.vhost!r}: check the name, --broker and the layout (config file or "
+                "CELERY_*_QUEUE)"
+            ) from None
+        if family.dlq:
+            try:
+                dlq = self.describe(family.dlq)
+            except QueueNotFound:
+                raise QueueNotFound(
+                    f"family {family.name}: DLQ {family.dlq} does not exist: fix `dlq` in the "
+                    "config"
+                ) from None
+        else:
+            dlq = self.dlq_of(source)
+        return DlqTarget(label=family.name, family=family, dlq=dlq, sources=(source,))
+
+    def resolve(
+        self, layout: Layout, target: str, broker_for: Callable[[str | None], Broker]
+    ) -> DlqTarget:
+        family = layout.family(target)
+        if family is not None:
+            return broker_for(family.region).resolve_family(family)
+        try:
+            queue = self.describe(target)
+        except QueueNotFound:
+            known = ", ".join(f.name for f in layout.families)
+            raise QueueNotFound(
+                f"'{target}' is neither a family ({known}) nor an existing queue on vhost "
+                f"{self.vhost!r}: check the name, --broker and --config"
+            ) from None
+        for fam in layout.families:
+            names = {queue_name(fam.queue), *([queue_name(fam.dlq)] if fam.dlq else [])}
+            if queue.name in names:
+                return self.resolve_family(fam)
+        if queue.dead_letter_target is not None:
+            return DlqTarget(
+                label=queue.name, family=None, dlq=self.dlq_of(queue), sources=(queue,)
+            )
+        sources = tuple(self.sources_of(queue))
+        if not sources:
+            raise NoDeadLetterQueue(
+                f"queue {queue.name} has no dead-letter exchange and no queue dead-letters "
+                "into it: it has no DLQ and is no DLQ"
+            )
+        owner = next(
+            (f for f in layout.families for s in sources if queue_name(f.queue) == s.name), None
+        )
+        if owner is None:
+            # A family's DLQ by its expected name, though the family's queue is elsewhere.
+            owner = next(
+                (f for f in layout.families if f.dlq and queue_name(f.dlq) == queue.name), None
+            )
+        label = owner.name if owner is not None and len(sources) == 1 else queue.name
+        return DlqTarget(label=label, family=owner, dlq=queue, sources=sources)
+
+
+def _routes(kind: str, binding_key: str, routing_key: str) -> bool:
+    """Whether an exchange of ``kind`` routes ``routing_key`` along a binding."""
+    if kind == "fanout":
+        return True
+    if kind == "topic":
+        return _topic(binding_key).fullmatch(routing_key) is not None
+    if kind == "headers":
+        return True  # headers exchanges route by the message's headers: every bound queue may
+    return binding_key == routing_key
+
+
+def _topic(pattern: str) -> re.Pattern[str]:
+    parts = []
+    for word in pattern.split("."):
+        if word == "#":
+            parts.append(r"(?:[^.]*(?:\.[^.]*)*)?")
+        elif word == "*":
+            parts.append(r"[^.]*")
+        else:
+            parts.append(re.escape(word))
+    # "#" also matches zero words, so the dot beside it is optional.
+    text = r"\.".join(parts).replace(r"\.(?:[^.]*(?:\.[^.]*)*)?", r"(?:\.[^.]*)*")
+    return re.compile(text.replace(r"(?:[^.]*(?:\.[^.]*)*)?\.", r"(?:[^.]*\.)*"))

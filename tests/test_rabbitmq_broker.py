@@ -1,0 +1,310 @@
+"""What is RabbitMQ's own in its backend (redrive/broker/rabbitmq/), on a private node: the
+envelope round trip, routing and confirms, discovery by DLX bindings and policies, holds that
+leave a classic queue's order intact, and a quorum queue's delivery count. What every broker
+does is tests/test_broker_contract.py's."""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Iterator
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import amqp
+import pytest
+
+from redrive.aws.session import AwsSettings
+from redrive.broker import broker_scheme, open_broker
+from redrive.broker.base import SendEntry
+from redrive.broker.rabbitmq.broker import RabbitBroker
+from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
+from redrive.config import Family, built_in_layout
+from redrive.errors import BrokerUnavailable, NoDeadLetterQueue, QueueNotFound, UsageProblem
+from redrive.messages import decode
+from redrive.sandbox.rabbitmq_layout import (
+    celery_message,
+    fill_layout,
+    open_connection,
+    rabbit_families,
+    raw_channel,
+)
+from redrive.sandbox.rabbitmq_node import Vhost, management_request
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def channel(rabbitmq_vhost: Vhost) -> Iterator[amqp.Channel]:
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        yield raw_channel(connection)
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def broker(rabbitmq_vhost: Vhost) -> RabbitBroker:
+    opened = open_broker(
+        rabbitmq_vhost.amqp_url, aws=AwsSettings(), rabbitmq_api=rabbitmq_vhost.api_url
+    )
+    assert isinstance(opened, RabbitBroker)
+    return opened
+
+
+def declare(channel: amqp.Channel, name: str, **arguments: Any) -> None:
+    channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments or None)
+
+
+def publish(channel: amqp.Channel, queue: str, message: amqp.Message) -> None:
+    channel.basic_publish(message, exchange="", routing_key=queue)
+
+
+def drain(channel: amqp.Channel, queue: str) -> list[amqp.Message]:
+    got = []
+    while (message := channel.basic_get(queue, no_ack=True)) is not None:
+        got.append(message)
+    return got
+
+
+# -- choosing the broker ------------------------------------------------------------------------
+
+
+def test_celerys_url_forms_are_rabbitmq_and_others_a_usage_error() -> None:
+    for url in ("amqp://u:p@h//", "amqps://h/v", "pyamqp://h"):
+        assert broker_scheme(url) == "rabbitmq"
+    assert broker_scheme(None) == broker_scheme("sqs://") == "sqs"
+    with pytest.raises(UsageProblem) as caught:
+        broker_scheme("redis://u:secret@h")
+    assert "secret" not in str(caught.value)
+
+
+def test_an_unreachable_broker_is_one_line_with_the_password_masked() -> None:
+    broker = open_broker(
+        "amqp://guest:hunter2@127.0.0.1:1//", aws=AwsSettings(), rabbitmq_api="http://127.0.0.1:1"
+    )
+    with pytest.raises(BrokerUnavailable) as caught:
+        broker.counts("anything")
+    assert "hunter2" not in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(BrokerUnavailable):
+        broker.describe("anything")
+
+
+# -- the envelope --------------------------------------------------------------------------------
+
+
+def test_a_dead_lettered_celery_task_round_trips_byte_identical_with_typed_headers(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    """Through RabbitMQ's own dead-lettering (x-death with its timestamps), with headers JSON
+    cannot carry: the envelope decodes as a Celery task, and a send gives the same message."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 0)
+    message = celery_message("shop.capture", [1, "€"], {"x": 2}, task_id="t-1")
+    message.properties["application_headers"].update(
+        {"when": datetime(2024, 5, 1, 12, 0, 0), "price": Decimal("1.50"), "raw": b"\xff\x00"}
+    )
+    publish(channel, "onion-checkout", message)
+    got = channel.basic_get("onion-checkout", no_ack=False)
+    channel.basic_reject(got.delivery_tag, requeue=False)
+    declare(channel, "elsewhere")
+
+    wait = [broker.receive("onion-checkout-dlq", hold=60) for _ in range(3)]
+    (delivery,) = [d for batch in wait for d in batch]
+    info = decode(delivery.body)
+    assert (info.task, info.task_id, info.delivery_tag) == ("shop.capture", "t-1", None)
+    assert delivery.died_in == f"{rabbitmq_vhost.vhost}/onion-checkout"
+    assert delivery.enqueued_at is not None and delivery.message_attributes == {}
+    body, properties = unpacked(delivery.body, {})
+    assert body == message.body
+    assert properties["application_headers"]["x-death"][0]["queue"] == "onion-checkout"
+
+    result = broker.send("elsewhere", [SendEntry("0", delivery.body, {})])
+    assert result.outcome("0") == "sent"
+    (copy,) = drain(channel, "elsewhere")
+    assert copy.body == message.body
+    headers = copy.properties["application_headers"]
+    assert headers["when"] == datetime(2024, 5, 1, 12, 0, 0)
+    assert headers["price"] == Decimal("1.50") and headers["raw"] == b"\xff\x00"
+    assert headers["id"] == "t-1" and headers["x-death"][0]["reason"] == "rejected"
+    assert copy.properties["correlation_id"] == "t-1"
+    assert copy.properties["delivery_mode"] == 2
+    # Every delivery of one message gives the same envelope (no per-delivery fact in it).
+    assert envelope_of(copy.body, copy.properties) == delivery.body
+
+
+# -- routing and confirms -------------------------------------------------------------------------
+
+
+def entry(entry_id: str = "0", text: str = '{"n": 1}') -> SendEntry:
+    return SendEntry(entry_id, envelope_of(text.encode(), {"content_type": "application/json"}), {})
+
+
+def test_a_send_to_a_queue_that_does_not_exist_is_returned_so_refused(
+    broker: RabbitBroker,
+) -> None:
+    result = broker.send("no-such-queue", [entry("0"), entry("1")])
+    assert result.outcome("0") == result.outcome("1") == "refused"
+    assert "NO_ROUTE" in result.failed["0"] or "Returned" in result.failed["0"]
+
+
+def test_a_nacked_publish_is_refused_and_the_others_sent(
+    channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    declare(channel, "full", **{"x-max-length": 1, "x-overflow": "reject-publish"})
+    result = broker.send("full", [entry("0"), entry("1", '{"n": 2}')])
+    assert result.outcome("0") == "sent" and result.outcome("1") == "refused"
+    assert "Nacked" in result.failed["1"]
+
+
+def test_a_publish_whose_confirm_never_comes_is_unconfirmed(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The confirms are lost (the fault: the channel's ack listener is gone): the entries
+    may be queued, so they are unconfirmed (in doubt), never sent."""
+    declare(channel, "target")
+    monkeypatch.setattr("redrive.broker.rabbitmq.link.CONFIRM_TIMEOUT", 1.0)
+    broker.link.work().events["basic_ack"].clear()
+    result = broker.send("target", [entry("0"), entry("1"), entry("2")])
+    assert result.ok == {} and result.unconfirmed == frozenset("012")
+    assert {result.outcome(i) for i in "012"} == {"unconfirmed"}
+
+
+def test_an_ack_after_the_channel_was_lost_fails_for_that_entry(
+    channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    declare(channel, "q")
+    broker.send("q", [entry("0")])
+    (delivery,) = broker.receive("q", hold=60)
+    broker.link.close()  # the connection is gone: its delivery is back in the queue
+    result = broker.ack("q", {"0": delivery.tag})
+    assert result.ok == {} and "StaleTag" in result.failed["0"]
+    assert broker.counts("q").ready == 1
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+def test_a_family_dlq_is_found_through_the_dlx_bindings(
+    rabbitmq_vhost: Vhost, broker: RabbitBroker
+) -> None:
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(), 0)
+    target = broker.resolve_family(built_in_layout({}).families[0])
+    assert (target.dlq.name, target.sources[0].name) == ("onion-checkout-dlq", "onion-checkout")
+    assert target.dlq.ident == f"{rabbitmq_vhost.vhost}/onion-checkout-dlq"
+    # The DLQ named as a TARGET finds its source by the same bindings.
+    by_dlq = broker.resolve(built_in_layout({}), "onion-progress-dlq", lambda _: broker)
+    assert by_dlq.label == "progress"
+    with pytest.raises(QueueNotFound):
+        broker.describe("nowhere")
+
+
+def test_a_queue_dead_letters_by_its_policy_and_a_dlx_with_no_queue_says_so(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    channel.exchange_declare("pdlx", "topic", durable=True, auto_delete=False)
+    declare(channel, "jobs")
+    declare(channel, "jobs-dead")
+    channel.queue_bind("jobs-dead", "pdlx", routing_key="jobs.#")
+    vhost = urllib.parse.quote(rabbitmq_vhost.vhost, safe="")
+    management_request(
+        rabbitmq_vhost.api_url,
+        "PUT",
+        f"/api/policies/{vhost}/dl",
+        {
+            "pattern": "^jobs$",
+            "apply-to": "queues",
+            "definition": {"dead-letter-exchange": "pdlx", "dead-letter-routing-key": "jobs.x"},
+        },
+    )
+    family = Family(name="jobs", queue="jobs")
+
+    def resolved() -> str:
+        return broker.resolve_family(family).dlq.name
+
+    from conftest import wait_until
+
+    wait_until(lambda: _quiet(resolved) == "jobs-dead", "the policy applies")
+    channel.queue_unbind("jobs-dead", "pdlx", routing_key="jobs.#")
+    with pytest.raises(NoDeadLetterQueue) as caught:
+        broker.resolve_family(family)
+    assert "routes it to no queue" in str(caught.value)
+
+
+def _quiet(call: Any) -> Any:
+    try:
+        return call()
+    except Exception:
+        return None
+
+
+# -- holds ------------------------------------------------------------------------------------
+
+
+def test_holding_and_releasing_every_message_leaves_a_classic_queue_in_order(
+    channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    declare(channel, "ordered")
+    broker.send("ordered", [entry(str(i), f'{{"n": {i}}}') for i in range(250)])
+    held = []
+    while batch := broker.receive("ordered", hold=60, max_messages=100):
+        held += batch
+    assert len(held) == 250 and broker.counts("ordered").held == 250
+    # Released in another order than received: the queue keeps its own.
+    result = broker.release("ordered", {str(i): d.tag for i, d in reversed(list(enumerate(held)))})
+    assert len(result.ok) == 250
+    assert [m.body for m in drain(channel, "ordered")] == [
+        f'{{"n": {i}}}'.encode() for i in range(250)
+    ]
+
+
+def test_a_quorum_queue_counts_deliveries(channel: amqp.Channel, broker: RabbitBroker) -> None:
+    declare(channel, "qq", **{"x-queue-type": "quorum", "x-delivery-limit": 5})
+    assert broker.describe("qq").max_receive_count == 5
+    broker.send("qq", [entry()])
+    (first,) = broker.receive("qq", hold=60)
+    broker.release("qq", {"0": first.tag})
+    (second,) = broker.receive("qq", hold=60)
+    assert (first.receive_count, second.receive_count) == (0, 1)
+    # The count is the delivery's, not the message's: the envelope and id stay the same.
+    assert (first.body, first.message_id) == (second.body, second.message_id)
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+
+def test_a_reused_task_id_gets_a_key_per_publish_and_a_redelivery_keeps_its_key(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    """Celery on RabbitMQ stamps no per-publish delivery_tag: the key names the publish by
+    a digest of the envelope (body and headers, x-death included). Two publishes of one task
+    id with other arguments get two keys; the same message delivered again keeps its own."""
+    from redrive.keys import key_for
+
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 0)
+    for args in ([1], [2]):
+        publish(channel, "onion-checkout", celery_message("shop.capture", args, task_id="same"))
+    for _ in range(2):
+        got = channel.basic_get("onion-checkout", no_ack=False)
+        channel.basic_reject(got.delivery_tag, requeue=False)
+
+    def keys() -> list[str]:
+        held = [d for _ in range(3) for d in broker.receive("onion-checkout-dlq", hold=60)]
+        broker.release("onion-checkout-dlq", {str(i): d.tag for i, d in enumerate(held)})
+        return [
+            key_for(
+                decode(d.body),
+                message_id=d.message_id,
+                generation=0,
+                body=d.body,
+                namespace=broker.capabilities.key_namespace,
+            )
+            for d in held
+        ]
+
+    first = keys()
+    assert len(first) == 2 and len(set(first)) == 2
+    assert all(k.startswith("celery:same:") for k in first)
+    from conftest import wait_until
+
+    # Released copies come back (rejects have no reply): the same keys, redelivered or not.
+    wait_until(lambda: sorted(keys()) == sorted(first), "the same keys on redelivery")
