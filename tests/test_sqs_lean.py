@@ -10,6 +10,7 @@ one line redrive words from it).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import importlib.util
@@ -18,6 +19,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -674,26 +676,72 @@ def test_retries_are_botocores_and_a_batch_is_never_resent(
         assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
 
 
-# -- proxies: botocore's choice of one, taken as it is -----------------------------------------
+# -- proxies: botocore's choice of one (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, proxies) ----------
+
+
+@dataclass
+class _Proxy:
+    """A real HTTP proxy on loopback: CONNECT tunnels and absolute-form forwarding. ``seen``
+    holds (method, target, Proxy-Authorization) of what reached it; ``tunnelled`` the bytes
+    relayed through its tunnels."""
+
+    url: str
+    seen: list[tuple[str, str, str | None]]
+    tunnelled: list[int]
+
+
+def _relay(source: socket.socket, sink: socket.socket, counted: list[int]) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            counted.append(len(data))
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager
-def _forward_proxy() -> Iterator[list[str]]:
-    """A plain-HTTP forward proxy on loopback; yields its URL, then each URL it forwards."""
+def _proxy(*, deny: bool = False) -> Iterator[_Proxy]:
+    """``deny``: every request answered 407 (Proxy Authentication Required)."""
     import http.client
     import http.server
 
-    seen: list[str] = []
+    seen: list[tuple[str, str, str | None]] = []
+    tunnelled: list[int] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def _noted(self) -> bool:
+            seen.append((self.command, self.path, self.headers.get("Proxy-Authorization")))
+            if deny:
+                self.send_response(407)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            return not deny
+
+        def do_CONNECT(self) -> None:
+            if not self._noted():
+                return
+            host, port = self.path.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)), timeout=30)
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            self.wfile.flush()
+            back = threading.Thread(target=_relay, args=(upstream, self.connection, tunnelled))
+            back.start()
+            _relay(self.connection, upstream, tunnelled)
+            back.join(30)
+            upstream.close()
+            self.close_connection = True
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            seen.append(self.path)
+            if not self._noted():
+                return
             target = urlsplit(self.path)
             upstream = http.client.HTTPConnection(target.hostname or "", target.port or 80)
-            forwarded = {k: v for k, v in self.headers.items() if k.lower() != "proxy-connection"}
+            hop = ("proxy-connection", "proxy-authorization", "connection")
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() not in hop}
             upstream.request("POST", target.path or "/", body=body, headers=forwarded)
             answer = upstream.getresponse()
             data = answer.read()
@@ -710,39 +758,109 @@ def _forward_proxy() -> Iterator[list[str]]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
-    seen.append(f"http://127.0.0.1:{server.server_address[1]}")
     try:
-        yield seen
+        yield _Proxy(f"http://127.0.0.1:{server.server_address[1]}", seen, tunnelled)
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
 
 
-@pytest.mark.parametrize("how", ["config", "environment", "no-proxy"])
-def test_calls_go_through_the_proxy_botocore_chose(
-    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch, how: str
+@contextlib.contextmanager
+def _sqs_behind(
+    scheme: str, moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """An SQS server on loopback: moto's (http), or bench/fast_sqs.py over TLS (https) with
+    a self-signed certificate trusted through AWS_CA_BUNDLE."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    if scheme == "http":
+        yield str(moto.endpoint_url)
+        return
+    cert, key = _self_signed(tmp_path)
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    with _fast_sqs_over_tls(cert, key) as url:
+        yield url
+
+
+def _calls_both_ways(both: Both, url: str, proxy: _Proxy) -> list[Any]:
+    """A send and a receive made by botocore's client, then by the lean transport; what each
+    sent through the proxy; both outcomes (equal)."""
+    send = {"QueueUrl": url, "Entries": [entry(0, "through the proxy ü")]}
+    receive = {"QueueUrl": url, "VisibilityTimeout": 0, "WaitTimeSeconds": 0}
+    passed = []
+    outcomes = []
+    for call in (both.botocore, both.lean_call):
+        proxy.seen.clear()
+        proxy.tunnelled.clear()
+        outcomes.append([call("SendMessageBatch", send), call("ReceiveMessage", receive)])
+        passed.append((list(proxy.seen), bool(proxy.tunnelled)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][0] == "ok"
+    assert passed[0] == passed[1]
+    return list(passed[0])
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize(
+    "how", ["environment", "config", "no-proxy-host", "no-proxy-star", "no-proxy-elsewhere"]
+)
+def test_calls_through_a_proxy_go_and_answer_as_botocores(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, how: str
 ) -> None:
-    with _forward_proxy() as seen:
-        proxy = seen.pop(0)
-        config: dict[str, Any] = {"proxies": {"http": proxy}} if how == "config" else {}
-        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name, raising=False)
-        if how != "config":
-            monkeypatch.setenv("HTTP_PROXY", proxy)
-        if how == "no-proxy":
-            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        both = Both(fast_endpoint, **config) if config else Both(fast_endpoint)
-        url = str(both.client.create_queue(QueueName=f"proxied-{how}")["QueueUrl"])
-        seen.clear()
-        params = {"QueueUrl": url, "Entries": [entry(0, "through")]}
-        assert both.botocore("SendMessageBatch", params) == both.lean_call(
-            "SendMessageBatch", params
-        )
-        expected = [] if how == "no-proxy" else [f"{fast_endpoint}/"] * 2
-        assert seen == expected
+    with _sqs_behind(scheme, server, tmp_path, monkeypatch) as endpoint_url, _proxy() as proxy:
+        url = str(client_of(endpoint_url).create_queue(QueueName="proxied")["QueueUrl"])
+        # The proxy's user and password, quoted in the URL: Proxy-Authorization.
+        authed = proxy.url.replace("http://", "http://us%40er:p%3Ass@")
+        variable = f"{scheme.upper()}_PROXY"
+        if how == "config":
+            both = Both(endpoint_url, proxies={scheme: authed})
+        else:
+            monkeypatch.setenv(variable, authed)
+            bypass = {"no-proxy-host": "127.0.0.1", "no-proxy-star": "*"}
+            monkeypatch.setenv("NO_PROXY", bypass.get(how, "example.com,.example.org"))
+            both = Both(endpoint_url)
+        seen, tunnelled = _calls_both_ways(both, url, proxy)
+    if how.startswith("no-proxy-") and how != "no-proxy-elsewhere":
+        assert seen == [] and not tunnelled
+        return
+    auth = "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+    netloc = urlsplit(endpoint_url).netloc
+    if scheme == "https":  # one tunnel each, the connection kept for the second call
+        assert seen == [("CONNECT", netloc, auth)] and tunnelled
+    else:  # every request forwarded, named by its whole URL
+        assert seen == [("POST", f"{endpoint_url}/", auth)] * 2 and not tunnelled
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("failure", ["refused", "407"])
+def test_a_proxy_that_fails_is_the_same_error_both_ways(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, failure: str
+) -> None:
+    with _sqs_behind(scheme, server, tmp_path, monkeypatch) as endpoint_url, _proxy(deny=True) as proxy:
+        proxy_url = proxy.url if failure == "407" else f"http://127.0.0.1:{free_port()}"
+        monkeypatch.setenv(f"{scheme.upper()}_PROXY", proxy_url)
+        both = Both(endpoint_url, retries={"total_max_attempts": 1}, connect_timeout=5)
+        kind = both.equal("ReceiveMessage", {"QueueUrl": f"{endpoint_url}/1/q"})
+    assert kind[0] != "ok"
+    if failure == "refused" or scheme == "https":
+        assert kind[0] is botocore.exceptions.ProxyConnectionError
+
+
+def test_a_proxy_spoken_to_over_tls_is_refused_in_one_line_before_any_call(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "https://user:secret@127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(UsageProblem, match="proxy") as refused:
+        lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
+    line = str(refused.value)
+    assert "\n" not in line and "--sqs-client botocore" in line and "secret" not in line
 
 
 # -- the endpoint: botocore's resolver's, and its request URL ----------------------------------
@@ -782,17 +900,6 @@ def test_the_request_goes_where_botocores_would(
         client.receive_message(QueueUrl="https://sqs.eu-west-1.amazonaws.com/1/q")
     lean = LeanTransport(client)
     assert lean.signed_request("ReceiveMessage", b"{}").url == urls[0]
-
-
-def test_a_setting_only_botocore_implements_is_refused_in_one_line_before_any_call(
-    aws_env: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
-    with pytest.raises(UsageProblem, match="proxy") as refused:
-        lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
-    assert "\n" not in str(refused.value) and "--sqs-client botocore" in str(refused.value)
 
 
 # -- TLS: botocore's verification, its CA bundle -----------------------------------------------

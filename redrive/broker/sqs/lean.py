@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import select
 import socket
 import ssl
@@ -38,6 +39,7 @@ import botocore.awsrequest
 import botocore.exceptions
 import botocore.httpsession
 import botocore.parsers
+import botocore.utils
 from botocore.hooks import first_non_none_response
 
 from redrive.aws.answers import ENDPOINT_KEY, ForeignAnswer, json_misfit, not_the_answer
@@ -201,7 +203,23 @@ def _tls_context(verify: Any, client_cert: Any) -> ssl.SSLContext:
     return context
 
 
+_PROXY_HOST_FLAG: Final = "BOTO_EXPERIMENTAL__ADD_PROXY_HOST_HEADER"
+
+
+def _unauthed(url: str) -> str:
+    """A proxy URL without its password (a refusal is printed)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{parts.username}:***@{netloc}", *parts[2:]))
+
+
 def _target_of(client: Any, url: str) -> _Target:
+    """Where and how the calls go: the proxy is the one botocore chose when it built the
+    client's endpoint (``HTTP_PROXY``/``HTTPS_PROXY`` by the URL's scheme unless ``NO_PROXY``
+    bypasses its host, through botocore.utils.get_environ_proxies, or the config's
+    ``proxies``): taken from its http session, never decided again here."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     session = client._endpoint.http_session
@@ -213,11 +231,17 @@ def _target_of(client: Any, url: str) -> _Target:
     if proxy_url:
         at = urlsplit(proxy_url)
         if at.scheme != "http":
-            raise LeanUnsupported(f"a proxy spoken to over {at.scheme} ({proxy_url})")
+            # urllib3 speaks TLS to an https:// proxy (TLS in TLS for an https endpoint,
+            # proxies_config's CA bundle, client cert and forwarding): not done here. For an
+            # http:// proxy proxies_config changes nothing in urllib3, so it needs no refusal.
+            raise LeanUnsupported(f"a proxy spoken to over {at.scheme} ({_unauthed(proxy_url)})")
         proxy = (at.hostname or "", at.port or 80, proxy_url)
-        headers = proxies.proxy_headers_for(proxy_url)
-    if config.proxies_config:
-        raise LeanUnsupported("proxies_config")
+        # Proxy-Authorization from the URL's user and password, as botocore words it: on
+        # the CONNECT of a tunnel, on every request forwarded in plain HTTP.
+        headers = dict(proxies.proxy_headers_for(proxy_url))
+        if botocore.utils.ensure_boolean(os.environ.get(_PROXY_HOST_FLAG, "")):
+            # botocore's experimental flag, read per send there, once per transport here.
+            headers["host"] = parts.hostname or ""
     return _Target(
         url=url,
         host=parts.hostname or "",
