@@ -603,9 +603,17 @@ def test_lean_calls_builds_a_broker_on_both_paths(server: Any) -> None:
 
 
 @contextlib.contextmanager
-def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterator[list[str]]:
+def _failing_server(
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    date: str | None = None,
+    requests: list[dict[str, str]] | None = None,
+) -> Iterator[list[str]]:
     """A loopback server that answers every request with one error; yields its URL, then
-    the X-Amz-Target of each request it gets."""
+    the X-Amz-Target of each request it gets (``requests``: their headers too). ``date``:
+    its Date header, instead of its own clock's."""
     import http.server
 
     seen: list[str] = []
@@ -616,12 +624,17 @@ def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterat
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
             seen.append(self.headers.get("X-Amz-Target", ""))
+            if requests is not None:
+                requests.append(dict(self.headers.items()))
             self.send_response(status)
             for name, value in {"Content-Type": "application/x-amz-json-1.0", **headers}.items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            return date or super().date_time_string(timestamp)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -674,6 +687,68 @@ def test_retries_are_botocores_and_a_batch_is_never_resent(
         kind = both.lean_call("SendMessageBatch", send)
         assert seen == ["AmazonSQS.SendMessageBatch"]  # however many the client would try
         assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
+
+
+# -- clock skew: botocore corrects none; a retry's ttl from the server's Date, alike -----------
+
+
+@pytest.mark.parametrize(
+    "server_date, code",
+    [
+        ("Mon, 04 May 2026 03:07:01 GMT", "InternalError"),  # 5 min ahead: retried (500)
+        ("Mon, 04 May 2026 02:47:01 GMT", "InternalError"),  # 15 min behind
+        ("not a date", "InternalError"),  # no ttl at all
+        ("Mon, 04 May 2026 03:22:01 GMT", "RequestTimeTooSkewed"),  # not retried either way
+    ],
+    ids=["ahead", "behind", "bad-date", "too-skewed"],
+)
+def test_clock_skew_is_handled_as_botocore_handles_it(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch, server_date: str, code: str
+) -> None:
+    import time
+
+    import botocore.endpoint
+
+    moment = datetime.datetime(2026, 5, 4, 3, 2, 1)  # the local clock, injected both ways
+    clock = iter(moment + datetime.timedelta(seconds=n) for n in range(10_000))
+
+    def now(remove_tzinfo: bool = True) -> datetime.datetime:
+        return next(clock)
+
+    monkeypatch.setattr(botocore.endpoint, "get_current_datetime", now)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: moment)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    status = 500 if code == "InternalError" else 400
+    body = f'{{"__type": "com.amazonaws.sqs#{code}", "message": "m"}}'.encode()
+    requests: list[dict[str, str]] = []
+    with _failing_server(status, body, {}, date=server_date, requests=requests) as seen:
+        url = seen.pop(0)
+        client = client_of(url, retries={"mode": "standard", "total_max_attempts": 3})
+        lean = LeanTransport(client, clock=now)
+        params: dict[str, Any] = {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0}
+        theirs = outcome("ReceiveMessage", lambda: client.receive_message(**params))
+        clock = iter(moment + datetime.timedelta(seconds=n) for n in range(10_000))
+        split = len(requests)
+        ours = outcome("ReceiveMessage", lambda: lean.call("ReceiveMessage", params))
+    assert ours == theirs and ours[1]["Code"] == code
+
+    def sent(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
+        return [(row["X-Amz-Date"], row["amz-sdk-request"]) for row in rows]
+
+    assert sent(requests[split:]) == sent(requests[:split])
+    # Signed by the local clock every time, never the server's.
+    assert {row["X-Amz-Date"] for row in requests} == {"20260504T030201Z"}
+    headers = [row["amz-sdk-request"] for row in requests[split:]]
+    if code == "RequestTimeTooSkewed":
+        assert headers == ["attempt=1; max=3"]
+    elif server_date == "not a date":
+        assert headers == [f"attempt={n}; max=3" for n in (1, 2, 3)]
+    else:
+        assert headers[0] == "attempt=1; max=3" and len(headers) == 3
+        assert all(h.startswith("ttl=") for h in headers[1:])
+    if server_date.startswith("Mon, 04 May 2026 03:07"):
+        # Local 03:02:02 (the clock's second read) + the 60 s read timeout + 300 s of skew.
+        assert headers[1] == "ttl=20260504T030802Z; attempt=2; max=3"
 
 
 # -- proxies: botocore's choice of one (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, proxies) ----------
@@ -841,7 +916,8 @@ def test_calls_through_a_proxy_go_and_answer_as_botocores(
 def test_a_proxy_that_fails_is_the_same_error_both_ways(
     server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, failure: str
 ) -> None:
-    with _sqs_behind(scheme, server, tmp_path, monkeypatch) as endpoint_url, _proxy(deny=True) as proxy:
+    behind = _sqs_behind(scheme, server, tmp_path, monkeypatch)
+    with behind as endpoint_url, _proxy(deny=True) as proxy:
         proxy_url = proxy.url if failure == "407" else f"http://127.0.0.1:{free_port()}"
         monkeypatch.setenv(f"{scheme.upper()}_PROXY", proxy_url)
         both = Both(endpoint_url, retries={"total_max_attempts": 1}, connect_timeout=5)

@@ -13,11 +13,22 @@ botocore's method returns, and an error as the exception botocore raises, so
 in-doubt rules work unchanged. Every 2xx answer is checked as :mod:`redrive.aws.answers`
 checks botocore's. SendMessageBatch is never retried here: SqsCalls retries it only when
 provably not sent.
+
+Clock skew, as botocore handles it for SQS (read in botocore 1.44: endpoint.py, auth.py,
+retries/standard.py, retryhandler.py, data/_retry.json): it does not correct it. SigV4 signs
+with the local clock (``botocore.auth.get_current_datetime``) on every attempt; no retry
+mode names RequestTimeTooSkewed, SignatureDoesNotMatch or a skew among its retryable errors,
+so a skewed request fails as its error and is not resent; no offset is kept between calls.
+The one thing botocore derives from the server's ``Date`` is the ``ttl=`` of a retry's
+``amz-sdk-request`` header (the server's time by which the retry's answer is awaited),
+which this path writes the same way (:meth:`LeanTransport._note_ttl`). So a machine whose
+clock is off fails here exactly as it fails on botocore, with the same error.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import http.client
 import json
 import os
@@ -36,6 +47,7 @@ from urllib.parse import urlsplit, urlunsplit
 import botocore
 import botocore.auth
 import botocore.awsrequest
+import botocore.compat
 import botocore.exceptions
 import botocore.httpsession
 import botocore.parsers
@@ -429,7 +441,13 @@ class LeanTransport:
     """The four per-message SQS calls for one botocore ``client``, as that client makes them
     (see the module). Thread-safe: one transport serves every worker."""
 
-    def __init__(self, client: Any, *, pool_size: int | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        pool_size: int | None = None,
+        clock: Callable[[], datetime.datetime] | None = None,
+    ) -> None:
         meta = client.meta
         service = meta.service_model
         if service.protocol != "json":
@@ -443,6 +461,9 @@ class LeanTransport:
         self._signer = client._request_signer
         self._unsigned = meta.config.signature_version is botocore.UNSIGNED
         self._max_attempts = _total_attempts(meta.config)
+        self._read_timeout: Any = meta.config.read_timeout
+        # The clock botocore's endpoint reads (naive UTC), injectable for a test.
+        self._clock: Callable[[], datetime.datetime] = clock or botocore.compat.get_current_datetime
         self._query_mode = bool(service.is_query_compatible)
         self._content_type = f"application/x-amz-json-{service.metadata['jsonVersion']}"
         self._user_agent = f"Botocore/{botocore.__version__} redrive-lean"
@@ -455,7 +476,13 @@ class LeanTransport:
         self._pool.close()
 
     def signed_request(
-        self, operation: str, body: bytes, *, attempt: int = 1, invocation: str = ""
+        self,
+        operation: str,
+        body: bytes,
+        *,
+        attempt: int = 1,
+        invocation: str = "",
+        ttl: str | None = None,
     ) -> botocore.awsrequest.AWSRequest:
         """The request botocore would send for ``body``, signed now with the credentials'
         current key (a refreshable set refreshes here when due, as botocore's signer does)."""
@@ -480,7 +507,9 @@ class LeanTransport:
             ).add_auth(request)
         # Unsigned, as botocore adds them: which call and attempt this is, for the service.
         request.headers["amz-sdk-invocation-id"] = invocation or str(uuid.uuid4())
-        request.headers["amz-sdk-request"] = f"attempt={attempt}; max={self._max_attempts}"
+        # (botocore's add_retry_headers: ttl, attempt, max, those the retries context has.)
+        retry = f"attempt={attempt}; max={self._max_attempts}"
+        request.headers["amz-sdk-request"] = retry if ttl is None else f"ttl={ttl}; {retry}"
         return request
 
     def request_body(self, operation: str, params: Mapping[str, Any]) -> bytes:
@@ -507,6 +536,8 @@ class LeanTransport:
                 break
             attempts += 1
             context["retries"]["attempt"] = attempts
+            if answer is not None:
+                self._note_ttl(context["retries"], answer)
         if parsed is not None and "ResponseMetadata" in parsed:
             parsed["ResponseMetadata"]["RetryAttempts"] = attempts - 1
         event = f"{self._service_id}.{op.name}"
@@ -535,7 +566,11 @@ class LeanTransport:
         retries = context["retries"]
         try:
             request = self.signed_request(
-                op.name, body, attempt=retries["attempt"], invocation=retries["invocation-id"]
+                op.name,
+                body,
+                attempt=retries["attempt"],
+                invocation=retries["invocation-id"],
+                ttl=retries.get("ttl"),
             )
             # Prepared once, as botocore's endpoint sends it: the adaptive mode's rate limiter
             # waits here, and a stub (moto's mock_aws) answers in the server's place.
@@ -557,6 +592,22 @@ class LeanTransport:
             return answer, self._parsed(op, status, headers, raw), None
         except Exception as exc:  # botocore's endpoint catches every one alike
             return None, None, exc
+
+    def _note_ttl(self, retries: dict[str, Any], answer: _Answer) -> None:
+        """botocore's endpoint's only use of the server's clock (``_set_ttl``), done the
+        same: before a retry, the last answer's Date gives the skew, and the retry's
+        ``amz-sdk-request`` says by when (the local clock plus the read timeout plus the skew,
+        the server's time) its answer is awaited. Nothing is re-signed or re-dated."""
+        date = answer.headers.get("date")
+        if not date:
+            return
+        try:
+            received = self._clock()
+            skew = datetime.datetime.strptime(date, "%a, %d %b %Y %H:%M:%S %Z") - received
+            ttl = self._clock() + datetime.timedelta(seconds=self._read_timeout) + skew
+            retries["ttl"] = ttl.strftime("%Y%m%dT%H%M%SZ")
+        except Exception:  # botocore logs and goes on: a bad Date is the server's
+            return
 
     def _retry(
         self,
