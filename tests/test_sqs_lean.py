@@ -1130,3 +1130,36 @@ def test_a_2xx_that_is_no_sqs_answer_is_refused_alike_and_a_send_left_in_doubt(
         calls = SqsBroker(both.client, lean=both.lean, lean_send=both.lean)
         with pytest.raises(SendInDoubt):
             calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+
+
+# -- before-call: botocore's handlers and a Stubber's, run alike --------------------------------
+
+
+def test_before_call_handlers_run_alike(
+    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found making lean the default: CLI tests answer through botocore's Stubber hook
+    (before-call), and in Lambda botocore's own before-call handler adds X-Amzn-Trace-Id."""
+    from botocore.stub import Stubber
+
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "drain")
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", "Root=1-5759e988-bd862e3fe1be46a994272793")
+    both = Both(fast_endpoint)
+    url = both.queue()
+    sent: list[Any] = []
+    both.client.meta.events.register("before-send.sqs", lambda request, **_: sent.append(request))
+    params = {"QueueUrl": url, "WaitTimeSeconds": 0}
+    assert both.botocore("ReceiveMessage", params) == both.lean_call("ReceiveMessage", params)
+    traces = [request.headers.get("X-Amzn-Trace-Id") for request in sent]
+    # botocore's endpoint encodes its headers to bytes; http.client sends both alike.
+    texts = [t.decode() if isinstance(t, bytes) else t for t in traces]
+    assert texts == ["Root=1-5759e988-bd862e3fe1be46a994272793"] * 2
+    with Stubber(both.client) as stubber:
+        for _ in range(2):
+            stubber.add_client_error("receive_message", "AccessDenied", "no", 403)
+        answers = [
+            both.botocore("ReceiveMessage", params),
+            both.lean_call("ReceiveMessage", params),
+        ]
+        stubber.assert_no_pending_responses()
+    assert answers[0] == answers[1] and answers[0][1]["Code"] == "AccessDenied"

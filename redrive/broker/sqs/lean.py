@@ -461,6 +461,8 @@ class LeanTransport:
         self._signer = client._request_signer
         self._unsigned = meta.config.signature_version is botocore.UNSIGNED
         self._max_attempts = _total_attempts(meta.config)
+        self._region = meta.region_name
+        self._config = meta.config
         self._read_timeout: Any = meta.config.read_timeout
         # The clock botocore's endpoint reads (naive UTC), injectable for a test.
         self._clock: Callable[[], datetime.datetime] = clock or botocore.compat.get_current_datetime
@@ -483,6 +485,7 @@ class LeanTransport:
         attempt: int = 1,
         invocation: str = "",
         ttl: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> botocore.awsrequest.AWSRequest:
         """The request botocore would send for ``body``, signed now with the credentials'
         current key (a refreshable set refreshes here when due, as botocore's signer does)."""
@@ -493,6 +496,8 @@ class LeanTransport:
         if self._query_mode:
             headers["x-amzn-query-mode"] = "true"
         headers["User-Agent"] = self._user_agent
+        if extra:  # what before-call's handlers added to the request dict's headers
+            headers.update(extra)
         request = botocore.awsrequest.AWSRequest(
             method="POST", url=self._url, data=body, headers=headers
         )
@@ -526,25 +531,31 @@ class LeanTransport:
         """What ``client.<operation>(**params)`` returns, or the exception it raises."""
         op = self._operation(operation)
         body = op.body(params)
-        # botocore's request context: the retry handler keeps its quota capacity here.
-        context: dict[str, Any] = {"retries": {"attempt": 1, "invocation-id": str(uuid.uuid4())}}
-        request_dict = {"context": context}
-        attempts = 1
-        while True:
-            answer, parsed, caught = self._attempt(op, body, context)
-            if not self._retry(op, attempts, request_dict, answer, parsed, caught):
-                break
-            attempts += 1
-            context["retries"]["attempt"] = attempts
-            if answer is not None:
-                self._note_ttl(context["retries"], answer)
-        if parsed is not None and "ResponseMetadata" in parsed:
-            parsed["ResponseMetadata"]["RetryAttempts"] = attempts - 1
+        # botocore's request context (the retry handler keeps its quota capacity here) and
+        # request dict, as its client method hands them to before-call's handlers: botocore's
+        # own (the Lambda recursion-detection header) and a Stubber's, which answers itself.
+        context: dict[str, Any] = {
+            "client_region": self._region,
+            "client_config": self._config,
+            "retries": {"attempt": 1, "invocation-id": str(uuid.uuid4())},
+        }
+        headers: dict[str, str] = {}
+        request_dict = {"url": self._url, "method": "POST", "headers": headers, "body": body}
+        request_dict["context"] = context
         event = f"{self._service_id}.{op.name}"
-        if caught is not None:
-            self._events.emit(f"after-call-error.{event}", exception=caught, context=context)
-            raise caught
-        assert answer is not None and parsed is not None
+        _, answered = self._events.emit_until_response(
+            f"before-call.{event}",
+            model=op.model,
+            params=request_dict,
+            request_signer=self._signer,
+            context=context,
+        )
+        answer: Any
+        parsed: dict[str, Any]
+        if answered is not None:
+            answer, parsed = answered
+        else:
+            answer, parsed = self._send(op, body, headers, request_dict)
         self._events.emit(
             f"after-call.{event}",
             http_response=answer,
@@ -553,13 +564,36 @@ class LeanTransport:
             context=context,
         )
         if answer.status_code >= 300:
-            error = parsed.get("Error", {})
+            error = parsed.get("Error", {})  # (the code as botocore's client method reads it)
             code = context.get("error_code_override") or error.get("Code")
             raise self.client.exceptions.from_code(code)(parsed, op.name)
         return parsed
 
+    def _send(
+        self, op: _Operation, body: bytes, headers: Mapping[str, str], request_dict: Any
+    ) -> tuple[_Answer, dict[str, Any]]:
+        """The attempts botocore's endpoint makes, its retry handler judging each."""
+        context = request_dict["context"]
+        attempts = 1
+        while True:
+            answer, parsed, caught = self._attempt(op, body, headers, context)
+            if not self._retry(op, attempts, request_dict, answer, parsed, caught):
+                break
+            attempts += 1
+            context["retries"]["attempt"] = attempts
+            if answer is not None:
+                self._note_ttl(context["retries"], answer)
+        if parsed is not None and "ResponseMetadata" in parsed:
+            parsed["ResponseMetadata"]["RetryAttempts"] = attempts - 1
+        if caught is not None:
+            event = f"after-call-error.{self._service_id}.{op.name}"
+            self._events.emit(event, exception=caught, context=context)
+            raise caught
+        assert answer is not None and parsed is not None
+        return answer, parsed
+
     def _attempt(
-        self, op: _Operation, body: bytes, context: Mapping[str, Any]
+        self, op: _Operation, body: bytes, extra: Mapping[str, str], context: Mapping[str, Any]
     ) -> tuple[_Answer | None, dict[str, Any] | None, Exception | None]:
         """One attempt, as botocore's endpoint makes it: any exception is caught (for the
         retry handler to judge) and the answer is lost when its check fails."""
@@ -571,6 +605,7 @@ class LeanTransport:
                 attempt=retries["attempt"],
                 invocation=retries["invocation-id"],
                 ttl=retries.get("ttl"),
+                extra=extra,
             )
             # Prepared once, as botocore's endpoint sends it: the adaptive mode's rate limiter
             # waits here, and a stub (moto's mock_aws) answers in the server's place.
