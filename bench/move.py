@@ -54,6 +54,9 @@ is one PurgeQueue call) and ``receive-delete`` (the batched loop: receive 10, de
 A purge run is checked for an empty DLQ, an empty target, ``purged`` == N and, archiving,
 ``archived`` == N. ``peak RSS MB`` is the contender's own, ``child RSS MB`` the largest of
 its children's (``--processes``; RUSAGE_CHILDREN at its exit).
+``--sqs-client lean|botocore`` gives every redrive contender that SQS client; ``both`` runs
+each redrive contender twice a round, ``TOOL@lean`` and ``TOOL@botocore`` (interleaved like
+any contenders), and prints lean / botocore (msgs/s and client CPU, same rounds).
 ``--profile-size N`` adds a step timer and a cProfile (every thread) of one redrive run of N
 messages.
 
@@ -178,6 +181,51 @@ PAIRS = (
 )
 #: --before DIR: the tree redrive-before runs from.
 BEFORE: list[str] = []
+#: --sqs-client lean|botocore: the client every redrive contender is given (empty: its own
+#: default). With ``both`` each redrive contender runs twice a round, as ``TOOL@lean`` and
+#: ``TOOL@botocore`` (interleaved like any two contenders), and lean / botocore is printed.
+SQS_CLIENT: list[str] = []
+SQS_CLIENTS = ("lean", "botocore")
+
+
+def split_client(tool: str) -> tuple[str, str | None]:
+    """A contender's name without its ``@client``, and the SQS client it runs (None: the
+    redrive default)."""
+    name, _, client = tool.partition("@")
+    return name, client or (SQS_CLIENT[0] if SQS_CLIENT else None)
+
+
+def with_clients(tools: Sequence[str], choice: str | None) -> list[str]:
+    """``--sqs-client both``: each redrive contender (not redrive-before, whose tree may
+    lack the switch) as two, one per client."""
+    if choice != "both":
+        return list(tools)
+    out: list[str] = []
+    for tool in tools:
+        if tool.startswith(("redrive", "purge-")) and tool != "redrive-before":
+            out += [f"{tool}@{client}" for client in SQS_CLIENTS]
+        else:
+            out.append(tool)
+    return out
+
+
+def pairs_of(tools: Sequence[str]) -> list[tuple[str, str]]:
+    """The ratios printed: PAIRS, per client when contenders run on both, and lean /
+    botocore for each contender that ran on both."""
+    present = set(tools)
+    out: list[tuple[str, str]] = []
+    for tool, base in PAIRS:
+        for client in ("", *(f"@{c}" for c in SQS_CLIENTS)):
+            other = f"{base}{client}" if f"{base}{client}" in present else base
+            if f"{tool}{client}" in present and other in present:
+                out.append((f"{tool}{client}", other))
+    for tool in tools:
+        name, client = tool.partition("@")[::2]
+        if client == "lean" and f"{name}@botocore" in present:
+            out.append((tool, f"{name}@botocore"))
+    return out
+
+
 # Reads a kwarg of every message (every message's arguments are decoded) and matches every
 # one (a body that is not a Celery task has null kwargs: null != 'EUR'), so both move N.
 DEFAULT_WHERE = "kwargs.currency != 'EUR'"
@@ -859,9 +907,13 @@ def redrive_command(
     tool: str, ledger: str, *, profile_out: str | None = None, phases: bool = False
 ) -> list[str]:
     """The command of a redrive contender: ``redrive[-pP][-wN]``, ``redrive-shm[-wN]``,
-    ``redrive-where``, ``redrive-before`` (see EXTRA_TOOLS), or a purge."""
+    ``redrive-where``, ``redrive-before`` (see EXTRA_TOOLS), or a purge; ``@lean`` or
+    ``@botocore`` (or --sqs-client) adds ``--sqs-client``."""
+    tool, client = split_client(tool)
     patches = _RSS + (_PHASES if phases else "") + (_PROFILE_THREADS if profile_out else "")
     head = [PYTHON, "-c", patches + _MAIN]
+    if client:
+        head += ["--sqs-client", client]
     if tool.startswith("purge-"):
         return [*head, *purge_arguments(tool, ledger)]
     # --include-unknown: the loops move the bodies that are not Celery tasks too.
@@ -905,7 +957,7 @@ def tool_command(tool: str, n: int, ledger: str, wait: int) -> list[str]:
 
 def tool_tree(tool: str) -> str:
     """The tree a contender's redrive comes from: --before's for redrive-before."""
-    return BEFORE[0] if tool == "redrive-before" and BEFORE else ROOT
+    return BEFORE[0] if split_client(tool)[0] == "redrive-before" and BEFORE else ROOT
 
 
 @dataclass
@@ -1075,13 +1127,13 @@ def measure(
             problems.append(f"moved {moved}, expected {n}")
         if tool.startswith(("redrive", "purge-")) and (data.get("failed") or data.get("in_doubt")):
             problems.append(f"failed {data.get('failed')}, in doubt {data.get('in_doubt')}")
-        if tool == "purge-archive" and (data.get("archived") != n or not archived_bytes):
+        if tool.startswith("purge-archive") and (data.get("archived") != n or not archived_bytes):
             problems.append(f"archived {data.get('archived')} ({archived_bytes:,} bytes written)")
     except (ValueError, KeyError, TypeError):
         if not problems:
             problems.append(f"no JSON result: {stdout.strip()[-200:]!r} {stderr.strip()[-300:]}")
     # A move leaves every message in the target, a purge none.
-    expected = (0, 0, 0) if tool in PURGE_TOOLS else (n, 0, 0)
+    expected = (0, 0, 0) if split_client(tool)[0] in PURGE_TOOLS else (n, 0, 0)
     # A redrive without --processes did nothing: that is the whole story.
     did_nothing = problems[:1] == [NO_PROCESSES]
     if target_after != expected and not did_nothing:
@@ -1199,7 +1251,7 @@ def summary_rows(result: SizeResult, tools: Sequence[str]) -> list[dict[str, Any
         if runs:
             wall = median([r.wall_s for r in runs])
             server_cpu = median([r.server_cpu_s for r in runs])
-            base = BASELINE.get(tool)
+            base = BASELINE.get(split_client(tool)[0])
             row.update(
                 {
                     "msgs/s": median([r.rate_wall for r in runs]),
@@ -1303,12 +1355,13 @@ def render(
         text.append("| " + " | ".join(cells) + " |")
     text.append("")
     for result in results:
-        for tool, base in PAIRS:
+        for tool, base in pairs_of(tools):
             ratio = paired_ratio(result, tool, base, own=False)
             own = paired_ratio(result, tool, base, own=True)
             if ratio is None:
                 continue
-            what = f"redrive --where {WHERE[0]!r}" if tool == "redrive-where" else tool
+            where = split_client(tool)[0] == "redrive-where"
+            what = f"redrive --where {WHERE[0]!r}{tool[13:]}" if where else tool
             cpu = paired_ratio(result, tool, base, own=False, cpu=True)
             text.append(
                 f"N={result.n:,}: {what} / {base}, same rounds: {ratio:.2f}x msgs/s"
@@ -1572,6 +1625,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="also run redrive-before: redrive from the tree DIR (e.g. `git archive main | tar "
         "-x -C DIR`), default settings, in the same rounds; prints redrive / redrive-before",
     )
+    parser.add_argument(
+        "--sqs-client",
+        choices=(*SQS_CLIENTS, "both"),
+        help="the SQS client of every redrive contender (redrive's --sqs-client); both: each "
+        "redrive contender twice a round, TOOL@lean and TOOL@botocore, and prints lean / "
+        "botocore (default: redrive's own default)",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--profile-size",
@@ -1634,6 +1694,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(
             f"unknown tools {sorted(unknown)}; choose from {', '.join(TOOLS + EXTRA_TOOLS)}"
         )
+    if args.sqs_client in SQS_CLIENTS:
+        SQS_CLIENT[:] = [args.sqs_client]
+    tools = with_clients(tools, args.sqs_client)
     if any(t.startswith("redrive-shm") for t in tools) and not os.path.isdir(SHM):
         parser.error(f"the redrive-shm variants need {SHM} (tmpfs)")
     if args.rounds < 1:

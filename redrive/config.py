@@ -38,7 +38,9 @@ SqsClient = Literal["botocore", "lean"]
 #: The clients the SQS backend calls SQS with (``--sqs-client``, REDRIVE_SQS_CLIENT,
 #: ``[sqs] client``): botocore's, or the lean path for the per-message calls (issue 25).
 SQS_CLIENTS: tuple[SqsClient, ...] = ("botocore", "lean")
-DEFAULT_SQS_CLIENT: SqsClient = "botocore"
+#: lean since its proof passed (issue 25: tests/test_sqs_lean.py against moto, fast_sqs and
+#: LocalStack, the broker contract on both paths); botocore stays one option away.
+DEFAULT_SQS_CLIENT: SqsClient = "lean"
 SQS_CLIENT_OPTION = "--sqs-client"
 SQS_CLIENT_ENV = "REDRIVE_SQS_CLIENT"
 

@@ -75,9 +75,9 @@ def one_usage_error(result: Result, *fragments: str) -> str:
 # -- where the choice comes from ------------------------------------------------------------
 
 
-def test_botocore_is_the_default(family: Family, clients: list[str], cli: Cli) -> None:
+def test_lean_is_the_default(family: Family, clients: list[str], cli: Cli) -> None:
     cli.ok("inspect", "checkout")
-    assert clients and set(clients) == {"botocore"}
+    assert clients and set(clients) == {"lean"}
 
 
 @pytest.mark.parametrize(
@@ -254,10 +254,11 @@ def spread_wirings(monkeypatch: pytest.MonkeyPatch) -> list[Wiring]:
     [
         (("--sqs-client", "lean", "move", "checkout", "--processes", "2"), None, "lean"),
         (("move", "checkout", "--processes", "2", "--sqs-client", "lean"), None, "lean"),
-        (("move", "checkout", "--processes", "2"), {"REDRIVE_SQS_CLIENT": "lean"}, "lean"),
-        (("move", "checkout", "--processes", "2"), None, "botocore"),
+        (("move", "checkout", "--processes", "2", "--sqs-client", "botocore"), None, "botocore"),
+        (("move", "checkout", "--processes", "2"), {"REDRIVE_SQS_CLIENT": "botocore"}, "botocore"),
+        (("move", "checkout", "--processes", "2"), None, "lean"),
     ],
-    ids=["before", "after", "env", "default"],
+    ids=["before", "after", "after-botocore", "env", "default"],
 )
 def test_a_processes_child_uses_the_same_client(
     family: Family,
@@ -297,9 +298,9 @@ def executed_move(cli: Cli, family: Family, *args: str, env: Any = None) -> dict
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
-        ((), None, "botocore"),
-        (("--sqs-client", "lean"), None, "lean"),
-        ((), {"REDRIVE_SQS_CLIENT": "lean"}, "lean"),
+        ((), None, "lean"),
+        (("--sqs-client", "botocore"), None, "botocore"),
+        ((), {"REDRIVE_SQS_CLIENT": "botocore"}, "botocore"),
     ],
     ids=["default", "option", "env"],
 )

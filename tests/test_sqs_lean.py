@@ -10,6 +10,7 @@ one line redrive words from it).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import importlib.util
@@ -18,6 +19,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -601,9 +603,17 @@ def test_lean_calls_builds_a_broker_on_both_paths(server: Any) -> None:
 
 
 @contextlib.contextmanager
-def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterator[list[str]]:
+def _failing_server(
+    status: int,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    date: str | None = None,
+    requests: list[dict[str, str]] | None = None,
+) -> Iterator[list[str]]:
     """A loopback server that answers every request with one error; yields its URL, then
-    the X-Amz-Target of each request it gets."""
+    the X-Amz-Target of each request it gets (``requests``: their headers too). ``date``:
+    its Date header, instead of its own clock's."""
     import http.server
 
     seen: list[str] = []
@@ -614,12 +624,17 @@ def _failing_server(status: int, body: bytes, headers: dict[str, str]) -> Iterat
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", "0")))
             seen.append(self.headers.get("X-Amz-Target", ""))
+            if requests is not None:
+                requests.append(dict(self.headers.items()))
             self.send_response(status)
             for name, value in {"Content-Type": "application/x-amz-json-1.0", **headers}.items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            return date or super().date_time_string(timestamp)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -674,26 +689,134 @@ def test_retries_are_botocores_and_a_batch_is_never_resent(
         assert kind[0] != "ok" and issubclass(kind[0], botocore.exceptions.ClientError)
 
 
-# -- proxies: botocore's choice of one, taken as it is -----------------------------------------
+# -- clock skew: botocore corrects none; a retry's ttl from the server's Date, alike -----------
+
+
+@pytest.mark.parametrize(
+    "server_date, code",
+    [
+        ("Mon, 04 May 2026 03:07:01 GMT", "InternalError"),  # 5 min ahead: retried (500)
+        ("Mon, 04 May 2026 02:47:01 GMT", "InternalError"),  # 15 min behind
+        ("not a date", "InternalError"),  # no ttl at all
+        ("Mon, 04 May 2026 03:22:01 GMT", "RequestTimeTooSkewed"),  # not retried either way
+    ],
+    ids=["ahead", "behind", "bad-date", "too-skewed"],
+)
+def test_clock_skew_is_handled_as_botocore_handles_it(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch, server_date: str, code: str
+) -> None:
+    import time
+
+    import botocore.endpoint
+
+    moment = datetime.datetime(2026, 5, 4, 3, 2, 1)  # the local clock, injected both ways
+    clock = iter(moment + datetime.timedelta(seconds=n) for n in range(10_000))
+
+    def now(remove_tzinfo: bool = True) -> datetime.datetime:
+        return next(clock)
+
+    monkeypatch.setattr(botocore.endpoint, "get_current_datetime", now)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: moment)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    status = 500 if code == "InternalError" else 400
+    body = f'{{"__type": "com.amazonaws.sqs#{code}", "message": "m"}}'.encode()
+    requests: list[dict[str, str]] = []
+    with _failing_server(status, body, {}, date=server_date, requests=requests) as seen:
+        url = seen.pop(0)
+        client = client_of(url, retries={"mode": "standard", "total_max_attempts": 3})
+        lean = LeanTransport(client, clock=now)
+        params: dict[str, Any] = {"QueueUrl": f"{url}/1/q", "WaitTimeSeconds": 0}
+        theirs = outcome("ReceiveMessage", lambda: client.receive_message(**params))
+        clock = iter(moment + datetime.timedelta(seconds=n) for n in range(10_000))
+        split = len(requests)
+        ours = outcome("ReceiveMessage", lambda: lean.call("ReceiveMessage", params))
+    assert ours == theirs and ours[1]["Code"] == code
+
+    def sent(rows: list[dict[str, str]]) -> list[tuple[str, str]]:
+        return [(row["X-Amz-Date"], row["amz-sdk-request"]) for row in rows]
+
+    assert sent(requests[split:]) == sent(requests[:split])
+    # Signed by the local clock every time, never the server's.
+    assert {row["X-Amz-Date"] for row in requests} == {"20260504T030201Z"}
+    headers = [row["amz-sdk-request"] for row in requests[split:]]
+    if code == "RequestTimeTooSkewed":
+        assert headers == ["attempt=1; max=3"]
+    elif server_date == "not a date":
+        assert headers == [f"attempt={n}; max=3" for n in (1, 2, 3)]
+    else:
+        assert headers[0] == "attempt=1; max=3" and len(headers) == 3
+        assert all(h.startswith("ttl=") for h in headers[1:])
+    if server_date.startswith("Mon, 04 May 2026 03:07"):
+        # Local 03:02:02 (the clock's second read) + the 60 s read timeout + 300 s of skew.
+        assert headers[1] == "ttl=20260504T030802Z; attempt=2; max=3"
+
+
+# -- proxies: botocore's choice of one (HTTP_PROXY, HTTPS_PROXY, NO_PROXY, proxies) ----------
+
+
+@dataclass
+class _Proxy:
+    """A real HTTP proxy on loopback: CONNECT tunnels and absolute-form forwarding. ``seen``
+    holds (method, target, Proxy-Authorization) of what reached it; ``tunnelled`` the bytes
+    relayed through its tunnels."""
+
+    url: str
+    seen: list[tuple[str, str, str | None]]
+    tunnelled: list[int]
+
+
+def _relay(source: socket.socket, sink: socket.socket, counted: list[int]) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            counted.append(len(data))
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager
-def _forward_proxy() -> Iterator[list[str]]:
-    """A plain-HTTP forward proxy on loopback; yields its URL, then each URL it forwards."""
+def _proxy(*, deny: bool = False) -> Iterator[_Proxy]:
+    """``deny``: every request answered 407 (Proxy Authentication Required)."""
     import http.client
     import http.server
 
-    seen: list[str] = []
+    seen: list[tuple[str, str, str | None]] = []
+    tunnelled: list[int] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def _noted(self) -> bool:
+            seen.append((self.command, self.path, self.headers.get("Proxy-Authorization")))
+            if deny:
+                self.send_response(407)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            return not deny
+
+        def do_CONNECT(self) -> None:
+            if not self._noted():
+                return
+            host, port = self.path.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)), timeout=30)
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            self.wfile.flush()
+            back = threading.Thread(target=_relay, args=(upstream, self.connection, tunnelled))
+            back.start()
+            _relay(self.connection, upstream, tunnelled)
+            back.join(30)
+            upstream.close()
+            self.close_connection = True
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            seen.append(self.path)
+            if not self._noted():
+                return
             target = urlsplit(self.path)
             upstream = http.client.HTTPConnection(target.hostname or "", target.port or 80)
-            forwarded = {k: v for k, v in self.headers.items() if k.lower() != "proxy-connection"}
+            hop = ("proxy-connection", "proxy-authorization", "connection")
+            forwarded = {k: v for k, v in self.headers.items() if k.lower() not in hop}
             upstream.request("POST", target.path or "/", body=body, headers=forwarded)
             answer = upstream.getresponse()
             data = answer.read()
@@ -710,39 +833,110 @@ def _forward_proxy() -> Iterator[list[str]]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
-    seen.append(f"http://127.0.0.1:{server.server_address[1]}")
     try:
-        yield seen
+        yield _Proxy(f"http://127.0.0.1:{server.server_address[1]}", seen, tunnelled)
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
 
 
-@pytest.mark.parametrize("how", ["config", "environment", "no-proxy"])
-def test_calls_go_through_the_proxy_botocore_chose(
-    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch, how: str
+@contextlib.contextmanager
+def _sqs_behind(
+    scheme: str, moto: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """An SQS server on loopback: moto's (http), or bench/fast_sqs.py over TLS (https) with
+    a self-signed certificate trusted through AWS_CA_BUNDLE."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    if scheme == "http":
+        yield str(moto.endpoint_url)
+        return
+    cert, key = _self_signed(tmp_path)
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    with _fast_sqs_over_tls(cert, key) as url:
+        yield url
+
+
+def _calls_both_ways(both: Both, url: str, proxy: _Proxy) -> list[Any]:
+    """A send and a receive made by botocore's client, then by the lean transport; what each
+    sent through the proxy; both outcomes (equal)."""
+    send = {"QueueUrl": url, "Entries": [entry(0, "through the proxy ü")]}
+    receive = {"QueueUrl": url, "VisibilityTimeout": 0, "WaitTimeSeconds": 0}
+    passed = []
+    outcomes = []
+    for call in (both.botocore, both.lean_call):
+        proxy.seen.clear()
+        proxy.tunnelled.clear()
+        outcomes.append([call("SendMessageBatch", send), call("ReceiveMessage", receive)])
+        passed.append((list(proxy.seen), bool(proxy.tunnelled)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0][0] == "ok"
+    assert passed[0] == passed[1]
+    return list(passed[0])
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize(
+    "how", ["environment", "config", "no-proxy-host", "no-proxy-star", "no-proxy-elsewhere"]
+)
+def test_calls_through_a_proxy_go_and_answer_as_botocores(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, how: str
 ) -> None:
-    with _forward_proxy() as seen:
-        proxy = seen.pop(0)
-        config: dict[str, Any] = {"proxies": {"http": proxy}} if how == "config" else {}
-        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name, raising=False)
-        if how != "config":
-            monkeypatch.setenv("HTTP_PROXY", proxy)
-        if how == "no-proxy":
-            monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        both = Both(fast_endpoint, **config) if config else Both(fast_endpoint)
-        url = str(both.client.create_queue(QueueName=f"proxied-{how}")["QueueUrl"])
-        seen.clear()
-        params = {"QueueUrl": url, "Entries": [entry(0, "through")]}
-        assert both.botocore("SendMessageBatch", params) == both.lean_call(
-            "SendMessageBatch", params
-        )
-        expected = [] if how == "no-proxy" else [f"{fast_endpoint}/"] * 2
-        assert seen == expected
+    with _sqs_behind(scheme, server, tmp_path, monkeypatch) as endpoint_url, _proxy() as proxy:
+        url = str(client_of(endpoint_url).create_queue(QueueName="proxied")["QueueUrl"])
+        # The proxy's user and password, quoted in the URL: Proxy-Authorization.
+        authed = proxy.url.replace("http://", "http://us%40er:p%3Ass@")
+        variable = f"{scheme.upper()}_PROXY"
+        if how == "config":
+            both = Both(endpoint_url, proxies={scheme: authed})
+        else:
+            monkeypatch.setenv(variable, authed)
+            bypass = {"no-proxy-host": "127.0.0.1", "no-proxy-star": "*"}
+            monkeypatch.setenv("NO_PROXY", bypass.get(how, "example.com,.example.org"))
+            both = Both(endpoint_url)
+        seen, tunnelled = _calls_both_ways(both, url, proxy)
+    if how.startswith("no-proxy-") and how != "no-proxy-elsewhere":
+        assert seen == [] and not tunnelled
+        return
+    auth = "Basic " + base64.b64encode(b"us@er:p:ss").decode()
+    netloc = urlsplit(endpoint_url).netloc
+    if scheme == "https":  # one tunnel each, the connection kept for the second call
+        assert seen == [("CONNECT", netloc, auth)] and tunnelled
+    else:  # every request forwarded, named by its whole URL
+        assert seen == [("POST", f"{endpoint_url}/", auth)] * 2 and not tunnelled
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("failure", ["refused", "407"])
+def test_a_proxy_that_fails_is_the_same_error_both_ways(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, failure: str
+) -> None:
+    behind = _sqs_behind(scheme, server, tmp_path, monkeypatch)
+    with behind as endpoint_url, _proxy(deny=True) as proxy:
+        proxy_url = proxy.url if failure == "407" else f"http://127.0.0.1:{free_port()}"
+        monkeypatch.setenv(f"{scheme.upper()}_PROXY", proxy_url)
+        both = Both(endpoint_url, retries={"total_max_attempts": 1}, connect_timeout=5)
+        kind = both.equal("ReceiveMessage", {"QueueUrl": f"{endpoint_url}/1/q"})
+    assert kind[0] != "ok"
+    if failure == "refused" or scheme == "https":
+        assert kind[0] is botocore.exceptions.ProxyConnectionError
+
+
+def test_a_proxy_spoken_to_over_tls_is_refused_in_one_line_before_any_call(
+    aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "https://user:secret@127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(UsageProblem, match="proxy") as refused:
+        lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
+    line = str(refused.value)
+    assert "\n" not in line and "--sqs-client botocore" in line and "secret" not in line
 
 
 # -- the endpoint: botocore's resolver's, and its request URL ----------------------------------
@@ -782,17 +976,6 @@ def test_the_request_goes_where_botocores_would(
         client.receive_message(QueueUrl="https://sqs.eu-west-1.amazonaws.com/1/q")
     lean = LeanTransport(client)
     assert lean.signed_request("ReceiveMessage", b"{}").url == urls[0]
-
-
-def test_a_setting_only_botocore_implements_is_refused_in_one_line_before_any_call(
-    aws_env: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
-    with pytest.raises(UsageProblem, match="proxy") as refused:
-        lean_calls(AwsSettings(endpoint_url="https://127.0.0.1:9", region="us-east-1"))
-    assert "\n" not in str(refused.value) and "--sqs-client botocore" in str(refused.value)
 
 
 # -- TLS: botocore's verification, its CA bundle -----------------------------------------------
@@ -947,3 +1130,36 @@ def test_a_2xx_that_is_no_sqs_answer_is_refused_alike_and_a_send_left_in_doubt(
         calls = SqsBroker(both.client, lean=both.lean, lean_send=both.lean)
         with pytest.raises(SendInDoubt):
             calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+
+
+# -- before-call: botocore's handlers and a Stubber's, run alike --------------------------------
+
+
+def test_before_call_handlers_run_alike(
+    fast_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found making lean the default: CLI tests answer through botocore's Stubber hook
+    (before-call), and in Lambda botocore's own before-call handler adds X-Amzn-Trace-Id."""
+    from botocore.stub import Stubber
+
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", "drain")
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", "Root=1-5759e988-bd862e3fe1be46a994272793")
+    both = Both(fast_endpoint)
+    url = both.queue()
+    sent: list[Any] = []
+    both.client.meta.events.register("before-send.sqs", lambda request, **_: sent.append(request))
+    params = {"QueueUrl": url, "WaitTimeSeconds": 0}
+    assert both.botocore("ReceiveMessage", params) == both.lean_call("ReceiveMessage", params)
+    traces = [request.headers.get("X-Amzn-Trace-Id") for request in sent]
+    # botocore's endpoint encodes its headers to bytes; http.client sends both alike.
+    texts = [t.decode() if isinstance(t, bytes) else t for t in traces]
+    assert texts == ["Root=1-5759e988-bd862e3fe1be46a994272793"] * 2
+    with Stubber(both.client) as stubber:
+        for _ in range(2):
+            stubber.add_client_error("receive_message", "AccessDenied", "no", 403)
+        answers = [
+            both.botocore("ReceiveMessage", params),
+            both.lean_call("ReceiveMessage", params),
+        ]
+        stubber.assert_no_pending_responses()
+    assert answers[0] == answers[1] and answers[0][1]["Code"] == "AccessDenied"

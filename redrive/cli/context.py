@@ -81,7 +81,7 @@ class Context:
     @property
     def sqs(self) -> SqsClient:
         """The SQS client the run's brokers call with: --sqs-client's, else
-        REDRIVE_SQS_CLIENT's, else the config's ``[sqs] client``, else botocore. A bad value
+        REDRIVE_SQS_CLIENT's, else the config's ``[sqs] client``, else lean. A bad value
         is a usage error (exit 2) naming where it came from."""
         with core_errors():
             if self.sqs_client is not None:

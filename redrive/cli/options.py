@@ -292,8 +292,8 @@ def endpoint_url(_: Any, param: click.Parameter, value: str | None) -> str | Non
 
 
 SQS_CLIENT_HELP = (
-    "How redrive calls SQS: botocore (the default), or lean, a lean path for the calls "
-    "each message costs (env REDRIVE_SQS_CLIENT; config [sqs] client)."
+    "How redrive calls SQS: lean (the default), a lean path for the calls each message "
+    "costs, or botocore for every call (env REDRIVE_SQS_CLIENT; config [sqs] client)."
 )
 
 

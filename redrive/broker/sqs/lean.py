@@ -13,13 +13,25 @@ botocore's method returns, and an error as the exception botocore raises, so
 in-doubt rules work unchanged. Every 2xx answer is checked as :mod:`redrive.aws.answers`
 checks botocore's. SendMessageBatch is never retried here: SqsCalls retries it only when
 provably not sent.
+
+Clock skew, as botocore handles it for SQS (read in botocore 1.44: endpoint.py, auth.py,
+retries/standard.py, retryhandler.py, data/_retry.json): it does not correct it. SigV4 signs
+with the local clock (``botocore.auth.get_current_datetime``) on every attempt; no retry
+mode names RequestTimeTooSkewed, SignatureDoesNotMatch or a skew among its retryable errors,
+so a skewed request fails as its error and is not resent; no offset is kept between calls.
+The one thing botocore derives from the server's ``Date`` is the ``ttl=`` of a retry's
+``amz-sdk-request`` header (the server's time by which the retry's answer is awaited),
+which this path writes the same way (:meth:`LeanTransport._note_ttl`). So a machine whose
+clock is off fails here exactly as it fails on botocore, with the same error.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import http.client
 import json
+import os
 import select
 import socket
 import ssl
@@ -35,9 +47,11 @@ from urllib.parse import urlsplit, urlunsplit
 import botocore
 import botocore.auth
 import botocore.awsrequest
+import botocore.compat
 import botocore.exceptions
 import botocore.httpsession
 import botocore.parsers
+import botocore.utils
 from botocore.hooks import first_non_none_response
 
 from redrive.aws.answers import ENDPOINT_KEY, ForeignAnswer, json_misfit, not_the_answer
@@ -201,7 +215,23 @@ def _tls_context(verify: Any, client_cert: Any) -> ssl.SSLContext:
     return context
 
 
+_PROXY_HOST_FLAG: Final = "BOTO_EXPERIMENTAL__ADD_PROXY_HOST_HEADER"
+
+
+def _unauthed(url: str) -> str:
+    """A proxy URL without its password (a refusal is printed)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit((parts.scheme, f"{parts.username}:***@{netloc}", *parts[2:]))
+
+
 def _target_of(client: Any, url: str) -> _Target:
+    """Where and how the calls go: the proxy is the one botocore chose when it built the
+    client's endpoint (``HTTP_PROXY``/``HTTPS_PROXY`` by the URL's scheme unless ``NO_PROXY``
+    bypasses its host, through botocore.utils.get_environ_proxies, or the config's
+    ``proxies``): taken from its http session, never decided again here."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     session = client._endpoint.http_session
@@ -213,11 +243,17 @@ def _target_of(client: Any, url: str) -> _Target:
     if proxy_url:
         at = urlsplit(proxy_url)
         if at.scheme != "http":
-            raise LeanUnsupported(f"a proxy spoken to over {at.scheme} ({proxy_url})")
+            # urllib3 speaks TLS to an https:// proxy (TLS in TLS for an https endpoint,
+            # proxies_config's CA bundle, client cert and forwarding): not done here. For an
+            # http:// proxy proxies_config changes nothing in urllib3, so it needs no refusal.
+            raise LeanUnsupported(f"a proxy spoken to over {at.scheme} ({_unauthed(proxy_url)})")
         proxy = (at.hostname or "", at.port or 80, proxy_url)
-        headers = proxies.proxy_headers_for(proxy_url)
-    if config.proxies_config:
-        raise LeanUnsupported("proxies_config")
+        # Proxy-Authorization from the URL's user and password, as botocore words it: on
+        # the CONNECT of a tunnel, on every request forwarded in plain HTTP.
+        headers = dict(proxies.proxy_headers_for(proxy_url))
+        if botocore.utils.ensure_boolean(os.environ.get(_PROXY_HOST_FLAG, "")):
+            # botocore's experimental flag, read per send there, once per transport here.
+            headers["host"] = parts.hostname or ""
     return _Target(
         url=url,
         host=parts.hostname or "",
@@ -405,7 +441,13 @@ class LeanTransport:
     """The four per-message SQS calls for one botocore ``client``, as that client makes them
     (see the module). Thread-safe: one transport serves every worker."""
 
-    def __init__(self, client: Any, *, pool_size: int | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        pool_size: int | None = None,
+        clock: Callable[[], datetime.datetime] | None = None,
+    ) -> None:
         meta = client.meta
         service = meta.service_model
         if service.protocol != "json":
@@ -419,6 +461,11 @@ class LeanTransport:
         self._signer = client._request_signer
         self._unsigned = meta.config.signature_version is botocore.UNSIGNED
         self._max_attempts = _total_attempts(meta.config)
+        self._region = meta.region_name
+        self._config = meta.config
+        self._read_timeout: Any = meta.config.read_timeout
+        # The clock botocore's endpoint reads (naive UTC), injectable for a test.
+        self._clock: Callable[[], datetime.datetime] = clock or botocore.compat.get_current_datetime
         self._query_mode = bool(service.is_query_compatible)
         self._content_type = f"application/x-amz-json-{service.metadata['jsonVersion']}"
         self._user_agent = f"Botocore/{botocore.__version__} redrive-lean"
@@ -431,7 +478,14 @@ class LeanTransport:
         self._pool.close()
 
     def signed_request(
-        self, operation: str, body: bytes, *, attempt: int = 1, invocation: str = ""
+        self,
+        operation: str,
+        body: bytes,
+        *,
+        attempt: int = 1,
+        invocation: str = "",
+        ttl: str | None = None,
+        extra: Mapping[str, str] | None = None,
     ) -> botocore.awsrequest.AWSRequest:
         """The request botocore would send for ``body``, signed now with the credentials'
         current key (a refreshable set refreshes here when due, as botocore's signer does)."""
@@ -442,6 +496,8 @@ class LeanTransport:
         if self._query_mode:
             headers["x-amzn-query-mode"] = "true"
         headers["User-Agent"] = self._user_agent
+        if extra:  # what before-call's handlers added to the request dict's headers
+            headers.update(extra)
         request = botocore.awsrequest.AWSRequest(
             method="POST", url=self._url, data=body, headers=headers
         )
@@ -456,7 +512,9 @@ class LeanTransport:
             ).add_auth(request)
         # Unsigned, as botocore adds them: which call and attempt this is, for the service.
         request.headers["amz-sdk-invocation-id"] = invocation or str(uuid.uuid4())
-        request.headers["amz-sdk-request"] = f"attempt={attempt}; max={self._max_attempts}"
+        # (botocore's add_retry_headers: ttl, attempt, max, those the retries context has.)
+        retry = f"attempt={attempt}; max={self._max_attempts}"
+        request.headers["amz-sdk-request"] = retry if ttl is None else f"ttl={ttl}; {retry}"
         return request
 
     def request_body(self, operation: str, params: Mapping[str, Any]) -> bytes:
@@ -473,23 +531,31 @@ class LeanTransport:
         """What ``client.<operation>(**params)`` returns, or the exception it raises."""
         op = self._operation(operation)
         body = op.body(params)
-        # botocore's request context: the retry handler keeps its quota capacity here.
-        context: dict[str, Any] = {"retries": {"attempt": 1, "invocation-id": str(uuid.uuid4())}}
-        request_dict = {"context": context}
-        attempts = 1
-        while True:
-            answer, parsed, caught = self._attempt(op, body, context)
-            if not self._retry(op, attempts, request_dict, answer, parsed, caught):
-                break
-            attempts += 1
-            context["retries"]["attempt"] = attempts
-        if parsed is not None and "ResponseMetadata" in parsed:
-            parsed["ResponseMetadata"]["RetryAttempts"] = attempts - 1
+        # botocore's request context (the retry handler keeps its quota capacity here) and
+        # request dict, as its client method hands them to before-call's handlers: botocore's
+        # own (the Lambda recursion-detection header) and a Stubber's, which answers itself.
+        context: dict[str, Any] = {
+            "client_region": self._region,
+            "client_config": self._config,
+            "retries": {"attempt": 1, "invocation-id": str(uuid.uuid4())},
+        }
+        headers: dict[str, str] = {}
+        request_dict = {"url": self._url, "method": "POST", "headers": headers, "body": body}
+        request_dict["context"] = context
         event = f"{self._service_id}.{op.name}"
-        if caught is not None:
-            self._events.emit(f"after-call-error.{event}", exception=caught, context=context)
-            raise caught
-        assert answer is not None and parsed is not None
+        _, answered = self._events.emit_until_response(
+            f"before-call.{event}",
+            model=op.model,
+            params=request_dict,
+            request_signer=self._signer,
+            context=context,
+        )
+        answer: Any
+        parsed: dict[str, Any]
+        if answered is not None:
+            answer, parsed = answered
+        else:
+            answer, parsed = self._send(op, body, headers, request_dict)
         self._events.emit(
             f"after-call.{event}",
             http_response=answer,
@@ -498,20 +564,48 @@ class LeanTransport:
             context=context,
         )
         if answer.status_code >= 300:
-            error = parsed.get("Error", {})
+            error = parsed.get("Error", {})  # (the code as botocore's client method reads it)
             code = context.get("error_code_override") or error.get("Code")
             raise self.client.exceptions.from_code(code)(parsed, op.name)
         return parsed
 
+    def _send(
+        self, op: _Operation, body: bytes, headers: Mapping[str, str], request_dict: Any
+    ) -> tuple[_Answer, dict[str, Any]]:
+        """The attempts botocore's endpoint makes, its retry handler judging each."""
+        context = request_dict["context"]
+        attempts = 1
+        while True:
+            answer, parsed, caught = self._attempt(op, body, headers, context)
+            if not self._retry(op, attempts, request_dict, answer, parsed, caught):
+                break
+            attempts += 1
+            context["retries"]["attempt"] = attempts
+            if answer is not None:
+                self._note_ttl(context["retries"], answer)
+        if parsed is not None and "ResponseMetadata" in parsed:
+            parsed["ResponseMetadata"]["RetryAttempts"] = attempts - 1
+        if caught is not None:
+            event = f"after-call-error.{self._service_id}.{op.name}"
+            self._events.emit(event, exception=caught, context=context)
+            raise caught
+        assert answer is not None and parsed is not None
+        return answer, parsed
+
     def _attempt(
-        self, op: _Operation, body: bytes, context: Mapping[str, Any]
+        self, op: _Operation, body: bytes, extra: Mapping[str, str], context: Mapping[str, Any]
     ) -> tuple[_Answer | None, dict[str, Any] | None, Exception | None]:
         """One attempt, as botocore's endpoint makes it: any exception is caught (for the
         retry handler to judge) and the answer is lost when its check fails."""
         retries = context["retries"]
         try:
             request = self.signed_request(
-                op.name, body, attempt=retries["attempt"], invocation=retries["invocation-id"]
+                op.name,
+                body,
+                attempt=retries["attempt"],
+                invocation=retries["invocation-id"],
+                ttl=retries.get("ttl"),
+                extra=extra,
             )
             # Prepared once, as botocore's endpoint sends it: the adaptive mode's rate limiter
             # waits here, and a stub (moto's mock_aws) answers in the server's place.
@@ -533,6 +627,22 @@ class LeanTransport:
             return answer, self._parsed(op, status, headers, raw), None
         except Exception as exc:  # botocore's endpoint catches every one alike
             return None, None, exc
+
+    def _note_ttl(self, retries: dict[str, Any], answer: _Answer) -> None:
+        """botocore's endpoint's only use of the server's clock (``_set_ttl``), done the
+        same: before a retry, the last answer's Date gives the skew, and the retry's
+        ``amz-sdk-request`` says by when (the local clock plus the read timeout plus the skew,
+        the server's time) its answer is awaited. Nothing is re-signed or re-dated."""
+        date = answer.headers.get("date")
+        if not date:
+            return
+        try:
+            received = self._clock()
+            skew = datetime.datetime.strptime(date, "%a, %d %b %Y %H:%M:%S %Z") - received
+            ttl = self._clock() + datetime.timedelta(seconds=self._read_timeout) + skew
+            retries["ttl"] = ttl.strftime("%Y%m%dT%H%M%SZ")
+        except Exception:  # botocore logs and goes on: a bad Date is the server's
+            return
 
     def _retry(
         self,
