@@ -130,10 +130,6 @@ class ProgressDisplay(RunObserver[Any]):
         self.progress = progress
         self._line = line
 
-    @property
-    def wants_progress(self) -> bool:
-        return self.progress.enabled  # not a terminal: no line is shown
-
     def on_progress(self, result: Any) -> None:
         self.progress.update(self._line(result, self.progress))
 
