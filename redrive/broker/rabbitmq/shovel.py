@@ -174,7 +174,9 @@ class Shovels:
         return sorted(found, key=lambda t: t.started or 0.0, reverse=True)
 
     def cancel(self, target: DlqTarget) -> MoveTask | None:
-        running = next((t for t in self.listed(target) if t.status == RUNNING), None)
+        # Every listed shovel still exists: a terminated one restarts after its reconnect
+        # delay, so it is cancelled as a running one is.
+        running = next(iter(self.listed(target)), None)
         if running is None or running.handle is None:
             raise NoRunningMoveTask(
                 f"no shovel of redrive's moves DLQ {target.dlq.name}: nothing to cancel"
@@ -216,7 +218,9 @@ class Shovels:
             moved = max(0, to_move - self.broker.counts(target.dlq.name).ready)
         status, reason = RUNNING, None
         if state is not None and state.get("state") == "terminated":
-            status, reason = FAILED, " ".join(str(state.get("reason", "terminated")).split())
+            # It retries after its reconnect delay until cancelled: say so.
+            why = " ".join(str(state.get("reason", "terminated")).split())
+            status, reason = FAILED, f"{why} (it retries; `redrive tasks --cancel` stops it)"
         return self._made(
             target,
             name,
