@@ -331,7 +331,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "config": {"durations", "errors"},
     "keys": {"messages"},
     "aws": {"errors"},
-    "broker": {"aws", "broker.rabbitmq", "broker.sqs", "config", "errors"},
+    "broker": {"aws", "broker.rabbitmq", "broker.sqs", "config", "durations", "errors"},
     "broker.sqs": {"aws", "broker", "config", "durations", "errors"},
     "broker.rabbitmq": {"attributes", "broker", "config", "errors"},
     "attributes": set(),
@@ -358,7 +358,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
         *("inspection", "keys", "ledger", "messages", "operations"),
     },
     "render": {
-        *("archive", "broker.sqs", "celery", "durations", "inspection", "ledger"),
+        *("archive", "broker", "broker.sqs", "celery", "durations", "inspection", "ledger"),
         *("operations", "reporting", "selection", "shell"),
     },
     "sandbox": {"broker", "broker.rabbitmq", "broker.sqs", "config", "errors", "messages"},

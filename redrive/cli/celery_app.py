@@ -78,10 +78,11 @@ def task_knowledge(
 def refuse_native_with_routes(
     ctx: Context, *, route: str | None, include_unregistered: bool, to: str | None
 ) -> None:
-    """``move --native`` is SQS's own redrive: every message to its source (or ``--to``)."""
+    """``move --native`` is the broker's own redrive: every message to its source (or
+    ``--to``)."""
     if route == "task" or include_unregistered:
         raise UsageProblem(
-            "--native lets SQS move every message to its source (or --to): it cannot route "
+            "--native lets the broker move every message to its source (or --to): it cannot route "
             "by task or keep unregistered tasks; drop --native"
         )
     if route is None and to is None and task_router(ctx) is not None:

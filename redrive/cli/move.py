@@ -106,7 +106,8 @@ from redrive.selection import Selection
 @click.option(
     "--native",
     is_flag=True,
-    help="Let SQS move the whole DLQ server-side (StartMessageMoveTask): no filters, no ledger.",
+    help="Let the broker move the whole DLQ server-side (SQS StartMessageMoveTask, a RabbitMQ "
+    "shovel): no filters, no ledger.",
 )
 @execute_options
 @ledger_option

@@ -1,4 +1,5 @@
-"""``move --native`` and ``tasks``: SQS's own server-side moves (StartMessageMoveTask)."""
+"""``move --native`` and ``tasks``: the broker's own server-side moves (SQS's message move
+tasks, RabbitMQ's dynamic shovels), behind :class:`redrive.broker.native.NativeMover`."""
 
 from __future__ import annotations
 
@@ -11,21 +12,19 @@ import click
 from click.core import ParameterSource
 
 from redrive.broker.base import Broker, DlqTarget
-from redrive.broker.sqs.broker import SqsBroker
-from redrive.broker.sqs.native import (
+from redrive.broker.native import (
     CANCELLED,
     CANCELLING,
     COMPLETED,
     FAILED,
     MoveTask,
-    cancel_move_task,
+    NativeMover,
     destination_label,
-    follow_native_move,
-    list_move_tasks,
-    native_request,
-    plan_native_move,
-    start_native_move,
 )
+from redrive.broker.rabbitmq import RabbitBroker
+from redrive.broker.rabbitmq.shovel import Shovels
+from redrive.broker.sqs.broker import SqsBroker
+from redrive.broker.sqs.native import SqsMoveTasks
 from redrive.cli.celery_app import refuse_native_with_routes
 from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
@@ -52,13 +51,16 @@ _NATIVE_OPTIONS = {
 _NATIVE_REFUSALS = (
     (
         {"tasks", "exclude_tasks", "older_than", "newer_than", "limit", "message_ids", "where"},
-        "SQS's server-side move cannot filter: it moves every message in the DLQ",
+        "the broker's server-side move cannot filter: it moves every message in the DLQ",
     ),
     (
         {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
         "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
     ),
-    ({"workers", "processes", "lease"}, "SQS moves the messages itself, with no workers or leases"),
+    (
+        {"workers", "processes", "lease"},
+        "the broker moves the messages itself, with no workers or leases",
+    ),
 )
 
 
@@ -148,35 +150,37 @@ def native_move(
     as_json: bool,
     routes: NativeRoutes,
 ) -> None:
-    """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
+    """``move --native``: the broker moves the whole DLQ server-side (SQS's
+    StartMessageMoveTask, a RabbitMQ shovel)."""
     refuse_native_extras(ctx, to, routes)
     with core_errors():
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
-        broker = native_broker(ctx.broker_of(dlq)())
+        mover = native_mover(ctx.broker_of(dlq)())
         if not execute:
-            plan = plan_native_move(broker, dlq, destination=queue, rate=rate)
+            plan = mover.plan(dlq, destination=queue, rate=rate)
             if as_json:
                 emit_json(plan.to_json())
             else:
                 click.echo(native_plan_text(plan))
             return
-        request = native_request(dlq, destination=queue, rate=rate)
+        per_second = mover.check(dlq, destination=queue, rate=rate)
         where = destination_label(queue, tuple(s.name for s in dlq.sources))
         confirm(
             execute,
             yes,
-            f"Start SQS's server-side move of EVERY message in {dlq.dlq.name} to {where}?",
+            f"Start {mover.server}'s server-side move of EVERY message in {dlq.dlq.name} "
+            f"to {where}?",
             details=lambda: dlq_details(ctx, dlq, None),
         )
-        handle = start_native_move(broker, dlq, destination=queue, rate=rate)
+        handle = mover.start(dlq, destination=queue, rate=rate)
     click.echo(
-        f"started move task {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
-        "following, not the task)",
+        f"started {mover.noun} {handle} on DLQ {dlq.dlq.name}; following it (Ctrl-C stops "
+        f"following, not the {mover.noun})",
         err=True,
     )
     with following() as stop:
-        task = follow_task(broker, dlq, handle, target, stop)
+        task = follow_task(mover, dlq, handle, target, stop)
     if as_json:
         emit_json(
             {
@@ -184,7 +188,7 @@ def native_move(
                 "dry_run": False,
                 "dlq": dlq.dlq.name,
                 "destination": queue.name if queue else None,
-                "rate": request.get("MaxNumberOfMessagesPerSecond"),
+                "rate": per_second,
                 **task.to_json(),
                 "task_handle": handle,
                 "following_stopped": not task.terminal,
@@ -196,13 +200,12 @@ def native_move(
 
 
 def follow_task(
-    broker: SqsBroker, dlq: DlqTarget, handle: str, target: str, stop: threading.Event
+    mover: NativeMover, dlq: DlqTarget, handle: str, target: str, stop: threading.Event
 ) -> MoveTask:
     """Follow the started task until it ends (or Ctrl-C), its progress on stderr."""
-    progress = Progress("move task")
+    progress = Progress(mover.noun)
     try:
-        return follow_native_move(
-            broker,
+        return mover.follow(
             dlq,
             handle,
             poll_seconds=NATIVE_POLL_SECONDS,
@@ -233,7 +236,7 @@ def exit_for_task(
     if task.status == FAILED:
         fail(
             f"move task on DLQ {dlq.dlq.name} FAILED after moving {task.moved:,} message(s): "
-            f"{task.failure_reason or 'SQS gave no reason'}"
+            f"{task.failure_reason or 'the broker gave no reason'}"
         )
     if task.status in (CANCELLED, CANCELLING):
         click.echo(
@@ -251,7 +254,9 @@ def exit_for_task(
     sys.exit(EXIT_INTERRUPTED if stopped else EXIT_ATTENTION)
 
 
-@click.command(short_help="SQS message move tasks of a DLQ (move --native), newest first.")
+@click.command(
+    short_help="Server-side moves of a DLQ (move --native): SQS move tasks, RabbitMQ shovels."
+)
 @target_argument
 @click.option(
     "--cancel",
@@ -262,15 +267,16 @@ def exit_for_task(
 @wide_option
 @pass_ctx
 def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) -> None:
-    """SQS message move tasks of a DLQ (started by move --native), newest first.
+    """Server-side moves of a DLQ started by move --native, newest first: SQS's message
+    move tasks, or redrive's RabbitMQ shovels.
 
     With --cancel, cancel the running one instead.
     """
     with core_errors():
         dlq = ctx.target(target)
-        broker = native_broker(ctx.broker_of(dlq)())
+        mover = native_mover(ctx.broker_of(dlq)())
         if not cancel:
-            listed = list_move_tasks(broker, dlq)
+            listed = mover.listed(dlq)
             if as_json:
                 emit_json(
                     {
@@ -282,7 +288,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
             else:
                 click.echo(move_tasks_table(listed, dlq=dlq.dlq.name, width=table_width(wide)))
             return
-        cancelled = cancel_move_task(broker, dlq)
+        cancelled = mover.cancel(dlq)
     if cancelled is None:
         fail(
             f"nothing cancelled: the move task of DLQ {dlq.dlq.name} finished by itself "
@@ -294,13 +300,18 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
         total = f" of {cancelled.to_move:,}" if cancelled.to_move is not None else ""
         click.echo(
             f"cancelling the move task of DLQ {dlq.dlq.name}: {cancelled.moved:,}{total} "
-            "message(s) already moved stay moved, the rest stay in the DLQ; SQS ends the task "
-            f"shortly (`redrive tasks {target}` shows it)"
+            "message(s) already moved stay moved, the rest stay in the DLQ; "
+            f"{mover.server} ends it shortly (`redrive tasks {target}` shows it)"
         )
 
 
-def native_broker(broker: Broker) -> SqsBroker:
-    """The broker, if it moves a DLQ by itself (SQS's message move tasks)."""
-    if not broker.capabilities.native_move or not isinstance(broker, SqsBroker):
-        fail("--native needs a broker that moves a whole DLQ by itself (SQS): move without it")
-    return broker
+def native_mover(broker: Broker) -> NativeMover:
+    """The broker's own move of a whole DLQ: SQS's message move tasks, RabbitMQ's shovels."""
+    if broker.capabilities.native_move:
+        if isinstance(broker, SqsBroker):
+            return SqsMoveTasks(broker)
+        if isinstance(broker, RabbitBroker):
+            return Shovels(broker)
+    fail(
+        "--native needs a broker that moves a whole DLQ by itself (SQS, RabbitMQ): move without it"
+    )

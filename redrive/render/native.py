@@ -1,10 +1,11 @@
-"""``move --native`` and ``tasks``: SQS's move tasks, planned and running."""
+"""``move --native`` and ``tasks``: the broker's server-side moves, planned and running."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redrive.broker.sqs.native import MAX_NATIVE_RATE, MoveTask, NativePlan
+from redrive.broker.native import MoveTask, NativePlan
+from redrive.broker.sqs.native import MAX_NATIVE_RATE
 from redrive.render.tables import Narrow, fitted_table, when, when_cell
 
 
@@ -15,18 +16,19 @@ def native_plan_text(plan: NativePlan) -> str:
         if plan.approximate_messages is not None
         else "depth unknown"
     )
-    rate = (
-        f"at most {plan.rate} message(s)/s"
-        if plan.rate is not None
-        else f"chosen by SQS from the backlog (at most {MAX_NATIVE_RATE}/s)"
-    )
+    if plan.rate is not None:
+        rate = f"at most {plan.rate} message(s)/s"
+    elif plan.server == "SQS":
+        rate = f"chosen by SQS from the backlog (at most {MAX_NATIVE_RATE}/s)"
+    else:
+        rate = f"no limit: {plan.server} moves them as fast as they are confirmed"
     lines = [
-        "DRY RUN: would start a server-side move (SQS StartMessageMoveTask):",
+        f"DRY RUN: would start a server-side move ({plan.mechanism}):",
         f"  from  DLQ {plan.dlq.name}: every message ({depth})",
         f"  to    {plan.destination_label}",
         f"  rate  {rate}",
-        "SQS moves the messages itself: no filters and no ledger (no idempotency keys, no "
-        "expired, poison or in-doubt checks).",
+        f"{plan.server} moves the messages itself: no filters and no ledger (no idempotency "
+        "keys, no expired, poison or in-doubt checks).",
     ]
     if plan.running is not None:
         lines.append(
@@ -67,7 +69,7 @@ def move_tasks_table(
 ) -> str:
     """``redrive tasks``: the DLQ's recent move tasks, newest first."""
     if not tasks:
-        return f"no move tasks for DLQ {dlq} (SQS lists the recent ones)"
+        return f"no move tasks for DLQ {dlq} (the broker lists the recent or running ones)"
     rows = [
         [
             t.status,

@@ -33,22 +33,41 @@ class ManagementApi:
 
     def get(self, *path: str, query: str = "") -> Any:
         """The JSON at ``/api/<path...>`` (each part quoted), or None for a 404."""
+        return self.call("GET", *path, query=query)[1]
+
+    def put(self, *path: str, body: Any) -> Any:
+        """PUT ``body`` as JSON at ``/api/<path...>``; None for a 404."""
+        return self.call("PUT", *path, body=body)[1]
+
+    def delete(self, *path: str) -> bool:
+        """DELETE ``/api/<path...>``; False when there was nothing to delete (404)."""
+        return self.call("DELETE", *path)[0]
+
+    def call(self, method: str, *path: str, query: str = "", body: Any = None) -> tuple[bool, Any]:
+        """Whether the resource was there (not a 404), and the JSON answered."""
         quoted = "/".join(urllib.parse.quote(part, safe="") for part in path)
         url = f"{self.base}/api/{quoted}" + (f"?{query}" if query else "")
-        request = urllib.request.Request(url, headers={"Authorization": self._auth})
+        headers = {"Authorization": self._auth}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
-                return json.loads(answer.read() or b"null")
+                return True, json.loads(answer.read() or b"null")
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
-                return None
+                return False, None
             if exc.code in (401, 403):
                 raise BrokerUnavailable(
                     f"RabbitMQ management API at {self.masked} refused the credentials "
                     f"({exc.code}): give them in --rabbitmq-api or the broker URL"
                 ) from None
+            detail = _reason(exc)
             raise BrokerUnavailable(
-                f"RabbitMQ management API at {self.masked} answered {exc.code} for {quoted}"
+                f"RabbitMQ management API at {self.masked} answered {exc.code} for "
+                f"{method} {quoted}{detail}"
             ) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -56,3 +75,12 @@ class ManagementApi:
                 f"RabbitMQ management API at {self.masked} cannot be reached: {reason} "
                 "(is the rabbitmq_management plugin on? --rabbitmq-api names another address)"
             ) from None
+
+
+def _reason(exc: urllib.error.HTTPError) -> str:
+    """The API's own one-line reason (a 400 says which shovel setting it refused)."""
+    try:
+        reason = json.loads(exc.read() or b"{}").get("reason")
+    except (ValueError, OSError, AttributeError):
+        return ""
+    return f": {' '.join(str(reason).split())}" if reason else ""

@@ -10,30 +10,57 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import botocore.exceptions
 
 from redrive.aws.errors import ACCESS_CODES, aws_errors, error_code
-from redrive.broker.base import DlqTarget, QueueRef, queue_name
+from redrive.broker import native
+from redrive.broker.base import DlqTarget, QueueRef
+from redrive.broker.native import (
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    MoveTaskRunning,
+    NativePlan,
+    NoRunningMoveTask,
+    destination_label,
+)
 from redrive.broker.sqs.broker import SqsBroker
 from redrive.broker.sqs.calls import COUNT_ATTRIBUTES
-from redrive.durations import iso_utc
 from redrive.errors import AwsError, RedriveError, UsageProblem
+
+__all__ = [
+    "CANCELLED",
+    "CANCELLING",
+    "COMPLETED",
+    "FAILED",
+    "RUNNING",
+    "TERMINAL",
+    "MoveTask",
+    "MoveTaskRunning",
+    "NativePlan",
+    "NoRunningMoveTask",
+    "SqsMoveTasks",
+    "cancel_move_task",
+    "destination_label",
+    "follow_native_move",
+    "list_move_tasks",
+    "native_request",
+    "plan_native_move",
+    "start_native_move",
+    "validate_rate",
+]
 
 #: SQS's ceiling for MaxNumberOfMessagesPerSecond.
 MAX_NATIVE_RATE = 500
 #: ListMessageMoveTasks returns at most this many (the most recent) tasks.
 MAX_LISTED_TASKS = 10
-
-RUNNING = "RUNNING"
-COMPLETED = "COMPLETED"
-CANCELLING = "CANCELLING"
-CANCELLED = "CANCELLED"
-FAILED = "FAILED"
-TERMINAL = frozenset({COMPLETED, CANCELLED, FAILED})
 
 # Our clock and SQS's StartedTimestamp may disagree a little; a task that started more than
 # this long before we asked for it cannot be ours.
@@ -47,34 +74,11 @@ _CONFLICT_CODES = {
 }
 
 
-class MoveTaskRunning(RedriveError):
-    """SQS allows one active move task per queue, and the DLQ already has one."""
+class MoveTask(native.MoveTask):
+    """One entry of ListMessageMoveTasks (SQS gives the handle only while RUNNING, and
+    ApproximateNumberOfMessagesToMove once the task really starts)."""
 
-
-class NoRunningMoveTask(RedriveError):
-    """Nothing to cancel: no move task of the DLQ is running."""
-
-
-@dataclass(frozen=True, slots=True)
-class MoveTask:
-    """One entry of ListMessageMoveTasks."""
-
-    status: str
-    """RUNNING, COMPLETED, CANCELLING, CANCELLED or FAILED."""
-    moved: int
-    """ApproximateNumberOfMessagesMoved."""
-    to_move: int | None
-    """ApproximateNumberOfMessagesToMove: SQS fills it in once the task really starts."""
-    started: float | None
-    """Seconds since the epoch."""
-    failure_reason: str | None
-    handle: str | None
-    """SQS gives the handle only while the task is RUNNING."""
-    source_arn: str
-    destination_arn: str | None
-    """``None``: each message goes back to the queue it was dead-lettered from."""
-    rate: int | None
-    """MaxNumberOfMessagesPerSecond, ``None`` when SQS chooses it."""
+    __slots__ = ()
 
     @classmethod
     def from_response(cls, raw: Mapping[str, Any]) -> MoveTask:
@@ -91,67 +95,6 @@ class MoveTask:
             destination_arn=raw.get("DestinationArn") or None,
             rate=int(rate) if rate is not None else None,
         )
-
-    @property
-    def terminal(self) -> bool:
-        return self.status in TERMINAL
-
-    @property
-    def destination(self) -> str | None:
-        return queue_name(self.destination_arn) if self.destination_arn else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task_handle": self.handle,
-            "status": self.status,
-            "moved": self.moved,
-            "to_move": self.to_move,
-            "started": iso_utc(self.started),
-            "failure_reason": self.failure_reason,
-            "source_arn": self.source_arn,
-            "destination_arn": self.destination_arn,
-            "max_messages_per_second": self.rate,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class NativePlan:
-    """What ``move --native`` would start: the dry run's answer."""
-
-    dlq: QueueRef
-    destination: QueueRef | None
-    sources: tuple[str, ...]
-    rate: int | None
-    approximate_messages: int | None
-    running: MoveTask | None
-    """An active task that would make the start fail."""
-    running_unknown: str | None = None
-    """Why the check for an active task could not be made."""
-
-    @property
-    def destination_label(self) -> str:
-        return destination_label(self.destination, self.sources)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "native": True,
-            "dry_run": True,
-            "dlq": self.dlq.name,
-            "dlq_arn": self.dlq.ident,
-            "destination": self.destination.name if self.destination else None,
-            "destination_arn": self.destination.ident if self.destination else None,
-            "sources": list(self.sources),
-            "rate": self.rate,
-            "approximate_messages": self.approximate_messages,
-            "running_task": self.running.to_json() if self.running else None,
-        }
-
-
-def destination_label(destination: QueueRef | None, sources: tuple[str, ...]) -> str:
-    if destination is not None:
-        return destination.name
-    where = f" ({', '.join(sources)})" if sources else ""
-    return f"each message's original source queue{where}"
 
 
 def validate_rate(rate: float | None) -> int | None:
@@ -416,3 +359,52 @@ def _stamp(ts: float | None) -> str:
 def _one_line(text: Any) -> str | None:
     # A failure reason lands in a table cell and in a one-line error.
     return (" ".join(str(text).split()) or None) if text else None
+
+
+class SqsMoveTasks:
+    """SQS's message move tasks behind :class:`redrive.broker.native.NativeMover`."""
+
+    server = "SQS"
+    noun = "move task"
+
+    def __init__(self, broker: SqsBroker) -> None:
+        self.broker = broker
+
+    def check(
+        self, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
+    ) -> int | None:
+        request = native_request(target, destination=destination, rate=rate)
+        per_second = request.get("MaxNumberOfMessagesPerSecond")
+        return int(per_second) if per_second is not None else None
+
+    def plan(
+        self, target: DlqTarget, *, destination: QueueRef | None, rate: float | None
+    ) -> NativePlan:
+        return plan_native_move(self.broker, target, destination=destination, rate=rate)
+
+    def start(self, target: DlqTarget, *, destination: QueueRef | None, rate: float | None) -> str:
+        return start_native_move(self.broker, target, destination=destination, rate=rate)
+
+    def follow(
+        self,
+        target: DlqTarget,
+        handle: str,
+        *,
+        poll_seconds: float,
+        stop: threading.Event,
+        on_progress: Callable[[native.MoveTask], None],
+    ) -> native.MoveTask:
+        return follow_native_move(
+            self.broker,
+            target,
+            handle,
+            poll_seconds=poll_seconds,
+            stop=stop,
+            on_progress=on_progress,
+        )
+
+    def listed(self, target: DlqTarget) -> list[native.MoveTask]:
+        return list(list_move_tasks(self.broker, target))
+
+    def cancel(self, target: DlqTarget) -> native.MoveTask | None:
+        return cancel_move_task(self.broker, target)
