@@ -10,6 +10,7 @@ back, the ledger stops a rerun with another edit, a SIGKILL loses and doubles no
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,12 +22,14 @@ from typing import Any
 import amqp
 import celery
 import pytest
+from celery_worker import kill_if_running, start_celery_worker
+from conftest import wait_until
 from test_rabbitmq_e2e import KILLED_AT_ACK, ROOT, drain, ok_json, redrive, task_ids
 
 from redrive import attributes
 from redrive.archive import read_records
 from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
-from redrive.repair import edits_from_options, repair
+from redrive.repair import Edit, edits_from_options, repair
 from redrive.sandbox.rabbitmq_layout import (
     RabbitFamily,
     celery_message,
@@ -124,9 +127,9 @@ def task_id_of(message: amqp.Message) -> str:
     return str(json.loads(message.body)["id"])  # protocol 1
 
 
-def expected_body(message: amqp.Message) -> bytes:
+def expected_body(message: amqp.Message, edits: tuple[Edit, ...] = EDITS) -> bytes:
     """The AMQP body the edits should give: the envelope repaired, opened again."""
-    done = repair(envelope_of(message.body, message.properties), EDITS)
+    done = repair(envelope_of(message.body, message.properties), edits)
     assert done.changed
     return unpacked(done.body, {})[0]
 
@@ -271,3 +274,171 @@ def test_a_sigkill_of_an_edited_move_loses_and_doubles_nothing(
     assert drain(rabbitmq_vhost, DLQ) == []
     archived = {r.body for p in (first, second) if p.exists() for r in read_records(str(p))}
     assert {envelope_of(m.body, m.properties) for m in before} <= archived
+
+
+# -- a real Celery worker on RabbitMQ runs each repaired task once --------------------------------
+
+WORKER_APP = """
+import json, os
+from celery import Celery
+from kombu import Queue
+
+app = Celery("repair_rmq", broker=os.environ["E2E_BROKER"])
+app.conf.update(
+    task_queues=[Queue("onion-checkout", queue_arguments=json.loads(os.environ["E2E_ARGS"]))],
+    broker_connection_retry_on_startup=True,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    task_ignore_result=True,
+)
+
+
+# The handler as deployed now: amount_cents (it was amount), the currency in capitals.
+@app.task(bind=True, name="apps.payments.tasks.capture_payment")
+def capture_payment(self, order_id, amount_cents, currency="USD"):
+    if currency != currency.upper():
+        raise ValueError(f"bad currency {currency!r}")
+    line = json.dumps({"id": self.request.id, "args": list(self.request.args),
+                       "kwargs": self.request.kwargs})
+    fd = os.open(os.environ["E2E_RUNS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\\n").encode())
+    finally:
+        os.close(fd)
+"""
+
+
+def fill_for_worker(vhost: Vhost) -> list[amqp.Message]:
+    """Tasks written before a deploy renamed ``amount`` to ``amount_cents`` (the currency in
+    lower case, too), from real Celery producers of protocols 1 and 2 (one of each with an
+    ``expires``), and one whose ``expires`` passed while it sat in the DLQ; dead-lettered."""
+    now = datetime.now(UTC)
+    messages = []
+    for protocol in (1, 2):
+        base = 100 * protocol
+        messages += celery_published(
+            vhost,
+            protocol,
+            [
+                ([base], {"amount": base, "currency": "usd"}, None),
+                ([base + 1], {"amount": base + 1, "currency": "eur"}, now + timedelta(hours=1)),
+            ],
+        )
+    messages.append(
+        celery_message(
+            TASK,
+            [300],
+            {"amount": 300, "currency": "usd"},
+            task_id="p2-late",
+            expires=now - timedelta(minutes=5),
+            now=now - timedelta(hours=1),
+        )
+    )
+    connection = open_connection(vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        declare_layout(channel, [checkout()])
+        channel.close()
+        dead_letter(connection, checkout(), messages)
+    finally:
+        connection.close()
+    return drain(vhost, DLQ)
+
+
+def test_a_real_celery_worker_runs_each_repaired_task_once_with_its_new_arguments(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    before = fill_for_worker(rabbitmq_vhost)
+    assert len(before) == 5
+    words = [
+        "--rename", "kwargs.amount=kwargs.amount_cents",
+        "--set", 'kwargs.currency="USD"',
+        "--clear-expires",
+    ]  # fmt: skip
+    ledger, archive = tmp_path / "ledger.sqlite3", tmp_path / "originals.jsonl.gz"
+    done = ok_json(
+        redrive(
+            rabbitmq_vhost,
+            "move",
+            "checkout",
+            *words,
+            "--archive",
+            str(archive),
+            "--ledger",
+            str(ledger),
+            "--execute",
+            "--yes",
+            "--json",
+        )
+    )
+    assert (done["moved"], done["repair"]["archived"]) == (5, 5), done
+    again = ok_json(
+        redrive(
+            rabbitmq_vhost,
+            "move",
+            "checkout",
+            *words,
+            "--ledger",
+            str(ledger),
+            "--execute",
+            "--yes",
+            "--json",
+            "--no-archive",
+        )
+    )
+    assert again["moved"] == 0
+
+    (tmp_path / "repair_rmq.py").write_text(WORKER_APP)
+    runs = tmp_path / "runs.jsonl"
+    env = {
+        **os.environ,
+        "E2E_BROKER": rabbitmq_vhost.amqp_url,
+        "E2E_ARGS": json.dumps(checkout().queue_arguments()),
+        "E2E_RUNS": str(runs),
+    }
+    log = tmp_path / "worker.log"
+    worker = start_celery_worker("repair_rmq", QUEUE, cwd=tmp_path, env=env, log=log)
+
+    def ran() -> list[dict[str, Any]]:
+        text = runs.read_text() if runs.exists() else ""
+        return [json.loads(line) for line in text.splitlines()]
+
+    try:
+        wait_until(
+            lambda: len(ran()) >= len(before) or worker.poll() is not None,
+            "the worker ran the repaired tasks",
+            timeout=120,
+        )
+        assert worker.poll() is None, log.read_text()[-3000:]
+        wait_until(lambda: ready(rabbitmq_vhost) == 0, "the queue emptied", timeout=60)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log.read_text()[-3000:]
+    finally:
+        kill_if_running(worker)
+    edits = edits_from_options(
+        renames=["kwargs.amount=kwargs.amount_cents"],
+        sets=['kwargs.currency="USD"'],
+        clear_expires=True,
+    )
+    expected = {}
+    for message in before:
+        body = expected_body(message, edits)
+        content = json.loads(body)
+        args, kwargs = (content[0], content[1]) if isinstance(content, list) else (
+            content["args"], content["kwargs"]
+        )  # fmt: skip
+        assert kwargs["currency"] == "USD" and "amount" not in kwargs
+        expected[task_id_of(message)] = {"args": args, "kwargs": kwargs}
+    assert len(ran()) == len(before), log.read_text()[-3000:]
+    assert {r["id"]: {"args": r["args"], "kwargs": r["kwargs"]} for r in ran()} == expected
+    text = log.read_text()
+    assert "revoked" not in text.lower() and "Traceback" not in text, text[-3000:]
+
+
+def ready(vhost: Vhost) -> int:
+    """How many messages of the source queue wait for a consumer."""
+    connection = open_connection(vhost.amqp_url)
+    try:
+        return int(raw_channel(connection).queue_declare(QUEUE, passive=True).message_count)
+    finally:
+        connection.close()
