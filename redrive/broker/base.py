@@ -146,6 +146,9 @@ class Capabilities:
     archived_attributes: tuple[str, ...]
     """The broker's own facts (``Delivery.attributes``) an archive keeps; the rest is noise
     or identifies callers, so it stays out of long-lived archives."""
+    receive_limit_way_out: str = ""
+    """How to raise or remove a queue's receive limit, for people (``{name}``: the queue's
+    name, ``{scope}``: its ident without the name, e.g. a vhost)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,7 +151,7 @@ def native_move(
     """``move --native``: SQS's StartMessageMoveTask moves the whole DLQ server-side."""
     refuse_native_extras(ctx, to, routes)
     with core_errors():
-        dlq = ctx.target(target)
+        dlq = ctx.target(target, receives=False)
         queue = ctx.queue(to) if to else None
         broker = native_broker(ctx.broker_of(dlq)())
         if not execute:
@@ -267,7 +267,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
     With --cancel, cancel the running one instead.
     """
     with core_errors():
-        dlq = ctx.target(target)
+        dlq = ctx.target(target, receives=False)
         broker = native_broker(ctx.broker_of(dlq)())
         if not cancel:
             listed = list_move_tasks(broker, dlq)

@@ -64,6 +64,13 @@ CAPABILITIES: Final = Capabilities(
     receive_limit_setting="x-delivery-limit",
     max_message_attributes=64,
     archived_attributes=ARCHIVED_ATTRIBUTES,
+    # A queue's own x-delivery-limit argument may outrank a policy's: then only declaring
+    # the DLQ again lifts it.
+    receive_limit_way_out=(
+        "raise or remove it: rabbitmqctl set_policy -p {scope} --apply-to queues "
+        "redrive-{name} '^{name}$' '{{\"delivery-limit\": 1000000}}' (if its own "
+        "x-delivery-limit argument outranks the policy, declare the DLQ again without it)"
+    ),
 )
 
 
