@@ -51,6 +51,12 @@ class Delivery:
     receive's own hold goes (counted from before the request: never later than the broker's)."""
     redrive_receives: int = field(default=0, compare=False)
     """How many times redrive received this message, this receive included (0: unknown)."""
+    death_reason: str | None = None
+    """Why it was last dead-lettered, in the broker's words (RabbitMQ's x-death reasons:
+    ``rejected``, ``expired``, ``delivery_limit``, ``maxlen``), where the broker says
+    (None: it does not, as SQS)."""
+    died_at: float | None = None
+    """When it was last dead-lettered (epoch seconds), where the broker says."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,6 +197,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
     )
     count = headers.get("x-delivery-count")
     died_in = latest.get("queue")
+    reason = latest.get("reason")
     return Delivery(
         message_id=message_id_of(got.properties, envelope, marks),
         tag=got.tag,
@@ -211,6 +212,8 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
         enqueued_at=_epoch(first.get("time")),
         died_in=f"{vhost}/{died_in}" if isinstance(died_in, str) and died_in else None,
         hidden_until=hidden_until,
+        death_reason=reason if isinstance(reason, str) and reason else None,
+        died_at=_epoch(latest.get("time")),
     )
 
 
