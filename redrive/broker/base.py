@@ -152,6 +152,9 @@ class Capabilities:
     archived_attributes: tuple[str, ...]
     """The broker's own facts (``Delivery.attributes``) an archive keeps; the rest is noise
     or identifies callers, so it stays out of long-lived archives."""
+    declared_by_consumers: bool = False
+    """Queues and their dead-lettering are what their consumers declare (AMQP): a Celery
+    worker's queue declarations decide whether a queue has a DLQ at all."""
     receive_limit_way_out: str = ""
     """How to raise or remove a queue's receive limit, for people (``{name}``: the queue's
     name, ``{scope}``: its ident without the name, e.g. a vhost)."""

@@ -64,6 +64,7 @@ CAPABILITIES: Final = Capabilities(
     receive_limit_setting="x-delivery-limit",
     max_message_attributes=64,
     archived_attributes=ARCHIVED_ATTRIBUTES,
+    declared_by_consumers=True,
     # A queue's own x-delivery-limit argument may outrank a policy's: then only declaring
     # the DLQ again lifts it.
     receive_limit_way_out=(
