@@ -435,6 +435,9 @@ def test_json_shape(
             "protocols",
         } <= set(group)
         assert group["oldest"].endswith("Z")
+        # SQS says nothing of why a message died: no death keys (RabbitMQ's are tested in
+        # tests/test_rabbitmq_death_reasons.py).
+        assert not {"death_reasons", "died_in", "died_oldest", "died_newest"} & set(group)
     assert data["target"] == "checkout"
     assert data["dlq"] == "onion-checkout-dlq"
     assert data["sources"] == ["onion-checkout"]

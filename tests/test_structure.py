@@ -340,7 +340,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "selection": {"broker", "messages", "where"},
     "ledger": {"aws", "errors", "state_dir"},
     "archive": {"aws", "broker", "errors"},
-    "dlq": {"allocator", "broker", "state_dir"},
+    "dlq": {"allocator", "broker", "errors", "state_dir"},
     "celery": {"broker", "config", "errors", "messages"},
     "inspection": {
         *("attributes", "broker", "celery", "dlq", "durations"),

@@ -51,6 +51,12 @@ class Delivery:
     receive's own hold goes (counted from before the request: never later than the broker's)."""
     redrive_receives: int = field(default=0, compare=False)
     """How many times redrive received this message, this receive included (0: unknown)."""
+    death_reason: str | None = None
+    """Why it was last dead-lettered, in the broker's words (RabbitMQ's x-death reasons:
+    ``rejected``, ``expired``, ``delivery_limit``, ``maxlen``), where the broker says
+    (None: it does not, as SQS)."""
+    died_at: float | None = None
+    """When it was last dead-lettered (epoch seconds), where the broker says."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,12 @@ class Capabilities:
     archived_attributes: tuple[str, ...]
     """The broker's own facts (``Delivery.attributes``) an archive keeps; the rest is noise
     or identifies callers, so it stays out of long-lived archives."""
+    declared_by_consumers: bool = False
+    """Queues and their dead-lettering are what their consumers declare (AMQP): a Celery
+    worker's queue declarations decide whether a queue has a DLQ at all."""
+    receive_limit_way_out: str = ""
+    """How to raise or remove a queue's receive limit, for people (``{name}``: the queue's
+    name, ``{scope}``: its ident without the name, e.g. a vhost)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ class _Task:
     acks_late: bool
     acks_on_failure: bool
     lost_redelivered: bool
+    reject_on_worker_lost: bool
     time_limit: float | None
     retry_countdown: tuple[float, str]
     """The longest a retry waits before it runs again, and the setting that says so."""
@@ -68,6 +69,7 @@ def _user_tasks(app: Any) -> list[_Task]:
                 acks_on_failure=bool(on_failure),
                 lost_redelivered=bool(task.reject_on_worker_lost)
                 or bool(getattr(task, "retry_on_worker_lost", False)),
+                reject_on_worker_lost=bool(task.reject_on_worker_lost),
                 time_limit=float(task.time_limit) if task.time_limit else None,
                 retry_countdown=countdown,
             )
@@ -76,18 +78,88 @@ def _user_tasks(app: Any) -> list[_Task]:
 
 
 def audit_app(
-    app: Any, routes: AppRoutes, layout: Layout, dlqs: Mapping[str, str]
+    app: Any,
+    routes: AppRoutes,
+    layout: Layout,
+    dlqs: Mapping[str, str],
+    *,
+    declared_by_workers: bool = False,
 ) -> list[SettingFinding]:
     """Every finding for ``app`` against ``layout`` (its families, its deploy stop timeout);
-    ``dlqs``: each family's DLQ name -> the family's name (the queues redrive watches)."""
+    ``dlqs``: each family's DLQ name -> the family's name (the queues redrive watches).
+    ``declared_by_workers``: the broker's queues are what workers declare (RabbitMQ): then
+    their declarations (``task_queues``) are audited, and SQS's visibility timeout is not."""
     with users_code():  # the app's settings and tasks are the project's code
         tasks = _user_tasks(app)
+        if declared_by_workers:
+            broker_findings = [*_worker_lost(tasks), *declarations(app, layout, dlqs)]
+        else:
+            broker_findings = _visibility(app, tasks)
         return [
             *_acknowledgement(tasks),
             *_time_limits(tasks, layout.deploy_stop_timeout),
-            *_visibility(app, tasks),
+            *broker_findings,
             *_routing(app, routes, layout, tasks, dlqs),
         ]
+
+
+def _worker_lost(tasks: Sequence[_Task]) -> list[SettingFinding]:
+    return _each(
+        tasks,
+        lambda t: t.reject_on_worker_lost and not t.acks_late,
+        "task_reject_on_worker_lost",
+        "True",
+        "without task_acks_late the task was acknowledged when received: a dead worker (or a "
+        "Reject(requeue=False)) has nothing left to reject, and the task is lost, never "
+        "dead-lettered; set task_acks_late = True",
+    )
+
+
+def declarations(app: Any, layout: Layout, dlqs: Mapping[str, str]) -> list[SettingFinding]:
+    """What a worker declares on AMQP (``task_queues``): a family's queue declared without
+    ``x-dead-letter-exchange`` (created without a DLQ, or refused where it has one), and no
+    DLQ declared (on a new broker the DLX routes failures nowhere: they vanish)."""
+    declared = {str(q.name): q for q in (app.conf.task_queues or ())}
+    if not declared:
+        return [
+            SettingFinding(
+                "task_queues",
+                "None",
+                "workers declare each queue they consume with no arguments: where it does not "
+                "exist yet it is created with no x-dead-letter-exchange (failing tasks are "
+                "dropped), and nothing declares a DLQ; declare every family's queue with "
+                "queue_arguments x-dead-letter-exchange/-routing-key, and its DLQ",
+            )
+        ]
+    findings = []
+    for family in layout.families:
+        name = queue_name(family.queue)
+        queue = declared.get(name)
+        arguments = dict(getattr(queue, "queue_arguments", None) or {})
+        if queue is not None and "x-dead-letter-exchange" not in arguments:
+            findings.append(
+                SettingFinding(
+                    "task_queues",
+                    name,
+                    f"family {family.name}'s queue is declared without "
+                    "x-dead-letter-exchange: a worker that declares it first creates it with "
+                    "no DLQ (failing tasks are dropped); where it has one, the declare is "
+                    "refused (406 PRECONDITION_FAILED) and the worker stops",
+                )
+            )
+    for dlq, family_name in sorted(dlqs.items()):
+        if dlq not in declared:
+            findings.append(
+                SettingFinding(
+                    "task_queues",
+                    dlq,
+                    f"family {family_name}'s DLQ is declared by no worker: on a new broker (or "
+                    "once it is deleted) the dead-letter exchange routes failures to no queue "
+                    "and they vanish; declare it (a task_queues entry no worker's -Q consumes) "
+                    "or create it with the broker's own definitions",
+                )
+            )
+    return findings
 
 
 def _concerning(tasks: Sequence[_Task], bad: Sequence[_Task]) -> str:

@@ -81,6 +81,13 @@ from redrive.cli.options import (
     help="RabbitMQ's management API (default http://HOST:15672 with the broker URL's "
     "credentials; env REDRIVE_RABBITMQ_API; config [broker] rabbitmq_api).",
 )
+@click.option(
+    "--allow-delivery-limit",
+    is_flag=True,
+    help="Receive from a DLQ that has a delivery limit of its own (a RabbitMQ quorum DLQ's "
+    "x-delivery-limit, an SQS DLQ's RedrivePolicy) though every read counts toward it; "
+    "without it such a DLQ is refused (exit 2).",
+)
 @click.version_option(__version__, prog_name="redrive")
 @click.pass_context
 def cli(
@@ -94,6 +101,7 @@ def cli(
     sqs_client: str | None,
     broker: str | None,
     rabbitmq_api: str | None,
+    allow_delivery_limit: bool,
 ) -> None:
     """Drain Amazon SQS (and RabbitMQ) dead-letter queues full of Celery tasks, safely.
 
@@ -107,6 +115,7 @@ def cli(
     )
     ctx.obj.broker_option = broker or None
     ctx.obj.rabbitmq_api_option = rabbitmq_api or None
+    ctx.obj.allow_delivery_limit = allow_delivery_limit
     ctx.obj.result_backend = result_backend or None
     ctx.obj.result_backend_given = (
         ctx.get_parameter_source("result_backend") is click.core.ParameterSource.COMMANDLINE

@@ -125,4 +125,10 @@ def celery_findings(ctx: Context) -> list[Finding]:
             "REDRIVE_CELERY_APP, or [celery] app in the config)"
         )
     app, spec = loaded
-    return check_celery(app, spec, AppRoutes(app, spec), ctx.layout)
+    return check_celery(
+        app,
+        spec,
+        AppRoutes(app, spec),
+        ctx.layout,
+        declared_by_workers=ctx.broker_for(None).capabilities.declared_by_consumers,
+    )

@@ -191,6 +191,13 @@ class NeedsYes(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+class Refused(click.ClickException):
+    """A run refused before it touched anything until an explicit option says go (exit 2,
+    one line)."""
+
+    exit_code = EXIT_USAGE
+
+
 def terminal_attached() -> bool:
     """Whether a person can answer a prompt: it is read from stdin and asked on stderr."""
     return sys.stdin.isatty() and sys.stderr.isatty()

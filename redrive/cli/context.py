@@ -17,7 +17,7 @@ from redrive.broker import RABBITMQ_SCHEMES, open_broker, resolve_target
 from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
-from redrive.cli.console import ARGV, command_line, warn
+from redrive.cli.console import ARGV, Refused, command_line, warn
 from redrive.config import (
     DEFAULT_SQS_CLIENT,
     SQS_CLIENT_ENV,
@@ -26,6 +26,7 @@ from redrive.config import (
     load_layout,
     sqs_client_named,
 )
+from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
@@ -49,6 +50,9 @@ class Context:
     app's ``broker_url`` (:attr:`broker_url`)."""
     rabbitmq_api_option: str | None = None
     """``--rabbitmq-api`` (or REDRIVE_RABBITMQ_API); else the config's."""
+    allow_delivery_limit: bool = False
+    """``--allow-delivery-limit``: receive from a DLQ with a delivery limit of its own
+    (redrive.dlq.delivery_limit)."""
 
     @property
     def layout(self) -> Layout:
@@ -202,8 +206,22 @@ class Context:
             self._spare[region] = self._open_broker(region)
         return self._spare[region]
 
-    def target(self, name: str) -> DlqTarget:
-        return resolve_target(self.layout, name, self._resolver)
+    def target(self, name: str, *, receives: bool = True) -> DlqTarget:
+        """The TARGET as a DLQ and its sources; one whose DLQ counts deliveries toward a
+        limit of its own is refused (exit 2, one line) when the command ``receives`` from it
+        and ``--allow-delivery-limit`` was not given."""
+        found = resolve_target(self.layout, name, self._resolver)
+        if receives:
+            try:
+                delivery_limit.guard(
+                    found.dlq,
+                    self._resolver(found.region).capabilities,
+                    self.receive_log(),
+                    allowed=self.allow_delivery_limit,
+                )
+            except delivery_limit.DeliveryLimitRisk as exc:
+                raise Refused(str(exc)) from None
+        return found
 
     def queue(self, name_or_url: str) -> QueueRef:
         return self._resolver().describe(name_or_url)

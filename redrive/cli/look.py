@@ -357,6 +357,7 @@ def report(ctx: Context, /, **options: Any) -> None:
             stop=stop,
             on_progress=lambda family, n: progress.update(f"{family}: {n} received"),
             receive_log=ctx.receive_log(),
+            allow_delivery_limit=ctx.allow_delivery_limit,
             show_args=opts.show_args,
             results=results,
             focus=focus,

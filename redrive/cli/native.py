@@ -154,7 +154,7 @@ def native_move(
     StartMessageMoveTask, a RabbitMQ shovel)."""
     refuse_native_extras(ctx, to, routes)
     with core_errors():
-        dlq = ctx.target(target)
+        dlq = ctx.target(target, receives=False)
         queue = ctx.queue(to) if to else None
         mover = native_mover(ctx.broker_of(dlq)())
         if not execute:
@@ -273,7 +273,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
     With --cancel, cancel the running one instead.
     """
     with core_errors():
-        dlq = ctx.target(target)
+        dlq = ctx.target(target, receives=False)
         mover = native_mover(ctx.broker_of(dlq)())
         if not cancel:
             listed = mover.listed(dlq)

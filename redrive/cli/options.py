@@ -487,6 +487,9 @@ def _global_options() -> list[click.Option]:
                 state.broker_option = value or None
             elif attribute == "rabbitmq_api":
                 state.rabbitmq_api_option = value or None
+            elif attribute == "allow_delivery_limit":
+                # A flag not given after the command keeps one given before it.
+                state.allow_delivery_limit = state.allow_delivery_limit or bool(value)
             else:
                 if attribute == "endpoint_url":
                     endpoint_url(ctx, param, value)
@@ -543,6 +546,13 @@ def _global_options() -> list[click.Option]:
             metavar="URL",
             expose_value=False,
             callback=setter("rabbitmq_api"),
+        ),
+        click.Option(
+            ["--allow-delivery-limit"],
+            is_flag=True,
+            expose_value=False,
+            callback=setter("allow_delivery_limit"),
+            help="As the global option (may also come before the command).",
         ),
     ]
 

@@ -45,10 +45,23 @@ CREATE TABLE IF NOT EXISTS receives (
     touched INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS queues (
+    queue       TEXT PRIMARY KEY,
+    deliveries  INTEGER NOT NULL,
+    own         INTEGER NOT NULL,
+    touched     INTEGER NOT NULL
+);
 """
 _UPSERT = (
     "INSERT INTO receives (digest, count, touched) VALUES (?, ?, ?) ON CONFLICT(digest) "
     "DO UPDATE SET count = count + excluded.count, touched = excluded.touched"
+)
+
+
+_QUEUE_UPSERT = (
+    "INSERT INTO queues (queue, deliveries, own, touched) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT(queue) DO UPDATE SET deliveries = max(deliveries, excluded.deliveries), "
+    "own = max(own, excluded.own), touched = excluded.touched"
 )
 
 
@@ -85,6 +98,7 @@ class ReceiveLog:
         self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._pending: Counter[int] = Counter()
+        self._queue_pending: dict[str, tuple[int, int]] = {}
         self._flushed_at = time.monotonic()
         self._added = 0
         self._conn: sqlite3.Connection | None = None
@@ -174,6 +188,7 @@ class ReceiveLog:
                 self._conn.close()
         self._conn = None
         self._pending.clear()
+        self._queue_pending.clear()
 
     # -- counting ------------------------------------------------------------------------
 
@@ -226,20 +241,53 @@ class ReceiveLog:
             return {}
         return {int(d): int(n) for d, n in rows}
 
+    def note_queue(self, queue: str, deliveries: int, own: int) -> None:
+        """Remember, per queue, the highest delivery count its broker showed on a message
+        redrive received there and the most receives redrive itself made of one message
+        there: what a refusal to read a queue with a delivery limit can say without reading
+        it (see redrive.dlq.delivery_limit)."""
+        with self._lock:
+            if self._conn is None:
+                return
+            was = self._queue_pending.get(queue, (0, 0))
+            self._queue_pending[queue] = (max(was[0], deliveries), max(was[1], own))
+
+    def queue_highs(self, queue: str) -> tuple[int, int] | None:
+        """The highest delivery count and the most receives of redrive's own seen on one
+        message of ``queue`` (:meth:`note_queue`), or None if redrive never noted it."""
+        with self._lock:
+            if self._conn is None:
+                return None
+            try:
+                row = self._conn.execute(
+                    "SELECT deliveries, own FROM queues WHERE queue = ?", (queue,)
+                ).fetchone()
+            except sqlite3.Error as exc:
+                self._disable(exc)
+                return None
+            pending = self._queue_pending.get(queue)
+            if row is None and pending is None:
+                return None
+            known = (int(row[0]), int(row[1])) if row is not None else (0, 0)
+            extra = pending or (0, 0)
+            return max(known[0], extra[0]), max(known[1], extra[1])
+
     def flush(self) -> None:
         with self._lock:
             self._flush()
 
     def _flush(self) -> None:
         self._flushed_at = time.monotonic()
-        if self._conn is None or not self._pending:
+        if self._conn is None or not (self._pending or self._queue_pending):
             return
         touched = int(self._clock())
         rows = [(d, n, touched) for d, n in self._pending.items()]
+        queues = [(q, d, o, touched) for q, (d, o) in self._queue_pending.items()]
         try:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.executemany(_UPSERT, rows)
+                self._conn.executemany(_QUEUE_UPSERT, queues)
                 self._conn.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -254,6 +302,7 @@ class ReceiveLog:
             self._disable(exc)
             return
         self._pending.clear()
+        self._queue_pending.clear()
         self._added += len(rows)
         if self._added > self._max_entries // 10:
             try:

@@ -422,10 +422,13 @@ class DlqScan:
         if self.receive_log is None:
             return messages
         # Every receive raised the message's receive count, repeats too.
+        deliveries = max((m.receive_count for m in messages), default=0)
         if not self.receive_counts:
             self.receive_log.count_digests(digests)
+            self.receive_log.note_queue(self.url, deliveries, 0)
             return messages
         counts = self.receive_log.record_digests(digests)
+        self.receive_log.note_queue(self.url, deliveries, max(counts, default=0))
         return [replace(m, redrive_receives=n) for m, n in zip(messages, counts, strict=True)]
 
     def _take(self, messages: list[Delivery], digests: list[int]) -> tuple[ReceivedBatch, int]:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.broker.base import Delivery
+from redrive.broker.base import Delivery, queue_name
 from redrive.celery.results import ResultCounts, TaskRecord, exception_group
 from redrive.durations import iso_utc
 from redrive.inspection.timeline import SentTimes, Timeline, fit_timelines
@@ -94,6 +94,14 @@ class TaskGroup:
     """What Celery's result backend says of the group's task ids (--result-backend)."""
     exception: str | None = None
     """The exception type the group holds, with --group-by exception."""
+    death_reasons: Counter[str] = field(default_factory=Counter)
+    """Why its messages were last dead-lettered, where the broker says (RabbitMQ's x-death
+    reasons); empty where it does not (SQS), and then left out of the JSON."""
+    died_in: Counter[str] = field(default_factory=Counter)
+    """The queues (names) its messages were last dead-lettered from, where the broker says."""
+    died_oldest: float | None = None
+    died_newest: float | None = None
+    """The earliest and latest of its messages' last deaths (the broker's death times)."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -125,7 +133,24 @@ class TaskGroup:
             data.update(self.results.to_json())
         if self.exception is not None:
             data["exception"] = self.exception
+        if self.death_reasons:
+            # Only where a broker tells: an SQS group's JSON stays as it was.
+            data["death_reasons"] = dict(self.death_reasons)
+            data["died_in"] = dict(self.died_in)
+            data["died_oldest"] = iso_utc(self.died_oldest)
+            data["died_newest"] = iso_utc(self.died_newest)
         return data
+
+    def add_death(self, reason: str | None, queue: str | None, at: float | None) -> None:
+        """Count one message's last death, as far as the broker told it."""
+        if reason is None:
+            return
+        self.death_reasons[reason] += 1
+        if queue is not None:
+            self.died_in[queue_name(queue)] += 1
+        if at is not None:
+            self.died_oldest = at if self.died_oldest is None else min(self.died_oldest, at)
+            self.died_newest = at if self.died_newest is None else max(self.died_newest, at)
 
 
 @dataclass(slots=True)
@@ -217,6 +242,7 @@ class Grouping:
             redrive_receives=message.redrive_receives,
             key=key,
             record=backend,
+            death=(message.death_reason, message.died_in, message.died_at),
         )
 
     def add(
@@ -231,8 +257,10 @@ class Grouping:
         redrive_receives: int = 0,
         key: GroupKey | None = None,
         record: TaskRecord | None = None,
+        death: tuple[str | None, str | None, float | None] = (None, None, None),
     ) -> None:
         group = self._group(key or GroupKey.of_task(info), record)
+        group.add_death(*death)
         self.total += 1
         self.scanned += 1
         group.count += 1

@@ -190,6 +190,12 @@ def merge_task_groups(parts: Sequence[TaskGroup]) -> TaskGroup:
         merged.leaving_within_24h += part.leaving_within_24h
         merged.protocols.update(part.protocols)
         merged.notes.update(part.notes)
+        merged.death_reasons.update(part.death_reasons)
+        merged.died_in.update(part.died_in)
+        for when in (part.died_oldest, part.died_newest):
+            if when is not None:
+                merged.died_oldest = min(merged.died_oldest or when, when)
+                merged.died_newest = max(merged.died_newest or when, when)
         if merged.results is not None and part.results is not None:
             merged.results.states.update(part.results.states)
             merged.results.exceptions.update(part.results.exceptions)

@@ -101,6 +101,7 @@ def group_table(result: InspectResult, width: int | None) -> str:
         result.groups, _group_rows(result.groups, result.scanned_at), headers
     )
     rows, headers = result_columns(result.groups, rows, headers)
+    rows, headers = with_death_column(result.groups, rows, headers)
     return fitted_table(rows, headers, width=width, steps=(*RESULT_STEPS, *steps, *LATE_STEPS))
 
 
@@ -148,6 +149,7 @@ RESULT_STEPS = (
 # After them, at the narrowest: what only some groups have, then the why, go below the
 # table as lists by group, whole.
 LATE_STEPS = (
+    Narrow("below", "died of"),
     Narrow("below", "unregistered"),
     Narrow("below", "routes to"),
     Narrow("wrap", "states", 12),
@@ -229,6 +231,27 @@ def with_celery_columns(
             headers = [*headers[:2], name, *headers[2:]]
             rows = [[*row[:2], cell, *row[2:]] for row, cell in zip(rows, cells, strict=True)]
     return rows, headers
+
+
+def with_death_column(
+    groups: Sequence[TaskGroup], rows: list[list[Any]], headers: list[str]
+) -> tuple[list[list[Any]], list[str]]:
+    """``died of`` after ``count``, only when the broker told why some group's messages died."""
+    cells = [death_cell(g) for g in groups]
+    if not any(cells):
+        return rows, headers
+    rows = [[*row[:2], cell, *row[2:]] for row, cell in zip(rows, cells, strict=True)]
+    return rows, [*headers[:2], "died of", *headers[2:]]
+
+
+def death_cell(group: TaskGroup) -> str:
+    """``rejected 8, delivery_limit 2 in onion-checkout``: why the group's messages were last
+    dead-lettered and from where, where the broker says (empty otherwise: SQS)."""
+    if not group.death_reasons:
+        return ""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in group.death_reasons.most_common())
+    queues = ", ".join(printable(q) for q, _ in group.died_in.most_common())
+    return f"{reasons} in {queues}" if queues else reasons
 
 
 def _acting(result: InspectResult) -> tuple[str, str]:

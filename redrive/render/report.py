@@ -14,6 +14,7 @@ from redrive.render.inspect import (
     RESULT_STEPS,
     grouped_columns,
     result_columns,
+    with_death_column,
 )
 from redrive.render.sparkline import timeline_lines
 from redrive.render.tables import (
@@ -136,6 +137,7 @@ def _groups_section(
         GROUP_STEPS,
     )
     rows, headers = result_columns(groups, rows, headers)
+    rows, headers = with_death_column(groups, rows, headers)
     steps = (*RESULT_STEPS, *group_steps, *LATE_STEPS)
     lines.append(fitted_table(rows, headers, fmt=fmt, width=width, steps=steps))
     # Markdown: an indented code block, where nothing a task name holds is markup.

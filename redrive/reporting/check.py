@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redrive.broker.base import Broker, queue_name
+from redrive.broker.base import Broker, Capabilities, QueueRef, queue_name
 from redrive.celery.routes import AppRoutes
 from redrive.celery.settings_audit import audit_app
 from redrive.config import DLQ_SUFFIX, Family, Layout
@@ -75,7 +75,8 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
         return [Finding(family.name, queue_name(family.queue), str(exc))]
     known.add(source.name)
     words = broker.capabilities
-    if not source.dead_letter_target:
+    # "": it dead-letters, but not to one queue (none: its dead messages vanish; dlq_of says).
+    if source.dead_letter_target is None:
         return [Finding(family.name, source.name, f"has no {words.dead_letter_setting} (no DLQ)")]
     try:
         dlq = broker.dlq_of(source)
@@ -94,15 +95,7 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
                 f"{words.dead_letter_setting} points to {dlq.name}, expected {wanted}",
             )
         )
-    if source.max_receive_count != family.max_receive_count:
-        findings.append(
-            Finding(
-                family.name,
-                source.name,
-                f"{words.receive_limit_setting} is {source.max_receive_count}, "
-                f"expected {family.max_receive_count}",
-            )
-        )
+    findings += _limit_findings(family, source, dlq, words)
     # None: the broker keeps a message until it is consumed (RabbitMQ without a TTL).
     if dlq.retention_seconds is not None and dlq.retention_seconds != family.dlq_retention_seconds:
         findings.append(
@@ -116,11 +109,47 @@ def _check_family(family: Family, broker: Broker, known: set[str]) -> list[Findi
     return findings
 
 
-def check_celery(app: Any, spec: str, routes: AppRoutes, layout: Layout) -> list[Finding]:
-    """``check --celery``: the app's settings findings (redrive.celery.settings_audit)."""
+def _limit_findings(
+    family: Family, source: QueueRef, dlq: QueueRef, words: Capabilities
+) -> list[Finding]:
+    """The source's receive limit against the family's, and a DLQ with a limit of its own."""
+    findings = []
+    # A broker that counts deliveries only on some queues (RabbitMQ: quorum queues with a
+    # limit) has no limit to compare where none is set: failures dead-letter on rejection.
+    optional = not words.receive_count and source.max_receive_count is None
+    if source.max_receive_count != family.max_receive_count and not optional:
+        findings.append(
+            Finding(
+                family.name,
+                source.name,
+                f"{words.receive_limit_setting} is {source.max_receive_count}, "
+                f"expected {family.max_receive_count}",
+            )
+        )
+    if dlq.max_receive_count is not None:
+        findings.append(
+            Finding(
+                family.name,
+                dlq.name,
+                f"the DLQ has {words.receive_limit_setting} {dlq.max_receive_count} of its "
+                "own: every read (inspect, report, dry run, a move's) counts toward it and past "
+                "it the broker drops or dead-letters the message; redrive refuses to read it "
+                "without --allow-delivery-limit. Remove the limit from the DLQ",
+            )
+        )
+    return findings
+
+
+def check_celery(
+    app: Any, spec: str, routes: AppRoutes, layout: Layout, *, declared_by_workers: bool = False
+) -> list[Finding]:
+    """``check --celery``: the app's settings findings (redrive.celery.settings_audit);
+    ``declared_by_workers``: the broker's (Capabilities.declared_by_consumers)."""
     return [
         Finding(None, f"app {spec}", f"{f.setting} = {f.value}: {f.problem}", f.setting, f.value)
-        for f in audit_app(app, routes, layout, family_dlqs(layout))
+        for f in audit_app(
+            app, routes, layout, family_dlqs(layout), declared_by_workers=declared_by_workers
+        )
     ]
 
 

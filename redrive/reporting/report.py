@@ -11,6 +11,7 @@ from typing import Any, Literal
 from redrive.broker.base import Broker
 from redrive.celery.results import ResultLookup
 from redrive.config import Layout
+from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.durations import iso_utc
 from redrive.errors import BrokerUnavailable, RedriveError
@@ -128,6 +129,7 @@ def build_report(
     focus: Focus | None = None,
     show_args: bool = False,
     results: ResultLookup | None = None,
+    allow_delivery_limit: bool = False,
 ) -> Report:
     """Inspect every family's DLQ (with ``focus``: counting what a --where selects, grouped
     by a --group-by)."""
@@ -138,7 +140,11 @@ def build_report(
         report.group_by = focus.describe()["group_by"]
     for family in layout.families:
         try:
-            target = broker_for(family.region).resolve_family(family)
+            broker = broker_for(family.region)
+            target = broker.resolve_family(family)
+            delivery_limit.guard(
+                target.dlq, broker.capabilities, receive_log, allowed=allow_delivery_limit
+            )
             result = inspect_dlq(
                 target,
                 lambda region=family.region: broker_for(region),  # type: ignore[misc]

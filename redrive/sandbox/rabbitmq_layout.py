@@ -58,6 +58,8 @@ class RabbitFamily:
     dlq_type: QueueType = "classic"
     delivery_limit: int | None = None
     """A quorum source queue's ``x-delivery-limit`` (None: none set)."""
+    dlq_delivery_limit: int | None = None
+    """A quorum DLQ's own ``x-delivery-limit`` (None: none set)."""
 
     @property
     def routing_key(self) -> str:
@@ -78,7 +80,11 @@ class RabbitFamily:
         return arguments
 
     def dlq_arguments(self) -> dict[str, Any]:
-        return {"x-queue-type": "quorum"} if self.dlq_type == "quorum" else {}
+        if self.dlq_type != "quorum":
+            return {}
+        if self.dlq_delivery_limit is None:
+            return {"x-queue-type": "quorum"}
+        return {"x-queue-type": "quorum", "x-delivery-limit": self.dlq_delivery_limit}
 
 
 def rabbit_families(
@@ -87,6 +93,7 @@ def rabbit_families(
     queue_type: QueueType = "classic",
     dlq_type: QueueType | None = None,
     delivery_limit: int | None = None,
+    dlq_delivery_limit: int | None = None,
     dlx: str = DLX,
 ) -> list[RabbitFamily]:
     """The layout's families (the built-in one by default: checkout → onion-checkout,
@@ -105,6 +112,7 @@ def rabbit_families(
             queue_type=queue_type,
             dlq_type=dlq_type or queue_type,
             delivery_limit=delivery_limit,
+            dlq_delivery_limit=dlq_delivery_limit,
         )
         for family in layout.families
     ]

@@ -64,6 +64,14 @@ CAPABILITIES: Final = Capabilities(
     receive_limit_setting="x-delivery-limit",
     max_message_attributes=64,
     archived_attributes=ARCHIVED_ATTRIBUTES,
+    declared_by_consumers=True,
+    # A queue's own x-delivery-limit argument may outrank a policy's: then only declaring
+    # the DLQ again lifts it.
+    receive_limit_way_out=(
+        "raise or remove it: rabbitmqctl set_policy -p {scope} --apply-to queues "
+        "redrive-{name} '^{name}$' '{{\"delivery-limit\": 1000000}}' (if its own "
+        "x-delivery-limit argument outranks the policy, declare the DLQ again without it)"
+    ),
 )
 
 
@@ -190,6 +198,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
     )
     count = headers.get("x-delivery-count")
     died_in = latest.get("queue")
+    reason = latest.get("reason")
     return Delivery(
         message_id=message_id_of(got.properties, envelope, marks),
         tag=got.tag,
@@ -204,6 +213,8 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
         enqueued_at=_epoch(first.get("time")),
         died_in=f"{vhost}/{died_in}" if isinstance(died_in, str) and died_in else None,
         hidden_until=hidden_until,
+        death_reason=reason if isinstance(reason, str) and reason else None,
+        died_at=_epoch(latest.get("time")),
     )
 
 

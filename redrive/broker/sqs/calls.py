@@ -79,6 +79,10 @@ CAPABILITIES: Final = Capabilities(
     native_move=True,
     dead_letter_setting="RedrivePolicy",
     receive_limit_setting="maxReceiveCount",
+    receive_limit_way_out=(
+        "raise or remove it: aws sqs set-queue-attributes on {name} (its RedrivePolicy's "
+        "maxReceiveCount, or no RedrivePolicy)"
+    ),
     max_message_attributes=MAX_MESSAGE_ATTRIBUTES,
     archived_attributes=ARCHIVED_ATTRIBUTES,
 )
