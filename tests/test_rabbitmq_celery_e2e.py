@@ -1,6 +1,7 @@
 """A real Celery worker on RabbitMQ: its failing tasks are dead-lettered by the broker itself
 (acks_late, ``task_acks_on_failure_or_timeout=False``: the worker rejects without requeue,
-the source queue's DLX routes the message into the DLQ, x-death reason ``rejected``); then
+the source queue's DLX routes the message into the DLQ, x-death reason ``rejected``; or a
+quorum queue's ``x-delivery-limit`` passed by a worker dying twice: ``delivery_limit``); then
 ``redrive move --execute`` puts them back and a real worker, the task now fixed, runs each
 moved task exactly once. As tests/test_celery_e2e.py does on SQS."""
 
@@ -21,6 +22,7 @@ import pytest
 from celery_worker import kill_if_running, start_celery_worker
 
 from redrive.sandbox.rabbitmq_layout import (
+    RabbitFamily,
     declare_layout,
     open_connection,
     queue_depth,
@@ -76,6 +78,9 @@ APP = textwrap.dedent(
 
     @app.task(bind=True, name="apps.payments.tasks.capture_payment")
     def capture_payment(self, order_id, amount_cents=0):
+        if os.environ.get("E2E_DIE") == "1":
+            record(self, "died")
+            os._exit(1)  # the worker dies mid-task: the unacked message goes back
         if os.environ.get("E2E_FIXED") != "1":
             record(self, "failed")
             raise ValueError(f"order {order_id}: the bug")
@@ -142,26 +147,21 @@ def run_worker_until(env: dict[str, str], tmp_path: Path, queue: str, name: str,
     return log.read_text()
 
 
-def test_failed_tasks_dead_lettered_by_the_broker_moved_and_run_once_by_a_real_worker(
-    rabbitmq_vhost: Vhost, tmp_path: Path
-) -> None:
-    families = rabbit_families()
-    family = next(f for f in families if f.name == "checkout")
-    connection = open_connection(rabbitmq_vhost.amqp_url)
-    declare_layout(raw_channel(connection), families)
-    connection.close()
+def app_env(vhost: Vhost, tmp_path: Path, queue: str, arguments: dict[str, Any]) -> dict[str, str]:
     (tmp_path / "e2e_rmq_app.py").write_text(APP)
-    runs_file = tmp_path / "runs.txt"
-    env = {
+    return {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "tests"), str(ROOT)]),
-        "E2E_BROKER": rabbitmq_vhost.amqp_url,
-        "E2E_QUEUE": family.queue,
-        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
-        "E2E_RUNS": str(runs_file),
+        "E2E_BROKER": vhost.amqp_url,
+        "E2E_QUEUE": queue,
+        "E2E_QUEUE_ARGUMENTS": json.dumps(arguments),
+        "E2E_RUNS": str(tmp_path / "runs.txt"),
     }
+
+
+def produce(env: dict[str, str], tmp_path: Path, count: int) -> set[str]:
     produced = subprocess.run(
-        [sys.executable, str(tmp_path / "e2e_rmq_app.py"), "5"],
+        [sys.executable, str(tmp_path / "e2e_rmq_app.py"), str(count)],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -170,23 +170,53 @@ def test_failed_tasks_dead_lettered_by_the_broker_moved_and_run_once_by_a_real_w
     )
     assert produced.returncode == 0, produced.stderr
     ids = set(produced.stdout.split())
-    assert len(ids) == 5
+    assert len(ids) == count
+    return ids
 
-    # -- the failing task: the worker rejects it, the broker dead-letters it -------------------
-    log = run_worker_until(
-        env, tmp_path, family.queue, "failing", lambda: depth(rabbitmq_vhost, family.dlq) == 5
-    )
-    assert "ValueError" in log
-    assert runs(runs_file) == Counter({(i, "failed"): 1 for i in ids})
+
+def test_a_task_whose_worker_dies_past_the_quorum_delivery_limit_is_dead_lettered(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """x-delivery-limit 1: the worker dies twice holding the task (solo pool, acks_late);
+    the second return puts the delivery count past the limit and the broker dead-letters it
+    (reason delivery_limit). No timing: each worker is waited for until it has died."""
+    families = rabbit_families(queue_type="quorum", dlq_type="classic", delivery_limit=1)
+    family = next(f for f in families if f.name == "default")
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    declare_layout(raw_channel(connection), families)
+    connection.close()
+    env = app_env(rabbitmq_vhost, tmp_path, family.queue, family.queue_arguments())
+    (task_id,) = produce(env, tmp_path, 1)
+    dying = {**env, "E2E_DIE": "1"}
+    for attempt in range(2):
+        log = tmp_path / f"dying-{attempt}.log"
+        worker = start_celery_worker(
+            "e2e_rmq_app", family.queue, cwd=tmp_path, env=dying, log=log, name=f"d{attempt}@lo"
+        )
+        try:
+            assert worker.wait(120) == 1, log.read_text()[-3000:]
+        finally:
+            kill_if_running(worker)
+    runs_file = tmp_path / "runs.txt"
+    assert runs(runs_file) == Counter({(task_id, "died"): 2})
+    deadline = time.monotonic() + 60  # the broker dead-letters after the second return
+    while depth(rabbitmq_vhost, family.dlq) < 1:
+        assert time.monotonic() < deadline, "not dead-lettered past the delivery limit"
+        time.sleep(0.1)
+    assert first_deaths(rabbitmq_vhost, family.dlq) == Counter({"delivery_limit": 1})
     assert depth(rabbitmq_vhost, family.queue) == 0
-    assert first_deaths(rabbitmq_vhost, family.dlq) == Counter({"rejected": 5})
 
-    # -- redrive moves them back ---------------------------------------------------------------
+    move_back(rabbitmq_vhost, tmp_path, family, 1)
+    run_fixed(rabbitmq_vhost, tmp_path, env, family, {task_id})
+
+
+def move_back(vhost: Vhost, tmp_path: Path, family: RabbitFamily, count: int) -> None:
+    """``redrive move FAMILY --execute --yes`` as the operator runs it: all ``count`` moved."""
     moved = subprocess.run(
         [
-            *(sys.executable, "-m", "redrive", "--broker", rabbitmq_vhost.amqp_url),
-            *("--rabbitmq-api", rabbitmq_vhost.api_url),
-            *("move", "checkout", "--execute", "--yes", "--json"),
+            *(sys.executable, "-m", "redrive", "--broker", vhost.amqp_url),
+            *("--rabbitmq-api", vhost.api_url),
+            *("move", family.name, "--execute", "--yes", "--json"),
         ],
         env={**os.environ, "REDRIVE_STATE_DIR": str(tmp_path / "state")},
         cwd=ROOT,
@@ -196,19 +226,46 @@ def test_failed_tasks_dead_lettered_by_the_broker_moved_and_run_once_by_a_real_w
         stdin=subprocess.DEVNULL,
     )
     assert moved.returncode == 0, (moved.stdout, moved.stderr)
-    assert json.loads(moved.stdout)["moved"] == 5
-    assert depth(rabbitmq_vhost, family.dlq) == 0
+    assert json.loads(moved.stdout)["moved"] == count
+    assert depth(vhost, family.dlq) == 0
 
-    # -- the task fixed, a real worker runs each moved task exactly once -----------------------
-    fixed = {**env, "E2E_FIXED": "1"}
+
+def run_fixed(
+    vhost: Vhost, tmp_path: Path, env: dict[str, str], family: RabbitFamily, ids: set[str]
+) -> None:
+    """The task fixed, a real worker runs each moved task exactly once."""
+    runs_file = Path(env["E2E_RUNS"])
 
     def all_ran() -> bool:
-        return sum(n for (_, outcome), n in runs(runs_file).items() if outcome == "ok") >= 5 and (
-            depth(rabbitmq_vhost, family.queue) == 0
-        )
+        ok = sum(n for (_, outcome), n in runs(runs_file).items() if outcome == "ok")
+        return ok >= len(ids) and depth(vhost, family.queue) == 0
 
-    log = run_worker_until(fixed, tmp_path, family.queue, "fixed", all_ran)
-    assert log.count("] succeeded in ") == 5, log[-3000:]
-    executed = runs(runs_file)
-    assert executed == Counter({(i, "failed"): 1 for i in ids} | {(i, "ok"): 1 for i in ids})
-    assert depth(rabbitmq_vhost, family.dlq) == 0 and depth(rabbitmq_vhost, family.queue) == 0
+    log = run_worker_until({**env, "E2E_FIXED": "1"}, tmp_path, family.queue, "fixed", all_ran)
+    assert log.count("] succeeded in ") == len(ids), log[-3000:]
+    ran = Counter({key: n for key, n in runs(runs_file).items() if key[1] == "ok"})
+    assert ran == Counter({(i, "ok"): 1 for i in ids})
+    assert depth(vhost, family.dlq) == 0 and depth(vhost, family.queue) == 0
+
+
+def test_failed_tasks_dead_lettered_by_the_broker_moved_and_run_once_by_a_real_worker(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    families = rabbit_families()
+    family = next(f for f in families if f.name == "checkout")
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    declare_layout(raw_channel(connection), families)
+    connection.close()
+    env = app_env(rabbitmq_vhost, tmp_path, family.queue, family.queue_arguments())
+    ids = produce(env, tmp_path, 5)
+
+    # -- the failing task: the worker rejects it, the broker dead-letters it -------------------
+    log = run_worker_until(
+        env, tmp_path, family.queue, "failing", lambda: depth(rabbitmq_vhost, family.dlq) == 5
+    )
+    assert "ValueError" in log
+    assert runs(Path(env["E2E_RUNS"])) == Counter({(i, "failed"): 1 for i in ids})
+    assert depth(rabbitmq_vhost, family.queue) == 0
+    assert first_deaths(rabbitmq_vhost, family.dlq) == Counter({"rejected": 5})
+
+    move_back(rabbitmq_vhost, tmp_path, family, 5)
+    run_fixed(rabbitmq_vhost, tmp_path, env, family, ids)
