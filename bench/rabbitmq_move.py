@@ -240,6 +240,7 @@ def run_inspect(bench: Bench, sizes: Sequence[int]) -> list[tuple[int, float, fl
             assert time.monotonic() < deadline, ("inspect", size, bench.depths())
             time.sleep(0.05)
         rows.append((size, size / took, out["rss_kib"] / 1024))
+        report_inspects(rows[-1:])  # at once: a failed later size must not hide this one
     return rows
 
 
@@ -262,7 +263,7 @@ def report_moves(rates: dict[str, list[float]]) -> None:
 
 def report_inspects(inspects: list[tuple[int, float, float]]) -> None:
     for size, rate, rss in inspects:
-        print(f"inspect {size:>7,} {rate:9,.0f} msg/s  peak RSS {rss:6.1f} MB")
+        print(f"inspect {size:>7,} {rate:9,.0f} msg/s  peak RSS {rss:6.1f} MB", flush=True)
 
 
 def main() -> None:
@@ -284,7 +285,7 @@ def main() -> None:
     try:
         bench = Bench(args.amqp_url, args.api_url, args.messages, args.window)
         report_moves(run_moves(bench, args.rounds, not args.no_w16))
-        report_inspects(run_inspect(bench, sorted({args.messages, args.inspect_messages})))
+        run_inspect(bench, sorted({args.messages, args.inspect_messages}))
     finally:
         if node is not None:
             node.stop()
