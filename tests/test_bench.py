@@ -185,3 +185,19 @@ def test_bench_amqp_clients_runs_its_scenarios_and_checks_each(rabbitmq_vhost: A
             *(["ratio"] if "," in clients else []),
         ]
     assert "unroutable mandatory publish, amqp: return then ack" in out
+
+
+@pytest.mark.e2e
+def test_bench_rabbitmq_move_runs_every_candidate_and_checks_each(rabbitmq_vhost: Any) -> None:
+    out = run_bench(
+        "rabbitmq_move.py",
+        *("--messages", "50", "--rounds", "1", "--window", "20", "--inspect-messages", "80"),
+        *("--amqp-url", rabbitmq_vhost.amqp_url, "--api-url", rabbitmq_vhost.api_url),
+    )
+    moves = [line.split()[1] for line in out.splitlines() if line.startswith("move ")]
+    assert moves == ["redrive", "redrive-w16", "one-at-a-time", "pipelined", "shovel"]
+    assert "/ one-at-a-time:" in out and "/ pipelined:" in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("inspect")] == [
+        "50",
+        "80",
+    ]

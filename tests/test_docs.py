@@ -34,10 +34,20 @@ import pytest
 
 from redrive.config import built_in_layout
 from redrive.sandbox import client_for, create_layout, sandbox_env, seed, start_server
+from redrive.sandbox.rabbitmq_layout import (
+    fill_layout,
+    open_connection,
+    queue_depth,
+    rabbit_families,
+    raw_channel,
+)
+from redrive.sandbox.rabbitmq_node import Vhost
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = sorted((ROOT / "runbooks").glob("*.md"))
 DOCS = [ROOT / "README.md", *RUNBOOKS]
+# Run against a private RabbitMQ node (the ``rabbitmq_vhost`` fixture), not the SQS sandbox.
+RABBITMQ_RUNBOOKS = [p for p in RUNBOOKS if "rabbitmq" in p.name]
 FENCE = re.compile(r"^```(\w*)\s*$")
 EXPECT = re.compile(r"\s#\s*expect exit (\d+)\s*$")
 ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=\$\((.*)\)$")
@@ -152,6 +162,9 @@ def test_every_runbook_and_the_readme_have_commands() -> None:
 def test_every_runbook_lists_iam_permissions() -> None:
     for doc in RUNBOOKS:
         text = doc.read_text(encoding="utf-8")
+        if doc in RABBITMQ_RUNBOOKS:  # no IAM on RabbitMQ: the vhost's permissions instead
+            assert "## RabbitMQ permissions" in text and "**read**" in text, doc.name
+            continue
         assert "## IAM permissions" in text, doc.name
         assert "sqs:" in text, doc.name
 
@@ -159,7 +172,10 @@ def test_every_runbook_lists_iam_permissions() -> None:
 MAIN_RUNBOOK = ROOT / "runbooks" / "draining-an-sqs-dead-letter-queue.md"
 BLIP_RUNBOOK = ROOT / "runbooks" / "dlq-blip-after-deploy.md"
 SCHEDULED_RUNBOOK = ROOT / "runbooks" / "scheduled-dlq-report.md"
-OTHER_DOCS = [d for d in DOCS if d not in (MAIN_RUNBOOK, BLIP_RUNBOOK, SCHEDULED_RUNBOOK)]
+RABBITMQ_RUNBOOK = ROOT / "runbooks" / "draining-a-rabbitmq-dead-letter-queue.md"
+OTHER_DOCS = [
+    d for d in DOCS if d not in (MAIN_RUNBOOK, BLIP_RUNBOOK, SCHEDULED_RUNBOOK, *RABBITMQ_RUNBOOKS)
+]
 
 
 @pytest.mark.e2e
@@ -217,6 +233,34 @@ def run_commands(
             after(command)
         done_all.append((command, done))
     return done_all
+
+
+@pytest.mark.e2e
+def test_the_rabbitmq_runbook_runs_against_a_node_and_ends_with_an_empty_dlq(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """The RabbitMQ runbook, step by step, on the layout's queues filled by the broker's own
+    dead-lettering: every command works, and the checkout DLQ ends empty with each task
+    back in its source queue once."""
+    families = rabbit_families()
+    fill_layout(rabbitmq_vhost.amqp_url, families, 12)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "REDRIVE_"))}
+    env["REDRIVE_BROKER"] = rabbitmq_vhost.amqp_url
+    env["REDRIVE_RABBITMQ_API"] = rabbitmq_vhost.api_url
+    env["REDRIVE_STATE_DIR"] = str(tmp_path / "state")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    assert next(c.text for c in commands(RABBITMQ_RUNBOOK)) == "redrive status"
+    run_doc(RABBITMQ_RUNBOOK, env, tmp_path)
+    before = json.loads((tmp_path / "work" / "checkout-before.json").read_text())
+    assert before, "inspect wrote its JSON"
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        assert queue_depth(channel, "onion-checkout-dlq") == 0
+        assert queue_depth(channel, "onion-checkout") == 12
+        assert queue_depth(channel, "onion-dlq") == 12, "other families untouched"
+    finally:
+        connection.close()
 
 
 @pytest.mark.e2e
