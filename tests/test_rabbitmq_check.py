@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_rabbitmq_e2e import REDRIVE, ROOT, ok_json, redrive
 
 from redrive.sandbox.rabbitmq_layout import (
     DLX,
@@ -22,7 +23,6 @@ from redrive.sandbox.rabbitmq_layout import (
     raw_channel,
 )
 from redrive.sandbox.rabbitmq_node import Vhost
-from tests.test_rabbitmq_e2e import REDRIVE, ROOT, ok_json, redrive
 
 pytestmark = pytest.mark.e2e
 

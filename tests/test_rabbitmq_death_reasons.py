@@ -8,6 +8,7 @@ import time
 from collections import Counter
 
 import pytest
+from test_rabbitmq_e2e import ok_json, redrive
 
 from redrive.sandbox.rabbitmq_layout import (
     fill_layout,
@@ -19,7 +20,6 @@ from redrive.sandbox.rabbitmq_layout import (
     sample_celery_messages,
 )
 from redrive.sandbox.rabbitmq_node import Vhost
-from tests.test_rabbitmq_e2e import ok_json, redrive
 
 pytestmark = pytest.mark.e2e
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from test_rabbitmq_e2e import drain, ok_json, redrive
 
 from redrive.sandbox.rabbitmq_layout import fill_layout, rabbit_families
 from redrive.sandbox.rabbitmq_node import Vhost
-from tests.test_rabbitmq_e2e import drain, ok_json, redrive
 
 pytestmark = pytest.mark.e2e
 

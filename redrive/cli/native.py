@@ -254,9 +254,7 @@ def exit_for_task(
     sys.exit(EXIT_INTERRUPTED if stopped else EXIT_ATTENTION)
 
 
-@click.command(
-    short_help="Server-side moves of a DLQ (move --native): SQS move tasks, RabbitMQ shovels."
-)
+@click.command(short_help="Server-side moves of a DLQ (move --native): SQS tasks, shovels.")
 @target_argument
 @click.option(
     "--cancel",
@@ -267,8 +265,9 @@ def exit_for_task(
 @wide_option
 @pass_ctx
 def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) -> None:
-    """Server-side moves of a DLQ started by move --native, newest first: SQS's message
-    move tasks, or redrive's RabbitMQ shovels.
+    """A DLQ's server-side moves (move --native), newest first.
+
+    SQS's message move tasks, or redrive's RabbitMQ shovels.
 
     With --cancel, cancel the running one instead.
     """
