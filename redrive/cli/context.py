@@ -211,15 +211,12 @@ class Context:
         limit of its own is refused (exit 2, one line) when the command ``receives`` from it
         and ``--allow-delivery-limit`` was not given."""
         found = resolve_target(self.layout, name, self._resolver)
-        limit = found.dlq.max_receive_count
-        # The receive log only when there is a limit to tell about: opening it needs the
-        # command's click context (it closes with it), which a library caller may not have.
-        if receives and limit is not None and limit > 0:
+        if receives:
             try:
                 delivery_limit.guard(
                     found.dlq,
                     self._resolver(found.region).capabilities,
-                    self.receive_log(),
+                    self.receive_log,
                     allowed=self.allow_delivery_limit,
                 )
             except delivery_limit.DeliveryLimitRisk as exc:

@@ -15,6 +15,7 @@ lifting it needs rights redrive's user may not have; the option makes the risk a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from redrive.errors import UsageProblem
@@ -30,12 +31,17 @@ class DeliveryLimitRisk(UsageProblem):
     """Receiving from a DLQ would take its messages toward the DLQ's own delivery limit."""
 
 
-def refusal(dlq: QueueRef, words: Capabilities, receive_log: ReceiveLog | None) -> str | None:
-    """The one line refusing to receive from ``dlq``, or None when it has no limit."""
+def refusal(
+    dlq: QueueRef, words: Capabilities, receive_log: Callable[[], ReceiveLog | None]
+) -> str | None:
+    """The one line refusing to receive from ``dlq``, or None when it has no limit.
+    ``receive_log`` is called only when there is a limit to tell about: opening the log is
+    the command's business (it closes with the command), and most DLQs have none."""
     limit = dlq.max_receive_count
     if limit is None or limit <= 0:
         return None
-    highs = receive_log.queue_highs(dlq.url) if receive_log is not None else None
+    log = receive_log()
+    highs = log.queue_highs(dlq.url) if log is not None else None
     if highs is None:
         seen = "the highest delivery count there is not known (redrive never read it)"
     else:
@@ -57,7 +63,11 @@ def refusal(dlq: QueueRef, words: Capabilities, receive_log: ReceiveLog | None) 
 
 
 def guard(
-    dlq: QueueRef, words: Capabilities, receive_log: ReceiveLog | None, *, allowed: bool
+    dlq: QueueRef,
+    words: Capabilities,
+    receive_log: Callable[[], ReceiveLog | None],
+    *,
+    allowed: bool,
 ) -> None:
     """Raise :class:`DeliveryLimitRisk` before a receive from a DLQ with a delivery limit,
     unless ``allowed``."""

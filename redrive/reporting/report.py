@@ -143,7 +143,7 @@ def build_report(
             broker = broker_for(family.region)
             target = broker.resolve_family(family)
             delivery_limit.guard(
-                target.dlq, broker.capabilities, receive_log, allowed=allow_delivery_limit
+                target.dlq, broker.capabilities, lambda: receive_log, allowed=allow_delivery_limit
             )
             result = inspect_dlq(
                 target,
