@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until as run_celery_worker_until
 
 from redrive.sandbox.rabbitmq_layout import (
     RabbitFamily,
@@ -124,27 +124,12 @@ def first_deaths(vhost: Vhost, queue: str) -> Counter[str]:
         connection.close()
 
 
-def wait_for(what: str, done: Any, worker: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120  # a bound for a hang, not a pace
-    while not done():
-        assert worker.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, (what, log.read_text()[-3000:])
-        time.sleep(0.2)
-
-
 def run_worker_until(env: dict[str, str], tmp_path: Path, queue: str, name: str, done: Any) -> str:
     """A real worker on ``queue`` until ``done()``; then a warm shutdown. Its log."""
-    log = tmp_path / f"{name}.log"
-    worker = start_celery_worker(
-        "e2e_rmq_app", queue, cwd=tmp_path, env=env, log=log, name=f"{name}@localhost"
-    )
-    try:
-        wait_for(name, done, worker, log)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
-    return log.read_text()
+    return run_celery_worker_until(
+        "e2e_rmq_app", queue, cwd=tmp_path, env=env, log=tmp_path / f"{name}.log",
+        name=f"{name}@localhost", done=done, what=name,
+    )  # fmt: skip
 
 
 def app_env(vhost: Vhost, tmp_path: Path, queue: str, arguments: dict[str, Any]) -> dict[str, str]:

@@ -11,7 +11,6 @@ server on 127.0.0.1.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import textwrap
@@ -21,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
 pytest.importorskip("pycurl")
 
-from conftest import MotoServer, wait_until
+from conftest import MotoServer
 
 from redrive.messages import decode
 from redrive.repair import edits_from_options, repair
@@ -221,22 +220,12 @@ def test_a_real_worker_runs_each_repaired_task_once_with_its_new_arguments(
 
     # -- a real worker runs each repaired task once, with the new arguments -------------------
     log = tmp_path / "worker.log"
-    worker = start_celery_worker(
-        "repair_e2e", "repair-work", cwd=tmp_path, env=env, log=log, name="repair@localhost"
-    )
-    try:
-        wait_until(
-            lambda: len(_runs(runs_file)) >= len(sent) or worker.poll() is not None,
-            "the worker ran the repaired tasks",
-            timeout=120,
-        )
-        assert worker.poll() is None, log.read_text()[-3000:]
-        # Nothing in flight or waiting: a duplicate would have run by now.
-        wait_until(lambda: _depth(client, work) == (0, 0), "the work queue emptied", timeout=60)
-        worker.send_signal(signal.SIGTERM)  # warm shutdown
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
+    # Nothing in flight or waiting once all ran: a duplicate would have run by then.
+    run_worker_until(
+        "repair_e2e", "repair-work", cwd=tmp_path, env=env, log=log, name="repair@localhost",
+        done=lambda: len(_runs(runs_file)) >= len(sent) and _depth(client, work) == (0, 0),
+        what="the worker ran the repaired tasks and the work queue emptied", timeout=180,
+    )  # fmt: skip
     ran = {run["id"]: {"args": run["args"], "kwargs": run["kwargs"]} for run in _runs(runs_file)}
     assert len(_runs(runs_file)) == len(sent), log.read_text()[-3000:]
     assert ran == expected, log.read_text()[-3000:]
@@ -264,23 +253,15 @@ def test_the_same_tasks_unrepaired_are_not_run_as_meant(server: MotoServer, tmp_
     for message in _receive_all(client, dlq, len(sent)):
         client.send_message(QueueUrl=work, MessageBody=message["Body"])
     log = tmp_path / "worker.log"
-    worker = start_celery_worker(
-        "repair_e2e", "repair-work", cwd=tmp_path, env=env, log=log, name="control@localhost"
-    )
-    try:
 
-        def handled() -> bool:
-            text = log.read_text().lower() if log.exists() else ""
-            return worker.poll() is not None or (
-                text.count("typeerror") >= 2 and text.count("discarding revoked task") >= 2
-            )
+    def handled() -> bool:
+        text = log.read_text().lower() if log.exists() else ""
+        return text.count("typeerror") >= 2 and text.count("discarding revoked task") >= 2
 
-        wait_until(handled, "the worker failed or discarded every task", timeout=120)
-        assert worker.poll() is None, log.read_text()[-3000:]
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
+    run_worker_until(
+        "repair_e2e", "repair-work", cwd=tmp_path, env=env, log=log, name="control@localhost",
+        done=handled, what="the worker failed or discarded every task",
+    )  # fmt: skip
     assert _runs(runs_file) == [], "no task ran as meant"
     text = log.read_text()
     assert text.count("TypeError") >= 2, text[-3000:]  # the old kwarg, both protocols

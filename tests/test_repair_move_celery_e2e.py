@@ -7,20 +7,19 @@ moto server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
 pytest.importorskip("pycurl")
 
-from conftest import MotoServer, make_family, wait_until
+from conftest import MotoServer, make_family
 from test_repair_celery_e2e import _depth, _env, _runs
 
 from redrive.archive import read_records
@@ -105,24 +104,14 @@ def test_redrive_move_repairs_and_a_real_worker_runs_each_task_once(
     assert again["moved"] == 0
 
     log = tmp_path / "worker.log"
-    worker = start_celery_worker(
-        "repair_e2e", "onion-checkout", cwd=tmp_path, env=env, log=log, name="move@localhost"
-    )
-    try:
-        wait_until(
-            lambda: len(_runs(runs_file)) >= len(sent) or worker.poll() is not None,
-            "the worker ran the repaired tasks",
-            timeout=120,
-        )
-        assert worker.poll() is None, log.read_text()[-3000:]
-        client = server.client()
-        wait_until(
-            lambda: _depth(client, family.queue_url) == (0, 0), "the queue emptied", timeout=60
-        )
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
+    client = server.client()
+    run_worker_until(
+        "repair_e2e", "onion-checkout", cwd=tmp_path, env=env, log=log, name="move@localhost",
+        done=lambda: (
+            len(_runs(runs_file)) >= len(sent) and _depth(client, family.queue_url) == (0, 0)
+        ),
+        what="the worker ran the repaired tasks and the queue emptied", timeout=180,
+    )  # fmt: skip
     ran = {run["id"]: {"args": run["args"], "kwargs": run["kwargs"]} for run in _runs(runs_file)}
     assert len(_runs(runs_file)) == len(sent), log.read_text()[-3000:]
     assert ran == expected, log.read_text()[-3000:]
