@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import Family, MotoServer, free_port, make_family, start_moto_server
+from kill_points import At, KillPoints, wait_until_stopped
 
 from redrive.sandbox import dead_letter
 from redrive.sandbox.encoder import encode
@@ -211,11 +212,17 @@ def redrive(
     )
 
 
-def start_redrive(server: MotoServer, *args: str, out: Path) -> subprocess.Popen[str]:
+def start_redrive(
+    server: MotoServer, *args: str, out: Path, points: KillPoints | None = None
+) -> subprocess.Popen[str]:
+    """``redrive ARGS`` in the background, its output in ``out``.out and .err; with
+    ``points``, killed (or stopped) where they say (tests/kill_points.py)."""
+    argv = points.argv(*args) if points is not None else [*REDRIVE, *args]
+    env = points.env(_env(server)) if points is not None else _env(server)
     with (out.with_suffix(".out")).open("w") as stdout, out.with_suffix(".err").open("w") as err:
         return subprocess.Popen(
-            [*REDRIVE, *args],
-            env=_env(server),
+            argv,
+            env=env,
             cwd=ROOT,
             stdout=stdout,
             stderr=err,
@@ -608,9 +615,17 @@ def test_a_dry_run_exits_0_even_when_it_finds_in_doubt_keys(
     assert result.returncode == 0, (result.returncode, result.stderr)
 
 
+@pytest.mark.parametrize(
+    ("step", "landed"),
+    [("claimed", 0), ("sent", 1)],
+    ids=["between-claim-and-send", "between-send-and-record"],
+)
 def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resends(
-    checkout: Family, server: MotoServer, tmp_path: Path
+    checkout: Family, server: MotoServer, tmp_path: Path, step: str, landed: int
 ) -> None:
+    """SIGKILLed at the fourth batch's ``step``: its keys CLAIMED, their send not recorded
+    (the in-doubt window), and SQS holding ``landed`` copies of each (``claimed``: the send
+    was never made; ``sent``: SQS answered, the ledger had not recorded it)."""
     rng = random.Random(4)
     tasks = [celery(rng.choice((CAPTURE, REFUND, IBFT)), rng.choice((1, 2, 2))) for _ in range(278)]
     # Two bodies that are not Celery tasks go too (--include-unknown), so that every message
@@ -624,40 +639,35 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
     sent = by_body(dead)
     ledger = tmp_path / "ledger.sqlite3"
 
-    # SIGKILL while a batch is claimed but its send not recorded: the in-doubt window. A
-    # kill that just misses it leaves nothing in doubt; then kill a fresh run (3 at most).
-    for attempt in range(3):
-        victim = start_redrive(
-            server,
-            *MOVE,
-            everything,
-            "--lease",
-            "2",
-            "--ledger",
-            str(ledger),
-            out=tmp_path / f"kill{attempt}",
-        )
-        try:
-            floor = ledger_states(ledger)["done"] + 30
-
-            def ripe(floor: int = floor, victim: subprocess.Popen[str] = victim) -> bool:
-                states = ledger_states(ledger)
-                in_window = states["claimed"] > 0 and states["done"] + states["sent"] >= floor
-                return in_window or victim.poll() is not None
-
-            wait_for(ripe, timeout=120, every=0.005, what="a claimed batch, some keys done")
-            assert victim.poll() is None, "the run ended before it could be killed mid-run"
-            victim.send_signal(signal.SIGKILL)
-            assert victim.wait(10) == -signal.SIGKILL
-        finally:
-            if victim.poll() is None:
-                victim.kill()
-                victim.wait(10)
-        killed_at = ledger_states(ledger)
-        if killed_at["claimed"]:
-            break
-    assert killed_at["claimed"] > 0, f"no kill landed in the in-doubt window: {killed_at}"
-    assert 0 < killed_at["done"] + killed_at["sent"] < len(unique), killed_at
+    points = KillPoints(tmp_path / "kill", At(f"move.{step}", nth=4))
+    victim = start_redrive(
+        server,
+        *MOVE,
+        everything,
+        "--lease",
+        "2",
+        "--ledger",
+        str(ledger),
+        out=tmp_path / "kill",
+        points=points,
+    )
+    try:
+        assert victim.wait(120) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(10)
+    assert points.note() is not None
+    killed_at = ledger_states(ledger)
+    # One batch of at most 10 claimed (a batch's copies of keys it claims are not claimed);
+    # the three before it sent and done (deleting a batch's copies may leave some SENT).
+    assert 0 < killed_at["claimed"] <= 10, killed_at
+    assert 0 < killed_at["done"] + killed_at["sent"] <= 30, killed_at
+    in_flight = arrivals(checkout, sent)
+    assert (
+        sum(in_flight.values())
+        == killed_at["done"] + killed_at["sent"] + landed * killed_at["claimed"]
+    ), (in_flight, killed_at)
 
     # The killed run's batch comes back when its 2 s lease runs out.
     wait_for(lambda: checkout.depth()[1] == 0, timeout=90, every=0.2, what="the lease to end")
@@ -666,7 +676,9 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
     code, held = move_watched(server, checkout, ledger, everything, out=tmp_path / "held")
     assert code == 3, held
     assert held["failed"] == 0 and held["still_hidden"] == 0
-    assert held["in_doubt"] == len(held["in_doubt_messages"]) > 0
+    assert held["in_doubt"] == len(held["in_doubt_messages"]) >= killed_at["claimed"]
+    # Each key the kill left claimed, and no other (a second copy of one is listed too).
+    assert len({m["key"] for m in held["in_doubt_messages"]}) == killed_at["claimed"]
     left = dlq_messages(checkout)
     assert set(left) == {m["message_id"] for m in held["in_doubt_messages"]}
     in_doubt: set[str] = set()
@@ -678,13 +690,13 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
         in_doubt.add(original.ident)
     assert checkout.depth() == (len(left), 0), "held in doubt: visible in the DLQ"
 
-    # So far every task arrived exactly once, except the in-doubt ones: at most once (their
-    # first send may or may not have landed before the kill).
-    got = arrivals(checkout, sent)
+    # So far every task arrived exactly once, except the in-doubt ones: exactly as often as
+    # the kill point says (their send landed before the kill, or was never made).
+    got = in_flight + arrivals(checkout, sent)
     expected = {d.ident for d in unique}
     assert set(got) <= expected
     assert {i for i in expected - in_doubt if got[i] != 1} == set(), "each task exactly once"
-    assert all(got[i] <= 1 for i in in_doubt)
+    assert {i: got[i] for i in in_doubt} == {i: landed for i in in_doubt}
     before = Counter(got)
 
     # The operator resends them explicitly: each arrives once more, and nothing else does.
@@ -698,9 +710,10 @@ def test_sigkill_mid_run_then_reruns_lose_nothing_and_double_only_explicit_resen
     assert after == Counter({i: 1 for i in in_doubt})
     got += after
     for ident in in_doubt:
-        assert got[ident] == before[ident] + 1 <= 2
+        assert got[ident] == before[ident] + 1 == landed + 1
     assert checkout.depth() == (0, 0), "the DLQ is empty"
     assert {i for i in expected if got[i] == 0} == set(), "nothing lost"
+    assert ledger_states(ledger) == Counter({"done": len(unique)})
 
 
 def test_a_killed_run_hides_what_it_held_for_about_its_lease_then_a_rerun_sees_it_all(
@@ -716,6 +729,14 @@ def test_a_killed_run_hides_what_it_held_for_about_its_lease_then_a_rerun_sees_i
     fill(checkout, dead)
     ledger = tmp_path / "ledger.sqlite3"
     lease = 4
+    # The run stays alive at its third batch's claim (its worker waits there for good) while
+    # its renewing thread renews the holds; stopped after the second renewal, it has held
+    # the messages it kept (the refunds of two batches) past their receive's own hold.
+    points = KillPoints(
+        tmp_path / "kill",
+        At("move.claimed", nth=3, do="hang"),
+        At("broker.extend", nth=2, do="stop"),
+    )
     victim = start_redrive(
         server,
         *MOVE,
@@ -723,23 +744,18 @@ def test_a_killed_run_hides_what_it_held_for_about_its_lease_then_a_rerun_sees_i
         CAPTURE,
         "--lease",
         str(lease),
-        "--rate",
-        "1",
         "--ledger",
         str(ledger),
         out=tmp_path / "victim",
+        points=points,
     )
     try:
-        wait_for(
-            lambda: checkout.depth(checkout.queue_url)[0] >= 3,
-            timeout=120,
-            what="the first captures moved",
-        )
-        # Alive for twice its lease and more: what it holds was renewed past its receive.
-        # (30 captures at --rate 1 keep it alive that long on any machine.)
-        time.sleep(2.5 * lease)
-        assert victim.poll() is None, "the run ended before it could be killed"
-        wait_for(lambda: checkout.depth()[1] >= 5, timeout=60, what="held messages")
+        renewed = points.wait_for_note(1)
+        wait_until_stopped(victim.pid)
+        assert points.note(0) is not None, "renewed while its worker waited at the claim"
+        assert renewed["entries"] >= 5, renewed
+        assert checkout.depth(checkout.queue_url)[0] >= 3, "the first captures moved"
+        assert checkout.depth()[1] >= 5, "held messages"
         victim.send_signal(signal.SIGKILL)
         assert victim.wait(10) == -signal.SIGKILL
     finally:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import Family, MotoServer, make_family
+from kill_points import At, KillPoints, wait_until_stopped
 from test_e2e import (
     CAPTURE,
     IBFT,
@@ -223,53 +224,31 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     ledger = tmp_path / "ledger.sqlite3"
     workers = 2
     args = ("--ledger", str(ledger), "--processes", "2", "--workers", str(workers))
-    # SIGKILL one child while it holds a claimed batch (its send not yet recorded): the
-    # in-doubt window. A kill that just misses it leaves nothing in doubt; retry (3 at most).
-    for attempt in range(3):
-        # --rate: the run lasts seconds, each claimed batch waiting its turn to be sent.
-        parent = start_redrive(
-            fast, *MOVE, *args, "--lease", "3", "--rate", "150", out=tmp_path / f"k{attempt}"
-        )
-        try:
-            victim: dict[str, Any] = {}
-
-            def ripe(
-                parent: subprocess.Popen[str] = parent, victim: dict[str, Any] = victim
-            ) -> bool:
-                if parent.poll() is not None:
-                    return True
-                children = {r["run_id"]: r for r in run_info(ledger) if r.get("parent")}
-                if not children or ledger_states(ledger)["done"] < 40:
-                    return False
-                sent = sent_by_run(ledger)
-                for run_id, n in claimed_by_run(ledger).items():
-                    # One that has sent some too: what it moved must be counted (issue 22).
-                    if n and run_id in children and sent[run_id]:
-                        victim.update(children[run_id])
-                        return True
-                return False
-
-            wait_for(ripe, timeout=60, every=0.003, what="a child with a claimed batch")
-            assert parent.poll() is None, "the run ended before a child could be killed"
-            os.kill(victim["pid"], signal.SIGKILL)
-            code, stdout, stderr = finished(parent, tmp_path / f"k{attempt}", timeout=90)
-        finally:
-            if parent.poll() is None:
-                parent.kill()
-                parent.wait(10)
-        assert "Traceback" not in stderr, stderr
-        assert code == 3, (code, stdout, stderr)
-        report = json.loads(stdout)
-        [died] = [c for c in report["children"] if c["outcome"] == "died"]
-        assert died["run_id"] == victim["run_id"] and died["how"] == "killed by SIGKILL"
-        assert died["pid"] == victim["pid"]
-        [other] = [c for c in report["children"] if c["outcome"] != "died"]
-        assert other["outcome"] in ("completed", "interrupted")
-        if died["in_doubt"]:
-            break
-    assert died["in_doubt"] > 0, f"no kill landed in the in-doubt window: {report}"
-    # At most one batch per worker of the killed child: what it claimed, unconfirmed.
-    assert died["in_doubt"] <= 10 * workers
+    # SIGKILL the first child to pass its third send (SQS answered, the ledger has not
+    # recorded it): the in-doubt window. Of its two workers, the one with two of those sends
+    # has recorded its first batch: the child has sent some too, which must be counted
+    # (issue 22).
+    points = KillPoints(tmp_path / "kill", At("move.sent", nth=3))
+    parent = start_redrive(fast, *MOVE, *args, "--lease", "3", out=tmp_path / "k", points=points)
+    try:
+        code, stdout, stderr = finished(parent, tmp_path / "k", timeout=120)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+    victim = points.note()
+    assert victim is not None and victim["ppid"] == parent.pid, victim
+    assert "Traceback" not in stderr, stderr
+    assert code == 3, (code, stdout, stderr)
+    report = json.loads(stdout)
+    [died] = [c for c in report["children"] if c["outcome"] == "died"]
+    assert died["how"] == "killed by SIGKILL" and died["pid"] == victim["pid"]
+    assert died["run_id"] in {r["run_id"] for r in run_info(ledger) if r["pid"] == victim["pid"]}
+    [other] = [c for c in report["children"] if c["outcome"] != "died"]
+    assert other["outcome"] in ("completed", "interrupted")
+    # The batch it was killed in, and at most one more of its other worker: claimed,
+    # unrecorded.
+    assert 10 <= died["in_doubt"] <= 10 * workers, died
     # The summary adds up (issue 22): the killed child's sends counted from the ledger, in
     # the total and per task; no more matched than scanned.
     run_id = report["run_id"]
@@ -390,14 +369,26 @@ def test_children_stop_cleanly_when_the_parent_is_sigkilled(
     dead = tasks(300, seed=3)
     fill(checkout, dead)
     ledger = tmp_path / "ledger.sqlite3"
-    parent = start_move_in_two(fast, ledger, tmp_path / "parent")
+    # Each child stops itself at its second deletion (the first there takes the first
+    # rule, the other the second at its third): both mid-run when the parent is killed.
+    points = KillPoints(
+        tmp_path / "kill",
+        At("move.deleted", nth=2, do="stop"),
+        At("move.deleted", nth=3, do="stop"),
+    )
+    parent = start_redrive(
+        fast, *MOVE, "--ledger", str(ledger), "--processes", "2", out=tmp_path / "p", points=points
+    )
     try:
-        wait_for_both_children(
-            ledger, lambda: ledger_states(ledger)["done"] >= 20, "both children moving"
-        )
+        stopped = [points.wait_for_note(0)["pid"], points.wait_for_note(1)["pid"]]
+        for pid in stopped:
+            wait_until_stopped(pid)
         children = [r for r in run_info(ledger) if r.get("parent")]
+        assert sorted(c["pid"] for c in children) == sorted(stopped)
         parent.send_signal(signal.SIGKILL)
         assert parent.wait(10) == -signal.SIGKILL
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -736,6 +727,8 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
     ledger = tmp_path / "ledger.sqlite3"
     archive = tmp_path / "purged.jsonl.gz"
     args = ("purge", "checkout", "--archive", str(archive), "--execute", "--yes", "--json")
+    # The first process to write its third archive batch is killed before deleting it.
+    points = KillPoints(tmp_path / "kill", At("purge.archived", nth=3))
     parent = start_redrive(
         fast,
         *args,
@@ -746,26 +739,24 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
         "--lease",
         "3",
         out=tmp_path / "killed",
+        points=points,
     )
     try:
-        wait_for_both_children(
-            ledger,
-            lambda: checkout.depth()[0] + checkout.depth()[1] <= 300,
-            "both processes purging",
-            every=0.01,
-        )
-        victim = next(r for r in run_info(ledger) if r.get("process") == 2)
-        os.kill(victim["pid"], signal.SIGKILL)
-        code, stdout, stderr = finished(parent, tmp_path / "killed", timeout=90)
+        code, stdout, stderr = finished(parent, tmp_path / "killed", timeout=120)
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait(10)
+    victim = points.note()
+    assert victim is not None and victim["ppid"] == parent.pid, victim
     assert code == 3 and "Traceback" not in stderr, (code, stderr)
     report = json.loads(stdout)
     [died] = [c for c in report["children"] if c["outcome"] == "died"]
-    assert died["process"] == 2 and died["how"] == "killed by SIGKILL"
-    assert str(tmp_path / "purged.p2.jsonl.gz") in [str(Path(a)) for a in report["archives"]]
+    assert died["pid"] == victim["pid"] and died["how"] == "killed by SIGKILL"
+    part = tmp_path / f"purged.p{died['process']}.jsonl.gz"
+    assert str(part) in [str(Path(a)) for a in report["archives"]]
+    # Its third batch archived and never deleted: in its archive and in the DLQ too.
+    assert sum(1 for _ in read_records(str(part), on_problem=lambda _: None)) >= 30
 
     def archived() -> Counter[str]:
         got: Counter[str] = Counter()

@@ -10,13 +10,14 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import amqp
 import pytest
+from conftest import wait_until
+from kill_points import At, KillPoints, wait_until_leases_end, wait_until_stopped
 
 from redrive.sandbox.rabbitmq_layout import (
     fill_layout,
@@ -30,6 +31,10 @@ pytestmark = pytest.mark.e2e
 
 REDRIVE = [sys.executable, "-m", "redrive"]
 ROOT = Path(__file__).resolve().parent.parent
+
+
+#: The point after a batch was confirmed and recorded SENT, before its DLQ copies are acked.
+KILLED_AT_ACK = At("move.recorded")
 
 
 def redrive(vhost: Vhost, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -146,57 +151,121 @@ def test_move_execute_puts_every_task_back_byte_identical_once(
     assert task_ids(drain(rabbitmq_vhost, "onion-checkout")) == task_ids(before)
 
 
+def killed(
+    vhost: Vhost, points: KillPoints, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``redrive ARGS`` run until a kill point of ``points`` SIGKILLs it."""
+    result = subprocess.run(
+        points.argv("--broker", vhost.amqp_url, "--rabbitmq-api", vhost.api_url, *args),
+        env=points.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == -signal.SIGKILL, (result.returncode, result.stdout, result.stderr)
+    return result
+
+
 def test_a_sigkill_mid_move_loses_nothing_and_the_rerun_sends_nothing_twice(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
-    """As tests/test_e2e.py's SIGKILL test: the ledger is watched and the run killed once
-    some keys are sent; after the rerun each task is in the source once (or, in doubt, still
-    in the DLQ): nothing lost, nothing doubled."""
+    """Killed after its second batch's send was confirmed, before the ledger recorded it: the
+    first batch moved (acked, DONE), the second in the source but CLAIMED (in doubt), the
+    rest untouched. The rerun with ``--in-doubt skip`` moves the rest; each task is in the
+    source exactly once, and exactly the second batch's copies stay in the DLQ."""
     families = rabbit_families()[:1]
-    fill_layout(rabbitmq_vhost.amqp_url, families, 600)
+    fill_layout(rabbitmq_vhost.amqp_url, families, 350)
     before = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
     ledger = tmp_path / "ledger.sqlite3"
     args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
-    victim = subprocess.Popen(
-        [
-            *REDRIVE,
-            "--broker",
-            rabbitmq_vhost.amqp_url,
-            "--rabbitmq-api",
-            rabbitmq_vhost.api_url,
-            *args,
-            "--rate",
-            "200",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )
+    points = KillPoints(tmp_path / "kill", At("move.sent", nth=2))
+    killed(rabbitmq_vhost, points, *args, "--lease", "2")
+    assert _states(ledger) == Counter({"done": 100, "claimed": 100})
+    sent = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert sum(sent.values()) == 200 and max(sent.values()) == 1
+    # The kill closed the connection: the second batch's copies are back, with the rest.
+    left = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
+    assert sum(left.values()) == 250 and set(left) | set(sent) == set(before)
+    second = set(left) & set(sent)
+    assert len(second) == 100
+    # In doubt already (its pid is gone), but skipped only once its ledger lease is over.
+    wait_until_leases_end(ledger)
+
+    rerun = ok_json(redrive(rabbitmq_vhost, *args, "--in-doubt", "skip"))
+    assert (rerun["moved"], rerun["in_doubt"], rerun["failed"]) == (150, 0, 0), rerun
+    assert rerun["skipped_by_reason"] == {"in-doubt-resolved-skip": 100}, rerun
+    source = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert source == before, "each task in the source exactly once: none lost, none doubled"
+    assert set(task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))) == second
+    assert _states(ledger) == Counter({"done": 250, "skipped": 100})
+    again = ok_json(redrive(rabbitmq_vhost, *args))
+    assert (again["moved"], again["in_doubt"]) == (0, 0), again
+
+
+def test_a_sigkill_before_the_confirm_is_in_doubt_and_resolved_as_on_sqs(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """Stopped at the first frame read after a batch's 100 publishes were written (their
+    confirms not read), then SIGKILLed once RabbitMQ has routed them: the ledger holds the
+    batch CLAIMED, neither sent nor acked. The rerun reports exactly those 100 in doubt,
+    holds their copies in the DLQ and moves the other 50; ``--in-doubt resend`` sends each of
+    them once more (the doubling an operator asks for, and nothing else)."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 150)
+    before = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
+    points = KillPoints(tmp_path / "kill", At("amqp.unconfirmed", do="stop"))
+    broker = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
+    with (tmp_path / "victim.err").open("w") as err:
+        victim = subprocess.Popen(
+            points.argv(*broker, *args, "--lease", "2"),
+            env=points.env(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+        )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and victim.poll() is None:
-            if _states(ledger)["done"] + _states(ledger)["sent"] >= 100:
-                break
-            time.sleep(0.005)
-        assert victim.poll() is None, "the run ended before it could be killed"
-        victim.send_signal(signal.SIGKILL)
+        note = points.wait_for_note()
+        assert (note["pid"], note["publishes"]) == (victim.pid, 100), note
+        wait_until_stopped(victim.pid)
+        # Written to the socket before it stopped: RabbitMQ routes them, unconfirmed to it.
+        wait_until(
+            lambda: len(drain(rabbitmq_vhost, "onion-checkout")) == 100,
+            "the batch written before the stop, routed",
+            every=0.1,
+        )
+        victim.kill()
         assert victim.wait(10) == -signal.SIGKILL
     finally:
         if victim.poll() is None:
             victim.kill()
             victim.wait(10)
-    killed_at = _states(ledger)
-    assert 0 < killed_at["done"] + killed_at["sent"] < 600, killed_at
+    assert _states(ledger) == Counter({"claimed": 100}), "claimed, its confirm never recorded"
+    first = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert sum(first.values()) == 100 and max(first.values()) == 1
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == before, "all copies back"
 
-    rerun = redrive(rabbitmq_vhost, *args, "--in-doubt", "skip")
-    assert rerun.returncode in (0, 3), (rerun.stdout, rerun.stderr)
-    assert "Traceback" not in rerun.stderr
-    source = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
-    left = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
-    assert max(source.values()) == 1, "a task was sent twice"
-    assert set(source) | set(left) == set(before), "a task was lost"
-    assert not set(source) & set(left) or killed_at["claimed"], "a sent task's copy is left"
+    held = ok_json(redrive(rabbitmq_vhost, *args), 3)
+    assert (held["moved"], held["in_doubt"], held["failed"]) == (50, 100, 0), held
+    assert held["in_doubt_listed"] == 100 and held["in_doubt_truncated"] is False
+    assert {m["task_id"] for m in held["in_doubt_messages"]} == set(first)
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout")) == before, "each task once"
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == first, "held in doubt"
+    assert _states(ledger) == Counter({"done": 50, "claimed": 100})
+    still = ok_json(redrive(rabbitmq_vhost, *args), 3)
+    assert (still["moved"], still["in_doubt"]) == (0, 100), "held again, never resent"
+
+    # Taken over only once the dead run's ledger lease is over (its pid is gone already).
+    wait_until_leases_end(ledger)
+
+    resent = ok_json(redrive(rabbitmq_vhost, *args, "--in-doubt", "resend"))
+    assert (resent["moved"], resent["in_doubt"], resent["failed"]) == (100, 0, 0), resent
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout")) == before + first
+    assert drain(rabbitmq_vhost, "onion-checkout-dlq") == []
+    assert _states(ledger) == Counter({"done": 150})
 
 
 def _states(ledger: Path) -> Counter[str]:
@@ -209,37 +278,18 @@ def _states(ledger: Path) -> Counter[str]:
         return Counter()
 
 
-#: A ``redrive`` whose first acknowledgement SIGKILLs it: the batch in flight is confirmed
-#: and recorded SENT in the ledger, its DLQ copies not yet acked (the step after "recorded").
-KILLED_AT_ACK = (
-    "import os, signal, sys\n"
-    "from redrive.broker.rabbitmq.broker import RabbitBroker\n"
-    "RabbitBroker.ack = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
-    "from redrive.cli import main\n"
-    "sys.argv[0] = 'redrive'\n"
-    "main()\n"
-)
-
-
 def test_a_sigkill_between_confirm_and_ack_leaves_the_copy_and_the_rerun_only_acks_it(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
+    """Killed after the first batch was confirmed and recorded SENT, before its DLQ copies
+    were acked."""
     fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 150)
     before = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
     ledger = tmp_path / "ledger.sqlite3"
     args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
-    broker = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_AT_ACK, *broker, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
-    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr)
+    killed(rabbitmq_vhost, KillPoints(tmp_path / "kill", KILLED_AT_ACK), *args)
     states = _states(ledger)
-    assert states["sent"] == 100 and states["done"] == 0, states  # one batch, confirmed
+    assert states == Counter({"sent": 100}), states  # one batch, confirmed
     sent = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
     assert sum(sent.values()) == 100
     # The kill closed the connection: every DLQ copy is back, the sent ones too.

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,7 +22,8 @@ import celery
 import pytest
 from celery_worker import kill_if_running, start_celery_worker
 from conftest import wait_until
-from test_rabbitmq_e2e import KILLED_AT_ACK, ROOT, drain, ok_json, redrive, task_ids
+from kill_points import KillPoints
+from test_rabbitmq_e2e import KILLED_AT_ACK, drain, killed, ok_json, redrive, task_ids
 
 from redrive import attributes
 from redrive.archive import read_records
@@ -252,16 +251,9 @@ def test_a_sigkill_of_an_edited_move_loses_and_doubles_nothing(
     ledger = tmp_path / "ledger.sqlite3"
     first, second = tmp_path / "a1.jsonl.gz", tmp_path / "a2.jsonl.gz"
     args = ["move", "checkout", "--create", "--execute", "--yes", "--json", "--ledger", str(ledger)]
-    broker = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
-    killed = subprocess.run(
-        [sys.executable, "-c", KILLED_AT_ACK, *broker, *args, *edit("first", first)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
+    killed(
+        rabbitmq_vhost, KillPoints(tmp_path / "kill", KILLED_AT_ACK), *args, *edit("first", first)
     )
-    assert killed.returncode == -signal.SIGKILL, (killed.stdout, killed.stderr)
     assert sum(task_ids(drain(rabbitmq_vhost, QUEUE)).values()) == 100
     assert task_ids(drain(rabbitmq_vhost, DLQ)) == task_ids(before)
 
