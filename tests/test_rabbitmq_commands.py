@@ -8,6 +8,7 @@ byte for byte, properties and headers kept, a DLQ left whole by every dry run.""
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 from collections import Counter
 from pathlib import Path
@@ -122,6 +123,14 @@ def test_archive_and_purge_keep_every_original_and_replay_puts_them_back_byte_id
     assert [r["info"]["command_line"].split()[5] for r in runs] == ["replay", "replay", "purge"]
     assert {r["outcome"] for r in runs} == {"completed"}
     replayed_again, replayed, purged = runs
+    # Who ran it, as the broker knows it: no AWS identity asked for, no password kept.
+    masked = rabbitmq_vhost.amqp_url.replace(":guest@", ":***@")
+    for run in runs:
+        info = run["info"]
+        assert (info["broker"], info["broker_user"]) == (masked, "guest")
+        assert not {"aws_arn", "aws_error", "sqs_client"} & set(info), info
+        assert masked in info["command_line"] and ":guest@" not in info["command_line"]
+        assert ":guest@" not in run["command"]
     assert purged["counts"]["purged"] == 40 and purged["counts"]["archived"] == 40
     assert purged["info"]["archive"] == str(archive)
     assert (replayed["counts"]["moved"], replayed_again["counts"]["moved"]) == (40, 0)
@@ -179,6 +188,9 @@ def test_apply_acts_on_exactly_the_planned_messages_and_twice_does_nothing(
     assert shown["counts"]["moved"] == len(captures)
     assert Counter(k["state"] for k in shown["keys"]) == Counter({"done": len(captures)})
     assert {k["task"] for k in shown["keys"]} == {CAPTURE}
+    text = redrive(rabbitmq_vhost, "audit", first["run_id"], "--ledger", str(ledger))
+    assert text.returncode == 0, text.stderr
+    assert f"@{socket.gethostname()} on {shown['info']['broker']}" in text.stdout, text.stdout
 
 
 # -- --processes 2 --------------------------------------------------------------------------------
@@ -204,7 +216,8 @@ def test_move_and_purge_in_two_processes_act_on_each_message_once(
     assert drain(rabbitmq_vhost, DLQ) == []
     with sqlite3.connect(ledger) as db:
         by_run = dict(db.execute("SELECT run_id, COUNT(*) FROM keys GROUP BY run_id"))
-    assert sum(by_run.values()) == 150 and len(by_run) == 2, by_run  # each process its share
+    # Each key once; how the two share the queue is the broker's (one may take it all).
+    assert sum(by_run.values()) == 150 and 1 <= len(by_run) <= 2, by_run
 
     archive = tmp_path / "purged.jsonl.gz"
     purge = ["purge", "default", "--archive", str(archive), "--processes", "2", "--json"]
