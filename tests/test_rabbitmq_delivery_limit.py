@@ -5,13 +5,22 @@ saw there and how many of the deliveries were redrive's own (the receive log). O
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from test_rabbitmq_e2e import drain, ok_json, redrive
 
-from redrive.sandbox.rabbitmq_layout import fill_layout, rabbit_families
-from redrive.sandbox.rabbitmq_node import Vhost
+from redrive.broker.rabbitmq.api import ManagementApi
+from redrive.broker.rabbitmq.queues import Queues
+from redrive.sandbox.rabbitmq_layout import (
+    fill_layout,
+    open_connection,
+    rabbit_families,
+    raw_channel,
+)
+from redrive.sandbox.rabbitmq_node import Vhost, management_request
 
 pytestmark = pytest.mark.e2e
 
@@ -53,3 +62,106 @@ def test_a_quorum_dlq_with_a_delivery_limit_is_refused_until_allowed(
     assert report.returncode == 1, report.stderr
     assert "x-delivery-limit 4" in report.stderr
     assert ok_json(redrive(rabbitmq_vhost, "inspect", "default", "--json"))["total"] == 5
+
+
+# -- a limit from a policy ----------------------------------------------------------------------
+
+
+def put_policy(
+    vhost: Vhost, name: str, pattern: str, definition: dict[str, Any], **more: Any
+) -> None:
+    kind = more.pop("kind", "policies")
+    management_request(
+        vhost.api_url,
+        "PUT",
+        f"/api/{kind}/{urllib.parse.quote(vhost.vhost, safe='')}/{name}",
+        {"pattern": pattern, "definition": definition, "apply-to": "queues", **more},
+    )
+
+
+def test_a_policys_delivery_limit_is_refused_at_once_as_the_arguments_is(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """The policy is set, then the quorum DLQ declared (no x-delivery-limit argument) and
+    filled, and redrive runs at once: the management API's statistic of the queue's policy
+    (``effective_policy_definition``) does not show it yet (it lags by the statistics
+    interval), so redrive works the policy out from the vhost's policies."""
+    put_policy(rabbitmq_vhost, "dlq-limit", "^onion-checkout-dlq$", {"delivery-limit": 4})
+    families = rabbit_families(dlq_type="quorum")
+    fill_layout(rabbitmq_vhost.amqp_url, families, 5)
+    for args in (["inspect", "checkout"], ["move", "checkout"]):
+        refused = redrive(rabbitmq_vhost, *args)
+        assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
+        (line,) = refused.stderr.strip().splitlines()
+        assert "DLQ onion-checkout-dlq has x-delivery-limit 4" in line, line
+        assert "rabbitmqctl set_policy" in line and "--allow-delivery-limit" in line
+    # The other families' quorum DLQs have no limit: read as ever.
+    assert ok_json(redrive(rabbitmq_vhost, "inspect", "default", "--json"))["total"] == 5
+
+
+def test_the_limit_is_the_lowest_of_the_argument_the_policy_and_the_operator_policy(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """As RabbitMQ works a queue's policy out: the matching policy of highest priority whose
+    apply-to takes the queue, merged with the operator policy (the lower number wins), and
+    a quorum queue's delivery limit the lower of its argument's and its policy's."""
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        for name, arguments in (
+            ("q-arg", {"x-queue-type": "quorum", "x-delivery-limit": 10}),
+            ("q-policy", {"x-queue-type": "quorum"}),
+            ("q-none", {"x-queue-type": "quorum"}),
+            ("c-classic", {}),
+        ):
+            channel.queue_declare(name, durable=True, auto_delete=False, arguments=arguments)
+    finally:
+        connection.close()
+    put_policy(rabbitmq_vhost, "low", "^q-(arg|policy)$", {"delivery-limit": 7}, priority=1)
+    put_policy(rabbitmq_vhost, "lower-loses", "^q-", {"delivery-limit": 2}, priority=0)
+    # Of the highest priority, but for exchanges only: no queue takes it.
+    put_policy(
+        rabbitmq_vhost, "exchanges", "^q-none$", {"delivery-limit": 1}, priority=9,
+        **{"apply-to": "exchanges"},
+    )  # fmt: skip
+    put_policy(rabbitmq_vhost, "cap", "^q-policy$", {"delivery-limit": 5}, kind="operator-policies")
+    queues = Queues(api(rabbitmq_vhost), rabbitmq_vhost.vhost)
+    limits = {n: queues.describe(n).max_receive_count for n in ("q-arg", "q-policy", "q-none")}
+    # q-arg: min(10, policy 7); q-policy: min(policy 7, operator 5); q-none: only
+    # "lower-loses" matches it (priority 0 loses only where "low" matches too).
+    assert limits == {"q-arg": 7, "q-policy": 5, "q-none": 2}
+    assert queues.describe("c-classic").max_receive_count is None
+
+
+def test_a_management_user_sees_the_policys_limit_too(rabbitmq_vhost: Vhost) -> None:
+    """The least a user of redrive needs is the ``management`` tag (no ``policymaker``): it
+    may list the vhost's policies, so the policy's limit is seen at once there too."""
+    user, password = f"mgmt-{rabbitmq_vhost.vhost[-8:]}", "pw"
+    management_request(
+        rabbitmq_vhost.api_url,
+        "PUT",
+        f"/api/users/{user}",
+        {"password": password, "tags": "management"},
+    )
+    vhost = urllib.parse.quote(rabbitmq_vhost.vhost, safe="")
+    management_request(
+        rabbitmq_vhost.api_url,
+        "PUT",
+        f"/api/permissions/{vhost}/{user}",
+        {"configure": ".*", "write": ".*", "read": ".*"},
+    )
+    try:
+        put_policy(rabbitmq_vhost, "dlq-limit", "-dlq$", {"delivery-limit": 3})
+        fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(dlq_type="quorum")[:1], 0)
+        mine = ManagementApi(rabbitmq_vhost.api_url, user=user, password=password, masked="api")
+        queues = Queues(mine, rabbitmq_vhost.vhost)
+        assert queues.describe("onion-checkout-dlq").max_receive_count == 3
+        source = queues.describe("onion-checkout")
+        assert source.dead_letter_target == f"{rabbitmq_vhost.vhost}/onion-checkout-dlq"
+        assert source.max_receive_count is None
+    finally:
+        management_request(rabbitmq_vhost.api_url, "DELETE", f"/api/users/{user}")
+
+
+def api(vhost: Vhost) -> ManagementApi:
+    return ManagementApi(vhost.api_url, user="guest", password="guest", masked=vhost.api_url)

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import click
 
+from redrive.broker import mask_password
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
 from redrive.errors import RedriveError
@@ -242,8 +243,10 @@ def command_words() -> list[str]:
 
 
 def command_line() -> str:
-    """The command as given, shell-quoted so that it pastes back into a shell as it ran."""
-    return shell_join(["redrive", *command_words()])
+    """The command as given, shell-quoted so that it pastes back into a shell as it ran,
+    but for a URL's password (``--broker amqp://USER:***@HOST``): it is recorded in the
+    audit trail, which every reader of the ledger reads."""
+    return shell_join(["redrive", *(mask_password(word) for word in command_words())])
 
 
 def _global_value_options() -> frozenset[str]:

@@ -4,6 +4,7 @@ region), the mapping of core errors to one-line failures, and what every run sha
 from __future__ import annotations
 
 import contextlib
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,13 @@ import click
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
-from redrive.broker import RABBITMQ_SCHEMES, open_broker, resolve_target
+from redrive.broker import (
+    RABBITMQ_SCHEMES,
+    broker_scheme,
+    mask_password,
+    open_broker,
+    resolve_target,
+)
 from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
@@ -305,9 +312,25 @@ def execute_record(
         filters=filters,
         ledger=ledger.location,
         archive=archive,
-        caller=caller_identity(lambda: ctx.aws.client("sts")),
-        sqs_client=ctx.sqs,
+        **_who_calls(ctx),
     )
+
+
+def _who_calls(ctx: Context) -> dict[str, Any]:
+    """Whom the broker knows the run as. On SQS the AWS principal and the SQS client; on
+    RabbitMQ the broker (password masked) and its user: asking AWS's STS there would send
+    a RabbitMQ run's audit to AWS, and record an unrelated identity, or an error."""
+    url = ctx.broker_url
+    if url is not None and broker_scheme(url) == "rabbitmq":
+        user = urllib.parse.urlsplit(url).username
+        return {
+            "caller": {
+                "broker": mask_password(url),
+                "broker_user": urllib.parse.unquote(user or "guest"),
+            },
+            "sqs_client": None,
+        }
+    return {"caller": caller_identity(lambda: ctx.aws.client("sts")), "sqs_client": ctx.sqs}
 
 
 def dry_run_ledger(uri: str | None, client_factory: Callable[[str], Any] | None = None) -> Any:

@@ -99,7 +99,8 @@ def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
         f"  started:  {when(run.started_at)}",
         f"  ended:    {when(run.ended_at)}",
         f"  who:      {value_of('user', '?')}@{value_of('host', '?')}"
-        + (f" as {value_of('aws_arn')}" if info.get("aws_arn") else ""),
+        + (f" as {value_of('aws_arn')}" if info.get("aws_arn") else "")
+        + (f" on {value_of('broker')}" if info.get("broker") else ""),
         f"  target:   {value_of('target')} ({value_of('dlq')})",
         f"  filters:  {filters_text(info.get('filters') or {})}",
         f"  ledger:   {value_of('ledger')}",

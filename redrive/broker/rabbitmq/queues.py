@@ -6,6 +6,11 @@ A queue dead-letters per its arguments (``x-dead-letter-exchange``,
 the queue's name). Its DLQ is the queue the DLX routes that key to, found by the DLX's
 bindings (the default exchange ``""``: the queue of that name). Queues are named within their
 vhost, as x-death names them: a queue's ident is ``<vhost>/<name>``.
+
+A queue's policy is worked out from the vhost's policies (:meth:`Queues.effective_policy`),
+not read from the queue's ``effective_policy_definition``: that field is a statistic, which
+lags a new queue or a policy change by the statistics interval (5 s by default; measured
+here: a quorum DLQ declared under a ``delivery-limit`` policy showed none, and was read).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from redrive.broker.base import DlqTarget, QueueRef, queue_name
 from redrive.broker.rabbitmq.api import ManagementApi
@@ -22,6 +27,10 @@ from redrive.errors import NoDeadLetterQueue, QueueNotFound
 if TYPE_CHECKING:
     from redrive.broker.base import Broker
     from redrive.config import Family, Layout
+
+
+Policies: TypeAlias = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+"""A vhost's policies and operator policies, as the management API lists them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +65,24 @@ class Queues:
             raise QueueNotFound(f"queue {name} does not exist on vhost {self.vhost!r}")
         return found
 
-    def describe(self, name_or_address: str) -> QueueRef:
+    def describe(self, name_or_address: str, policies: Policies | None = None) -> QueueRef:
+        """``policies``: the vhost's, when the caller listed them already."""
         name = self.name_of(name_or_address)
         raw = self.raw(name)
         args = raw.get("arguments") or {}
-        policy = raw.get("effective_policy_definition") or {}
-        if not isinstance(policy, dict):
-            policy = {}
+        policy = self.effective_policy(name, raw, policies)
         letting = self.dead_lettering(name, args, policy)
         target: str | None = None
         if letting is not None:
             target = self.ident(letting.queues[0]) if len(letting.queues) == 1 else ""
-        limit = args.get("x-delivery-limit", policy.get("delivery-limit"))
+        # A quorum queue takes the lower of its argument's limit and its policy's. The
+        # statistic's too: a guard against reading toward a limit errs toward seeing one
+        # (a policy removed a moment ago refuses a few seconds more).
+        limit = _lowest(
+            args.get("x-delivery-limit"),
+            policy.get("delivery-limit"),
+            _statistic(raw).get("delivery-limit"),
+        )
         ttl = args.get("x-message-ttl", policy.get("message-ttl"))
         return QueueRef(
             url=self.ident(name),
@@ -75,9 +90,42 @@ class Queues:
             ident=self.ident(name),
             fifo=False,
             dead_letter_target=target,
-            max_receive_count=int(limit) if isinstance(limit, int) else None,
+            max_receive_count=limit,
             retention_seconds=int(ttl) // 1000 if isinstance(ttl, int) else None,
         )
+
+    def policies(self) -> Policies | None:
+        """The vhost's policies and operator policies (any user who may read the vhost's
+        queues may list them, a ``management`` user included); None when the API has no
+        such listing (then only the statistic tells)."""
+        regular = self.api.get("policies", self.vhost)
+        if not isinstance(regular, list):
+            return None
+        operator = self.api.get("operator-policies", self.vhost)
+        return regular, operator if isinstance(operator, list) else []
+
+    def effective_policy(
+        self, name: str, raw: Mapping[str, Any], policies: Policies | None = None
+    ) -> dict[str, Any]:
+        """The definition RabbitMQ applies to queue ``name``, as it works it out: of the
+        policies whose pattern matches the name (a search, not a full match) and whose
+        ``apply-to`` takes the queue, the one of highest priority; merged with the operator
+        policy chosen the same way, the lower of two numbers winning. Where the policies
+        cannot be listed, or a pattern is not one Python reads, the queue's statistic."""
+        listed = policies if policies is not None else self.policies()
+        if listed is None:
+            return _statistic(raw)
+        kind = str(raw.get("type") or "classic")
+        try:
+            regular, operator = (_chosen(found, name, kind) for found in listed)
+        except re.error:
+            return _statistic(raw)
+        merged = dict(regular)
+        for key, value in operator.items():
+            mine = merged.get(key)
+            both = all(isinstance(v, int) and not isinstance(v, bool) for v in (mine, value))
+            merged[key] = min(mine, value) if both else value if mine is None else mine
+        return merged
 
     def dead_lettering(
         self, name: str, args: Mapping[str, Any], policy: Mapping[str, Any]
@@ -112,9 +160,8 @@ class Queues:
 
     def dlq_of(self, source: QueueRef) -> QueueRef:
         raw = self.raw(source.name)
-        policy = raw.get("effective_policy_definition") or {}
         letting = self.dead_lettering(
-            source.name, raw.get("arguments") or {}, policy if isinstance(policy, dict) else {}
+            source.name, raw.get("arguments") or {}, self.effective_policy(source.name, raw)
         )
         if letting is None:
             raise NoDeadLetterQueue(
@@ -142,11 +189,12 @@ class Queues:
     def sources_of(self, dlq: QueueRef) -> list[QueueRef]:
         """The queues of the vhost that dead-letter into ``dlq``."""
         found = []
+        policies = self.policies()
         for name in self.names():
             if name == dlq.name:
                 continue
             try:
-                queue = self.describe(name)
+                queue = self.describe(name, policies)
             except QueueNotFound:
                 continue  # deleted since listed
             if queue.dead_letter_target == dlq.ident:
@@ -212,6 +260,51 @@ class Queues:
             )
         label = owner.name if owner is not None and len(sources) == 1 else queue.name
         return DlqTarget(label=label, family=owner, dlq=queue, sources=sources)
+
+
+#: Which queues each ``apply-to`` takes (by the queue's type; 3.12 added the typed ones).
+_APPLIES_TO: Final = {
+    "all": None,
+    "queues": None,
+    "classic_queues": "classic",
+    "quorum_queues": "quorum",
+    "streams": "stream",
+}
+
+
+def _chosen(policies: list[dict[str, Any]], name: str, kind: str) -> dict[str, Any]:
+    """The definition of the policy RabbitMQ applies to queue ``name`` of type ``kind``
+    (``{}``: none); raises ``re.error`` for a pattern Python cannot read. A tie in priority
+    RabbitMQ leaves unspecified: the first listed is taken."""
+    best: dict[str, Any] | None = None
+    for policy in policies:
+        applies = str(policy.get("apply-to") or "all")
+        if applies not in _APPLIES_TO or _APPLIES_TO[applies] not in (None, kind):
+            continue
+        if re.search(str(policy.get("pattern", "")), name) is None:
+            continue
+        if best is None or _priority(policy) > _priority(best):
+            best = policy
+    definition = best.get("definition") if best is not None else None
+    return dict(definition) if isinstance(definition, dict) else {}
+
+
+def _priority(policy: Mapping[str, Any]) -> int:
+    value = policy.get("priority", 0)
+    return value if isinstance(value, int) else 0
+
+
+def _statistic(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The queue's ``effective_policy_definition`` as the management API's statistics hold
+    it (lagging; see the module's docstring)."""
+    policy = raw.get("effective_policy_definition") or {}
+    return dict(policy) if isinstance(policy, dict) else {}
+
+
+def _lowest(*limits: object) -> int | None:
+    """The lowest of the limits that are set (integers), or None."""
+    found = [v for v in limits if isinstance(v, int) and not isinstance(v, bool)]
+    return min(found) if found else None
 
 
 def _routes(kind: str, binding_key: str, routing_key: str) -> bool:
