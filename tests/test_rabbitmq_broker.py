@@ -163,7 +163,7 @@ def test_a_publish_whose_confirm_never_comes_is_unconfirmed(
     may be queued, so they are unconfirmed (in doubt), never sent."""
     declare(channel, "target")
     monkeypatch.setattr("redrive.broker.rabbitmq.link.CONFIRM_TIMEOUT", 1.0)
-    broker.link.work().events["basic_ack"].clear()
+    broker.lane.work().events["basic_ack"].clear()
     result = broker.send("target", [entry("0"), entry("1"), entry("2")])
     assert result.ok == {} and result.unconfirmed == frozenset("012")
     assert {result.outcome(i) for i in "012"} == {"unconfirmed"}

@@ -12,6 +12,7 @@ one whose confirm never came is unconfirmed (in doubt).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -76,7 +77,8 @@ CAPABILITIES: Final = Capabilities(
 
 
 class RabbitBroker:
-    """One vhost's queues, over the process's shared link to its URL."""
+    """One vhost's queues, over a lane of its own of the process's link to its URL (each
+    ``--workers`` thread has a broker: their calls never wait on each other's)."""
 
     capabilities = CAPABILITIES
 
@@ -84,6 +86,8 @@ class RabbitBroker:
         self, link: Link, api: ManagementApi, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.link = link
+        self.lane = link.lane()
+        weakref.finalize(self, link.give_back, self.lane)
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
@@ -114,7 +118,7 @@ class RabbitBroker:
         """Ready: exact (a passive declare). Held: the larger of this process's own holds
         and the management API's count (which lags by its statistics interval)."""
         name = self._name(queue)
-        ready, _ = self.link.declared(name)
+        ready, _ = self.lane.declared(name)
         held = self.link.held(name)
         try:
             raw = self.queues.raw(name)
@@ -126,7 +130,7 @@ class RabbitBroker:
         return QueueCounts(ready=ready, held=held)
 
     def purge(self, queue: str) -> None:
-        self.link.purge(self._name(queue))
+        self.lane.purge(self._name(queue))
 
     # -- copies --------------------------------------------------------------------------
 
@@ -135,8 +139,8 @@ class RabbitBroker:
     ) -> list[Delivery]:
         name = self._name(queue)
         hidden_until = self.clock() + min(hold, MAX_HOLD_SECONDS)
-        ready, _ = self.link.declared(name)
-        got = self.link.get(name, max_messages, ready)
+        ready, _ = self.lane.declared(name)
+        got = self.lane.get(name, max_messages, ready)
         return [delivery_of(g, hidden_until=hidden_until, vhost=self.queues.vhost) for g in got]
 
     def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
@@ -167,7 +171,7 @@ class RabbitBroker:
             ids[entry.id] = message_id_of(
                 properties, envelope_of(body, properties), marks_of(properties)
             )
-        refused, unconfirmed = self.link.publish(name, ready)
+        refused, unconfirmed = self.lane.publish(name, ready)
         failed.update(refused)
         for entry_id in unconfirmed:
             failed[entry_id] = "Unconfirmed: no publisher confirm came (the message may be queued)"
