@@ -33,6 +33,7 @@ from redrive.broker.rabbitmq.envelope import (
     envelope_of,
     marks_of,
     message_id_of,
+    resent,
     unpacked,
 )
 from redrive.broker.rabbitmq.link import Got, Link
@@ -161,16 +162,23 @@ class RabbitBroker:
         ready: list[tuple[str, bytes, dict[str, Any]]] = []
         ids: dict[str, str] = {}
         for entry in entries:
+            got = entry.native if isinstance(entry.native, Got) else None
             try:
-                body, properties = unpacked(entry.body, entry.message_attributes)
+                if got is not None:
+                    # Unedited: the message as received, never decoded from its envelope.
+                    body, properties = resent(got.body, got.properties, entry.message_attributes)
+                else:
+                    body, properties = unpacked(entry.body, entry.message_attributes)
             except NotAnEnvelope as exc:
                 failed[entry.id] = f"NotAnEnvelope: {exc}"
                 continue
-            properties["delivery_mode"] = 2  # persistent, whatever the producer said
+            # The envelope names the copy as sent: persistent, whatever the producer said.
+            # A received message already persistent has the envelope its delivery gave.
+            same = got is not None and properties.get("delivery_mode") == 2
+            properties["delivery_mode"] = 2
+            envelope = entry.body if same else envelope_of(body, properties)
             ready.append((entry.id, body, properties))
-            ids[entry.id] = message_id_of(
-                properties, envelope_of(body, properties), marks_of(properties)
-            )
+            ids[entry.id] = message_id_of(properties, envelope, marks_of(properties))
         refused, unconfirmed = self.lane.publish(name, ready)
         failed.update(refused)
         for entry_id in unconfirmed:
@@ -219,6 +227,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
         hidden_until=hidden_until,
         death_reason=reason if isinstance(reason, str) and reason else None,
         died_at=_epoch(latest.get("time")),
+        native=got,
     )
 
 
