@@ -42,11 +42,11 @@ def by_window(broker: RabbitBroker, queue: str) -> list[str]:
 
 def by_get(broker: RabbitBroker, queue: str) -> list[str]:
     tags: list[str] = []
-    link = broker.link
-    with link.lock:
-        channel = link.work()
+    lane = broker.lane
+    with lane.lock:
+        channel = lane.work()
         while (message := channel.basic_get(queue, no_ack=False)) is not None:
-            tags.append(link._got(message, queue).tag)
+            tags.append(lane._got(message, queue).tag)
     return tags
 
 

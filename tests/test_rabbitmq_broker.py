@@ -16,7 +16,7 @@ import pytest
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import broker_scheme, open_broker
-from redrive.broker.base import SendEntry
+from redrive.broker.base import QueueCounts, SendEntry
 from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
 from redrive.config import Family, built_in_layout
@@ -163,7 +163,7 @@ def test_a_publish_whose_confirm_never_comes_is_unconfirmed(
     may be queued, so they are unconfirmed (in doubt), never sent."""
     declare(channel, "target")
     monkeypatch.setattr("redrive.broker.rabbitmq.link.CONFIRM_TIMEOUT", 1.0)
-    broker.link.work().events["basic_ack"].clear()
+    broker.lane.work().events["basic_ack"].clear()
     result = broker.send("target", [entry("0"), entry("1"), entry("2")])
     assert result.ok == {} and result.unconfirmed == frozenset("012")
     assert {result.outcome(i) for i in "012"} == {"unconfirmed"}
@@ -308,3 +308,116 @@ def test_a_reused_task_id_gets_a_key_per_publish_and_a_redelivery_keeps_its_key(
 
     # Released copies come back (rejects have no reply): the same keys, redelivered or not.
     wait_until(lambda: sorted(keys()) == sorted(first), "the same keys on redelivery")
+
+
+# -- lanes: a connection per broker, acks on the channel a copy came on ---------------------------
+
+
+def test_each_broker_has_its_own_lane_and_a_copy_settles_on_the_lane_it_came_on(
+    channel: amqp.Channel, rabbitmq_vhost: Vhost
+) -> None:
+    """Two brokers of one URL (two workers) hold on connections of their own; either one
+    acks or releases any copy, on the channel it came on. Once one lane's connection is gone,
+    its copies fail per entry in a batch that settles the other lane's, and nothing raises."""
+    declare(channel, "lanes")
+    first, second = (
+        open_broker(rabbitmq_vhost.amqp_url, aws=AwsSettings(), rabbitmq_api=rabbitmq_vhost.api_url)
+        for _ in range(2)
+    )
+    assert isinstance(first, RabbitBroker) and isinstance(second, RabbitBroker)
+    assert first.lane is not second.lane and first.link is second.link
+    first.send("lanes", [entry(str(i), f'{{"n": {i}}}') for i in range(6)])
+    mine = first.receive("lanes", hold=60, max_messages=3)
+    theirs = second.receive("lanes", hold=60, max_messages=3)
+    assert len(mine) == len(theirs) == 3
+    assert {d.tag.split(".")[0] for d in mine} != {d.tag.split(".")[0] for d in theirs}
+    assert first.counts("lanes").held == 6
+
+    result = second.ack("lanes", {"m0": mine[0].tag, "t0": theirs[0].tag})
+    assert set(result.ok) == {"m0", "t0"} and not result.failed
+    first.lane.close()  # first's connection is gone: its two held copies are back
+    tags = {"m1": mine[1].tag, "m2": mine[2].tag, "t1": theirs[1].tag, "t2": theirs[2].tag}
+    result = first.release("lanes", tags)
+    assert set(result.ok) == {"t1", "t2"}
+    assert set(result.failed) == {"m1", "m2"} and "StaleTag" in result.failed["m1"]
+    assert first.counts("lanes") == QueueCounts(ready=4, held=0)
+    assert sorted(m.body for m in drain(channel, "lanes")) == sorted(
+        f'{{"n": {i}}}'.encode() for i in (1, 2, 4, 5)
+    )
+
+
+def test_a_batch_of_a_channels_lowest_tags_is_one_multiple_ack_that_takes_no_other(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks go as one ``multiple`` ack only for a batch that is exactly the channel's lowest
+    unacked tags: a later batch, with copies still held below it, is acked one by one, and
+    those held copies stay held (then released, they are all back)."""
+    declare(channel, "multi")
+    broker.send("multi", [entry(str(i), f'{{"n": {i}}}') for i in range(30)])
+    held = []
+    while batch := broker.receive("multi", hold=60, max_messages=10):
+        held += batch
+    assert len(held) == 30
+    work = broker.lane.work()
+    acks: list[tuple[int, bool]] = []
+    real_ack = work.basic_ack
+
+    def recorded(delivery_tag: int, multiple: bool = False) -> None:
+        acks.append((delivery_tag, multiple))
+        real_ack(delivery_tag, multiple=multiple)
+
+    monkeypatch.setattr(work, "basic_ack", recorded)
+
+    def ack(copies: list[Any]) -> None:
+        result = broker.ack("multi", {str(i): d.tag for i, d in enumerate(copies)})
+        assert len(result.ok) == len(copies) and not result.failed
+
+    ack(held[20:30])  # held[0:20] are below: one by one
+    assert len(acks) == 10 and not any(multiple for _, multiple in acks)
+    acks.clear()
+    ack(list(reversed(held[0:10])))  # the lowest ten, in any order: one multiple ack
+    assert len(acks) == 1 and acks[0][1]
+    assert broker.counts("multi") == QueueCounts(ready=0, held=10)
+    result = broker.release("multi", {str(i): d.tag for i, d in enumerate(held[10:20])})
+    assert len(result.ok) == 10
+    assert [m.body for m in drain(channel, "multi")] == [
+        f'{{"n": {i}}}'.encode() for i in range(10, 20)
+    ]
+    # Acked once, a tag is stale: it fails for its entry and closes nothing.
+    again = broker.ack("multi", {"0": held[0].tag})
+    assert "StaleTag" in again.failed["0"] and broker.lane.work() is work
+
+
+def test_an_unedited_copy_sent_as_received_is_the_message_its_envelope_gives(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    """A move that edits nothing sends the delivery's own body and properties (``native``),
+    never decoding the envelope: the same message on the wire as the envelope's round trip
+    (typed headers, x-death, redrive's marks), under the same id."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 0)
+    message = celery_message("shop.capture", [1, "€"], {"x": 2}, task_id="t-n")
+    message.properties["application_headers"].update(
+        {"when": datetime(2024, 5, 1, 12, 0, 0), "price": Decimal("1.50"), "raw": b"\xff\x00"}
+    )
+    message.properties["delivery_mode"] = 1  # the copy is persistent all the same
+    publish(channel, "onion-checkout", message)
+    got = channel.basic_get("onion-checkout", no_ack=False)
+    channel.basic_reject(got.delivery_tag, requeue=False)
+    declare(channel, "as-received")
+    declare(channel, "from-envelope")
+    wait = [broker.receive("onion-checkout-dlq", hold=60) for _ in range(3)]
+    (delivery,) = [d for batch in wait for d in batch]
+    assert delivery.native is not None
+    marks = {"redrive-key": {"DataType": "String", "StringValue": "celery:t-n:g0"}}
+    native = broker.send(
+        "as-received", [SendEntry("0", delivery.body, marks, native=delivery.native)]
+    )
+    decoded = broker.send("from-envelope", [SendEntry("0", delivery.body, marks)])
+    assert native.ok == decoded.ok and native.outcome("0") == "sent"
+    (one,) = drain(channel, "as-received")
+    (other,) = drain(channel, "from-envelope")
+    assert one.body == other.body == message.body
+    assert one.properties == other.properties
+    assert one.properties["delivery_mode"] == 2
+    assert one.properties["application_headers"]["redrive-key"] == "celery:t-n:g0"
+    assert one.properties["application_headers"]["x-death"][0]["queue"] == "onion-checkout"

@@ -57,6 +57,11 @@ class Delivery:
     (None: it does not, as SQS)."""
     died_at: float | None = None
     """When it was last dead-lettered (epoch seconds), where the broker says."""
+    native: Any = field(default=None, compare=False, repr=False)
+    """Opaque: the broker's own form of the message, where ``body`` is an encoding of it
+    (RabbitMQ's raw AMQP body and properties, of which ``body`` is kombu's envelope): a
+    copy sent unedited goes from this, not from decoding ``body`` again (None: ``body`` is
+    the message as the broker keeps it, or the delivery was rebuilt from an archive)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,9 @@ class SendEntry:
     message_attributes: Mapping[str, Mapping[str, Any]]
     group_id: str | None = None
     deduplication_id: str | None = None
+    native: Any = field(default=None, compare=False, repr=False)
+    """The received copy's ``Delivery.native`` when ``body`` is that copy's own, unedited
+    (the broker may send from it); None otherwise."""
 
     # Measured once: a batch split and the engine's size checks ask several times per entry.
     _size: int = field(default=0, init=False, repr=False, compare=False)

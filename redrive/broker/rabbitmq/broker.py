@@ -12,6 +12,7 @@ one whose confirm never came is unconfirmed (in doubt).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
@@ -32,6 +33,7 @@ from redrive.broker.rabbitmq.envelope import (
     envelope_of,
     marks_of,
     message_id_of,
+    resent,
     unpacked,
 )
 from redrive.broker.rabbitmq.link import Got, Link
@@ -76,7 +78,8 @@ CAPABILITIES: Final = Capabilities(
 
 
 class RabbitBroker:
-    """One vhost's queues, over the process's shared link to its URL."""
+    """One vhost's queues, over a lane of its own of the process's link to its URL (each
+    ``--workers`` thread has a broker: their calls never wait on each other's)."""
 
     capabilities = CAPABILITIES
 
@@ -84,6 +87,8 @@ class RabbitBroker:
         self, link: Link, api: ManagementApi, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.link = link
+        self.lane = link.lane()
+        weakref.finalize(self, link.give_back, self.lane)
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
@@ -114,7 +119,7 @@ class RabbitBroker:
         """Ready: exact (a passive declare). Held: the larger of this process's own holds
         and the management API's count (which lags by its statistics interval)."""
         name = self._name(queue)
-        ready, _ = self.link.declared(name)
+        ready, _ = self.lane.declared(name)
         held = self.link.held(name)
         try:
             raw = self.queues.raw(name)
@@ -126,7 +131,7 @@ class RabbitBroker:
         return QueueCounts(ready=ready, held=held)
 
     def purge(self, queue: str) -> None:
-        self.link.purge(self._name(queue))
+        self.lane.purge(self._name(queue))
 
     # -- copies --------------------------------------------------------------------------
 
@@ -135,8 +140,8 @@ class RabbitBroker:
     ) -> list[Delivery]:
         name = self._name(queue)
         hidden_until = self.clock() + min(hold, MAX_HOLD_SECONDS)
-        ready, _ = self.link.declared(name)
-        got = self.link.get(name, max_messages, ready)
+        ready, _ = self.lane.declared(name)
+        got = self.lane.get(name, max_messages, ready)
         return [delivery_of(g, hidden_until=hidden_until, vhost=self.queues.vhost) for g in got]
 
     def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
@@ -157,17 +162,24 @@ class RabbitBroker:
         ready: list[tuple[str, bytes, dict[str, Any]]] = []
         ids: dict[str, str] = {}
         for entry in entries:
+            got = entry.native if isinstance(entry.native, Got) else None
             try:
-                body, properties = unpacked(entry.body, entry.message_attributes)
+                if got is not None:
+                    # Unedited: the message as received, never decoded from its envelope.
+                    body, properties = resent(got.body, got.properties, entry.message_attributes)
+                else:
+                    body, properties = unpacked(entry.body, entry.message_attributes)
             except NotAnEnvelope as exc:
                 failed[entry.id] = f"NotAnEnvelope: {exc}"
                 continue
-            properties["delivery_mode"] = 2  # persistent, whatever the producer said
+            # The envelope names the copy as sent: persistent, whatever the producer said.
+            # A received message already persistent has the envelope its delivery gave.
+            same = got is not None and properties.get("delivery_mode") == 2
+            properties["delivery_mode"] = 2
+            envelope = entry.body if same else envelope_of(body, properties)
             ready.append((entry.id, body, properties))
-            ids[entry.id] = message_id_of(
-                properties, envelope_of(body, properties), marks_of(properties)
-            )
-        refused, unconfirmed = self.link.publish(name, ready)
+            ids[entry.id] = message_id_of(properties, envelope, marks_of(properties))
+        refused, unconfirmed = self.lane.publish(name, ready)
         failed.update(refused)
         for entry_id in unconfirmed:
             failed[entry_id] = "Unconfirmed: no publisher confirm came (the message may be queued)"
@@ -215,6 +227,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
         hidden_until=hidden_until,
         death_reason=reason if isinstance(reason, str) and reason else None,
         died_at=_epoch(latest.get("time")),
+        native=got,
     )
 
 

@@ -170,6 +170,32 @@ def unpacked(
     headers = untyped(data.get("headers") or {})
     if not isinstance(headers, dict):
         raise NotAnEnvelope("the envelope's headers are not a table")
+    _with_marks(properties, headers, message_attributes)
+    return body, properties
+
+
+def resent(
+    body: bytes, received: Mapping[str, Any], message_attributes: Mapping[str, Mapping[str, Any]]
+) -> tuple[bytes, dict[str, Any]]:
+    """What :func:`unpacked` gives for the envelope of a received message (py-amqp's body
+    and properties) with redrive's marks, without the envelope: the same body, the same
+    properties, the same headers but the delivery's own and the old marks (py-amqp's values
+    as they came, where the envelope's round trip keeps their values)."""
+    properties = {name: received[name] for name in PROPERTIES if received.get(name) is not None}
+    for name in ("content_type", "content_encoding"):
+        if received.get(name) is not None:
+            properties[name] = str(received[name])
+    headers = received.get("application_headers") or {}
+    kept = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS and k not in MARKS}
+    _with_marks(properties, kept, message_attributes)
+    return body, properties
+
+
+def _with_marks(
+    properties: dict[str, Any],
+    headers: dict[str, Any],
+    message_attributes: Mapping[str, Mapping[str, Any]],
+) -> None:
     for name, value in message_attributes.items():
         if name.lower().startswith("x-"):
             continue  # never pose as the broker (4.x drops them anyway)
@@ -178,7 +204,6 @@ def unpacked(
             headers[name] = str(text)
     if headers:
         properties["application_headers"] = headers
-    return body, properties
 
 
 def digest_id(envelope: str, marks: Mapping[str, Mapping[str, Any]]) -> str:

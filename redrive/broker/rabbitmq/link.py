@@ -1,23 +1,30 @@
-"""One AMQP connection per broker URL and process, shared by every thread (py-amqp).
+"""The process's AMQP connections to one broker URL (py-amqp): one :class:`Lane` per broker.
 
-AMQP channels are not thread-safe and a delivery tag belongs to the channel it came on, while
-the engine and the scan call one broker from several threads and ack, hold or release a copy
-from another thread (and another broker object) than the one that received it. So every
-broker of one URL in a process shares one :class:`Link`: one connection, a ``work`` channel
-(gets, acks, publishes with confirms) and a ``probe`` channel (passive declares, purges: a
-missing queue closes the channel it was asked on, and must never close the one holding the
-scan's deliveries), all behind one lock.
+AMQP channels are not thread-safe and a delivery tag belongs to the channel it came on.
+Every ``--workers`` thread has a broker of its own, so each broker takes a lane: a connection
+of its own with a ``work`` channel (gets, acks, publishes with confirms) and a ``probe``
+channel (passive declares, purges: a missing queue closes the channel it was asked on, and
+must never close the one holding the scan's deliveries), behind the lane's own lock. Workers
+then never wait on each other's round trips (one shared channel serialised every receive,
+publish and ack of a run: bench/README.md). A broker's lane goes back to the link's idle
+lanes when the broker is gone, for the next broker (connections stay as many as brokers
+alive at once), and its held deliveries stay held.
 
-A copy's tag is ``<channel generation>:<delivery tag>``: once the channel is gone, its
-deliveries are back in their queue, and acknowledging or releasing one of them fails for that
-entry (never raises, never pretends). The tags still unacked on the channel are tracked,
-because an unknown tag would close the channel (and with it every hold).
+A copy's tag is ``<lane>.<channel generation>:<delivery tag>``, and whichever broker or
+thread acks, holds or releases it, that goes to the lane and channel it came on (a scan
+gives back at its end, from one thread, what every worker holds). Once that channel is gone,
+its deliveries are back in their queue, and acknowledging or releasing one of them fails for
+that entry (never raises, never pretends). The tags still unacked on each channel are
+tracked, because an unknown tag would close the channel (and with it every hold), and
+because an ack of a batch that is exactly the channel's lowest unacked tags can be one
+``multiple`` ack.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import ssl
 import threading
 import time
@@ -38,12 +45,13 @@ CONFIRM_TIMEOUT: Final = 30.0
 #: How long a receive waits for the deliveries a consumer window was promised.
 DELIVERY_TIMEOUT: Final = 2.0
 CONNECT_TIMEOUT: Final = 10.0
-#: Connection failures: the link is dropped and made again on the next call.
+#: Connection failures: the lane's connection is dropped and made again on its next call.
 LINK_ERRORS: Final = (
     OSError,
     amqp.exceptions.ConnectionError,
     amqp.exceptions.IrrecoverableConnectionError,
 )
+GONE: Final = "StaleTag: the channel it was received on is gone"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +77,23 @@ class AmqpAddress:
             vhost=urllib.parse.unquote(path) if path else "/",
             tls=tls,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Tag:
+    """A copy's tag, read: the lane, the channel's generation on it, the delivery tag."""
+
+    lane: int
+    generation: int
+    delivery: int
+
+    @classmethod
+    def parse(cls, tag: str) -> Tag | None:
+        channel, _, number = tag.partition(":")
+        lane, _, generation = channel.partition(".")
+        if not (lane.isdigit() and generation.isdigit() and number.isdigit()):
+            return None
+        return cls(int(lane), int(generation), int(number))
 
 
 @dataclass(slots=True)
@@ -112,19 +137,22 @@ class _Confirms:
                 return
 
 
-class Link:
-    """The shared connection of one URL (see the module's docstring); thread-safe."""
+class Lane:
+    """One connection of the link and its channels (see the module's docstring); its calls
+    are thread-safe (one at a time, under its lock)."""
 
-    def __init__(self, url: str, masked: str) -> None:
-        self.address = AmqpAddress.parse(url)
+    def __init__(self, address: AmqpAddress, masked: str, number: int) -> None:
+        self.address = address
         self.masked = masked
+        self.number = number
         self.lock = threading.RLock()
         self.generation = 0
         self._connection: amqp.Connection | None = None
         self._work: amqp.Channel | None = None
         self._probe: amqp.Channel | None = None
         self._unacked: dict[int, str] = {}
-        """Delivery tags unacked on the work channel -> their queue's name."""
+        """Delivery tags unacked on the work channel -> their queue's name, in delivery
+        order (tags only grow on a channel): the first is the channel's lowest."""
         self._seq = 0
         self._confirms: _Confirms | None = None
 
@@ -271,10 +299,11 @@ class Link:
     def _got(self, message: amqp.Message, queue: str) -> Got:
         info = message.delivery_info
         delivery_tag = int(info["delivery_tag"])
+        # First of all: a multiple ack must never take a delivery this lane did not record.
         self._unacked[delivery_tag] = queue
         body = message.body
         return Got(
-            tag=f"{self.generation}:{delivery_tag}",
+            tag=f"{self.number}.{self.generation}:{delivery_tag}",
             body=bytes(body) if not isinstance(body, str) else body.encode("utf-8"),
             properties=dict(message.properties),
             exchange=str(info.get("exchange", "")),
@@ -282,35 +311,59 @@ class Link:
             redelivered=bool(info.get("redelivered")),
         )
 
-    def settle(self, tags: Mapping[str, str], *, ack: bool) -> BatchResult:
-        """Ack (or release: reject with requeue) copies; a tag of a channel that is gone,
-        or already settled, fails for its entry."""
+    def settle(self, tags: Mapping[str, Tag], *, ack: bool) -> BatchResult:
+        """Ack (or release: reject with requeue) copies of this lane; a tag of a channel
+        that is gone, or already settled, fails for its entry."""
         ok: dict[str, str] = {}
         failed: dict[str, str] = {}
         with self.lock:
             try:
                 channel = self._work if self._work is not None and self._work.is_open else None
                 # In delivery order: a classic queue then puts each back where it was.
-                for entry_id, tag in sorted(tags.items(), key=lambda item: _number(item[1])):
-                    generation, _, number = tag.partition(":")
-                    delivery = int(number) if number.isdigit() else -1
-                    if channel is None or generation != str(self.generation):
-                        failed[entry_id] = "StaleTag: the channel it was received on is gone"
-                    elif delivery not in self._unacked:
+                held: list[tuple[str, int]] = []
+                taken: set[int] = set()
+                for entry_id, tag in sorted(tags.items(), key=lambda item: item[1].delivery):
+                    if channel is None or tag.generation != self.generation:
+                        failed[entry_id] = GONE
+                    elif tag.delivery not in self._unacked or tag.delivery in taken:
                         failed[entry_id] = "StaleTag: not held on this channel"
                     else:
-                        if ack:
-                            channel.basic_ack(delivery)
-                        else:
-                            channel.basic_reject(delivery, requeue=True)
-                        del self._unacked[delivery]
-                        ok[entry_id] = ""
+                        held.append((entry_id, tag.delivery))
+                        taken.add(tag.delivery)
+                if channel is not None and held:
+                    self._settle_held(channel, held, ok, ack=ack)
             except LINK_ERRORS as exc:
                 self._drop()
                 for entry_id in tags:
                     if entry_id not in ok:
                         failed.setdefault(entry_id, f"ConnectionLost: {_why(exc)}")
         return BatchResult(ok, failed)
+
+    def _settle_held(
+        self, channel: amqp.Channel, held: list[tuple[str, int]], ok: dict[str, str], *, ack: bool
+    ) -> None:
+        """Settle deliveries known unacked here, in delivery order: an ack whose first
+        deliveries are exactly the channel's lowest unacked ones acks those with one
+        ``multiple`` ack (it takes every unacked tag up to the last: only theirs)."""
+        first = 0
+        if ack:
+            lowest = itertools.islice(self._unacked, len(held))
+            pairs = zip(lowest, held, strict=False)
+            first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
+            if first > 1:
+                channel.basic_ack(held[first - 1][1], multiple=True)
+                for entry_id, delivery in held[:first]:
+                    del self._unacked[delivery]
+                    ok[entry_id] = ""
+            else:
+                first = 0
+        for entry_id, delivery in held[first:]:
+            if ack:
+                channel.basic_ack(delivery)
+            else:
+                channel.basic_reject(delivery, requeue=True)
+            del self._unacked[delivery]
+            ok[entry_id] = ""
 
     # -- publishing ----------------------------------------------------------------------
 
@@ -377,9 +430,64 @@ class Link:
             self._confirms.returned(routing_key, body, f"Returned: {why}")
 
 
-def _number(tag: str) -> int:
-    number = tag.partition(":")[2]
-    return int(number) if number.isdigit() else -1
+class Link:
+    """The lanes of one URL (see the module's docstring); thread-safe."""
+
+    def __init__(self, url: str, masked: str) -> None:
+        self.address = AmqpAddress.parse(url)
+        self.masked = masked
+        self._lock = threading.Lock()
+        self._lanes: dict[int, Lane] = {}
+        self._idle: list[Lane] = []
+
+    def lane(self) -> Lane:
+        """A lane for one broker: an idle one, else a new one (connected on its first call)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+            lane = Lane(self.address, self.masked, len(self._lanes))
+            self._lanes[lane.number] = lane
+            return lane
+
+    def give_back(self, lane: Lane) -> None:
+        """A broker is gone: its lane (and what it holds) waits for the next broker."""
+        with self._lock:
+            if lane.number in self._lanes and lane not in self._idle:
+                self._idle.append(lane)
+
+    def lanes(self) -> list[Lane]:
+        with self._lock:
+            return list(self._lanes.values())
+
+    def held(self, queue: str) -> int:
+        """Deliveries of ``queue`` this process holds, on every lane."""
+        return sum(lane.held(queue) for lane in self.lanes())
+
+    def settle(self, tags: Mapping[str, str], *, ack: bool) -> BatchResult:
+        """Ack (or release) copies, each on the lane and channel it came on; a tag that
+        names none fails for its entry."""
+        by_lane: dict[int, dict[str, Tag]] = {}
+        failed: dict[str, str] = {}
+        with self._lock:
+            lanes = dict(self._lanes)
+        for entry_id, text in tags.items():
+            tag = Tag.parse(text)
+            if tag is None or tag.lane not in lanes:
+                failed[entry_id] = GONE
+            else:
+                by_lane.setdefault(tag.lane, {})[entry_id] = tag
+        ok: dict[str, str] = {}
+        for number, entries in by_lane.items():
+            result = lanes[number].settle(entries, ack=ack)
+            ok.update(result.ok)
+            failed.update(result.failed)
+        return BatchResult(ok, failed)
+
+    def close(self) -> None:
+        """Close every lane (what they hold goes back to its queue); each connects again on
+        its next call."""
+        for lane in self.lanes():
+            lane.close()
 
 
 def _why(exc: BaseException) -> str:
@@ -391,7 +499,7 @@ _LINKS_LOCK = threading.Lock()
 
 
 def link_for(url: str, masked: str) -> Link:
-    """The process's link to ``url`` (made on first use; connected on the first call)."""
+    """The process's link to ``url`` (made on first use; its lanes connect on first call)."""
     with _LINKS_LOCK:
         link = _LINKS.get(url)
         if link is None:

@@ -217,8 +217,10 @@ class Executor:
         done: set[str] = set()
         failed_keys: set[str] = set()
         not_deleted: list[Delivery] = []
-        for start in range(0, len(deletable), 10):
-            chunk = deletable[start : start + 10]
+        # The broker's batch (SQS: 10; RabbitMQ: 100, one multiple ack where the tags allow).
+        size = broker.capabilities.batch_size
+        for start in range(0, len(deletable), size):
+            chunk = deletable[start : start + size]
             result = broker.ack(self._dlq_url, {str(i): m.tag for i, (m, _) in enumerate(chunk)})
             self._scan.forget([m for i, (m, _) in enumerate(chunk) if str(i) in result.ok])
             for i, (message, key) in enumerate(chunk):

@@ -111,6 +111,8 @@ class Sender:
             group_id=(message.group_id or "default") if fifo else None,
             # A FIFO queue drops a resend with the same deduplication id (SQS: for 5 minutes).
             deduplication_id=cand.key if fifo else None,
+            # Unedited: the broker may send its own form of the message as received.
+            native=message.native if cand.body is None else None,
         )
         limits = self._limits.message_size_limits
         if entry.size() <= limits[0]:
