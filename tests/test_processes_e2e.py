@@ -213,6 +213,28 @@ def claimed_by_run(ledger: Path) -> Counter[str]:
     return Counter({str(r): int(n) for r, n in rows})
 
 
+def finished_with_a_killed_child(
+    parent: subprocess.Popen[str], out: Path, points: KillPoints
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Wait for a run whose kill point SIGKILLs one of its children; check the victim was
+    the parent's child, the run exited 3 without a traceback and reports that child died by
+    SIGKILL; return the report and that child's entry."""
+    try:
+        code, stdout, stderr = finished(parent, out, timeout=120)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(10)
+    victim = points.note()
+    assert victim is not None and victim["ppid"] == parent.pid, victim
+    assert "Traceback" not in stderr, stderr
+    assert code == 3, (code, stdout, stderr)
+    report = json.loads(stdout)
+    [died] = [c for c in report["children"] if c["outcome"] == "died"]
+    assert died["how"] == "killed by SIGKILL" and died["pid"] == victim["pid"]
+    return report, died
+
+
 def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rerun_resumes(
     distant: MotoServer, tmp_path: Path
 ) -> None:
@@ -230,20 +252,8 @@ def test_a_child_sigkilled_mid_run_leaves_at_most_its_batches_in_doubt_and_a_rer
     # (issue 22).
     points = KillPoints(tmp_path / "kill", At("move.sent", nth=3))
     parent = start_redrive(fast, *MOVE, *args, "--lease", "3", out=tmp_path / "k", points=points)
-    try:
-        code, stdout, stderr = finished(parent, tmp_path / "k", timeout=120)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-    victim = points.note()
-    assert victim is not None and victim["ppid"] == parent.pid, victim
-    assert "Traceback" not in stderr, stderr
-    assert code == 3, (code, stdout, stderr)
-    report = json.loads(stdout)
-    [died] = [c for c in report["children"] if c["outcome"] == "died"]
-    assert died["how"] == "killed by SIGKILL" and died["pid"] == victim["pid"]
-    assert died["run_id"] in {r["run_id"] for r in run_info(ledger) if r["pid"] == victim["pid"]}
+    report, died = finished_with_a_killed_child(parent, tmp_path / "k", points)
+    assert died["run_id"] in {r["run_id"] for r in run_info(ledger) if r["pid"] == died["pid"]}
     [other] = [c for c in report["children"] if c["outcome"] != "died"]
     assert other["outcome"] in ("completed", "interrupted")
     # The batch it was killed in, and at most one more of its other worker: claimed,
@@ -741,18 +751,7 @@ def test_a_purge_process_sigkilled_mid_run_loses_nothing(
         out=tmp_path / "killed",
         points=points,
     )
-    try:
-        code, stdout, stderr = finished(parent, tmp_path / "killed", timeout=120)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait(10)
-    victim = points.note()
-    assert victim is not None and victim["ppid"] == parent.pid, victim
-    assert code == 3 and "Traceback" not in stderr, (code, stderr)
-    report = json.loads(stdout)
-    [died] = [c for c in report["children"] if c["outcome"] == "died"]
-    assert died["pid"] == victim["pid"] and died["how"] == "killed by SIGKILL"
+    report, died = finished_with_a_killed_child(parent, tmp_path / "killed", points)
     part = tmp_path / f"purged.p{died['process']}.jsonl.gz"
     assert str(part) in [str(Path(a)) for a in report["archives"]]
     # Its third batch archived and never deleted: in its archive and in the DLQ too.
