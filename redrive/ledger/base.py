@@ -183,7 +183,10 @@ class Ledger(Protocol):
 
     def takeover_many(
         self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
-    ) -> set[str]: ...
+    ) -> set[str]:
+        """Each key still CLAIMED by its named old run, whose lease has run out, -> claimed by
+        ``run_id``. Returns the keys taken: only those may be resent."""
+        ...
 
     def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None: ...
 
@@ -191,7 +194,10 @@ class Ledger(Protocol):
 
     def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None: ...
 
-    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> set[str]:
+        """Each key CLAIMED by another run, whose lease has run out, -> SKIPPED, owned by
+        ``run_id``. Returns the keys marked: only those are resolved."""
+        ...
 
     def close(self) -> None: ...
 
