@@ -181,9 +181,7 @@ class Ledger(Protocol):
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
 
-    def takeover_many(
-        self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
-    ) -> set[str]:
+    def takeover_many(self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]) -> set[str]:
         """Each key still CLAIMED by its named old run, whose lease has run out, -> claimed by
         ``run_id``. Returns the keys taken: only those may be resent."""
         ...
