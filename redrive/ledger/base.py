@@ -126,7 +126,9 @@ class Ledger(Protocol):
     (a transaction the SQLite backend may share with other threads' calls: group commit; a
     call is still all or nothing); when it returns, its writes are durable. Transitions that
     do not apply (wrong state, wrong owner, absent key) are skipped silently: the caller
-    reads back with :meth:`get_many` when it needs to know.
+    reads back with :meth:`get_many` when it needs to know. The two that resolve another
+    run's claims (:meth:`takeover_many`, :meth:`mark_skipped_many`) return the keys they
+    changed: a leased owner's claims they refuse, and a caller reports only what was done.
     """
 
     location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
