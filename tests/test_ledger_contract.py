@@ -255,15 +255,41 @@ def test_takeover_only_from_the_named_dead_run(ledger: Ledger, clock: Clock) -> 
 
 
 def test_takeover_and_skip_refused_while_owner_lease_runs(ledger: Ledger, clock: Clock) -> None:
+    """Inside a live lease neither changes a key, and each says so (the empty set); once the
+    lease is over (the clock wound past it, no sleep) both act, and say which keys."""
     ledger.claim_many("A", claims("k1", "k2"))
     ledger.heartbeat("A", lease_until=clock.now + 60)
 
     assert ledger.takeover_many("B", [("k1", "A")]) == set()
-    ledger.mark_skipped_many("B", ["k2"])
-    assert state(ledger, "k2") == (KeyState.CLAIMED, "A")
+    assert ledger.mark_skipped_many("B", ["k2"]) == set()
+    assert state(ledger, "k1") == state(ledger, "k2") == (KeyState.CLAIMED, "A")
 
-    clock.now += 61
+    clock.now += 59  # still inside it
+    assert ledger.takeover_many("B", [("k1", "A")]) == set()
+    assert ledger.mark_skipped_many("B", ["k2", "k2"]) == set()
+    assert state(ledger, "k1") == state(ledger, "k2") == (KeyState.CLAIMED, "A")
+
+    clock.now += 2
     assert ledger.takeover_many("B", [("k1", "A")]) == {"k1"}
+    assert ledger.mark_skipped_many("B", ["k2", "k2"]) == {"k2"}
+    assert state(ledger, "k1") == (KeyState.CLAIMED, "B")
+    assert state(ledger, "k2") == (KeyState.SKIPPED, "B")
+    assert ledger.mark_skipped_many("C", ["k2"]) == set()  # skipped already: not marked again
+
+
+def test_skip_marks_only_the_keys_whose_owner_lease_is_over(ledger: Ledger, clock: Clock) -> None:
+    """One call over keys of a dead run and of a leased one: only the dead run's are marked,
+    and only they are in the answer."""
+    for run_id in ("dead", "leased"):
+        ledger.start_run(run_id, command="move", info={})
+    ledger.claim_many("dead", claims("d1", "d2"))
+    ledger.claim_many("leased", claims("l1"))
+    ledger.heartbeat("leased", lease_until=clock.now + 300)
+    clock.now += 1  # the dead run's lease (its start) is over
+
+    assert ledger.mark_skipped_many("C", ["d1", "l1", "d2"]) == {"d1", "d2"}
+    assert state(ledger, "d1") == state(ledger, "d2") == (KeyState.SKIPPED, "C")
+    assert state(ledger, "l1") == (KeyState.CLAIMED, "leased")
 
 
 def test_mark_skipped_resolves_claims_of_dead_runs(ledger: Ledger) -> None:
@@ -271,7 +297,7 @@ def test_mark_skipped_resolves_claims_of_dead_runs(ledger: Ledger) -> None:
     ledger.claim_many("C", claims("mine"))
     ledger.mark_sent_many("A", {"k2": "sqs-2"})
 
-    ledger.mark_skipped_many("C", ["k1", "k2", "mine", "absent"])
+    assert ledger.mark_skipped_many("C", ["k1", "k2", "mine", "absent"]) == {"k1"}
     assert state(ledger, "k1") == (KeyState.SKIPPED, "C")  # the run that decided owns it
     assert state(ledger, "k2") == (KeyState.SENT, "A")
     assert state(ledger, "mine") == (KeyState.CLAIMED, "C")  # own claim is not in doubt
@@ -281,7 +307,7 @@ def test_mark_skipped_resolves_claims_of_dead_runs(ledger: Ledger) -> None:
     ledger.claim_many("B", claims("k3"))
     ledger.heartbeat("B", lease_until=1e12)
     ledger.end_run("B", outcome="failed", counts={})
-    ledger.mark_skipped_many("C", ["k3"])
+    assert ledger.mark_skipped_many("C", ["k3"]) == {"k3"}
     assert state(ledger, "k3") == (KeyState.SKIPPED, "C")
 
 

@@ -455,7 +455,7 @@ def test_takeover_is_refused_when_the_owner_heartbeats_first(dynamodb: Any) -> N
     assert not led.is_live("A", stale_after=120)  # B concludes A is dead ...
     led.heartbeat("A", lease_until=clock.now + 30)  # ... but A was only slow
     assert led.takeover_many("B", [("k1", "A")]) == set()
-    led.mark_skipped_many("B", ["k2"])
+    assert led.mark_skipped_many("B", ["k2"]) == set()
     assert state(led, "k1") == state(led, "k2") == (KeyState.CLAIMED, "A")
 
 

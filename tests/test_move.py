@@ -54,6 +54,7 @@ from redrive.operations.move import (
     AMBIGUOUS,
     EXPIRED,
     IN_DOUBT,
+    LEASE_LIVE,
     NO_TARGET,
     NOT_CELERY,
     POISON,
@@ -804,6 +805,107 @@ def test_a_crash_at_any_step_never_loses_or_doubles_a_task(
         assert later.skipped == Counter({RESOLVED_SKIP: len(expected)})
         assert family.depth() == (len(expected), 0)
         assert arrived(family) == publishes
+
+
+HOUR = 3600.0
+
+
+def crashed_with_a_lease(family: Family, ledger: Path, clock: SqsClock) -> tuple[str, set[str]]:
+    """Crash a run after its first batch's send, before the ledger recorded it; its last
+    heartbeat promised its lease for another hour. The SQS holds of what it received end
+    (the clock wound past them) while that ledger lease runs on: as on RabbitMQ, where a
+    kill gives the batch back at once. The dead run's id, and the keys it left CLAIMED."""
+    put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(25)])
+    with pytest.raises(Crash):
+        move(family.client, ledger, clock=clock, fault=crash_at("sent", 1))
+    with SqliteLedger(ledger, clock=clock) as led:
+        (dead,) = [r.run_id for r in led.runs() if r.ended_at is None]
+        claimed = {e.key for e in led.keys_for_run(dead) if e.state is KeyState.CLAIMED}
+        led.heartbeat(dead, lease_until=clock.now + HOUR)
+    wait_for_leases(clock)
+    assert len(claimed) == 10
+    return dead, claimed
+
+
+def owners_of(ledger: Path, keys: set[str]) -> Counter[tuple[KeyState, str]]:
+    with SqliteLedger(ledger) as led:
+        return Counter((e.state, e.run_id) for e in led.get_many(sorted(keys)).values())
+
+
+def lease_end(ledger: Path, run_id: str) -> str:
+    with SqliteLedger(ledger) as led:
+        run = led.run(run_id)
+    assert run is not None
+    return datetime.fromtimestamp(run.lease_until, UTC).isoformat(timespec="seconds")
+
+
+@pytest.mark.parametrize("policy", ["skip", "resend"])
+def test_a_rerun_inside_a_dead_runs_lease_leaves_its_keys_in_doubt_until_it_ends(
+    family: Family, tmp_path: Path, sqs_clock: SqsClock, policy: str
+) -> None:
+    """Issue 24/25 follow-up: the crashed run is dead to the rerun (its claims are in doubt)
+    but its ledger lease runs, and the ledger resolves none of its claims before it ends. The
+    rerun with --in-doubt skip or resend says so: the ten in doubt (why, until when), not
+    resolved, nothing resent, the keys still the dead run's. Past the lease it resolves them."""
+    ledger = tmp_path / "l.sqlite3"
+    dead, claimed = crashed_with_a_lease(family, ledger, sqs_clock)
+    until = lease_end(ledger, dead)
+
+    plan = move(family.client, ledger, clock=sqs_clock, in_doubt=policy, execute=False)
+    assert (plan.moved, plan.in_doubt, dict(plan.skipped)) == (15, 10, {LEASE_LIVE: 10})
+
+    held = move(family.client, ledger, clock=sqs_clock, in_doubt=policy)
+    assert (held.moved, held.in_doubt, held.failed) == (15, 10, 0)
+    assert held.skipped == Counter({LEASE_LIVE: 10}), "not resolved: the ledger did not"
+    assert {m.key for m in held.in_doubt_messages} == claimed
+    (detail,) = {m.detail for m in held.in_doubt_messages}
+    assert dead in detail and until in detail and "lease" in detail and "rerun" in detail
+    assert "lease has not run out" in move_text(held)
+    assert owners_of(ledger, claimed) == Counter({(KeyState.CLAIMED, dead): 10})
+    assert family.depth() == (10, 0), "held in the DLQ, visible"
+
+    sqs_clock.advance(HOUR)
+    resolved = move(family.client, ledger, clock=sqs_clock, in_doubt=policy)
+    assert resolved.in_doubt == 0
+    published = Counter(f"t-{i}" for i in range(25))
+    if policy == "skip":
+        assert (resolved.moved, dict(resolved.skipped)) == (0, {RESOLVED_SKIP: 10})
+        assert owners_of(ledger, claimed) == Counter({(KeyState.SKIPPED, resolved.run_id): 10})
+        assert family.depth() == (10, 0)
+        assert arrived(family) == published
+    else:
+        assert (resolved.moved, dict(resolved.skipped)) == (10, {})
+        assert owners_of(ledger, claimed) == Counter({(KeyState.DONE, resolved.run_id): 10})
+        assert family.depth() == (0, 0)
+        crashed = Counter(k.split(":")[1] for k in claimed)
+        assert arrived(family) == published + crashed, "resent once, as the operator asked"
+
+
+@pytest.mark.parametrize("policy", ["skip", "resend"])
+def test_what_the_ledger_refuses_to_resolve_is_reported_in_doubt_not_resolved(
+    family: Family, tmp_path: Path, sqs_clock: SqsClock, policy: str
+) -> None:
+    """The rerun's clock is past the dead run's lease, the ledger's is not (a clock behind,
+    as another machine's may be): the decision is to resolve, the ledger refuses, and the
+    result says what the ledger did, not what was decided: in doubt, nothing resent."""
+    ledger = tmp_path / "l.sqlite3"
+    dead, claimed = crashed_with_a_lease(family, ledger, sqs_clock)
+    sqs_clock.advance(HOUR + 60)
+
+    held = move(
+        family.client,
+        ledger,
+        now=sqs_clock,
+        ledger_clock=lambda: sqs_clock.now - 2 * HOUR,
+        in_doubt=policy,
+    )
+    assert (held.moved, held.in_doubt, held.failed) == (15, 10, 0)
+    assert held.skipped == Counter({LEASE_LIVE: 10})
+    assert {m.key for m in held.in_doubt_messages} == claimed
+    assert all(lease_end(ledger, dead) in m.detail for m in held.in_doubt_messages)
+    assert owners_of(ledger, claimed) == Counter({(KeyState.CLAIMED, dead): 10})
+    assert family.depth() == (10, 0)
+    assert arrived(family) == Counter(f"t-{i}" for i in range(25)), "none resent"
 
 
 def test_a_live_run_in_this_process_is_busy_not_in_doubt(family: Family, tmp_path: Path) -> None:

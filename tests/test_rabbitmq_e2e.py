@@ -17,7 +17,7 @@ from typing import Any
 import amqp
 import pytest
 from conftest import wait_until
-from kill_points import At, KillPoints, wait_until_leases_end, wait_until_stopped
+from kill_points import At, KillPoints, end_leases, wait_until_leases_end, wait_until_stopped
 
 from redrive.sandbox.rabbitmq_layout import (
     fill_layout,
@@ -202,6 +202,43 @@ def test_a_sigkill_mid_move_loses_nothing_and_the_rerun_sends_nothing_twice(
     assert _states(ledger) == Counter({"done": 250, "skipped": 100})
     again = ok_json(redrive(rabbitmq_vhost, *args))
     assert (again["moved"], again["in_doubt"]) == (0, 0), again
+
+
+def test_a_rerun_inside_the_killed_runs_lease_reports_in_doubt_until_the_lease_ends(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """Killed after its first batch's send was confirmed, before the ledger recorded it,
+    with a lease of ten minutes: a rerun with ``--in-doubt skip`` at once finds the batch
+    back in the DLQ and its run dead (its pid is gone), but the ledger lease running, and the
+    ledger resolves none of its claims before it ends. So the 100 are reported in doubt (the
+    lease live, until when), not resolved, and stay CLAIMED; past the lease they resolve."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 150)
+    before = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
+    points = KillPoints(tmp_path / "kill", At("move.sent"))
+    killed(rabbitmq_vhost, points, *args, "--lease", "600")
+    assert _states(ledger) == Counter({"claimed": 100})
+    first = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
+    assert sum(first.values()) == 100
+
+    held = ok_json(redrive(rabbitmq_vhost, *args, "--in-doubt", "skip"), 3)
+    assert (held["moved"], held["in_doubt"], held["failed"]) == (50, 100, 0), held
+    assert held["skipped_by_reason"] == {"in-doubt-lease-live": 100}, held
+    assert {m["task_id"] for m in held["in_doubt_messages"]} == set(first)
+    (detail,) = {m["detail"] for m in held["in_doubt_messages"]}
+    assert "lease runs until" in detail and "rerun once the lease is over" in detail, detail
+    assert _states(ledger) == Counter({"done": 50, "claimed": 100}), "the ledger did nothing"
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout")) == before, "each task once"
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == first, "held in doubt"
+
+    end_leases(ledger)
+    resolved = ok_json(redrive(rabbitmq_vhost, *args, "--in-doubt", "skip"))
+    assert (resolved["moved"], resolved["in_doubt"]) == (0, 0), resolved
+    assert resolved["skipped_by_reason"] == {"in-doubt-resolved-skip": 100}, resolved
+    assert _states(ledger) == Counter({"done": 50, "skipped": 100})
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout")) == before, "none resent"
+    assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == first
 
 
 def test_a_sigkill_before_the_confirm_is_in_doubt_and_resolved_as_on_sqs(

@@ -45,7 +45,7 @@ from redrive.celery.results import (
 from redrive.config import built_in_layout, parse_config
 from redrive.errors import ResultBackendError
 from redrive.inspection.scan import inspect_dlq
-from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.operations.move import IN_DOUBT, LEASE_LIVE, MoveEngine, MoveOptions
 from redrive.operations.observer import Callbacks
 from redrive.render.inspect import inspect_text
 from redrive.reporting.report import build_report
@@ -445,7 +445,11 @@ def crash_after_sending(step: str) -> None:
 
 
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
-@pytest.mark.parametrize(("claim_offset", "proven"), [(-3600.0, 6), (3600.0, 0)])
+@pytest.mark.parametrize(
+    ("claim_offset", "proven", "leased"),
+    [(-3600.0, 6, False), (3600.0, 0, False), (-3600.0, 0, True)],
+    ids=["after-the-claim", "before-the-claim", "lease-live"],
+)
 def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     family: Family,
     target: DlqTarget,
@@ -453,10 +457,13 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     tmp_path: Path,
     claim_offset: float,
     proven: int,
+    leased: bool,
 ) -> None:
     """The claims are dated ``claim_offset`` from now (the ledger's clock), the worker's
     records minutes ago: an hour before the claim they prove nothing, an hour after they
-    prove delivery (for dated records only: STARTED and PENDING never do)."""
+    prove delivery (for dated records only: STARTED and PENDING never do). ``leased``: the
+    killed run's last heartbeat promised another hour, so the ledger would take none of its
+    claims over yet: the proven ones stay in doubt too, the lease named."""
     from redrive.ledger.sqlite import SqliteLedger
 
     dead_letter_jobs(family)
@@ -471,6 +478,9 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     )
     with pytest.raises(Killed):
         engine.run()
+    if leased:
+        assert engine.run_id is not None
+        ledger.heartbeat(engine.run_id, lease_until=time.time() + 3600)
     ledger.close()
     sent = queued_task_ids(family)  # the workers took them
     assert len(sent) == len(ALL_JOBS) - 2
@@ -489,6 +499,8 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     assert auto.moved == 0
     assert queued_task_ids(family) == []  # nothing sent again
     assert family.depth()[0] + family.depth()[1] == len(ALL_JOBS) - proven
+    if leased:  # the six a record proves delivered: not taken over, in doubt, why said
+        assert (auto.skipped[LEASE_LIVE], auto.skipped[IN_DOUBT]) == (6, len(sent) - 6)
     if proven:
         still = {m.task_id for m in auto.in_doubt_messages}
         assert still == {"email-vanish-0", "email-never-0"}  # STARTED, PENDING: no proof

@@ -24,6 +24,7 @@ from redrive.operations.verdict import (
     BUSY,
     EXPIRED,
     IN_DOUBT,
+    LEASE_LIVE,
     NO_TARGET,
     NOT_CELERY,
     POISON,
@@ -167,6 +168,27 @@ def test_an_in_doubt_key_is_marked_skipped_with_skip() -> None:
     assert verdict.skip_reason == RESOLVED_SKIP and not verdict.sends
 
 
+@pytest.mark.parametrize("policy", ["resend", "skip", "auto"])
+def test_an_in_doubt_key_whose_claimant_is_still_leased_stays_in_doubt(policy: str) -> None:
+    """Its claimant is dead (its pid gone) but its ledger lease runs: the ledger would
+    refuse to resolve it, so the verdict does not pretend to; it names the run, the lease's
+    end and what to do."""
+    leased = EntryFacts(KeyState.CLAIMED, "dead-run", delivered=True, leased_until=4e9)
+    verdict = fate(MessageFacts(), leased, in_doubt=policy)
+    assert verdict.fate is Fate.LEASED and verdict.skip_reason == LEASE_LIVE
+    assert not verdict.sends and verdict.matched
+    assert "dead-run" in verdict.detail and "2096-10-02T07:06:40+00:00" in verdict.detail
+    assert "lease" in verdict.detail and "rerun" in verdict.detail
+
+
+def test_a_leased_claimant_changes_nothing_for_hold_or_an_unproven_auto() -> None:
+    leased = EntryFacts(KeyState.CLAIMED, "dead-run", leased_until=4e9)
+    assert fate(MessageFacts(), leased).fate is Fate.IN_DOUBT
+    assert fate(MessageFacts(), leased, in_doubt="auto").fate is Fate.IN_DOUBT
+    live = EntryFacts(KeyState.CLAIMED, "r", owner_live=True, leased_until=4e9)
+    assert fate(MessageFacts(), live, in_doubt="skip").fate is Fate.BUSY
+
+
 def test_an_in_doubt_key_the_result_backend_proves_delivered_is_adopted_with_auto() -> None:
     proven = EntryFacts(KeyState.CLAIMED, "dead-run", delivered=True)
     verdict = fate(MessageFacts(), proven, in_doubt="auto")
@@ -210,6 +232,7 @@ def test_every_fate_has_a_test() -> None:
         Fate.TAKEOVER,
         Fate.RESOLVE_SKIP,
         Fate.PROVEN,
+        Fate.LEASED,
     }
     assert tested == set(Fate)
 

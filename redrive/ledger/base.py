@@ -126,7 +126,9 @@ class Ledger(Protocol):
     (a transaction the SQLite backend may share with other threads' calls: group commit; a
     call is still all or nothing); when it returns, its writes are durable. Transitions that
     do not apply (wrong state, wrong owner, absent key) are skipped silently: the caller
-    reads back with :meth:`get_many` when it needs to know.
+    reads back with :meth:`get_many` when it needs to know. The two that resolve another
+    run's claims (:meth:`takeover_many`, :meth:`mark_skipped_many`) return the keys they
+    changed: a leased owner's claims they refuse, and a caller reports only what was done.
     """
 
     location: str  # human-readable, e.g. "sqlite:///home/u/.local/state/redrive/ledger.sqlite3"
@@ -181,9 +183,10 @@ class Ledger(Protocol):
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult: ...
 
-    def takeover_many(
-        self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]
-    ) -> set[str]: ...
+    def takeover_many(self, run_id: str, keys_and_old_runs: Sequence[tuple[str, str]]) -> set[str]:
+        """Each key still CLAIMED by its named old run, whose lease has run out, -> claimed by
+        ``run_id``. Returns the keys taken: only those may be resent."""
+        ...
 
     def mark_sent_many(self, run_id: str, sent: Mapping[str, str]) -> None: ...
 
@@ -191,7 +194,10 @@ class Ledger(Protocol):
 
     def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None: ...
 
-    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None: ...
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> set[str]:
+        """Each key CLAIMED by another run, whose lease has run out, -> SKIPPED, owned by
+        ``run_id``. Returns the keys marked: only those are resolved."""
+        ...
 
     def close(self) -> None: ...
 

@@ -469,9 +469,11 @@ class DynamoDbLedger(Ledger):
 
         self._calls.each_or_raise(done, list(dict.fromkeys(keys)))
 
-    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None:
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> set[str]:
         """In-doubt resolved as skip: CLAIMED by another run, whose lease has run out ->
-        SKIPPED, owned by ``run_id`` (the run that decided).
+        SKIPPED, owned by ``run_id`` (the run that decided). Returns the keys marked; a key
+        whose owner's lease has not run out yet (or that is not another run's claim) is left
+        as it is.
 
         The owner is read first (the lease to check is on its run item); a key whose owner
         changes between that read and the write is left alone, as if the change came first.
@@ -483,7 +485,11 @@ class DynamoDbLedger(Ledger):
             for key, entry in current.items()
             if entry.state is KeyState.CLAIMED and entry.run_id != run_id
         ]
-        for key, owner in owners:  # transactions, one at a time (see takeover_many)
-            self._transact(
+        # Transactions, one at a time (see takeover_many).
+        return {
+            key
+            for key, owner in owners
+            if self._transact(
                 writes.skip_transaction(self.table, key, owner, run_id, now=now, ttl=self._ttl)
             )
+        }

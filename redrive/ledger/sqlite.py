@@ -424,18 +424,29 @@ class SqliteLedger(Ledger):
             flush=False,
         )
 
-    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> None:
+    def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> set[str]:
         """In-doubt resolved as skip: CLAIMED by another run, whose lease has run out ->
-        SKIPPED, owned by ``run_id`` (the run that decided)."""
+        SKIPPED, owned by ``run_id`` (the run that decided). Returns the keys marked; a key
+        whose owner's lease has not run out yet (or that is not another run's claim) is left
+        as it is."""
         now = self._clock()
-        self._execute_many(
-            "mark keys skipped",
-            "UPDATE keys SET state = 'skipped', run_id = :run, updated_at = :now"
-            " WHERE key = :key AND state = 'claimed' AND run_id != :run"
-            f" AND {_OWNER_NOT_LEASED}",
-            [{"run": run_id, "now": now, "key": key} for key in keys],
-            flush=True,
-        )
+        unique = list(dict.fromkeys(keys))
+
+        def apply(conn: sqlite3.Connection) -> set[str]:
+            marked: set[str] = set()
+            for key in unique:
+                cur = conn.execute(
+                    "UPDATE keys SET state = 'skipped', run_id = :run, updated_at = :now"
+                    " WHERE key = :key AND state = 'claimed' AND run_id != :run"
+                    f" AND {_OWNER_NOT_LEASED}",
+                    {"run": run_id, "now": now, "key": key},
+                )
+                if cur.rowcount == 1:
+                    marked.add(key)
+                cur.close()
+            return marked
+
+        return self._writes.submit("mark keys skipped", apply, flush=True)
 
     def _execute_many(
         self, what: str, sql: str, rows: Sequence[Sequence[Any] | Mapping[str, Any]], *, flush: bool

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from redrive.ledger import KeyState
 
@@ -26,6 +27,9 @@ POISON = "poison"
 IN_DOUBT = "in-doubt"
 BUSY = "claimed-by-another-run"
 RESOLVED_SKIP = "in-doubt-resolved-skip"
+LEASE_LIVE = "in-doubt-lease-live"
+"""In doubt, though the operator asked to resolve it: its claimant stopped, but the ledger
+lease it took has not run out, and the ledger resolves nothing of a leased run's."""
 NO_TARGET = "no-target"
 NOT_CELERY = "not-celery"
 AMBIGUOUS = "ambiguous-copy"
@@ -69,6 +73,9 @@ class Fate(enum.Enum):
     copy delivered: the key is taken over as sent, this copy deleted as a duplicate."""
     IN_DOUBT = "in-doubt"
     """Its key was claimed by a run that ended before confirming the send: held, reported."""
+    LEASED = "leased"
+    """Its key is in doubt and --in-doubt would resolve it, but the claimant's ledger lease
+    has not run out: the ledger refuses to, so it is held and reported in doubt."""
 
 
 # The reason each skipping fate is counted under in MoveResult.skipped.
@@ -82,6 +89,7 @@ _SKIP_REASONS = {
     Fate.RESOLVE_SKIP: RESOLVED_SKIP,
     Fate.BUSY: BUSY,
     Fate.IN_DOUBT: IN_DOUBT,
+    Fate.LEASED: LEASE_LIVE,
 }
 # Fates not counted as matched when decided (a follower is counted once its first copy
 # has gone through, as a duplicate or with it).
@@ -148,6 +156,9 @@ class EntryFacts:
     """Whether ``run_id`` (another run, holding a claim) may still be sending it."""
     delivered: bool = False
     """Whether the result backend proves the claimant's copy delivered (--in-doubt auto)."""
+    leased_until: float | None = None
+    """When the claimant's ledger lease runs out, if it has not yet (None: it has, or the
+    claimant ended): until then the ledger neither takes its claims over nor skips them."""
 
 
 @dataclass(slots=True)  # not frozen: a frozen one costs 4x to make, per message
@@ -226,6 +237,11 @@ def _decide_claimed(entry: EntryFacts, run: RunFacts, options: DecisionOptions) 
         return Verdict(Fate.SEND, "claimed earlier in this run")
     if entry.owner_live:
         return _PLAIN[Fate.BUSY]
+    resolving = options.in_doubt in ("resend", "skip") or (
+        options.in_doubt == "auto" and entry.delivered
+    )
+    if resolving and entry.leased_until is not None:
+        return Verdict(Fate.LEASED, lease_live(entry.run_id, entry.leased_until))
     if options.in_doubt == "resend":
         return Verdict(Fate.TAKEOVER, entry.run_id)
     if options.in_doubt == "skip":
@@ -234,4 +250,19 @@ def _decide_claimed(entry: EntryFacts, run: RunFacts, options: DecisionOptions) 
         return Verdict(Fate.PROVEN, entry.run_id)
     return Verdict(
         Fate.IN_DOUBT, f"claimed by run {entry.run_id}, which ended before confirming the send"
+    )
+
+
+def lease_live(run_id: str, until: float | None) -> str:
+    """Why an in-doubt key the operator asked to resolve is still in doubt: the ledger lease
+    of the run that claimed it (ending at ``until``, when known) has not run out."""
+    when = (
+        f" until {datetime.fromtimestamp(until, UTC).isoformat(timespec='seconds')}"
+        if until is not None
+        else ""
+    )
+    return (
+        f"claimed by run {run_id}, which stopped before confirming the send; its ledger lease "
+        f"runs{when}, and the ledger resolves none of its claims before that: rerun once the "
+        f"lease is over (if run {run_id} is in fact still running, elsewhere, let it finish)"
     )

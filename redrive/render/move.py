@@ -9,7 +9,7 @@ from typing import Any
 
 from redrive.archive import DamageReport
 from redrive.ledger import default_ledger_path
-from redrive.operations.move import MoveResult, TaskCounts
+from redrive.operations.move import LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
 from redrive.render.selection import misses_text
@@ -162,10 +162,24 @@ def _in_doubt_lines(result: MoveResult, width: int | None) -> list[str]:
         f"{result.in_doubt} message(s) in doubt: their send was in flight when "
         f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
         "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
-        "Celery task id) or --in-doubt skip:",
+        f"Celery task id) or --in-doubt skip{_lease_live_note(result)}:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
         width,
+    )
+
+
+def _lease_live_note(result: MoveResult) -> str:
+    """For in-doubt messages an --in-doubt policy asked to resolve, which the ledger would
+    not resolve yet: why, and when to rerun."""
+    leased = result.skipped[LEASE_LIVE]
+    if not leased:
+        return ""
+    return (
+        f". {leased} of them were not resolved: the run that claimed them stopped, but its "
+        "ledger lease has not run out, and the ledger resolves none of its claims before "
+        "it does (--json: each message's detail says until when); rerun once it is over, "
+        "or, if that run is in fact still running elsewhere, let it finish"
     )
 
 

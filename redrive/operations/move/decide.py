@@ -14,7 +14,7 @@ from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
 from redrive.celery.knowledge import skip_reason
 from redrive.celery.results import ALREADY_SUCCEEDED, delivered_after_claim, succeeded_ids
 from redrive.dlq.scan import digest
-from redrive.ledger import Entry
+from redrive.ledger import Entry, KeyState
 from redrive.messages import TaskInfo, decode
 from redrive.operations.move.candidate import Candidate, DecidedBatch, candidate_for
 from redrive.operations.move.copies import KeySettler
@@ -233,16 +233,7 @@ class Decider:
             planned=entry is None and cand.key in self._planned,
         )
         live_owners, delivered = known_of
-        known = (
-            EntryFacts(
-                entry.state,
-                self._owners.decided_as(entry.run_id, live_owners),
-                owner_live=entry.run_id in live_owners,
-                delivered=cand.key in delivered,
-            )
-            if entry is not None
-            else None
-        )
+        known = self._entry_facts(entry, live_owners, cand.key in delivered)
         options = self._options
         run = self._run_full if self._limit.reached else self._run_open
         verdict = decide(facts, known, run, options)
@@ -250,6 +241,30 @@ class Decider:
             # Another worker took the last one meanwhile.
             verdict = decide(facts, known, self._run_full, options)
         return verdict
+
+    def _entry_facts(
+        self, entry: Entry | None, live_owners: set[str], delivered: bool
+    ) -> EntryFacts | None:
+        if entry is None:
+            return None
+        owner = self._owners.decided_as(entry.run_id, live_owners)
+        live = entry.run_id in live_owners
+        return EntryFacts(
+            entry.state,
+            owner,
+            owner_live=live,
+            delivered=delivered,
+            leased_until=self._leased_until(entry, owner, live),
+        )
+
+    def _leased_until(self, entry: Entry, owner: str, live: bool) -> float | None:
+        """The lease of a dead claimant an --in-doubt policy would resolve: the ledger
+        refuses to while it runs, so the decision must know (None: not asked, or over)."""
+        if self.options.in_doubt == "hold" or live or entry.state != KeyState.CLAIMED:
+            return None
+        if owner == self._owners.run_id:
+            return None
+        return self._owners.leased_until(entry.run_id)
 
     # -- a dry run -----------------------------------------------------------------------
 

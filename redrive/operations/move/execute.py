@@ -24,7 +24,7 @@ from redrive.operations.move.result import (
 from redrive.operations.move.send import Sender
 from redrive.operations.observer import RunObserver
 from redrive.operations.shared import LimitLike
-from redrive.operations.verdict import BUSY
+from redrive.operations.verdict import BUSY, LEASE_LIVE, RESOLVED_SKIP, lease_live
 
 UNCONFIRMED = "the broker confirmed neither success nor failure of its send"
 """What the result says of a send the broker's answer left unconfirmed."""
@@ -93,7 +93,7 @@ class Executor:
                 decided.proven, decided.duplicates, decided.keep
             )
         if decided.resolve_skip:
-            self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in decided.resolve_skip])
+            self._resolve_skips(decided.resolve_skip)
         outcome = ClaimOutcome()
         if decided.to_send:
             self._claim_new(decided, outcome)
@@ -130,9 +130,46 @@ class Executor:
         assert self.ledger is not None and self.run_id is not None
         taken = self.ledger.takeover_many(self.run_id, [(c.key, run) for c, run in proven])
         self.ledger.mark_sent_many(self.run_id, {key: "" for key in taken})
-        untaken = {id(c) for c, _ in proven if c.key not in taken}
-        keep.extend(c.message for c, _ in proven if id(c) in untaken)
-        return [(c, k) for c, k in duplicates if id(c) not in untaken]
+        untaken = [(c, run) for c, run in proven if c.key not in taken]
+        keep.extend(c.message for c, _ in untaken)
+        self._not_resolved(untaken)
+        untaken_ids = {id(c) for c, _ in untaken}
+        return [(c, k) for c, k in duplicates if id(c) not in untaken_ids]
+
+    def _resolve_skips(self, resolve_skip: Sequence[tuple[Candidate, str]]) -> None:
+        """--in-doubt skip: mark the keys skipped. Only those the ledger marked are counted
+        as resolved; the others (already kept) are counted as the ledger has them."""
+        assert self.ledger is not None and self.run_id is not None
+        marked = self.ledger.mark_skipped_many(self.run_id, [c.key for c, _ in resolve_skip])
+        for cand, _ in resolve_skip:
+            if cand.key in marked:
+                self._tally.skipped(cand.info, RESOLVED_SKIP)
+        self._not_resolved([(c, old) for c, old in resolve_skip if c.key not in marked])
+
+    def _not_resolved(self, pairs: Sequence[tuple[Candidate, str]]) -> None:
+        """Count in-doubt copies (kept, each with the run that claimed its key) whose key the
+        ledger did not resolve: still that run's claim, in doubt while its lease runs; skipped
+        by another run meanwhile; or changed otherwise (busy: the next run decides)."""
+        if not pairs:
+            return
+        assert self.ledger is not None
+        entries = self.ledger.get_many([c.key for c, _ in pairs])
+        for cand, old in pairs:
+            entry = entries.get(cand.key)
+            if entry is not None and entry.state is KeyState.SKIPPED:
+                self._tally.skipped(cand.info, RESOLVED_SKIP)
+            elif entry is not None and entry.state is KeyState.CLAIMED and entry.run_id == old:
+                self._still_leased(cand, old)
+            else:
+                self._tally.skipped(cand.info, BUSY)
+
+    def _still_leased(self, cand: Candidate, old: str) -> None:
+        """Count a copy in doubt because the ledger left its key ``old``'s claim: the lease of
+        that run (dead to this one) has not run out."""
+        assert self.ledger is not None
+        run = self.ledger.run(old)
+        until = run.lease_until if run is not None and run.ended_at is None else None
+        self._tally.in_doubt(listed_for(cand, lease_live(old, until)), LEASE_LIVE)
 
     def _take_over(self, decided: DecidedBatch, outcome: ClaimOutcome) -> None:
         assert self.ledger is not None and self.run_id is not None
@@ -142,16 +179,31 @@ class Executor:
         # Decided on before an earlier batch of this run went through, a takeover may find
         # that batch sent another copy of the key since: then this one is a duplicate.
         now_entries = self.ledger.get_many([c.key for c in lost]) if lost else {}
-        for cand, _ in takeovers:
+        for cand, old in takeovers:
             if cand.key in taken:
                 outcome.claimed.append(cand)
                 continue
             outcome.lost.append(cand)
-            if (entry := now_entries.get(cand.key)) is not None:
+            entry = now_entries.get(cand.key)
+            if entry is not None and entry.state is KeyState.CLAIMED and entry.run_id == old:
+                self._leased_takeover(cand, old, decided)
+            elif entry is not None:
                 self._lost_race(cand, entry, decided)
             else:
                 decided.keep_with_followers(cand)
                 self._tally.skipped(cand.info, BUSY)
+
+    def _leased_takeover(self, cand: Candidate, old: str, decided: DecidedBatch) -> None:
+        """A takeover the ledger refused, the key still ``old``'s claim (its lease runs): not
+        sent, kept; it and the further copies of its key are in doubt."""
+        more = decided.followers.pop(cand.key, [])
+        self._limit.give_back()  # taken as a send when decided; it is not one
+        self._still_leased(cand, old)
+        for follower in more:
+            self._tally.matched(follower.info)
+            self._still_leased(follower, old)
+        decided.keep.append(cand.message)
+        decided.keep.extend(f.message for f in more)
 
     def _lost_race(self, cand: Candidate, entry: Entry, decided: DecidedBatch) -> None:
         more = decided.followers.pop(cand.key, [])

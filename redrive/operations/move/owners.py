@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from redrive.ledger import Entry, KeyState, Ledger
+from redrive.ledger import Entry, KeyState, Ledger, RunInfo
 from redrive.operations.run import run_is_live
 
 
@@ -28,6 +28,7 @@ class ClaimOwners:
         self._now = clock
         self._lock = threading.Lock()
         self._liveness: dict[str, bool] = {}
+        self._runs: dict[str, RunInfo | None] = {}
 
     def live_others(self, entries: Iterable[Entry]) -> set[str]:
         """The live runs other than this one that hold claims among ``entries``."""
@@ -56,12 +57,31 @@ class ClaimOwners:
         with self._lock:
             if run_id in self._liveness:
                 return self._liveness[run_id]
-        assert self.ledger is not None
-        run = self.ledger.run(run_id)
+        run = self._run(run_id)
         live = run is not None and run_is_live(run, self._now())
         with self._lock:
             self._liveness[run_id] = live
         return live
+
+    def leased_until(self, run_id: str) -> float | None:
+        """When ``run_id``'s ledger lease runs out, if it has not yet (None: it has, or the
+        run ended or is unknown). A run found dead (its pid gone) may still hold one, and
+        the ledger resolves none of its claims before it ends."""
+        run = self._run(run_id)
+        if run is None or run.ended_at is not None or run.lease_until <= self._now():
+            return None
+        return run.lease_until
+
+    def _run(self, run_id: str) -> RunInfo | None:
+        """The ledger's record of a run, read once: a dead run's lease does not move."""
+        with self._lock:
+            if run_id in self._runs:
+                return self._runs[run_id]
+        assert self.ledger is not None
+        run = self.ledger.run(run_id)
+        with self._lock:
+            self._runs[run_id] = run
+        return run
 
 
 def decided_owner(run_id: str, mine: str | None, sibling: bool) -> str:

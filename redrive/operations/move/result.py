@@ -260,9 +260,13 @@ class MoveTally:
         with self._lock:
             self._matched(info)
             reason = verdict.skip_reason
-            if reason is not None:
+            # An executed run counts a resolved skip once the ledger says it marked the key
+            # (redrive.operations.move.execute): a leased claim it refuses stays in doubt.
+            if reason is not None and not (
+                verdict.fate is Fate.RESOLVE_SKIP and not self.result.dry_run
+            ):
                 self._skip(info.task, reason)
-            if verdict.fate is Fate.IN_DOUBT:
+            if verdict.fate in (Fate.IN_DOUBT, Fate.LEASED):
                 self.result.in_doubt += 1
                 listing = self.result.in_doubt_messages
                 add_listed(
@@ -290,10 +294,12 @@ class MoveTally:
                 self._matched(info)
             self._duplicate(info)
 
-    def in_doubt(self, listed: Listed) -> None:
+    def in_doubt(self, listed: Listed, reason: str = IN_DOUBT) -> None:
+        """Count a message in doubt, under ``reason`` (IN_DOUBT, or LEASE_LIVE: one the
+        ledger would not resolve yet), and list it."""
         with self._lock:
             self.result.in_doubt += 1
-            self._skip(listed.task, IN_DOUBT)
+            self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
 
     def moved(self, cand: Candidate) -> None:
