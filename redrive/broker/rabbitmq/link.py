@@ -16,8 +16,8 @@ gives back at its end, from one thread, what every worker holds). Once that chan
 its deliveries are back in their queue, and acknowledging or releasing one of them fails for
 that entry (never raises, never pretends). The tags still unacked on each channel are
 tracked, because an unknown tag would close the channel (and with it every hold), and
-because an ack of a batch that is exactly the channel's lowest unacked tags can be one
-``multiple`` ack.
+because an ack or release of a batch that is exactly the channel's lowest unacked tags can
+be one ``multiple`` ack or nack.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import amqp
 import amqp.exceptions
+from amqp import spec
 
 from redrive.broker.base import BatchResult
 from redrive.errors import BrokerUnavailable, QueueNotFound
@@ -342,21 +343,25 @@ class Lane:
     def _settle_held(
         self, channel: amqp.Channel, held: list[tuple[str, int]], ok: dict[str, str], *, ack: bool
     ) -> None:
-        """Settle deliveries known unacked here, in delivery order: an ack whose first
-        deliveries are exactly the channel's lowest unacked ones acks those with one
-        ``multiple`` ack (it takes every unacked tag up to the last: only theirs)."""
-        first = 0
-        if ack:
-            lowest = itertools.islice(self._unacked, len(held))
-            pairs = zip(lowest, held, strict=False)
-            first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
-            if first > 1:
-                channel.basic_ack(held[first - 1][1], multiple=True)
-                for entry_id, delivery in held[:first]:
-                    del self._unacked[delivery]
-                    ok[entry_id] = ""
+        """Settle deliveries known unacked here, in delivery order. A batch whose first
+        deliveries are exactly the channel's lowest unacked ones settles those with one
+        ``multiple`` ack or nack (it takes every unacked tag up to the last: only theirs):
+        a scan's end gives a lane's holds back in a few frames, not one per delivery."""
+        lowest = itertools.islice(self._unacked, len(held))
+        pairs = zip(lowest, held, strict=False)
+        first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
+        if first > 1:
+            last = held[first - 1][1]
+            if ack:
+                channel.basic_ack(last, multiple=True)
             else:
-                first = 0
+                # py-amqp has no basic_nack: the frame itself (delivery tag, multiple, requeue).
+                channel.send_method(spec.Basic.Nack, "Lbb", (last, True, True))
+            for entry_id, delivery in held[:first]:
+                del self._unacked[delivery]
+                ok[entry_id] = ""
+        else:
+            first = 0
         for entry_id, delivery in held[first:]:
             if ack:
                 channel.basic_ack(delivery)
