@@ -185,6 +185,9 @@ class QueueRef:
     max_receive_count: int | None = None
     """Deliveries after which the broker dead-letters a message, if it says."""
     retention_seconds: int | None = None
+    receive_limit_origin: str = ""
+    """Where ``max_receive_count`` comes from, as words that follow the number in a sentence
+    (`` from policy P``; ``""``: not said)."""
 
 
 @dataclass(frozen=True, slots=True)
