@@ -1,10 +1,12 @@
 """A RabbitMQ queue's effective delivery limit (redrive/broker/rabbitmq/limits.py, issue 24):
 the lower of its argument's and its policy's; on 4.x a default of 20 for a quorum queue that
-sets none, and -1 as unlimited; and the refusal that says where the limit comes from. Pure:
-no node (the 3.10.8 node's side is tests/test_rabbitmq_delivery_limit.py's)."""
+sets none, and -1 as unlimited; and the refusal that says where the limit comes from. And
+a channel the broker closed for a hold past consumer_timeout, as one line. Pure: no node
+(the 3.10.8 node's side is tests/test_rabbitmq_delivery_limit.py's)."""
 
 from __future__ import annotations
 
+import amqp.exceptions
 import pytest
 
 from redrive.broker.base import QueueRef
@@ -15,7 +17,9 @@ from redrive.broker.rabbitmq.limits import (
     effective_limit,
     major_version,
 )
+from redrive.broker.rabbitmq.link import holds_timed_out
 from redrive.dlq.delivery_limit import refusal
+from redrive.errors import BrokerError, HoldsTimedOut
 
 ARGUMENT = DeliveryLimit(5, " as its own argument")
 POLICY = DeliveryLimit(7, " from policy dlq-limit")
@@ -97,3 +101,37 @@ def test_the_refusal_says_where_the_limit_comes_from_and_the_way_out() -> None:
     assert "rabbitmqctl set_policy" in line and "--allow-delivery-limit" in line
 
     assert refusal(dlq(effective_limit([], "3.10.8", "quorum")), CAPABILITIES, lambda: None) is None
+
+
+# -- a hold past consumer_timeout (issue 24) ----------------------------------------------------
+
+TIMED_OUT = (
+    "PRECONDITION_FAILED - delivery acknowledgement on channel 1 timed out. Timeout value "
+    "used: 1800000 ms. This timeout value can be configured, see consumers doc guide to "
+    "learn more"
+)
+
+
+def test_a_channel_closed_for_a_hold_past_consumer_timeout_is_one_line() -> None:
+    """The broker's close (406, as py-amqp raises it) becomes one line of redrive's errors
+    (a BrokerError: exit 1, printed without a traceback) that says what happened, that the
+    holds are back, and the way out. The session's node cannot take a lower consumer_timeout
+    per test, so the mapping is tested here."""
+    closed = amqp.exceptions.PreconditionFailed(TIMED_OUT, (60, 80), reply_code=406)
+    error = holds_timed_out(closed, "amqp://ops:***@rabbit:5672/jobs")
+    assert isinstance(error, HoldsTimedOut) and isinstance(error, BrokerError)
+    (line,) = str(error).splitlines()
+    assert line.startswith(
+        "RabbitMQ at amqp://ops:***@rabbit:5672/jobs closed the channel holding redrive's "
+        "copies (delivery acknowledgement on channel 1 timed out): a copy was held longer "
+        "than the broker's consumer_timeout. "
+    ), line
+    assert "back in its queue" in line and "--limit" in line and "raise consumer_timeout" in line
+
+
+def test_another_precondition_failure_is_not_a_timeout() -> None:
+    other = amqp.exceptions.PreconditionFailed(
+        "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q'", (50, 10),
+        reply_code=406,
+    )  # fmt: skip
+    assert holds_timed_out(other, "amqp://rabbit") is None

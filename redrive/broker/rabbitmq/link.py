@@ -32,14 +32,14 @@ import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import amqp
 import amqp.exceptions
 from amqp import spec
 
 from redrive.broker.base import BatchResult
-from redrive.errors import BrokerUnavailable, QueueNotFound
+from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
 #: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
 CONFIRM_TIMEOUT: Final = 30.0
@@ -218,6 +218,15 @@ class Lane:
             self._probe = channel
         return self._probe
 
+    def _timed_out(self, exc: amqp.exceptions.PreconditionFailed) -> NoReturn:
+        """Re-raise a closed channel's error: as :class:`HoldsTimedOut` when a hold
+        outlived consumer_timeout (the connection is dropped: its holds are back)."""
+        timed_out = holds_timed_out(exc, self.masked)
+        if timed_out is None:
+            raise exc
+        self._drop()
+        raise timed_out from None
+
     @contextmanager
     def calling(self, what: str) -> Iterator[None]:
         """Under the lock; a lost connection becomes one error naming the broker."""
@@ -230,6 +239,8 @@ class Lane:
                     f"RabbitMQ at {self.masked}: {what} failed, the connection was lost: "
                     f"{_why(exc)}"
                 ) from None
+            except amqp.exceptions.PreconditionFailed as exc:
+                self._timed_out(exc)
 
     # -- queues --------------------------------------------------------------------------
 
@@ -398,6 +409,9 @@ class Lane:
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
                 self._drop()
+            except amqp.exceptions.PreconditionFailed as exc:
+                # The whole batch stays in doubt (its claims kept): see move/send.py.
+                self._timed_out(exc)
             finally:
                 self._confirms = None
             for entry_id, _, _ in messages[len(published) :]:
@@ -493,6 +507,22 @@ class Link:
         its next call."""
         for lane in self.lanes():
             lane.close()
+
+
+def holds_timed_out(exc: amqp.exceptions.AMQPError, masked: str) -> HoldsTimedOut | None:
+    """The one line for a channel the broker closed because a delivery on it was held past
+    ``consumer_timeout`` (406 PRECONDITION_FAILED "delivery acknowledgement on channel N
+    timed out"); None for any other error."""
+    text = str(getattr(exc, "reply_text", "") or "")
+    if exc.reply_code != 406 or "delivery acknowledgement" not in text or "timed out" not in text:
+        return None
+    said = text.removeprefix("PRECONDITION_FAILED - ").split(". ", 1)[0]
+    return HoldsTimedOut(
+        f"RabbitMQ at {masked} closed the channel holding redrive's copies ({said}): a copy "
+        "was held longer than the broker's consumer_timeout. Every copy held there is back "
+        "in its queue and nothing sent is lost (the ledger knows what was); run again with "
+        "--limit to hold fewer at once, or raise consumer_timeout on the broker"
+    )
 
 
 def _why(exc: BaseException) -> str:
