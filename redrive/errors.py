@@ -55,6 +55,12 @@ class BrokerError(RedriveError):
     errors are :class:`AwsError`)."""
 
 
+class HoldsTimedOut(BrokerError):
+    """The broker closed the channel holding redrive's copies: one was held longer than it
+    allows (RabbitMQ's ``consumer_timeout``). Every copy held on that channel is back in
+    its queue; what was sent and not yet acknowledged is the ledger's to tell."""
+
+
 class BrokerUnavailable(RedriveError):
     """No call to the broker can succeed (unreachable, credentials refused): operations
     over several queues stop at once on this instead of failing each queue."""

@@ -13,6 +13,8 @@ from typing import Any
 
 import amqp
 import pytest
+from amqp import spec
+from conftest import wait_until
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import broker_scheme, open_broker
@@ -26,6 +28,7 @@ from redrive.sandbox.rabbitmq_layout import (
     celery_message,
     fill_layout,
     open_connection,
+    queue_depth,
     rabbit_families,
     raw_channel,
 )
@@ -221,8 +224,6 @@ def test_a_queue_dead_letters_by_its_policy_and_a_dlx_with_no_queue_says_so(
     def resolved() -> str:
         return broker.resolve_family(family).dlq.name
 
-    from conftest import wait_until
-
     wait_until(lambda: _quiet(resolved) == "jobs-dead", "the policy applies")
     channel.queue_unbind("jobs-dead", "pdlx", routing_key="jobs.#")
     with pytest.raises(NoDeadLetterQueue) as caught:
@@ -252,6 +253,8 @@ def test_holding_and_releasing_every_message_leaves_a_classic_queue_in_order(
     # Released in another order than received: the queue keeps its own.
     result = broker.release("ordered", {str(i): d.tag for i, d in reversed(list(enumerate(held)))})
     assert len(result.ok) == 250
+    # A release has no reply: the requeue lands a moment later.
+    wait_until(lambda: queue_depth(channel, "ordered") == 250, "every copy is back")
     assert [m.body for m in drain(channel, "ordered")] == [
         f'{{"n": {i}}}'.encode() for i in range(250)
     ]
@@ -304,8 +307,6 @@ def test_a_reused_task_id_gets_a_key_per_publish_and_a_redelivery_keeps_its_key(
     first = keys()
     assert len(first) == 2 and len(set(first)) == 2
     assert all(k.startswith("celery:same:") for k in first)
-    from conftest import wait_until
-
     # Released copies come back (rejects have no reply): the same keys, redelivered or not.
     wait_until(lambda: sorted(keys()) == sorted(first), "the same keys on redelivery")
 
@@ -380,12 +381,56 @@ def test_a_batch_of_a_channels_lowest_tags_is_one_multiple_ack_that_takes_no_oth
     assert broker.counts("multi") == QueueCounts(ready=0, held=10)
     result = broker.release("multi", {str(i): d.tag for i, d in enumerate(held[10:20])})
     assert len(result.ok) == 10
+    wait_until(lambda: queue_depth(channel, "multi") == 10, "the released copies are back")
     assert [m.body for m in drain(channel, "multi")] == [
         f'{{"n": {i}}}'.encode() for i in range(10, 20)
     ]
     # Acked once, a tag is stale: it fails for its entry and closes nothing.
     again = broker.ack("multi", {"0": held[0].tag})
     assert "StaleTag" in again.failed["0"] and broker.lane.work() is work
+
+
+def test_a_release_of_a_channels_lowest_tags_is_one_multiple_nack_that_takes_no_other(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Releases go as acks do: a batch that is exactly the channel's lowest unacked tags is
+    one ``multiple`` nack with requeue (a scan's end gives a lane's holds back in a few
+    frames); a later batch, with copies still held below it, is rejected one by one, and
+    those held copies stay held. The queue keeps its order either way."""
+    declare(channel, "nacked")
+    broker.send("nacked", [entry(str(i), f'{{"n": {i}}}') for i in range(30)])
+    held = []
+    while batch := broker.receive("nacked", hold=60, max_messages=10):
+        held += batch
+    assert len(held) == 30
+    work = broker.lane.work()
+    frames: list[tuple[Any, Any]] = []
+    real_send = work.send_method
+
+    def recorded(method: Any, signature: Any = None, args: Any = None, **more: Any) -> Any:
+        if method in (spec.Basic.Nack, spec.Basic.Reject):
+            frames.append((method, args))
+        return real_send(method, signature, args, **more)
+
+    monkeypatch.setattr(work, "send_method", recorded)
+
+    def release(copies: list[Any]) -> None:
+        result = broker.release("nacked", {str(i): d.tag for i, d in enumerate(copies)})
+        assert len(result.ok) == len(copies) and not result.failed
+
+    release(held[20:30])  # held[0:20] are below: one by one
+    assert [m for m, _ in frames] == [spec.Basic.Reject] * 10
+    frames.clear()
+    release(list(reversed(held[0:10])))  # the lowest ten, in any order: one multiple nack
+    last = int(held[9].tag.rsplit(":", 1)[1])
+    assert frames == [(spec.Basic.Nack, (last, True, True))]
+    assert broker.counts("nacked").held == 10  # held[10:20] stay held
+    wait_until(lambda: queue_depth(channel, "nacked") == 20, "the released copies are back")
+    release(held[10:20])
+    wait_until(lambda: queue_depth(channel, "nacked") == 30, "every copy is back")
+    assert [m.body for m in drain(channel, "nacked")] == [
+        f'{{"n": {i}}}'.encode() for i in range(30)
+    ]
 
 
 def test_an_unedited_copy_sent_as_received_is_the_message_its_envelope_gives(

@@ -95,9 +95,11 @@ def test_check_finds_what_loses_messages_on_rabbitmq(rabbitmq_vhost: Vhost) -> N
     findings = ok_json(redrive(rabbitmq_vhost, "check", "--json"), code=1)["findings"]
 
     checkout = problems(findings, "checkout")
-    assert "x-delivery-limit is 3, expected 5" in checkout
+    # Each limit says where it comes from (issue 24).
+    assert "x-delivery-limit is 3 as its own argument, expected 5" in checkout
     assert any(
-        "the DLQ has x-delivery-limit 4 of its own" in p and "--allow-delivery-limit" in p
+        "the DLQ has x-delivery-limit 4 as its own argument: every read" in p
+        and "--allow-delivery-limit" in p
         for p in checkout
     ), checkout
     assert problems(findings, "default") == ["has no x-dead-letter-exchange (no DLQ)"]

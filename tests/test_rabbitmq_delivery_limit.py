@@ -40,7 +40,7 @@ def test_a_quorum_dlq_with_a_delivery_limit_is_refused_until_allowed(
         assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
         lines = refused.stderr.strip().splitlines()
         assert len(lines) == 1, lines
-        assert "x-delivery-limit 4" in lines[0]
+        assert "x-delivery-limit 4 as its own argument: " in lines[0]
         assert "not known (redrive never read it)" in lines[0]
         assert "rabbitmqctl set_policy" in lines[0] and "--allow-delivery-limit" in lines[0]
     # Nothing was delivered: every message is there, none counted.
@@ -93,7 +93,7 @@ def test_a_policys_delivery_limit_is_refused_at_once_as_the_arguments_is(
         refused = redrive(rabbitmq_vhost, *args)
         assert refused.returncode == 2, (args, refused.stdout, refused.stderr)
         (line,) = refused.stderr.strip().splitlines()
-        assert "DLQ onion-checkout-dlq has x-delivery-limit 4" in line, line
+        assert "DLQ onion-checkout-dlq has x-delivery-limit 4 from policy dlq-limit: " in line, line
         assert "rabbitmqctl set_policy" in line and "--allow-delivery-limit" in line
     # The other families' quorum DLQs have no limit: read as ever.
     assert ok_json(redrive(rabbitmq_vhost, "inspect", "default", "--json"))["total"] == 5
@@ -131,6 +131,24 @@ def test_the_limit_is_the_lowest_of_the_argument_the_policy_and_the_operator_pol
     # "lower-loses" matches it (priority 0 loses only where "low" matches too).
     assert limits == {"q-arg": 7, "q-policy": 5, "q-none": 2}
     assert queues.describe("c-classic").max_receive_count is None
+    # Each says where it comes from (the refusal's words).
+    origins = {n: queues.describe(n).receive_limit_origin for n in ("q-arg", "q-policy", "q-none")}
+    assert origins == {
+        "q-arg": " from policy low",
+        "q-policy": " from operator policy cap",
+        "q-none": " from policy lower-loses",
+    }
+
+
+def test_a_quorum_queue_with_no_limit_has_none_on_this_3x_node(rabbitmq_vhost: Vhost) -> None:
+    """RabbitMQ 4.x would give it 20 (tests/test_rabbitmq_limits.py); the version is the
+    management API's, and 3.x sets no default."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(dlq_type="quorum")[:1], 0)
+    queues = Queues(api(rabbitmq_vhost), rabbitmq_vhost.vhost)
+    version = queues.server_version()
+    assert version is not None and version.startswith("3."), version
+    dlq = queues.describe("onion-checkout-dlq")
+    assert (dlq.max_receive_count, dlq.receive_limit_origin) == (None, "")
 
 
 def test_a_management_user_sees_the_policys_limit_too(rabbitmq_vhost: Vhost) -> None:

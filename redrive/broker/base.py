@@ -166,6 +166,10 @@ class Capabilities:
     receive_limit_way_out: str = ""
     """How to raise or remove a queue's receive limit, for people (``{name}``: the queue's
     name, ``{scope}``: its ident without the name, e.g. a vhost)."""
+    release_lands_later: bool = False
+    """A release returns before the copies are back in the queue's ready count (AMQP's
+    reject and nack have no reply): a scan's end waits until they are, so that the command
+    after it (a move right after an inspect) sees every message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +185,9 @@ class QueueRef:
     max_receive_count: int | None = None
     """Deliveries after which the broker dead-letters a message, if it says."""
     retention_seconds: int | None = None
+    receive_limit_origin: str = ""
+    """Where ``max_receive_count`` comes from, as words that follow the number in a sentence
+    (`` from policy P``; ``""``: not said)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,7 +55,8 @@ def refusal(
     scope = dlq.ident[: -len(dlq.name)].rstrip("/:") or "/"
     way_out = words.receive_limit_way_out.format(name=dlq.name, scope=scope)
     return (
-        f"DLQ {dlq.name} has {words.receive_limit_setting} {limit}: every read by redrive "
+        f"DLQ {dlq.name} has {words.receive_limit_setting} {limit}{dlq.receive_limit_origin}: "
+        "every read by redrive "
         f"(inspect, report, dry run, move) is a delivery that counts toward it, and past it "
         f"the broker drops or dead-letters the message; {seen}. "
         f"{way_out + '; or ' if way_out else ''}pass {ALLOW_OPTION} to read it anyway"

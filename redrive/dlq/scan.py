@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from redrive.allocator import bound_arenas
 from redrive.broker.base import Broker, Capabilities, Delivery
+from redrive.errors import RedriveError
 
 if TYPE_CHECKING:
     from redrive.dlq.receive_log import ReceiveLog
@@ -62,6 +63,11 @@ SEGMENT_HANDLES = 1_000
 RENEW_POLL_SECONDS = 0.25
 #: Messages a scan deleted that it still recognises if SQS delivers them again (about 4 MB).
 RECENTLY_DELETED = 50_000
+#: How long a scan's end waits for what it released to be back in the queue's ready count
+#: (brokers whose release lands later than it returns: Capabilities.release_lands_later).
+#: RabbitMQ takes back thousands of requeued deliveries a second: this is for a hang.
+LANDING_SECONDS = 60.0
+LANDING_POLL_SECONDS = 0.01
 
 
 def hold_seconds(
@@ -114,6 +120,9 @@ class ScanStats:
     held: int = 0
     released: int = 0
     release_failed: int = 0
+    release_unseen: int = 0
+    """Released copies not back in the queue's ready count when the scan's end stopped
+    waiting for them (another consumer took them, or the broker was slow to requeue)."""
     renew_calls: int = 0
     """ChangeMessageVisibilityBatch calls that renewed holds."""
     renewed: int = 0
@@ -622,6 +631,8 @@ class DlqScan:
         with self._lock:
             self._done = True
             segments = self._holds.every_segment()
+        ready = self._ready(broker) if segments else None
+        released = self.stats.released
         for segment in segments:
             # A segment leaves the holds once released whole: if a call fails, a second
             # release_all gives back what is left.
@@ -629,8 +640,33 @@ class DlqScan:
                 self._release(broker, chunk, on_progress)
             with self._lock:
                 self._holds.remove(segment)
+        if ready is not None:
+            self._wait_landed(broker, ready + self.stats.released - released)
         if self.receive_log is not None:
             self.receive_log.flush()
+
+    def _ready(self, broker: Broker) -> int | None:
+        """The queue's ready count while the scan still holds everything, where a release
+        lands later than it returns (None: nothing to wait for, or no count to be had)."""
+        if not broker.capabilities.release_lands_later:
+            return None
+        try:
+            return broker.counts(self.url).ready
+        except RedriveError:
+            return None
+
+    def _wait_landed(self, broker: Broker, expected: int) -> None:
+        """Wait, bounded, until the queue's ready count is back to ``expected``: what it was
+        before the release, plus what was released. Other consumers of the queue may keep it
+        lower: then the bound ends the wait and the shortfall is counted, not an error."""
+        deadline = time.monotonic() + LANDING_SECONDS
+        ready = expected
+        with contextlib.suppress(RedriveError):
+            while (ready := broker.counts(self.url).ready) < expected:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(LANDING_POLL_SECONDS)
+        self.stats.release_unseen = max(0, expected - ready)
 
     def _release(
         self, broker: Broker, handles: list[str], on_progress: Callable[[int], None] | None

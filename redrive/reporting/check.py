@@ -122,7 +122,8 @@ def _limit_findings(
             Finding(
                 family.name,
                 source.name,
-                f"{words.receive_limit_setting} is {source.max_receive_count}, "
+                f"{words.receive_limit_setting} is {source.max_receive_count}"
+                f"{source.receive_limit_origin}, "
                 f"expected {family.max_receive_count}",
             )
         )
@@ -131,8 +132,9 @@ def _limit_findings(
             Finding(
                 family.name,
                 dlq.name,
-                f"the DLQ has {words.receive_limit_setting} {dlq.max_receive_count} of its "
-                "own: every read (inspect, report, dry run, a move's) counts toward it and past "
+                f"the DLQ has {words.receive_limit_setting} {dlq.max_receive_count}"
+                f"{dlq.receive_limit_origin or ' of its own'}: every read (inspect, report, "
+                "dry run, a move's) counts toward it and past "
                 "it the broker drops or dead-letters the message; redrive refuses to read it "
                 "without --allow-delivery-limit. Remove the limit from the DLQ",
             )

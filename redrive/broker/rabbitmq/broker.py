@@ -67,6 +67,7 @@ CAPABILITIES: Final = Capabilities(
     max_message_attributes=64,
     archived_attributes=ARCHIVED_ATTRIBUTES,
     declared_by_consumers=True,
+    release_lands_later=True,
     # A queue's own x-delivery-limit argument may outrank a policy's: then only declaring
     # the DLQ again lifts it.
     receive_limit_way_out=(

@@ -16,8 +16,8 @@ gives back at its end, from one thread, what every worker holds). Once that chan
 its deliveries are back in their queue, and acknowledging or releasing one of them fails for
 that entry (never raises, never pretends). The tags still unacked on each channel are
 tracked, because an unknown tag would close the channel (and with it every hold), and
-because an ack of a batch that is exactly the channel's lowest unacked tags can be one
-``multiple`` ack.
+because an ack or release of a batch that is exactly the channel's lowest unacked tags can
+be one ``multiple`` ack or nack.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import amqp
 import amqp.exceptions
+from amqp import spec
 
 from redrive.broker.base import BatchResult
-from redrive.errors import BrokerUnavailable, QueueNotFound
+from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
 #: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
 CONFIRM_TIMEOUT: Final = 30.0
@@ -217,6 +218,15 @@ class Lane:
             self._probe = channel
         return self._probe
 
+    def _timed_out(self, exc: amqp.exceptions.PreconditionFailed) -> NoReturn:
+        """Re-raise a closed channel's error: as :class:`HoldsTimedOut` when a hold
+        outlived consumer_timeout (the connection is dropped: its holds are back)."""
+        timed_out = holds_timed_out(exc, self.masked)
+        if timed_out is None:
+            raise exc
+        self._drop()
+        raise timed_out from None
+
     @contextmanager
     def calling(self, what: str) -> Iterator[None]:
         """Under the lock; a lost connection becomes one error naming the broker."""
@@ -229,6 +239,8 @@ class Lane:
                     f"RabbitMQ at {self.masked}: {what} failed, the connection was lost: "
                     f"{_why(exc)}"
                 ) from None
+            except amqp.exceptions.PreconditionFailed as exc:
+                self._timed_out(exc)
 
     # -- queues --------------------------------------------------------------------------
 
@@ -342,21 +354,25 @@ class Lane:
     def _settle_held(
         self, channel: amqp.Channel, held: list[tuple[str, int]], ok: dict[str, str], *, ack: bool
     ) -> None:
-        """Settle deliveries known unacked here, in delivery order: an ack whose first
-        deliveries are exactly the channel's lowest unacked ones acks those with one
-        ``multiple`` ack (it takes every unacked tag up to the last: only theirs)."""
-        first = 0
-        if ack:
-            lowest = itertools.islice(self._unacked, len(held))
-            pairs = zip(lowest, held, strict=False)
-            first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
-            if first > 1:
-                channel.basic_ack(held[first - 1][1], multiple=True)
-                for entry_id, delivery in held[:first]:
-                    del self._unacked[delivery]
-                    ok[entry_id] = ""
+        """Settle deliveries known unacked here, in delivery order. A batch whose first
+        deliveries are exactly the channel's lowest unacked ones settles those with one
+        ``multiple`` ack or nack (it takes every unacked tag up to the last: only theirs):
+        a scan's end gives a lane's holds back in a few frames, not one per delivery."""
+        lowest = itertools.islice(self._unacked, len(held))
+        pairs = zip(lowest, held, strict=False)
+        first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
+        if first > 1:
+            last = held[first - 1][1]
+            if ack:
+                channel.basic_ack(last, multiple=True)
             else:
-                first = 0
+                # py-amqp has no basic_nack: the frame itself (delivery tag, multiple, requeue).
+                channel.send_method(spec.Basic.Nack, "Lbb", (last, True, True))
+            for entry_id, delivery in held[:first]:
+                del self._unacked[delivery]
+                ok[entry_id] = ""
+        else:
+            first = 0
         for entry_id, delivery in held[first:]:
             if ack:
                 channel.basic_ack(delivery)
@@ -393,6 +409,9 @@ class Lane:
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
                 self._drop()
+            except amqp.exceptions.PreconditionFailed as exc:
+                # The whole batch stays in doubt (its claims kept): see move/send.py.
+                self._timed_out(exc)
             finally:
                 self._confirms = None
             for entry_id, _, _ in messages[len(published) :]:
@@ -488,6 +507,22 @@ class Link:
         its next call."""
         for lane in self.lanes():
             lane.close()
+
+
+def holds_timed_out(exc: amqp.exceptions.AMQPError, masked: str) -> HoldsTimedOut | None:
+    """The one line for a channel the broker closed because a delivery on it was held past
+    ``consumer_timeout`` (406 PRECONDITION_FAILED "delivery acknowledgement on channel N
+    timed out"); None for any other error."""
+    text = str(getattr(exc, "reply_text", "") or "")
+    if exc.reply_code != 406 or "delivery acknowledgement" not in text or "timed out" not in text:
+        return None
+    said = text.removeprefix("PRECONDITION_FAILED - ").split(". ", 1)[0]
+    return HoldsTimedOut(
+        f"RabbitMQ at {masked} closed the channel holding redrive's copies ({said}): a copy "
+        "was held longer than the broker's consumer_timeout. Every copy held there is back "
+        "in its queue and nothing sent is lost (the ledger knows what was); run again with "
+        "--limit to hold fewer at once, or raise consumer_timeout on the broker"
+    )
 
 
 def _why(exc: BaseException) -> str:

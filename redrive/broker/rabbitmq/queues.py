@@ -18,10 +18,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 
 from redrive.broker.base import DlqTarget, QueueRef, queue_name
 from redrive.broker.rabbitmq.api import ManagementApi
+from redrive.broker.rabbitmq.limits import DeliveryLimit, effective_limit
 from redrive.errors import NoDeadLetterQueue, QueueNotFound
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 Policies: TypeAlias = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 """A vhost's policies and operator policies, as the management API lists them."""
+Policy: TypeAlias = dict[str, Any]
+"""One policy as the management API lists it (name, pattern, definition...), ``{}``: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,7 @@ class Queues:
     def __init__(self, api: ManagementApi, vhost: str) -> None:
         self.api = api
         self.vhost = vhost
+        self._version: tuple[str] | None = None
 
     def ident(self, name: str) -> str:
         return f"{self.vhost}/{name}"
@@ -70,19 +74,13 @@ class Queues:
         name = self.name_of(name_or_address)
         raw = self.raw(name)
         args = raw.get("arguments") or {}
-        policy = self.effective_policy(name, raw, policies)
+        chosen = self._chosen_policies(name, raw, policies)
+        policy = _statistic(raw) if chosen is None else _merged(*chosen)
         letting = self.dead_lettering(name, args, policy)
         target: str | None = None
         if letting is not None:
             target = self.ident(letting.queues[0]) if len(letting.queues) == 1 else ""
-        # A quorum queue takes the lower of its argument's limit and its policy's. The
-        # statistic's too: a guard against reading toward a limit errs toward seeing one
-        # (a policy removed a moment ago refuses a few seconds more).
-        limit = _lowest(
-            args.get("x-delivery-limit"),
-            policy.get("delivery-limit"),
-            _statistic(raw).get("delivery-limit"),
-        )
+        limit = self.delivery_limit(raw, chosen)
         ttl = args.get("x-message-ttl", policy.get("message-ttl"))
         return QueueRef(
             url=self.ident(name),
@@ -90,9 +88,35 @@ class Queues:
             ident=self.ident(name),
             fifo=False,
             dead_letter_target=target,
-            max_receive_count=limit,
+            max_receive_count=limit.value if limit is not None else None,
             retention_seconds=int(ttl) // 1000 if isinstance(ttl, int) else None,
+            receive_limit_origin=limit.origin if limit is not None else "",
         )
+
+    def delivery_limit(
+        self, raw: Mapping[str, Any], chosen: tuple[Policy, Policy] | None
+    ) -> DeliveryLimit | None:
+        """The queue's delivery limit and where it comes from (:mod:`.limits`), of its
+        argument and its policies (``chosen``; None: only the statistic tells)."""
+        kind = str(raw.get("type") or "classic")
+        found: list[DeliveryLimit] = []
+        argument = (raw.get("arguments") or {}).get("x-delivery-limit")
+        if _is_int(argument):
+            found.append(DeliveryLimit(argument, " as its own argument"))
+        policy = _policy_limit(raw, chosen)
+        if policy is not None:
+            found.append(policy)
+        # The version matters only to a quorum queue: others make no call for it.
+        version = self.server_version() if kind == "quorum" else None
+        return effective_limit(found, version, kind)
+
+    def server_version(self) -> str | None:
+        """The server's ``rabbitmq_version`` (``/api/overview``), asked once."""
+        if self._version is None:
+            overview = self.api.get("overview")
+            found = overview.get("rabbitmq_version") if isinstance(overview, dict) else None
+            self._version = (str(found),) if found else ("",)
+        return self._version[0] or None
 
     def policies(self) -> Policies | None:
         """The vhost's policies and operator policies (any user who may read the vhost's
@@ -112,20 +136,23 @@ class Queues:
         ``apply-to`` takes the queue, the one of highest priority; merged with the operator
         policy chosen the same way, the lower of two numbers winning. Where the policies
         cannot be listed, or a pattern is not one Python reads, the queue's statistic."""
+        chosen = self._chosen_policies(name, raw, policies)
+        return _statistic(raw) if chosen is None else _merged(*chosen)
+
+    def _chosen_policies(
+        self, name: str, raw: Mapping[str, Any], policies: Policies | None
+    ) -> tuple[Policy, Policy] | None:
+        """The policy and the operator policy RabbitMQ applies to queue ``name`` (each
+        ``{}``: none); None where the policies cannot be listed or a pattern read."""
         listed = policies if policies is not None else self.policies()
         if listed is None:
-            return _statistic(raw)
+            return None
         kind = str(raw.get("type") or "classic")
         try:
             regular, operator = (_chosen(found, name, kind) for found in listed)
         except re.error:
-            return _statistic(raw)
-        merged = dict(regular)
-        for key, value in operator.items():
-            mine = merged.get(key)
-            both = all(isinstance(v, int) and not isinstance(v, bool) for v in (mine, value))
-            merged[key] = min(mine, value) if both else value if mine is None else mine
-        return merged
+            return None
+        return regular, operator
 
     def dead_lettering(
         self, name: str, args: Mapping[str, Any], policy: Mapping[str, Any]
@@ -272,10 +299,10 @@ _APPLIES_TO: Final = {
 }
 
 
-def _chosen(policies: list[dict[str, Any]], name: str, kind: str) -> dict[str, Any]:
-    """The definition of the policy RabbitMQ applies to queue ``name`` of type ``kind``
-    (``{}``: none); raises ``re.error`` for a pattern Python cannot read. A tie in priority
-    RabbitMQ leaves unspecified: the first listed is taken."""
+def _chosen(policies: list[dict[str, Any]], name: str, kind: str) -> Policy:
+    """The policy RabbitMQ applies to queue ``name`` of type ``kind`` (``{}``: none);
+    raises ``re.error`` for a pattern Python cannot read. A tie in priority RabbitMQ leaves
+    unspecified: the first listed is taken."""
     best: dict[str, Any] | None = None
     for policy in policies:
         applies = str(policy.get("apply-to") or "all")
@@ -285,8 +312,49 @@ def _chosen(policies: list[dict[str, Any]], name: str, kind: str) -> dict[str, A
             continue
         if best is None or _priority(policy) > _priority(best):
             best = policy
-    definition = best.get("definition") if best is not None else None
+    return dict(best) if best is not None else {}
+
+
+def _definition(policy: Policy) -> dict[str, Any]:
+    definition = policy.get("definition")
     return dict(definition) if isinstance(definition, dict) else {}
+
+
+def _merged(regular: Policy, operator: Policy) -> dict[str, Any]:
+    """The definition applied: the policy's, merged with the operator policy's (the lower
+    of two numbers winning)."""
+    merged = _definition(regular)
+    for key, value in _definition(operator).items():
+        mine = merged.get(key)
+        both = _is_int(mine) and _is_int(value)
+        merged[key] = min(mine, value) if both else value if mine is None else mine
+    return merged
+
+
+def _policy_limit(
+    raw: Mapping[str, Any], chosen: tuple[Policy, Policy] | None
+) -> DeliveryLimit | None:
+    """The policies' delivery limit: the lower of the policy's and the operator policy's,
+    and the statistic's too (a guard against reading toward a limit errs toward seeing
+    one: a policy removed a moment ago refuses a few seconds more); a positive one before
+    a negative (4.x's unlimited) for the same reason."""
+    found: list[DeliveryLimit] = []
+    for policy, kind in zip(chosen or (), ("policy", "operator policy"), strict=False):
+        value = _definition(policy).get("delivery-limit")
+        if _is_int(value):
+            found.append(DeliveryLimit(value, f" from {kind} {policy.get('name')}"))
+    statistic = _statistic(raw).get("delivery-limit")
+    if _is_int(statistic):
+        named = raw.get("operator_policy") or raw.get("policy")
+        found.append(
+            DeliveryLimit(statistic, f" from policy {named}" if named else " from its policy")
+        )
+    positive = [limit for limit in found if limit.value > 0]
+    return min(positive or found, key=lambda limit: limit.value, default=None)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _priority(policy: Mapping[str, Any]) -> int:
@@ -299,12 +367,6 @@ def _statistic(raw: Mapping[str, Any]) -> dict[str, Any]:
     it (lagging; see the module's docstring)."""
     policy = raw.get("effective_policy_definition") or {}
     return dict(policy) if isinstance(policy, dict) else {}
-
-
-def _lowest(*limits: object) -> int | None:
-    """The lowest of the limits that are set (integers), or None."""
-    found = [v for v in limits if isinstance(v, int) and not isinstance(v, bool)]
-    return min(found) if found else None
 
 
 def _routes(kind: str, binding_key: str, routing_key: str) -> bool:
