@@ -13,6 +13,7 @@ process are marked here (``pytest_collection_modifyitems``), so none can be miss
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import signal
@@ -54,6 +55,21 @@ _SERVER_FIXTURES = frozenset(
         *("rabbitmq_node", "rabbitmq_vhost"),
     }
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile redrive, the tests and the bench scripts once, in the controller, before
+    any test starts a process. Where PYTHONDONTWRITEBYTECODE is set (it is on this project's
+    machines and CI), no process writes ``__pycache__``, so each ``redrive`` subprocess
+    compiled all of redrive from source again: 0.4 s of CPU of the 0.95 s a ``redrive
+    --help`` took, over the suite's ~450 subprocesses. Python still reads what is written
+    here (compileall writes whatever the variable says), and checks it against the source's
+    mtime, so an edited file is compiled afresh as before."""
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).parent.parent
+    for folder in ("redrive", "tests", "bench"):
+        compileall.compile_dir(root / folder, quiet=1, workers=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
