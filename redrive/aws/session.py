@@ -43,7 +43,7 @@ class AwsSettings:
             if self._session is None:
                 with aws_errors("open an AWS session"):
                     session = botocore.session.Session(profile=self.profile)
-                    session.register_component("data_loader", _shared_loader(session))
+                    session.register_component("data_loader", shared_loader(session))
                     self._session = session
             return self._session
 
@@ -87,9 +87,10 @@ _LOADERS: dict[Any, botocore.loaders.Loader] = {}
 _LOADERS_LOCK = threading.Lock()
 
 
-def _shared_loader(session: botocore.session.Session) -> botocore.loaders.Loader:
+def shared_loader(session: botocore.session.Session) -> botocore.loaders.Loader:
     """The process's loader for the session's data path (``AWS_DATA_PATH``), as botocore
-    would create it for the session."""
+    would create it for the session (tests/conftest.py gives it to every session a test
+    process opens: moto's and boto3's open one per test)."""
     data_path = session.get_config_variable("data_path")
     with _LOADERS_LOCK:
         loader = _LOADERS.get(data_path)
