@@ -1,11 +1,18 @@
-"""Where and as whom redrive calls AWS: one boto3 session, and clients configured alike."""
+"""Where and as whom redrive calls AWS: one botocore session, and clients configured alike.
+
+botocore's own session, not boto3's: redrive uses clients only (no resources, no S3 transfer
+manager), and boto3's import alone (s3transfer's with it) was a tenth of a second of every
+command's start. Sessions share botocore's data loader: it caches the service models and the
+endpoint data it reads, which a fresh loader parses again (~30 ms a file) for each session a
+process opens (the sandbox's, ``--processes``' parent, an embedding program, the tests)."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
-import boto3
+import botocore.loaders
+import botocore.session
 from botocore.config import Config
 
 from redrive.aws.errors import aws_errors, one_line
@@ -28,14 +35,16 @@ class AwsSettings:
         self.region = region
         self.profile = profile
         self.max_attempts = max_attempts
-        self._session: boto3.Session | None = None
+        self._session: botocore.session.Session | None = None
         self._lock = threading.Lock()
 
-    def session(self) -> boto3.Session:
+    def session(self) -> botocore.session.Session:
         with self._lock:
             if self._session is None:
                 with aws_errors("open an AWS session"):
-                    self._session = boto3.Session(profile_name=self.profile)
+                    session = botocore.session.Session(profile=self.profile)
+                    session.register_component("data_loader", shared_loader(session))
+                    self._session = session
             return self._session
 
     def client(
@@ -60,8 +69,8 @@ class AwsSettings:
         session = self.session()
         try:
             with self._lock, aws_errors(f"create the {service} client"):
-                return session.client(
-                    service,  # type: ignore[call-overload]
+                return session.create_client(
+                    service,
                     endpoint_url=self.endpoint_url,
                     region_name=region or self.region,
                     config=config,
@@ -72,3 +81,19 @@ class AwsSettings:
                 f"cannot create the {service} client: {one_line(str(exc))}: check "
                 "--endpoint-url / AWS_ENDPOINT_URL (e.g. http://127.0.0.1:4566)"
             ) from exc
+
+
+_LOADERS: dict[Any, botocore.loaders.Loader] = {}
+_LOADERS_LOCK = threading.Lock()
+
+
+def shared_loader(session: botocore.session.Session) -> botocore.loaders.Loader:
+    """The process's loader for the session's data path (``AWS_DATA_PATH``), as botocore
+    would create it for the session (tests/conftest.py gives it to every session a test
+    process opens: moto's and boto3's open one per test)."""
+    data_path = session.get_config_variable("data_path")
+    with _LOADERS_LOCK:
+        loader = _LOADERS.get(data_path)
+        if loader is None:
+            loader = _LOADERS[data_path] = botocore.loaders.create_loader(data_path)
+        return loader

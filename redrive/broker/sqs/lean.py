@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import http.client
 import json
 import os
@@ -201,17 +202,39 @@ class _Target:
 
 def _tls_context(verify: Any, client_cert: Any) -> ssl.SSLContext:
     """TLS as botocore's http session verifies it (its CA bundle: AWS_CA_BUNDLE, the
-    config's ca_bundle, ``--no-verify-ssl``)."""
-    if verify is False:
+    config's ca_bundle, ``--no-verify-ssl``). One context per bundle and client certificate
+    as they are on disk now, shared by every transport that needs it (an SSLContext is made
+    to be shared): loading a CA bundle costs ~70 ms of CPU, and each worker's client made one."""
+    cafile = None if verify is False else botocore.httpsession.get_cert_path(verify)
+    certs = (client_cert,) if isinstance(client_cert, str) else tuple(client_cert or ())
+    return _shared_tls_context(
+        verify is False, cafile, certs, tuple(_on_disk(p) for p in (cafile, *certs))
+    )
+
+
+def _on_disk(path: str | None) -> tuple[int, int] | None:
+    """A file's size and mtime: a bundle rewritten in place is loaded again."""
+    if path is None:
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None  # loading it fails, and says why
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_tls_context(
+    unverified: bool, cafile: str | None, certs: tuple[str, ...], _stamps: tuple[object, ...]
+) -> ssl.SSLContext:
+    if unverified:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
     else:
-        context = ssl.create_default_context(cafile=botocore.httpsession.get_cert_path(verify))
-    if isinstance(client_cert, str):
-        context.load_cert_chain(client_cert)
-    elif client_cert:
-        context.load_cert_chain(*client_cert)
+        context = ssl.create_default_context(cafile=cafile)
+    if certs:
+        context.load_cert_chain(*certs)
     return context
 
 
