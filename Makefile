@@ -58,9 +58,10 @@ typecheck: install
 unit: install
 	$(BIN)/pytest -q -n 4 -m "not e2e"
 
-# Every test, unit and end-to-end.
+# Every test, unit and end-to-end; small chunks so that the long ones, sorted first, start
+# early (tests/conftest.py, pytest_collection_modifyitems).
 suite: install localstack
-	$(BIN)/pytest -q -n 4 --durations=15
+	$(BIN)/pytest -q -n 4 --maxschedchunk 2 --durations=15
 
 test: lint typecheck browser rabbitmq suite
 

@@ -89,6 +89,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.e2e)
+    # End-to-end tests first, then the rest in their order: with `make suite`'s small chunks
+    # (--maxschedchunk) xdist hands tests out nearly as a queue, so the long ones (a runbook
+    # rehearsed twice takes minutes) start early and the short ones fill the end. In
+    # collection order, the last worker ran a rehearsal for 100 s after the others had
+    # finished, one of two cores idle.
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,6 @@ from redrive.broker.native import (
     NativeMover,
     destination_label,
 )
-from redrive.broker.rabbitmq import RabbitBroker
-from redrive.broker.rabbitmq.shovel import Shovels
 from redrive.broker.sqs.broker import SqsBroker
 from redrive.broker.sqs.native import SqsMoveTasks
 from redrive.cli.celery_app import refuse_native_with_routes
@@ -309,6 +307,10 @@ def native_mover(broker: Broker) -> NativeMover:
     if broker.capabilities.native_move:
         if isinstance(broker, SqsBroker):
             return SqsMoveTasks(broker)
+        # Here, not at the top: every SQS command would import py-amqp (~60 ms of its start).
+        from redrive.broker.rabbitmq import RabbitBroker
+        from redrive.broker.rabbitmq.shovel import Shovels
+
         if isinstance(broker, RabbitBroker):
             return Shovels(broker)
     fail(
