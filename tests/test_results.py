@@ -9,10 +9,14 @@ their first copy succeeded).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import pickle
+import sqlite3
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,9 @@ from redrive.celery.results import (
     ALREADY_SUCCEEDED,
     NO_RECORD,
     ResultLookup,
+    SqliteResults,
     open_results,
+    open_with_celery,
 )
 from redrive.config import built_in_layout, parse_config
 from redrive.errors import ResultBackendError
@@ -146,16 +152,57 @@ def test_one_in_query_per_batch_on_the_database_and_the_file_unchanged(backend_u
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     results = open_results(backend_url, probe=False)
     statements: list[str] = []
-    engine = results.engine  # type: ignore[attr-defined]
-    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
-    # SQLite is read through the standard library's driver: its own statement trace.
-    results._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
+    # A plain SQLite file is read by the standard library's driver alone: its statement trace.
+    assert isinstance(results, SqliteResults)
+    results._connection().set_trace_callback(statements.append)
+    # Celery's way, SQLAlchemy's engine and the same driver, must read it so too.
+    by_celery: Any = open_with_celery(backend_url, 5.0, probe=False)
+    event.listen(by_celery.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    by_celery._connection().set_trace_callback(statements.append)
+    by_celery.records([j.task_id for j in ALL_JOBS])
+    by_celery.records([j.task_id for j in ALL_JOBS])
+    by_celery.close()
     results.records([j.task_id for j in ALL_JOBS])
     results.records([j.task_id for j in ALL_JOBS])
     results.close()
-    assert len(statements) == 2
+    assert len(statements) == 4
     assert all(" IN " in s.upper() and s.lstrip().upper().startswith("SELECT") for s in statements)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+@pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)
+@pytest.mark.e2e  # a real Celery worker wrote the records (processes)
+def test_a_plain_sqlite_file_reads_as_celerys_own_backend_reads_it(
+    backend_url: str, tmp_path: Path
+) -> None:
+    """Read without Celery, every record is the one Celery's own backend class reads; a row
+    JSON cannot read (pickled, compressed, garbage) is left to that class."""
+    copy = tmp_path / "results.sqlite"
+    copy.write_bytes(Path(backend_url.removeprefix("db+sqlite:///")).read_bytes())
+    odd = {
+        "pickled": pickle.dumps({"exc_type": "KeyError", "exc_message": ["k"]}),
+        "compressed": zlib.compress(b'{"exc_type": "KeyError"}'),
+        "garbage": b"\xff\xfe not a payload",
+        "a-string": b'"just a result"',
+        "null": None,
+    }
+    with contextlib.closing(sqlite3.connect(copy)) as db, db:
+        for task_id, payload in odd.items():
+            db.execute(
+                "INSERT INTO celery_taskmeta (task_id, status, result, date_done)"
+                " VALUES (?, 'FAILURE', ?, '2026-12-01 10:00:00.000000')",
+                (task_id, payload),
+            )
+    url = f"db+sqlite:///{copy}"
+    ids = [j.task_id for j in ALL_JOBS] + [*odd, "no-such-task"]
+    plain, by_celery = open_results(url), open_with_celery(url, 5.0, probe=True)
+    try:
+        assert isinstance(plain, SqliteResults)
+        assert plain.records(ids) == by_celery.records(ids)
+        assert len({r.state for r in plain.records(ids).values()}) >= 3
+    finally:
+        plain.close()
+        by_celery.close()
 
 
 def test_bad_urls_and_unreachable_backends_are_one_line(tmp_path: Path) -> None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import queue
+import sqlite3
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +99,20 @@ def open_results(
     opening it is that lookup's."""
     if background:
         return _OpeningLookup(url, timeout)
+    path = plain_sqlite_path(url)
+    if path is not None:
+        lookup: ResultLookup = SqliteResults(
+            url, path, timeout, lambda: open_with_celery(url, timeout, probe=False)
+        )
+        if probe:
+            lookup.records(["redrive-probe-" + str(int(time.time()))])
+        return lookup
+    return open_with_celery(url, timeout, probe)
+
+
+def open_with_celery(url: str, timeout: float, probe: bool) -> ResultLookup:
+    """The backend at ``url`` through Celery's own class for it (:func:`open_results` does
+    so for every URL but a plain SQLite file's)."""
     try:
         from celery import Celery
         from kombu.utils.url import maybe_sanitize_url
@@ -237,7 +253,7 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _unreadable(location: str, exc: BaseException) -> ResultBackendError:
+def unreadable(location: str, exc: BaseException) -> ResultBackendError:
     return ResultBackendError(
         f"the result backend {location} did not answer: {_one_line(exc)} "
         "(is it up and reachable? check --result-backend)"
@@ -262,7 +278,7 @@ class _KeyValueLookup:
             try:
                 values = self.backend.mget(keys)
             except Exception as exc:
-                raise _unreadable(self.location, exc) from None
+                raise unreadable(self.location, exc) from None
             if isinstance(values, Mapping):
                 by_key = {self.backend.key_t(k): v for k, v in values.items()}
                 values = [by_key.get(self.backend.key_t(k)) for k in keys]
@@ -352,12 +368,17 @@ class _DatabaseLookup:
                     f"the result database {self.location} has no table {self.table.name}: "
                     "is it Celery's result database?"
                 ) from None
-            raise _unreadable(self.location, exc) from None
+            raise unreadable(self.location, exc) from None
         found = {i: NO_RECORD for i in ids}
         with users_code():  # a serializer may be the project's own
             for task_id, status, result, date_done in rows:
                 found[task_id] = self._record(status, result, date_done)
         return found
+
+    def record_of_row(self, status: str, result: Any, date_done: Any) -> TaskRecord:
+        """A row's record, its result decoded by Celery's backend (what
+        redrive.celery.sqlite_results asks for a row JSON cannot read)."""
+        return self._record(status, result, date_done)
 
     def _record(self, status: str, result: Any, date_done: Any) -> TaskRecord:
         decode = getattr(self.backend, "_decode_stored_result", self.backend.decode)
@@ -408,7 +429,7 @@ class _OneByOneLookup:
                 try:
                     meta = self.backend.get_task_meta(task_id)
                 except Exception as exc:
-                    raise _unreadable(self.location, exc) from None
+                    raise unreadable(self.location, exc) from None
                 found[task_id] = record_from_meta(meta)
         return found
 
@@ -660,3 +681,109 @@ class LookupsAhead:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+
+
+# -- a plain SQLite file, without Celery ----------------------------------------------------------
+# The sandbox's backend (``db+sqlite:///...``) and any plain SQLite URL: what Celery's
+# DatabaseBackend writes there is one ``celery_taskmeta`` row per task whose ``result`` is the
+# JSON of its default serializer. _DatabaseLookup reads that table with the standard library's
+# driver too, but imported Celery's backend and SQLAlchemy to learn the table and decode the
+# column: 0.8 s of CPU on every command that looked a result up. A row JSON cannot read
+# (another serializer, compression, an older pickled column) is decoded by Celery's own
+# backend, opened then and only for it (tests/test_results.py compares the two).
+
+TABLE = "celery_taskmeta"
+"""Celery's default (``database_table_names`` changes it, only in an app's own settings)."""
+_SELECT = f"SELECT task_id, status, result, date_done FROM {TABLE} WHERE task_id IN "
+
+
+def plain_sqlite_path(url: str) -> Path | None:
+    """The file of a ``db+sqlite:///PATH`` URL with nothing else in it (no query, no
+    escapes); None for any other URL, which goes to Celery's own backend."""
+    prefix = "db+sqlite:///"
+    if not url.startswith(prefix) or any(c in url for c in "?#%"):
+        return None
+    database = url[len(prefix) :]
+    if database in ("", ":memory:"):
+        return None
+    return Path(database)
+
+
+class SqliteResults:
+    """One ``SELECT ... WHERE task_id IN (...)`` per batch, on the file opened read-only
+    (never created), one connection per thread."""
+
+    batched = True
+
+    def __init__(
+        self, url: str, path: Path, timeout: float, celery: Callable[[], ResultLookup]
+    ) -> None:
+        if not path.is_file():
+            raise ResultBackendError(
+                f"the result database {path} does not exist (check --result-backend)"
+            )
+        self.location = url
+        self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
+        self._timeout = timeout
+        self._open_celery = celery
+        self._celery: ResultLookup | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+
+    def records(self, task_ids: Sequence[str]) -> dict[str, TaskRecord]:
+        ids = list(dict.fromkeys(i for i in task_ids if i))
+        if not ids:
+            return {}
+        try:
+            sql = _SELECT + "(" + ", ".join("?" * len(ids)) + ")"
+            rows = self._connection().execute(sql, ids).fetchall()
+        except sqlite3.Error as exc:
+            if "no such table" in str(exc):
+                raise ResultBackendError(
+                    f"the result database {self.location} has no table {TABLE}: "
+                    "is it Celery's result database?"
+                ) from None
+            raise unreadable(self.location, exc) from None
+        found = {i: NO_RECORD for i in ids}
+        for task_id, status, result, date_done in rows:
+            found[task_id] = self._record(status, result, date_done)
+        return found
+
+    def _record(self, status: str, result: Any, date_done: Any) -> TaskRecord:
+        value = None
+        if result is not None:
+            try:
+                value = json.loads(result)
+            except (ValueError, TypeError):
+                return self._by_celery(status, result, date_done)
+        return record_from_meta({"status": status, "result": value, "date_done": date_done})
+
+    def _by_celery(self, status: str, result: Any, date_done: Any) -> TaskRecord:
+        with self._lock:
+            if self._celery is None:
+                self._celery = self._open_celery()
+        decode = getattr(self._celery, "record_of_row", None)
+        if decode is None:  # pragma: no cover - Celery's database lookup always has it
+            return TaskRecord(UNREADABLE)
+        record: TaskRecord = decode(status, result, date_done)
+        return record
+
+    def _connection(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(
+                self._uri, uri=True, timeout=self._timeout, check_same_thread=False
+            )
+            self._local.connection = connection
+            with self._lock:
+                self._connections.append(connection)
+        return connection
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+            if self._celery is not None:
+                self._celery.close()
