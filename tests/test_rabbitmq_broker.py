@@ -347,18 +347,24 @@ def test_each_broker_has_its_own_lane_and_a_copy_settles_on_the_lane_it_came_on(
     )
 
 
+def hold_thirty(channel: amqp.Channel, broker: RabbitBroker, queue: str) -> list[Any]:
+    """30 copies sent to a new ``queue`` (bodies ``{"n": i}``), every one received and held."""
+    declare(channel, queue)
+    broker.send(queue, [entry(str(i), f'{{"n": {i}}}') for i in range(30)])
+    held = []
+    while batch := broker.receive(queue, hold=60, max_messages=10):
+        held += batch
+    assert len(held) == 30
+    return held
+
+
 def test_a_batch_of_a_channels_lowest_tags_is_one_multiple_ack_that_takes_no_other(
     channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Acks go as one ``multiple`` ack only for a batch that is exactly the channel's lowest
     unacked tags: a later batch, with copies still held below it, is acked one by one, and
     those held copies stay held (then released, they are all back)."""
-    declare(channel, "multi")
-    broker.send("multi", [entry(str(i), f'{{"n": {i}}}') for i in range(30)])
-    held = []
-    while batch := broker.receive("multi", hold=60, max_messages=10):
-        held += batch
-    assert len(held) == 30
+    held = hold_thirty(channel, broker, "multi")
     work = broker.lane.work()
     acks: list[tuple[int, bool]] = []
     real_ack = work.basic_ack
@@ -397,12 +403,7 @@ def test_a_release_of_a_channels_lowest_tags_is_one_multiple_nack_that_takes_no_
     one ``multiple`` nack with requeue (a scan's end gives a lane's holds back in a few
     frames); a later batch, with copies still held below it, is rejected one by one, and
     those held copies stay held. The queue keeps its order either way."""
-    declare(channel, "nacked")
-    broker.send("nacked", [entry(str(i), f'{{"n": {i}}}') for i in range(30)])
-    held = []
-    while batch := broker.receive("nacked", hold=60, max_messages=10):
-        held += batch
-    assert len(held) == 30
+    held = hold_thirty(channel, broker, "nacked")
     work = broker.lane.work()
     frames: list[tuple[Any, Any]] = []
     real_send = work.send_method

@@ -324,35 +324,22 @@ class _DatabaseLookup:
         # SQLite, read by the standard library's driver on the same read-only file: a
         # third of SQLAlchemy's cost per query (one connection per thread, each SELECT its
         # own read, so nothing is held open between batches).
-        self._sqlite: tuple[str, float, str] | None = None
+        self._sqlite: tuple[_SqliteFile, str] | None = None
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             preparer = self.engine.dialect.identifier_preparer
             columns = ", ".join(
                 preparer.quote(c) for c in ("task_id", "status", "result", "date_done")
             )
             sql = f"SELECT {columns} FROM {preparer.format_table(table)} WHERE task_id IN "
-            self._sqlite = (str(url.database), timeout, sql)
-        self._local = threading.local()
-        self._connections: list[Any] = []
+            self._sqlite = (_SqliteFile(str(url.database), timeout), sql)
 
-    def _connection(self) -> Any:
-        import sqlite3
-
+    def _connection(self) -> sqlite3.Connection:
         assert self._sqlite is not None
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            database, timeout, _ = self._sqlite
-            connection = sqlite3.connect(
-                database, uri=True, timeout=timeout, check_same_thread=False
-            )
-            self._local.connection = connection
-            self._connections.append(connection)
-        return connection
+        return self._sqlite[0].connection()
 
     def _rows(self, ids: list[str]) -> list[Any]:
         if self._sqlite is not None:
-            sql = self._sqlite[2] + "(" + ", ".join("?" * len(ids)) + ")"
-            return list(self._connection().execute(sql, ids).fetchall())
+            return self._sqlite[0].select(self._sqlite[1], ids)
         with self.engine.connect() as connection:
             return list(connection.execute(self.select.where(self.table.c.task_id.in_(ids))))
 
@@ -363,24 +350,18 @@ class _DatabaseLookup:
         try:
             rows = self._rows(ids)
         except Exception as exc:
-            if "no such table" in str(exc) or "does not exist" in str(exc):
-                raise ResultBackendError(
-                    f"the result database {self.location} has no table {self.table.name}: "
-                    "is it Celery's result database?"
-                ) from None
-            raise unreadable(self.location, exc) from None
+            if "does not exist" in str(exc):
+                raise _no_table(self.location, self.table.name) from None
+            raise _unreadable_rows(self.location, self.table.name, exc) from None
         found = {i: NO_RECORD for i in ids}
         with users_code():  # a serializer may be the project's own
             for task_id, status, result, date_done in rows:
-                found[task_id] = self._record(status, result, date_done)
+                found[task_id] = self.record_of_row(status, result, date_done)
         return found
 
     def record_of_row(self, status: str, result: Any, date_done: Any) -> TaskRecord:
-        """A row's record, its result decoded by Celery's backend (what
-        redrive.celery.sqlite_results asks for a row JSON cannot read)."""
-        return self._record(status, result, date_done)
-
-    def _record(self, status: str, result: Any, date_done: Any) -> TaskRecord:
+        """A row's record, its result decoded by Celery's backend (also what
+        :class:`SqliteResults` asks for a row JSON cannot read)."""
         decode = getattr(self.backend, "_decode_stored_result", self.backend.decode)
         try:
             value = decode_stored(self.backend, result, decode) if result is not None else None
@@ -389,9 +370,8 @@ class _DatabaseLookup:
         return record_from_meta({"status": status, "result": value, "date_done": date_done})
 
     def close(self) -> None:
-        for connection in self._connections:
-            with contextlib.suppress(Exception):
-                connection.close()
+        if self._sqlite is not None:
+            self._sqlite[0].close()
         self.engine.dispose()
 
 
@@ -723,28 +703,19 @@ class SqliteResults:
                 f"the result database {path} does not exist (check --result-backend)"
             )
         self.location = url
-        self._uri = f"file:{urllib.parse.quote(str(path))}?mode=ro"
-        self._timeout = timeout
+        self._file = _SqliteFile(f"file:{urllib.parse.quote(str(path))}?mode=ro", timeout)
         self._open_celery = celery
         self._celery: ResultLookup | None = None
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
 
     def records(self, task_ids: Sequence[str]) -> dict[str, TaskRecord]:
         ids = list(dict.fromkeys(i for i in task_ids if i))
         if not ids:
             return {}
         try:
-            sql = _SELECT + "(" + ", ".join("?" * len(ids)) + ")"
-            rows = self._connection().execute(sql, ids).fetchall()
+            rows = self._file.select(_SELECT, ids)
         except sqlite3.Error as exc:
-            if "no such table" in str(exc):
-                raise ResultBackendError(
-                    f"the result database {self.location} has no table {TABLE}: "
-                    "is it Celery's result database?"
-                ) from None
-            raise unreadable(self.location, exc) from None
+            raise _unreadable_rows(self.location, TABLE, exc) from None
         found = {i: NO_RECORD for i in ids}
         for task_id, status, result, date_done in rows:
             found[task_id] = self._record(status, result, date_done)
@@ -763,13 +734,32 @@ class SqliteResults:
         with self._lock:
             if self._celery is None:
                 self._celery = self._open_celery()
-        decode = getattr(self._celery, "record_of_row", None)
-        if decode is None:  # pragma: no cover - Celery's database lookup always has it
-            return TaskRecord(UNREADABLE)
-        record: TaskRecord = decode(status, result, date_done)
-        return record
+        # A db+sqlite URL is always Celery's database backend.
+        assert isinstance(self._celery, _DatabaseLookup)
+        return self._celery.record_of_row(status, result, date_done)
 
     def _connection(self) -> sqlite3.Connection:
+        return self._file.connection()
+
+    def close(self) -> None:
+        self._file.close()
+        with self._lock:
+            if self._celery is not None:
+                self._celery.close()
+
+
+class _SqliteFile:
+    """The standard library's driver on one SQLite database (a ``file:`` URI): a connection
+    per thread, each SELECT its own read, so nothing is held open between batches."""
+
+    def __init__(self, uri: str, timeout: float) -> None:
+        self._uri = uri
+        self._timeout = timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+
+    def connection(self) -> sqlite3.Connection:
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
         if connection is None:
             connection = sqlite3.connect(
@@ -780,10 +770,27 @@ class SqliteResults:
                 self._connections.append(connection)
         return connection
 
+    def select(self, sql: str, ids: list[str]) -> list[Any]:
+        """``sql`` ending in ``WHERE task_id IN ``, for ``ids``."""
+        return (
+            self.connection().execute(sql + "(" + ", ".join("?" * len(ids)) + ")", ids).fetchall()
+        )
+
     def close(self) -> None:
         with self._lock:
             for connection in self._connections:
-                connection.close()
+                with contextlib.suppress(Exception):
+                    connection.close()
             self._connections.clear()
-            if self._celery is not None:
-                self._celery.close()
+
+
+def _no_table(location: str, table: str) -> ResultBackendError:
+    return ResultBackendError(
+        f"the result database {location} has no table {table}: is it Celery's result database?"
+    )
+
+
+def _unreadable_rows(location: str, table: str, exc: BaseException) -> ResultBackendError:
+    if "no such table" in str(exc):
+        return _no_table(location, table)
+    return unreadable(location, exc)
