@@ -168,8 +168,9 @@ class Capabilities:
     name, ``{scope}``: its ident without the name, e.g. a vhost)."""
     release_lands_later: bool = False
     """A release returns before the copies are back in the queue's ready count (AMQP's
-    reject and nack have no reply): a scan's end waits until they are, so that the command
-    after it (a move right after an inspect) sees every message."""
+    reject and nack have no reply; RabbitMQ's releases even wait to go as one until the
+    broker's next call or count): a scan's end counts until they are back, so that the
+    command after it (a move right after an inspect) sees every message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +261,8 @@ class Broker(Protocol):
         ...
 
     def release(self, queue: str, tags: Mapping[str, str]) -> BatchResult:
-        """Give copies back at once: they may be received again."""
+        """Give copies back: they may be received again (at once, or where
+        ``capabilities.release_lands_later``, by the broker's next call or count)."""
         ...
 
     def send(self, queue: str, entries: Sequence[SendEntry]) -> BatchResult:

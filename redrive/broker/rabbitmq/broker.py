@@ -118,8 +118,10 @@ class RabbitBroker:
 
     def counts(self, queue: str) -> QueueCounts:
         """Ready: exact (a passive declare). Held: the larger of this process's own holds
-        and the management API's count (which lags by its statistics interval)."""
+        and the management API's count (which lags by its statistics interval). Every
+        release held back is sent first: a count after a release sees it."""
         name = self._name(queue)
+        self.link.send_releases()
         ready, _ = self.lane.declared(name)
         held = self.link.held(name)
         try:
