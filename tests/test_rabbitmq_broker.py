@@ -5,6 +5,8 @@ does is tests/test_broker_contract.py's."""
 
 from __future__ import annotations
 
+import subprocess
+import time
 import urllib.parse
 from collections.abc import Iterator
 from datetime import datetime
@@ -23,7 +25,13 @@ from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
 from redrive.broker.rabbitmq.link import nack_plan
 from redrive.config import Family, built_in_layout
-from redrive.errors import BrokerUnavailable, NoDeadLetterQueue, QueueNotFound, UsageProblem
+from redrive.errors import (
+    BrokerUnavailable,
+    HoldsTimedOut,
+    NoDeadLetterQueue,
+    QueueNotFound,
+    UsageProblem,
+)
 from redrive.messages import decode
 from redrive.sandbox.rabbitmq_layout import (
     celery_message,
@@ -33,7 +41,12 @@ from redrive.sandbox.rabbitmq_layout import (
     rabbit_families,
     raw_channel,
 )
-from redrive.sandbox.rabbitmq_node import Vhost, management_request
+from redrive.sandbox.rabbitmq_node import (
+    RABBITMQ_SERVER,
+    RabbitMQNode,
+    Vhost,
+    management_request,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -523,3 +536,61 @@ def test_a_nack_plan_gives_back_below_the_lowest_held_tag_in_one_frame() -> None
     assert nack_plan([5, 3, 9, 1], 4) == (3, [5, 9])
     assert nack_plan([7, 6], 2) == (0, [6, 7])
     assert nack_plan([], None) == (0, [])
+
+
+# -- a hold past consumer_timeout, on the node itself (issue 24) -------------------------------
+
+
+def set_consumer_timeout(node: RabbitMQNode, value: str) -> str:
+    """Set the node's consumer_timeout (ms, or ``undefined``) for channels opened from now
+    on; the value it had. RabbitMQ 3.10 reads it when a channel opens and has no per-queue
+    setting (3.12's x-consumer-timeout), so the session's node takes it for this test only."""
+    ctl = RABBITMQ_SERVER.with_name("rabbitmqctl")
+    script = (
+        "Old = application:get_env(rabbit, consumer_timeout, undefined), "
+        f"application:set_env(rabbit, consumer_timeout, {value}), Old."
+    )
+    done = subprocess.run(
+        [str(ctl), "eval", script], env=node.env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-1000:]
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def short_consumer_timeout(rabbitmq_node: RabbitMQNode) -> Iterator[None]:
+    old = set_consumer_timeout(rabbitmq_node, "1000")
+    try:
+        yield
+    finally:
+        set_consumer_timeout(rabbitmq_node, old)
+
+
+def test_a_hold_past_the_nodes_consumer_timeout_is_one_error_and_every_copy_comes_back(
+    rabbitmq_vhost: Vhost, channel: amqp.Channel, short_consumer_timeout: None
+) -> None:
+    """The broker closes the channel holding a delivery past consumer_timeout (3.10 checks
+    on its channel tick, about once a minute): the next call on it raises HoldsTimedOut (one
+    line, exit 1), never a bare AMQP error, and every copy the lane held is back in its
+    queue, in order. The lane is connected again on its next call."""
+    declare(channel, "timed")
+    for i in range(20):
+        publish(channel, "timed", amqp.Message(f'{{"n": {i}}}'.encode()))
+    broker = open_broker(
+        rabbitmq_vhost.amqp_url, aws=AwsSettings(), rabbitmq_api=rabbitmq_vhost.api_url
+    )
+    held = broker.receive("timed", hold=60, max_messages=5)
+    assert len(held) == 5
+    deadline = time.monotonic() + 180  # a bound for a hang: the tick comes within ~60 s
+    with pytest.raises(HoldsTimedOut) as raised:
+        while time.monotonic() < deadline:
+            held += broker.receive("timed", hold=60, max_messages=1)
+            time.sleep(0.5)  # one receive a half second until the broker closes the channel
+    (line,) = str(raised.value).splitlines()
+    assert "consumer_timeout" in line and "back in its queue" in line
+    wait_until(lambda: queue_depth(channel, "timed") == 20, "every held copy is back")
+    # The API's unacked count lags by its statistics interval.
+    wait_until(lambda: broker.counts("timed") == QueueCounts(ready=20, held=0), "none held")
+    assert [m.body for m in drain(channel, "timed")] == [
+        f'{{"n": {i}}}'.encode() for i in range(20)
+    ]
