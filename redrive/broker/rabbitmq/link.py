@@ -49,6 +49,7 @@ import amqp.exceptions
 from amqp import spec
 
 from redrive.broker.base import BatchResult
+from redrive.broker.rabbitmq.frames import CorkedWriter, corked
 from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
 #: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
@@ -182,6 +183,7 @@ class Lane:
             virtual_host=a.vhost,
             connect_timeout=CONNECT_TIMEOUT,
             ssl=ssl.create_default_context() if a.tls else False,
+            frame_writer=CorkedWriter,
         )
         try:
             connection.connect()
@@ -432,15 +434,8 @@ class Lane:
             try:
                 channel = self.work()
                 self._confirms = confirms
-                for entry_id, body, properties in messages:
-                    publish = _Publish(entry_id, (queue, body))
-                    message = amqp.Message(body, **properties)
-                    self._seq += 1
-                    confirms.by_seq[self._seq] = publish
-                    confirms.by_content.setdefault(publish.content, []).append(publish)
-                    confirms.pending += 1
-                    published.append(publish)
-                    channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
+                with corked(channel.connection):
+                    self._publish_all(channel, queue, messages, confirms, published)
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
                 self._drop()
@@ -459,6 +454,25 @@ class Lane:
             elif publish.state == "pending":
                 unconfirmed.add(publish.entry_id)
         return refused, unconfirmed
+
+    def _publish_all(
+        self,
+        channel: amqp.Channel,
+        queue: str,
+        messages: Sequence[tuple[str, bytes, dict[str, Any]]],
+        confirms: _Confirms,
+        published: list[_Publish],
+    ) -> None:
+        """Publish each message, recorded for its confirm before it goes."""
+        for entry_id, body, properties in messages:
+            publish = _Publish(entry_id, (queue, body))
+            message = amqp.Message(body, **properties)
+            self._seq += 1
+            confirms.by_seq[self._seq] = publish
+            confirms.by_content.setdefault(publish.content, []).append(publish)
+            confirms.pending += 1
+            published.append(publish)
+            channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
 
     def _wait_for_confirms(self, confirms: _Confirms) -> None:
         assert self._connection is not None
