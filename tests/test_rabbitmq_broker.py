@@ -594,3 +594,29 @@ def test_a_hold_past_the_nodes_consumer_timeout_is_one_error_and_every_copy_come
     assert [m.body for m in drain(channel, "timed")] == [
         f'{{"n": {i}}}'.encode() for i in range(20)
     ]
+
+
+def test_a_batch_of_publishes_is_one_write_and_the_same_messages(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-amqp's frame writer, corked (redrive/broker/rabbitmq/frames.py): a batch's 50
+    publishes reach the socket in one write (not 50), every one confirmed and queued as
+    sent; frames outside a batch (a receive's) are written at once as before."""
+    declare(channel, "corked")
+    broker.lane.work()  # the lane connected, its work channel open and confirming
+    connection = broker.lane._connection
+    assert connection is not None
+    writes: list[int] = []
+    real_write = connection.transport.write
+
+    def recorded(data: Any) -> None:
+        writes.append(len(data))
+        real_write(data)
+
+    monkeypatch.setattr(connection.transport, "write", recorded)
+    result = broker.send("corked", [entry(str(i), f'{{"n": {i}}}') for i in range(50)])
+    assert len(result.ok) == 50 and not result.failed
+    assert len(writes) == 1
+    got = broker.receive("corked", hold=60, max_messages=50)
+    assert len(writes) > 1  # the receive's qos and consume went out uncorked
+    assert [unpacked(d.body, {})[0] for d in got] == [f'{{"n": {i}}}'.encode() for i in range(50)]
