@@ -1,4 +1,4 @@
-"""A set of 8-byte message digests at ~14 bytes each (issue 24).
+"""A set of 8-byte message digests at 11 to 22 bytes each (issue 24).
 
 A scan remembers every message it has seen until it ends (an inspect: the whole queue) as a
 64-bit digest. A ``set[int]`` costs ~78 bytes apiece (an int object and its share of the hash
