@@ -5,7 +5,7 @@ batches, hands each message to the operation once, keeps the messages it does no
 hidden until the scan ends (so they are not received again), and then makes them visible
 again. Memory stays flat at any depth: delivery tags of held messages are spooled to
 temporary files, and the messages already seen are remembered as 8-byte digests until they
-are deleted.
+are deleted (in a DigestSet: 11 to 22 bytes each, where a set of ints took ~78).
 
 Holds are short and renewed while the run lives, so that a run killed by SIGKILL (which
 cannot give anything back) hides its messages for about ``--lease``, not for the length of
@@ -25,14 +25,14 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Container, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from redrive.allocator import bound_arenas
 from redrive.broker.base import Broker, Capabilities, Delivery
+from redrive.dlq.digests import DigestSet
 from redrive.errors import RedriveError
 
 if TYPE_CHECKING:
@@ -266,8 +266,8 @@ def sort_received(
     messages: Sequence[Delivery],
     digests: Sequence[int],
     *,
-    seen: AbstractSet[int],
-    deleted: AbstractSet[int],
+    seen: Container[int],
+    deleted: Container[int],
     room: int | None,
 ) -> ReceivedBatch:
     """Sort one receive: a message is again (deleted before), stale (seen before, in an
@@ -327,8 +327,8 @@ class DlqScan:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[int] = set()
-        self._deleted: set[int] = set()
+        self._seen = DigestSet()
+        self._deleted = DigestSet()
         self._deleted_order: deque[int] = deque()
         self._holds = _Holds()
         self._in_renewal = 0

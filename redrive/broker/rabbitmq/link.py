@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import itertools
 import ssl
 import threading
 import time
 import urllib.parse
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,6 +50,7 @@ from amqp import spec
 
 from redrive.broker.base import BatchResult
 from redrive.broker.rabbitmq.frames import CorkedWriter, corked
+from redrive.broker.rabbitmq.held import HeldTags
 from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
 #: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
@@ -162,13 +163,14 @@ class Lane:
         self._connection: amqp.Connection | None = None
         self._work: amqp.Channel | None = None
         self._probe: amqp.Channel | None = None
-        self._unacked: dict[int, str] = {}
-        """Delivery tags unacked on the work channel -> their queue's name, in delivery
-        order (tags only grow on a channel): the first is the channel's lowest."""
+        self._unacked = HeldTags()
+        """Delivery tags unacked on the work channel and their queues (a byte each: a scan
+        holds every delivery until its end)."""
         self._seq = 0
         self._confirms: _Confirms | None = None
-        self._released: list[int] = []
-        """Delivery tags released and not yet given back to the broker (see the module)."""
+        self._released = array("Q")
+        """Delivery tags released and not yet given back to the broker (see the module); 8
+        bytes each, not a list's ~40: a scan's end releases everything it held."""
 
     # -- the connection ------------------------------------------------------------------
 
@@ -201,7 +203,7 @@ class Lane:
         self._work = self._probe = None
         self._unacked.clear()
         self._confirms = None
-        self._released = []
+        self._released = array("Q")
         if connection is not None:
             # Already broken, or closing: the broker cleans up whatever is left.
             with contextlib.suppress(Exception):
@@ -216,7 +218,7 @@ class Lane:
             connection = self._connect()
             if self._work is not None:  # the channel closed: its deliveries went back
                 self._unacked.clear()
-                self._released = []
+                self._released = array("Q")
                 self.generation += 1
             channel = amqp.Channel(connection, auto_decode=False)
             channel.open()
@@ -262,11 +264,11 @@ class Lane:
 
     def _send_release(self) -> None:
         """Give back the released tags, if any (see the module's docstring)."""
-        released, self._released = self._released, []
+        released, self._released = self._released, array("Q")
         channel = self._work
         if not released or channel is None or not channel.is_open:
             return
-        upto, one_by_one = nack_plan(released, min(self._unacked, default=None))
+        upto, one_by_one = nack_plan(released, self._unacked.lowest())
         if upto:
             # py-amqp has no basic_nack: the frame itself (delivery tag, multiple, requeue).
             channel.send_method(spec.Basic.Nack, "Lbb", (upto, True, True))
@@ -295,7 +297,7 @@ class Lane:
 
     def held(self, queue: str) -> int:
         with self.lock:
-            return sum(1 for q in self._unacked.values() if q == queue)
+            return self._unacked.held(queue)
 
     def purge(self, queue: str) -> None:
         with self.calling(f"queue.purge {queue}"):
@@ -351,7 +353,7 @@ class Lane:
         info = message.delivery_info
         delivery_tag = int(info["delivery_tag"])
         # First of all: a multiple ack must never take a delivery this lane did not record.
-        self._unacked[delivery_tag] = queue
+        self._unacked.add(delivery_tag, queue)
         body = message.body
         return Got(
             tag=f"{self.number}.{self.generation}:{delivery_tag}",
@@ -400,14 +402,12 @@ class Lane:
         back together (see the module's docstring)."""
         if not ack:
             for entry_id, delivery in held:
-                del self._unacked[delivery]
+                self._unacked.remove(delivery)
                 self._released.append(delivery)
                 ok[entry_id] = ""
             return
         self._send_release()
-        lowest = itertools.islice(self._unacked, len(held))
-        pairs = zip(lowest, held, strict=False)
-        first = sum(1 for _ in itertools.takewhile(lambda p: p[0] == p[1][1], pairs))
+        first = self._unacked.lowest_run([delivery for _, delivery in held])
         if first > 1:
             channel.basic_ack(held[first - 1][1], multiple=True)
         else:
@@ -415,7 +415,7 @@ class Lane:
         for _, delivery in held[first:]:
             channel.basic_ack(delivery)
         for entry_id, delivery in held:
-            del self._unacked[delivery]
+            self._unacked.remove(delivery)
             ok[entry_id] = ""
 
     # -- publishing ----------------------------------------------------------------------
