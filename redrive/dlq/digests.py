@@ -39,27 +39,26 @@ class DigestSet:
             return False
         if digest == _EMPTY:
             return self._has_zero
+        return self._table[self._probe(digest)] == digest
+
+    def _probe(self, digest: int) -> int:
+        """The slot holding ``digest``, else the empty slot that ends its run."""
         table, mask = self._table, self._mask
         i = digest & mask
-        while (held := table[i]) != _EMPTY:
-            if held == digest:
-                return True
+        while (held := table[i]) != _EMPTY and held != digest:
             i = (i + 1) & mask
-        return False
+        return i
 
     def add(self, digest: int) -> None:
         if digest == _EMPTY:
             self._has_zero = True
             return
-        table, mask = self._table, self._mask
-        i = digest & mask
-        while (held := table[i]) != _EMPTY:
-            if held == digest:
-                return
-            i = (i + 1) & mask
-        table[i] = digest
+        i = self._probe(digest)
+        if self._table[i] == digest:
+            return
+        self._table[i] = digest
         self._count += 1
-        if self._count * 4 > len(table) * 3:
+        if self._count * 4 > len(self._table) * 3:
             self._grow()
 
     def update(self, digests: Iterable[int]) -> None:
@@ -70,12 +69,10 @@ class DigestSet:
         if digest == _EMPTY:
             self._has_zero = False
             return
+        i = self._probe(digest)
         table, mask = self._table, self._mask
-        i = digest & mask
-        while (held := table[i]) != digest:
-            if held == _EMPTY:
-                return
-            i = (i + 1) & mask
+        if table[i] != digest:
+            return
         # Move back each later entry of the run that the hole would hide from its own slot.
         j = i
         while (held := table[j := (j + 1) & mask]) != _EMPTY:

@@ -59,17 +59,3 @@ class CorkedWriter:
             yield
         finally:
             self._cork.flush()
-
-
-def corked(connection: Any) -> Any:
-    """A context manager that corks ``connection``'s frames (a no-op for a writer of
-    py-amqp's own)."""
-    writer = connection.frame_writer
-    if isinstance(writer, CorkedWriter):
-        return writer.corked()
-    return _uncorked()
-
-
-@contextmanager
-def _uncorked() -> Iterator[None]:
-    yield

@@ -49,7 +49,7 @@ import amqp.exceptions
 from amqp import spec
 
 from redrive.broker.base import BatchResult
-from redrive.broker.rabbitmq.frames import CorkedWriter, corked
+from redrive.broker.rabbitmq.frames import CorkedWriter
 from redrive.broker.rabbitmq.held import HeldTags
 from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
@@ -410,9 +410,7 @@ class Lane:
         first = self._unacked.lowest_run([delivery for _, delivery in held])
         if first > 1:
             channel.basic_ack(held[first - 1][1], multiple=True)
-        else:
-            first = 0
-        for _, delivery in held[first:]:
+        for _, delivery in held[first if first > 1 else 0 :]:
             channel.basic_ack(delivery)
         for entry_id, delivery in held:
             self._unacked.remove(delivery)
@@ -434,7 +432,8 @@ class Lane:
             try:
                 channel = self.work()
                 self._confirms = confirms
-                with corked(channel.connection):
+                # Every lane's connection is made with a CorkedWriter (_connect).
+                with channel.connection.frame_writer.corked():
                     self._publish_all(channel, queue, messages, confirms, published)
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
