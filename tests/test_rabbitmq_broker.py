@@ -620,3 +620,32 @@ def test_a_batch_of_publishes_is_one_write_and_the_same_messages(
     got = broker.receive("corked", hold=60, max_messages=50)
     assert len(writes) > 1  # the receive's qos and consume went out uncorked
     assert [unpacked(d.body, {})[0] for d in got] == [f'{{"n": {i}}}'.encode() for i in range(50)]
+
+
+def test_publishes_before_one_that_fails_to_frame_are_on_the_wire_all_the_same(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cork writes what the batch framed even when a later publish fails to frame (py-amqp
+    raises a connection error, and the lane drops its connection): the earlier messages go on
+    the wire as they would uncorked, and the whole batch is in doubt (the broker may or may
+    not have queued them before the connection went), never refused: the ledger never
+    resends them blindly."""
+    declare(channel, "half")
+    broker.lane.work()
+    connection = broker.lane._connection
+    assert connection is not None
+    written: list[bytes] = []
+    real_write = connection.transport.write
+
+    def recorded(data: Any) -> None:
+        written.append(bytes(data))
+        real_write(data)
+
+    monkeypatch.setattr(connection.transport, "write", recorded)
+    good = [(str(i), f'{{"n": {i}}}'.encode(), {"delivery_mode": 2}) for i in range(3)]
+    bad = ("3", b"{}", {"application_headers": {"x": object()}})  # py-amqp cannot frame it
+    refused, unconfirmed = broker.lane.publish("half", [*good, bad])
+    assert refused == {} and unconfirmed == {"0", "1", "2", "3"}
+    (flushed,) = written  # one write, after the failure
+    assert all(body in flushed for _, body, _ in good)
+    assert broker.lane._connection is None  # dropped: its next call connects again
