@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import compileall
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -511,6 +512,17 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
             time.sleep(0.1)
     process.kill()
     raise RuntimeError("moto server did not start within 120 s")
+
+
+def load_fast_sqs() -> Any:
+    """bench/fast_sqs.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "fast_sqs", FIXTURES.parent.parent / "bench" / "fast_sqs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import boto3
 import pytest
+from conftest import load_fast_sqs
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -88,14 +88,6 @@ def test_bench_inspect_with_result_backends_reads_their_records() -> None:
     }
     assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
     assert "redrive+redis / redrive = " in out and "redrive+sqlite / redrive = " in out
-
-
-def load_fast_sqs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_fast_sqs_latency_delays_every_answer() -> None:
