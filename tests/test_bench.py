@@ -187,7 +187,7 @@ def test_bench_rabbitmq_move_runs_every_candidate_and_checks_each(rabbitmq_vhost
         *("--amqp-url", rabbitmq_vhost.amqp_url, "--api-url", rabbitmq_vhost.api_url),
     )
     moves = [line.split()[1] for line in out.splitlines() if line.startswith("move ")]
-    assert moves == ["redrive", "redrive-w16", "one-at-a-time", "pipelined", "shovel"]
+    assert moves == ["redrive", "redrive-w16", "redrive-p2", "one-at-a-time", "pipelined", "shovel"]
     assert "/ one-at-a-time:" in out and "/ pipelined:" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("inspect")] == [
         "50",
