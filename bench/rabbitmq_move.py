@@ -10,7 +10,8 @@ runs one candidate; candidates take turns in rotating order, so a busy core slow
 alike. Candidates:
 
 - ``redrive``: ``redrive move checkout --execute --yes`` as a subprocess (default workers);
-  ``redrive-w16`` the same with ``--workers 16``;
+  ``redrive-w16`` the same with ``--workers 16``; ``redrive-p2`` with ``--processes 2`` (a
+  core each, where one process's py-amqp is CPU-bound);
 - ``one-at-a-time``: basic_get, publish (mandatory) and wait for its confirm, ack;
 - ``pipelined``: basic_get up to ``--window`` messages, publish them all, wait for the
   confirms, then one multiple ack;
@@ -196,6 +197,7 @@ class Bench:
         ways: dict[str, Callable[[], None]] = {"redrive": self.redrive_move}
         if w16:
             ways["redrive-w16"] = lambda: self.redrive_move("--workers", "16")
+        ways["redrive-p2"] = lambda: self.redrive_move("--processes", "2")
         ways |= {
             "one-at-a-time": self.one_at_a_time,
             "pipelined": self.pipelined,

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import compileall
 import functools
+import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +38,7 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, settings
 from localstack_server import LocalStackServer, start_localstack
 from moto import mock_aws
+from rabbitmq_shared import attach, stop_shared
 
 from redrive.aws.session import shared_loader
 from redrive.cli import cli as redrive_group
@@ -42,6 +46,8 @@ from redrive.operations.observer import RunObserver
 from redrive.sandbox.rabbitmq_node import RABBITMQ_SERVER, RabbitMQNode, Vhost, server_installed
 
 FIXTURES = Path(__file__).parent / "fixtures"
+#: The workerinput key naming the folder of the run's shared RabbitMQ node.
+SHARED_RABBITMQ = "redrive_shared_rabbitmq"
 
 
 def _shared_data_loader(self: botocore.session.Session) -> None:
@@ -104,6 +110,63 @@ def pytest_configure(config: pytest.Config) -> None:
     root = Path(__file__).parent.parent
     for folder in ("redrive", "tests", "bench"):
         compileall.compile_dir(root / folder, quiet=1, workers=1)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_SharedNodeOfTheRun(), "redrive-shared-rabbitmq")
+        if (config.getoption("numprocesses", None) or 0) and not config.getoption("collectonly"):
+            rewrite_tests_ahead(root / "tests")
+
+
+def rewrite_tests_ahead(tests: Path) -> None:
+    """Have pytest's rewritten test modules cached before the xdist workers collect. pytest
+    rewrites each test module's asserts on import and caches the result in ``__pycache__``
+    only where bytecode may be written, which PYTHONDONTWRITEBYTECODE forbids here: each of
+    ``make suite``'s four workers rewrote all of them again, ~10 s of CPU a worker (of its
+    ~14.5 s collection). So two collect-only runs, each over half the modules and allowed to
+    write, cache them first (both cores at once) and the workers read what they wrote; an
+    edited module is rewritten afresh (the cache is checked against its source)."""
+    tag = f"{sys.implementation.cache_tag}-pytest-{pytest.__version__}"
+    modules = sorted(tests.glob("test_*.py"))
+    stale = [m for m in [tests / "conftest.py", *modules] if not _rewrite_cached(m, tag)]
+    if not stale:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    runs = [
+        subprocess.Popen(
+            [*cmd, *map(str, half)],
+            cwd=tests.parent,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for half in (modules[0::2], modules[1::2])
+    ]
+    for run in runs:
+        # Any failure here is the workers' to report, as they collect again.
+        run.wait()
+
+
+def _rewrite_cached(module: Path, tag: str) -> bool:
+    cached = module.parent / "__pycache__" / f"{module.stem}.{tag}.pyc"
+    return cached.exists() and cached.stat().st_mtime >= module.stat().st_mtime
+
+
+class _SharedNodeOfTheRun:
+    """The controller's part in one RabbitMQ node for every xdist worker
+    (tests/rabbitmq_shared.py): it names the folder the workers share, and stops the node
+    once they are all done. Registered only under xdist (its hook is xdist's)."""
+
+    def __init__(self) -> None:
+        self.shared = Path(tempfile.mkdtemp(prefix="redrive-tests-rabbitmq-"))
+
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput[SHARED_RABBITMQ] = str(self.shared)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if not stop_shared(self.shared):
+            # Too late to fail a test: the run's summary is printed; say it where it shows.
+            sys.stderr.write("the shared RabbitMQ node had exited before the run's end\n")
+        shutil.rmtree(self.shared, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -451,6 +514,17 @@ def start_moto_server(log: Path, *, serial: bool = False) -> MotoServer:
     raise RuntimeError("moto server did not start within 120 s")
 
 
+def load_fast_sqs() -> Any:
+    """bench/fast_sqs.py as a module (bench/ is scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "fast_sqs", FIXTURES.parent.parent / "bench" / "fast_sqs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     server = start_moto_server(tmp_path_factory.mktemp("moto") / "server.log")
@@ -482,14 +556,24 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitMQNode]:
+def rabbitmq_node(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[RabbitMQNode]:
     """A private RabbitMQ node on free loopback ports (redrive/sandbox/rabbitmq_node.py), one
-    per session: under xdist one per worker, started when a test first asks for it, stopped
-    by PID at the session's end. Tests share it: each takes a vhost of its own
-    (``rabbitmq_vhost``). Skips when Debian's rabbitmq-server is not installed (``make
-    test`` installs it when it runs as root with apt-get)."""
+    per run: under xdist every worker attaches to one node (tests/rabbitmq_shared.py), which
+    the first to ask starts and the controller stops by PID at the run's end; without xdist
+    this process starts it when a test first asks and stops it at the session's end. Tests
+    share it: each takes a vhost of its own (``rabbitmq_vhost``), and none changes a
+    node-wide setting. Skips when Debian's rabbitmq-server is not installed (``make test``
+    installs it when it runs as root with apt-get)."""
     if not server_installed():
         pytest.skip(f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server")
+    workerinput = getattr(request.config, "workerinput", {})
+    if SHARED_RABBITMQ in workerinput:
+        shared = attach(Path(workerinput[SHARED_RABBITMQ]))
+        yield shared
+        assert shared.alive(), f"RabbitMQ exited during the run: {shared.log_tail()}"
+        return
     node = RabbitMQNode(tmp_path_factory.mktemp("rabbitmq")).start()
     yield node
     assert node.process is not None

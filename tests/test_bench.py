@@ -12,11 +12,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import boto3
 import pytest
+from conftest import load_fast_sqs
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
@@ -88,14 +88,6 @@ def test_bench_inspect_with_result_backends_reads_their_records() -> None:
     }
     assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
     assert "redrive+redis / redrive = " in out and "redrive+sqlite / redrive = " in out
-
-
-def load_fast_sqs() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_fast_sqs_latency_delays_every_answer() -> None:
@@ -195,7 +187,7 @@ def test_bench_rabbitmq_move_runs_every_candidate_and_checks_each(rabbitmq_vhost
         *("--amqp-url", rabbitmq_vhost.amqp_url, "--api-url", rabbitmq_vhost.api_url),
     )
     moves = [line.split()[1] for line in out.splitlines() if line.startswith("move ")]
-    assert moves == ["redrive", "redrive-w16", "one-at-a-time", "pipelined", "shovel"]
+    assert moves == ["redrive", "redrive-w16", "redrive-p2", "one-at-a-time", "pipelined", "shovel"]
     assert "/ one-at-a-time:" in out and "/ pipelined:" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("inspect")] == [
         "50",

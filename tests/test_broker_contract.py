@@ -4,7 +4,8 @@ Written once, as the ledger's contract is (tests/test_ledger_contract.py): each 
 a ``broker`` and a fresh ``queue`` (its address) and says what the engine counts on. Backends:
 SQS on moto (in-process), SQS on a real LocalStack on loopback, and SQS's lean call path
 (redrive/broker/sqs/lean.py, issue 25) on a moto server (its own HTTP) and on in-process moto
-(which answers it through botocore's before-send event, as it answers botocore), and
+(which answers it through botocore's before-send event, as it answers botocore), on
+LocalStack and, both clients, on bench/fast_sqs.py (the benchmarks' server), and
 RabbitMQ on a private node (a fresh vhost per test; its bodies are kombu's envelopes of AMQP
 messages, redrive/broker/rabbitmq/envelope.py). A broker added later joins ``BACKENDS``.
 """
@@ -16,15 +17,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import MotoServer, wait_until
-from localstack_server import LocalStackServer, reset_sqs
+from conftest import MotoServer, load_fast_sqs, wait_until
+from localstack_server import REGION, LocalStackServer, reset_sqs
 from moto import mock_aws
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import open_broker
 from redrive.broker.base import Broker, Delivery, SendEntry, split_batches
 from redrive.broker.rabbitmq.envelope import envelope_of
-from redrive.broker.sqs import SqsBroker
+from redrive.broker.sqs import SqsBroker, open_sqs
 from redrive.broker.sqs.lean import LeanTransport, lean_calls
 from redrive.sandbox.rabbitmq_layout import open_connection, raw_channel
 from redrive.sandbox.rabbitmq_node import Vhost
@@ -35,6 +36,9 @@ BACKENDS = [
     pytest.param("sqs-localstack", marks=pytest.mark.e2e),
     pytest.param("sqs-lean-moto", marks=pytest.mark.e2e),
     "sqs-lean-moto-inprocess",
+    pytest.param("sqs-lean-localstack", marks=pytest.mark.e2e),
+    "sqs-fast",
+    "sqs-lean-fast",
     pytest.param("rabbitmq", marks=pytest.mark.e2e),
 ]
 #: What travels beside the body on every backend: one of redrive's own marks (on RabbitMQ the
@@ -87,10 +91,28 @@ def backend(
             admin,
             (lambda: admin),
         )
+    elif request.param in ("sqs-fast", "sqs-lean-fast"):
+        settings = AwsSettings(endpoint_url=request.getfixturevalue("fast_sqs"), region=REGION)
+        opened = lean_calls(settings) if request.param == "sqs-lean-fast" else open_sqs(settings)
+        yield opened, settings.client("sqs"), lambda: settings.client("sqs")
     else:
         server: LocalStackServer = request.getfixturevalue("localstack_endpoint")
         reset_sqs(server)
-        yield SqsBroker(server.client()), server.client(), server.client
+        if request.param == "sqs-lean-localstack":
+            settings = AwsSettings(endpoint_url=server.endpoint_url, region=REGION)
+            yield lean_calls(settings), server.client(), server.client
+        else:
+            yield SqsBroker(server.client()), server.client(), server.client
+
+
+@pytest.fixture(scope="module")
+def fast_sqs() -> Iterator[str]:
+    """bench/fast_sqs.py in this process (a thread): the server the benchmarks measure the
+    clients against, so the contract holds where they are measured too."""
+    server = load_fast_sqs().start()
+    yield str(server.endpoint_url)
+    server.shutdown()
+    server.server_close()
 
 
 @pytest.fixture
@@ -167,8 +189,11 @@ def test_a_refused_entry_is_refused_alone(
     request: pytest.FixtureRequest, broker: Broker, queue: str
 ) -> None:
     # A character SQS does not allow in a body: refused per entry, the others sent.
-    if "moto" in request.node.name:
-        pytest.skip("moto does not check a body's characters: LocalStack's run covers it")
+    if "moto" in request.node.name or "fast" in request.node.name:
+        pytest.skip(
+            "moto and bench/fast_sqs.py do not check a body's characters: LocalStack's runs "
+            "(both clients) cover it"
+        )
     bad = SendEntry(id="1", body="bad \x00 body", message_attributes={})
     ok = entries(1, broker=broker)[0]
     try:

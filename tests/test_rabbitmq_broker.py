@@ -11,6 +11,7 @@ import urllib.parse
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import amqp
@@ -46,6 +47,7 @@ from redrive.sandbox.rabbitmq_node import (
     RabbitMQNode,
     Vhost,
     management_request,
+    server_installed,
 )
 
 pytestmark = pytest.mark.e2e
@@ -541,38 +543,46 @@ def test_a_nack_plan_gives_back_below_the_lowest_held_tag_in_one_frame() -> None
 # -- a hold past consumer_timeout, on the node itself (issue 24) -------------------------------
 
 
-def set_consumer_timeout(node: RabbitMQNode, value: str) -> str:
+def set_consumer_timeout(node: RabbitMQNode, value: str) -> None:
     """Set the node's consumer_timeout (ms, or ``undefined``) for channels opened from now
-    on; the value it had. RabbitMQ 3.10 reads it when a channel opens and has no per-queue
-    setting (3.12's x-consumer-timeout), so the session's node takes it for this test only."""
+    on. RabbitMQ 3.10 reads it when a channel opens and has no per-queue setting (3.12's
+    x-consumer-timeout): a node-wide setting, so the test takes a node of its own (the run's
+    shared node serves every worker's tests at once)."""
     ctl = RABBITMQ_SERVER.with_name("rabbitmqctl")
-    script = (
-        "Old = application:get_env(rabbit, consumer_timeout, undefined), "
-        f"application:set_env(rabbit, consumer_timeout, {value}), Old."
-    )
+    script = f"application:set_env(rabbit, consumer_timeout, {value})."
     done = subprocess.run(
         [str(ctl), "eval", script], env=node.env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-1000:]
-    return done.stdout.strip()
 
 
 @pytest.fixture
-def short_consumer_timeout(rabbitmq_node: RabbitMQNode) -> Iterator[None]:
-    old = set_consumer_timeout(rabbitmq_node, "1000")
+def short_timeout_vhost(tmp_path: Path) -> Iterator[Vhost]:
+    """A vhost on a node of this test's own whose consumer_timeout is 1 s."""
+    if not server_installed():
+        pytest.skip(f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server")
+    with RabbitMQNode(tmp_path / "rabbitmq").start() as node:
+        set_consumer_timeout(node, "1000")
+        yield node.create_vhost("timed")
+
+
+@pytest.fixture
+def timed_channel(short_timeout_vhost: Vhost) -> Iterator[amqp.Channel]:
+    connection = open_connection(short_timeout_vhost.amqp_url)
     try:
-        yield
+        yield raw_channel(connection)
     finally:
-        set_consumer_timeout(rabbitmq_node, old)
+        connection.close()
 
 
 def test_a_hold_past_the_nodes_consumer_timeout_is_one_error_and_every_copy_comes_back(
-    rabbitmq_vhost: Vhost, channel: amqp.Channel, short_consumer_timeout: None
+    short_timeout_vhost: Vhost, timed_channel: amqp.Channel
 ) -> None:
     """The broker closes the channel holding a delivery past consumer_timeout (3.10 checks
     on its channel tick, about once a minute): the next call on it raises HoldsTimedOut (one
     line, exit 1), never a bare AMQP error, and every copy the lane held is back in its
     queue, in order. The lane is connected again on its next call."""
+    rabbitmq_vhost, channel = short_timeout_vhost, timed_channel
     declare(channel, "timed")
     for i in range(20):
         publish(channel, "timed", amqp.Message(f'{{"n": {i}}}'.encode()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import urllib.parse
 from pathlib import Path
 
 import amqp
@@ -74,7 +75,7 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_the_node_answers_its_api_and_listens_on_loopback_only(
-    rabbitmq_node: RabbitMQNode,
+    rabbitmq_node: RabbitMQNode, rabbitmq_vhost: Vhost
 ) -> None:
     overview = management_request(rabbitmq_node.api_url, "GET", "/api/overview")
     assert overview["node"] == rabbitmq_node.node_name
@@ -83,7 +84,9 @@ def test_the_node_answers_its_api_and_listens_on_loopback_only(
         assert listening_addresses(port) == {"127.0.0.1"}, port
     assert listening_addresses(ports.epmd) <= {"127.0.0.1", "::1"}
     # The shovel plugins are on: their part of the API answers.
-    assert management_request(rabbitmq_node.api_url, "GET", "/api/shovels") == []
+    # (In this test's own vhost: the node serves every worker's tests at once.)
+    shovels = f"/api/shovels/{urllib.parse.quote(rabbitmq_vhost.vhost, safe='')}"
+    assert management_request(rabbitmq_node.api_url, "GET", shovels) == []
     assert rabbitmq_node.amqp_url == f"amqp://guest:guest@127.0.0.1:{ports.amqp}//"
 
 

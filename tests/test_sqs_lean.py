@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
-import importlib.util
 import socket
 import threading
 import uuid
@@ -30,7 +29,7 @@ import botocore.exceptions
 import botocore.session
 import pytest
 from botocore.config import Config
-from conftest import free_port
+from conftest import free_port, load_fast_sqs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from localstack_server import LocalStackServer
@@ -60,17 +59,9 @@ _PER_CALL = frozenset({"ReceiptHandle", "MessageId", "SequenceNumber"})
 _PER_RECEIVE = frozenset({"ApproximateReceiveCount", "ApproximateFirstReceiveTimestamp"})
 
 
-def _load_fast_sqs() -> Any:
-    spec = importlib.util.spec_from_file_location("fast_sqs", BENCH / "fast_sqs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def fast_endpoint() -> Iterator[str]:
-    server = _load_fast_sqs().start()
+    server = load_fast_sqs().start()
     yield str(server.endpoint_url)
     server.shutdown()
     server.server_close()
@@ -1024,7 +1015,7 @@ def _self_signed(directory: Path) -> tuple[Path, Path]:
 def _fast_sqs_over_tls(cert: Path, key: Path) -> Iterator[str]:
     import ssl
 
-    server = _load_fast_sqs().FastSqsServer("127.0.0.1", 0)
+    server = load_fast_sqs().FastSqsServer("127.0.0.1", 0)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)

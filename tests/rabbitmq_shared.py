@@ -1,0 +1,131 @@
+"""One RabbitMQ node for a whole xdist run (tests/conftest.py's ``rabbitmq_node``).
+
+A node costs ~10 s of CPU to start and a little to keep; one per xdist worker was four per
+``make suite`` on two cores. Tests never see each other on it (each takes a vhost of its
+own), so the workers share one: the first worker to ask starts it under the run's shared
+folder while the others wait on a file lock, and writes where it is (``node.json``); every
+worker then attaches to it. No worker stops it (another may still be using it): the
+controller does, by process group, once every worker is done (:func:`stop_shared`).
+
+Node-wide settings are off limits on the shared node: a test that changes one (the
+consumer_timeout test) starts a node of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from redrive.errors import RabbitMQNodeError
+from redrive.sandbox.rabbitmq_node import RABBITMQ_SERVER, STOP_TIMEOUT, NodePorts, RabbitMQNode
+
+INFO = "node.json"
+FAILED = "failed.txt"
+
+#: The node this process started, kept so that its Popen outlives the fixture (the
+#: controller stops the node; a collected Popen of a live process would warn).
+_STARTED: list[RabbitMQNode] = []
+
+
+class SharedNode(RabbitMQNode):
+    """A node another process may have started: its addresses, vhosts and environment, and
+    no life of its own (``start`` and ``stop`` are not this process's to call)."""
+
+    def __init__(self, base: Path, ports: NodePorts, node_name: str, groups: list[int]) -> None:
+        self.base = base
+        self.server = RABBITMQ_SERVER
+        self.ports = ports
+        self.node_name = node_name
+        self.process = None
+        self.epmd = None
+        self.groups = groups
+        """The process groups of the node and of its epmd (each led by its first PID)."""
+
+    def start(self, *, timeout: float = 0.0) -> RabbitMQNode:
+        raise RabbitMQNodeError("a shared node is started by attach(), once per run")
+
+    def stop(self, *, timeout: float = 0.0) -> None:
+        """Nothing: the controller stops the shared node at the run's end."""
+
+    def alive(self) -> bool:
+        return all(live_members(group) for group in self.groups)
+
+
+def attach(shared: Path) -> SharedNode:
+    """The run's node under ``shared``, started by whichever worker asks first."""
+    shared.mkdir(parents=True, exist_ok=True)
+    with (shared / "lock").open("w") as lock:
+        # Held by the first worker for the ~15 s its node takes to answer.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (shared / FAILED).exists():
+            raise RabbitMQNodeError((shared / FAILED).read_text())
+        if not (shared / INFO).exists():
+            _start(shared)
+        return _read(shared)
+
+
+def _start(shared: Path) -> None:
+    node = RabbitMQNode(shared / "node")
+    try:
+        node.start()
+    except RabbitMQNodeError as exc:
+        (shared / FAILED).write_text(str(exc))
+        raise
+    _STARTED.append(node)
+    assert node.process is not None and node.epmd is not None
+    info = {
+        "node_name": node.node_name,
+        "ports": [node.ports.amqp, node.ports.management, node.ports.dist, node.ports.epmd],
+        "groups": [node.process.pid, node.epmd.pid],
+    }
+    (shared / INFO).write_text(json.dumps(info))
+
+
+def _read(shared: Path) -> SharedNode:
+    info = json.loads((shared / INFO).read_text())
+    amqp, management, dist, epmd = info["ports"]
+    ports = NodePorts(amqp=amqp, management=management, dist=dist, epmd=epmd)
+    return SharedNode(shared / "node", ports, info["node_name"], list(info["groups"]))
+
+
+def stop_shared(shared: Path, timeout: float = STOP_TIMEOUT) -> bool:
+    """Stop the run's node, if one was started: SIGTERM to each of its process groups, then
+    SIGKILL to what is left after ``timeout``. False if it was already gone (it died
+    during the run)."""
+    if not (shared / INFO).exists():
+        return True
+    groups = list(json.loads((shared / INFO).read_text())["groups"])
+    was_alive = all(live_members(group) for group in groups)
+    for group in groups:
+        _signal(group, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while live_members(group) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal(group, signal.SIGKILL)
+    return was_alive
+
+
+def live_members(group: int) -> list[int]:
+    """PIDs in a process group that are running (a zombie, whose parent has not reaped it
+    yet, is not: the worker that started the node may still be alive)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _signal(group: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signum)
