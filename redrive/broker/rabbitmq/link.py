@@ -49,7 +49,7 @@ import amqp.exceptions
 from amqp import spec
 
 from redrive.broker.base import BatchResult
-from redrive.broker.rabbitmq.frames import CorkedWriter
+from redrive.broker.rabbitmq.frames import Connection, Outgoing, publisher
 from redrive.broker.rabbitmq.held import HeldTags
 from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
@@ -178,14 +178,13 @@ class Lane:
         if self._connection is not None:
             return self._connection
         a = self.address
-        connection = amqp.Connection(
+        connection = Connection(
             f"{a.host}:{a.port}",
             userid=a.user,
             password=a.password,
             virtual_host=a.vhost,
             connect_timeout=CONNECT_TIMEOUT,
             ssl=ssl.create_default_context() if a.tls else False,
-            frame_writer=CorkedWriter,
         )
         try:
             connection.connect()
@@ -432,7 +431,7 @@ class Lane:
             try:
                 channel = self.work()
                 self._confirms = confirms
-                # Every lane's connection is made with a CorkedWriter (_connect).
+                # Every lane's connection writes through a CorkedWriter (frames.Connection).
                 with channel.connection.frame_writer.corked():
                     self._publish_all(channel, queue, messages, confirms, published)
                 self._wait_for_confirms(confirms)
@@ -463,15 +462,16 @@ class Lane:
         published: list[_Publish],
     ) -> None:
         """Publish each message, recorded for its confirm before it goes."""
+        send = publisher(channel, queue)
         for entry_id, body, properties in messages:
             publish = _Publish(entry_id, (queue, body))
-            message = amqp.Message(body, **properties)
+            message = Outgoing(body, **properties)
             self._seq += 1
             confirms.by_seq[self._seq] = publish
             confirms.by_content.setdefault(publish.content, []).append(publish)
             confirms.pending += 1
             published.append(publish)
-            channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
+            send(message)
 
     def _wait_for_confirms(self, confirms: _Confirms) -> None:
         assert self._connection is not None
