@@ -40,6 +40,7 @@ PROPERTIES: Final = (
 )
 _FLAGS: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
+_LONG_STRING: Final = struct.Struct(">cI")
 _I32: Final = struct.Struct(">i")
 _I64: Final = struct.Struct(">q")
 _U64: Final = struct.Struct(">Q")
@@ -91,17 +92,30 @@ def _short_string(out: bytearray, value: Any) -> None:
     out += data
 
 
+#: Table keys as written (their length octet and bytes): a Celery message's ~25 header
+#: names are the same in every message. Bounded: keys past it are written each time.
+_KEYS: Final[dict[str, bytes]] = {}
+_KEYS_MAX: Final = 4096
+
+
+def _key(key: Any) -> bytes:
+    data = key.encode("utf-8", "surrogatepass") if type(key) is str else key
+    if type(data) is not bytes or len(data) > 255:
+        raise Unusual("a table key")
+    written = bytes([len(data)]) + data
+    if type(key) is str and len(_KEYS) < _KEYS_MAX:
+        _KEYS[key] = written
+    return written
+
+
 def _table(out: bytearray, table: Any) -> None:
     if type(table) is not dict:
         raise Unusual(type(table).__name__)
     start = len(out)
     out += b"\x00\x00\x00\x00"
+    keys = _KEYS
     for key, value in table.items():
-        data = key.encode("utf-8", "surrogatepass") if type(key) is str else key
-        if type(data) is not bytes or len(data) > 255:
-            raise Unusual("a table key")
-        out.append(len(data))
-        out += data
+        out += keys.get(key) or _key(key)
         _item(out, value)
     _U32.pack_into(out, start, len(out) - start - 4)
 
@@ -120,8 +134,7 @@ def _item(out: bytearray, value: Any) -> None:
     kind = type(value)
     if kind is str or kind is bytes:
         data = value.encode("utf-8", "surrogatepass") if kind is str else value
-        out += b"S"
-        out += _U32.pack(len(data))
+        out += _LONG_STRING.pack(b"S", len(data))
         out += data
     elif kind is bool:
         out += b"t\x01" if value else b"t\x00"
@@ -232,6 +245,10 @@ def deserialized(buf: bytes, offset: int) -> tuple[dict[str, Any], int]:
     return properties, offset
 
 
+#: Table keys as read (see _KEYS).
+_NAMES: Final[dict[bytes, str]] = {}
+
+
 def _text(data: bytes) -> str | bytes:
     try:
         return data.decode("utf-8", "surrogatepass")
@@ -246,9 +263,15 @@ def _read_table(buf: bytes, offset: int) -> tuple[dict[Any, Any], int]:
     if limit > len(buf):
         raise Unusual("a table longer than its frame")
     table: dict[Any, Any] = {}
+    names = _NAMES
     while offset < limit:
         end = offset + 1 + buf[offset]
-        key = _text(buf[offset + 1 : end])
+        raw = buf[offset + 1 : end]
+        key: str | bytes | None = names.get(raw)
+        if key is None:
+            key = _text(raw)
+            if isinstance(key, str) and len(names) < _KEYS_MAX:
+                names[raw] = key
         table[key], offset = _read_item(buf, end)
     return table, offset
 
@@ -262,7 +285,11 @@ def _read_item(buf: bytes, offset: int) -> tuple[Any, int]:
         end = offset + 4 + size
         if end > len(buf):
             raise Unusual("a string longer than its frame")
-        return _text(buf[offset + 4 : end]), end
+        data = buf[offset + 4 : end]
+        try:
+            return data.decode("utf-8", "surrogatepass"), end
+        except UnicodeDecodeError:
+            return data, end
     if kind == 73:  # I: long int
         return _I32.unpack_from(buf, offset)[0], offset + 4
     if kind == 70:  # F: table
