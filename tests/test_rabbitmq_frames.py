@@ -7,15 +7,30 @@ tests/test_rabbitmq_broker.py's."""
 from __future__ import annotations
 
 import errno
+import ipaddress
+import socket
+import ssl
 import struct
+import threading
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
-from redrive.broker.rabbitmq.frames import READ_CHUNK, FrameReader
+from redrive.broker.rabbitmq.frames import (
+    READ_CHUNK,
+    BufferedSSLTransport,
+    Connection,
+    FrameReader,
+)
 
 
 def frame(frame_type: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
@@ -130,3 +145,72 @@ def test_a_closed_connection_and_a_bad_frame_end_are_py_amqps_errors() -> None:
     reader = FrameReader(sock.recv, raise_on_initial_eintr=True)
     with pytest.raises(UnexpectedFrame, match="0x00"):
         reader.read()
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, in ``folder``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(days=1))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+def test_over_tls_the_frames_are_read_buffered_and_the_same(tmp_path: Path) -> None:
+    """amqps:// (BufferedSSLTransport): a real TLS socket on loopback whose peer sends the
+    frames in awkward pieces (each its own TLS record), then the rest at once."""
+    cert, key = self_signed(tmp_path)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    heard: list[bytes] = []
+
+    def serve() -> None:
+        raw, _ = listener.accept()
+        with server.wrap_socket(raw, server_side=True) as peer:
+            heard.append(peer.recv(8))  # the AMQP protocol header
+            for start, end in [(0, 3), (3, 9), (9, 300), (300, 301)]:
+                peer.sendall(WIRE[start:end])
+            peer.sendall(WIRE[301:])
+            peer.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    transport = Connection("127.0.0.1").Transport(
+        f"127.0.0.1:{port}", 10, ssl={"ca_certs": str(cert), "server_hostname": "127.0.0.1"}
+    )
+    assert isinstance(transport, BufferedSSLTransport)
+    try:
+        transport.connect()
+        with transport.having_timeout(10):
+            got = read_all(transport.read_frame, len(FRAMES))
+        assert got == FRAMES
+        assert heard == [b"AMQP\x00\x00\x09\x01"]
+    finally:
+        transport.close()
+        thread.join(10)
+        listener.close()
