@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redrive.broker.rabbitmq.frames import Incoming, Outgoing
-from redrive.broker.rabbitmq.properties import Unusual, deserialized, serialized
+from redrive.broker.rabbitmq.properties import Received, Unusual, deserialized, serialized
 from redrive.sandbox.rabbitmq_layout import celery_message
 
 
@@ -225,3 +225,65 @@ def test_a_malformed_header_is_read_or_refused_by_py_amqp(data: bytes) -> None:
     message = Incoming()
     message.inbound_header(header + data)
     assert repr(message.properties) == repr(expected)
+
+
+# -- a resend: the unchanged headers copied from the frame they came in --------------------
+
+
+def received_as(properties: dict[str, Any]) -> tuple[dict[str, Any], Received, bytes]:
+    """(the properties read, their Received, the header frame's property bytes)."""
+    data = py_amqps(properties)
+    starts: list[int] = []
+    read, _ = deserialized(data, 0, starts)
+    return read, Received(read["application_headers"], data, starts), data
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(st.text(max_size=12), VALUES, min_size=1, max_size=8),
+    st.sets(st.integers(0, 7)),
+    st.dictionaries(st.text(max_size=12), st.text(max_size=12), max_size=3),
+)
+def test_a_resend_writes_the_headers_it_is_given_whatever_was_dropped_changed_or_added(
+    headers: dict[str, Any], dropped: set[int], added: dict[str, str]
+) -> None:
+    read, received, _ = received_as({"application_headers": headers, "delivery_mode": 2})
+    old = read["application_headers"]
+    sending = {k: v for i, (k, v) in enumerate(old.items()) if i not in dropped}
+    sending.update(added)  # new keys at the end; an old key given a new value
+    properties = {"delivery_mode": 2, "application_headers": sending}
+    got = deserialized(serialized(properties, received), 0)[0]
+    assert got.keys() == properties.keys()
+    assert repr(got["application_headers"]) == repr(sending)  # the same types too
+
+
+def test_an_unchanged_resend_is_the_received_bytes_type_letters_and_all() -> None:
+    """RabbitMQ's x-death count comes as ``l`` (py-amqp would write ``I``): copied as it
+    came; the headers dropped (a quorum queue's x-delivery-count) are left out, a mark
+    added is encoded."""
+    death = {"count": (b"l", struct.pack(">q", 3)), "reason": (b"S", b"\x00\x00\x00\x08rejected")}
+    x_death = b"".join(bytes([len(k)]) + k.encode() + t + v for k, (t, v) in death.items())
+    frame = table(
+        (b"id", b"S" + struct.pack(">I", 3) + b"t-1"),
+        (b"x-delivery-count", b"l" + struct.pack(">q", 1)),
+        (
+            b"x-death",
+            b"A"
+            + struct.pack(">I", 5 + len(x_death))
+            + b"F"
+            + struct.pack(">I", len(x_death))
+            + x_death,
+        ),
+    )
+    starts: list[int] = []
+    read, _ = deserialized(frame, 0, starts)
+    headers = read["application_headers"]
+    assert headers["x-death"] == [{"count": 3, "reason": "rejected"}]
+    received = Received(headers, frame, starts)
+    assert serialized(read, received) == frame  # as received, byte for byte
+    sending = {k: v for k, v in headers.items() if k != "x-delivery-count"}
+    sending["redrive-key"] = "k"
+    written = serialized({"application_headers": sending}, received)
+    assert deserialized(written, 0)[0] == {"application_headers": sending}
+    assert b"l" + struct.pack(">q", 3) in written  # the count's letter kept
+    assert b"x-delivery-count" not in written

@@ -35,7 +35,7 @@ from amqp.method_framing import frame_writer
 from amqp.serialization import dumps
 from amqp.transport import SSLTransport, TCPTransport, _AbstractTransport
 
-from redrive.broker.rabbitmq.properties import deserialized, serialized
+from redrive.broker.rabbitmq.properties import Received, deserialized, serialized
 
 #: How much one ``recv`` asks for: a batch of 100 small deliveries is ~50 KiB.
 READ_CHUNK: Final = 256 * 1024
@@ -96,11 +96,14 @@ class Outgoing(amqp.Message):  # type: ignore[misc]
     """``amqp.Message`` whose header frame's properties are written by
     :func:`redrive.broker.rabbitmq.properties.serialized` (py-amqp's bytes, cheaper)."""
 
-    __slots__ = ()
+    def __init__(self, body: bytes, received: Received | None = None, **properties: Any) -> None:
+        super().__init__(body, **properties)
+        self.received = received
+        """The headers this message's were received as, if it is sent as received."""
 
     def _serialize_properties(self) -> bytes:
         try:
-            return serialized(self.properties)
+            return serialized(self.properties, self.received)
         except Exception:
             # A value py-amqp's own encoder writes in its own way, or refuses as it does.
             data: bytes = super()._serialize_properties()
@@ -137,7 +140,11 @@ class Incoming(amqp.Message):  # type: ignore[misc]
     def _load_properties(self, class_id: int, buf: bytes, offset: int) -> int:
         if class_id == spec.Basic.CLASS_ID:
             try:
-                self.properties, offset = deserialized(buf, offset)
+                starts: list[int] = []
+                self.properties, offset = deserialized(buf, offset, starts)
+                headers = self.properties.get("application_headers")
+                # Where each header is in the frame: a resend copies the unchanged ones.
+                self.received = Received(headers, buf, starts) if headers else None
                 return offset
             except Exception:
                 pass  # malformed or unusual: py-amqp reads it (or raises) as it does

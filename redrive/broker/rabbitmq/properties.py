@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import calendar
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
@@ -53,8 +54,10 @@ class Unusual(Exception):
     """A value this encoder leaves to py-amqp's."""
 
 
-def serialized(properties: Mapping[str, Any]) -> bytes:
-    """The property flags and list py-amqp's ``Message._serialize_properties`` writes."""
+def serialized(properties: Mapping[str, Any], received: Received | None = None) -> bytes:
+    """The property flags and list py-amqp's ``Message._serialize_properties`` writes; with
+    ``received`` (the headers as a received message had them), each header value that is
+    the very one received is written as it came (see :func:`_reused_table`)."""
     flags = 0
     out = bytearray(b"\x00\x00")
     shift = 15
@@ -65,7 +68,10 @@ def serialized(properties: Mapping[str, Any]) -> bytes:
             if kind == "s":
                 _short_string(out, value)
             elif kind == "F":
-                _table(out, value or {})
+                if received is not None and value:
+                    _reused_table(out, value, received)
+                else:
+                    _table(out, value or {})
             elif kind == "o":
                 if type(value) is not int or not 0 <= value <= 255:
                     raise Unusual(name)
@@ -77,6 +83,50 @@ def serialized(properties: Mapping[str, Any]) -> bytes:
         shift -= 1
     _FLAGS.pack_into(out, 0, flags)
     return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A received message's headers and where each of their entries is in its header
+    frame: ``starts[i]`` is the i-th entry's first byte (its key's length), ``starts[-1]``
+    the table's end."""
+
+    headers: Mapping[Any, Any]
+    frame: bytes
+    starts: Sequence[int]
+
+
+def _reused_table(out: bytearray, headers: Mapping[Any, Any], received: Received) -> None:
+    """The headers table, each entry whose value is the very object received (the same
+    key, in the same order) copied from the frame it came in, the others encoded.
+
+    Copied, an entry keeps the type letters its sender wrote (RabbitMQ's ``l`` for
+    x-death's count, where py-amqp would write ``I``): the same values, as every client
+    reads them, and the same bytes as received."""
+    if type(headers) is not dict:
+        raise Unusual(type(headers).__name__)
+    names = list(received.headers)
+    starts, frame, old = received.starts, received.frame, received.headers
+    if len(names) + 1 != len(starts):  # a key repeated in the frame: encode them all
+        _table(out, headers)
+        return
+    start = len(out)
+    out += b"\x00\x00\x00\x00"
+    at, count = 0, len(names)
+    keys = _KEYS
+    for key, value in headers.items():
+        if key in old and old[key] is value:
+            found = at
+            while found < count and names[found] != key:  # entries dropped before it
+                found += 1
+            if found < count:
+                out += frame[starts[found] : starts[found + 1]]
+                at = found + 1
+                continue
+        # New, changed, or out of the received order: encoded.
+        out += keys.get(key) or _key(key)
+        _item(out, value)
+    _U32.pack_into(out, start, len(out) - start - 4)
 
 
 def _short_string(out: bytearray, value: Any) -> None:
@@ -201,7 +251,9 @@ _SHORT_STRINGS: Final = {
 }
 
 
-def deserialized(buf: bytes, offset: int) -> tuple[dict[str, Any], int]:
+def deserialized(
+    buf: bytes, offset: int, starts: list[int] | None = None
+) -> tuple[dict[str, Any], int]:
     """What py-amqp's ``decode_properties_basic`` reads from a header frame's property flags
     and list: the same values, the same types (a table's long string as str, or bytes when
     it is not UTF-8; an AMQP timestamp as a naive UTC datetime in a table, an int as the
@@ -216,7 +268,7 @@ def deserialized(buf: bytes, offset: int) -> tuple[dict[str, Any], int]:
             properties[name] = buf[offset + 1 : end].decode("utf-8", "surrogatepass")
             offset = end
     if flags & 0x2000:
-        properties["application_headers"], offset = _read_table(buf, offset)
+        properties["application_headers"], offset = _read_table(buf, offset, starts)
     if flags & 0x1000:
         properties["delivery_mode"] = buf[offset]
         offset += 1
@@ -256,7 +308,10 @@ def _text(data: bytes) -> str | bytes:
         return data
 
 
-def _read_table(buf: bytes, offset: int) -> tuple[dict[Any, Any], int]:
+def _read_table(
+    buf: bytes, offset: int, starts: list[int] | None = None
+) -> tuple[dict[Any, Any], int]:
+    """A table; with ``starts``, each entry's first byte noted in it, then the end."""
     (size,) = _U32.unpack_from(buf, offset)
     offset += 4
     limit = offset + size
@@ -265,6 +320,8 @@ def _read_table(buf: bytes, offset: int) -> tuple[dict[Any, Any], int]:
     table: dict[Any, Any] = {}
     names = _NAMES
     while offset < limit:
+        if starts is not None:
+            starts.append(offset)
         end = offset + 1 + buf[offset]
         raw = buf[offset + 1 : end]
         key: str | bytes | None = names.get(raw)
@@ -273,6 +330,8 @@ def _read_table(buf: bytes, offset: int) -> tuple[dict[Any, Any], int]:
             if isinstance(key, str) and len(names) < _KEYS_MAX:
                 names[raw] = key
         table[key], offset = _read_item(buf, end)
+    if starts is not None:
+        starts.append(offset)
     return table, offset
 
 
