@@ -21,7 +21,9 @@ Header values JSON cannot carry (timestamps such as x-death's ``time``, Decimals
 floats that are not finite, a table that itself has the tag's key) are kept typed as
 ``{"__amqp__": TYPE, "value": ...}`` and restored on send, so headers go back as they came
 (py-amqp writes an integer as the widest of ``I``/``L`` it needs and bytes as a long string:
-the values are kept, not every table type letter).
+the values are kept, not every table type letter). A message sent as received (unedited, not
+through its envelope) keeps the letters too: each unchanged header is copied from the frame
+it came in (:mod:`.properties`).
 
 x-death on resend: the headers go back with the x-death RabbitMQ wrote. RabbitMQ 3.x merges a
 client's x-death into its own when the message dies again (counts go on from it; 3.13.0 to
