@@ -13,7 +13,8 @@ file again in each child as ``__mp_main__``), so that reaching a point acts on t
     the same for a purge (``archived``: written to the archive, not yet deleted).
 ``amqp.unconfirmed``
     RabbitMQ: publishes written to the socket, their confirms not yet awaited (the first
-    frame read after them, outside a publish). Found at py-amqp's level, so it does not
+    frame read after them, outside a publish). Found at the frame writer's level (every
+    frame py-amqp writes for redrive goes through redrive's CorkedWriter), so it does not
     depend on how redrive's link pipelines its confirms.
 ``broker.extend``
     a hold renewed (the broker's ``extend`` answered).
@@ -237,24 +238,25 @@ def _watch_observers(armed: _Armed) -> None:
 
 
 def _watch_amqp(armed: _Armed) -> None:
-    """Publishes written since the last frame read outside a publish: that read is the
+    """Publishes framed since the last frame read outside a publish: that read is the
     point before their confirms are awaited (py-amqp hears a confirm only by reading a
-    frame). A publish itself may read first (``drain_events(timeout=0)`` for a
-    connection.blocked notice, which may settle earlier confirms): not that point."""
-    import amqp.abstract_channel
+    frame). py-amqp's own ``basic_publish`` may read first (``drain_events(timeout=0)`` for
+    a connection.blocked notice, which may settle earlier confirms): not that point."""
     import amqp.channel
     import amqp.connection
     from amqp import spec
 
+    from redrive.broker.rabbitmq.frames import CorkedWriter
+
     written = Counter[str]()
     publishing = threading.local()
-    send_method = amqp.abstract_channel.AbstractChannel.send_method
+    write_frame = CorkedWriter.__call__
     basic_publish = amqp.channel.Channel.basic_publish
     blocking_read = amqp.connection.Connection.blocking_read
 
-    def counted_send(self: Any, sig: Any, *args: Any, **kwargs: Any) -> Any:
-        result = send_method(self, sig, *args, **kwargs)
-        if sig == spec.Basic.Publish:
+    def counted_write(self: Any, *args: Any) -> Any:
+        result = write_frame(self, *args)
+        if args[0] == 1 and args[2] == spec.Basic.Publish:  # (type, channel, method, ...)
             with armed.lock:
                 written["publishes"] += 1
         return result
@@ -274,7 +276,7 @@ def _watch_amqp(armed: _Armed) -> None:
                 armed.reach("amqp.unconfirmed", publishes=publishes)
         return blocking_read(self, *args, **kwargs)
 
-    amqp.abstract_channel.AbstractChannel.send_method = counted_send
+    CorkedWriter.__call__ = counted_write  # type: ignore[method-assign]
     amqp.channel.Channel.basic_publish = marked_publish
     amqp.connection.Connection.blocking_read = watched_read
 

@@ -659,3 +659,51 @@ def test_publishes_before_one_that_fails_to_frame_are_on_the_wire_all_the_same(
     (flushed,) = written  # one write, after the failure
     assert all(body in flushed for _, body, _ in good)
     assert broker.lane._connection is None  # dropped: its next call connects again
+
+
+def test_a_batch_of_deliveries_is_read_in_few_recvs_and_a_timeout_loses_nothing(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lane reads its frames buffered (redrive/broker/rabbitmq/frames.py): 50 deliveries,
+    150 frames and more, come in at most a recv each (py-amqp's own reads are three a
+    frame), the same messages and headers; a drain that times out with nothing to read
+    leaves the connection as it was, for the next receive."""
+    declare(channel, "buffered")
+    for i in range(60):
+        headers = {"i": i, "when": datetime(2024, 5, 1, 12, 0, i % 60), "raw": b"\xff"}
+        message = amqp.Message(f'{{"n": {i}}}'.encode(), application_headers=headers)
+        publish(channel, "buffered", message)
+    broker.lane.work()
+    connection = broker.lane._connection
+    assert connection is not None
+    reader = connection.transport.frames
+    recvs: list[int] = []
+    real_recv = reader._recv
+
+    def recorded(n: int) -> bytes:
+        data: bytes = real_recv(n)
+        recvs.append(len(data))
+        return data
+
+    monkeypatch.setattr(reader, "_recv", recorded)
+    got = broker.receive("buffered", hold=60, max_messages=50)
+    assert 0 < len(recvs) <= 50
+    assert [unpacked(d.body, {}) for d in got] == [
+        (
+            f'{{"n": {i}}}'.encode(),
+            {
+                "application_headers": {
+                    "i": i,
+                    "when": datetime(2024, 5, 1, 12, 0, i % 60),
+                    "raw": b"\xff",
+                },
+            },
+        )
+        for i in range(50)
+    ]
+    with pytest.raises(TimeoutError):
+        connection.drain_events(timeout=0.05)  # nothing is coming: a timeout, not an error
+    rest = broker.receive("buffered", hold=60, max_messages=50)
+    assert [unpacked(d.body, {})[0] for d in rest] == [
+        f'{{"n": {i}}}'.encode() for i in range(50, 60)
+    ]

@@ -37,6 +37,7 @@ from redrive.broker.rabbitmq.envelope import (
     unpacked,
 )
 from redrive.broker.rabbitmq.link import Got, Link
+from redrive.broker.rabbitmq.properties import Received
 from redrive.broker.rabbitmq.queues import Queues
 from redrive.errors import BrokerUnavailable
 
@@ -163,6 +164,7 @@ class RabbitBroker:
         name = self._name(queue)
         failed: dict[str, str] = {}
         ready: list[tuple[str, bytes, dict[str, Any]]] = []
+        received: dict[str, Received] = {}
         ids: dict[str, str] = {}
         for entry in entries:
             got = entry.native if isinstance(entry.native, Got) else None
@@ -170,6 +172,8 @@ class RabbitBroker:
                 if got is not None:
                     # Unedited: the message as received, never decoded from its envelope.
                     body, properties = resent(got.body, got.properties, entry.message_attributes)
+                    if got.received is not None:
+                        received[entry.id] = got.received
                 else:
                     body, properties = unpacked(entry.body, entry.message_attributes)
             except NotAnEnvelope as exc:
@@ -182,7 +186,7 @@ class RabbitBroker:
             envelope = entry.body if same else envelope_of(body, properties)
             ready.append((entry.id, body, properties))
             ids[entry.id] = message_id_of(properties, envelope, marks_of(properties))
-        refused, unconfirmed = self.lane.publish(name, ready)
+        refused, unconfirmed = self.lane.publish(name, ready, received)
         failed.update(refused)
         for entry_id in unconfirmed:
             failed[entry_id] = "Unconfirmed: no publisher confirm came (the message may be queued)"

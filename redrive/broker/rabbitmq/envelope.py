@@ -21,7 +21,9 @@ Header values JSON cannot carry (timestamps such as x-death's ``time``, Decimals
 floats that are not finite, a table that itself has the tag's key) are kept typed as
 ``{"__amqp__": TYPE, "value": ...}`` and restored on send, so headers go back as they came
 (py-amqp writes an integer as the widest of ``I``/``L`` it needs and bytes as a long string:
-the values are kept, not every table type letter).
+the values are kept, not every table type letter). A message sent as received (unedited, not
+through its envelope) keeps the letters too: each unchanged header is copied from the frame
+it came in (:mod:`.properties`).
 
 x-death on resend: the headers go back with the x-death RabbitMQ wrote. RabbitMQ 3.x merges a
 client's x-death into its own when the message dies again (counts go on from it; 3.13.0 to
@@ -69,8 +71,16 @@ class NotAnEnvelope(ValueError):
     """A send entry's body is not an AMQP message's envelope."""
 
 
+#: Header values JSON carries as they are (exact types: a subclass takes the long way).
+_PLAIN: Final = frozenset({str, int, bool, type(None)})
+#: Headers no envelope holds: the delivery's own, and redrive's marks.
+_NOT_KEPT: Final = DELIVERY_HEADERS | frozenset(MARKS)
+
+
 def typed(value: Any) -> Any:
     """A header value as JSON, tagging what JSON cannot carry."""
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, bool) or value is None or isinstance(value, str | int):
         return value
     if isinstance(value, float):
@@ -83,10 +93,14 @@ def typed(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return {TAG: "bytes", "value": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, Mapping):
-        table = {str(k): typed(v) for k, v in value.items()}
+        # The plain values inline: a Celery message's headers are mostly str, int and None.
+        table = {
+            k if type(k) is str else str(k): v if type(v) in _PLAIN else typed(v)
+            for k, v in value.items()
+        }
         return {TAG: "table", "value": table} if TAG in table else table
     if isinstance(value, list | tuple):
-        return [typed(v) for v in value]
+        return [v if type(v) in _PLAIN else typed(v) for v in value]
     return {TAG: "text", "value": str(value)}
 
 
@@ -116,8 +130,8 @@ def untyped(value: Any) -> Any:
 
 def envelope_of(body: bytes, properties: Mapping[str, Any]) -> str:
     """kombu's envelope of an AMQP message (py-amqp's ``body`` bytes and ``properties``)."""
-    headers = dict(properties.get("application_headers") or {})
-    kept = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS and k not in MARKS}
+    headers = properties.get("application_headers") or {}
+    kept = {k: v for k, v in headers.items() if k not in _NOT_KEPT}
     props: dict[str, Any] = {"body_encoding": "base64"}
     for name in PROPERTIES:
         if properties.get(name) is not None:
@@ -186,7 +200,7 @@ def resent(
         if received.get(name) is not None:
             properties[name] = str(received[name])
     headers = received.get("application_headers") or {}
-    kept = {k: v for k, v in headers.items() if k not in DELIVERY_HEADERS and k not in MARKS}
+    kept = {k: v for k, v in headers.items() if k not in _NOT_KEPT}
     _with_marks(properties, kept, message_attributes)
     return body, properties
 

@@ -49,8 +49,9 @@ import amqp.exceptions
 from amqp import spec
 
 from redrive.broker.base import BatchResult
-from redrive.broker.rabbitmq.frames import CorkedWriter
+from redrive.broker.rabbitmq.frames import Connection, Outgoing, publisher
 from redrive.broker.rabbitmq.held import HeldTags
+from redrive.broker.rabbitmq.properties import Received
 from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 
 #: How long a batch's publisher confirms may take before its unconfirmed entries are in doubt.
@@ -119,6 +120,8 @@ class Got:
     exchange: str
     routing_key: str
     redelivered: bool
+    received: Received | None = None
+    """Its headers as they were in the frame (a resend copies the unchanged ones)."""
 
 
 @dataclass(slots=True)
@@ -178,14 +181,13 @@ class Lane:
         if self._connection is not None:
             return self._connection
         a = self.address
-        connection = amqp.Connection(
+        connection = Connection(
             f"{a.host}:{a.port}",
             userid=a.user,
             password=a.password,
             virtual_host=a.vhost,
             connect_timeout=CONNECT_TIMEOUT,
             ssl=ssl.create_default_context() if a.tls else False,
-            frame_writer=CorkedWriter,
         )
         try:
             connection.connect()
@@ -362,6 +364,7 @@ class Lane:
             exchange=str(info.get("exchange", "")),
             routing_key=str(info.get("routing_key", "")),
             redelivered=bool(info.get("redelivered")),
+            received=getattr(message, "received", None),
         )
 
     def settle(self, tags: Mapping[str, Tag], *, ack: bool) -> BatchResult:
@@ -419,11 +422,16 @@ class Lane:
     # -- publishing ----------------------------------------------------------------------
 
     def publish(
-        self, queue: str, messages: Sequence[tuple[str, bytes, dict[str, Any]]]
+        self,
+        queue: str,
+        messages: Sequence[tuple[str, bytes, dict[str, Any]]],
+        received: Mapping[str, Received] | None = None,
     ) -> tuple[dict[str, str], set[str]]:
         """Publish a batch (entry id, body, properties) to ``queue`` through the default
         exchange, mandatory, then collect the confirms: (entry id -> why it is not sent, for
-        the refused ones; the unconfirmed entry ids). The rest were confirmed and routed."""
+        the refused ones; the unconfirmed entry ids). The rest were confirmed and routed.
+        ``received``: the headers an entry was received as, when it is sent as received
+        (its unchanged header values are then written as they came)."""
         refused: dict[str, str] = {}
         unconfirmed: set[str] = set()
         with self.lock:
@@ -432,9 +440,9 @@ class Lane:
             try:
                 channel = self.work()
                 self._confirms = confirms
-                # Every lane's connection is made with a CorkedWriter (_connect).
+                # Every lane's connection writes through a CorkedWriter (frames.Connection).
                 with channel.connection.frame_writer.corked():
-                    self._publish_all(channel, queue, messages, confirms, published)
+                    self._publish_all(channel, queue, messages, received or {}, confirms, published)
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
                 self._drop()
@@ -459,19 +467,21 @@ class Lane:
         channel: amqp.Channel,
         queue: str,
         messages: Sequence[tuple[str, bytes, dict[str, Any]]],
+        received: Mapping[str, Received],
         confirms: _Confirms,
         published: list[_Publish],
     ) -> None:
         """Publish each message, recorded for its confirm before it goes."""
+        send = publisher(channel, queue)
         for entry_id, body, properties in messages:
             publish = _Publish(entry_id, (queue, body))
-            message = amqp.Message(body, **properties)
+            message = Outgoing(body, received.get(entry_id), **properties)
             self._seq += 1
             confirms.by_seq[self._seq] = publish
             confirms.by_content.setdefault(publish.content, []).append(publish)
             confirms.pending += 1
             published.append(publish)
-            channel.basic_publish(message, exchange="", routing_key=queue, mandatory=True)
+            send(message)
 
     def _wait_for_confirms(self, confirms: _Confirms) -> None:
         assert self._connection is not None
