@@ -53,7 +53,7 @@ class SharedNode(RabbitMQNode):
         """Nothing: the controller stops the shared node at the run's end."""
 
     def alive(self) -> bool:
-        return all(live_members(group) for group in self.groups)
+        return all(group_members(group, running=True) for group in self.groups)
 
 
 def attach(shared: Path) -> SharedNode:
@@ -100,19 +100,19 @@ def stop_shared(shared: Path, timeout: float = STOP_TIMEOUT) -> bool:
     if not (shared / INFO).exists():
         return True
     groups = list(json.loads((shared / INFO).read_text())["groups"])
-    was_alive = all(live_members(group) for group in groups)
+    was_alive = all(group_members(group, running=True) for group in groups)
     for group in groups:
         _signal(group, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while live_members(group) and time.monotonic() < deadline:
+        while group_members(group, running=True) and time.monotonic() < deadline:
             time.sleep(0.1)
         _signal(group, signal.SIGKILL)
     return was_alive
 
 
-def live_members(group: int) -> list[int]:
-    """PIDs in a process group that are running (a zombie, whose parent has not reaped it
-    yet, is not: the worker that started the node may still be alive)."""
+def group_members(group: int, *, running: bool = False) -> list[int]:
+    """PIDs of the processes in a process group (read from /proc); ``running``: only those
+    not zombies (the worker that started the shared node may outlive it, not reaping it)."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -121,7 +121,7 @@ def live_members(group: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == group and fields[0] != "Z":
+        if int(fields[2]) == group and not (running and fields[0] == "Z"):
             members.append(int(entry.name))
     return members
 

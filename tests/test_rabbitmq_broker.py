@@ -606,6 +606,23 @@ def test_a_hold_past_the_nodes_consumer_timeout_is_one_error_and_every_copy_come
     ]
 
 
+def recorded_writes(broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the lane's socket is given from now on, one item a write (its work channel
+    connected, open and confirming first)."""
+    broker.lane.work()
+    connection = broker.lane._connection
+    assert connection is not None
+    written: list[bytes] = []
+    real_write = connection.transport.write
+
+    def recorded(data: Any) -> None:
+        written.append(bytes(data))
+        real_write(data)
+
+    monkeypatch.setattr(connection.transport, "write", recorded)
+    return written
+
+
 def test_a_batch_of_publishes_is_one_write_and_the_same_messages(
     channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,17 +630,7 @@ def test_a_batch_of_publishes_is_one_write_and_the_same_messages(
     publishes reach the socket in one write (not 50), every one confirmed and queued as
     sent; frames outside a batch (a receive's) are written at once as before."""
     declare(channel, "corked")
-    broker.lane.work()  # the lane connected, its work channel open and confirming
-    connection = broker.lane._connection
-    assert connection is not None
-    writes: list[int] = []
-    real_write = connection.transport.write
-
-    def recorded(data: Any) -> None:
-        writes.append(len(data))
-        real_write(data)
-
-    monkeypatch.setattr(connection.transport, "write", recorded)
+    writes = recorded_writes(broker, monkeypatch)
     result = broker.send("corked", [entry(str(i), f'{{"n": {i}}}') for i in range(50)])
     assert len(result.ok) == 50 and not result.failed
     assert len(writes) == 1
@@ -641,17 +648,7 @@ def test_publishes_before_one_that_fails_to_frame_are_on_the_wire_all_the_same(
     not have queued them before the connection went), never refused: the ledger never
     resends them blindly."""
     declare(channel, "half")
-    broker.lane.work()
-    connection = broker.lane._connection
-    assert connection is not None
-    written: list[bytes] = []
-    real_write = connection.transport.write
-
-    def recorded(data: Any) -> None:
-        written.append(bytes(data))
-        real_write(data)
-
-    monkeypatch.setattr(connection.transport, "write", recorded)
+    written = recorded_writes(broker, monkeypatch)
     good = [(str(i), f'{{"n": {i}}}'.encode(), {"delivery_mode": 2}) for i in range(3)]
     bad = ("3", b"{}", {"application_headers": {"x": object()}})  # py-amqp cannot frame it
     refused, unconfirmed = broker.lane.publish("half", [*good, bad])

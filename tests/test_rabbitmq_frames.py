@@ -7,23 +7,18 @@ tests/test_rabbitmq_broker.py's."""
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from amqp.exceptions import UnexpectedFrame
 from amqp.transport import TCPTransport
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from conftest import self_signed
 
 from redrive.broker.rabbitmq.frames import (
     READ_CHUNK,
@@ -145,38 +140,6 @@ def test_a_closed_connection_and_a_bad_frame_end_are_py_amqps_errors() -> None:
     reader = FrameReader(sock.recv, raise_on_initial_eintr=True)
     with pytest.raises(UnexpectedFrame, match="0x00"):
         reader.read()
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, in ``folder``."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.now(UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(days=1))
-        .not_valid_after(now + timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
 
 
 def test_over_tls_the_frames_are_read_buffered_and_the_same(tmp_path: Path) -> None:

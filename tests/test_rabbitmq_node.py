@@ -11,6 +11,7 @@ from pathlib import Path
 
 import amqp
 import pytest
+from rabbitmq_shared import group_members
 
 from redrive.errors import RabbitMQNodeError, RabbitMQNotInstalled
 from redrive.sandbox.rabbitmq_node import (
@@ -32,21 +33,6 @@ def connect(vhost: Vhost) -> amqp.Connection:
     )
     connection.connect()
     return connection
-
-
-def group_members(group: int) -> list[int]:
-    """PIDs of the processes in a process group (read from /proc)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == group:
-            members.append(int(entry.name))
-    return members
 
 
 def port_open(port: int) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Cli
-from test_rabbitmq_node import group_members
+from rabbitmq_shared import group_members
 
 from redrive.sandbox import rabbitmq_node
 from redrive.sandbox.rabbitmq_layout import open_connection, queue_depth, raw_channel

@@ -29,7 +29,7 @@ import botocore.exceptions
 import botocore.session
 import pytest
 from botocore.config import Config
-from conftest import free_port, load_fast_sqs
+from conftest import free_port, load_fast_sqs, self_signed
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from localstack_server import LocalStackServer
@@ -847,7 +847,7 @@ def _sqs_behind(
     if scheme == "http":
         yield str(moto.endpoint_url)
         return
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
     with _fast_sqs_over_tls(cert, key) as url:
         yield url
@@ -972,45 +972,6 @@ def test_the_request_goes_where_botocores_would(
 # -- TLS: botocore's verification, its CA bundle -----------------------------------------------
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, signed by itself."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 @contextlib.contextmanager
 def _fast_sqs_over_tls(cert: Path, key: Path) -> Iterator[str]:
     import ssl
@@ -1035,7 +996,7 @@ def test_tls_is_verified_as_botocore_verifies_it(
 ) -> None:
     import boto3
 
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     if trust == "AWS_CA_BUNDLE":
         monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
     with _fast_sqs_over_tls(cert, key) as endpoint_url:

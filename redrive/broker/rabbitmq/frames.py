@@ -287,35 +287,30 @@ def _having_timeout(transport: Any, timeout: float | None) -> Iterator[Any]:
         yield sock
 
 
-class BufferedTCPTransport(TCPTransport):  # type: ignore[misc]
+class _Buffered:
+    """What both buffered transports add to py-amqp's (mixed in before it)."""
+
+    raise_on_initial_eintr: bool
+
+    def _setup_transport(self) -> None:
+        super()._setup_transport()  # type: ignore[misc]
+        self.frames = FrameReader(self._quick_recv, self.raise_on_initial_eintr)  # type: ignore[attr-defined]
+
+    def read_frame(self, unpack: Any = None) -> tuple[int, int, bytes]:
+        return _read_frame(self)
+
+    @contextmanager
+    def having_timeout(self, timeout: float | None) -> Iterator[Any]:
+        yield from _having_timeout(self, timeout)
+
+
+class BufferedTCPTransport(_Buffered, TCPTransport):  # type: ignore[misc]
     """py-amqp's TCP transport, its frames read from a buffer."""
 
-    def _setup_transport(self) -> None:
-        super()._setup_transport()
-        self.frames = FrameReader(self._quick_recv, self.raise_on_initial_eintr)
 
-    def read_frame(self, unpack: Any = None) -> tuple[int, int, bytes]:
-        return _read_frame(self)
-
-    @contextmanager
-    def having_timeout(self, timeout: float | None) -> Iterator[Any]:
-        yield from _having_timeout(self, timeout)
-
-
-class BufferedSSLTransport(SSLTransport):  # type: ignore[misc]
+class BufferedSSLTransport(_Buffered, SSLTransport):  # type: ignore[misc]
     """py-amqp's TLS transport, its frames read from a buffer (of what the TLS socket's
     ``read`` gave: at most a TLS record, 16 KiB, each)."""
-
-    def _setup_transport(self) -> None:
-        super()._setup_transport()
-        self.frames = FrameReader(self._quick_recv, self.raise_on_initial_eintr)
-
-    def read_frame(self, unpack: Any = None) -> tuple[int, int, bytes]:
-        return _read_frame(self)
-
-    @contextmanager
-    def having_timeout(self, timeout: float | None) -> Iterator[Any]:
-        yield from _having_timeout(self, timeout)
 
 
 class Connection(amqp.Connection):  # type: ignore[misc]

@@ -275,26 +275,29 @@ def deserialized(
     if flags & 0x0800:
         properties["priority"] = buf[offset]
         offset += 1
-    for flag in (0x0400, 0x0200, 0x0100, 0x0080):
-        if flags & flag:
-            end = offset + 1 + buf[offset]
-            properties[_SHORT_STRINGS[flag]] = buf[offset + 1 : end].decode(
-                "utf-8", "surrogatepass"
-            )
-            offset = end
+    offset = _read_short_strings(buf, offset, flags, (0x0400, 0x0200, 0x0100, 0x0080), properties)
     if flags & 0x0040:
         (properties["timestamp"],) = _U64.unpack_from(buf, offset)
         offset += 8
-    for flag in (0x0020, 0x0010, 0x0008, 0x0004):
+    offset = _read_short_strings(buf, offset, flags, (0x0020, 0x0010, 0x0008, 0x0004), properties)
+    if offset > len(buf):
+        raise Unusual("a property list longer than its frame")
+    return properties, offset
+
+
+def _read_short_strings(
+    buf: bytes, offset: int, flags: int, which: tuple[int, ...], properties: dict[str, Any]
+) -> int:
+    """The short-string properties among ``which`` that ``flags`` has, in order; the offset
+    after them."""
+    for flag in which:
         if flags & flag:
             end = offset + 1 + buf[offset]
             properties[_SHORT_STRINGS[flag]] = buf[offset + 1 : end].decode(
                 "utf-8", "surrogatepass"
             )
             offset = end
-    if offset > len(buf):
-        raise Unusual("a property list longer than its frame")
-    return properties, offset
+    return offset
 
 
 #: Table keys as read (see _KEYS).

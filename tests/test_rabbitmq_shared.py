@@ -1,0 +1,52 @@
+"""The run's shared RabbitMQ node is stopped by process group (tests/rabbitmq_shared.py),
+and a zombie its starter has not reaped counts as gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import wait_until
+from rabbitmq_shared import INFO, group_members, stop_shared
+
+pytestmark = pytest.mark.e2e  # it starts processes
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "600"], process_group=0)
+
+
+def test_stop_shared_ends_every_group_it_names(tmp_path: Path) -> None:
+    leaders = [sleeper(), sleeper()]
+    (tmp_path / INFO).write_text(json.dumps({"groups": [p.pid for p in leaders]}))
+    try:
+        assert stop_shared(tmp_path, timeout=30) is True
+        for leader in leaders:
+            assert leader.wait(30) == -signal.SIGTERM
+            assert group_members(leader.pid) == []
+    finally:
+        for leader in leaders:
+            leader.kill()
+            leader.wait()
+
+
+def test_a_zombie_is_no_running_member_and_a_dead_node_is_reported(tmp_path: Path) -> None:
+    leader = sleeper()
+    try:
+        os.kill(leader.pid, signal.SIGKILL)
+        # Not reaped yet: still in the group, but not running.
+        wait_until(lambda: not group_members(leader.pid, running=True), "the sleeper is a zombie")
+        assert group_members(leader.pid) == [leader.pid]
+        (tmp_path / INFO).write_text(json.dumps({"groups": [leader.pid]}))
+        assert stop_shared(tmp_path, timeout=30) is False  # it had died before the end
+    finally:
+        leader.kill()
+        leader.wait()
+
+
+def test_no_node_started_is_nothing_to_stop(tmp_path: Path) -> None:
+    assert stop_shared(tmp_path) is True
