@@ -705,3 +705,22 @@ def test_a_batch_of_deliveries_is_read_in_few_recvs_and_a_timeout_loses_nothing(
     assert [unpacked(d.body, {})[0] for d in rest] == [
         f'{{"n": {i}}}'.encode() for i in range(50, 60)
     ]
+
+
+def test_a_receive_promised_more_than_is_left_ends_when_none_are_ready(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive's window comes from a count, and a second worker (or process) may take part
+    of it first: once no delivery comes for a moment and none is ready, the receive ends
+    with what it got, instead of waiting out its delivery timeout (made ten minutes here,
+    so that a receive that waited it out would show)."""
+    monkeypatch.setattr("redrive.broker.rabbitmq.link.DELIVERY_TIMEOUT", 600.0)
+    declare(channel, "promised")
+    broker.send("promised", [entry(str(i), f'{{"n": {i}}}') for i in range(10)])
+    started = time.monotonic()
+    got = broker.lane.get("promised", 20, 20)  # a count of 20: ten of them taken already
+    assert len(got) == 10
+    assert time.monotonic() - started < 600
+    settled = broker.ack("promised", {str(i): d.tag for i, d in enumerate(got)})
+    assert len(settled.ok) == 10
+    assert drain(channel, "promised") == []
