@@ -42,7 +42,6 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 from typing import Any
@@ -52,6 +51,8 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
+
+from dataclasses import dataclass, field  # noqa: E402 (imports inspect: after the path)
 
 import amqp  # noqa: E402
 
