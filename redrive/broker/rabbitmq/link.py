@@ -1,7 +1,9 @@
-"""The process's AMQP connections to one broker URL (py-amqp): one :class:`Lane` per broker.
+"""The process's AMQP connections to one broker URL (py-amqp): :class:`Lane` s, two per broker.
 
 AMQP channels are not thread-safe and a delivery tag belongs to the channel it came on.
-Every ``--workers`` thread has a broker of its own, so each broker takes a lane: a connection
+Every ``--workers`` thread has a broker of its own, so each broker takes a lane for its
+receives (and a second for its publishes: a lane's calls wait under its lock, and a
+worker's next receive and this batch's confirms then wait at once): a connection
 of its own with a ``work`` channel (gets, acks, publishes with confirms) and a ``probe``
 channel (passive declares, purges: a missing queue closes the channel it was asked on, and
 must never close the one holding the scan's deliveries), behind the lane's own lock. Workers
