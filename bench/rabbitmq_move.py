@@ -22,13 +22,17 @@ alike. Candidates:
 Checked after each run: the DLQ is empty and the source queue holds exactly ``--messages``.
 Then ``redrive inspect checkout`` on ``--messages`` and on ``--inspect-messages``: msg/s and
 the redrive process's peak RSS (VmHWM, written by the process itself at exit). Prints
-msg/s per candidate (medians) and the ratios redrive ÷ one-at-a-time (target ≥ 5×) and
-redrive ÷ pipelined (target ≥ 0.9×). Without ``--amqp-url`` a private node is started.
+msg/s per candidate (medians) with the CPU each spent a message, the client's (this process
+or its redrive subprocess) and the server's (every ``beam.smp`` on the machine), and the
+ratios redrive ÷ one-at-a-time (target ≥ 5×) and redrive ÷ pipelined (target ≥ 0.9×).
+redrive's bytecode is written first, as an install writes it. Without ``--amqp-url`` a
+private node is started.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import statistics
@@ -39,6 +43,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from resource import RUSAGE_CHILDREN, RUSAGE_SELF, getrusage
 from typing import Any
 
 # Run as a script, this file's folder is sys.path[0], and bench/inspect.py would shadow the
@@ -46,6 +51,8 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
+
+from dataclasses import dataclass, field  # noqa: E402 (imports inspect: after the path)
 
 import amqp  # noqa: E402
 
@@ -216,19 +223,57 @@ def _copy(got: amqp.Message) -> amqp.Message:
     return amqp.Message(got.body, **got.properties)
 
 
-def run_moves(bench: Bench, rounds: int, w16: bool) -> dict[str, list[float]]:
+def client_cpu() -> float:
+    """CPU seconds of this process and of its children waited for (redrive's runs)."""
+    own, children = (getrusage(who) for who in (RUSAGE_SELF, RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def server_cpu() -> float:
+    """CPU seconds of every RabbitMQ node (``beam.smp``) on this machine: the bench's own,
+    and, with --amqp-url, the one named (only loopback nodes are reachable here)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # gone since the listing
+        name, _, rest = text.partition(") ")
+        if name.endswith("(beam.smp"):
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Rates:
+    """Per candidate, per round: msg/s, and client and server CPU ms a message."""
+
+    rate: dict[str, list[float]] = field(default_factory=dict)
+    client: dict[str, list[float]] = field(default_factory=dict)
+    server: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, name: str, messages: int, took: float, client: float, server: float) -> None:
+        self.rate.setdefault(name, []).append(messages / took)
+        self.client.setdefault(name, []).append(1000 * client / messages)
+        self.server.setdefault(name, []).append(1000 * server / messages)
+
+
+def run_moves(bench: Bench, rounds: int, w16: bool) -> Rates:
     ways = bench.candidates(w16)
     names = list(ways)
-    rates: dict[str, list[float]] = {name: [] for name in names}
+    rates = Rates()
     for round_ in range(rounds):
         turn = round_ % len(names)
         for name in names[turn:] + names[:turn]:
             bench.refill(bench.messages)
+            client, server = client_cpu(), server_cpu()
             started = time.perf_counter()
             ways[name]()
             took = time.perf_counter() - started
+            client, server = client_cpu() - client, server_cpu() - server
             bench.check_moved(name)
-            rates[name].append(bench.messages / took)
+            rates.add(name, bench.messages, took, client, server)
     return rates
 
 
@@ -258,10 +303,15 @@ def _counted(out: dict[str, Any]) -> int:
     return sum(int(group["count"]) for group in out["tasks"])
 
 
-def report_moves(rates: dict[str, list[float]]) -> None:
-    med = {name: statistics.median(values) for name, values in rates.items()}
+def report_moves(rates: Rates) -> None:
+    med = {name: statistics.median(values) for name, values in rates.rate.items()}
     for name, value in med.items():
-        print(f"move {name:14} {value:9,.0f} msg/s  ({len(rates[name])} rounds)")
+        client = statistics.median(rates.client[name])
+        server = statistics.median(rates.server[name])
+        print(
+            f"move {name:14} {value:9,.0f} msg/s  CPU a message: client {client:5.3f} ms,"
+            f" server {server:5.3f} ms  ({len(rates.rate[name])} rounds)"
+        )
     best = max((v, n) for n, v in med.items() if n.startswith("redrive"))
     print(f"ratio {best[1]} / one-at-a-time: {best[0] / med['one-at-a-time']:.1f}x (target >= 5x)")
     print(f"ratio {best[1]} / pipelined: {best[0] / med['pipelined']:.2f}x (target >= 0.9x)")
@@ -283,6 +333,9 @@ def main() -> None:
     parser.add_argument("--amqp-url")
     parser.add_argument("--api-url")
     args = parser.parse_args()
+    # redrive's bytecode written once, as an install writes it: where PYTHONDONTWRITEBYTECODE
+    # is set, each run would otherwise compile its modules again at every start.
+    compileall.compile_dir(ROOT / "redrive", quiet=1)
     node = None
     if args.amqp_url is None:
         from redrive.sandbox.rabbitmq_node import start_node

@@ -150,10 +150,14 @@ def _info(
     )
 
 
-def decode(body: str | bytes | None) -> TaskInfo:
-    """Describe an SQS message Body. Never raises, whatever the body holds."""
+def decode(body: str | bytes | None, parsed: dict[str, Any] | None = None) -> TaskInfo:
+    """Describe an SQS message Body. Never raises, whatever the body holds.
+
+    ``parsed``: the body's JSON object, when the broker made ``body`` by encoding it (a
+    RabbitMQ delivery's envelope, ``Delivery.parsed``): what parsing ``body`` would give,
+    so it is not parsed again."""
     try:
-        return _decode(body)
+        return _decode(body, parsed)
     except Exception as exc:  # a DLQ holds whatever broke its consumers: never let it break us
         return _info(_format_of(body), f"not decoded: {type(exc).__name__}")
 
@@ -169,7 +173,7 @@ def _format_of(body: object) -> str:
     return "binary"
 
 
-def _decode(body: object) -> TaskInfo:
+def _decode(body: object, parsed: dict[str, Any] | None = None) -> TaskInfo:
     if body is None:
         return _info("empty")
     if isinstance(body, str):
@@ -189,7 +193,7 @@ def _decode(body: object) -> TaskInfo:
     if len(text) > _MAX_BODY:
         return _info("text", f"body too large to decode ({len(text)} characters)")
 
-    value, was_base64, text_note = _parse_outer(text)
+    value, was_base64, text_note = (parsed, False, None) if parsed else _parse_outer(text)
     if text_note is not None:
         return _info("text", text_note)
     if isinstance(value, dict) and "properties" in value:

@@ -251,6 +251,7 @@ def _watch_amqp(armed: _Armed) -> None:
     written = Counter[str]()
     publishing = threading.local()
     write_frame = CorkedWriter.__call__
+    write_publish = CorkedWriter.publish
     basic_publish = amqp.channel.Channel.basic_publish
     blocking_read = amqp.connection.Connection.blocking_read
 
@@ -259,6 +260,12 @@ def _watch_amqp(armed: _Armed) -> None:
         if args[0] == 1 and args[2] == spec.Basic.Publish:  # (type, channel, method, ...)
             with armed.lock:
                 written["publishes"] += 1
+        return result
+
+    def counted_publish(self: Any, *args: Any) -> Any:
+        result = write_publish(self, *args)
+        with armed.lock:
+            written["publishes"] += 1
         return result
 
     def marked_publish(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -277,6 +284,7 @@ def _watch_amqp(armed: _Armed) -> None:
         return blocking_read(self, *args, **kwargs)
 
     CorkedWriter.__call__ = counted_write  # type: ignore[method-assign]
+    CorkedWriter.publish = counted_publish  # type: ignore[method-assign]
     amqp.channel.Channel.basic_publish = marked_publish
     amqp.connection.Connection.blocking_read = watched_read
 

@@ -622,7 +622,7 @@ def test_repr_of_absurd_nesting_is_bounded() -> None:
 
 
 def test_last_resort_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    def explode(body: object) -> TaskInfo:
+    def explode(body: object, parsed: object = None) -> TaskInfo:
         raise RuntimeError("a bug somewhere in decoding")
 
     monkeypatch.setattr(messages, "_decode", explode)

@@ -24,7 +24,7 @@ from redrive.broker import broker_scheme, open_broker
 from redrive.broker.base import QueueCounts, SendEntry
 from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
-from redrive.broker.rabbitmq.link import nack_plan
+from redrive.broker.rabbitmq.link import Lane, nack_plan
 from redrive.config import Family, built_in_layout
 from redrive.errors import (
     BrokerUnavailable,
@@ -182,7 +182,7 @@ def test_a_publish_whose_confirm_never_comes_is_unconfirmed(
     may be queued, so they are unconfirmed (in doubt), never sent."""
     declare(channel, "target")
     monkeypatch.setattr("redrive.broker.rabbitmq.link.CONFIRM_TIMEOUT", 1.0)
-    broker.lane.work().events["basic_ack"].clear()
+    broker.sending.work().events["basic_ack"].clear()
     result = broker.send("target", [entry("0"), entry("1"), entry("2")])
     assert result.ok == {} and result.unconfirmed == frozenset("012")
     assert {result.outcome(i) for i in "012"} == {"unconfirmed"}
@@ -606,11 +606,11 @@ def test_a_hold_past_the_nodes_consumer_timeout_is_one_error_and_every_copy_come
     ]
 
 
-def recorded_writes(broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+def recorded_writes(lane: Lane, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """What the lane's socket is given from now on, one item a write (its work channel
     connected, open and confirming first)."""
-    broker.lane.work()
-    connection = broker.lane._connection
+    lane.work()
+    connection = lane._connection
     assert connection is not None
     written: list[bytes] = []
     real_write = connection.transport.write
@@ -630,12 +630,13 @@ def test_a_batch_of_publishes_is_one_write_and_the_same_messages(
     publishes reach the socket in one write (not 50), every one confirmed and queued as
     sent; frames outside a batch (a receive's) are written at once as before."""
     declare(channel, "corked")
-    writes = recorded_writes(broker, monkeypatch)
+    writes = recorded_writes(broker.sending, monkeypatch)
     result = broker.send("corked", [entry(str(i), f'{{"n": {i}}}') for i in range(50)])
     assert len(result.ok) == 50 and not result.failed
     assert len(writes) == 1
+    receiving = recorded_writes(broker.lane, monkeypatch)
     got = broker.receive("corked", hold=60, max_messages=50)
-    assert len(writes) > 1  # the receive's qos and consume went out uncorked
+    assert len(receiving) > 1  # the receive's qos and consume went out uncorked
     assert [unpacked(d.body, {})[0] for d in got] == [f'{{"n": {i}}}'.encode() for i in range(50)]
 
 
@@ -648,7 +649,7 @@ def test_publishes_before_one_that_fails_to_frame_are_on_the_wire_all_the_same(
     not have queued them before the connection went), never refused: the ledger never
     resends them blindly."""
     declare(channel, "half")
-    written = recorded_writes(broker, monkeypatch)
+    written = recorded_writes(broker.lane, monkeypatch)
     good = [(str(i), f'{{"n": {i}}}'.encode(), {"delivery_mode": 2}) for i in range(3)]
     bad = ("3", b"{}", {"application_headers": {"x": object()}})  # py-amqp cannot frame it
     refused, unconfirmed = broker.lane.publish("half", [*good, bad])
@@ -704,3 +705,22 @@ def test_a_batch_of_deliveries_is_read_in_few_recvs_and_a_timeout_loses_nothing(
     assert [unpacked(d.body, {})[0] for d in rest] == [
         f'{{"n": {i}}}'.encode() for i in range(50, 60)
     ]
+
+
+def test_a_receive_promised_more_than_is_left_ends_when_none_are_ready(
+    channel: amqp.Channel, broker: RabbitBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive's window comes from a count, and a second worker (or process) may take part
+    of it first: once no delivery comes for a moment and none is ready, the receive ends
+    with what it got, instead of waiting out its delivery timeout (made ten minutes here,
+    so that a receive that waited it out would show)."""
+    monkeypatch.setattr("redrive.broker.rabbitmq.link.DELIVERY_TIMEOUT", 600.0)
+    declare(channel, "promised")
+    broker.send("promised", [entry(str(i), f'{{"n": {i}}}') for i in range(10)])
+    started = time.monotonic()
+    got = broker.lane.get("promised", 20, 20)  # a count of 20: ten of them taken already
+    assert len(got) == 10
+    assert time.monotonic() - started < 600
+    settled = broker.ack("promised", {str(i): d.tag for i, d in enumerate(got)})
+    assert len(settled.ok) == 10
+    assert drain(channel, "promised") == []

@@ -1,8 +1,8 @@
 """The buffered frame reader (redrive/broker/rabbitmq/frames.py) against what py-amqp's own
 ``read_frame`` gives for the same bytes, however the socket splits them: frames across
 ``recv`` boundaries, many frames in one ``recv``, a read that times out halfway and goes on,
-a lost connection, a bad frame end. The real socket, on a real node, is
-tests/test_rabbitmq_broker.py's."""
+a lost connection, a bad frame end; and the publishes it frames itself against py-amqp's
+frame writer's bytes. The real socket, on a real node, is tests/test_rabbitmq_broker.py's."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amqp import spec
 from amqp.exceptions import UnexpectedFrame
+from amqp.method_framing import frame_writer
+from amqp.serialization import dumps
 from amqp.transport import TCPTransport
 from conftest import self_signed
 
@@ -24,7 +27,10 @@ from redrive.broker.rabbitmq.frames import (
     READ_CHUNK,
     BufferedSSLTransport,
     Connection,
+    CorkedWriter,
     FrameReader,
+    Outgoing,
+    publisher,
 )
 
 
@@ -177,3 +183,64 @@ def test_over_tls_the_frames_are_read_buffered_and_the_same(tmp_path: Path) -> N
         transport.close()
         thread.join(10)
         listener.close()
+
+
+class Written:
+    """A transport's ``write`` and a connection's framing facts, for a frame writer."""
+
+    def __init__(self, frame_max: int) -> None:
+        self.frame_max = frame_max
+        self.bytes_sent = 0
+        self.data = bytearray()
+
+    def write(self, data: Any) -> None:
+        self.data += bytes(data)
+
+
+class PublishChannel:
+    channel_id = 3
+    is_open = True
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+
+@pytest.mark.parametrize("corked", [True, False], ids=["corked", "uncorked"])
+@pytest.mark.parametrize(
+    ("body", "properties"),
+    [
+        pytest.param(b'[[1], {}, {"chain": null}]', {"delivery_mode": 2}, id="small"),
+        pytest.param(b"", {"content_type": "application/json"}, id="empty body"),
+        pytest.param(b"x" * 10_000, {"application_headers": {"id": "t-1"}}, id="several frames"),
+        pytest.param(b"y" * 4_088, {}, id="one frame, exactly"),
+        pytest.param("text, not bytes", {}, id="text body"),
+    ],
+)
+def test_a_publish_is_py_amqps_bytes(body: Any, properties: dict[str, Any], corked: bool) -> None:
+    """redrive frames each publish of a batch itself (its method frame once a batch): the
+    bytes, frame after frame, are those py-amqp's writer gives for the same publish, a body
+    over ``frame_max`` split as py-amqp splits it, and a text body left to py-amqp."""
+    ours, theirs = Written(4_096), Written(4_096)
+    writer = CorkedWriter(ours, ours)
+    ours.frame_writer = writer  # type: ignore[attr-defined]
+    publish = publisher(PublishChannel(ours), "onion-checkout")
+    if corked:
+        with writer.corked():
+            publish(Outgoing(body, **properties))
+            assert not ours.data
+    else:
+        publish(Outgoing(body, **properties))
+    frame_writer(theirs, theirs)(
+        1,
+        3,
+        spec.Basic.Publish,
+        publish_arguments("onion-checkout"),
+        Outgoing(body, **properties),
+    )
+    assert bytes(ours.data) == bytes(theirs.data)
+    assert ours.bytes_sent == theirs.bytes_sent == 1
+
+
+def publish_arguments(routing_key: str) -> bytes:
+    data: bytes = dumps("Bssbb", (0, "", routing_key, True, False))
+    return data

@@ -6,6 +6,7 @@ writes included (a malformed one is py-amqp's to read, or refuse)."""
 
 from __future__ import annotations
 
+import json
 import struct
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -18,8 +19,10 @@ from amqp.serialization import decode_properties_basic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redrive.broker.rabbitmq.envelope import envelope_with_value
 from redrive.broker.rabbitmq.frames import Incoming, Outgoing
 from redrive.broker.rabbitmq.properties import Received, Unusual, deserialized, serialized
+from redrive.messages import decode
 from redrive.sandbox.rabbitmq_layout import celery_message
 
 
@@ -287,3 +290,17 @@ def test_an_unchanged_resend_is_the_received_bytes_type_letters_and_all() -> Non
     assert deserialized(written, 0)[0] == {"application_headers": sending}
     assert b"l" + struct.pack(">q", 3) in written  # the count's letter kept
     assert b"x-delivery-count" not in written
+
+
+@settings(max_examples=300, deadline=None)
+@given(PROPERTIES | st.just(celery_properties()), st.binary(max_size=40))
+def test_an_envelopes_object_is_what_parsing_it_gives_and_decodes_alike(
+    properties: dict[str, Any], body: bytes
+) -> None:
+    """A delivery carries its envelope's JSON object beside the text (``Delivery.parsed``),
+    so that decode() need not parse the text again: that object is exactly what parsing the
+    text gives, and decodes to the same TaskInfo."""
+    text, value = envelope_with_value(body, properties)
+    assert json.loads(text) == value
+    assert decode(text, value) == decode(text)
+    assert decode(text, value).parsed == decode(text).parsed

@@ -9,14 +9,17 @@ process opens (the sandbox's, ``--processes``' parent, an embedding program, the
 from __future__ import annotations
 
 import threading
-from typing import Any
-
-import botocore.loaders
-import botocore.session
-from botocore.config import Config
+from typing import TYPE_CHECKING, Any
 
 from redrive.aws.errors import aws_errors, one_line
 from redrive.errors import AwsUnavailable
+
+if TYPE_CHECKING:
+    import botocore.loaders
+    import botocore.session
+
+# botocore's session and client modules are imported on first use, not with redrive's CLI:
+# they are a quarter of its start (~0.1 s), which a run on RabbitMQ never needs.
 
 
 class AwsSettings:
@@ -42,6 +45,8 @@ class AwsSettings:
         with self._lock:
             if self._session is None:
                 with aws_errors("open an AWS session"):
+                    import botocore.session
+
                     session = botocore.session.Session(profile=self.profile)
                     session.register_component("data_loader", shared_loader(session))
                     self._session = session
@@ -51,6 +56,8 @@ class AwsSettings:
         self, service: str, *, region: str | None = None, max_attempts: int | None = None
     ) -> Any:
         """A new client: each worker thread gets its own (boto3 clients are not shared)."""
+        from botocore.config import Config
+
         config = Config(
             # adaptive: client-side rate limiting that backs off when AWS throttles.
             # total_max_attempts counts the first request; botocore's "max_attempts" counts
@@ -91,6 +98,8 @@ def shared_loader(session: botocore.session.Session) -> botocore.loaders.Loader:
     """The process's loader for the session's data path (``AWS_DATA_PATH``), as botocore
     would create it for the session (tests/conftest.py gives it to every session a test
     process opens: moto's and boto3's open one per test)."""
+    import botocore.loaders
+
     data_path = session.get_config_variable("data_path")
     with _LOADERS_LOCK:
         loader = _LOADERS.get(data_path)

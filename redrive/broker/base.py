@@ -57,6 +57,9 @@ class Delivery:
     (None: it does not, as SQS)."""
     died_at: float | None = None
     """When it was last dead-lettered (epoch seconds), where the broker says."""
+    parsed: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """``body``'s JSON object, when the broker made ``body`` by encoding one (RabbitMQ's
+    envelope): :func:`redrive.messages.decode` then need not parse it again. Never edited."""
     native: Any = field(default=None, compare=False, repr=False)
     """Opaque: the broker's own form of the message, where ``body`` is an encoding of it
     (RabbitMQ's raw AMQP body and properties, of which ``body`` is kombu's envelope): a

@@ -300,7 +300,7 @@ def _scan_into(
     def work(worker_sqs: Broker) -> None:
         while (batch := scan.next_batch(worker_sqs)) is not None:
             try:
-                infos = [(m, decode(m.body)) for m in batch]
+                infos = [(m, decode(m.body, m.parsed)) for m in batch]
                 count = functools.partial(_count, grouping, lock, infos, full=scan.stop_receiving)
                 if ahead is None:
                     count(None)

@@ -66,6 +66,20 @@ def _entry(row: tuple[Any, ...]) -> Entry:
     )
 
 
+def _claimed(claim: Claim, run_id: str, now: float) -> Entry:
+    """The entry a claim inserts (what reading its row back gives)."""
+    return Entry(
+        key=claim.key,
+        state=KeyState.CLAIMED,
+        run_id=run_id,
+        task=claim.task,
+        message_id=claim.message_id,
+        target=claim.target,
+        sent_message_id=None,
+        updated_at=now,
+    )
+
+
 def _run_info(row: tuple[Any, ...]) -> RunInfo:
     run_id, command, started_at, heartbeat_at, lease_until, ended_at, outcome, info, counts = row
     return RunInfo(
@@ -344,24 +358,23 @@ class SqliteLedger(Ledger):
         claims = list(claims)
 
         def apply(conn: sqlite3.Connection) -> ClaimResult:
-            won: set[str] = set()
+            # Under BEGIN IMMEDIATE: no other writer between the look and the inserts, so
+            # the absent keys (each one's first claim) are exactly what the inserts win.
+            keys = [c.key for c in claims]
+            present = _select_keys(conn, keys)
+            fresh: dict[str, Claim] = {}
             for claim in claims:
-                cur = conn.execute(
-                    f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL)"
-                    " ON CONFLICT (key) DO NOTHING",
-                    (
-                        claim.key,
-                        KeyState.CLAIMED.value,
-                        run_id,
-                        claim.task,
-                        claim.message_id,
-                        claim.target,
-                        now,
-                    ),
-                )
-                if cur.rowcount == 1:
-                    won.add(claim.key)
-            entries = _select_keys(conn, [c.key for c in claims])
+                if claim.key not in present and claim.key not in fresh:
+                    fresh[claim.key] = claim
+            conn.executemany(
+                f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, NULL)",
+                [
+                    (c.key, KeyState.CLAIMED.value, run_id, c.task, c.message_id, c.target, now)
+                    for c in fresh.values()
+                ],
+            ).close()  # no cursor may leave the writer's thread (see _execute_many)
+            won = {key: _claimed(claim, run_id, now) for key, claim in fresh.items()}
+            entries = {k: present.get(k) or won[k] for k in dict.fromkeys(keys)}
             return ClaimResult(entries=entries, won=frozenset(won))
 
         return self._writes.submit("claim keys", apply, flush=True)

@@ -531,7 +531,7 @@ class _Purge:
         keep: list[Delivery] = []
         taken: list[_Pending] = []
         now = self.clock()
-        decoded = [(message, decode(message.body)) for message in batch]
+        decoded = [(message, decode(message.body, message.parsed)) for message in batch]
         self._tally.seen.add(decoded)
         # Counted as received, before any of it is matched: scanned >= matched at all times.
         self._tally.scanned(len(batch))

@@ -31,6 +31,7 @@ from redrive.broker.rabbitmq.api import ManagementApi
 from redrive.broker.rabbitmq.envelope import (
     NotAnEnvelope,
     envelope_of,
+    envelope_with_value,
     marks_of,
     message_id_of,
     resent,
@@ -80,8 +81,9 @@ CAPABILITIES: Final = Capabilities(
 
 
 class RabbitBroker:
-    """One vhost's queues, over a lane of its own of the process's link to its URL (each
-    ``--workers`` thread has a broker: their calls never wait on each other's)."""
+    """One vhost's queues, over lanes of its own of the process's link to its URL (each
+    ``--workers`` thread has a broker: their calls never wait on each other's): one for
+    receiving, acknowledging and counting, one for publishing."""
 
     capabilities = CAPABILITIES
 
@@ -91,6 +93,11 @@ class RabbitBroker:
         self.link = link
         self.lane = link.lane()
         weakref.finalize(self, link.give_back, self.lane)
+        # Publishes go on a lane of their own (connected on the first send): a worker's
+        # next receive, waiting on its lane for deliveries, and this batch's confirms then
+        # wait at once, not in turn (a lane's calls hold its lock while they wait).
+        self.sending = link.lane()
+        weakref.finalize(self, link.give_back, self.sending)
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
@@ -186,7 +193,7 @@ class RabbitBroker:
             envelope = entry.body if same else envelope_of(body, properties)
             ready.append((entry.id, body, properties))
             ids[entry.id] = message_id_of(properties, envelope, marks_of(properties))
-        refused, unconfirmed = self.lane.publish(name, ready, received)
+        refused, unconfirmed = self.sending.publish(name, ready, received)
         failed.update(refused)
         for entry_id in unconfirmed:
             failed[entry_id] = "Unconfirmed: no publisher confirm came (the message may be queued)"
@@ -205,7 +212,7 @@ class RabbitBroker:
 
 def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
     """One delivery as the core reads it (see :mod:`.envelope`)."""
-    envelope = envelope_of(got.body, got.properties)
+    envelope, parsed = envelope_with_value(got.body, got.properties)
     marks = marks_of(got.properties)
     headers = got.properties.get("application_headers") or {}
     deaths = headers.get("x-death")
@@ -234,6 +241,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
         hidden_until=hidden_until,
         death_reason=reason if isinstance(reason, str) and reason else None,
         died_at=_epoch(latest.get("time")),
+        parsed=parsed,
         native=got,
     )
 

@@ -130,6 +130,12 @@ def untyped(value: Any) -> Any:
 
 def envelope_of(body: bytes, properties: Mapping[str, Any]) -> str:
     """kombu's envelope of an AMQP message (py-amqp's ``body`` bytes and ``properties``)."""
+    return envelope_with_value(body, properties)[0]
+
+
+def envelope_with_value(body: bytes, properties: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """:func:`envelope_of`, and the JSON object it encodes (what parsing it gives back: every
+    value in it is one JSON carries as it is)."""
     headers = properties.get("application_headers") or {}
     kept = {k: v for k, v in headers.items() if k not in _NOT_KEPT}
     props: dict[str, Any] = {"body_encoding": "base64"}
@@ -143,7 +149,7 @@ def envelope_of(body: bytes, properties: Mapping[str, Any]) -> str:
         "headers": typed(kept),
         "properties": props,
     }
-    return json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")), envelope
 
 
 def marks_of(properties: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -43,6 +43,9 @@ _HEADER: Final = struct.Struct(">BHI")
 _METHOD: Final = struct.Struct(">HH")
 _SIZE: Final = struct.Struct(">I")
 _FRAME_END: Final = 0xCE
+_END: Final = b"\xce"
+#: A content header's class id, weight and body size (its property flags and list follow).
+_CONTENT: Final = struct.Struct(">HHQ")
 #: A ``recv`` that was interrupted or would block: py-amqp tries again (or, before a frame's
 #: first byte, tells a timeout when ``raise_on_initial_eintr``).
 _AGAIN: Final = frozenset({errno.EAGAIN, errno.EINTR, errno.ENOENT, errno.EWOULDBLOCK})
@@ -72,11 +75,32 @@ class CorkedWriter:
     """A frame writer for ``amqp.Connection(frame_writer=CorkedWriter)``."""
 
     def __init__(self, connection: Any, transport: Any) -> None:
+        self._connection = connection
         self._cork = _Cork(transport)
         self._write: Callable[..., Any] = frame_writer(connection, self._cork)
 
     def __call__(self, *args: Any) -> Any:
         return self._write(*args)
+
+    def publish(self, channel: int, arguments: bytes, method: bytes, message: Outgoing) -> None:
+        """One ``basic.publish`` (its ``arguments``, and ``method``: its method frame,
+        whole), its content header and body frames: the bytes py-amqp's writer gives for
+        it, without its per-call format strings and buffer copies. A body that is not
+        bytes goes to py-amqp's writer (it encodes text its own way)."""
+        body = message.body
+        if type(body) is not bytes:
+            self._write(1, channel, spec.Basic.Publish, arguments, message)
+            return
+        properties = message._serialize_properties()
+        header = _HEADER.pack(2, channel, 12 + len(properties))
+        content = _CONTENT.pack(spec.Basic.CLASS_ID, 0, len(body))
+        parts = [method, header, content, properties, _END]
+        chunk = self._connection.frame_max - 8
+        for at in range(0, len(body), chunk):
+            part = body[at : at + chunk]
+            parts += (_HEADER.pack(3, channel, len(part)), part, _END)
+        self._cork.write(b"".join(parts))
+        self._connection.bytes_sent += 1
 
     @contextmanager
     def corked(self) -> Iterator[None]:
@@ -120,15 +144,25 @@ def publisher(channel: Any, routing_key: str) -> Callable[[Outgoing], None]:
     connection = channel.connection
     if connection is None or not channel.is_open:
         raise amqp.exceptions.RecoverableConnectionError("basic_publish: connection closed")
-    write = connection.frame_writer
+    writer = connection.frame_writer
     number = channel.channel_id
     arguments = dumps("Bssbb", (0, "", routing_key, True, False))
+    if not isinstance(writer, CorkedWriter):
+        write = writer
+
+        def publish_framed(message: Outgoing) -> None:
+            try:
+                write(1, number, spec.Basic.Publish, arguments, message)
+            except StopIteration:
+                raise amqp.exceptions.RecoverableConnectionError("connection closed") from None
+
+        return publish_framed
+    # The method frame is the same for every publish of the batch: framed once.
+    payload = _METHOD.pack(*spec.Basic.Publish) + arguments
+    method = _HEADER.pack(1, number, len(payload)) + payload + _END
 
     def publish(message: Outgoing) -> None:
-        try:
-            write(1, number, spec.Basic.Publish, arguments, message)
-        except StopIteration:
-            raise amqp.exceptions.RecoverableConnectionError("connection already closed") from None
+        writer.publish(number, arguments, method, message)
 
     return publish
 

@@ -1,7 +1,9 @@
-"""The process's AMQP connections to one broker URL (py-amqp): one :class:`Lane` per broker.
+"""The process's AMQP connections to one broker URL (py-amqp): :class:`Lane` s, two per broker.
 
 AMQP channels are not thread-safe and a delivery tag belongs to the channel it came on.
-Every ``--workers`` thread has a broker of its own, so each broker takes a lane: a connection
+Every ``--workers`` thread has a broker of its own, so each broker takes a lane for its
+receives (and a second for its publishes: a lane's calls wait under its lock, and a
+worker's next receive and this batch's confirms then wait at once): a connection
 of its own with a ``work`` channel (gets, acks, publishes with confirms) and a ``probe``
 channel (passive declares, purges: a missing queue closes the channel it was asked on, and
 must never close the one holding the scan's deliveries), behind the lane's own lock. Workers
@@ -58,6 +60,9 @@ from redrive.errors import BrokerUnavailable, HoldsTimedOut, QueueNotFound
 CONFIRM_TIMEOUT: Final = 30.0
 #: How long a receive waits for the deliveries a consumer window was promised.
 DELIVERY_TIMEOUT: Final = 2.0
+#: How long a receive waits for its next delivery before it asks whether any are still
+#: ready (a count, not a verdict: a slow broker only costs a passive declare).
+READY_CHECK: Final = 0.05
 CONNECT_TIMEOUT: Final = 10.0
 #: Connection failures: the lane's connection is dropped and made again on its next call.
 LINK_ERRORS: Final = (
@@ -297,6 +302,15 @@ class Lane:
                 raise QueueNotFound(f"queue {queue} does not exist") from None
             return int(ready), int(consumers)
 
+    def _ready(self, queue: str) -> int:
+        """Ready messages of ``queue`` (0 once it is gone)."""
+        try:
+            _, ready, _ = self.probe().queue_declare(queue, passive=True)
+        except amqp.exceptions.NotFound:
+            self._probe = None
+            return 0
+        return int(ready)
+
     def held(self, queue: str) -> int:
         with self.lock:
             return self._unacked.held(queue)
@@ -342,11 +356,14 @@ class Lane:
                 raise QueueNotFound(f"queue {queue} does not exist") from None
             deadline = time.monotonic() + DELIVERY_TIMEOUT
             assert self._connection is not None
-            while len(got) < want and time.monotonic() < deadline:
+            while len(got) < want and (left := deadline - time.monotonic()) > 0:
                 try:
-                    self._connection.drain_events(timeout=max(0.01, deadline - time.monotonic()))
+                    self._connection.drain_events(timeout=max(0.01, min(left, READY_CHECK)))
                 except TimeoutError:
-                    break
+                    # Another consumer (a second worker or process) may have taken the
+                    # rest of what the count promised: none ready, nothing more will come.
+                    if left <= READY_CHECK or self._ready(queue) == 0:
+                        break
             # Deliveries that arrive before cancel-ok are ours too (the callback stays).
             channel.basic_cancel(tag)
             return got

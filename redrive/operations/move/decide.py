@@ -140,7 +140,7 @@ class Decider:
         candidates: list[Candidate] = []
         now = self._now()
         now_dt = datetime.fromtimestamp(now, UTC)
-        decoded = [(message, decode(message.body)) for message in batch]
+        decoded = [(message, decode(message.body, message.parsed)) for message in batch]
         self._tally.seen.add(decoded)
         gates = self._gate_reasons(decoded)
         succeeded = self._succeeded(decoded)
