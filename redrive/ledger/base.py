@@ -63,6 +63,20 @@ class Claim:
     target: str
 
 
+def claimed_entry(claim: Claim, run_id: str, now: float) -> Entry:
+    """The entry a claim by ``run_id`` at ``now`` makes: CLAIMED, nothing sent yet."""
+    return Entry(
+        key=claim.key,
+        state=KeyState.CLAIMED,
+        run_id=run_id,
+        task=claim.task,
+        message_id=claim.message_id,
+        target=claim.target,
+        sent_message_id=None,
+        updated_at=now,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimResult(Mapping[str, Entry]):
     """What :meth:`Ledger.claim_many` returns.

@@ -63,6 +63,7 @@ from redrive.ledger.base import (
     check_key,
     check_outcome,
     check_page_size,
+    claimed_entry,
     run_not_open,
 )
 from redrive.ledger.dynamodb_calls import CONFLICT_ATTEMPTS, ConditionFailed, TableCalls
@@ -372,16 +373,7 @@ class DynamoDbLedger(Ledger):
         return ClaimResult(entries=entries, won=frozenset(won))
 
     def _claim_one(self, run_id: str, claim: Claim, now: float, token: str) -> tuple[Entry, bool]:
-        mine = Entry(
-            key=claim.key,
-            state=KeyState.CLAIMED,
-            run_id=run_id,
-            task=claim.task,
-            message_id=claim.message_id,
-            target=claim.target,
-            sent_message_id=None,
-            updated_at=now,
-        )
+        mine = claimed_entry(claim, run_id, now)
         item = writes.claim_item(run_id, claim, now=now, token=token, ttl=self._ttl)
         # Every answer needs the entry that holds the key; when the holder releases it
         # between our put and our read, the key is absent again and we try once more.

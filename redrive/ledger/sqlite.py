@@ -23,6 +23,7 @@ from redrive.ledger.base import (
     check_key,
     check_outcome,
     check_page_size,
+    claimed_entry,
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter
@@ -63,20 +64,6 @@ def _entry(row: tuple[Any, ...]) -> Entry:
         sent_message_id=sent_message_id,
         updated_at=updated_at,
         sent_at=sent_at,
-    )
-
-
-def _claimed(claim: Claim, run_id: str, now: float) -> Entry:
-    """The entry a claim inserts (what reading its row back gives)."""
-    return Entry(
-        key=claim.key,
-        state=KeyState.CLAIMED,
-        run_id=run_id,
-        task=claim.task,
-        message_id=claim.message_id,
-        target=claim.target,
-        sent_message_id=None,
-        updated_at=now,
     )
 
 
@@ -373,7 +360,7 @@ class SqliteLedger(Ledger):
                     for c in fresh.values()
                 ],
             ).close()  # no cursor may leave the writer's thread (see _execute_many)
-            won = {key: _claimed(claim, run_id, now) for key, claim in fresh.items()}
+            won = {key: claimed_entry(claim, run_id, now) for key, claim in fresh.items()}
             entries = {k: present.get(k) or won[k] for k in dict.fromkeys(keys)}
             return ClaimResult(entries=entries, won=frozenset(won))
 
