@@ -193,6 +193,28 @@ def test_apply_acts_on_exactly_the_planned_messages_and_twice_does_nothing(
     assert f"@{socket.gethostname()} on {shown['info']['broker']}" in text.stdout, text.stdout
 
 
+# -- --workers 4 ---------------------------------------------------------------------------------
+
+
+def test_a_move_in_four_workers_sends_each_task_once_as_it_was(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """Four workers in one process, each receiving on a lane of its own and publishing on
+    another, on one DLQ: their consumers share what is ready (a receive whose window another
+    emptied ends with what it got), and every task reaches its queue once, byte for byte."""
+    before = fill(rabbitmq_vhost, 350)
+    ledger = tmp_path / "ledger.sqlite3"
+    move = ["move", "checkout", "--workers", "4", "--json", "--ledger", str(ledger)]
+    done = ok_json(redrive(rabbitmq_vhost, *move, "--execute", "--yes"))
+    assert (done["moved"], done["in_doubt"], done["failed"]) == (350, 0, 0), done
+    assert done["duplicates_deleted"] == 0
+    assert_sent_as_they_were(drain(rabbitmq_vhost, QUEUE), before)
+    assert drain(rabbitmq_vhost, DLQ) == []
+    with sqlite3.connect(ledger) as db:
+        states = dict(db.execute("SELECT state, COUNT(*) FROM keys GROUP BY state"))
+    assert states == {"done": 350}, states
+
+
 # -- --processes 2 --------------------------------------------------------------------------------
 
 
