@@ -724,3 +724,18 @@ def test_a_receive_promised_more_than_is_left_ends_when_none_are_ready(
     settled = broker.ack("promised", {str(i): d.tag for i, d in enumerate(got)})
     assert len(settled.ok) == 10
     assert drain(channel, "promised") == []
+
+
+def test_receives_counts_and_acks_never_open_the_publishing_lane(
+    channel: amqp.Channel, broker: RabbitBroker
+) -> None:
+    """A broker publishes on a lane of its own, connected on its first send: an inspect
+    (receives, counts, acks and releases) never opens that second connection."""
+    declare(channel, "quiet")
+    publish(channel, "quiet", amqp.Message(b'{"n": 1}'))
+    (delivery,) = broker.receive("quiet", hold=60)
+    broker.counts("quiet")
+    assert len(broker.ack("quiet", {"0": delivery.tag}).ok) == 1
+    assert broker.lane._connection is not None and broker.sending._connection is None
+    assert len(broker.send("quiet", [entry("0")]).ok) == 1
+    assert broker.sending._connection is not None

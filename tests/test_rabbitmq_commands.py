@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import amqp
 import pytest
-from test_rabbitmq_e2e import drain, ok_json, redrive, task_ids
+from test_rabbitmq_e2e import ROOT, drain, ok_json, redrive, task_ids
 from test_report_post import Recorder, hook  # noqa: F401  (the fixture)
 
 from redrive import attributes
@@ -213,6 +215,33 @@ def test_a_move_in_four_workers_sends_each_task_once_as_it_was(
     with sqlite3.connect(ledger) as db:
         states = dict(db.execute("SELECT state, COUNT(*) FROM keys GROUP BY state"))
     assert states == {"done": 350}, states
+
+
+def test_a_move_on_rabbitmq_never_loads_botocores_session_or_clients(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """redrive.aws.session imports botocore's session, loaders and config on first use: a
+    run on RabbitMQ (here an executed move of one family's DLQ) never loads them."""
+    fill(rabbitmq_vhost, 20)
+    launch = (
+        "import atexit, runpy, sys\n"
+        "unwanted = ('botocore.session', 'botocore.client', 'botocore.loaders')\n"
+        "atexit.register(lambda: print('loaded:', [m for m in unwanted if m in sys.modules],"
+        " file=sys.stderr))\n"
+        "sys.argv = ['redrive', *sys.argv[1:]]\n"
+        "runpy.run_module('redrive', run_name='__main__')\n"
+    )
+    urls = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
+    done = subprocess.run(
+        [sys.executable, "-c", launch, *urls, "move", "checkout", "--execute", "--yes", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert ok_json(done)["moved"] == 20
+    assert "loaded: []" in done.stderr, done.stderr
 
 
 # -- --processes 2 --------------------------------------------------------------------------------

@@ -145,18 +145,9 @@ def publisher(channel: Any, routing_key: str) -> Callable[[Outgoing], None]:
     if connection is None or not channel.is_open:
         raise amqp.exceptions.RecoverableConnectionError("basic_publish: connection closed")
     writer = connection.frame_writer
+    assert isinstance(writer, CorkedWriter), "a lane's connection is a frames.Connection"
     number = channel.channel_id
     arguments = dumps("Bssbb", (0, "", routing_key, True, False))
-    if not isinstance(writer, CorkedWriter):
-        write = writer
-
-        def publish_framed(message: Outgoing) -> None:
-            try:
-                write(1, number, spec.Basic.Publish, arguments, message)
-            except StopIteration:
-                raise amqp.exceptions.RecoverableConnectionError("connection closed") from None
-
-        return publish_framed
     # The method frame is the same for every publish of the batch: framed once.
     payload = _METHOD.pack(*spec.Basic.Publish) + arguments
     method = _HEADER.pack(1, number, len(payload)) + payload + _END

@@ -305,11 +305,9 @@ class Lane:
     def _ready(self, queue: str) -> int:
         """Ready messages of ``queue`` (0 once it is gone)."""
         try:
-            _, ready, _ = self.probe().queue_declare(queue, passive=True)
-        except amqp.exceptions.NotFound:
-            self._probe = None
+            return self.declared(queue)[0]
+        except QueueNotFound:
             return 0
-        return int(ready)
 
     def held(self, queue: str) -> int:
         with self.lock:
