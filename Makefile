@@ -6,12 +6,12 @@ BIN    := $(VENV)/bin
 MESSAGES ?= 40
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser rabbitmq bench profile clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck docs unit suite browser rabbitmq bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -63,7 +63,13 @@ unit: install
 suite: install localstack
 	$(BIN)/pytest -q -n 4 --maxschedchunk 2 --durations=15
 
-test: lint typecheck browser rabbitmq suite
+test: lint typecheck docs browser rabbitmq suite
+
+# The reference site (docs/, runbooks/ through the docs/runbooks link) built with MkDocs and
+# Material into site/: --strict fails on a link to a page or heading that does not exist, or a
+# page left out of the nav. Nothing is fetched while building.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The HTML report's browser test needs headless Chromium (Debian's package). Installed here
 # when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
@@ -124,4 +130,4 @@ profile: install
 	$(BIN)/python bench/profile_move.py --n 20000 --workers 16
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info site

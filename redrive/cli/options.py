@@ -73,7 +73,7 @@ def compiled_group_by(text: str | None) -> Expression | None:
 WHERE_HELP = (
     "Only messages for which this JMESPath expression over the message's record is true, "
     "e.g. \"kwargs.user_id == '42'\" or 'receive_count >= `6`' (repeatable: all must hold; "
-    "fields in the README)."
+    "fields in docs/where.md)."
 )
 
 
