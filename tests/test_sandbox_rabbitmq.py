@@ -35,7 +35,18 @@ def test_the_rabbitmq_sandbox_prints_exports_holds_dead_letters_and_stops_its_no
         "PYTHONPATH": str(ROOT),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "redrive", "sandbox", "--broker", "rabbitmq", "--messages", "3"],
+        [
+            sys.executable,
+            "-m",
+            "redrive",
+            "sandbox",
+            "--broker",
+            "rabbitmq",
+            "--messages",
+            "3",
+            "--seed",
+            "7",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
