@@ -5,6 +5,7 @@ examples on every CI run; locally both stay as they were (skips that say why, ne
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,3 +120,15 @@ def test_locally_they_skip_with_a_reason_and_hypothesis_explores(tmp_path: Path)
     assert "derandomize False" in out and "database None" not in out, out[-3000:]
     assert "FAILED" not in out, out[-3000:]
     assert "SKIPPED" in out and "no RabbitMQ" in out and "no chromium" in out, out[-3000:]
+
+
+def test_exactly_once_checks_count_after_the_worker_stopped() -> None:
+    """A fixed wait "long enough for a duplicate" let a later duplicate pass unseen: each
+    Celery check counts executions once the queues are drained and the worker has stopped
+    (``celery_worker.run_worker_until``), so no wait of a second or more is left."""
+    waits = {
+        path.name: found
+        for path in sorted(TESTS.glob("test_*celery*e2e.py"))
+        if (found := re.findall(r"time\.sleep\(\s*(?:[1-9]|0*\.[5-9])", path.read_text()))
+    }
+    assert not waits, waits
