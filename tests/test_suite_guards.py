@@ -132,3 +132,14 @@ def test_exactly_once_checks_count_after_the_worker_stopped() -> None:
         if (found := re.findall(r"time\.sleep\(\s*(?:[1-9]|0*\.[5-9])", path.read_text()))
     }
     assert not waits, waits
+
+
+def test_no_test_skips_because_it_runs_as_root() -> None:
+    """CI runs as root: a test skipped for root never ran there. Permission tests set root's
+    privileges aside instead (tests/unprivileged.py)."""
+    skipping = [
+        path.name
+        for path in sorted(TESTS.glob("test_*.py"))
+        if re.search(r"skip\w*\([^)]*geteuid\(\)\s*==\s*0", path.read_text(), re.S)
+    ]
+    assert not skipping, skipping
