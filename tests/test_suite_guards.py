@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 from conftest import missing_component
 
-pytestmark = pytest.mark.e2e  # make and pytest as subprocesses
-
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 MAKE = shutil.which("make")
@@ -31,6 +29,7 @@ def bare_path(tmp_path: Path) -> str:
     return str(bin_dir)
 
 
+@pytest.mark.e2e  # make as a subprocess
 @pytest.mark.skipif(MAKE is None, reason="make is not installed")
 @pytest.mark.parametrize("target", ["browser", "rabbitmq"])
 def test_make_fails_in_ci_when_a_real_component_is_missing(target: str, tmp_path: Path) -> None:
@@ -104,6 +103,7 @@ def run_probe(tmp_path: Path, *, ci: bool) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.e2e  # pytest as a subprocess
 def test_in_ci_missing_rabbitmq_and_chromium_fail_and_hypothesis_is_derandomized(
     tmp_path: Path,
 ) -> None:
@@ -115,6 +115,7 @@ def test_in_ci_missing_rabbitmq_and_chromium_fail_and_hypothesis_is_derandomized
     assert out.count("FAILED ::test_chromium") == 2 and "no chromium on PATH" in out, out[-3000:]
 
 
+@pytest.mark.e2e  # pytest as a subprocess
 def test_locally_they_skip_with_a_reason_and_hypothesis_explores(tmp_path: Path) -> None:
     out = run_probe(tmp_path, ci=False)
     assert "derandomize False" in out and "database None" not in out, out[-3000:]
