@@ -93,3 +93,18 @@ def test_an_earlier_releases_archive_replays_byte_identical_and_once(
     again = json.loads(cli.raising(*args, "--execute", "--yes").stdout)
     assert (again["replayed"], again["already_sent"]) == (0, 3)
     assert family.drain(family.queue_url) == []
+
+
+def test_a_cut_last_batch_of_a_headerless_archive_is_the_killed_writers_warning(
+    tmp_path: Path,
+) -> None:
+    """Before the header, a killed purge left its last batch's member cut short: the batches
+    before it read, the cut one is a warning, not damage."""
+    whole = (FIXTURES / ARCHIVES[0]).read_bytes()
+    path = tmp_path / "killed.jsonl.gz"
+    path.write_bytes(whole + whole[: len(whole) // 2])
+    problems: list[str] = []
+    records = list(read_records(str(path), on_problem=problems.append))
+    assert [r.message_id for r in records] == list(sent(ARCHIVES[0]))
+    assert len(problems) == 1 and "check it is as long as the original" in problems[0]
+    assert check_archive(str(path), on_problem=problems.append).damage is None
