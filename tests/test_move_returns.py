@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 from conftest import Cli, Family, make_family
 
+from redrive.broker.base import Delivery
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
+from redrive.keys import CLOCK_SLACK
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
@@ -23,6 +25,7 @@ from redrive.operations.move.owners import ClaimOwners
 from redrive.operations.move.returns import (
     MIN_RETURNS_FOR_FRACTION,
     ReturnsLimit,
+    died_after,
     parse_returns_limit,
 )
 from redrive.operations.observer import Callbacks
@@ -230,3 +233,18 @@ def test_a_bad_stop_after_returns_is_a_usage_error_and_native_refuses_it(cli: Cl
     native = cli("move", "checkout", "--native", "--stop-after-returns", "5")
     assert native.exit_code == 2, native.output
     assert "--stop-after-returns" in native.output
+
+
+def test_died_after_trusts_the_brokers_times_while_they_are_believable() -> None:
+    began, now = 1_000_000.0, 1_000_060.0
+
+    def died(enqueued_at: float | None = None, died_at: float | None = None) -> bool:
+        message = Delivery("m", "t", "{}", {}, {}, enqueued_at=enqueued_at, died_at=died_at)
+        return died_after(message, began, now)
+
+    assert not died()  # no time: nothing said
+    assert not died(enqueued_at=began - 1) and not died(died_at=began - 1)
+    assert died(enqueued_at=began + 1) and died(enqueued_at=began - 9, died_at=began + 1)
+    assert died(died_at=now + CLOCK_SLACK)
+    # A broker clock ahead by more than clocks drift: its times are wrong, the message taken.
+    assert not died(enqueued_at=now + CLOCK_SLACK + 1)

@@ -185,7 +185,7 @@ class Decider:
                 message, info, facts.generation, route, self._namespace(), legacy=self._legacy
             )
             cand.body = bodies.get(message.message_id)
-            if died_after(message, began):
+            if died_after(message, began, now):
                 cand.left = Fate.DIED_DURING_RUN
             candidates.append(cand)
         return candidates

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from redrive.broker.base import Delivery
 from redrive.errors import UsageProblem
+from redrive.keys import CLOCK_SLACK
 
 MIN_RETURNS_FOR_FRACTION = 10
 """A fraction stops nothing before this many came back: three moved, two back is no trend."""
@@ -83,9 +84,11 @@ def grown_by(ready: int, depth_before: int, scanned: int) -> int:
     return max(0, ready - (depth_before - scanned))
 
 
-def died_after(message: Delivery, began: float) -> bool:
+def died_after(message: Delivery, began: float, now: float) -> bool:
     """Whether the broker's times say the message died after ``began``: it was enqueued
     (SQS's SentTimestamp: a copy a run sent has its send's) or dead-lettered (RabbitMQ's
-    x-death) since. A broker that gives no time says nothing."""
+    x-death) since. A broker that gives no time says nothing, nor one whose time is ahead
+    of ``now`` by more than clocks drift apart (its clock is wrong: the message is taken,
+    as it always was, rather than every message left)."""
     times = [t for t in (message.enqueued_at, message.died_at) if t is not None]
-    return bool(times) and max(times) > began
+    return bool(times) and began < max(times) <= now + CLOCK_SLACK
