@@ -67,10 +67,14 @@ def dlq_depth(vhost: Vhost) -> int:
         connection.close()
 
 
+@pytest.mark.parametrize(
+    ("spread", "tasks"), [([], 200), (["--processes", "2"], 600)], ids=["one-process", "two"]
+)
 def test_one_move_delivers_each_failing_task_to_the_worker_once(
-    rabbitmq_vhost: Vhost, tmp_path: Path
+    rabbitmq_vhost: Vhost, tmp_path: Path, spread: list[str], tasks: int
 ) -> None:
-    before = fill(rabbitmq_vhost, 200)
+    """Two processes: a copy one sent may come back to the other, which leaves it too."""
+    before = fill(rabbitmq_vhost, tasks)
     ids = Counter(task_id_of(m) for m in before)
     ledger = tmp_path / "ledger.sqlite3"
     worker = RejectingWorker(rabbitmq_vhost)
@@ -78,22 +82,22 @@ def test_one_move_delivers_each_failing_task_to_the_worker_once(
         move = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
         # Paced, so that the run is still draining while the first batches come back.
         data = ok_json(
-            redrive(rabbitmq_vhost, *move, "--rate", "200", "--stop-after-returns", "off")
+            redrive(rabbitmq_vhost, *move, *spread, "--rate", "200", "--stop-after-returns", "off")
         )
         wait_until(lambda: worker.delivered() >= data["moved"], "the worker got every task")
-        wait_until(lambda: dlq_depth(rabbitmq_vhost) == 200, "every task back in the DLQ")
+        wait_until(lambda: dlq_depth(rabbitmq_vhost) == tasks, "every task back in the DLQ")
     finally:
         worker.close()
     assert worker.deliveries == ids, "each task delivered once by one command"
-    assert (data["moved"], data["in_doubt"], data["failed"]) == (200, 0, 0), data
+    assert (data["moved"], data["in_doubt"], data["failed"]) == (tasks, 0, 0), data
     # What came back during the run was received and left, not sent again.
-    assert 0 < data["came_back"] <= 200
+    assert 0 < data["came_back"] <= tasks
     assert data["skipped_by_reason"] == {"came-back": data["came_back"]}
     assert data["stopped_by_returns"] is None
 
     # The next run (no worker now) moves the earlier run's returns on, each once more.
     again = ok_json(redrive(rabbitmq_vhost, *move))
-    assert (again["moved"], again["came_back"], again["skipped"]) == (200, 0, 0), again
+    assert (again["moved"], again["came_back"], again["skipped"]) == (tasks, 0, 0), again
     source = Counter(task_id_of(m) for m in _drain(rabbitmq_vhost, QUEUE))
     assert source == ids
 
