@@ -7,16 +7,24 @@ at a kill point, four workers and a rate)."""
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import Family
 from kill_points import At, KillPoints
-from test_move import Crash, body, crash_at, keys_in, move, put
+from test_move import Crash, body, crash_at, failing_sends, keys_in, move, put
 from test_rabbitmq_e2e import _states, drain, killed, task_ids
 
-from redrive.ledger import KeyState
+from redrive.broker.sqs import SqsBroker
+from redrive.ledger import KeyState, RunInfo, SqliteLedger
+from redrive.operations.run import run_is_live
+from redrive.render.move import move_text
 from redrive.sandbox.rabbitmq_layout import fill_layout, rabbit_families
 from redrive.sandbox.rabbitmq_node import Vhost
 
@@ -68,3 +76,83 @@ def test_a_sigkill_at_a_rate_leaves_at_most_one_send_batch_per_worker(
     sent = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
     assert max(sent.values()) == 1 and sum(sent.values()) <= states["claimed"], (sent, states)
     assert sum(task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")).values()) == 400
+
+
+# -- point 3: a rerun right after a kill ---------------------------------------------------
+
+
+def test_a_killed_process_its_parent_has_not_reaped_is_dead(tmp_path: Path) -> None:
+    """A SIGKILLed run whose parent has not reaped it yet (a zombie) still answers signal 0,
+    but sends nothing more: its claims are in doubt, not a live run's (which a rerun skipped
+    as claimed-by-another-run, exit 0)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.send_signal(signal.SIGKILL)
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never died"
+            time.sleep(0.01)
+        now = time.time()
+        run = RunInfo(
+            "r1",
+            "move",
+            started_at=now - 1,
+            heartbeat_at=now,
+            lease_until=now + 600,
+            ended_at=None,
+            outcome=None,
+            info={"host": socket.gethostname(), "pid": child.pid},
+            counts={},
+        )
+        assert not run_is_live(run, now)
+    finally:
+        child.wait()
+
+
+def test_a_rerun_inside_a_stopped_runs_lease_says_so_and_needs_attention(
+    family: Family, tmp_path: Path
+) -> None:
+    """SQS: the run killed after its first claim keeps its batch hidden for its lease; a rerun
+    at once moves the rest, and says the DLQ is not drained: the stopped run, when its lease
+    ends (rerun then), exit 3 (needs attention), not "moved" and exit 0."""
+    put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(25)])
+    ledger = tmp_path / "l.sqlite3"
+    with pytest.raises(Crash):
+        move(family.client, ledger, lease=600, fault=crash_at("claimed", 1), pipelined=False)
+    led = SqliteLedger(ledger)
+    try:
+        (dead,) = [r.run_id for r in led.runs()]
+    finally:
+        led.close()
+
+    rerun = move(family.client, ledger)
+
+    assert (rerun.moved, rerun.in_doubt, rerun.still_hidden) == (15, 0, 10)
+    assert list(rerun.stopped_leases) == [dead]
+    assert rerun.needs_attention
+    text = move_text(rerun)
+    assert f"held by run {dead}, which stopped without ending" in text, text
+    assert "rerun then" in text and "received by another run or consumer" not in text
+    assert rerun.to_json()["rerun_at"] is not None
+
+
+def test_in_doubt_left_by_this_runs_unconfirmed_sends_is_not_blamed_on_an_earlier_run(
+    family: Family, tmp_path: Path
+) -> None:
+    """A send the broker never confirmed (its answer lost, as to a broker restart) is this
+    run's: the summary says so, not "when an earlier run stopped"."""
+    ids = [f"t-{i}" for i in range(12)]
+    put(family.client, family.dlq_url, [body(t) for t in ids])
+    proxy = failing_sends(family.client, set(), unanswered={"t-3"})
+
+    first = move(
+        family.client,
+        tmp_path / "l.sqlite3",
+        sqs=lambda: SqsBroker(family.client, send_client=proxy),
+    )
+
+    assert (first.in_doubt, first.own_in_doubt) == (1, 1)
+    text = move_text(first)
+    assert "the broker stopped answering this run" in text, text
+    assert "earlier run" not in text, text

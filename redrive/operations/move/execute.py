@@ -285,7 +285,7 @@ class Executor:
         for cand, _ in sent.refused:
             decided.keep_with_followers(cand)
         for cand in sent.unconfirmed:
-            self._tally.in_doubt(listed_for(cand, UNCONFIRMED))
+            self._tally.in_doubt(listed_for(cand, UNCONFIRMED), own=True)
             decided.keep_with_followers(cand)
 
     def _deletable(self, sent: SendOutcome, decided: DecidedBatch) -> list[tuple[Delivery, str]]:
