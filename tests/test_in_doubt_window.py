@@ -13,15 +13,18 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from conftest import Family
+from celery import Celery
+from conftest import Cli, Family, as_json
 from kill_points import At, KillPoints
-from test_move import Crash, body, crash_at, failing_sends, keys_in, move, put
+from test_move import Crash, arrived, body, crash_at, failing_sends, keys_in, move, put
 from test_rabbitmq_e2e import _states, drain, killed, task_ids
 
 from redrive.broker.sqs import SqsBroker
+from redrive.keys import task_id_of_key
 from redrive.ledger import KeyState, RunInfo, SqliteLedger
 from redrive.operations.run import run_is_live
 from redrive.render.move import move_text
@@ -156,3 +159,90 @@ def test_in_doubt_left_by_this_runs_unconfirmed_sends_is_not_blamed_on_an_earlie
     text = move_text(first)
     assert "the broker stopped answering this run" in text, text
     assert "earlier run" not in text, text
+
+
+# -- point 4: resolving in-doubt keys one by one ---------------------------------------------
+
+HOUR_AGO = 3600.0
+
+
+def _claims_an_hour_ago(family: Family, ledger: Path) -> None:
+    """Ten tasks sent to the queue and killed before the ledger recorded the send (an hour
+    ago: the claims and the run's lease are that old), so all ten are in doubt."""
+    put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(10)])
+    then = lambda: time.time() - HOUR_AGO  # noqa: E731
+    with pytest.raises(Crash):
+        move(family.client, ledger, now=then, ledger_clock=then, fault=crash_at("sent", 1))
+
+
+def _backend(tmp_path: Path, succeeded: Sequence[str]) -> str:
+    """Celery's database backend on SQLite, with SUCCESS records (dated now) for ``succeeded``."""
+    url = f"db+sqlite:///{tmp_path}/results.sqlite"
+    app = Celery("resolve-test", backend=url)
+    try:
+        for task_id in succeeded:
+            app.backend.store_result(task_id, {"ok": True}, "SUCCESS")
+    finally:
+        app.backend.ResultSession().get_bind().dispose()
+    return url
+
+
+def _states_by_task(ledger: Path) -> dict[str, KeyState]:
+    return {task_id_of_key(k) or k: v[0] for k, v in keys_in(ledger).items()}
+
+
+def test_resolve_shows_the_evidence_and_acts_only_on_proof_or_the_operators_choice(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    """Two tasks the result backend records as run after the claim are recorded as sent
+    (the next move deletes their DLQ copies); the rest have no record, which proves nothing:
+    left to the operator, who names one to skip and one to resend. The dry run changes
+    nothing; no target queue is read (its copies stay visible, none received)."""
+    ledger = tmp_path / "l.sqlite3"
+    _claims_an_hour_ago(family, ledger)
+    url = _backend(tmp_path, ["t-1", "t-2"])
+    base = ("--result-backend", url, "ledger", "resolve", "--ledger", str(ledger))
+    choose = ("--skip", "t-4", "--resend", "t-5")
+
+    plan = cli(*base, *choose)
+    assert plan.exit_code == 0, plan.output
+    assert "found: the result backend records SUCCESS" in plan.output, plan.output
+    assert "would record it as sent" in plan.output and "would leave it in doubt" in plan.output
+    again = f"redrive ledger resolve --resend t-5 --skip t-4 --ledger {ledger} --execute"
+    assert f"to do it, run:\n  {again}" in plan.output, plan.output
+    assert "(claimed by run " in plan.output and "which never ended" in plan.output
+    assert set(_states_by_task(ledger).values()) == {KeyState.CLAIMED}, "a dry run"
+    planned = as_json(cli(*base, *choose, "--json"))
+    assert planned["by_action"] == {"record-sent": 2, "resend": 1, "skip": 1, "leave": 6}
+
+    done = cli(*base, *choose, "--execute", "--json")
+    assert done.exit_code == 3, done.output  # six left in doubt
+    assert as_json(done)["left_in_doubt"] == 6
+    states = _states_by_task(ledger)
+    assert {t: states.get(t) for t in ("t-1", "t-2", "t-4", "t-5")} == {
+        "t-1": KeyState.SENT,
+        "t-2": KeyState.SENT,
+        "t-4": KeyState.SKIPPED,
+        "t-5": None,
+    }
+    assert Counter(states.values())[KeyState.CLAIMED] == 6
+    assert family.depth(family.queue_url) == (10, 0), "the target queue was not read"
+
+    rerun = move(family.client, ledger)
+    assert (rerun.moved, rerun.duplicates, rerun.in_doubt) == (1, 2, 6), rerun
+    assert arrived(family)["t-5"] == 2  # the operator's choice: the task runs twice
+    assert arrived(family, family.dlq_url) == Counter({f"t-{i}": 1 for i in (0, 3, 4, 6, 7, 8, 9)})
+
+
+def test_resolve_without_a_backend_says_nothing_proves_and_changes_nothing(
+    family: Family, tmp_path: Path, cli: Cli
+) -> None:
+    ledger = tmp_path / "l.sqlite3"
+    _claims_an_hour_ago(family, ledger)
+
+    done = cli("ledger", "resolve", "--ledger", str(ledger), "--execute")
+
+    assert done.exit_code == 3, done.output
+    assert done.output.count("no result backend given") == 10, done.output
+    assert "10 left to you" in done.output
+    assert set(_states_by_task(ledger).values()) == {KeyState.CLAIMED}
