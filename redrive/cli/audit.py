@@ -156,7 +156,12 @@ def ledger_resolve(
         choices = choices_of(resend, skip)
         store = dry_run_ledger(ledger, ctx.aws.client)
         if store is None:
-            raise RedriveError("no ledger yet, so nothing in doubt: nothing has been executed")
+            if run_id:
+                raise RedriveError("no ledger yet, so no runs: nothing has been executed here")
+            click.echo(
+                json.dumps({"in_doubt": 0}) if as_json else "no ledger yet, so nothing in doubt"
+            )
+            return
         try:
             owners: list[str | None] = [None]
             if run_id:
