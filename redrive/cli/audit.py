@@ -42,11 +42,11 @@ from redrive.shell import shell_quote
 @click.group(
     "ledger",
     cls=RedriveGroup,
-    short_help="The idempotency ledger: create one, list what is in doubt.",
+    short_help="The ledger: create one, list and resolve what is in doubt.",
 )
 def ledger_group() -> None:
     """The idempotency ledger: create one before a team shares it; list every message in
-    doubt."""
+    doubt, and resolve them one by one from what redrive can tell."""
 
 
 @ledger_group.command("init", short_help="Create the ledger URI names (an existing one is kept).")
