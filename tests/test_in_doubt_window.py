@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from conftest import Cli, Family, as_json
+from conftest import Cli, Family, SqsClock, as_json
 from kill_points import At, KillPoints
-from test_move import Crash, arrived, body, crash_at, failing_sends, keys_in, move, put
+from test_move import LEASE, Crash, arrived, body, crash_at, failing_sends, keys_in, move, put
 from test_rabbitmq_e2e import _states, drain, killed, task_ids
 
 from redrive.broker.sqs import SqsBroker
@@ -77,8 +77,10 @@ def test_a_sigkill_at_a_rate_leaves_at_most_one_send_batch_per_worker(
     states = _states(ledger)
     assert 50 <= states["claimed"] <= 4 * 50, states
     sent = task_ids(drain(rabbitmq_vhost, "onion-checkout"))
-    assert max(sent.values()) == 1 and sum(sent.values()) <= states["claimed"], (sent, states)
-    assert sum(task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")).values()) == 400
+    assert max(sent.values()) == 1, sent
+    assert sum(sent.values()) <= states["claimed"] + states["sent"] + states["done"], states
+    left = task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq"))
+    assert sum(left.values()) + states["done"] == 400, (left, states)
 
 
 # -- point 3: a rerun right after a kill ---------------------------------------------------
@@ -114,7 +116,7 @@ def test_a_killed_process_its_parent_has_not_reaped_is_dead(tmp_path: Path) -> N
 
 
 def test_a_rerun_inside_a_stopped_runs_lease_says_so_and_needs_attention(
-    family: Family, tmp_path: Path
+    family: Family, tmp_path: Path, cli: Cli
 ) -> None:
     """SQS: the run killed after its first claim keeps its batch hidden for its lease; a rerun
     at once moves the rest, and says the DLQ is not drained: the stopped run, when its lease
@@ -138,6 +140,9 @@ def test_a_rerun_inside_a_stopped_runs_lease_says_so_and_needs_attention(
     assert f"held by run {dead}, which stopped without ending" in text, text
     assert "rerun then" in text and "received by another run or consumer" not in text
     assert rerun.to_json()["rerun_at"] is not None
+    again = cli("move", "checkout", "--execute", "--yes", "--ledger", str(ledger))
+    assert again.exit_code == 3, again.output
+    assert f"held by run {dead}, which stopped without ending" in again.output
 
 
 def test_in_doubt_left_by_this_runs_unconfirmed_sends_is_not_blamed_on_an_earlier_run(
@@ -166,13 +171,16 @@ def test_in_doubt_left_by_this_runs_unconfirmed_sends_is_not_blamed_on_an_earlie
 HOUR_AGO = 3600.0
 
 
-def _claims_an_hour_ago(family: Family, ledger: Path) -> None:
+def _claims_an_hour_ago(family: Family, ledger: Path, sqs_clock: SqsClock) -> None:
     """Ten tasks sent to the queue and killed before the ledger recorded the send (an hour
-    ago: the claims and the run's lease are that old), so all ten are in doubt."""
+    ago: the claims and the run's lease are that old), so all ten are in doubt, and back
+    in the DLQ (SQS's clock wound past the killed run's hold)."""
     put(family.client, family.dlq_url, [body(f"t-{i}") for i in range(10)])
     then = lambda: time.time() - HOUR_AGO  # noqa: E731
     with pytest.raises(Crash):
         move(family.client, ledger, now=then, ledger_clock=then, fault=crash_at("sent", 1))
+    sqs_clock.advance(LEASE + 120)
+    assert family.depth() == (10, 0)
 
 
 def _backend(tmp_path: Path, succeeded: Sequence[str]) -> str:
@@ -192,14 +200,14 @@ def _states_by_task(ledger: Path) -> dict[str, KeyState]:
 
 
 def test_resolve_shows_the_evidence_and_acts_only_on_proof_or_the_operators_choice(
-    family: Family, tmp_path: Path, cli: Cli
+    family: Family, tmp_path: Path, cli: Cli, sqs_clock: SqsClock
 ) -> None:
     """Two tasks the result backend records as run after the claim are recorded as sent
     (the next move deletes their DLQ copies); the rest have no record, which proves nothing:
     left to the operator, who names one to skip and one to resend. The dry run changes
     nothing; no target queue is read (its copies stay visible, none received)."""
     ledger = tmp_path / "l.sqlite3"
-    _claims_an_hour_ago(family, ledger)
+    _claims_an_hour_ago(family, ledger, sqs_clock)
     url = _backend(tmp_path, ["t-1", "t-2"])
     base = ("--result-backend", url, "ledger", "resolve", "--ledger", str(ledger))
     choose = ("--skip", "t-4", "--resend", "t-5")
@@ -235,10 +243,10 @@ def test_resolve_shows_the_evidence_and_acts_only_on_proof_or_the_operators_choi
 
 
 def test_resolve_without_a_backend_says_nothing_proves_and_changes_nothing(
-    family: Family, tmp_path: Path, cli: Cli
+    family: Family, tmp_path: Path, cli: Cli, sqs_clock: SqsClock
 ) -> None:
     ledger = tmp_path / "l.sqlite3"
-    _claims_an_hour_ago(family, ledger)
+    _claims_an_hour_ago(family, ledger, sqs_clock)
 
     done = cli("ledger", "resolve", "--ledger", str(ledger), "--execute")
 
