@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 from celery import Celery
-from conftest import Cli, Family, SqsClock, as_json
+from conftest import Cli, Family, SqsClock, as_json, wait_until
 from kill_points import At, KillPoints
 from test_move import LEASE, Crash, arrived, body, crash_at, failing_sends, keys_in, move, put
-from test_rabbitmq_e2e import _states, drain, killed, task_ids
+from test_rabbitmq_e2e import _states, drain, killed, ok_json, redrive, task_ids
 
 from redrive.broker.sqs import SqsBroker
 from redrive.keys import task_id_of_key
@@ -164,6 +164,57 @@ def test_in_doubt_left_by_this_runs_unconfirmed_sends_is_not_blamed_on_an_earlie
     text = move_text(first)
     assert "the broker stopped answering this run" in text, text
     assert "earlier run" not in text, text
+
+
+def _zombie(process: subprocess.Popen[str]) -> None:
+    """Wait until ``process`` has died and is not reaped (its parent, this test, has not
+    waited for it): what a script that kills a run and reruns at once leaves."""
+    stat = Path(f"/proc/{process.pid}/stat")
+    wait_until(lambda: stat.read_text().rpartition(")")[2].split()[0] == "Z", "a zombie")
+
+
+@pytest.mark.e2e
+def test_a_rerun_right_after_a_sigkill_holds_the_killed_runs_claims_in_doubt_exit_3(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """The issue's story: `move --rate 30` SIGKILLed, rerun at once (the killed process not
+    yet reaped). The rerun skipped its claims as claimed-by-another-run and exited 0; they
+    are the killed run's, in doubt: exit 3. With claims made a slice at a time, they are
+    the 30 of the one slice being sent, not the 100 received."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families()[:1], 100)
+    ledger = tmp_path / "ledger.sqlite3"
+    args = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
+    points = KillPoints(tmp_path / "kill", At("move.claimed"))
+    victim = subprocess.Popen(
+        points.argv(
+            "--broker",
+            rabbitmq_vhost.amqp_url,
+            "--rabbitmq-api",
+            rabbitmq_vhost.api_url,
+            *args,
+            "--rate",
+            "30",
+            "--lease",
+            "600",
+        ),
+        env=points.env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        points.wait_for_note()
+        _zombie(victim)
+
+        rerun = ok_json(redrive(rabbitmq_vhost, *args), 3)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        victim.wait(30)
+    assert (rerun["moved"], rerun["in_doubt"]) == (70, 30), rerun
+    assert rerun["skipped_by_reason"] == {"in-doubt": 30}, rerun
+    assert list(rerun["stopped_runs"]) and rerun["rerun_at"], rerun
 
 
 # -- point 4: resolving in-doubt keys one by one ---------------------------------------------
