@@ -3,7 +3,7 @@ end), wiring the parts that decide (:mod:`.decide`) and carry out (:mod:`.execut
 
 Per batch of received messages (every step is a point a crash may hit; see the tests), as
 :data:`STEPS` names the points between them: receive, decide, claim, send, record, delete
-(:mod:`redrive.operations.move`)."""
+(:mod:`redrive.operations.move`); claim, send and record once per send batch of it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Carrying out a decided batch of an executed run, a step at a time (each a point a crash may
-hit): claim the keys to send in the ledger, send them, record what was sent and give back what
-was refused, delete the DLQ copies of what was sent, record those keys as done. What is neither
-sent nor refused stays claimed: in doubt."""
+hit): per send batch, after the rate's wait, claim its keys in the ledger, send it, record what
+was sent and give back what was refused; then delete the DLQ copies of what was sent and record
+those keys as done. What is neither sent nor refused stays claimed: in doubt (at most the send
+batch in flight when a run is killed)."""
 
 from __future__ import annotations
 
