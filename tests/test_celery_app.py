@@ -687,7 +687,6 @@ def test_replay_without_to_sends_each_task_where_it_routes(
 GOOD = """
 app.conf.task_acks_late = True
 app.conf.task_acks_on_failure_or_timeout = False
-app.conf.task_reject_on_worker_lost = True
 app.conf.task_time_limit = 25
 app.conf.broker_transport_options = {"visibility_timeout": 300}
 app.conf.task_routes = {
@@ -700,11 +699,13 @@ MISCONFIGURED = {
     "task_acks_late": ("app.conf.task_acks_late = False", "task_acks_late = False"),
     "acks_on_failure": (
         "app.conf.task_acks_on_failure_or_timeout = True",
-        "task_acks_on_failure_or_timeout = True",
+        # Issue 37, 5: the setting the installed Celery (5.7) reads, and a dead worker too.
+        "task_acks_on_failure = True: a task that fails (it raises, or its worker process "
+        "dies and task_reject_on_worker_lost is unset) is acknowledged all the same",
     ),
-    "reject_on_worker_lost": (
-        "app.conf.task_reject_on_worker_lost = False",
-        "task_reject_on_worker_lost = False",
+    "acks_on_failure, Celery 5.7's name": (
+        "app.conf.task_acks_on_failure = True",
+        "task_acks_on_failure = True",
     ),
     "no time limit": ("app.conf.task_time_limit = None", "task_time_limit = None"),
     "one task's own acks_late": (
@@ -810,6 +811,50 @@ def test_each_misconfiguration_is_a_finding(case: str, project: Path) -> None:
     problems = [f.problem for f in findings]
     assert any(expected in p for p in problems), problems
     assert all(f.setting and f.queue == f"app {spec}" for f in findings)
+
+
+def test_a_dead_workers_task_is_judged_as_the_installed_celery_handles_it(project: Path) -> None:
+    """Issue 37, 5: with acks_late and failures not acknowledged, Celery rejects a dead pool
+    process's task without requeue (dead-lettered): no finding, where check --celery said it
+    was lost and asked for task_reject_on_worker_lost, which requeues it (a task that always
+    kills its worker then loops on a classic queue: that is the finding now, on RabbitMQ;
+    kombu's SQS transport leaves a requeued message for SQS as a rejected one).
+    tests/test_celery_worker_lost_e2e.py checks each fate against a real worker."""
+    from redrive.reporting.check import check_celery
+
+    def lost_findings(extra: str, *, rabbitmq: bool) -> list[str]:
+        spec = split_app(project, extra=GOOD + extra)
+        app = load_app(spec)
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        return [f.problem for f in findings if f.setting == "task_reject_on_worker_lost"]
+
+    for rabbitmq in (False, True):
+        assert lost_findings("", rabbitmq=rabbitmq) == []
+        assert lost_findings("app.conf.task_reject_on_worker_lost = False", rabbitmq=rabbitmq) == []
+    assert lost_findings("app.conf.task_reject_on_worker_lost = True", rabbitmq=False) == []
+    (requeued,) = lost_findings("app.conf.task_reject_on_worker_lost = True", rabbitmq=True)
+    assert requeued.startswith(
+        "task_reject_on_worker_lost = True: a task whose worker process dies (OOM, SIGKILL) is "
+        "requeued, never dead-lettered: one that kills its worker every time is delivered "
+        "again without end on a classic queue"
+    ), requeued
+    assert "unset it: with task_acks_on_failure = False" in requeued
+
+
+def test_the_sandbox_app_gives_no_finding_on_either_broker() -> None:
+    """Issue 37, 9: on RabbitMQ the sandbox's own app failed check --celery (task_queues =
+    None): it now declares each family's queue with its DLX, and each DLQ."""
+    from redrive.reporting.check import check_celery
+
+    spec = "redrive.sandbox.celery_app:app"
+    app = load_app(spec)
+    for rabbitmq in (False, True):
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        assert findings == [], findings
 
 
 def test_no_time_limit_says_per_acks_late_what_a_deploy_does(project: Path) -> None:
