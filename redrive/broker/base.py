@@ -135,6 +135,8 @@ class QueueCounts:
 class Capabilities:
     """What a broker can do; the engine decides by these, never by the broker's name."""
 
+    spoken_name: str
+    """What people call the broker, in messages to them ("SQS", "RabbitMQ")."""
     key_namespace: str
     """How an idempotency key names a message that is not a Celery task (``NS:<id>:g<n>``);
     a ledger's keys depend on it, so it never changes for a broker."""

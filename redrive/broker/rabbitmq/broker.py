@@ -55,6 +55,7 @@ BATCH_SIZE: Final = 100
 #: Facts of the delivery kept with an archived copy.
 ARCHIVED_ATTRIBUTES: Final = ("exchange", "routing_key")
 CAPABILITIES: Final = Capabilities(
+    spoken_name="RabbitMQ",
     key_namespace="amqp",
     durable_holds=False,
     receive_count=False,
