@@ -1,0 +1,125 @@
+"""Issue 37, 9: RabbitMQ's wording and errors, each as a newcomer met it: a missing vhost, a
+wrong AMQP password, amqps:// to a plain port, no broker named, a source queue whose DLQ is
+not found, and the help of ``ledger in-doubt`` (which named SQS alone)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import Cli
+from test_rabbitmq_e2e import redrive
+
+from redrive.sandbox.rabbitmq_layout import (
+    declare_layout,
+    open_connection,
+    rabbit_families,
+    raw_channel,
+)
+from redrive.sandbox.rabbitmq_node import Vhost
+
+
+def declared(vhost: Vhost) -> None:
+    connection = open_connection(vhost.amqp_url)
+    try:
+        declare_layout(raw_channel(connection), rabbit_families())
+    finally:
+        connection.close()
+
+
+def on_vhost(vhost: Vhost, name: str) -> str:
+    """The vhost's AMQP URL with its vhost replaced by ``name``."""
+    return vhost.amqp_url.rsplit("/", 1)[0] + "/" + name
+
+
+def one_line_error(result: object, code: int = 1) -> str:
+    returncode, stdout, stderr = (
+        getattr(result, "returncode", None),
+        getattr(result, "stdout", ""),
+        getattr(result, "stderr", ""),
+    )
+    assert returncode == code, (returncode, stdout, stderr)
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def test_ledger_in_doubt_help_names_no_one_broker(cli: Cli) -> None:
+    text = " ".join(cli.ok("ledger", "in-doubt", "--help").output.split())
+    assert "before SQS confirmed" not in text
+    assert "before the broker (SQS or RabbitMQ) confirmed its send" in text
+
+
+def test_no_region_and_no_broker_says_how_to_name_a_rabbitmq_broker(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "REDRIVE_BROKER", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    result = cli("inspect", "checkout")
+    assert result.exit_code == 1, result.output
+    assert "no AWS region" in result.stderr
+    assert "--broker amqp://USER:PASS@HOST:5672/VHOST" in result.stderr, result.stderr
+
+
+def test_a_missing_vhost_is_said_as_such(rabbitmq_vhost: Vhost) -> None:
+    url = on_vhost(rabbitmq_vhost, "nosuchvhost")
+    result = redrive_at(url, rabbitmq_vhost, "inspect", "checkout")
+    line = one_line_error(result)
+    # It said "queue onion-checkout does not exist on vhost 'nosuchvhost'".
+    assert line.startswith("Error: vhost 'nosuchvhost' does not exist on RabbitMQ"), line
+    assert "onion-checkout" not in line and "the broker URL's path" in line
+
+
+def test_a_wrong_amqp_password_says_which_credential_failed(rabbitmq_vhost: Vhost) -> None:
+    declared(rabbitmq_vhost)
+    url = rabbitmq_vhost.amqp_url.replace("guest:guest@", "guest:wrong@")
+    result = redrive_at(url, rabbitmq_vhost, "inspect", "checkout")
+    line = one_line_error(result)
+    # It said "management API ... refused the credentials (401)", as if the API's were wrong.
+    assert line.startswith(
+        "Error: RabbitMQ refused user 'guest': wrong user or password in the broker URL (--broker)"
+    ), line
+    assert "check USER:PASS in it" in line
+    # The API given its own (right) credentials: AMQP's login is refused, said alike.
+    api = rabbitmq_vhost.api_url.replace("http://", "http://guest:guest@")
+    amqp_only = one_line_error(redrive_at(url, rabbitmq_vhost, "inspect", "checkout", api=api))
+    assert "refused user 'guest': wrong user or password (ACCESS_REFUSED)" in amqp_only
+    assert "check USER:PASS in the broker URL" in amqp_only
+    # The API's own credentials wrong: said as the API's.
+    api = rabbitmq_vhost.api_url.replace("http://", "http://guest:nope@")
+    wrong_api = one_line_error(
+        redrive_at(rabbitmq_vhost.amqp_url, rabbitmq_vhost, "inspect", "checkout", api=api)
+    )
+    assert "wrong user or password in the management API's URL (--rabbitmq-api)" in wrong_api
+
+
+def test_amqps_to_a_plain_port_says_the_port_does_not_speak_tls(rabbitmq_vhost: Vhost) -> None:
+    declared(rabbitmq_vhost)
+    url = rabbitmq_vhost.amqp_url.replace("amqp://", "amqps://")
+    result = redrive_at(url, rabbitmq_vhost, "inspect", "checkout")
+    line = one_line_error(result)
+    assert "WRONG_VERSION_NUMBER" not in line, line
+    port = rabbitmq_vhost.amqp_url.rsplit(":", 1)[1].split("/", 1)[0]
+    assert f"port {port} does not speak TLS: use amqp:// for it" in line, line
+
+
+def redrive_at(url: str, vhost: Vhost, *args: str, api: str | None = None) -> object:
+    """``redrive`` with ``url`` as the broker and ``vhost``'s management API (no
+    credentials of its own: the broker URL's)."""
+    import os
+    import subprocess
+
+    from test_rabbitmq_e2e import REDRIVE, ROOT
+
+    return subprocess.run(
+        [*REDRIVE, "--broker", url, "--rabbitmq-api", api or vhost.api_url, *args],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+_ = (redrive, declared)
