@@ -4,6 +4,9 @@ not found, and the help of ``ledger in-doubt`` (which named SQS alone)."""
 
 from __future__ import annotations
 
+import json
+
+import amqp
 import pytest
 from conftest import Cli
 from test_rabbitmq_e2e import redrive
@@ -123,3 +126,35 @@ def redrive_at(url: str, vhost: Vhost, *args: str, api: str | None = None) -> ob
 
 
 _ = (redrive, declared)
+
+
+def test_status_says_a_source_queue_whose_dlq_is_not_found(rabbitmq_vhost: Vhost) -> None:
+    declared(rabbitmq_vhost)
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        raw_channel(connection).queue_delete("onion-checkout-dlq")
+    finally:
+        connection.close()
+    with_messages = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(with_messages)
+        for _ in range(3):
+            channel.basic_publish(amqp.Message(b"x"), routing_key="onion-checkout")
+    finally:
+        with_messages.close()
+    result = redrive(rabbitmq_vhost, "status", "--wide")
+    assert result.returncode == 1, result.stderr
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("checkout ")]
+    # It read "checkout  onion-checkout  -  -  -  -  queue onion-checkout dead-letters...".
+    cells = [cell for cell in row.split("  ") if cell.strip()]
+    assert [c.strip() for c in cells[:4]] == [
+        "checkout",
+        "onion-checkout",
+        "3 / 0 / 0",
+        "not found",
+    ]
+    assert "routes it to no queue" in row
+    data = json.loads(redrive(rabbitmq_vhost, "status", "--json").stdout)
+    (checkout,) = [f for f in data["families"] if f["family"] == "checkout"]
+    assert checkout["queue_counts"] == {"visible": 3, "in_flight": 0, "delayed": 0}
+    assert checkout["dlq"] is None and checkout["error"]
