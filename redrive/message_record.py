@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-from redrive.broker.base import Delivery, queue_name
+from redrive.broker.base import Delivery, consumer_receives, queue_name
 from redrive.durations import iso_utc
 from redrive.messages import Payload, TaskInfo, read_payload
 
@@ -166,7 +166,7 @@ _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "headers": lambda s: s.payload.headers,
     "message_id": lambda s: s.message.message_id,
     "receive_count": lambda s: s.message.receive_count,
-    "consumer_receives": lambda s: max(0, s.message.receive_count - s.message.redrive_receives),
+    "consumer_receives": lambda s: consumer_receives(s.message),
     "sent_at": lambda s: iso_utc(s.message.enqueued_at),
     "age_seconds": _age,
     "attributes": _attributes,

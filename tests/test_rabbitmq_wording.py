@@ -5,17 +5,21 @@ not found, and the help of ``ledger in-doubt`` (which named SQS alone)."""
 from __future__ import annotations
 
 import json
+import time
 
 import amqp
 import pytest
 from conftest import Cli
-from test_rabbitmq_e2e import redrive
+from test_rabbitmq_e2e import ok_json, redrive
 
 from redrive.sandbox.rabbitmq_layout import (
     declare_layout,
     open_connection,
+    publish_confirmed,
+    queue_depth,
     rabbit_families,
     raw_channel,
+    sample_celery_messages,
 )
 from redrive.sandbox.rabbitmq_node import Vhost
 
@@ -125,9 +129,6 @@ def redrive_at(url: str, vhost: Vhost, *args: str, api: str | None = None) -> ob
     )
 
 
-_ = (redrive, declared)
-
-
 def test_status_says_a_source_queue_whose_dlq_is_not_found(rabbitmq_vhost: Vhost) -> None:
     declared(rabbitmq_vhost)
     connection = open_connection(rabbitmq_vhost.amqp_url)
@@ -158,3 +159,40 @@ def test_status_says_a_source_queue_whose_dlq_is_not_found(rabbitmq_vhost: Vhost
     (checkout,) = [f for f in data["families"] if f["family"] == "checkout"]
     assert checkout["queue_counts"] == {"visible": 3, "in_flight": 0, "delayed": 0}
     assert checkout["dlq"] is None and checkout["error"]
+
+
+def test_a_task_dead_lettered_past_the_delivery_limit_shows_its_deliveries(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """A quorum source with x-delivery-limit 5 delivers a message 6 times before it
+    dead-letters it (reason delivery_limit), and the dead-lettered message no longer carries
+    x-delivery-count: inspect said `consumer receives 0`. Each delivery here is a consumer's
+    get and requeue, counted; the DLQ is classic (it counts nothing)."""
+    families = rabbit_families(queue_type="quorum", dlq_type="classic", delivery_limit=5)
+    checkout = next(f for f in families if f.name == "checkout")
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        declare_layout(channel, families)
+        publish_confirmed(channel, checkout.queue, sample_celery_messages("checkout", 2, seed=3))
+        deliveries = 0
+        deadline = time.monotonic() + 120  # a bound for a hang, not a pace
+        while queue_depth(channel, checkout.dlq) < 2:
+            got = channel.basic_get(checkout.queue, no_ack=False)
+            if got is not None:
+                deliveries += 1
+                channel.basic_reject(got.delivery_tag, requeue=True)
+            assert time.monotonic() < deadline, deliveries
+    finally:
+        connection.close()
+    assert deliveries == 12  # 6 each: the limit + 1
+
+    data = ok_json(redrive(rabbitmq_vhost, "inspect", "checkout", "--json"))
+    assert {g["max_consumer_receives"] for g in data["groups"]} == {6}, data["groups"]
+    assert sum(g["death_reasons"].get("delivery_limit", 0) for g in data["groups"]) == 2
+    matched = ok_json(
+        redrive(
+            rabbitmq_vhost, "inspect", "checkout", "--where", "consumer_receives == `6`", "--json"
+        )
+    )
+    assert matched["matched"] == 2, matched
