@@ -509,11 +509,29 @@ def test_route_source_to_and_include_unregistered(
     )
     assert to["tasks"][LESSON]["targets"] == {"onion-checkout": 1}
     assert to["tasks"][LESSON]["routed_from"] == {}
+    # Issue 37, 9: an explicit --to is the user's queue: unregistered tasks go there too.
+    assert to["tasks"][DELETED]["targets"] == {"onion-checkout": 1}
+    assert "unregistered" not in to["skipped_by_reason"]
     everything = as_json(
         cli.ok("move", "default", "--celery-app", spec, "--include-unregistered", "--json")
     )
     assert everything["tasks"][DELETED]["targets"] == {"onion": 1}
     assert everything["skipped_by_reason"] == {"not-celery": 1}, "bodies no Celery wrote"
+    default.client.create_queue(QueueName="quarantine")
+    quarantined = cli.ok(
+        "move",
+        "default",
+        "--celery-app",
+        spec,
+        "--to",
+        "quarantine",
+        "--execute",
+        "--yes",
+        "--json",
+    )
+    assert as_json(quarantined)["skipped_by_reason"].get("unregistered") is None
+    url = default.client.get_queue_url(QueueName="quarantine")["QueueUrl"]
+    assert bodies_in(default, url)[DELETED] == 1
 
 
 def test_config_routes_route_without_an_app(
