@@ -861,6 +861,23 @@ def test_a_dead_workers_task_is_judged_as_the_installed_celery_handles_it(projec
     assert "unset it: with task_acks_on_failure = False" in requeued
 
 
+def test_no_time_limit_on_rabbitmq_says_a_classic_queue_never_dead_letters(
+    project: Path,
+) -> None:
+    """Issue 37, 5: "delivered again, toward the DLQ" holds where the broker counts
+    deliveries (SQS, a quorum queue); a classic RabbitMQ queue delivers it again without end."""
+    from redrive.reporting.check import check_celery
+
+    spec = split_app(project, extra=GOOD + "app.conf.task_time_limit = None\n")
+    app = load_app(spec)
+    for rabbitmq, words in ((False, "toward the DLQ;"), (True, "a classic queue delivers")):
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        (limit,) = [f.problem for f in findings if f.setting == "task_time_limit"]
+        assert words in limit, limit
+
+
 def test_the_sandbox_app_gives_no_finding_on_either_broker() -> None:
     """Issue 37, 9: on RabbitMQ the sandbox's own app failed check --celery (task_queues =
     None): it now declares each family's queue with its DLX, and each DLQ."""

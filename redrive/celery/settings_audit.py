@@ -125,7 +125,7 @@ def audit_app(
             broker_findings = _visibility(app, tasks)
         return [
             *_acknowledgement(tasks, rabbitmq=declared_by_workers),
-            *_time_limits(tasks, layout.deploy_stop_timeout),
+            *_time_limits(tasks, layout.deploy_stop_timeout, rabbitmq=declared_by_workers),
             *broker_findings,
             *_routing(app, routes, layout, tasks, dlqs),
         ]
@@ -257,7 +257,18 @@ LOST_UNACKED = (
 )
 
 
-def _time_limits(tasks: Sequence[TaskSettings], stop_timeout: float) -> list[SettingFinding]:
+#: Where a SIGKILLed worker's unacknowledged task goes: the broker delivers it again, and
+#: only a broker that counts deliveries dead-letters it (a classic RabbitMQ queue never does).
+AGAIN = {
+    False: "delivered again, toward the DLQ",
+    True: "delivered again (toward the DLQ only on a quorum queue, past its x-delivery-limit: "
+    "a classic queue delivers it again without end)",
+}
+
+
+def _time_limits(
+    tasks: Sequence[TaskSettings], stop_timeout: float, *, rabbitmq: bool
+) -> list[SettingFinding]:
     stop = format_duration(stop_timeout)
     findings: list[SettingFinding] = []
     for acks_late in (True, False):
@@ -265,7 +276,7 @@ def _time_limits(tasks: Sequence[TaskSettings], stop_timeout: float) -> list[Set
         def unlimited(task: TaskSettings, late: bool = acks_late) -> bool:
             return task.time_limit is None and task.acks_late == late
 
-        fate = "delivered again, toward the DLQ" if acks_late else LOST_UNACKED
+        fate = AGAIN[rabbitmq] if acks_late else LOST_UNACKED
         findings += _each(
             tasks,
             unlimited,
