@@ -878,6 +878,50 @@ def test_no_time_limit_on_rabbitmq_says_a_classic_queue_never_dead_letters(
         assert words in limit, limit
 
 
+def test_an_overrunning_task_is_judged_as_the_installed_celery_handles_it(
+    project: Path,
+) -> None:
+    """Issue 37, 5: Celery 5.7 acknowledges a run killed at its hard time limit where
+    task_acks_on_timeout is True (its default, whatever task_acks_on_failure says), and
+    requeues it where it is False (a classic RabbitMQ queue never dead-letters it); a soft
+    limit below the hard one makes it a failure. tests/test_celery_worker_lost_e2e.py
+    checks each against a real worker."""
+    from redrive.reporting.check import check_celery
+
+    def overrun(extra: str, *, rabbitmq: bool) -> dict[str, str]:
+        spec = split_app(project, extra=GOOD + extra)
+        app = load_app(spec)
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        return {
+            f"{f.setting} = {f.value}": f.problem
+            for f in findings
+            if f.setting in ("task_acks_on_timeout", "task_soft_time_limit")
+        }
+
+    # GOOD: a hard limit of 25 s, failures and timeouts not acknowledged.
+    assert overrun("", rabbitmq=False) == {}
+    (requeued,) = overrun("", rabbitmq=True).items()
+    assert requeued[0] == "task_soft_time_limit = None"
+    assert "is requeued (task_acks_on_timeout = False), never dead-lettered" in requeued[1]
+    assert "set task_soft_time_limit below task_time_limit" in requeued[1]
+    (late,) = overrun("app.conf.task_soft_time_limit = 30\n", rabbitmq=True)
+    assert late == "task_soft_time_limit = not below task_time_limit"
+    for rabbitmq in (False, True):
+        assert overrun("app.conf.task_soft_time_limit = 20\n", rabbitmq=rabbitmq) == {}
+        lost = overrun(
+            "app.conf.task_acks_on_failure_or_timeout = None\n"
+            "app.conf.task_acks_on_failure = False\n",
+            rabbitmq=rabbitmq,
+        )
+        assert list(lost) == ["task_acks_on_timeout = True"], lost
+        assert "acknowledged all the same: it is lost" in lost["task_acks_on_timeout = True"]
+        assert ("task_acks_on_timeout = False" in lost["task_acks_on_timeout = True"]) is (
+            not rabbitmq
+        )
+
+
 def test_the_sandbox_app_gives_no_finding_on_either_broker() -> None:
     """Issue 37, 9: on RabbitMQ the sandbox's own app failed check --celery (task_queues =
     None): it now declares each family's queue with its DLX, and each DLQ."""

@@ -19,12 +19,19 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery_worker import kill_if_running, start_celery_worker
 from conftest import MotoServer, make_family
 
-from redrive.celery.settings_audit import WorkerLost, task_settings, worker_lost_fate
+from redrive.celery.settings_audit import (
+    TaskSettings,
+    WorkerLost,
+    task_settings,
+    timeout_fate,
+    worker_lost_fate,
+)
 from redrive.sandbox.rabbitmq_layout import (
     declare_layout,
     open_connection,
@@ -45,6 +52,7 @@ APP = textwrap.dedent(
     import json
     import os
     import signal
+    import time
 
     from celery import Celery
     from kombu import Exchange, Queue
@@ -96,6 +104,9 @@ APP = textwrap.dedent(
         marker = os.path.join(os.environ["E2E_DIR"], f"died-{self.request.id}")
         if os.environ.get("E2E_DIE_ALWAYS") == "1" or not os.path.exists(marker):
             open(marker, "w").close()
+            if os.environ.get("E2E_OVERRUN") == "1":
+                record(self.request.id, "overran")
+                time.sleep(120)  # past its time limits: Celery ends the run
             record(self.request.id, "died")
             os.kill(os.getpid(), signal.SIGKILL)  # this pool child, mid-task
         record(self.request.id, "ok")
@@ -107,7 +118,7 @@ APP = textwrap.dedent(
 )
 
 # (task_acks_on_failure_or_timeout, task_reject_on_worker_lost) -> what Celery does.
-CASES: dict[str, tuple[dict[str, bool], WorkerLost]] = {
+CASES: dict[str, tuple[dict[str, Any], WorkerLost]] = {
     # The issue's configuration: check --celery told its user to set reject_on_worker_lost.
     "rejected": ({"task_acks_on_failure_or_timeout": False}, "rejected"),
     "requeued": (
@@ -118,7 +129,9 @@ CASES: dict[str, tuple[dict[str, bool], WorkerLost]] = {
 }
 
 
-def predicted(settings: dict[str, bool]) -> WorkerLost:
+def predicted(
+    settings: dict[str, Any], fate: Callable[[TaskSettings], WorkerLost | None] = worker_lost_fate
+) -> WorkerLost | None:
     """The audit's fate for a task bound with these settings (as the worker's app binds it)."""
     from celery import Celery
 
@@ -130,7 +143,7 @@ def predicted(settings: dict[str, bool]) -> WorkerLost:
 
     app.task(name=TASK, shared=False)(capture_payment)
     (task,) = task_settings(app)
-    return worker_lost_fate(task)
+    return fate(task)
 
 
 def runs(path: Path) -> Counter[str]:
@@ -179,7 +192,7 @@ def worker_lost_handled(tmp_path: Path) -> bool:
     return log.exists() and "WorkerLostError" in log.read_text()
 
 
-def base_env(tmp_path: Path, settings: dict[str, bool], queue: str) -> dict[str, str]:
+def base_env(tmp_path: Path, settings: dict[str, Any], queue: str) -> dict[str, str]:
     (tmp_path / "lost_app.py").write_text(APP)
     return {
         **os.environ,
@@ -292,5 +305,64 @@ def test_a_dead_pool_childs_task_goes_where_the_audit_says_on_sqs(
         "rejected": (Counter({"died": 1}), ((0, 0), (1, 0))),
         "requeued": (Counter({"died": 1}), ((0, 0), (1, 0))),
         "acknowledged": (Counter({"died": 1}), ((0, 0), (0, 0))),
+    }[fate]
+    assert (runs(runs_file), left) == expected, log[-3000:]
+
+
+# A run past its time limits (the first run only sleeps past them; the next returns).
+OVERRUNS: dict[str, tuple[dict[str, Any], WorkerLost]] = {
+    # acks_on_timeout False: Request.on_timeout rejects with requeue.
+    "hard limit": ({"task_acks_on_failure_or_timeout": False, "task_time_limit": 1}, "requeued"),
+    # SoftTimeLimitExceeded first: a failure, rejected without requeue (into the DLQ).
+    "soft limit first": (
+        {
+            "task_acks_on_failure_or_timeout": False,
+            "task_soft_time_limit": 1,
+            "task_time_limit": 30,
+        },
+        "rejected",
+    ),
+    # check --celery's advice for failures alone leaves acks_on_timeout at its default (True).
+    "hard limit, failures alone not acked": (
+        {"task_acks_on_failure": False, "task_time_limit": 1},
+        "acknowledged",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERRUNS))
+def test_an_overrunning_task_goes_where_the_audit_says_on_rabbitmq(
+    case: str, rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    settings, fate = OVERRUNS[case]
+    assert predicted(settings, timeout_fate) == fate
+    families = rabbit_families()
+    family = next(f for f in families if f.name == "checkout")
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    declare_layout(raw_channel(connection), families)
+    connection.close()
+    env = {
+        **base_env(tmp_path, settings, family.queue),
+        "E2E_BROKER": rabbitmq_vhost.amqp_url,
+        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
+        "E2E_OVERRUN": "1",
+    }
+    produce(env, tmp_path)
+    runs_file = tmp_path / "runs.txt"
+    log_file = tmp_path / "worker.log"
+    seen = {
+        "rejected": lambda: rabbit_depth(rabbitmq_vhost, family.dlq) == 1,
+        "requeued": lambda: runs(runs_file)["ok"] == 1,
+        # The pool child is killed once Request.on_timeout has acknowledged it.
+        "acknowledged": lambda: (
+            log_file.exists() and "exited with 'signal 9" in log_file.read_text()
+        ),
+    }[fate]
+    log = run_worker(env, tmp_path, family.queue, seen)
+    left = (rabbit_depth(rabbitmq_vhost, family.queue), rabbit_depth(rabbitmq_vhost, family.dlq))
+    expected = {
+        "rejected": (Counter({"overran": 1}), (0, 1)),
+        "requeued": (Counter({"overran": 1, "ok": 1}), (0, 0)),
+        "acknowledged": (Counter({"overran": 1}), (0, 0)),
     }[fate]
     assert (runs(runs_file), left) == expected, log[-3000:]

@@ -35,8 +35,10 @@ class TaskSettings:
     name: str
     acks_late: bool
     acks_on_failure: bool
+    acks_on_timeout: bool
     reject_on_worker_lost: bool
     time_limit: float | None
+    soft_time_limit: float | None
     retry_countdown: tuple[float, str]
     """The longest a retry waits before it runs again, and the setting that says so."""
 
@@ -59,17 +61,44 @@ def worker_lost_fate(task: TaskSettings) -> WorkerLost:
     return "acknowledged" if task.acks_on_failure else "rejected"
 
 
-def acks_on_failure_setting() -> str:
-    """The setting the installed Celery reads for a failure's ack: ``task_acks_on_failure``
-    where it has one (``task_acks_on_failure_or_timeout`` is then its deprecated fallback)."""
+def timeout_fate(task: TaskSettings) -> WorkerLost | None:
+    """What the installed Celery does with the message of a run that overruns its time
+    limits (None: it has none). A soft limit reached first raises SoftTimeLimitExceeded in
+    the task: a failure (unless the task catches it), acknowledged or rejected as any; a
+    hard limit reached first ends the run (``Request.on_timeout``): acknowledged with
+    acks_on_timeout, else rejected *with* requeue (tests/test_celery_worker_lost_e2e.py)."""
+    if task.time_limit is None and task.soft_time_limit is None:
+        return None
+    if not task.acks_late:
+        return "acknowledged"
+    if soft_first(task):
+        return "acknowledged" if task.acks_on_failure else "rejected"
+    return "acknowledged" if task.acks_on_timeout else "requeued"
+
+
+def soft_first(task: TaskSettings) -> bool:
+    """A soft time limit that a run reaches before its hard one (if any)."""
+    soft = task.soft_time_limit
+    return soft is not None and (task.time_limit is None or soft < task.time_limit)
+
+
+def _installed_setting(new: str) -> str:
+    """``new`` (``task_acks_on_failure``, ``task_acks_on_timeout``) where the installed
+    Celery reads it, else ``task_acks_on_failure_or_timeout``, which it replaced."""
     from celery import Task
 
     names = {setting for _, setting in getattr(Task, "from_config", ())}
-    return (
-        "task_acks_on_failure"
-        if "task_acks_on_failure" in names
-        else "task_acks_on_failure_or_timeout"
-    )
+    return new if new in names else "task_acks_on_failure_or_timeout"
+
+
+def acks_on_failure_setting() -> str:
+    """The setting the installed Celery reads for a failure's ack."""
+    return _installed_setting("task_acks_on_failure")
+
+
+def acks_on_timeout_setting() -> str:
+    """The setting the installed Celery reads for a hard time limit's ack."""
+    return _installed_setting("task_acks_on_timeout")
 
 
 def format_duration(seconds: float) -> str:
@@ -83,11 +112,13 @@ def task_settings(app: Any) -> list[TaskSettings]:
         if name.startswith("celery."):
             continue
         task = app.tasks[name]
+        # As Task.bind: each falls back to acks_on_failure_or_timeout, whose default is True.
+        either = getattr(task, "acks_on_failure_or_timeout", None)
+        if either is None:
+            either = conf.get("task_acks_on_failure_or_timeout")
+        either = True if either is None else either
         on_failure = getattr(task, "acks_on_failure", None)
-        if on_failure is None:
-            on_failure = getattr(task, "acks_on_failure_or_timeout", None)
-        if on_failure is None:
-            on_failure = conf.get("task_acks_on_failure_or_timeout", True)
+        on_timeout = getattr(task, "acks_on_timeout", None)
         countdown = (float(getattr(task, "default_retry_delay", 0) or 0), "default_retry_delay")
         if getattr(task, "retry_backoff", False):
             backoff = float(getattr(task, "retry_backoff_max", 0) or 0)
@@ -96,9 +127,11 @@ def task_settings(app: Any) -> list[TaskSettings]:
             TaskSettings(
                 name=name,
                 acks_late=bool(task.acks_late),
-                acks_on_failure=bool(on_failure),
+                acks_on_failure=bool(either if on_failure is None else on_failure),
+                acks_on_timeout=bool(either if on_timeout is None else on_timeout),
                 reject_on_worker_lost=bool(task.reject_on_worker_lost),
                 time_limit=float(task.time_limit) if task.time_limit else None,
+                soft_time_limit=float(task.soft_time_limit) if task.soft_time_limit else None,
                 retry_countdown=countdown,
             )
         )
@@ -126,6 +159,7 @@ def audit_app(
         return [
             *_acknowledgement(tasks, rabbitmq=declared_by_workers),
             *_time_limits(tasks, layout.deploy_stop_timeout, rabbitmq=declared_by_workers),
+            *_overruns(tasks, rabbitmq=declared_by_workers),
             *broker_findings,
             *_routing(app, routes, layout, tasks, dlqs),
         ]
@@ -249,6 +283,40 @@ def _acknowledgement(tasks: Sequence[TaskSettings], *, rabbitmq: bool) -> list[S
             "dead-lettered",
         ),
     ]
+
+
+def _overruns(tasks: Sequence[TaskSettings], *, rabbitmq: bool) -> list[SettingFinding]:
+    """A run past its hard time limit: acknowledged (lost), or on RabbitMQ requeued (a
+    classic queue never dead-letters it); a soft limit below the hard one makes it a
+    failure, which reaches the DLQ. On SQS kombu leaves a requeued message for SQS."""
+    on_timeout = acks_on_timeout_setting()
+    soft = (
+        "set task_soft_time_limit below task_time_limit: the SoftTimeLimitExceeded it raises "
+        "fails the task (unless the task catches it), and a failure reaches the DLQ"
+    )
+    findings = _each(
+        tasks,
+        lambda t: t.acks_late and not soft_first(t) and timeout_fate(t) == "acknowledged",
+        on_timeout,
+        "True",
+        "a run killed at its hard time limit is acknowledged all the same: it is lost, never "
+        f"in the DLQ; {soft}" + ("" if rabbitmq else f", or set {on_timeout} = False"),
+    )
+    for unset in (True, False) if rabbitmq else ():
+
+        def requeued(task: TaskSettings, unset: bool = unset) -> bool:
+            return timeout_fate(task) == "requeued" and (task.soft_time_limit is None) == unset
+
+        findings += _each(
+            tasks,
+            requeued,
+            "task_soft_time_limit",
+            "None" if unset else "not below task_time_limit",
+            f"a run killed at its hard time limit is requeued ({on_timeout} = False), never "
+            "dead-lettered: one that always overruns runs again without end on a classic "
+            f"queue (a quorum queue dead-letters it past its x-delivery-limit); {soft}",
+        )
+    return findings
 
 
 LOST_UNACKED = (
