@@ -77,9 +77,10 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 @json_option
 @pass_ctx
 def ledger_in_doubt(ctx: Context, /, run_id: str | None, ledger: str | None, as_json: bool) -> None:
-    """List every in-doubt message of the ledger: claimed by a run that ended before SQS
-    confirmed its send. A move's summary lists the first 100; this lists them all, read a
-    page at a time. --run RUN_ID (or a prefix): only that run's (and its processes').
+    """List every in-doubt message of the ledger: claimed by a run that ended before the
+    broker (SQS or RabbitMQ) confirmed its send. A move's summary lists the first 100; this
+    lists them all, read a page at a time. --run RUN_ID (or a prefix): only that run's (and
+    its processes').
 
     --json: one JSON object a line (message_id, task, task_id, key, target, run_id,
     claimed_at). Exit 0 when nothing is in doubt, 3 when something is.
