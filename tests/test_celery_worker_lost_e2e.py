@@ -106,7 +106,7 @@ APP = textwrap.dedent(
             open(marker, "w").close()
             if os.environ.get("E2E_OVERRUN") == "1":
                 record(self.request.id, "overran")
-                time.sleep(120)  # past its time limits: Celery ends the run
+                time.sleep(120)  # task body: past its time limits, Celery ends the run
             record(self.request.id, "died")
             os.kill(os.getpid(), signal.SIGKILL)  # this pool child, mid-task
         record(self.request.id, "ok")
