@@ -676,7 +676,9 @@ def new_schema(server: PostgresServer, name: str, *settings: str) -> str:
 
 def schema_url(server: PostgresServer, name: str, *settings: str) -> str:
     options = " ".join(f"-c{s}" for s in (f"search_path={name}", *settings))
-    return f"{server.url()}?{urllib.parse.urlencode({'options': options})}"
+    # %20 between settings: libpq decodes percent escapes, never "+" (urlencode's space).
+    query = urllib.parse.urlencode({"options": options}, quote_via=urllib.parse.quote)
+    return f"{server.url()}?{query}"
 
 
 def drop_schema(server: PostgresServer, name: str) -> None:

@@ -32,6 +32,7 @@ from redrive.state_dir import default_state_dir
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "POSTGRES_SCHEMES",
     "RUN_OUTCOMES",
     "SCHEMA_VERSION",
     "Claim",
@@ -42,6 +43,7 @@ __all__ = [
     "RunInfo",
     "SqliteLedger",
     "default_ledger_path",
+    "init_postgres",
     "open_ledger",
 ]
 
@@ -72,16 +74,33 @@ def _open_dynamodb(rest: str, uri: str, client_factory: ClientFactory | None) ->
     return open_dynamodb(rest, uri, client_factory)
 
 
-def _open_postgres(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def _need_psycopg() -> None:
     try:
         import psycopg  # noqa: F401
     except ImportError:
         raise LedgerError(
             "a PostgreSQL ledger needs psycopg: pip install 'redrive[postgres]'"
         ) from None
+
+
+def _open_postgres(rest: str, uri: str, client_factory: ClientFactory | None) -> Ledger:
+    _need_psycopg()
     from redrive.ledger.postgres import PostgresLedger
 
     return PostgresLedger(uri)
+
+
+def init_postgres(uri: str) -> str:
+    """``redrive ledger init postgresql://...``: create (or upgrade) the ledger's tables;
+    what was done, as one line."""
+    _need_psycopg()
+    from redrive.ledger.postgres_setup import init_schema
+    from redrive.ledger.postgres_writes import PgConnector
+
+    return init_schema(PgConnector(uri, mask_url(uri)))
 
 
 # A new backend is one entry here: scheme -> opener(rest of the URI, whole URI, client factory).

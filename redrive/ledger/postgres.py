@@ -404,11 +404,84 @@ class PostgresLedger(Ledger):
 
         return self._writes.submit("mark keys skipped", apply)
 
+    # ----------------------------------------------------------------- copies
+
+    def load_runs(self, runs: Sequence[RunInfo]) -> int:
+        """Insert each run absent here, as it stands (a copy); the number inserted."""
+        rows = [
+            (
+                r.run_id,
+                r.command,
+                r.started_at,
+                r.heartbeat_at,
+                r.lease_until,
+                r.ended_at,
+                r.outcome,
+                json.dumps(r.info, sort_keys=True, default=str),
+                json.dumps(r.counts, sort_keys=True),
+            )
+            for r in runs
+        ]
+
+        def apply(conn: Any) -> int:
+            inserted = 0
+            with conn.cursor() as cur:
+                for row in rows:
+                    cur.execute(
+                        f"INSERT INTO redrive_runs ({_RUN_COLUMNS}) VALUES"
+                        " (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+                        row,
+                    )
+                    inserted += cur.rowcount
+            return inserted
+
+        return self._writes.submit("copy runs", apply)
+
+    def load_entries(self, entries: Sequence[Entry], *, legacy_keys: bool) -> int:
+        """Insert each key absent here, as it stands (a copy); the number inserted."""
+        columns = [list(c) for c in zip(*[_entry_row(e) for e in entries], strict=True)]
+
+        def apply(conn: Any) -> int:
+            if legacy_keys:
+                conn.execute(
+                    "INSERT INTO redrive_meta (name, value) VALUES (%s, '1')"
+                    " ON CONFLICT (name) DO NOTHING",
+                    (LEGACY_KEYS,),
+                )
+            if not entries:
+                return 0
+            rows = conn.execute(
+                f"INSERT INTO redrive_keys ({_KEY_COLUMNS}) SELECT * FROM unnest("
+                "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+                " %s::text[], %s::float8[], %s::float8[]) ON CONFLICT (key) DO NOTHING"
+                " RETURNING key",
+                columns,
+            ).fetchall()
+            return len(rows)
+
+        inserted = self._writes.submit("copy keys", apply)
+        self.legacy_keys = self.legacy_keys or legacy_keys
+        return inserted
+
     def _update(self, what: str, sql: str, params: Mapping[str, Any], any_rows: bool) -> None:
         if not any_rows:
             self._writes.submit(what, lambda conn: None)  # a closed ledger still says so
             return
         self._writes.submit(what, lambda conn: conn.execute(sql, params).close())
+
+
+def _entry_row(e: Entry) -> tuple[Any, ...]:
+    return (
+        e.key,
+        str(e.state),
+        e.run_id,
+        e.task,
+        e.message_id,
+        e.target,
+        e.sent_message_id,
+        e.updated_at,
+        e.sent_at,
+    )
 
 
 def _insert_claims(conn: Any, run_id: str, batch: Sequence[Claim], now: float) -> dict[str, Entry]:

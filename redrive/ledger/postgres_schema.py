@@ -69,9 +69,10 @@ def mask_url(url: str) -> str:
         authority = f"{userinfo.partition(':')[0]}:***@{host}"
     path, question, query = tail.partition("?")
     if question:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        shown = [(k, "***" if k.lower() == "password" else v) for k, v in pairs]
-        query = urllib.parse.urlencode(shown, safe="*")
+        parts = query.split("&")
+        query = "&".join(
+            "password=***" if p.partition("=")[0].lower() == "password" else p for p in parts
+        )
     return f"{scheme}://{authority}{slash}{path}{question}{query}"
 
 
@@ -104,8 +105,8 @@ def schema_problem(found: int | None, location: str) -> str | None:
         return None
     if found is None:
         return (
-            f"no redrive ledger in {location}; create it with `redrive ledger init "
-            f"{location}` (as a role that may create tables)"
+            f"no redrive ledger in {location}; create it with `redrive ledger init URL` "
+            "(as a role that may create tables)"
         )
     if found > SCHEMA_VERSION:
         return (
@@ -114,7 +115,7 @@ def schema_problem(found: int | None, location: str) -> str | None:
         )
     return (
         f"ledger {location} has schema {found}, this redrive needs {SCHEMA_VERSION}; "
-        f"upgrade it with `redrive ledger init {location}`"
+        "upgrade it with `redrive ledger init URL`"
     )
 
 
