@@ -388,3 +388,71 @@ def test_the_config_names_the_ledger_of_any_kind(url: str, tmp_path: Path, cli: 
     # --ledger (or REDRIVE_LEDGER) still wins over the config.
     other = cli.ok("--config", str(config), "audit", "--ledger", str(tmp_path / "x.sqlite3"))
     assert "no runs" in other.output
+
+
+def test_a_server_streaming_to_asynchronous_standbys_is_a_warning_on_every_open(
+    url: str, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the server says of its standbys, as a primary with two asynchronous ones would
+    (pg_stat_replication's rows; this test server has none): every command that opens
+    the ledger says so on stderr, once, and still runs."""
+    from redrive.ledger import postgres_setup
+
+    def two_async_standbys(conn: Any) -> Durability:
+        return Durability("on", "", 2)
+
+    monkeypatch.setattr(postgres_setup, "read_durability", two_async_standbys)
+    listed = cli.ok("audit", "--ledger", url)
+    assert listed.stderr.count("warning: ") == 1
+    assert "2 asynchronous standby(s): a failover to one could lose" in listed.stderr
+    assert "no runs recorded" in listed.stdout
+
+
+# What docs/ledgers.md tells a DBA to grant the role redrive runs as (after `ledger init`
+# as the tables' owner).
+RUN_GRANTS = """
+GRANT USAGE ON SCHEMA {schema} TO {role};
+GRANT SELECT, INSERT, UPDATE, DELETE ON redrive_keys, redrive_runs TO {role};
+GRANT SELECT, INSERT ON redrive_meta TO {role};
+GRANT SELECT ON redrive_schema_version TO {role};
+"""
+
+
+def test_a_role_with_only_the_documented_grants_runs_but_cannot_init(
+    postgres_server: PostgresServer, postgres_schema: str, url: str, clock: Clock
+) -> None:
+    role = f"r_{postgres_schema}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        for statement in RUN_GRANTS.format(schema=postgres_schema, role=f'"{role}"').split(";"):
+            if statement.strip():
+                conn.execute(statement)
+    as_role = schema_url(postgres_server, postgres_schema).replace(
+        "postgresql://postgres@", f"postgresql://{role}@"
+    )
+    try:
+        with PostgresLedger(as_role, clock=clock) as led:
+            led.start_run("A", command="move", info={})
+            assert led.claim_many("A", claims("k1", "k2")).won == {"k1", "k2"}
+            led.mark_sent_many("A", {"k1": "x"})
+            led.mark_done_many("A", ["k1"])
+            led.release_many("A", ["k2"])
+            led.heartbeat("A", lease_until=clock.now + 30)
+            led.end_run("A", outcome="completed", counts={})
+            led.start_run("B", command="move", info={})
+            led.claim_many("B", claims("k3"))
+            clock.now += 60
+            assert led.mark_skipped_many("C", ["k3"]) == {"k3"}
+            assert [e.key for e in led.iter_keys(KeyState.DONE)] == ["k1"]
+            led.load_entries([], legacy_keys=True)  # a copy's destination
+        # Where it may not create (PostgreSQL 15's public schema, for a role not its owner).
+        public = schema_url(postgres_server, "public").replace(
+            "postgresql://postgres@", f"postgresql://{role}@"
+        )
+        with pytest.raises(LedgerError, match=r"permission denied.*needs CREATE") as e:
+            init_postgres(public)
+        one_line(e)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f'DROP OWNED BY "{role}"')
+            conn.execute(f'DROP ROLE "{role}"')
