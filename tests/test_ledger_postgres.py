@@ -456,3 +456,22 @@ def test_a_role_with_only_the_documented_grants_runs_but_cannot_init(
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(f'DROP OWNED BY "{role}"')
             conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_sessions_find_out_when_a_host_is_cut_off(url: str) -> None:
+    """What bounds a partition's wait (without them, Linux waits two hours to call a silent
+    connection dead): keepalives and tcp_user_timeout on every connection unless the URL
+    sets its own, and the server ends a lost host's open transaction after a minute."""
+    with PostgresLedger(url) as led:
+        led.start_run("A", command="move", info={})
+        conn = led._writes._conn
+        assert conn is not None
+        assert conn.info.get_parameters().get("application_name") == "redrive"
+        assert "keepalives_idle=10" in conn.info.dsn and "tcp_user_timeout=30000" in conn.info.dsn
+        shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+        conn.rollback()
+        assert shown == ("1min",)
+    with PostgresLedger(url + "&keepalives_idle=3") as led:
+        led.start_run("B", command="move", info={})
+        assert led._writes._conn is not None
+        assert "keepalives_idle=3" in led._writes._conn.info.dsn

@@ -32,6 +32,22 @@ _T = TypeVar("_T")
 _RETRIES = 5
 _RETRY_STATES = frozenset({"40P01", "40001"})
 CONNECT_TIMEOUT_S = 10
+# A host cut off from the server mid-call must find out, not wait for an answer forever:
+# TCP keepalives end a silent connection after 10 + 3 x 5 s, and tcp_user_timeout one whose
+# writes go unacknowledged for 30 s (libpq's parameters; the URL may set its own).
+CONNECTION_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": CONNECT_TIMEOUT_S,
+    "application_name": "redrive",
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+# And the server must not keep the transaction of a host it lost open (holding the row
+# locks of its claims, which other hosts' claims of the same keys wait for) for longer than
+# this: it ends it, uncommitted. redrive's own transactions never sit idle.
+IDLE_IN_TRANSACTION = "60s"
 
 
 class InDoubt(LedgerError):
@@ -48,14 +64,16 @@ class PgConnector:
 
     def connect(self, *, autocommit: bool) -> psycopg.Connection[tuple[Any, ...]]:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
         try:
-            return psycopg.connect(
-                self.url,
-                autocommit=autocommit,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                application_name="redrive",
-            )
+            given = conninfo_to_dict(self.url)
+            defaults = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
+            conn = psycopg.connect(self.url, autocommit=autocommit, **defaults)
+            if not autocommit:
+                conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
+                conn.commit()
+            return conn
         except psycopg.Error as e:
             raise LedgerError(
                 f"cannot connect to ledger {self.location} ({self.said(e)}); check the "
