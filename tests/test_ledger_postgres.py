@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -475,3 +476,31 @@ def test_sessions_find_out_when_a_host_is_cut_off(url: str) -> None:
         led.start_run("B", command="move", info={})
         assert led._writes._conn is not None
         assert "keepalives_idle=3" in led._writes._conn.info.dsn
+
+
+def test_in_doubt_lists_a_dead_runs_claims_and_the_command_line_keeps_no_password(
+    url: str, cli: Cli, family: Family
+) -> None:
+    an_hour_ago = time.time() - 3600  # the run died then: its lease is long over
+    with PostgresLedger(url, clock=lambda: an_hour_ago) as led:
+        led.start_run("dead", command="move", info={})
+        led.claim_many("dead", claims("celery:t-1:0", "celery:t-2:0"))
+    listed = cli("ledger", "in-doubt", "--ledger", url, "--json")
+    assert listed.exit_code == 3
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [(r["key"], r["run_id"]) for r in rows] == [
+        ("celery:t-1:0", "dead"),
+        ("celery:t-2:0", "dead"),
+    ]
+    # A password given in the query (libpq takes one there too) is masked in the run's
+    # record of its command line, as one in the user part is.
+    queried = url + f"&password={SECRET}"
+    family.send_to_dlq("not a celery task")
+    moved = cli.ok(
+        "move", "checkout", "--execute", "--yes", "--include-unknown", "--ledger", queried
+    )
+    assert SECRET not in moved.output
+
+    with PostgresLedger(url) as led:
+        run = next(r for r in led.runs() if r.run_id != "dead")
+    assert SECRET not in json.dumps(run.info) and "password=***" in json.dumps(run.info)
