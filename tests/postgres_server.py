@@ -89,18 +89,18 @@ def _not_zombie(pid: int) -> bool:
         return False
 
 
-def start(bin_path: Path) -> PostgresServer:
-    """initdb and start a server in a new folder; PostgresServer once it accepts work."""
+def start(bin_path: Path, *, fsync: bool = False) -> PostgresServer:
+    """initdb and start a server in a new folder; PostgresServer once it accepts work.
+    ``fsync``: commits wait for the disk, as in production (the bench's); the tests' do not."""
     base = Path(tempfile.mkdtemp(prefix="redrive-pg-"))
     if os.geteuid() == 0:
         entry = pwd.getpwnam("postgres")
         os.chown(base, entry.pw_uid, entry.pw_gid)
     port = _free_port()
     data, log = str(base / "data"), str(base / "log")
-    options = (
-        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
-        " -c full_page_writes=off -c max_connections=200"
-    )
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    if not fsync:
+        options += " -c fsync=off -c full_page_writes=off"
     steps = [
         [str(bin_path / "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"],
         [str(bin_path / "pg_ctl"), "-D", data, "-l", log, "-w", "-t", str(START_TIMEOUT)],

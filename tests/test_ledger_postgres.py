@@ -504,3 +504,30 @@ def test_in_doubt_lists_a_dead_runs_claims_and_the_command_line_keeps_no_passwor
     with PostgresLedger(url) as led:
         run = next(r for r in led.runs() if r.run_id != "dead")
     assert SECRET not in json.dumps(run.info) and "password=***" in json.dumps(run.info)
+
+
+def test_only_sent_and_done_are_committed_without_waiting_for_the_disk(url: str) -> None:
+    """As SQLite's path: a claim (and a release, a takeover, a skip, a run's records) is on
+    disk before the call returns; SENT and DONE need not be (lost, SENT reads as CLAIMED:
+    in doubt, held; DONE has nothing left to do), and a group holding any flushed request
+    is flushed whole."""
+    show = "SHOW synchronous_commit"
+    with PostgresLedger(url, group_commit=False) as led:
+        assert led._writes.submit("x", lambda c: c.execute(show).fetchone()[0]) == "on"
+        unflushed = led._writes.submit("x", lambda c: c.execute(show).fetchone()[0], flush=False)
+        assert unflushed == "off"
+        statements: list[str] = []
+        real = psycopg.Connection.execute
+
+        def record(self: psycopg.Connection[Any], query: Any, *args: Any, **kw: Any) -> Any:
+            statements.append(str(query))
+            return real(self, query, *args, **kw)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(psycopg.Connection, "execute", record)
+            led.start_run("A", command="move", info={})
+            led.claim_many("A", claims("k"))
+            led.mark_sent_many("A", {"k": "s"})
+            led.mark_done_many("A", ["k"])
+        unflushed_ones = [q for q in statements if q == "SET LOCAL synchronous_commit = off"]
+        assert len(unflushed_ones) == 2, statements  # mark sent, mark done: nothing else

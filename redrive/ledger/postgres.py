@@ -41,6 +41,7 @@ from redrive.ledger.base import (
     check_outcome,
     check_page_size,
     claimed_entry,
+    ledger_closed,
     run_not_open,
 )
 from redrive.ledger.postgres_schema import LEGACY_KEYS, mask_url
@@ -361,6 +362,7 @@ class PostgresLedger(Ledger):
                 "sents": [s for _, s in pairs],
             },
             bool(pairs),
+            flush=False,
         )
 
     def release_many(self, run_id: str, keys: Sequence[str]) -> None:
@@ -372,6 +374,7 @@ class PostgresLedger(Ledger):
             " AND run_id = %(run)s",
             {"keys": unique, "run": run_id},
             bool(unique),
+            flush=True,
         )
 
     def mark_done_many(self, run_id: str, keys: Sequence[str]) -> None:
@@ -383,6 +386,7 @@ class PostgresLedger(Ledger):
             " WHERE key = ANY(%(keys)s) AND state = 'sent'",
             {"keys": unique, "now": self._clock()},
             bool(unique),
+            flush=False,
         )
 
     def mark_skipped_many(self, run_id: str, keys: Sequence[str]) -> set[str]:
@@ -463,11 +467,14 @@ class PostgresLedger(Ledger):
         self.legacy_keys = self.legacy_keys or legacy_keys
         return inserted
 
-    def _update(self, what: str, sql: str, params: Mapping[str, Any], any_rows: bool) -> None:
+    def _update(
+        self, what: str, sql: str, params: Mapping[str, Any], any_rows: bool, *, flush: bool
+    ) -> None:
         if not any_rows:
-            self._writes.submit(what, lambda conn: None)  # a closed ledger still says so
+            if self._writes.closed:
+                raise ledger_closed(self.location)
             return
-        self._writes.submit(what, lambda conn: conn.execute(sql, params).close())
+        self._writes.submit(what, lambda conn: conn.execute(sql, params).close(), flush=flush)
 
 
 def _entry_row(e: Entry) -> tuple[Any, ...]:

@@ -117,19 +117,26 @@ class PgWrites:
             GroupWriter(self._commit_group, location=connector.location) if group_commit else None
         )
 
-    def submit(self, what: str, apply: Callable[[Any], _T]) -> _T:
+    def submit(self, what: str, apply: Callable[[Any], _T], *, flush: bool = True) -> _T:
         """Run ``apply`` (on the write connection) in a transaction, its group's or its
-        own, and return its answer once committed."""
+        own, and return its answer once committed.
+
+        ``flush=False`` lets the server answer before the commit is on disk (and on a
+        synchronous standby), as SQLite's path does, for records whose loss is harmless: a
+        lost SENT reads as CLAIMED, i.e. in doubt (held, never resent); a lost DONE has
+        nothing left to do. The server writes its WAL in order, so the next flushed commit
+        (the next claim) makes them durable too. A group with any flushed request is
+        flushed whole."""
         if self.closed:
             raise ledger_closed(self._connector.location)
         if self.group is None:
             with self.lock:
                 try:
-                    result: _T = self._attempts([WriteRequest(what, apply, flush=True)])[0]
+                    result: _T = self._attempts([WriteRequest(what, apply, flush=flush)])[0]
                 except _OwnFailure as own:
                     raise own.error.with_traceback(None) from None
                 return result
-        return self.group.submit(WriteRequest(what, apply, flush=True))
+        return self.group.submit(WriteRequest(what, apply, flush=flush))
 
     def close(self) -> None:
         self.closed = True
@@ -167,6 +174,8 @@ class PgWrites:
         conn = self._live()
         what = pending[0].what
         results = []
+        if not any(request.flush for request in pending):
+            self._unflushed(conn, what)
         for request in pending:
             try:
                 results.append(request.apply(conn))
@@ -195,6 +204,16 @@ class PgWrites:
                 raise self._connector.in_doubt(what, e) from None
             raise
         return results
+
+    def _unflushed(self, conn: psycopg.Connection[tuple[Any, ...]], what: str) -> None:
+        """This transaction's COMMIT answers before the WAL is flushed (see submit)."""
+        import psycopg
+
+        try:
+            conn.execute("SET LOCAL synchronous_commit = off")
+        except psycopg.Error as e:
+            self._roll_back(conn)
+            raise self._connector.op_error(what, e) from None
 
     def _roll_back(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         try:
