@@ -89,7 +89,7 @@ def ledger_copy(ctx: Context, /, source: str, destination: str) -> None:
     times, leases), so that DST guards every key SRC guarded: moving a team from one
     machine's SQLite file to a shared PostgreSQL ledger (create it first with `redrive
     ledger init`). A key already in DST is kept as it is there. Refused while a run is
-    live on SRC. DST: a SQLite file or a PostgreSQL database.
+    live on SRC. SRC and DST: any ledger (a file, dynamodb://TABLE, postgresql://...).
     """
     with core_errors():
         if "://" not in source and not Path(source).expanduser().exists():

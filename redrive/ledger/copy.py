@@ -61,7 +61,7 @@ def copy_ledger(source: Ledger, destination: Ledger) -> CopyResult:
     if not isinstance(destination, Loadable):
         raise LedgerError(
             f"a ledger cannot be copied into {destination.location} (its kind takes no "
-            "copies yet); copy into a SQLite file or a PostgreSQL database"
+            "copies); copy into a SQLite file, a DynamoDB table or a PostgreSQL database"
         )
     if source.location == destination.location:
         raise LedgerError(f"{source.location} is both the source and the destination of the copy")
