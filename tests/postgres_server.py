@@ -89,37 +89,52 @@ def _not_zombie(pid: int) -> bool:
         return False
 
 
-def start(bin_path: Path, *, fsync: bool = False) -> PostgresServer:
+def start(
+    bin_path: Path,
+    *,
+    fsync: bool = False,
+    listen: str = "127.0.0.1",
+    netns: str | None = None,
+    settings: tuple[str, ...] = (),
+    trusted: str | None = None,
+) -> PostgresServer:
     """initdb and start a server in a new folder; PostgresServer once it accepts work.
-    ``fsync``: commits wait for the disk, as in production (the bench's); the tests' do not."""
+    ``fsync``: commits wait for the disk, as in production (the bench's); the tests' do not.
+    ``netns``: the server runs in that network namespace, listening on ``listen`` (the
+    partition tests' ledger host), and lets in any user from the ``trusted`` network."""
     base = Path(tempfile.mkdtemp(prefix="redrive-pg-"))
     if os.geteuid() == 0:
         entry = pwd.getpwnam("postgres")
         os.chown(base, entry.pw_uid, entry.pw_gid)
-    port = _free_port()
+    port = 5432 if netns else _free_port()
     data, log = str(base / "data"), str(base / "log")
-    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    options = f"-p {port} -k {base} -c listen_addresses={listen} -c max_connections=200"
     if not fsync:
         options += " -c fsync=off -c full_page_writes=off"
-    steps = [
-        [str(bin_path / "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"],
-        [str(bin_path / "pg_ctl"), "-D", data, "-l", log, "-w", "-t", str(START_TIMEOUT)],
-    ]
-    steps[0] += ["--no-instructions", "-E", "UTF8"]
-    steps[1] += ["-o", options, "start"]
+    options += "".join(f" -c {s}" for s in settings)
+    initdb = [str(bin_path / "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync"]
+    pg_ctl = [str(bin_path / "pg_ctl"), "-D", data, "-l", log, "-w", "-t", str(START_TIMEOUT)]
     try:
-        for step in steps:
-            subprocess.run(
-                _as_server_user(step), check=True, capture_output=True, timeout=START_TIMEOUT
-            )
+        _run(_as_server_user([*initdb, "--no-instructions", "-E", "UTF8"]))
+        if trusted is not None:
+            with open(base / "data" / "pg_hba.conf", "a") as hba:
+                hba.write(f"host all all {trusted} trust\n")
+        inside = ["ip", "netns", "exec", netns] if netns else []
+        _run([*inside, *_as_server_user([*pg_ctl, "-o", options, "start"])])
     except subprocess.CalledProcessError as exc:
-        log = (base / "log").read_text(errors="replace")[-1500:] if (base / "log").exists() else ""
+        log_text = (
+            (base / "log").read_text(errors="replace")[-1500:] if (base / "log").exists() else ""
+        )
         shutil.rmtree(base, ignore_errors=True)
         raise RuntimeError(
-            f"PostgreSQL did not start: {exc.stderr.decode(errors='replace')[-1500:]} {log}"
+            f"PostgreSQL did not start: {exc.stderr.decode(errors='replace')[-1500:]} {log_text}"
         ) from None
     pid = int((base / "data" / "postmaster.pid").read_text().split()[0])
     return PostgresServer(port=port, base=base, pid=pid)
+
+
+def _run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=START_TIMEOUT)
 
 
 def stop(server: PostgresServer, timeout: float = 30.0) -> bool:

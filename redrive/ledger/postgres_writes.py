@@ -46,7 +46,8 @@ CONNECTION_DEFAULTS: dict[str, Any] = {
 }
 # And the server must not keep the transaction of a host it lost open (holding the row
 # locks of its claims, which other hosts' claims of the same keys wait for) for longer than
-# this: it ends it, uncommitted. redrive's own transactions never sit idle.
+# this (unless it is bounded already): it ends it, uncommitted. redrive's own transactions
+# never sit idle.
 IDLE_IN_TRANSACTION = "60s"
 
 
@@ -71,7 +72,12 @@ class PgConnector:
             defaults = {k: v for k, v in CONNECTION_DEFAULTS.items() if k not in given}
             conn = psycopg.connect(self.url, autocommit=autocommit, **defaults)
             if not autocommit:
-                conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
+                # Unless the server, the role or the URL already bounds it.
+                shown = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+                if shown is not None and str(shown[0]) == "0":
+                    conn.execute(
+                        f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+                    )
                 conn.commit()
             return conn
         except psycopg.Error as e:
