@@ -15,15 +15,32 @@ Addresses: a /30 of the link-local 169.254.0.0/16 on the veth link only.
 
 from __future__ import annotations
 
+import json
 import os
+import random
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import postgres_server
 import pytest
+from conftest import make_family, start_moto_server
+from test_e2e import (
+    CAPTURE,
+    REFUND,
+    arrivals,
+    by_body,
+    celery,
+    fill,
+    finished,
+    redrive,
+    start_redrive,
+    wait_for,
+)
 from test_ledger_contract import claims
 
 from redrive.errors import LedgerError
@@ -36,6 +53,8 @@ pytestmark = pytest.mark.e2e
 # would tune them), and the server ends the lost host's open transaction after 3 s.
 FAST_DETECTION = "keepalives_idle=1&keepalives_interval=1&keepalives_count=2"
 FAST_DETECTION += "&tcp_user_timeout=3000&connect_timeout=3"
+MOVE = ("move", "checkout", "--execute", "--yes", "--workers", "4")
+GUARD_METRIC = "4242"
 
 
 @dataclass
@@ -46,6 +65,15 @@ class LedgerHost:
 
     def cut(self) -> None:
         _ip("link", "set", self.link, "down")
+        # Where the ledger's packets go now: dropped here (the lookup meets the blackhole:
+        # "Invalid argument"), never out of this machine.
+        route = subprocess.run(
+            ["ip", "route", "get", self.url.split("@")[1].split(":")[0]],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert route.returncode != 0 and "Invalid argument" in route.stderr, route
 
     def restore(self) -> None:
         _ip("link", "set", self.link, "up")
@@ -82,9 +110,15 @@ def ledger_host() -> Iterator[LedgerHost]:
     except (OSError, subprocess.CalledProcessError) as exc:
         _cannot(f"cannot make a network namespace here ({exc})")
     server = None
+    guarded = False
     try:
         _ip("link", "add", here, "type", "veth", "peer", "name", there)
         _ip("link", "set", there, "netns", namespace)
+        # Never anywhere but the link: a cut takes the link's own route away, and the
+        # default route would then carry the ledger's packets off this machine. This one,
+        # behind the link's, drops them here instead (a connect fails at once).
+        _ip("route", "add", "blackhole", f"{net}/30", "metric", GUARD_METRIC)
+        guarded = True
         _ip("addr", "add", f"{mine}/30", "dev", here)
         _ip("link", "set", here, "up")
         _ip("netns", "exec", namespace, "ip", "addr", "add", f"{theirs}/30", "dev", there)
@@ -104,6 +138,9 @@ def ledger_host() -> Iterator[LedgerHost]:
             postgres_server.stop(server)
         subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
+        if guarded:
+            drop = ["ip", "route", "del", "blackhole", f"{net}/30", "metric", GUARD_METRIC]
+            subprocess.run(drop, capture_output=True, timeout=30)
 
 
 def test_a_host_cut_off_mid_claims_is_told_and_every_key_keeps_one_owner(
@@ -164,3 +201,62 @@ def test_a_host_cut_off_mid_claims_is_told_and_every_key_keeps_one_owner(
     assert {k for k, o in owners.items() if o == "B"} == set(won_by_b)
     in_doubt = {k for k, o in owners.items() if o == "A"} - set(won_by_a)
     assert len(in_doubt) <= 10, "at most the one batch in flight at the cut"
+
+
+def test_a_move_whose_ledger_is_cut_off_mid_run_then_the_runbooks_reruns_send_each_task_once(
+    ledger_host: LedgerHost, tmp_path: Path
+) -> None:
+    """``redrive move --execute --workers 4`` on moto's server (here), its ledger on the
+    ledger host (there); the link is cut mid-run, then restored. The run stops with one
+    line; a rerun moves the rest and holds what is in doubt (at most one send batch per
+    worker); each in-doubt message is resolved by evidence (did its task arrive?), as the
+    runbook says; then each task is in its queue exactly once and nothing is in doubt."""
+    init_postgres(ledger_host.url)
+    server = start_moto_server(tmp_path / "moto.log", serial=True)
+    try:
+        checkout = make_family(server.client(), "onion-checkout")
+        rng = random.Random(403)
+        dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(200)]
+        fill(checkout, dead)
+        move = (*MOVE, "--lease", "3", "--ledger", ledger_host.url)
+        first = start_redrive(server, *move, "--rate", "40", out=tmp_path / "first")
+        try:
+            wait_for(lambda: checkout.depth(checkout.queue_url)[0] >= 40, timeout=120)
+            ledger_host.cut()
+            code, out, err = finished(first, tmp_path / "first", timeout=60)
+        finally:
+            ledger_host.restore()
+            if first.poll() is None:
+                first.kill()
+                first.wait(10)
+        assert code == 1, (code, out, err)
+        assert "Traceback" not in err
+        assert err.count("\n") <= 3, err
+        time.sleep(3.5)  # the stopped run's lease (3 s) runs out: its claims are in doubt
+        rerun = redrive(server, *move, "--json", timeout=120)
+        assert rerun.returncode in (0, 3), (rerun.returncode, rerun.stdout, rerun.stderr)
+        listed = redrive(server, "ledger", "in-doubt", "--json", "--ledger", ledger_host.url)
+        doubts = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert len(doubts) <= 4 * 10, "at most one send batch per worker"
+        # The evidence: what arrived so far (drained, and counted at the end).
+        got = arrivals(checkout, by_body(dead))
+        sent = [d["message_id"] for d in doubts if d["task_id"] in got]
+        not_sent = [d["message_id"] for d in doubts if d["task_id"] not in got]
+        for how, ids in (("skip", sent), ("resend", not_sent)):
+            if ids:
+                picks = [arg for i in ids for arg in ("--message-id", i)]
+                resolved = redrive(server, *move, "--in-doubt", how, *picks, timeout=120)
+                assert resolved.returncode == 0, (resolved.stdout, resolved.stderr)
+        got += arrivals(checkout, by_body(dead))
+        assert got == Counter({d.ident: 1 for d in dead}), "every task exactly once"
+        # A last run sends nothing again; the copies resolved as sent (skipped) stay in the
+        # DLQ for a purge with its archive, as the runbook says.
+        last = redrive(server, *move, "--json", timeout=120)
+        assert last.returncode == 0, (last.stdout, last.stderr)
+        assert json.loads(last.stdout)["moved"] == 0
+        assert checkout.depth() == (len(sent), 0)
+        final = redrive(server, "ledger", "in-doubt", "--ledger", ledger_host.url)
+        assert final.returncode == 0, final.stdout
+    finally:
+        server.process.terminate()
+        server.process.wait(10)
