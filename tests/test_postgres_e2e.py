@@ -32,7 +32,9 @@ from redrive.ledger.postgres import PostgresLedger
 
 pytestmark = pytest.mark.e2e
 
-MOVE = ("move", "checkout", "--execute", "--yes", "--json", "--workers", "4")
+# At most 25 messages a second each: alone, one run would take 5 s or more, so the other
+# (two processes, slower to start on a loaded machine) always gets a share.
+MOVE = ("move", "checkout", "--execute", "--yes", "--json", "--workers", "4", "--rate", "25")
 
 
 @pytest.fixture
@@ -60,7 +62,7 @@ def test_two_runs_with_four_workers_on_one_postgres_ledger_send_each_task_once(
     init_postgres(postgres_url)
     checkout = make_family(serial.client(), "onion-checkout")
     rng = random.Random(40)
-    unique = [celery(rng.choice((CAPTURE, REFUND)), rng.choice((1, 2))) for _ in range(100)]
+    unique = [celery(rng.choice((CAPTURE, REFUND)), rng.choice((1, 2))) for _ in range(120)]
     copies = unique[:10] * 2  # more copies of those publishes, spread through the queue
     dead = [*unique, *copies]
     rng.shuffle(dead)
