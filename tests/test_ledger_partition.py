@@ -117,7 +117,7 @@ def ledger_host() -> Iterator[LedgerHost]:
         # Never anywhere but the link: a cut takes the link's own route away, and the
         # default route would then carry the ledger's packets off this machine. This one,
         # behind the link's, drops them here instead (a connect fails at once).
-        _ip("route", "add", "blackhole", f"{net}/30", "metric", GUARD_METRIC)
+        _ip("route", "replace", "blackhole", f"{net}/30", "metric", GUARD_METRIC)
         guarded = True
         _ip("addr", "add", f"{mine}/30", "dev", here)
         _ip("link", "set", here, "up")
