@@ -9,7 +9,7 @@ MESSAGES ?= 40
 SEED   ?= 7
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck docs unit suite browser rabbitmq bench profile clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck docs unit suite browser rabbitmq postgres bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,7 @@ unit: install
 suite: install localstack
 	$(BIN)/pytest -q -n 4 --maxschedchunk 2 --durations=15
 
-test: lint typecheck docs browser rabbitmq suite
+test: lint typecheck docs browser rabbitmq postgres suite
 
 # The reference site (docs/, runbooks/ through the docs/runbooks link) built with MkDocs and
 # Material into site/: --strict fails on a link to a page or heading that does not exist, or a
@@ -108,6 +108,20 @@ rabbitmq:
 	    echo 'rabbitmq-server could not be installed: the RabbitMQ tests will skip'; \
 	  else echo 'no rabbitmq-server (and not root with apt-get): the RabbitMQ tests will skip'; fi; }
 	@test -x $(RABBITMQ_SERVER) || $(call ci_requires,rabbitmq-server)
+
+# The PostgreSQL ledger's tests run a private server of Debian's postgresql on loopback
+# (tests/postgres_server.py). Installed here when missing and this runs as root with apt-get
+# (as CI does); otherwise those tests skip and the summary says why (under CI=true they fail).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing postgresql for the PostgreSQL ledger tests'; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; } || \
+	    echo 'postgresql could not be installed: the PostgreSQL ledger tests will skip'; \
+	  else echo 'no postgresql (and not root with apt-get): the PostgreSQL ledger tests will skip'; fi; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $(call ci_requires,postgresql)
 
 # The suite with the wall clock two years ahead, subprocesses included: no test may depend on
 # today's date. libfaketime from PyPI, because its vendored build sleeps correctly with the

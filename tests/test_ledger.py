@@ -211,7 +211,8 @@ def test_open_ledger_uri_forms(clean_env: pytest.MonkeyPatch, tmp_path: Path) ->
     ("uri", "match"),
     [
         ("dynamodb://", "names no table"),
-        ("postgres://db/ledger", "unknown ledger URI 'postgres://db/ledger'"),
+        ("mysql://db/ledger", "unknown ledger URI 'mysql://db/ledger'"),
+        ("mysql://u:pw@db/ledger", r"unknown ledger URI 'mysql://u:\*\*\*@db/ledger'"),
         ("sqlite://", "names no file"),
         ("", "empty"),
     ],

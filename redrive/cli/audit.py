@@ -1,4 +1,5 @@
-"""``audit`` (the executed runs), ``ledger init``, ``ledger in-doubt`` and ``ledger resolve``."""
+"""``audit`` (the executed runs), ``ledger init``, ``ledger copy``, ``ledger in-doubt`` and
+``ledger resolve``."""
 
 from __future__ import annotations
 
@@ -6,15 +7,24 @@ import contextlib
 import json
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from redrive.cli.console import command_line, emit_json, table_width
-from redrive.cli.context import Context, RedriveGroup, core_errors, dry_run_ledger, pass_ctx
+from redrive.cli.context import (
+    Context,
+    RedriveGroup,
+    core_errors,
+    dry_run_ledger,
+    open_cli_ledger,
+    pass_ctx,
+)
 from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.options import duration, json_option, ledger_option, wide_option
 from redrive.errors import RedriveError
-from redrive.ledger import open_ledger
+from redrive.ledger import POSTGRES_SCHEMES, init_postgres
+from redrive.ledger.copy import copy_ledger
 from redrive.ledger.dynamodb import check_table_name, init_table
 from redrive.operations.resolve import choices_of, ignores_result_of, resolve_in_doubt
 from redrive.render.audit import (
@@ -42,7 +52,7 @@ from redrive.shell import shell_quote
 @click.group(
     "ledger",
     cls=RedriveGroup,
-    short_help="The ledger: create one, list and resolve what is in doubt.",
+    short_help="The idempotency ledger: create one, copy one, list and resolve what is in doubt.",
 )
 def ledger_group() -> None:
     """The idempotency ledger: create one before a team shares it; list every message in
@@ -57,7 +67,9 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
 
     dynamodb://TABLE: an on-demand DynamoDB table (region and endpoint from the usual AWS
     settings) whose entries expire 30 days after their last change, longer than any DLQ
-    keeps a message. A path or sqlite:///path: the SQLite file.
+    keeps a message. postgresql://USER:PASSWORD@HOST:PORT/DB: the redrive_* tables in that
+    database (an older schema is upgraded; a newer one refused), as a role that may create
+    tables. A path or sqlite:///path: the SQLite file.
     """
     with core_errors():
         scheme, sep, rest = uri.partition("://")
@@ -65,8 +77,34 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
             table = check_table_name(rest, uri)
             click.echo(init_table(ctx.aws.client("dynamodb"), table))
             return
-        with contextlib.closing(open_ledger(uri)) as led:
-            click.echo(f"the ledger is ready: {led.location}")
+        if sep and scheme.lower() in POSTGRES_SCHEMES:
+            click.echo(init_postgres(uri))
+        with contextlib.closing(open_cli_ledger(ctx, uri)) as led:
+            if not (sep and scheme.lower() in POSTGRES_SCHEMES):
+                click.echo(f"the ledger is ready: {led.location}")
+
+
+@ledger_group.command(
+    "copy", short_help="Copy every run and key of one ledger into another (SQLite to PostgreSQL)."
+)
+@click.argument("source", metavar="SRC")
+@click.argument("destination", metavar="DST")
+@pass_ctx
+def ledger_copy(ctx: Context, /, source: str, destination: str) -> None:
+    """Copy every run and key of the ledger SRC into the ledger DST, as they stand (owners,
+    times, leases), so that DST guards every key SRC guarded: moving a team from one
+    machine's SQLite file to a shared PostgreSQL ledger (create it first with `redrive
+    ledger init`). A key already in DST is kept as it is there. Refused while a run is
+    live on SRC. SRC and DST: any ledger (a file, dynamodb://TABLE, postgresql://...).
+    """
+    with core_errors():
+        if "://" not in source and not Path(source).expanduser().exists():
+            raise RedriveError(f"ledger {source} does not exist; give the ledger to copy")
+        with (
+            contextlib.closing(open_cli_ledger(ctx, source)) as src,
+            contextlib.closing(open_cli_ledger(ctx, destination)) as dst,
+        ):
+            click.echo(copy_ledger(src, dst).describe(src.location, dst.location))
 
 
 @ledger_group.command(
@@ -86,7 +124,7 @@ def ledger_in_doubt(ctx: Context, /, run_id: str | None, ledger: str | None, as_
     claimed_at). Exit 0 when nothing is in doubt, 3 when something is.
     """
     with core_errors():
-        store = dry_run_ledger(ledger, ctx.aws.client)
+        store = dry_run_ledger(ctx, ledger)
         if store is None:
             if run_id:
                 raise RedriveError("no ledger yet, so no runs: nothing has been executed here")
@@ -217,7 +255,7 @@ def audit(
 ) -> None:
     """List the --execute runs of move, purge and replay; or show one run and its keys."""
     with core_errors():
-        store = dry_run_ledger(ledger, ctx.aws.client)
+        store = dry_run_ledger(ctx, ledger)
         if store is None:
             if run_id:
                 raise RedriveError("no ledger yet, so no runs: nothing has been executed here")

@@ -36,6 +36,7 @@ from redrive.cli.context import (
     dlq_details,
     dry_run_ledger,
     execute_record,
+    open_cli_ledger,
     pass_ctx,
 )
 from redrive.cli.exit_codes import EXIT_ATTENTION
@@ -65,7 +66,7 @@ from redrive.cli.options import (
 from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.errors import UsageProblem
-from redrive.ledger import Ledger, open_ledger
+from redrive.ledger import Ledger
 from redrive.operations import move_run, replay_run
 from redrive.operations.apply import (
     ApplyOptions,
@@ -375,9 +376,8 @@ def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
     """The ledger a move (or replay) runs with: opened (made if need be) to execute; read,
     if it exists, by a dry run."""
     if execute:
-        return open_ledger(uri, client_factory=ctx.aws.client)
-    ledger: Ledger | None = dry_run_ledger(uri, ctx.aws.client)
-    return ledger
+        return open_cli_ledger(ctx, uri)
+    return dry_run_ledger(ctx, uri)
 
 
 def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
@@ -840,7 +840,7 @@ def apply_ledger(
     if isinstance(options, MoveOptions):
         return move_ledger(ctx, uri, options.execute)
     # A purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
-    return open_ledger(uri, client_factory=ctx.aws.client) if options.execute else None
+    return open_cli_ledger(ctx, uri) if options.execute else None
 
 
 def run_apply(

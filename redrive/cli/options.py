@@ -215,8 +215,9 @@ def ledger_option(f: F) -> F:
         "--ledger",
         metavar="URI",
         envvar="REDRIVE_LEDGER",
-        help="Idempotency ledger: a SQLite path, sqlite:///path or dynamodb://TABLE "
-        "(default: the state directory; env REDRIVE_LEDGER).",
+        help="Idempotency ledger: a SQLite path, sqlite:///path, dynamodb://TABLE or "
+        "postgresql://USER:PASSWORD@HOST:PORT/DB (default: the config's [ledger] url, else "
+        "the state directory; env REDRIVE_LEDGER).",
     )(f)
 
 
