@@ -213,6 +213,11 @@ class MoveEngine:
                 scan.close()
         return self.result
 
+    @property
+    def _archives_originals(self) -> bool:
+        repair = self.options.repair
+        return self.options.execute and repair is not None and repair.archive_to is not None
+
     def _dlq_scan(self, broker: Broker) -> DlqScan:
         # What the run skips stays hidden until its end, renewed while it lives: a killed
         # run's messages come back within about --lease (see redrive.dlq.scan).
@@ -224,8 +229,10 @@ class MoveEngine:
             stop=self.stop,
             broker_factory=self.broker_factory,
             receive_log=self.receive_log,
-            # Only a --where on them reads redrive's own receives (a move shows none).
-            receive_counts=self.options.selection.reads("consumer_receives"),
+            # Only a --where on them reads redrive's own receives (a move shows none), and an
+            # edited move's archive of the originals, which keeps them as purge's does.
+            receive_counts=self.options.selection.reads("consumer_receives")
+            or self._archives_originals,
         )
 
     def _end_on_error(

@@ -11,6 +11,7 @@ another edit finds the key sent and sends nothing again."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -21,9 +22,9 @@ from typing import Any
 
 from redrive import attributes
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer
-from redrive.archive.storage import archive_part
+from redrive.archive.storage import archive_part, free_part
 from redrive.broker.base import Broker, Delivery, SendEntry
-from redrive.errors import NotRepairable
+from redrive.errors import ArchiveError, NotRepairable
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
@@ -52,6 +53,12 @@ class RepairOptions:
     """Show argument values in the diff (as elsewhere, they are hidden unless asked)."""
     planned: Mapping[str, tuple[str, str]] | None = None
     """``apply``: MessageId -> (digest before, digest after) of the reviewed plan."""
+    suggested: bool = False
+    """A dry run's archive that no option named: the one the command it prints names."""
+    continues: bool = False
+    """The local archive exists, begun by an earlier run of the command (the ledger says):
+    this run writes a new part beside it (:func:`redrive.archive.storage.free_part`), which
+    a replay of the archive's name reads with it."""
 
     @property
     def words(self) -> list[str]:
@@ -83,12 +90,15 @@ class RepairReport:
     messages: list[dict[str, str]] = field(default_factory=list)
     """The first :data:`LISTED` messages left, each with why."""
     archived: int = 0
+    continued: bool = False
+    """The archive is a new part beside one an earlier run of the command began."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "edits": self.edits,
             "archive": self.archive,
             "archived": self.archived,
+            "archive_continued": self.continued,
             "changed": self.changed,
             "unchanged_by_edit": self.left[UNCHANGED],
             "not_repairable": self.left[NOT_REPAIRABLE],
@@ -104,6 +114,7 @@ class RepairReport:
         """Add another process's report (``--processes``)."""
         self.changed += other.changed
         self.archived += other.archived
+        self.continued = self.continued or other.continued
         self.left.update(other.left)
         self.details.update(other.details)
         for task, sample in other.samples.items():
@@ -118,6 +129,7 @@ class RepairStep:
         self.options = options
         self.writer = writer
         self.report = RepairReport(options.words, options.archive_to)
+        self.report.continued = options.continues
         self.clears_expires = CLEAR_EXPIRES in options.edits
         self._lock = threading.Lock()
 
@@ -188,6 +200,8 @@ class RepairStep:
                 dlq=dlq,
                 run_id=run_id,
                 archived_at=now,
+                # inspect ARCHIVE counts a consumer's receives as the DLQ showed them.
+                redrive_receives=cand.message.redrive_receives or None,
             )
             for cand in _deletable(decided)
         ]
@@ -235,7 +249,7 @@ def repair_step(
     if not execute or where is None:
         yield RepairStep(options)
         return
-    writer = open_writer(where, s3_client_factory=s3_client_factory)
+    writer, where = _open_archive(where, options, s3_client_factory)
     step = RepairStep(options, writer)
     step.report.archive = where
     try:
@@ -246,3 +260,22 @@ def repair_step(
             with contextlib.suppress(OSError):
                 Path(where).expanduser().unlink()
             step.report.archive = None
+
+
+def _open_archive(
+    where: str, options: RepairOptions, s3_client_factory: Callable[[], Any] | None
+) -> tuple[ArchiveWriter, str]:
+    """The run's archive writer, and where it writes: ``where``, or when the run continues
+    an earlier run's archive (``options.continues``), the first free part beside the
+    archive named (each process of a rerun takes its own: a part taken meanwhile by a
+    sibling is passed over)."""
+    if not options.continues or "://" in where or options.archive_to is None:
+        return open_writer(where, s3_client_factory=s3_client_factory), where
+    for _ in range(64):
+        part = free_part(options.archive_to)
+        try:
+            return open_writer(part, s3_client_factory=s3_client_factory), part
+        except ArchiveError:
+            if not os.path.lexists(os.path.expanduser(part)):
+                raise
+    raise ArchiveError(f"no free part beside archive {options.archive_to}; choose another path")
