@@ -14,7 +14,7 @@ from redrive.operations.move import LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import REASONS as REPAIR_REASONS
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
-from redrive.operations.verdict import POISON
+from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
 from redrive.render.selection import misses_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable
 from redrive.shell import shell_quote
@@ -265,6 +265,7 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             f"`redrive inspect {where} --show-args`; {purge}"
             f"{_pass(result, '--include-unknown', plan)} to send them anyway.",
         ]
+    lines += _stopped_skips(result, verb)
     if result.skipped.get(POISON):
         lines += ["", _poison_line(result, verb, plan, purge)]
     if result.skipped.get("already-succeeded"):
@@ -276,6 +277,39 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             f"{purge}pass --include-succeeded to send them anyway.",
         ]
     return lines
+
+
+def _stopped_skips(result: MoveResult, verb: str) -> list[str]:
+    """Messages a stop left uncounted by the run itself: what they are, and that a rerun
+    takes them on."""
+    lines: list[str] = []
+    if result.skipped.get(STOPPED):
+        lines += [
+            "",
+            f"{result.skipped[STOPPED]} message(s) not sent ({STOPPED}): decided on, then the "
+            f"run stopped before it sent them. {_stay(verb)}: rerun to {verb} them.",
+        ]
+    if result.skipped.get(UNRECORDED):
+        lines += [
+            "",
+            f"{result.skipped[UNRECORDED]} message(s) matched by a process that died before it "
+            f"reported what it did with them ({UNRECORDED}): it sent none of them (the ledger "
+            "holds no claim of theirs). Each is still in the DLQ (or was deleted as a copy of "
+            f"a task sent before): rerun to {verb} them.",
+        ]
+    unscanned = _unscanned(result, verb)
+    if unscanned:
+        lines += [
+            "",
+            f"about {unscanned} message(s) of the DLQ not scanned: the run stopped before it "
+            f"reached them. They stay in the DLQ: rerun to {verb} them.",
+        ]
+    return lines
+
+
+def _unscanned(result: MoveResult, verb: str) -> int:
+    """A stopped run's messages never reached (none for a replay: an archive has no depth)."""
+    return 0 if verb == "replay" else result.not_scanned
 
 
 def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:

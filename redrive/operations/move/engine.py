@@ -31,6 +31,7 @@ from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.routing import Router, source_name
 from redrive.operations.move.send import Sender
 from redrive.operations.move.stages import OVERLAP_SAMPLE, Prefetch, overlap_pays
+from redrive.operations.move.stopped import count_stopped
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord
 from redrive.operations.seen import SeenByFilters
@@ -300,12 +301,15 @@ class MoveEngine:
         try:
             while (decided := ahead.get()) is not None:
                 self._complete(broker, decided)
-        except Exception:
-            # Batches received but never worked on: hold them like the rest, so that the
-            # run's end gives them back at once instead of after their lease.
+        except (Exception, KeyboardInterrupt) as exc:
+            # Batches received but never worked on: counted as not sent, and held like the
+            # rest, so that the run's end gives them back at once instead of after their
+            # lease.
             with contextlib.suppress(Exception):
                 for left in ahead.close():
-                    self._scan.keep(broker, left.batch)
+                    self._count_stopped(left, set())
+                    if isinstance(exc, Exception):
+                        self._scan.keep(broker, left.batch)
             raise
         finally:
             ahead.close()
@@ -345,18 +349,34 @@ class MoveEngine:
         return decided
 
     def _complete(self, broker: Broker, decided: DecidedBatch) -> None:
+        self._tally.watch()
         try:
             keep = self._execute(broker, decided)
+        except KeyboardInterrupt:
+            self._count_stopped(decided, self._tally.watched())
+            raise
         except Exception:
+            self._count_stopped(decided, self._tally.watched())
             # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
             # run's end gives back at once what it did not delete (the ledger knows what it
             # sent or claimed), instead of after its lease.
             with contextlib.suppress(Exception):
                 self._scan.keep(broker, decided.batch)
             raise
+        self._tally.watched()
         self._scan.keep(broker, keep)
         if self.observer.wants_progress:
             self.observer.on_progress(self._tally.snapshot())
+
+    def _count_stopped(self, decided: DecidedBatch, counted: set[object]) -> None:
+        """A batch the run stopped in: what it had not counted, counted as the ledger has it
+        (redrive.operations.move.stopped). A dry run stops in none (it counts as it decides)."""
+        if not self.options.execute:
+            return
+        with contextlib.suppress(Exception):
+            count_stopped(
+                decided, counted, ledger=self.ledger, run_id=self.run_id, tally=self._tally
+            )
 
     # -- one batch: the hooks a subclass (or a bench's timer) may wrap -------------------
 

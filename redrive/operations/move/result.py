@@ -120,10 +120,20 @@ class MoveResult:
     """Copies SQS delivered again after the run deleted their message: deleted once more."""
     repair: RepairReport | None = None
     """What the run's edits did (issue 26); None without edits."""
+    cut_short: bool = False
+    """``--processes``: a process died, and the others stopped with it (not interrupted)."""
 
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
+
+    @property
+    def not_scanned(self) -> int:
+        """About how many of the DLQ's messages (its depth as the run began) a run that
+        stopped never reached: they stay in the DLQ (0 when it did not stop)."""
+        if not (self.interrupted or self.error or self.cut_short) or not self.depth_before:
+            return 0
+        return max(0, self.depth_before - self.scanned)
 
     @property
     def by_task(self) -> dict[str, int]:
@@ -206,6 +216,7 @@ class MoveResult:
             ),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
+            "not_scanned": self.not_scanned,
             **({"repair": self.repair.to_json()} if self.repair is not None else {}),
         }
 
@@ -250,6 +261,26 @@ class MoveTally:
         self._source_of = source_of
         """The queue a message came from (its target may be another: a task's route)."""
         self._lock = threading.Lock()
+        self._watch = threading.local()
+
+    # -- what a batch being carried out has counted (this thread's) ----------------------
+
+    def watch(self) -> None:
+        """From now on, note in this thread which messages are counted (by their decoded
+        task, or MessageId): a batch the run stops in counts the rest as the ledger has
+        them (:meth:`MoveEngine._count_stopped`)."""
+        self._watch.counted = set()
+
+    def watched(self) -> set[object]:
+        """What was counted in this thread since :meth:`watch`; watching ends."""
+        counted: set[object] = getattr(self._watch, "counted", None) or set()
+        self._watch.counted = None
+        return counted
+
+    def _note(self, *marks: object) -> None:
+        counted = getattr(self._watch, "counted", None)
+        if counted is not None:
+            counted.update(marks)
 
     def decided(
         self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
@@ -285,10 +316,12 @@ class MoveTally:
             self._matched(info)
 
     def skipped(self, info: TaskInfo, reason: str) -> None:
+        self._note(id(info))
         with self._lock:
             self._skip(info.task, reason)
 
     def duplicate(self, info: TaskInfo, *, matched: bool = False) -> None:
+        self._note(id(info))
         with self._lock:
             if matched:
                 self._matched(info)
@@ -297,16 +330,19 @@ class MoveTally:
     def in_doubt(self, listed: Listed, reason: str = IN_DOUBT) -> None:
         """Count a message in doubt, under ``reason`` (IN_DOUBT, or LEASE_LIVE: one the
         ledger would not resolve yet), and list it."""
+        self._note(listed.message_id)
         with self._lock:
             self.result.in_doubt += 1
             self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
 
     def moved(self, cand: Candidate) -> None:
+        self._note(id(cand.info))
         with self._lock:
             self._moved(cand)
 
     def sent(self, outcome: SendOutcome) -> None:
+        self._note(*(id(c.info) for c, _ in [*outcome.sent, *outcome.refused]))
         with self._lock:
             for cand, _ in outcome.sent:
                 self._moved(cand)
