@@ -6,6 +6,7 @@ and an edited move's archive keeping redrive's own receives, as purge's does."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from pathlib import Path
@@ -179,3 +180,28 @@ def test_an_edited_moves_archive_keeps_redrives_own_receives(
     assert record.task == TASK and record.redrive_receives
     after = as_json(cli.ok("inspect", str(archive), "--json"))
     assert after["groups"][0]["max_consumer_receives"] == 2, after
+
+
+def test_a_processes_runs_parts_are_continued_too(tmp_path: Path) -> None:
+    """A killed `--processes` edited move leaves only parts (X.p1, X.p2): its rerun
+    continues them too, each process in a part of its own past them."""
+    from redrive.cli.move import continued_archive
+
+    archive = tmp_path / "originals.jsonl.gz"
+    for n in (1, 2):
+        Path(archive_part(str(archive), n)).write_bytes(b"")
+    repair = RepairOptions(edits_from_options(sets=['kwargs.currency="EUR"']), str(archive))
+    ledger = SqliteLedger(tmp_path / "l.sqlite3")
+    try:
+        ledger.start_run("r", command="move", info={"archive": str(archive)})
+        continued = continued_archive(repair, ledger)
+    finally:
+        ledger.close()
+    assert continued.continues
+    names = []
+    with contextlib.ExitStack() as both:  # at once, as two processes are
+        for number in (1, 2):
+            step = both.enter_context(repair_step(continued, execute=True, part=number))
+            assert step is not None and step.writer is not None
+            names.append(step.report.archive)
+    assert names == [archive_part(str(archive), 3), archive_part(str(archive), 4)]

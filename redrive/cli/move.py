@@ -3,18 +3,18 @@ purge plan)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Literal, NoReturn, Unpack
 
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport, default_archive_path
-from redrive.archive.storage import absolute_location
+from redrive.archive.storage import absolute_location, archive_parts
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -287,7 +287,7 @@ def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOpt
     edited move does; refused otherwise, as ever (archives are never overwritten). The dry
     run says so where the execute would fail."""
     where = repair.archive_to
-    if where is None or "://" in where or not Path(where).expanduser().exists():
+    if where is None or "://" in where or not _archive_begun(where):
         if where is not None:
             check_archive_path(where)
         return repair
@@ -295,6 +295,12 @@ def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOpt
         return replace(repair, continues=True)
     check_archive_path(where)
     return repair
+
+
+def _archive_begun(where: str) -> bool:
+    """Whether the local archive exists: the file, or the parts a --processes run wrote."""
+    path = os.path.expanduser(where)
+    return os.path.lexists(path) or bool(archive_parts(path))
 
 
 def _archive_of_a_run(ledger: Ledger, where: str) -> bool:
