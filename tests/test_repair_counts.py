@@ -53,6 +53,8 @@ def test_the_changed_messages_are_counted_by_what_becomes_of_them(family: Family
     assert "0 left in the DLQ by the edits (0 unchanged by them)" in text
     assert "2 message(s) skipped as poison" in text
     assert "pass --max-redrives N" in text
+    data = as_json(cli.ok("move", "checkout", *EUR, "--json"))["repair"]
+    assert (data["changed"], data["became"]) == (4, {"moved": 2, "skipped:poison": 2})
     # Executed: the same counts, in the past tense.
     executed = ["move", "checkout", *EUR, "--no-archive", "--execute", "--yes"]
     done = cli.ok(*executed).output

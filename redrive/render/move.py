@@ -8,10 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive.archive import DamageReport
-from redrive.celery.knowledge import UNREGISTERED
 from redrive.ledger import default_ledger_path
 from redrive.operations.move import LEASE_LIVE, MoveResult, TaskCounts
-from redrive.operations.move.repair_step import REASONS as REPAIR_REASONS
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
 from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
@@ -535,31 +533,15 @@ def repair_lines(
     return lines + _originals_lines(report, dry_run=dry_run, replay=replay)
 
 
-def changed_fates(report: RepairReport, result: MoveResult) -> tuple[int, list[tuple[str, int]]]:
-    """What became of the messages the edits changed, from the run's counts: every count but
-    the skips decided before the edits (a task no worker registers) or by them. Those the
-    counts do not hold were not reached (--limit, or the run stopped first). The total is
-    at least what the counts hold (a process that died took its report with it)."""
-    skipped = {
-        reason: n
-        for reason, n in sorted(result.skipped.items())
-        if n and reason not in REPAIR_REASONS and reason != UNREGISTERED
-    }
-    fates = [
-        ("moved", result.moved),
-        ("duplicates", result.duplicates),
-        ("failed", result.failed),
-        *((f"skipped:{reason}", n) for reason, n in skipped.items()),
-    ]
-    counted = sum(n for _, n in fates)
-    total = max(report.changed, counted)
-    return total, [*((k, n) for k, n in fates if n), ("not reached", total - counted)]
-
-
 def changed_line(report: RepairReport, result: MoveResult, *, replay: bool) -> str:
     """``N message(s) changed by the edits: M moved, S skipped (poison: S) and stay in the
     DLQ``: each changed message in exactly one of the counts."""
-    total, fates = changed_fates(report, result)
+    total, fates = report.fates(
+        moved=result.moved,
+        duplicates=result.duplicates,
+        failed=result.failed,
+        skipped=result.skipped,
+    )
     verb = "replay" if replay else "move"
     where = "archive" if replay else "DLQ"
     past = {"move": "moved", "replay": "replayed"}[verb]

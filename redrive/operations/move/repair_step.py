@@ -24,6 +24,7 @@ from redrive import attributes
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer
 from redrive.archive.storage import archive_part, free_part
 from redrive.broker.base import Broker, Delivery, SendEntry
+from redrive.celery.knowledge import UNREGISTERED
 from redrive.errors import ArchiveError, NotRepairable
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
@@ -109,6 +110,29 @@ class RepairReport:
             "samples": self.samples,
             "left_messages": self.messages,
         }
+
+    def fates(
+        self, *, moved: int, duplicates: int, failed: int, skipped: Mapping[str, int]
+    ) -> tuple[int, list[tuple[str, int]]]:
+        """What became of the messages the edits changed, from the run's counts: every count
+        but the skips decided before the edits (a task no worker registers) or by them.
+        Those the counts do not hold were not reached (--limit, or the run stopped first).
+        The total is at least what the counts hold (a process that died took its report
+        with it). Each fate with its count: ``moved``, ``duplicates``, ``failed``,
+        ``skipped:REASON``, ``not reached``."""
+        fates = [
+            ("moved", moved),
+            ("duplicates", duplicates),
+            ("failed", failed),
+            *(
+                (f"skipped:{reason}", n)
+                for reason, n in sorted(skipped.items())
+                if n and reason not in REASONS and reason != UNREGISTERED
+            ),
+        ]
+        counted = sum(n for _, n in fates)
+        total = max(self.changed, counted)
+        return total, [*((k, n) for k, n in fates if n), ("not reached", total - counted)]
 
     def merge(self, other: RepairReport) -> None:
         """Add another process's report (``--processes``)."""

@@ -168,6 +168,14 @@ class MoveResult:
             "duplicates_deleted": self.duplicates,
         }
 
+    def _repair_json(self, repair: RepairReport) -> dict[str, Any]:
+        """The edits' report, with what became of the messages they changed (``became``:
+        fate -> count, adding up to ``changed``)."""
+        total, fates = repair.fates(
+            moved=self.moved, duplicates=self.duplicates, failed=self.failed, skipped=self.skipped
+        )
+        return {**repair.to_json(), "changed": total, "became": {k: n for k, n in fates if n}}
+
     def task(self, name: str) -> TaskCounts:
         counts = self.tasks.get(name)
         if counts is None:
@@ -217,7 +225,7 @@ class MoveResult:
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
             "not_scanned": self.not_scanned,
-            **({"repair": self.repair.to_json()} if self.repair is not None else {}),
+            **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
 
 
