@@ -589,7 +589,7 @@ def replay(
         options.celery,
         as_json=as_json,
         allow_partial=allow_partial,
-        elsewhere=own_ledger_command(to) if to else None,
+        elsewhere=(to, own_ledger_command(to)) if to else None,
     )
 
 
@@ -616,9 +616,10 @@ def finish_replay(
     *,
     as_json: bool,
     allow_partial: bool,
-    elsewhere: str | None = None,
+    elsewhere: tuple[str, str] | None = None,
 ) -> None:
-    """``elsewhere``: the command that replays to the queue given what was sent already."""
+    """``elsewhere``: the queue given, and the command that replays to it what the ledger
+    has sent already."""
     outcome = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = outcome.move.dry_run and outcome.move.moved
     finish_move(
@@ -634,12 +635,13 @@ def replay_summary(
     finished: ReplayResult | ProcessesResult[ReplayResult],
     knowledge: TaskKnowledge | None,
     width: int | None = None,
-    elsewhere: str | None = None,
+    elsewhere: tuple[str, str] | None = None,
 ) -> str:
     outcome = finished.result if isinstance(finished, ProcessesResult) else finished
     text = replay_text(outcome, knowledge, width)
     if elsewhere is not None and outcome.move.duplicates:
-        text += "\n\n" + already_sent_hint(outcome.move.duplicates, elsewhere)
+        to, command = elsewhere
+        text += "\n\n" + already_sent_hint(outcome.move.duplicates, command, to)
     return processes_text(finished, text)
 
 

@@ -322,14 +322,16 @@ def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:
     )
 
 
-def already_sent_hint(count: int, command: str) -> str:
+def already_sent_hint(count: int, command: str, to: str) -> str:
     """A replay's tasks the ledger has sent already (to any queue): not sent again by it,
-    and the exact way to send them to this queue as well."""
+    and the exact way to send them to ``to`` as well, when that is where they did not go."""
     return (
-        f"hint: {count} message(s) already sent: the ledger holds their task's key, sent by an "
-        "earlier move or replay (to its queue, or to this one), and a replay sends each task "
-        "once per ledger. To send them to this queue as well (a copy to debug, say), replay "
-        f"with a ledger of its own, which sends each of them once more, once:\n  {command}"
+        f"hint: {count} message(s) already sent: the ledger holds their task's key (an earlier "
+        "move or replay sent them, to their queue or to another), and a replay sends each "
+        f"task once per ledger. If {to} is not where they went (an edited move's originals, "
+        "say: the edited copies went to their source queue) and you want them there too, "
+        f"replay with a ledger of its own, which sends each of them there once (dry run "
+        f"first):\n  {command}\nNever to the queue they went to: each task would run twice."
     )
 
 
