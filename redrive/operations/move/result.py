@@ -190,6 +190,7 @@ class MoveResult:
             "run_id": self.run_id,
             "ledger": self.ledger,
             "scanned": self.scanned,
+            "not_scanned": self.not_scanned,
             "matched": self.matched,
             "moved": self.moved,
             "skipped": self.skipped_total,
@@ -224,7 +225,6 @@ class MoveResult:
             ),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
-            "not_scanned": self.not_scanned,
             **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
 
