@@ -277,64 +277,6 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
     return lines
 
 
-def _stopped_skips(result: MoveResult, verb: str) -> list[str]:
-    """Messages a stop left uncounted by the run itself: what they are, and that a rerun
-    takes them on."""
-    lines: list[str] = []
-    if result.skipped.get(STOPPED):
-        lines += [
-            "",
-            f"{result.skipped[STOPPED]} message(s) not sent ({STOPPED}): decided on, then the "
-            f"run stopped before it sent them. {_stay(verb)}: rerun to {verb} them.",
-        ]
-    if result.skipped.get(UNRECORDED):
-        lines += [
-            "",
-            f"{result.skipped[UNRECORDED]} message(s) matched by a process that died before it "
-            f"reported what it did with them ({UNRECORDED}): it sent none of them (the ledger "
-            "holds no claim of theirs). Each is still in the DLQ (or was deleted as a copy of "
-            f"a task sent before): rerun to {verb} them.",
-        ]
-    unscanned = _unscanned(result, verb)
-    if unscanned:
-        lines += [
-            "",
-            f"about {unscanned} message(s) of the DLQ not scanned: the run stopped before it "
-            f"reached them. They stay in the DLQ: rerun to {verb} them.",
-        ]
-    return lines
-
-
-def _unscanned(result: MoveResult, verb: str) -> int:
-    """A stopped run's messages never reached (none for a replay: an archive has no depth)."""
-    return 0 if verb == "replay" else result.not_scanned
-
-
-def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:
-    """Poison's way out: a higher --max-redrives, once what made them fail is fixed."""
-    return (
-        f"{result.skipped[POISON]} message(s) skipped as poison: redrive has sent each back "
-        "--max-redrives times already, and each died again. "
-        f"{_stay(verb)}: once what makes them fail is fixed, "
-        f"{_pass(result, '--max-redrives N', plan)} (N above the times they were sent back; "
-        f"`redrive inspect` counts them as poison) to {verb} them once more"
-        + ("; or purge them (archived)." if purge else ".")
-    )
-
-
-def already_sent_hint(count: int, command: str, to: str) -> str:
-    """A replay's tasks the ledger has sent already (to any queue): not sent again by it,
-    and the exact way to send them to ``to`` as well, when that is where they did not go."""
-    return (
-        f"hint: {count} message(s) already sent: the ledger holds their task's key (an earlier "
-        "move or replay sent them, to their queue or to another), and a replay sends each "
-        f"task once per ledger. If {to} is not where they went (an edited move's originals, "
-        "say: the edited copies went to their source queue) and you want them there too, "
-        f"replay with a ledger of its own, which sends each of them there once (dry run "
-        f"first):\n  {command}\nNever to the queue they went to: each task would run twice."
-    )
-
-
 def _no_target_line(result: MoveResult, verb: str, plan: bool) -> str:
     """Why messages had nowhere to go, and only ways that give them somewhere: never --to
     a queue that does not exist, nor an option the command does not have."""
@@ -594,3 +536,61 @@ def _originals_lines(report: RepairReport, *, dry_run: bool, replay: bool) -> li
     if report.changed:
         return ["  originals not archived (--no-archive)"]
     return []
+
+
+def _stopped_skips(result: MoveResult, verb: str) -> list[str]:
+    """Messages a stop left uncounted by the run itself: what they are, and that a rerun
+    takes them on."""
+    lines: list[str] = []
+    if result.skipped.get(STOPPED):
+        lines += [
+            "",
+            f"{result.skipped[STOPPED]} message(s) not sent ({STOPPED}): decided on, then the "
+            f"run stopped before it sent them. {_stay(verb)}: rerun to {verb} them.",
+        ]
+    if result.skipped.get(UNRECORDED):
+        lines += [
+            "",
+            f"{result.skipped[UNRECORDED]} message(s) matched by a process that died before it "
+            f"reported what it did with them ({UNRECORDED}): it sent none of them (the ledger "
+            "holds no claim of theirs). Each is still in the DLQ (or was deleted as a copy of "
+            f"a task sent before): rerun to {verb} them.",
+        ]
+    unscanned = _unscanned(result, verb)
+    if unscanned:
+        lines += [
+            "",
+            f"about {unscanned} message(s) of the DLQ not scanned: the run stopped before it "
+            f"reached them. They stay in the DLQ: rerun to {verb} them.",
+        ]
+    return lines
+
+
+def _unscanned(result: MoveResult, verb: str) -> int:
+    """A stopped run's messages never reached (none for a replay: an archive has no depth)."""
+    return 0 if verb == "replay" else result.not_scanned
+
+
+def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:
+    """Poison's way out: a higher --max-redrives, once what made them fail is fixed."""
+    return (
+        f"{result.skipped[POISON]} message(s) skipped as poison: redrive has sent each back "
+        "--max-redrives times already, and each died again. "
+        f"{_stay(verb)}: once what makes them fail is fixed, "
+        f"{_pass(result, '--max-redrives N', plan)} (N above the times they were sent back; "
+        f"`redrive inspect` counts them as poison) to {verb} them once more"
+        + ("; or purge them (archived)." if purge else ".")
+    )
+
+
+def already_sent_hint(count: int, command: str, to: str) -> str:
+    """A replay's tasks the ledger has sent already (to any queue): not sent again by it,
+    and the exact way to send them to ``to`` as well, when that is where they did not go."""
+    return (
+        f"hint: {count} message(s) already sent: the ledger holds their task's key (an earlier "
+        "move or replay sent them, to their queue or to another), and a replay sends each "
+        f"task once per ledger. If {to} is not where they went (an edited move's originals, "
+        "say: the edited copies went to their source queue) and you want them there too, "
+        f"replay with a ledger of its own, which sends each of them there once (dry run "
+        f"first):\n  {command}\nNever to the queue they went to: each task would run twice."
+    )
