@@ -109,6 +109,8 @@ class MoveResult:
     misses: FilterMisses | None = None
     """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
+    cut_short: bool = False
+    """``--processes``: a process died, and the others stopped with it (not interrupted)."""
     error: str | None = None
     still_hidden: int = 0
     hidden_until: float | None = None
@@ -120,8 +122,6 @@ class MoveResult:
     """Copies SQS delivered again after the run deleted their message: deleted once more."""
     repair: RepairReport | None = None
     """What the run's edits did (issue 26); None without edits."""
-    cut_short: bool = False
-    """``--processes``: a process died, and the others stopped with it (not interrupted)."""
 
     @property
     def skipped_total(self) -> int:
@@ -338,11 +338,11 @@ class MoveTally:
     def in_doubt(self, listed: Listed, reason: str = IN_DOUBT) -> None:
         """Count a message in doubt, under ``reason`` (IN_DOUBT, or LEASE_LIVE: one the
         ledger would not resolve yet), and list it."""
-        self._note(listed.message_id)
         with self._lock:
             self.result.in_doubt += 1
             self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
+        self._note(listed.message_id)
 
     def moved(self, cand: Candidate) -> None:
         self._note(id(cand.info))
