@@ -1,5 +1,5 @@
 """The record a ``--where`` or ``--group-by`` expression reads: one plain dict per message,
-with the fields the README documents (see "Selecting by content").
+with the fields docs/where.md documents.
 
 A record holds only the fields its expression can read (:func:`redrive.where.compile_expression`
 works them out from the expression's syntax tree once per run), so an expression that reads
@@ -144,7 +144,7 @@ def _exception(s: _Source) -> str | None:
     return outcome.exception if outcome is not None else None
 
 
-#: Every field of the record, in the README's order, and how each is read.
+#: Every field of the record, in docs/where.md's order, and how each is read.
 _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "task": _task,
     "id": lambda s: s.info.task_id,

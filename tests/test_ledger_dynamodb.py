@@ -473,7 +473,7 @@ _CLAIMER = textwrap.dedent(
     led.start_run(run_id, command="move", info={})
     keys = [f"task-{i}" for i in range(200)]
     batches = [keys[i : i + 10] for i in range(0, 200, 10)]
-    random.shuffle(batches)
+    random.Random(run_id).shuffle(batches)  # each worker its own order, the same every run
     won = []
     for batch in batches:
         result = led.claim_many(run_id, [Claim(k, "t", "m-" + k, "q") for k in batch])

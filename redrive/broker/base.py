@@ -253,6 +253,12 @@ class Broker(Protocol):
 
     def counts(self, queue: str) -> QueueCounts: ...
 
+    def exact_ready(self, queue: str) -> int | None:
+        """How many messages wait in the queue, counted exactly and at once (a RabbitMQ
+        passive declare); None where the broker only estimates (SQS's approximate counts
+        lag its receives and deletes)."""
+        ...
+
     def receive(
         self, queue: str, *, hold: int, wait_seconds: int = 1, max_messages: int = 10
     ) -> list[Delivery]:

@@ -126,7 +126,7 @@ def inspect(
 
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline. --where counts only the messages it selects;
-    --group-by groups by an expression instead of the task (fields: see the README), or
+    --group-by groups by an expression instead of the task (fields: docs/where.md), or
     by task and exception (``exception``, with --result-backend).
     """
     group_by = group_by or "task"

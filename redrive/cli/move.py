@@ -62,6 +62,7 @@ from redrive.cli.options import (
     processes_sharing,
     rate_option,
     selected,
+    stop_after_returns_option,
     target_argument,
     wide_output_option,
     workers_option,
@@ -86,6 +87,7 @@ from redrive.operations.move import (
     MoveResult,
     RepairOptions,
 )
+from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
 from redrive.operations.processes import ProcessesResult
@@ -118,6 +120,7 @@ from redrive.shell import shell_join
 @execute_options
 @ledger_option
 @move_options
+@stop_after_returns_option
 @lease_option
 @workers_option
 @processes_option
@@ -147,6 +150,7 @@ def move(
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
+    stop_after_returns: ReturnsLimit,
     **policies: Unpack[MovePolicyValues],
 ) -> None:
     """Send DLQ messages back to their source queue, each task once.
@@ -183,6 +187,7 @@ def move(
         workers=workers,
         rate=rate,
         repair=repair,
+        stop_after_returns=stop_after_returns,
         **policies,
     )
     run_move(
@@ -208,6 +213,7 @@ def move_run_options(
     rate: float | None,
     lease: int = DEFAULT_LEASE,
     repair: RepairOptions | None = None,
+    stop_after_returns: ReturnsLimit = DEFAULT_RETURNS_LIMIT,
     **policies: Unpack[MovePolicyValues],
 ) -> MoveOptions:
     """The engine's options of a move or a replay, as its command line gives them (the
@@ -223,6 +229,7 @@ def move_run_options(
         to_celery_queue=to is None or ctx.is_celery_queue(to),
         celery=knowledge,
         repair=repair,
+        stop_after_returns=stop_after_returns,
         **policies,
     )
 

@@ -52,7 +52,10 @@ _NATIVE_REFUSALS = (
         "the broker's server-side move cannot filter: it moves every message in the DLQ",
     ),
     (
-        {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
+        {
+            *("include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous"),
+            *("ledger", "stop_after_returns"),
+        },
         "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
     ),
     (

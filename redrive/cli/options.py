@@ -26,6 +26,11 @@ from redrive.operations.move import (
     AmbiguousPolicy,
     InDoubtPolicy,
 )
+from redrive.operations.move.returns import (
+    DEFAULT_STOP_AFTER_RETURNS,
+    ReturnsLimit,
+    parse_returns_limit,
+)
 from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
 from redrive.shell import shell_quote
@@ -73,7 +78,7 @@ def compiled_group_by(text: str | None) -> Expression | None:
 WHERE_HELP = (
     "Only messages for which this JMESPath expression over the message's record is true, "
     "e.g. \"kwargs.user_id == '42'\" or 'receive_count >= `6`' (repeatable: all must hold; "
-    "fields in the README)."
+    "fields in docs/where.md)."
 )
 
 
@@ -417,6 +422,26 @@ def move_options(f: F) -> F:
         "nothing tells a copy from a second publish of its task id.",
     )(f)
     return f
+
+
+def _returns_limit(ctx: click.Context, param: click.Parameter, value: str) -> ReturnsLimit:
+    try:
+        return parse_returns_limit(value)
+    except UsageProblem as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def stop_after_returns_option(f: F) -> F:
+    return click.option(
+        "--stop-after-returns",
+        default=DEFAULT_STOP_AFTER_RETURNS,
+        show_default=True,
+        metavar="N|P%|off",
+        callback=_returns_limit,
+        help="Stop (exit 3) once more than N of the tasks moved, or more than P% of them "
+        "(counted from the 10th), came back failed during the run: the workers are failing "
+        "them. What came back stays in the DLQ for the next run.",
+    )(f)
 
 
 class MovePolicyValues(TypedDict):

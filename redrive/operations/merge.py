@@ -79,6 +79,8 @@ def merge_move_results(
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled
+        merged.stopped_by_returns = merged.stopped_by_returns or part.stopped_by_returns
+        merged.dlq_grew_by = max(merged.dlq_grew_by, part.dlq_grew_by)
         if merged.no_target_reason is None and part.no_target_reason is not None:
             merged.no_target_reason = part.no_target_reason
             merged.no_target_candidates = list(part.no_target_candidates)

@@ -70,6 +70,7 @@ def move_text(
     lines += _ambiguous_lines(result, verb, plan, width)
     lines += cut_lines(result.ambiguous, result.ambiguous_messages, AMBIGUOUS_REST)
     lines += _skipped_lines(result, verb, plan)
+    lines += returns_lines(result)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
@@ -273,6 +274,42 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
             f"running them again would run the task twice. {_stay(verb)}: "
             f"{purge}pass --include-succeeded to send them anyway.",
+        ]
+    return lines
+
+
+def returns_lines(result: MoveResult) -> list[str]:
+    """What came back failed while the run went on, what died meanwhile, and whether the run
+    stopped for it (redrive.operations.move.returns)."""
+    lines: list[str] = []
+    if result.came_back:
+        lines += [
+            "",
+            f"{result.came_back} of the {result.moved} moved came back failed (left in the DLQ "
+            "for the next run): a worker ran them and they failed again. One run sends each "
+            f"task once; look at them with `redrive inspect {result.target}` before a rerun "
+            "moves them again.",
+        ]
+    if result.dlq_grew_by > result.came_back:
+        lines += [
+            "",
+            f"The DLQ grew by {result.dlq_grew_by} while the run went on ({result.moved} "
+            "moved): tasks it moved that came back failed, or others that died meanwhile, "
+            "left in the DLQ for the next run.",
+        ]
+    if result.died_during_run:
+        lines += [
+            "",
+            f"{result.died_during_run} message(s) died after this run began: left in the DLQ "
+            "for the next run.",
+        ]
+    if result.stopped_by_returns:
+        limit = result.stopped_by_returns
+        lines += [
+            "",
+            f"stopped: more than {limit} of the moved came back failed (--stop-after-returns "
+            f"{limit}): nothing more was sent, the rest stay in the DLQ. Fix what fails them, "
+            "then rerun (or rerun with a higher --stop-after-returns, or off).",
         ]
     return lines
 

@@ -141,6 +141,10 @@ class RabbitBroker:
             pass
         return QueueCounts(ready=ready, held=held)
 
+    def exact_ready(self, queue: str) -> int | None:
+        ready, _ = self.lane.declared(self._name(queue))
+        return ready
+
     def purge(self, queue: str) -> None:
         self.lane.purge(self._name(queue))
 

@@ -344,7 +344,8 @@ class MoveEngine:
             with contextlib.suppress(Exception):
                 self._scan.keep(broker, batch)
             raise
-        if self._limit.reached:
+        if self._limit.reached or self.result.stopped_by_returns:
+            # Enough moved, or enough came back failed (operations.move.returns).
             self._scan.stop_receiving()
         return decided
 

@@ -17,8 +17,17 @@ from redrive.celery.knowledge import NoTarget
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.repair_step import RepairReport
+from redrive.operations.move.returns import ReturnsLimit, grown_by
 from redrive.operations.seen import SeenByFilters
-from redrive.operations.verdict import AMBIGUOUS, IN_DOUBT, NO_TARGET, Fate, Verdict
+from redrive.operations.verdict import (
+    AMBIGUOUS,
+    CAME_BACK,
+    DIED_DURING_RUN,
+    IN_DOUBT,
+    NO_TARGET,
+    Fate,
+    Verdict,
+)
 from redrive.selection import FilterMisses
 
 MAX_LISTED = 100
@@ -122,6 +131,22 @@ class MoveResult:
     """Copies SQS delivered again after the run deleted their message: deleted once more."""
     repair: RepairReport | None = None
     """What the run's edits did (issue 26); None without edits."""
+    dlq_grew_by: int = 0
+    """The most the DLQ grew by while the run went on, where the broker counts exactly
+    (RabbitMQ): tasks it moved that came back, and whatever else died meanwhile."""
+    stopped_by_returns: str | None = None
+    """The ``--stop-after-returns`` the moved tasks that came back exceeded, when the run
+    stopped receiving for it (None: it did not stop for them)."""
+
+    @property
+    def came_back(self) -> int:
+        """Tasks this run moved that came back failed while it ran (left in the DLQ)."""
+        return self.skipped[CAME_BACK]
+
+    @property
+    def died_during_run(self) -> int:
+        """Messages that died after the run began (left in the DLQ for the next run)."""
+        return self.skipped[DIED_DURING_RUN]
 
     @property
     def skipped_total(self) -> int:
@@ -146,7 +171,7 @@ class MoveResult:
 
     @property
     def needs_attention(self) -> bool:
-        return bool(self.failed or self.in_doubt or self.ambiguous)
+        return bool(self.failed or self.in_doubt or self.ambiguous or self.stopped_by_returns)
 
     @property
     def acted(self) -> bool:
@@ -225,6 +250,10 @@ class MoveResult:
             ),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
+            "came_back": self.came_back,
+            "died_during_run": self.died_during_run,
+            "dlq_grew_by": self.dlq_grew_by,
+            "stopped_by_returns": self.stopped_by_returns,
             **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
 
@@ -358,6 +387,19 @@ class MoveTally:
                 self.result.failed += 1
                 self.result.task(cand.info.task).failed += 1
                 add_listed(self.result.failed_messages, listed_for(cand, error))
+
+    def check_returns(self, limit: ReturnsLimit, ready: int | None) -> None:
+        """Stop the run (``stopped_by_returns``) once more of what it moved came back failed
+        than ``limit`` allows: those it received, or (``ready``: the DLQ's exact count now,
+        None where the broker has none) by how much the DLQ grew meanwhile."""
+        with self._lock:
+            result = self.result
+            if ready is not None and result.depth_before is not None:
+                grown = grown_by(ready, result.depth_before, result.scanned)
+                result.dlq_grew_by = max(result.dlq_grew_by, grown)
+            back = max(result.came_back, result.dlq_grew_by)
+            if result.stopped_by_returns is None and limit.exceeded(back, result.moved):
+                result.stopped_by_returns = limit.describe()
 
     def scanned(self, n: int) -> None:
         with self._lock:
