@@ -52,7 +52,7 @@ from redrive.render.sparkline import wants_ascii
 from redrive.render.status import status_table
 from redrive.render.tables import fit_text
 from redrive.reporting import alerts
-from redrive.reporting.check import check_layout
+from redrive.reporting.check import Finding, check_layout
 from redrive.reporting.inspect import annotate_groups
 from redrive.reporting.report import Report, build_report
 from redrive.reporting.status import family_status
@@ -530,7 +530,7 @@ def _post(
 # -- check: layout audit ----------------------------------------------------------------------
 
 
-@click.command(short_help="Audit the families against SQS: policies, DLQs, receive counts.")
+@click.command(short_help="Audit the families against the broker: DLQ links, receive limits.")
 @click.option(
     "--celery",
     "with_celery",
@@ -550,14 +550,21 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
         findings = check_layout(ctx.layout, ctx.broker_for) + app_findings
     if as_json:
         emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
-    elif with_celery and not findings:
+    else:
+        say_findings(ctx, findings, with_celery=with_celery, wide=wide)
+    if findings:
+        sys.exit(EXIT_ERROR)
+
+
+def say_findings(ctx: Context, findings: list[Finding], *, with_celery: bool, wide: bool) -> None:
+    """The findings as a table, or the sentence saying there are none, naming the broker."""
+    broker = ctx.broker_for(None).capabilities.spoken_name
+    if with_celery and not findings:
         loaded = ctx.celery()
         spec = f" {loaded[1]}" if loaded is not None else ""
         click.echo(
-            "no findings: the layout matches what SQS says, and the settings of the Celery "
-            f"app{spec} let failing tasks reach the DLQs redrive watches"
+            f"no findings: the layout matches what {broker} says, and the settings of the "
+            f"Celery app{spec} let failing tasks reach the DLQs redrive watches"
         )
     else:
-        click.echo(findings_table(findings, width=table_width(wide)))
-    if findings:
-        sys.exit(EXIT_ERROR)
+        click.echo(findings_table(findings, width=table_width(wide), broker=broker))

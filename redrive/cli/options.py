@@ -77,8 +77,8 @@ def compiled_group_by(text: str | None) -> Expression | None:
 
 WHERE_HELP = (
     "Only messages for which this JMESPath expression over the message's record is true, "
-    "e.g. \"kwargs.user_id == '42'\" or 'receive_count >= `6`' (repeatable: all must hold; "
-    "fields in docs/where.md)."
+    "e.g. \"kwargs.user_id == '42'\", 'receive_count >= `6`' or 'expired' (the task's "
+    "expires has passed) (repeatable: all must hold; fields in docs/where.md)."
 )
 
 
@@ -639,7 +639,11 @@ def edit_options(f: Callable[..., None]) -> Callable[..., None]:
             metavar="kwargs.OLD=kwargs.NEW",
             help="Rename a keyword argument (its place kept).",
         ),
-        click.option("--clear-expires", is_flag=True, help="Clear the task's expires."),
+        click.option(
+            "--clear-expires",
+            is_flag=True,
+            help="Clear the task's expires (with --where expired: only where it has passed).",
+        ),
         click.option("--clear-eta", is_flag=True, help="Clear the task's eta (run it at once)."),
         click.option("--create", is_flag=True, help="--set also adds a PATH a task lacks."),
         click.option(

@@ -70,12 +70,17 @@ def merge_move_results(
         failed_messages=[],
         ambiguous_messages=[],
         no_target_candidates=list(template.no_target_candidates),
+        stopped_leases={},
+        live_runs=[],
     )
     _merge_common(merged, parts, sightings)
     for part in parts:
         merged.moved += part.moved
         merged.in_doubt += part.in_doubt
         merged.died_in_doubt += part.died_in_doubt
+        merged.own_in_doubt += part.own_in_doubt
+        merged.stopped_leases.update(part.stopped_leases)
+        merged.live_runs += [r for r in part.live_runs if r not in merged.live_runs]
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled

@@ -9,7 +9,7 @@ from typing import Any
 
 from redrive.archive import DamageReport
 from redrive.ledger import default_ledger_path
-from redrive.operations.move import LEASE_LIVE, MoveResult, TaskCounts
+from redrive.operations.move import BUSY, LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
 from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
@@ -165,11 +165,22 @@ def _in_doubt_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.in_doubt} message(s) in doubt: their send was in flight when "
         f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
-        "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
-        f"Celery task id) or --in-doubt skip{_lease_live_note(result)}:",
+        "the DLQ. `redrive ledger resolve` shows, message by message, what can be known of "
+        "each; or rerun with --in-doubt resend (safe when the task is idempotent on its "
+        f"Celery task id) or --in-doubt skip{_not_before(result)}{_lease_live_note(result)}:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
         width,
+    )
+
+
+def _not_before(result: MoveResult) -> str:
+    """When the ledger lets a rerun resolve what stopped runs left: once their leases end."""
+    if not result.stopped_leases or result.skipped[LEASE_LIVE]:
+        return ""
+    return (
+        f", once the lease of run {_runs(sorted(result.stopped_leases))} ends at about "
+        f"{_clock(result.rerun_at)} (the ledger resolves none of its claims before)"
     )
 
 
@@ -188,16 +199,26 @@ def _lease_live_note(result: MoveResult) -> str:
 
 
 def _in_doubt_cause(result: MoveResult) -> str:
-    """Who left the in-doubt claims: earlier runs, a process of this one that died, both."""
-    died = result.died_in_doubt
-    if not died:
-        return "an earlier run stopped"
-    if died >= result.in_doubt:
-        return "a process of this run died (named below)"
-    return (
-        f"an earlier run stopped ({result.in_doubt - died}) or a process of this run died "
-        f"({died}, named below)"
-    )
+    """Who left the in-doubt claims: earlier runs, this run's own unconfirmed sends, a
+    process of this one that died; counted when more than one did."""
+    died, own = result.died_in_doubt, result.own_in_doubt
+    earlier = result.in_doubt - died - own
+    causes = [
+        (earlier, "an earlier run stopped", "an earlier run stopped ({n})"),
+        (own, OWN_CAUSE, OWN_CAUSE + " ({n})"),
+        (
+            died,
+            "a process of this run died (named below)",
+            "a process of this run died ({n}, named below)",
+        ),
+    ]
+    present = [(n, one, some) for n, one, some in causes if n > 0]
+    if len(present) == 1:
+        return present[0][1]
+    return " or ".join(some.format(n=n) for n, _, some in present) or causes[0][1]
+
+
+OWN_CAUSE = "the broker stopped answering this run (it never confirmed the send)"
 
 
 def _failed_lines(result: MoveResult, width: int | None) -> list[str]:
@@ -354,18 +375,63 @@ def targets_cell(counts: TaskCounts) -> str:
 
 
 def _still_hidden_lines(result: MoveResult) -> list[str]:
+    """What the DLQ still hides, and whose it is: a stopped run's (rerun after its lease,
+    exit 3), a live run's (it moves them), or someone's the ledger does not know."""
+    lines = _left_to_live_runs(result)
     if not result.still_hidden:
-        return []
+        return lines
+    if result.stopped_leases:
+        return [*lines, "", _left_to_stopped_runs(result)]
     until = (
-        f"; they reappear by about {datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
+        f"; they reappear by about {_clock(result.hidden_until)}"
         if result.hidden_until
         else "; they reappear when the lease of whoever received them runs out"
     )
+    holder = (
+        f"received by run {_runs(result.live_runs)}, still running"
+        if result.live_runs
+        else "received by another run or consumer"
+    )
+    return [
+        *lines,
+        "",
+        f"note: {result.still_hidden} message(s) are still hidden in the DLQ ({holder}), so "
+        f"the DLQ is not drained{until}. Rerun then.",
+    ]
+
+
+def _left_to_stopped_runs(result: MoveResult) -> str:
+    """Messages hidden while the lease of a run that stopped without ending runs."""
+    runs = sorted(result.stopped_leases)
+    return (
+        f"{result.still_hidden} message(s) are still hidden in the DLQ, held by run "
+        f"{_runs(runs)}, which stopped without ending (killed or crashed): the DLQ is not "
+        f"drained, and what that run was sending may be in doubt. Its lease ends at about "
+        f"{_clock(result.rerun_at)}: rerun then (`redrive ledger resolve` then shows what is "
+        "in doubt, message by message)."
+    )
+
+
+def _left_to_live_runs(result: MoveResult) -> list[str]:
+    """Messages skipped because a live run claimed them: that run sends them."""
+    busy = result.skipped[BUSY]
+    if not busy:
+        return []
+    who = f"run {_runs(result.live_runs)}" if result.live_runs else "another run"
     return [
         "",
-        f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
-        f"another run or consumer), so the DLQ is not drained{until}. Rerun then.",
+        f"note: {busy} message(s) skipped as {BUSY}: {who} is still running (its heartbeat "
+        "is fresh) and sends them; nothing is left for this run. `redrive audit` shows that "
+        "run; rerun after it ends to check.",
     ]
+
+
+def _runs(run_ids: Sequence[str]) -> str:
+    return ", ".join(run_ids)
+
+
+def _clock(when: float | None) -> str:
+    return f"{datetime.fromtimestamp(when or 0, UTC):%H:%M:%S} UTC"
 
 
 def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:

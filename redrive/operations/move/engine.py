@@ -3,7 +3,7 @@ end), wiring the parts that decide (:mod:`.decide`) and carry out (:mod:`.execut
 
 Per batch of received messages (every step is a point a crash may hit; see the tests), as
 :data:`STEPS` names the points between them: receive, decide, claim, send, record, delete
-(:mod:`redrive.operations.move`)."""
+(:mod:`redrive.operations.move`); claim, send and record once per send batch of it."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ from redrive.operations.move.send import Sender
 from redrive.operations.move.stages import OVERLAP_SAMPLE, Prefetch, overlap_pays
 from redrive.operations.move.stopped import count_stopped
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares
+from redrive.operations.verdict import BUSY
 from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
 from redrive.selection import Sightings
@@ -270,14 +271,33 @@ class MoveEngine:
             result.redelivered = scan.stats.redelivered
         if scan.deletes:
             result.still_hidden = broker.counts(self.target.dlq.url).held
-        if self.ledger is not None and result.still_hidden:
-            leases = [
-                r.lease_until
-                for r in self.ledger.runs(since=self.now() - 86_400)
-                if r.run_id != self.run_id and r.lease_until > self.now()
-            ]
-            result.hidden_until = max(leases) if leases else None
+        if self.ledger is not None and (
+            result.still_hidden or result.in_doubt or result.skipped[BUSY]
+        ):
+            self._others(self.ledger, result)
         self._life.end(outcome)
+
+    def _others(self, ledger: Ledger, result: MoveResult) -> None:
+        """What the other runs of this DLQ that have not ended leave to a rerun: the live
+        ones their own work, the stopped ones (killed, crashed) what their leases hold."""
+        now = self.now()
+        runs = [r for r in ledger.runs(since=now - 86_400) if r.run_id != self.run_id]
+        leases = [r.lease_until for r in runs if r.lease_until > now]
+        result.hidden_until = max(leases) if leases and result.still_hidden else None
+        for run in runs:
+            if run.ended_at is not None or self._is_sibling(run.run_id):
+                continue
+            if (run.info or {}).get("dlq") != self.target.dlq.url:
+                continue
+            if run_is_live(run, now):
+                result.live_runs.append(run.run_id)
+            elif run.lease_until > now:
+                result.stopped_leases[run.run_id] = run.lease_until
+
+    def _is_sibling(self, run_id: str) -> bool:
+        """Whether ``run_id`` is this ``--processes`` run or another of its processes."""
+        parent = self._parent
+        return parent is not None and (run_id == parent or run_id.startswith(parent + "."))
 
     # -- a worker ------------------------------------------------------------------------
 

@@ -101,7 +101,10 @@ class MoveResult:
     in_doubt: int = 0
     died_in_doubt: int = 0
     """Of ``in_doubt``: the claims a process of this run (``--processes``) left unconfirmed
-    when it died; the others were left by earlier runs."""
+    when it died; the others were left by earlier runs, or by this one (``own_in_doubt``)."""
+    own_in_doubt: int = 0
+    """Of ``in_doubt``: this run's own sends whose fate the broker left unconfirmed (its
+    answer lost, e.g. to a broker restart)."""
     duplicates: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     tasks: dict[str, TaskCounts] = field(default_factory=dict)
@@ -123,6 +126,12 @@ class MoveResult:
     error: str | None = None
     still_hidden: int = 0
     hidden_until: float | None = None
+    stopped_leases: dict[str, float] = field(default_factory=dict)
+    """Other runs of this DLQ that stopped without ending (killed, crashed) and whose leases
+    still run: run id -> when the lease ends. Until then their holds may hide messages and
+    the ledger resolves none of their claims: what they left is for a rerun after that."""
+    live_runs: list[str] = field(default_factory=list)
+    """Other runs of this DLQ still running (pid or heartbeat): what they hold is theirs."""
     seconds: float = 0.0
     throttled: int = 0
     depth_before: int | None = None
@@ -170,8 +179,25 @@ class MoveResult:
         return self.skipped[AMBIGUOUS]
 
     @property
+    def left_to_stopped_runs(self) -> bool:
+        """Whether messages stay hidden while a stopped run's lease runs: the DLQ is not
+        drained, and only a rerun after that lease can say what is left (some in doubt)."""
+        return bool(self.still_hidden and self.stopped_leases)
+
+    @property
+    def rerun_at(self) -> float | None:
+        """When the leases of the stopped runs of this DLQ are over (None: none runs)."""
+        return max(self.stopped_leases.values()) if self.stopped_leases else None
+
+    @property
     def needs_attention(self) -> bool:
-        return bool(self.failed or self.in_doubt or self.ambiguous or self.stopped_by_returns)
+        return bool(
+            self.failed
+            or self.in_doubt
+            or self.ambiguous
+            or self.stopped_by_returns
+            or self.left_to_stopped_runs
+        )
 
     @property
     def acted(self) -> bool:
@@ -243,11 +269,11 @@ class MoveResult:
             "interrupted": self.interrupted,
             "error": self.error,
             "still_hidden": self.still_hidden,
-            "hidden_until": (
-                datetime.fromtimestamp(self.hidden_until, UTC).isoformat(timespec="seconds")
-                if self.hidden_until
-                else None
-            ),
+            "hidden_until": _iso(self.hidden_until),
+            "own_in_doubt": self.own_in_doubt,
+            "stopped_runs": {run: _iso(until) for run, until in self.stopped_leases.items()},
+            "live_runs": list(self.live_runs),
+            "rerun_at": _iso(self.rerun_at),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
             "came_back": self.came_back,
@@ -256,6 +282,10 @@ class MoveResult:
             "stopped_by_returns": self.stopped_by_returns,
             **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
+
+
+def _iso(when: float | None) -> str | None:
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds") if when else None
 
 
 @dataclass(slots=True)
@@ -364,11 +394,12 @@ class MoveTally:
                 self._matched(info)
             self._duplicate(info)
 
-    def in_doubt(self, listed: Listed, reason: str = IN_DOUBT) -> None:
+    def in_doubt(self, listed: Listed, reason: str = IN_DOUBT, *, own: bool = False) -> None:
         """Count a message in doubt, under ``reason`` (IN_DOUBT, or LEASE_LIVE: one the
-        ledger would not resolve yet), and list it."""
+        ledger would not resolve yet), and list it; ``own``: this run's send left it so."""
         with self._lock:
             self.result.in_doubt += 1
+            self.result.own_in_doubt += own
             self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
         self._note(listed.message_id)
