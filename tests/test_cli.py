@@ -770,6 +770,7 @@ def test_access_denied_on_send(family: Family, monkeypatch: pytest.MonkeyPatch, 
     # The refused batch's claim stands in the ledger, as a rerun finds it: the summary says
     # so (issue 37, point 8), where it said nothing and the rerun held the task in doubt.
     assert "0 failed, 1 in doubt" in lines[0], result.output
+    assert "in flight when this run stopped (as said below)" in result.output
     assert family.depth(family.queue_url) == (0, 0)
 
 

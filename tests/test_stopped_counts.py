@@ -22,6 +22,7 @@ from redrive import attributes
 from redrive.errors import BrokerUnavailable
 from redrive.operations.move import MoveResult
 from redrive.operations.verdict import IN_DOUBT
+from redrive.render.move import move_text
 
 # The ``distant`` fixture (fast_sqs answering after 20 ms) of the --processes tests.
 from test_processes_e2e import distant  # noqa: F401  # isort: skip
@@ -83,6 +84,8 @@ def test_a_run_an_error_stops_mid_batch_counts_the_batch(
     data = partial.to_json()
     adds_up(data)
     assert partial.in_doubt == claimed_keys(ledger, partial.run_id or "") > 0
+    assert partial.own_in_doubt == partial.in_doubt
+    assert "when this run stopped (as said below)" in move_text(partial)
     stopped = partial.skipped["not-sent-run-stopped"]
     assert partial.moved + partial.in_doubt + stopped == partial.matched
 

@@ -203,9 +203,11 @@ def _in_doubt_cause(result: MoveResult) -> str:
     process of this one that died; counted when more than one did."""
     died, own = result.died_in_doubt, result.own_in_doubt
     earlier = result.in_doubt - died - own
+    # A run stopped mid-batch (an error, an abort) left its batch's claims as well.
+    mine = OWN_STOPPED if result.error or result.interrupted else OWN_CAUSE
     causes = [
         (earlier, "an earlier run stopped", "an earlier run stopped ({n})"),
-        (own, OWN_CAUSE, OWN_CAUSE + " ({n})"),
+        (own, mine, mine + " ({n})"),
         (
             died,
             "a process of this run died (named below)",
@@ -219,6 +221,7 @@ def _in_doubt_cause(result: MoveResult) -> str:
 
 
 OWN_CAUSE = "the broker stopped answering this run (it never confirmed the send)"
+OWN_STOPPED = "this run stopped (as said below) before the broker confirmed the send"
 
 
 def _failed_lines(result: MoveResult, width: int | None) -> list[str]:

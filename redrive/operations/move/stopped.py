@@ -57,7 +57,8 @@ def count_stopped(
         fate = _fate(entries.get(cand.key), sending, run_id, known=ledger is not None)
         if fate == IN_DOUBT:
             detail = STOPPED_IN_DOUBT if sending else STILL_CLAIMED
-            tally.in_doubt(listed_for(cand, detail), IN_DOUBT)
+            # This run's own claim when it was to send it; an earlier run's otherwise.
+            tally.in_doubt(listed_for(cand, detail), IN_DOUBT, own=sending)
         elif fate == "moved":
             tally.moved(cand)
         else:
