@@ -30,6 +30,15 @@ RESOLVED_SKIP = "in-doubt-resolved-skip"
 LEASE_LIVE = "in-doubt-lease-live"
 """In doubt, though the operator asked to resolve it: its claimant stopped, but the ledger
 lease it took has not run out, and the ledger resolves nothing of a leased run's."""
+STOPPED = "not-sent-run-stopped"
+"""Decided on, never sent nor deleted: the run stopped (an error, an abort) before it got to
+them. They stay in the DLQ (or the archive), for the next run."""
+UNRECORDED = "not-recorded-process-died"
+"""Matched by a ``--processes`` child that died before it reported what it did with them:
+the ledger holds no claim of them, so it sent none. Each is still in the DLQ (or, a copy of
+a task sent before, deleted)."""
+UNRECORDED_ROW = "(a process died: tasks not recorded)"
+"""The task row that counts them (their tasks died with the process)."""
 NO_TARGET = "no-target"
 NOT_CELERY = "not-celery"
 AMBIGUOUS = "ambiguous-copy"

@@ -12,6 +12,7 @@ from redrive.ledger import default_ledger_path
 from redrive.operations.move import BUSY, LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
+from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
 from redrive.render.selection import misses_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable
 from redrive.shell import shell_quote
@@ -59,7 +60,9 @@ def move_text(
     if result.tasks:
         lines += ["", _tasks_table(result, verb, would, width)]
     if result.repair is not None:
-        lines += repair_lines(result.repair, dry_run=result.dry_run, replay=verb == "replay")
+        lines += repair_lines(
+            result.repair, dry_run=result.dry_run, replay=verb == "replay", result=result
+        )
     lines += _in_doubt_lines(result, width)
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result, width)
@@ -200,9 +203,11 @@ def _in_doubt_cause(result: MoveResult) -> str:
     process of this one that died; counted when more than one did."""
     died, own = result.died_in_doubt, result.own_in_doubt
     earlier = result.in_doubt - died - own
+    # A run stopped mid-batch (an error, an abort) left its batch's claims as well.
+    mine = OWN_STOPPED if result.error or result.interrupted else OWN_CAUSE
     causes = [
         (earlier, "an earlier run stopped", "an earlier run stopped ({n})"),
-        (own, OWN_CAUSE, OWN_CAUSE + " ({n})"),
+        (own, mine, mine + " ({n})"),
         (
             died,
             "a process of this run died (named below)",
@@ -216,6 +221,7 @@ def _in_doubt_cause(result: MoveResult) -> str:
 
 
 OWN_CAUSE = "the broker stopped answering this run (it never confirmed the send)"
+OWN_STOPPED = "this run stopped (as said below) before the broker confirmed the send"
 
 
 def _failed_lines(result: MoveResult, width: int | None) -> list[str]:
@@ -282,6 +288,9 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             f"`redrive inspect {where} --show-args`; {purge}"
             f"{_pass(result, '--include-unknown', plan)} to send them anyway.",
         ]
+    lines += _stopped_skips(result, verb)
+    if result.skipped.get(POISON):
+        lines += ["", _poison_line(result, verb, plan, purge)]
     if result.skipped.get("already-succeeded"):
         lines += [
             "",
@@ -543,33 +552,151 @@ def _purge_text(result: PurgeResult, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def repair_lines(report: RepairReport, *, dry_run: bool, replay: bool = False) -> list[str]:
-    """What the edits did (issue 26): the edits, a sample's diff per task, how many messages
-    they changed and how many they left in the DLQ (and why), and where the originals went."""
+def repair_lines(
+    report: RepairReport,
+    *,
+    dry_run: bool,
+    replay: bool = False,
+    result: MoveResult | None = None,
+) -> list[str]:
+    """What the edits did (issue 26): the edits, a sample's diff per task, what became of
+    the messages they changed (``result``: the run's counts) and how many they left (and
+    why), and where the originals went."""
     edits = " ".join(shell_quote(word) for word in report.edits)
     lines = ["", f"edits: {edits}"]
     for task, samples in sorted(report.samples.items()):
         for sample in samples:
             lines.append(f"  {task} (a sample):")
             lines += [f"    {line}" for line in sample]
+    where = "archive" if replay else "DLQ"
+    if result is None:
+        lines.append(f"  {report.changed} message(s) changed by the edits")
+    else:
+        lines.append(changed_line(report, result, replay=replay))
     left = sum(report.left.values())
     lines.append(
-        f"  {report.changed} message(s) changed by the edits, {left} left in the DLQ "
-        f"({report.left[UNCHANGED]} unchanged by them)"
+        f"  {left} left in the {where} by the edits ({report.left[UNCHANGED]} unchanged by them)"
+        + (":" if report.details else "")
     )
     for detail, count in report.details.most_common(10):
         lines.append(f"    {count} × {detail}")
+    return lines + _originals_lines(report, dry_run=dry_run, replay=replay)
+
+
+def changed_line(report: RepairReport, result: MoveResult, *, replay: bool) -> str:
+    """``N message(s) changed by the edits: M moved, S skipped (poison: S) and stay in the
+    DLQ``: each changed message in exactly one of the counts."""
+    total, fates = report.fates(
+        moved=result.moved,
+        duplicates=result.duplicates,
+        failed=result.failed,
+        skipped=result.skipped,
+    )
+    verb = "replay" if replay else "move"
+    where = "archive" if replay else "DLQ"
+    past = {"move": "moved", "replay": "replayed"}[verb]
+    parts: list[str] = []
+    skips: list[str] = []
+    for fate, n in fates:
+        if not n:
+            continue
+        if fate == "moved":
+            parts.append(f"{n} {'would ' + verb if result.dry_run else past}")
+        elif fate == "duplicates":
+            parts.append(
+                f"{n} already sent (not sent again)"
+                if replay
+                else f"{n} duplicate cop{'y' if n == 1 else 'ies'} of a task sent "
+                + ("(would be deleted)" if result.dry_run else "(deleted)")
+            )
+        elif fate == "failed":
+            parts.append(f"{n} failed to send (still in the {where})")
+        elif fate == "not reached":
+            parts.append(
+                f"{n} not reached (--limit, or the run stopped first: still in the {where})"
+            )
+        else:
+            skips.append(f"{fate.removeprefix('skipped:')}: {n}")
+    if skips:
+        parts.append(
+            f"{sum(n for f, n in fates if f.startswith('skipped:'))} skipped "
+            f"({', '.join(skips)}), so they stay in the {where} unedited"
+        )
+    return f"  {total} message(s) changed by the edits: " + (", ".join(parts) or "none")
+
+
+def _originals_lines(report: RepairReport, *, dry_run: bool, replay: bool) -> list[str]:
+    """Where the originals of the edited messages go."""
     if report.archive:
         said = "would be archived first to" if dry_run else "archived first to"
-        lines.append(f"  originals {said} {report.archive}")
+        line = f"  originals {said} {report.archive}"
+        if report.continued:
+            line += " (a new part beside the archive an earlier run of it began)"
         if not dry_run:
-            lines[-1] += f" ({report.archived} message(s))"
-    elif replay:
-        lines.append("  originals: the archive replayed")
-    elif dry_run:
-        lines.append(
-            "  --execute archives the originals first: add --archive PATH (or --no-archive)"
-        )
-    elif report.changed:
-        lines.append("  originals not archived (--no-archive)")
+            line += f" ({report.archived} message(s))"
+        return [line]
+    if replay:
+        return ["  originals: the archive replayed"]
+    if dry_run:
+        return ["  --execute archives the originals first: add --archive PATH (or --no-archive)"]
+    if report.changed:
+        return ["  originals not archived (--no-archive)"]
+    return []
+
+
+def _stopped_skips(result: MoveResult, verb: str) -> list[str]:
+    """Messages a stop left uncounted by the run itself: what they are, and that a rerun
+    takes them on."""
+    lines: list[str] = []
+    if result.skipped.get(STOPPED):
+        lines += [
+            "",
+            f"{result.skipped[STOPPED]} message(s) not sent ({STOPPED}): decided on, then the "
+            f"run stopped before it sent them. {_stay(verb)}: rerun to {verb} them.",
+        ]
+    if result.skipped.get(UNRECORDED):
+        lines += [
+            "",
+            f"{result.skipped[UNRECORDED]} message(s) matched by a process that died before it "
+            f"reported what it did with them ({UNRECORDED}): it sent none of them (the ledger "
+            "holds no claim of theirs). Each is still in the DLQ (or was deleted as a copy of "
+            f"a task sent before): rerun to {verb} them.",
+        ]
+    unscanned = _unscanned(result, verb)
+    if unscanned:
+        lines += [
+            "",
+            f"about {unscanned} message(s) of the DLQ not scanned: the run stopped before it "
+            f"reached them. They stay in the DLQ: rerun to {verb} them.",
+        ]
     return lines
+
+
+def _unscanned(result: MoveResult, verb: str) -> int:
+    """A stopped run's messages never reached (none for a replay: an archive has no depth)."""
+    return 0 if verb == "replay" else result.not_scanned
+
+
+def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:
+    """Poison's way out: a higher --max-redrives, once what made them fail is fixed."""
+    return (
+        f"{result.skipped[POISON]} message(s) skipped as poison: redrive has sent each back "
+        "--max-redrives times already, and each died again. "
+        f"{_stay(verb)}: once what makes them fail is fixed, "
+        f"{_pass(result, '--max-redrives N', plan)} (N above the times they were sent back; "
+        f"`redrive inspect` counts them as poison) to {verb} them once more"
+        + ("; or purge them (archived)." if purge else ".")
+    )
+
+
+def already_sent_hint(count: int, command: str, to: str) -> str:
+    """A replay's tasks the ledger has sent already (to any queue): not sent again by it,
+    and the exact way to send them to ``to`` as well, when that is where they did not go."""
+    return (
+        f"hint: {count} message(s) already sent: the ledger holds their task's key (an earlier "
+        "move or replay sent them, to their queue or to another), and a replay sends each "
+        f"task once per ledger. If {to} is not where they went (an edited move's originals, "
+        "say: the edited copies went to their source queue) and you want them there too, "
+        f"replay with a ledger of its own, which sends each of them there once (dry run "
+        f"first):\n  {command}\nNever to the queue they went to: each task would run twice."
+    )

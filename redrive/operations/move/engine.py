@@ -31,6 +31,7 @@ from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.routing import Router, source_name
 from redrive.operations.move.send import Sender
 from redrive.operations.move.stages import OVERLAP_SAMPLE, Prefetch, overlap_pays
+from redrive.operations.move.stopped import count_stopped
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
@@ -214,6 +215,11 @@ class MoveEngine:
                 scan.close()
         return self.result
 
+    @property
+    def _archives_originals(self) -> bool:
+        repair = self.options.repair
+        return self.options.execute and repair is not None and repair.archive_to is not None
+
     def _dlq_scan(self, broker: Broker) -> DlqScan:
         # What the run skips stays hidden until its end, renewed while it lives: a killed
         # run's messages come back within about --lease (see redrive.dlq.scan).
@@ -225,8 +231,10 @@ class MoveEngine:
             stop=self.stop,
             broker_factory=self.broker_factory,
             receive_log=self.receive_log,
-            # Only a --where on them reads redrive's own receives (a move shows none).
-            receive_counts=self.options.selection.reads("consumer_receives"),
+            # Only a --where on them reads redrive's own receives (a move shows none), and an
+            # edited move's archive of the originals, which keeps them as purge's does.
+            receive_counts=self.options.selection.reads("consumer_receives")
+            or self._archives_originals,
         )
 
     def _end_on_error(
@@ -313,12 +321,15 @@ class MoveEngine:
         try:
             while (decided := ahead.get()) is not None:
                 self._complete(broker, decided)
-        except Exception:
-            # Batches received but never worked on: hold them like the rest, so that the
-            # run's end gives them back at once instead of after their lease.
+        except (Exception, KeyboardInterrupt) as exc:
+            # Batches received but never worked on: counted as not sent, and held like the
+            # rest, so that the run's end gives them back at once instead of after their
+            # lease.
             with contextlib.suppress(Exception):
                 for left in ahead.close():
-                    self._scan.keep(broker, left.batch)
+                    self._count_stopped(left, set())
+                    if isinstance(exc, Exception):
+                        self._scan.keep(broker, left.batch)
             raise
         finally:
             ahead.close()
@@ -359,18 +370,34 @@ class MoveEngine:
         return decided
 
     def _complete(self, broker: Broker, decided: DecidedBatch) -> None:
+        self._tally.watch()
         try:
             keep = self._execute(broker, decided)
+        except KeyboardInterrupt:
+            self._count_stopped(decided, self._tally.watched())
+            raise
         except Exception:
+            self._count_stopped(decided, self._tally.watched())
             # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
             # run's end gives back at once what it did not delete (the ledger knows what it
             # sent or claimed), instead of after its lease.
             with contextlib.suppress(Exception):
                 self._scan.keep(broker, decided.batch)
             raise
+        self._tally.watched()
         self._scan.keep(broker, keep)
         if self.observer.wants_progress:
             self.observer.on_progress(self._tally.snapshot())
+
+    def _count_stopped(self, decided: DecidedBatch, counted: set[object]) -> None:
+        """A batch the run stopped in: what it had not counted, counted as the ledger has it
+        (redrive.operations.move.stopped). A dry run stops in none (it counts as it decides)."""
+        if not self.options.execute:
+            return
+        with contextlib.suppress(Exception):
+            count_stopped(
+                decided, counted, ledger=self.ledger, run_id=self.run_id, tally=self._tally
+            )
 
     # -- one batch: the hooks a subclass (or a bench's timer) may wrap -------------------
 

@@ -121,6 +121,8 @@ class MoveResult:
     misses: FilterMisses | None = None
     """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
+    cut_short: bool = False
+    """``--processes``: a process died, and the others stopped with it (not interrupted)."""
     error: str | None = None
     still_hidden: int = 0
     hidden_until: float | None = None
@@ -158,6 +160,14 @@ class MoveResult:
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
+
+    @property
+    def not_scanned(self) -> int:
+        """About how many of the DLQ's messages (its depth as the run began) a run that
+        stopped never reached: they stay in the DLQ (0 when it did not stop)."""
+        if not (self.interrupted or self.error or self.cut_short) or not self.depth_before:
+            return 0
+        return max(0, self.depth_before - self.scanned)
 
     @property
     def by_task(self) -> dict[str, int]:
@@ -209,6 +219,14 @@ class MoveResult:
             "duplicates_deleted": self.duplicates,
         }
 
+    def _repair_json(self, repair: RepairReport) -> dict[str, Any]:
+        """The edits' report, with what became of the messages they changed (``became``:
+        fate -> count, adding up to ``changed``)."""
+        total, fates = repair.fates(
+            moved=self.moved, duplicates=self.duplicates, failed=self.failed, skipped=self.skipped
+        )
+        return {**repair.to_json(), "changed": total, "became": {k: n for k, n in fates if n}}
+
     def task(self, name: str) -> TaskCounts:
         counts = self.tasks.get(name)
         if counts is None:
@@ -223,6 +241,7 @@ class MoveResult:
             "run_id": self.run_id,
             "ledger": self.ledger,
             "scanned": self.scanned,
+            "not_scanned": self.not_scanned,
             "matched": self.matched,
             "moved": self.moved,
             "skipped": self.skipped_total,
@@ -261,7 +280,7 @@ class MoveResult:
             "died_during_run": self.died_during_run,
             "dlq_grew_by": self.dlq_grew_by,
             "stopped_by_returns": self.stopped_by_returns,
-            **({"repair": self.repair.to_json()} if self.repair is not None else {}),
+            **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
 
 
@@ -309,6 +328,26 @@ class MoveTally:
         self._source_of = source_of
         """The queue a message came from (its target may be another: a task's route)."""
         self._lock = threading.Lock()
+        self._watch = threading.local()
+
+    # -- what a batch being carried out has counted (this thread's) ----------------------
+
+    def watch(self) -> None:
+        """From now on, note in this thread which messages are counted (by their decoded
+        task, or MessageId): a batch the run stops in counts the rest as the ledger has
+        them (:meth:`MoveEngine._count_stopped`)."""
+        self._watch.counted = set()
+
+    def watched(self) -> set[object]:
+        """What was counted in this thread since :meth:`watch`; watching ends."""
+        counted: set[object] = getattr(self._watch, "counted", None) or set()
+        self._watch.counted = None
+        return counted
+
+    def _note(self, *marks: object) -> None:
+        counted = getattr(self._watch, "counted", None)
+        if counted is not None:
+            counted.update(marks)
 
     def decided(
         self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
@@ -344,10 +383,12 @@ class MoveTally:
             self._matched(info)
 
     def skipped(self, info: TaskInfo, reason: str) -> None:
+        self._note(id(info))
         with self._lock:
             self._skip(info.task, reason)
 
     def duplicate(self, info: TaskInfo, *, matched: bool = False) -> None:
+        self._note(id(info))
         with self._lock:
             if matched:
                 self._matched(info)
@@ -361,12 +402,15 @@ class MoveTally:
             self.result.own_in_doubt += own
             self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
+        self._note(listed.message_id)
 
     def moved(self, cand: Candidate) -> None:
+        self._note(id(cand.info))
         with self._lock:
             self._moved(cand)
 
     def sent(self, outcome: SendOutcome) -> None:
+        self._note(*(id(c.info) for c, _ in [*outcome.sent, *outcome.refused]))
         with self._lock:
             for cand, _ in outcome.sent:
                 self._moved(cand)
