@@ -193,7 +193,7 @@ def ledger_resolve(
     """
     with core_errors():
         choices = choices_of(resend, skip)
-        store = dry_run_ledger(ledger, ctx.aws.client)
+        store = dry_run_ledger(ctx, ledger)
         if store is None:
             if run_id:
                 raise RedriveError("no ledger yet, so no runs: nothing has been executed here")
