@@ -52,7 +52,7 @@ from redrive.shell import shell_quote
 @click.group(
     "ledger",
     cls=RedriveGroup,
-    short_help="The idempotency ledger: create one, copy one, list and resolve what is in doubt.",
+    short_help="The ledger: create, copy, list and resolve what is in doubt.",
 )
 def ledger_group() -> None:
     """The idempotency ledger: create one before a team shares it; list every message in
@@ -84,9 +84,7 @@ def ledger_init(ctx: Context, /, uri: str) -> None:
                 click.echo(f"the ledger is ready: {led.location}")
 
 
-@ledger_group.command(
-    "copy", short_help="Copy every run and key of one ledger into another (SQLite to PostgreSQL)."
-)
+@ledger_group.command("copy", short_help="Copy every run and key of one ledger into another.")
 @click.argument("source", metavar="SRC")
 @click.argument("destination", metavar="DST")
 @pass_ctx
