@@ -8,12 +8,18 @@ connection to the PostgreSQL ledger crosses the link the test cuts.
 comes long before the last key (what it proves does not depend on the pace).
 ``b``: claims every key in batches of 50, then one line: what it won, how long that took
 (the cut host's open transaction must not hold it up), and each key's owner and state.
+``relay PORT TO ADDRESS...``: on the ledger host, passes TCP connections to ADDRESS:PORT on
+to TO (host:port, a broker on the ledger host's loopback, which it alone may listen on),
+for hosts that share one broker; prints ``{"listening": true}`` once it accepts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
+import threading
 import time
 
 from redrive.errors import LedgerError
@@ -73,6 +79,43 @@ def host_b(url: str) -> int:
     return 0
 
 
+def _pump(src: socket.socket, dst: socket.socket, *, last: bool) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+    if last:  # the broker's side is done: the exchange is over
+        src.close()
+        dst.close()
+
+
+def _accept(listener: socket.socket, to: tuple[str, int]) -> None:
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.create_connection(to)
+        for src, dst, last in ((client, upstream, False), (upstream, client, True)):
+            threading.Thread(target=_pump, args=(src, dst), kwargs={"last": last}).start()
+
+
+def relay(port: int, to: str, addresses: list[str]) -> int:
+    host, _, to_port = to.rpartition(":")
+    listeners = [socket.create_server((address, port)) for address in addresses]
+    threads = [
+        threading.Thread(target=_accept, args=(listener, (host, int(to_port))))
+        for listener in listeners
+    ]
+    for thread in threads:
+        thread.start()
+    say(listening=True)
+    for thread in threads:
+        thread.join()
+    return 0
+
+
 if __name__ == "__main__":
-    role, url = sys.argv[1:3]
+    role = sys.argv[1]
+    if role == "relay":
+        sys.exit(relay(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
+    url = sys.argv[2]
     sys.exit(host_a(url) if role == "a" else host_b(url))

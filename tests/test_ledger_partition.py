@@ -45,8 +45,9 @@ from typing import Any
 
 import postgres_server
 import pytest
-from conftest import MotoServer, make_family, missing_component
-from test_e2e import CAPTURE, REDRIVE, REFUND, ROOT, arrivals, by_body, celery, fill, wait_for
+from conftest import Family, MotoServer, make_family, missing_component
+from kill_points import At, KillPoints
+from test_e2e import CAPTURE, REDRIVE, REFUND, ROOT, Dead, arrivals, by_body, celery, fill, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -92,9 +93,11 @@ def inside(namespace: str) -> Iterator[None]:
 
 @dataclass
 class Host:
-    """A client host: its namespace and the ledger's URL across its link."""
+    """A client host: its namespace, the ledger host's address on its link, and the
+    ledger's URL across it."""
 
     namespace: str
+    address: str
     url: str
 
     def cmd(self, *argv: str) -> list[str]:
@@ -224,7 +227,11 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
             f"postgresql://postgres@{theirs}:{server.port}/postgres?{FAST_DETECTION}"
             for _, theirs in pairs
         ]
-        found = Hosts(ledger, [Host(n, u) for n, u in zip(names, urls, strict=True)], root_routes)
+        clients = [
+            Host(name, theirs, url)
+            for name, (_, theirs), url in zip(names, pairs, urls, strict=True)
+        ]
+        found = Hosts(ledger, clients, root_routes)
         found.sealed()
         yield found
         found.sealed()
@@ -236,19 +243,23 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
         assert _root_routes() == root_routes, "the machine's routes changed"
 
 
-def _moto(host: Host, log: Path) -> MotoServer:
-    """moto's server (serial) on the client host's own loopback, started inside it."""
-    cmd = host.cmd(sys.executable, "-m", "redrive.sandbox", "--bare", "--port", str(MOTO_PORT))
+def _moto(namespace: str, log: Path) -> MotoServer:
+    """moto's server (serial) on the loopback of ``namespace``, started inside it."""
+    cmd = ["ip", "netns", "exec", namespace, sys.executable, "-m", "redrive.sandbox", "--bare"]
     with log.open("wb") as handle:
-        process = subprocess.Popen([*cmd, "--serial"], stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*cmd, "--port", str(MOTO_PORT), "--serial"],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     server = MotoServer(f"http://127.0.0.1:{MOTO_PORT}", process, log)
 
     def up() -> bool:
         assert process.poll() is None, log.read_text()[-2000:]
-        with inside(host.namespace), socket.socket() as sock:
+        with inside(namespace), socket.socket() as sock:
             return sock.connect_ex(("127.0.0.1", MOTO_PORT)) == 0
 
-    wait_for(up, timeout=120, every=0.1, what="moto's server in the host")
+    wait_for(up, timeout=120, every=0.1, what=f"moto's server in {namespace}")
     return server
 
 
@@ -265,6 +276,7 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 def _env(server: MotoServer | None) -> dict[str, str]:
     env = server.env() if server is not None else dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env["REDRIVE_RECEIVE_WAIT"] = "0"  # moto answers short polls with every message
     return env
 
 
@@ -306,6 +318,50 @@ def _init(hosts: Hosts) -> None:
 
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _the_runbooks_reruns(
+    host: Host,
+    server: MotoServer,
+    move: tuple[str, ...],
+    checkout: Family,
+    dead: list[Dead],
+    *,
+    look: str,
+) -> tuple[int, int]:
+    """The runbook's steps after a stopped run, on ``host``: a rerun moves the rest; what
+    is in doubt (at most one send batch of each of the stopped run's 4 workers) is resolved
+    by evidence (did its task arrive?: skip it; else resend it). Then each task is in its
+    queue exactly once, a last run moves nothing and nothing is in doubt. ``look``: the
+    namespace where the broker's loopback is. How many were in doubt, and had arrived."""
+    rerun = _redrive(host, server, *move, "--json")
+    assert rerun.returncode in (0, 3), (rerun.returncode, rerun.stdout, rerun.stderr)
+    listed = _redrive(host, server, "ledger", "in-doubt", "--json", "--ledger", host.url)
+    doubts = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert len(doubts) <= 4 * 10, "at most one send batch per worker"
+    # The evidence: what arrived so far (drained, and counted at the end).
+    with inside(look):
+        got = arrivals(checkout, by_body(dead))
+    sent = [d["message_id"] for d in doubts if d["task_id"] in got]
+    not_sent = [d["message_id"] for d in doubts if d["task_id"] not in got]
+    for how, ids in (("skip", sent), ("resend", not_sent)):
+        if ids:
+            picks = [arg for i in ids for arg in ("--message-id", i)]
+            resolved = _redrive(host, server, *move, "--in-doubt", how, *picks)
+            assert resolved.returncode == 0, (resolved.stdout, resolved.stderr)
+    with inside(look):
+        got += arrivals(checkout, by_body(dead))
+    assert got == Counter({d.ident: 1 for d in dead}), "every task exactly once"
+    # A last run sends nothing again; the copies resolved as sent (skipped) stay in the
+    # DLQ for a purge with its archive, as the runbook says.
+    last = _redrive(host, server, *move, "--json")
+    assert last.returncode == 0, (last.stdout, last.stderr)
+    assert json.loads(last.stdout)["moved"] == 0
+    with inside(look):
+        assert checkout.depth() == (len(sent), 0)
+    final = _redrive(host, server, "ledger", "in-doubt", "--ledger", host.url)
+    assert final.returncode == 0, final.stdout
+    return len(doubts), len(sent)
 
 
 def test_a_host_cut_off_mid_claims_is_told_and_every_key_keeps_one_owner(
@@ -371,12 +427,12 @@ def test_a_move_whose_ledger_is_cut_off_mid_run_then_the_runbooks_reruns_send_ea
     arrive?), as the runbook says; then each task is in its queue exactly once."""
     _init(hosts)
     host = hosts.hosts[0]
-    server = _moto(host, tmp_path / "moto.log")
+    server = _moto(host.namespace, tmp_path / "moto.log")
     try:
         with inside(host.namespace):
             checkout = make_family(server.client(), "onion-checkout")
             rng = random.Random(403)
-            dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(200)]
+            dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(120)]
             fill(checkout, dead)
         move = (*MOVE, "--lease", "3", "--ledger", host.url)
         hosts.sealed()
@@ -385,6 +441,7 @@ def test_a_move_whose_ledger_is_cut_off_mid_run_then_the_runbooks_reruns_send_ea
             with inside(host.namespace):
                 wait_for(lambda: checkout.depth(checkout.queue_url)[0] >= 40, timeout=120)
             host.cut()
+            cut_at = time.monotonic()
             code = first.wait(60)
         finally:
             host.restore()
@@ -393,35 +450,93 @@ def test_a_move_whose_ledger_is_cut_off_mid_run_then_the_runbooks_reruns_send_ea
         assert code == 1, (code, (tmp_path / "first.out").read_text(), err)
         assert "Traceback" not in err
         assert err.count("\n") <= 3, err
-        time.sleep(3.5)  # the stopped run's lease (3 s) runs out: its claims are in doubt
+        # The stopped run's lease (3 s, not renewed since the cut) runs out: its claims are
+        # in doubt.
+        time.sleep(max(0.0, cut_at + 3.5 - time.monotonic()))
         hosts.sealed()
-        rerun = _redrive(host, server, *move, "--json")
-        assert rerun.returncode in (0, 3), (rerun.returncode, rerun.stdout, rerun.stderr)
-        listed = _redrive(host, server, "ledger", "in-doubt", "--json", "--ledger", host.url)
-        doubts = [json.loads(line) for line in listed.stdout.splitlines()]
-        assert len(doubts) <= 4 * 10, "at most one send batch per worker"
-        # The evidence: what arrived so far (drained, and counted at the end).
-        with inside(host.namespace):
-            got = arrivals(checkout, by_body(dead))
-        sent = [d["message_id"] for d in doubts if d["task_id"] in got]
-        not_sent = [d["message_id"] for d in doubts if d["task_id"] not in got]
-        for how, ids in (("skip", sent), ("resend", not_sent)):
-            if ids:
-                picks = [arg for i in ids for arg in ("--message-id", i)]
-                resolved = _redrive(host, server, *move, "--in-doubt", how, *picks)
-                assert resolved.returncode == 0, (resolved.stdout, resolved.stderr)
-        with inside(host.namespace):
-            got += arrivals(checkout, by_body(dead))
-        assert got == Counter({d.ident: 1 for d in dead}), "every task exactly once"
-        # A last run sends nothing again; the copies resolved as sent (skipped) stay in the
-        # DLQ for a purge with its archive, as the runbook says.
-        last = _redrive(host, server, *move, "--json")
-        assert last.returncode == 0, (last.stdout, last.stderr)
-        assert json.loads(last.stdout)["moved"] == 0
-        with inside(host.namespace):
-            assert checkout.depth() == (len(sent), 0)
-        final = _redrive(host, server, "ledger", "in-doubt", "--ledger", host.url)
-        assert final.returncode == 0, final.stdout
-        print(f"{len(doubts)} in doubt after the cut: {len(sent)} arrived, {len(not_sent)} not")
+        doubts, sent = _the_runbooks_reruns(host, server, move, checkout, dead, look=host.namespace)
+        print(f"{doubts} in doubt after the cut, {sent} of them had arrived")
     finally:
+        _stop(server.process)
+
+
+def _relay(hosts: Hosts, log: Path) -> subprocess.Popen[str]:
+    """On the ledger host: its broker (on its loopback) reachable from the client hosts at
+    its address on each one's link, port MOTO_PORT + 1."""
+    argv = [sys.executable, str(HOST_SCRIPT), "relay", str(MOTO_PORT + 1)]
+    argv += [f"127.0.0.1:{MOTO_PORT}", *(h.address for h in hosts.hosts)]
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", hosts.ledger, *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+    wait_for(
+        lambda: process.poll() is not None or "listening" in log.read_text(),
+        timeout=120,
+        what="the relay",
+    )
+    assert process.poll() is None, log.read_text()
+    return process
+
+
+@pytest.mark.parametrize("hosts", [2], indirect=True)
+def test_one_of_two_hosts_draining_one_dlq_is_killed_and_the_runbooks_reruns_send_each_task_once(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    """Two hosts run ``redrive move --execute --workers 4`` on one DLQ (moto's server on
+    the ledger host, reached across each host's link) with one ledger; one is killed
+    (SIGKILL) mid-run. The other finishes without sending a key the killed one holds; after
+    the killed run's lease, the runbook's steps on the other host resolve what is in doubt
+    by evidence, and each task is in its queue exactly once."""
+    _init(hosts)
+    a, b = hosts.hosts
+    server = _moto(hosts.ledger, tmp_path / "moto.log")
+    relay = _relay(hosts, tmp_path / "relay.log")
+    try:
+        with inside(hosts.ledger):
+            checkout = make_family(server.client(), "onion-checkout")
+            rng = random.Random(404)
+            dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(160)]
+            fill(checkout, dead)
+        views = {
+            h.namespace: MotoServer(
+                f"http://{h.address}:{MOTO_PORT + 1}", server.process, server.log
+            )
+            for h in hosts.hosts
+        }
+        move = (*MOVE, "--lease", "3")
+        hosts.sealed()
+        # Host A is killed at a step, never at a moment: after its third send batch was
+        # answered, before the ledger recorded it (in doubt, with whatever its other
+        # workers had in flight); host B, paced, is still draining then.
+        points = KillPoints(tmp_path / "kill", At("move.sent", nth=3))
+        a_move = points.argv(*move, "--ledger", a.url)
+        b_move = [*REDRIVE, *move, "--ledger", b.url, "--rate", "30"]
+        runs = [
+            _start(a, a_move, points.env(_env(views[a.namespace])), tmp_path / "a"),
+            _start(b, b_move, _env(views[b.namespace]), tmp_path / "b"),
+        ]
+        try:
+            assert runs[0].wait(120) == -signal.SIGKILL, (tmp_path / "a.err").read_text()
+            killed_at = time.monotonic()
+            assert points.note() is not None
+            code = runs[1].wait(120)
+        finally:
+            for run in runs:
+                _stop(run)
+        err = (tmp_path / "b.err").read_text()
+        assert code in (0, 3), (code, (tmp_path / "b.out").read_text(), err)
+        assert "Traceback" not in err
+        # The killed run's lease (3 s) runs out: its claims are in doubt.
+        time.sleep(max(0.0, killed_at + 3.5 - time.monotonic()))
+        hosts.sealed()
+        doubts, sent = _the_runbooks_reruns(
+            b, views[b.namespace], (*move, "--ledger", b.url), checkout, dead, look=hosts.ledger
+        )
+        print(f"{doubts} in doubt after the kill, {sent} of them had arrived")
+    finally:
+        _stop(relay)
         _stop(server.process)
