@@ -2,13 +2,14 @@
 
 Every host is a network namespace the test makes: the ledger host (``rd-ledger-PID``, the
 PostgreSQL server) and the client hosts (``rd-host-PID``, ``rd-host2-PID``: redrive, and
-the moto server it uses as its broker, on the host's own loopback), each client joined to the
-ledger host by a veth pair made with both ends already inside those namespaces. A namespace
-holds only ``lo`` and its links, and no default route: a cut link leaves the ledger
-unreachable ("Network is unreachable", or a timeout), and nothing can leave the namespaces.
-The machine's own namespace is never changed (its routes are compared before every run
-and at the end); the test's own looks at a broker go through the host's namespace too
-(``inside``: this thread only, for as long as it looks).
+with one host the moto server it uses as its broker, on the host's own loopback; two hosts
+share one on the ledger host's loopback, reached through a relay there), each client joined
+to the ledger host by a veth pair made with both ends already inside those namespaces. A
+namespace holds only ``lo`` and its links, and no default route: a cut link leaves the
+ledger unreachable ("Network is unreachable", or a timeout), and nothing can leave the
+namespaces. The machine's own namespace is never changed (its routes are compared before
+every run and at the end); the test's own looks at a broker are made inside the broker's
+namespace too (``inside``: this thread only, for as long as it looks).
 
 What must hold when one host's link is cut mid-claims: the host is told within seconds, in
 one line, never hangs; every key keeps exactly one owner (what the cut host won before the
@@ -59,7 +60,7 @@ MOVE = ("move", "checkout", "--execute", "--yes", "--workers", "4")
 PREFIXES = ("rd-host-", "rd-host2-", "rd-ledger-")
 LINK = "link0"  # each client host's end of its link to the ledger host
 NET = "169.254.77"
-MOTO_PORT = 5000  # on a client host's own loopback: every port is free there
+MOTO_PORT = 5000  # on a namespace's own loopback: every port is free there
 HOST_SCRIPT = Path(__file__).resolve().parent / "partition_host.py"
 CLONE_NEWNET = 0x40000000
 
@@ -82,7 +83,8 @@ def _setns(fd: int) -> None:
 @contextlib.contextmanager
 def inside(namespace: str) -> Iterator[None]:
     """This thread (only) in ``namespace``'s network while the block runs: the test's own
-    looks at a broker that listens on a client host's loopback."""
+    looks at a broker that listens on that namespace's loopback (no other thread, and no
+    process this one starts outside the block, is in it)."""
     with open("/proc/thread-self/ns/net") as own, open(f"/run/netns/{namespace}") as there:
         _setns(there.fileno())
         try:
