@@ -101,9 +101,17 @@ class Host:
     namespace: str
     address: str
     url: str
+    root_routes: str  # the machine's, before the test
 
     def cmd(self, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", self.namespace, *argv]
+
+    def sealed(self) -> None:
+        """Before each run on this host: nothing it sends can leave (no default route), and
+        the machine's own routes are as they were."""
+        assert _ip("-n", self.namespace, "route", "show", "default") == "", self.namespace
+        assert _ip("-n", self.namespace, "-6", "route", "show", "default") == "", self
+        assert _root_routes() == self.root_routes, "the machine's routes changed"
 
     def cut(self) -> None:
         _ip("-n", self.namespace, "link", "set", LINK, "down")
@@ -230,7 +238,7 @@ def hosts(request: pytest.FixtureRequest) -> Iterator[Hosts]:
             for _, theirs in pairs
         ]
         clients = [
-            Host(name, theirs, url)
+            Host(name, theirs, url, root_routes)
             for name, (_, theirs), url in zip(names, pairs, urls, strict=True)
         ]
         found = Hosts(ledger, clients, root_routes)
@@ -286,6 +294,7 @@ def _redrive(
     host: Host, server: MotoServer | None, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``redrive ARGS`` on ``host`` (inside its namespace)."""
+    host.sealed()
     return subprocess.run(
         host.cmd(*REDRIVE, *args),
         env=_env(server),
@@ -299,6 +308,7 @@ def _redrive(
 
 def _start(host: Host, argv: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[str]:
     """``argv`` on ``host`` in the background, its output in ``out``.out and .err."""
+    host.sealed()
     with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
         return subprocess.Popen(
             host.cmd(*argv),
@@ -393,6 +403,7 @@ def test_a_host_cut_off_mid_claims_is_told_and_every_key_keeps_one_owner(
         _stop(a)
     lines = _lines(out.with_suffix(".out"))
     assert a.returncode == 1, "host A claimed every key although its ledger was cut off"
+    assert "error" in lines[-1], out.with_suffix(".err").read_text()  # a LedgerError, one line
     error = lines[-1]["error"]
     assert "Traceback" not in out.with_suffix(".err").read_text()
     assert told_in < 20, f"told {told_in:.1f} s after the cut"
