@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 import urllib.parse
+from dataclasses import replace
 from pathlib import Path
 
 import amqp
@@ -18,6 +19,7 @@ from redrive.errors import RabbitMQNodeError, RabbitMQNotInstalled
 from redrive.sandbox.rabbitmq_node import (
     INSTALL_HINT,
     ChrootRabbitMQNode,
+    NodePorts,
     RabbitMQNode,
     Vhost,
     management_request,
@@ -112,8 +114,28 @@ def test_vhost_urls_are_written_as_kombu_reads_them() -> None:
 
 
 @pytest.mark.skipif(not server_installed(), reason="no RabbitMQ: apt-get install rabbitmq-server")
-def test_stop_leaves_no_process_and_frees_the_ports(tmp_path: Path) -> None:
-    with RabbitMQNode(tmp_path / "node").start() as node:
+def test_stop_leaves_no_process_and_frees_the_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its AMQP port first picked is taken by another process before the node binds it
+    (seen on this busy machine: the API answered, then the node died of eaddrinuse): the
+    start picks ports again and the node runs on the new ones."""
+    # Bound, not listening: as an outgoing connection's port is (and nothing answers on it).
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    picks = [NodePorts.pick]
+    real_pick = NodePorts.pick
+
+    def pick() -> NodePorts:
+        picked = real_pick()
+        if len(picks) == 1:
+            picks.append(picked)
+            return replace(picked, amqp=taken.getsockname()[1])
+        return picked
+
+    monkeypatch.setattr(NodePorts, "pick", staticmethod(pick))
+    with taken, RabbitMQNode(tmp_path / "node").start() as node:
+        assert node.ports.amqp != taken.getsockname()[1] and port_open(node.ports.amqp)
         assert node.process is not None and node.epmd is not None
         groups = [node.process.pid, node.epmd.pid]
         assert all(group_members(group) for group in groups)

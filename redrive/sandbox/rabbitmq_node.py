@@ -63,6 +63,9 @@ START_TIMEOUT: Final = 240.0
 
 STOP_TIMEOUT: Final = 60.0
 
+PORT_ATTEMPTS: Final = 3
+"""Starts with freshly picked ports when one was taken meanwhile (eaddrinuse)."""
+
 
 def server_installed(server: Path | None = None) -> bool:
     """Whether the server script is there (``server``: :data:`RABBITMQ_SERVER`)."""
@@ -200,12 +203,28 @@ class RabbitMQNode:
     # -- life ----------------------------------------------------------------------------
 
     def start(self, *, timeout: float = START_TIMEOUT) -> RabbitMQNode:
-        """Start the node and return once its management API answers; on failure (the
-        server exits, or no answer within ``timeout``) stop what was started and raise
-        :class:`RabbitMQNodeError` with the log's tail."""
+        """Start the node and return once its management API answers and its AMQP port
+        takes connections; on failure (the server exits, or no answer within ``timeout``)
+        stop what was started and raise :class:`RabbitMQNodeError` with the log's tail.
+        A port another process took between its pick and the node's bind (loopback ports
+        are picked free, then given up: any outgoing connection of this busy machine may
+        take one meanwhile) is picked again, a few times."""
         self.require()
         if self.process is not None:
             return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout)
+            except RabbitMQNodeError as error:
+                if attempt == PORT_ATTEMPTS or not _port_taken(str(error)):
+                    raise
+                self.ports = NodePorts.pick()
+                for folder in ("mnesia", "log"):
+                    shutil.rmtree(self.base / folder, ignore_errors=True)
+                self.output_file.unlink(missing_ok=True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, timeout: float) -> RabbitMQNode:
         self._write_files()
         try:
             self.epmd = self._start_epmd(timeout)
@@ -267,7 +286,9 @@ class RabbitMQNode:
     def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
         deadline = time.monotonic() + timeout
-        while not self.api_answers():
+        # The AMQP listener starts after the management API's (3.10 answered its API, then
+        # died of a taken AMQP port): ready is both.
+        while not (self.api_answers() and _accepts(self.ports.amqp)):
             code = self.process.poll()
             if code is not None:
                 raise RabbitMQNodeError(
@@ -427,6 +448,18 @@ def unmount(path: Path) -> None:
 def start_node(base: Path, *, timeout: float = START_TIMEOUT) -> RabbitMQNode:
     """A private node under ``base``, started and ready."""
     return RabbitMQNode(base).start(timeout=timeout)
+
+
+def _port_taken(failure: str) -> bool:
+    return "eaddrinuse" in failure.lower() or "address already in use" in failure.lower()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:
