@@ -24,10 +24,11 @@ from typing import Any
 
 import amqp
 import pytest
-from conftest import on_both_rabbitmq
+from conftest import Cli, on_both_rabbitmq
 from test_rabbitmq_delivery_limit import put_policy
 from test_rabbitmq_e2e import drain, ok_json, redrive, task_ids
 
+from redrive.broker.rabbitmq.queues import Queues
 from redrive.sandbox.rabbitmq_layout import (
     fill_layout,
     open_connection,
@@ -224,3 +225,54 @@ def test_4_0s_implicit_limit_of_20_is_refused_before_any_read_and_3_10_has_none(
     put_policy(rabbitmq_vhost, "no-limit", "^onion-checkout-dlq$", {"delivery-limit": -1})
     lifted = ok_json(redrive(rabbitmq_vhost, "inspect", "checkout", "--json"))
     assert lifted["total"] == 5, json.dumps(lifted)[:300]
+
+
+# -- saying the version (issue 39, point 5) -------------------------------------------------------
+
+
+def test_status_check_and_the_audit_name_rabbitmq_and_its_version(
+    rabbitmq_vhost: Vhost, rabbitmq_version: str, tmp_path: Path
+) -> None:
+    """Debian's 3.10.8 and 4.0.5, as the management API says them: in status's and check's
+    JSON and text, and in an executed run's audit record; no warning (both are tested)."""
+    version = {"3.10": "3.10.8", "4.0": "4.0.5"}[rabbitmq_version]
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(), 2)
+    for command in (["status", "--json"], ["check", "--json"]):
+        done = redrive(rabbitmq_vhost, *command)
+        broker = json.loads(done.stdout)["broker"]
+        assert (broker["kind"], broker["version"], broker["tested"]) == ("rabbitmq", version, True)
+        assert broker["endpoint"].startswith("amqp://guest:***@127.0.0.1:"), broker
+        assert "warning" not in done.stderr, done.stderr
+    text = redrive(rabbitmq_vhost, "status")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[-1].startswith(
+        f"broker: RabbitMQ {version} at amqp://guest:***@"
+    )
+
+    ledger = tmp_path / "ledger.sqlite3"
+    move = ["move", "checkout", "--execute", "--yes", "--json", "--ledger", str(ledger)]
+    run_id = ok_json(redrive(rabbitmq_vhost, *move))["run_id"]
+    audited = ok_json(redrive(rabbitmq_vhost, "audit", run_id, "--json", "--ledger", str(ledger)))
+    assert audited["info"]["broker_server"]["version"] == version
+    detail = redrive(rabbitmq_vhost, "audit", run_id, "--ledger", str(ledger))
+    assert f"  broker:   RabbitMQ {version} at amqp://guest:***@" in detail.stdout, detail.stdout
+
+
+def test_a_version_outside_the_tested_ones_gets_one_warning_line(
+    rabbitmq_vhost: Vhost, monkeypatch: pytest.MonkeyPatch, cli: Cli
+) -> None:
+    """The node is 3.10.8 or 4.0.5; the version the management API gives is made 3.13.7
+    (no such node here): status and check say it, and warn once."""
+    monkeypatch.setattr(Queues, "server_version", lambda self: "3.13.7")
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(), 0)
+    broker = ["--broker", rabbitmq_vhost.amqp_url, "--rabbitmq-api", rabbitmq_vhost.api_url]
+    for command in (["status"], ["check", "--json"]):
+        done = cli(*broker, *command)
+        assert done.exit_code == 0, (done.output, done.exception)
+        warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+        assert warnings == [
+            "warning: RabbitMQ 3.13.7 is not a version redrive is tested on (RabbitMQ 3.10 and "
+            "4.0): its dead-lettering and delivery limits may differ from what redrive "
+            "expects; check a dry run before --execute"
+        ], done.stderr
+    assert "RabbitMQ 3.13.7" in cli(*broker, "status").stdout
