@@ -109,7 +109,7 @@ def status(ctx: Context, as_json: bool, wide: bool) -> None:
     else:
         click.echo(status_table(rows, width=table_width(wide)))
         if server is not None:
-            click.echo(server.line())
+            click.echo(fit_text(server.line(), table_width(wide)))
     if any(r.error for r in rows):
         sys.exit(EXIT_ERROR)
 
@@ -593,6 +593,6 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
     else:
         click.echo(findings_table(findings, width=table_width(wide)))
     if server is not None and not as_json:
-        click.echo(server.line())
+        click.echo(fit_text(server.line(), table_width(wide)))
     if findings:
         sys.exit(EXIT_ERROR)
