@@ -791,6 +791,7 @@ def test_a_well_configured_app_gives_no_finding(
     assert cli.ok("check", "--celery", "--celery-app", spec).output == (
         "no findings: the layout matches what SQS says, and the settings of the Celery app "
         f"{spec} let failing tasks reach the DLQs redrive watches\n"
+        "broker: SQS at https://sqs.us-east-1.amazonaws.com\n"  # issue 39: what it read
     )
     sandbox_app = "redrive.sandbox.celery_app:app"
     assert (
