@@ -70,11 +70,19 @@ def _user_tasks(app: Any) -> list[_Task]:
                 lost_redelivered=bool(task.reject_on_worker_lost)
                 or bool(getattr(task, "retry_on_worker_lost", False)),
                 reject_on_worker_lost=bool(task.reject_on_worker_lost),
-                time_limit=float(task.time_limit) if task.time_limit else None,
+                time_limit=_time_limit(task, conf),
                 retry_countdown=countdown,
             )
         )
     return out
+
+
+def _time_limit(task: Any, conf: Any) -> float | None:
+    """A task's hard time limit: its own, else the app's ``task_time_limit`` (as the worker
+    applies it). Celery 5.7 gives a task the app's value; 5.5 and 5.6 leave its attribute
+    None, so reading only that saw no limit where the app sets one."""
+    limit = task.time_limit if task.time_limit is not None else conf.get("task_time_limit")
+    return float(limit) if limit else None
 
 
 def audit_app(
