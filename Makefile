@@ -4,14 +4,17 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 MESSAGES ?= 40
+# The demo's tasks: the same every run (which are expired, which route where), so what it
+# shows, and tests/test_docs.py's check of it, never depend on a draw. SEED=N for others.
+SEED   ?= 7
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck unit suite browser rabbitmq rabbitmq4 bench profile clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck docs unit suite browser rabbitmq rabbitmq4 postgres bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -33,7 +36,7 @@ localstack: $(LOCALSTACK_VENV)/.installed
 # look at it the way an on-call engineer would, then stop it.
 demo: install
 	@set -e; \
-	$(BIN)/redrive sandbox --port $(PORT) --messages $(MESSAGES) > .sandbox.env 2> .sandbox.log & pid=$$!; \
+	$(BIN)/redrive sandbox --port $(PORT) --messages $(MESSAGES) --seed $(SEED) > .sandbox.env 2> .sandbox.log & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null; rm -f .sandbox.env .sandbox.log' EXIT; \
 	for i in $$(seq 1 300); do grep -q 'sandbox ready' .sandbox.log 2>/dev/null && break; \
 	  kill -0 $$pid 2>/dev/null || { cat .sandbox.log; exit 1; }; sleep 0.2; done; \
@@ -63,11 +66,21 @@ unit: install
 suite: install localstack
 	$(BIN)/pytest -q -n 4 --maxschedchunk 2 --durations=15
 
-test: lint typecheck browser rabbitmq rabbitmq4 suite
+test: lint typecheck docs browser rabbitmq rabbitmq4 postgres suite
+
+# The reference site (docs/, runbooks/ through the docs/runbooks link) built with MkDocs and
+# Material into site/: --strict fails on a link to a page or heading that does not exist, or a
+# page left out of the nav. Nothing is fetched while building.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# Under CI=true (as CI services set it) a real component that cannot be installed fails the
+# run: its tests would only skip, and the run pass without them. Locally they skip.
+ci_requires = [ "$(CI)" != true ] || { echo 'CI=true: $(1) is missing, so the run fails' >&2; exit 1; }
 
 # The HTML report's browser test needs headless Chromium (Debian's package). Installed here
 # when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
-# and the summary says why.
+# and the summary says why (under CI=true it fails).
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -77,12 +90,16 @@ browser:
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
 	    echo 'chromium could not be installed: the browser test will skip'; \
 	  else echo 'no chromium (and not root with apt-get): the browser test will skip'; fi; }
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	$(call ci_requires,chromium)
 
 # The RabbitMQ tests run private nodes of Debian's rabbitmq-server on loopback (tests/conftest.py,
 # redrive/sandbox/rabbitmq_node.py). Installed here when missing and this runs as root with
-# apt-get (as CI does); otherwise those tests skip and the summary says why.
+# apt-get (as CI does); otherwise those tests skip and the summary says why (under CI=true
+# they fail).
+RABBITMQ_SERVER ?= /usr/lib/rabbitmq/bin/rabbitmq-server
 rabbitmq:
-	@test -x /usr/lib/rabbitmq/bin/rabbitmq-server || \
+	@test -x $(RABBITMQ_SERVER) || \
 	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo 'installing rabbitmq-server for the RabbitMQ tests'; \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1 || \
@@ -90,6 +107,21 @@ rabbitmq:
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1; } || \
 	    echo 'rabbitmq-server could not be installed: the RabbitMQ tests will skip'; \
 	  else echo 'no rabbitmq-server (and not root with apt-get): the RabbitMQ tests will skip'; fi; }
+	@test -x $(RABBITMQ_SERVER) || $(call ci_requires,rabbitmq-server)
+
+# The PostgreSQL ledger's tests run a private server of Debian's postgresql on loopback
+# (tests/postgres_server.py). Installed here when missing and this runs as root with apt-get
+# (as CI does); otherwise those tests skip and the summary says why (under CI=true they fail).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing postgresql for the PostgreSQL ledger tests'; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; } || \
+	    echo 'postgresql could not be installed: the PostgreSQL ledger tests will skip'; \
+	  else echo 'no postgresql (and not root with apt-get): the PostgreSQL ledger tests will skip'; fi; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $(call ci_requires,postgresql)
 
 # RabbitMQ 4.0 beside 3.10 (issue 39): Debian 13's rabbitmq-server 4.0.5 (Erlang 27) in a
 # trixie root made by debootstrap, built once (~30-90 s, ~330 MB) outside the clone and
@@ -137,4 +169,4 @@ profile: install
 	$(BIN)/python bench/profile_move.py --n 20000 --workers 16
 
 clean:
-	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) $(LOCALSTACK_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis *.egg-info site

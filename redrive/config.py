@@ -33,6 +33,7 @@ _DEFAULT_KEYS = {"region", "prefix", "max_receive_count", "dlq_retention"}
 _CELERY_KEYS = {"app", "deploy_stop_timeout", "result_backend"}
 _SQS_KEYS = {"client"}
 _BROKER_KEYS = {"url", "rabbitmq_api"}
+_LEDGER_KEYS = {"url"}
 
 SqsClient = Literal["botocore", "lean"]
 #: The clients the SQS backend calls SQS with (``--sqs-client``, REDRIVE_SQS_CLIENT,
@@ -79,6 +80,9 @@ class Layout:
     """``[broker] url``: the broker, as ``--broker`` names it (None: SQS)."""
     rabbitmq_api: str | None = None
     """``[broker] rabbitmq_api``: RabbitMQ's management API, as ``--rabbitmq-api``."""
+    ledger_url: str | None = None
+    """``[ledger] url``: the ledger, as ``--ledger`` names it, of any kind (a path,
+    sqlite://, dynamodb://, postgresql://); None: the default path."""
 
     def family(self, name: str) -> Family | None:
         for family in self.families:
@@ -119,12 +123,12 @@ def parse_config_file(path: Path) -> Layout:
 
 
 def parse_config(data: Mapping[str, Any], source: str) -> Layout:
-    unknown = set(data) - {"defaults", "families", "routes", "celery", "sqs", "broker"}
+    unknown = set(data) - {"defaults", "families", "routes", "celery", "sqs", "broker", "ledger"}
     if unknown:
         key = sorted(unknown)[0]
         raise ConfigError(
             f"{source}: unknown key '{key}' (expected [defaults], [families.NAME], [routes], "
-            "[celery], [sqs] and [broker])"
+            "[celery], [sqs], [broker] and [ledger])"
         )
     defaults = _table(data.get("defaults", {}), "defaults", source)
     _check_keys(defaults, _DEFAULT_KEYS, "defaults", source)
@@ -170,6 +174,8 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
     client = sqs.get("client")
     broker = _table(data.get("broker"), "broker", source)
     _check_keys(broker, _BROKER_KEYS, "broker", source)
+    ledger = _table(data.get("ledger"), "ledger", source)
+    _check_keys(ledger, _LEDGER_KEYS, "ledger", source)
     layout = Layout(
         families=tuple(families),
         source=source,
@@ -179,6 +185,7 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         ),
         broker_url=_opt_str(broker, "url", "broker", source),
         rabbitmq_api=_opt_str(broker, "rabbitmq_api", "broker", source),
+        ledger_url=_opt_str(ledger, "url", "ledger", source),
     )
     return _with_celery(layout, data, source)
 

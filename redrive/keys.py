@@ -15,7 +15,7 @@ Celery task is identified by its broker's message id, under the broker's own nam
 
 Same key does not yet mean same task run: :func:`copy_verdict` is the rule that tells a copy
 of one message from a second invocation that happens to share its key (see "Copies and
-second publishes" in the README).
+second publishes" in docs/safety.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The record a ``--where`` or ``--group-by`` expression reads: one plain dict per message,
-with the fields the README documents (see "Selecting by content").
+with the fields docs/where.md documents.
 
 A record holds only the fields its expression can read (:func:`redrive.where.compile_expression`
 works them out from the expression's syntax tree once per run), so an expression that reads
@@ -13,10 +13,10 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-from redrive.broker.base import Delivery, queue_name
+from redrive.broker.base import Delivery, consumer_receives, queue_name
 from redrive.durations import iso_utc
 from redrive.messages import Payload, TaskInfo, read_payload
 
@@ -82,6 +82,12 @@ def _iso(moment: datetime | None) -> str | None:
     return iso_utc(moment.timestamp()) if moment is not None else None
 
 
+def _expired(s: _Source) -> bool:
+    """Whether the task's ``expires`` has passed, as inspect counts it (a worker would
+    discard it): ``--where expired`` selects only those (``--where expires``: any deadline)."""
+    return s.info.is_expired(datetime.fromtimestamp(s.now, UTC))
+
+
 def _header(name: str) -> Callable[[_Source], Any]:
     def read(s: _Source) -> Any:
         headers = s.payload.headers
@@ -144,7 +150,7 @@ def _exception(s: _Source) -> str | None:
     return outcome.exception if outcome is not None else None
 
 
-#: Every field of the record, in the README's order, and how each is read.
+#: Every field of the record, in docs/where.md's order, and how each is read.
 _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "task": _task,
     "id": lambda s: s.info.task_id,
@@ -153,13 +159,14 @@ _READERS: Final[dict[str, Callable[[_Source], Any]]] = {
     "retries": lambda s: s.info.retries,
     "eta": lambda s: _iso(s.info.eta),
     "expires": lambda s: _iso(s.info.expires),
+    "expired": lambda s: _expired(s),
     "root_id": _header("root_id"),
     "parent_id": _header("parent_id"),
     "origin": _header("origin"),
     "headers": lambda s: s.payload.headers,
     "message_id": lambda s: s.message.message_id,
     "receive_count": lambda s: s.message.receive_count,
-    "consumer_receives": lambda s: max(0, s.message.receive_count - s.message.redrive_receives),
+    "consumer_receives": lambda s: consumer_receives(s.message),
     "sent_at": lambda s: iso_utc(s.message.enqueued_at),
     "age_seconds": _age,
     "attributes": _attributes,

@@ -11,12 +11,21 @@ from pathlib import Path
 
 
 def start_celery_worker(
-    app: str, queues: str, *, cwd: Path, env: dict[str, str], log: Path, name: str | None = None
+    app: str,
+    queues: str,
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log: Path,
+    name: str | None = None,
+    pool: str = "solo",
 ) -> subprocess.Popen[bytes]:
-    """``celery -A app worker`` on the solo pool, consuming ``queues`` (comma separated), its
-    output in ``log``. Heartbeats, mingle and gossip are off: one worker, nothing to meet."""
+    """``celery -A app worker`` on the solo pool (or ``pool``: ``prefork`` runs one pool
+    child, for a test that kills it), consuming ``queues`` (comma separated), its output in
+    ``log``. Heartbeats, mingle and gossip are off: one worker, nothing to meet."""
     command = [
-        *(sys.executable, "-m", "celery", "-A", app, "worker", "--pool", "solo"),
+        *(sys.executable, "-m", "celery", "-A", app, "worker", "--pool", pool),
+        *(("--concurrency", "1") if pool == "prefork" else ()),
         *("-Q", queues, "--loglevel", "INFO"),
         *(("-n", name) if name else ()),
         *("--without-heartbeat", "--without-mingle", "--without-gossip"),

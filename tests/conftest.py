@@ -26,18 +26,21 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, NoReturn
 
 import boto3
 import botocore.session
+import postgres_server as postgres_server_module
 import pytest
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, settings
 from localstack_server import LocalStackServer, start_localstack
 from moto import mock_aws
+from postgres_server import PostgresServer
 from rabbitmq_shared import (
     RABBITMQ4_ROOT,
     attach,
@@ -60,6 +63,8 @@ from redrive.sandbox.rabbitmq_node import (
 FIXTURES = Path(__file__).parent / "fixtures"
 #: The workerinput key naming the folder of the run's shared RabbitMQ node.
 SHARED_RABBITMQ = "redrive_shared_rabbitmq"
+#: The workerinput key naming the folder of the run's shared PostgreSQL server.
+SHARED_POSTGRES = "redrive_shared_postgres"
 
 
 def _shared_data_loader(self: botocore.session.Session) -> None:
@@ -93,10 +98,33 @@ def _remember_moto_names() -> None:
 _remember_moto_names()
 REGION = "us-east-1"
 
+#: CI services set CI=true. There a real component the suite needs (RabbitMQ, Chromium) must
+#: be there: a missing one fails its tests, where locally they skip and say why.
+IN_CI: Final = os.environ.get("CI", "").strip().lower() == "true"
+
 # The suite runs 4 xdist workers on 2 cores beside moto servers: how fast Hypothesis makes
 # inputs says nothing about redrive there, so its timing checks are off (examples stay).
 settings.register_profile("redrive", suppress_health_check=[HealthCheck.too_slow], deadline=None)
-settings.load_profile("redrive")
+# In CI the examples are the same on every run (a landing never fails by a draw, and a fresh
+# clone has no example database to replay); locally each run explores new ones.
+settings.register_profile(
+    "redrive-ci", settings.get_profile("redrive"), derandomize=True, database=None
+)
+settings.load_profile("redrive-ci" if IN_CI else "redrive")
+
+
+def missing_component(reason: str, *, ci: bool = IN_CI) -> NoReturn:
+    """A real component a test needs is not installed: skip with ``reason`` locally, fail
+    under CI, where a skip would pass the run without the tests that need it."""
+    if ci:
+        pytest.fail(f"{reason} (CI=true: a missing real component fails the run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def skip_unless_installed(installed: bool, reason: str) -> pytest.MarkDecorator:
+    """``skipif`` for a missing real component, except under CI: there the test runs, and
+    fails on what is missing."""
+    return pytest.mark.skipif(not installed and not IN_CI, reason=reason)
 
 
 # Fixtures that start a moto server process (here and in test modules): a test using one is
@@ -106,6 +134,7 @@ _SERVER_FIXTURES = frozenset(
         *("moto_server", "server", "serial_server", "serial_moto", "localstack_endpoint"),
         *("rabbitmq_node", "rabbitmq_vhost", "rabbitmq3_node", "rabbitmq4_node"),
         "rabbitmq4_vhost",
+        *("postgres_server", "postgres_schema", "postgres_url"),
     }
 )
 
@@ -171,9 +200,12 @@ class _SharedNodeOfTheRun:
 
     def __init__(self) -> None:
         self.shared = Path(tempfile.mkdtemp(prefix="redrive-tests-rabbitmq-"))
+        # The PostgreSQL server's (tests/postgres_server.py), shared the same way.
+        self.shared_postgres = Path(tempfile.mkdtemp(prefix="redrive-tests-postgres-"))
 
     def pytest_configure_node(self, node: Any) -> None:
         node.workerinput[SHARED_RABBITMQ] = str(self.shared)
+        node.workerinput[SHARED_POSTGRES] = str(self.shared_postgres)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         for version, shared in (("3.10", self.shared), ("4.0", self.shared / "4.0")):
@@ -181,6 +213,9 @@ class _SharedNodeOfTheRun:
                 # Too late to fail a test: the run's summary is printed; say it where it shows.
                 sys.stderr.write(f"the shared RabbitMQ {version} node had exited early\n")
         shutil.rmtree(self.shared, ignore_errors=True)
+        if not postgres_server_module.stop_shared(self.shared_postgres):
+            sys.stderr.write("the shared PostgreSQL server had exited before the run's end\n")
+        shutil.rmtree(self.shared_postgres, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -614,16 +649,17 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
 def rabbitmq3_node(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[RabbitMQNode]:
-    """A private RabbitMQ node of this machine's rabbitmq-server (Debian 12's 3.10.8) on free
-    loopback ports (redrive/sandbox/rabbitmq_node.py), one per run: under xdist every worker
-    attaches to one node (tests/rabbitmq_shared.py), which the first to ask starts and the
-    controller stops by PID at the run's end; without xdist this process starts it when a
-    test first asks and stops it at the session's end. Tests share it: each takes a vhost of
-    its own (``rabbitmq_vhost``), and none changes a node-wide setting. Skips when Debian's
-    rabbitmq-server is not installed (``make test`` installs it when it runs as root with
-    apt-get)."""
+    """A private RabbitMQ node on free loopback ports (redrive/sandbox/rabbitmq_node.py), one
+    per run: under xdist every worker attaches to one node (tests/rabbitmq_shared.py), which
+    the first to ask starts and the controller stops by PID at the run's end; without xdist
+    this process starts it when a test first asks and stops it at the session's end. Tests
+    share it: each takes a vhost of its own (``rabbitmq_vhost``), and none changes a
+    node-wide setting. Skips when Debian's rabbitmq-server is not installed (``make test``
+    installs it when it runs as root with apt-get); fails instead under CI=true."""
     if not server_installed():
-        pytest.skip(f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server")
+        missing_component(
+            f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server"
+        )
     workerinput = getattr(request.config, "workerinput", {})
     if SHARED_RABBITMQ in workerinput:
         shared = attach(Path(workerinput[SHARED_RABBITMQ]))
@@ -691,6 +727,76 @@ def rabbitmq_version(rabbitmq_node: RabbitMQNode, request: pytest.FixtureRequest
     said = rabbitmq_node.server_version()
     assert said.startswith(f"{version}."), (version, said)
     return version
+
+
+@pytest.fixture(scope="session")
+def postgres_server(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
+    """A private PostgreSQL server on a free loopback port (tests/postgres_server.py), one
+    per run: under xdist every worker attaches to the one the first to ask starts (the
+    controller stops it by PID at the run's end); without xdist this process starts and
+    stops it. Tests share it: each takes a schema of its own (``postgres_url``). Skips
+    when Debian's postgresql is not installed (``make test`` installs it as root with
+    apt-get), but fails under CI=true: there it must run."""
+    bin_path = postgres_server_module.bin_dir()
+    if bin_path is None:
+        reason = "no PostgreSQL (/usr/lib/postgresql/*/bin/initdb): apt-get install postgresql"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    workerinput = getattr(request.config, "workerinput", {})
+    if SHARED_POSTGRES in workerinput:
+        shared = postgres_server_module.attach(Path(workerinput[SHARED_POSTGRES]), bin_path)
+        yield shared
+        assert shared.alive(), f"PostgreSQL exited during the run: {shared.log_tail()}"
+        return
+    server = postgres_server_module.start(bin_path)
+    yield server
+    alive = server.alive()
+    postgres_server_module.stop(server)
+    assert alive, "PostgreSQL exited during the session"
+
+
+def new_schema(server: PostgresServer, name: str, *settings: str) -> str:
+    """A new, empty schema ``name`` in the server's ``postgres`` database: the URL of a
+    session that works in it (libpq's ``options``: its search_path, and ``settings`` such
+    as ``synchronous_commit=off``). A schema, not a database: 0.5 ms against CREATE
+    DATABASE's 80 ms or more."""
+    import psycopg
+
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{name}"')
+    return schema_url(server, name, *settings)
+
+
+def schema_url(server: PostgresServer, name: str, *settings: str) -> str:
+    options = " ".join(f"-c{s}" for s in (f"search_path={name}", *settings))
+    # %20 between settings: libpq decodes percent escapes, never "+" (urlencode's space).
+    query = urllib.parse.urlencode({"options": options}, quote_via=urllib.parse.quote)
+    return f"{server.url()}?{query}"
+
+
+def drop_schema(server: PostgresServer, name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server.url(), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def postgres_schema(postgres_server: PostgresServer) -> Iterator[str]:
+    """A schema of this test's own on the run's server (dropped afterwards), no ledger in
+    it yet: its name (``postgres_url`` is the URL of a session in it)."""
+    name = f"t_{os.getpid()}_{os.urandom(6).hex()}"
+    new_schema(postgres_server, name)
+    yield name
+    drop_schema(postgres_server, name)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer, postgres_schema: str) -> str:
+    """The URL of a session in this test's own schema (user postgres, no password: the
+    server trusts loopback)."""
+    return schema_url(postgres_server, postgres_schema)
 
 
 @pytest.fixture

@@ -193,3 +193,21 @@ def test_bench_rabbitmq_move_runs_every_candidate_and_checks_each(rabbitmq_vhost
         "50",
         "80",
     ]
+
+
+@pytest.mark.e2e
+def test_bench_ledger_scale_checks_every_round_on_sqlite_and_postgres(
+    postgres_server: Any,
+) -> None:
+    out = run_bench(
+        "ledger_scale.py",
+        *("--preload", "100,2000", "--rounds", "1", "--batches", "40", "--threads", "2"),
+        *("--postgres-url", postgres_server.url()),
+    )
+    rows = [line for line in out.splitlines() if line.startswith(("| sqlite |", "| postgres |"))]
+    assert [row.split("|")[1:3] for row in rows] == [
+        [" sqlite ", " 100 "],
+        [" sqlite ", " 2,000 "],
+        [" postgres ", " 100 "],
+        [" postgres ", " 2,000 "],
+    ]

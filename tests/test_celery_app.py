@@ -517,11 +517,29 @@ def test_route_source_to_and_include_unregistered(
     )
     assert to["tasks"][LESSON]["targets"] == {"onion-checkout": 1}
     assert to["tasks"][LESSON]["routed_from"] == {}
+    # Issue 37, 9: an explicit --to is the user's queue: unregistered tasks go there too.
+    assert to["tasks"][DELETED]["targets"] == {"onion-checkout": 1}
+    assert "unregistered" not in to["skipped_by_reason"]
     everything = as_json(
         cli.ok("move", "default", "--celery-app", spec, "--include-unregistered", "--json")
     )
     assert everything["tasks"][DELETED]["targets"] == {"onion": 1}
     assert everything["skipped_by_reason"] == {"not-celery": 1}, "bodies no Celery wrote"
+    default.client.create_queue(QueueName="quarantine")
+    quarantined = cli.ok(
+        "move",
+        "default",
+        "--celery-app",
+        spec,
+        "--to",
+        "quarantine",
+        "--execute",
+        "--yes",
+        "--json",
+    )
+    assert as_json(quarantined)["skipped_by_reason"].get("unregistered") is None
+    url = default.client.get_queue_url(QueueName="quarantine")["QueueUrl"]
+    assert bodies_in(default, url)[DELETED] == 1
 
 
 def test_config_routes_route_without_an_app(
@@ -695,7 +713,6 @@ def test_replay_without_to_sends_each_task_where_it_routes(
 GOOD = """
 app.conf.task_acks_late = True
 app.conf.task_acks_on_failure_or_timeout = False
-app.conf.task_reject_on_worker_lost = True
 app.conf.task_time_limit = 25
 app.conf.broker_transport_options = {"visibility_timeout": 300}
 app.conf.task_routes = {
@@ -708,11 +725,13 @@ MISCONFIGURED = {
     "task_acks_late": ("app.conf.task_acks_late = False", "task_acks_late = False"),
     "acks_on_failure": (
         "app.conf.task_acks_on_failure_or_timeout = True",
-        "task_acks_on_failure_or_timeout = True",
+        # Issue 37, 5: the setting the installed Celery (5.7) reads, and a dead worker too.
+        "task_acks_on_failure = True: a task that fails (it raises, or its worker process "
+        "dies and task_reject_on_worker_lost is unset) is acknowledged all the same",
     ),
-    "reject_on_worker_lost": (
-        "app.conf.task_reject_on_worker_lost = False",
-        "task_reject_on_worker_lost = False",
+    "acks_on_failure, Celery 5.7's name": (
+        "app.conf.task_acks_on_failure = True",
+        "task_acks_on_failure = True",
     ),
     "no time limit": ("app.conf.task_time_limit = None", "task_time_limit = None"),
     "one task's own acks_late": (
@@ -819,6 +838,111 @@ def test_each_misconfiguration_is_a_finding(case: str, project: Path) -> None:
     problems = [f.problem for f in findings]
     assert any(expected in p for p in problems), problems
     assert all(f.setting and f.queue == f"app {spec}" for f in findings)
+
+
+def test_a_dead_workers_task_is_judged_as_the_installed_celery_handles_it(project: Path) -> None:
+    """Issue 37, 5: with acks_late and failures not acknowledged, Celery rejects a dead pool
+    process's task without requeue (dead-lettered): no finding, where check --celery said it
+    was lost and asked for task_reject_on_worker_lost, which requeues it (a task that always
+    kills its worker then loops on a classic queue: that is the finding now, on RabbitMQ;
+    kombu's SQS transport leaves a requeued message for SQS as a rejected one).
+    tests/test_celery_worker_lost_e2e.py checks each fate against a real worker."""
+    from redrive.reporting.check import check_celery
+
+    def lost_findings(extra: str, *, rabbitmq: bool) -> list[str]:
+        spec = split_app(project, extra=GOOD + extra)
+        app = load_app(spec)
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        return [f.problem for f in findings if f.setting == "task_reject_on_worker_lost"]
+
+    for rabbitmq in (False, True):
+        assert lost_findings("", rabbitmq=rabbitmq) == []
+        assert lost_findings("app.conf.task_reject_on_worker_lost = False", rabbitmq=rabbitmq) == []
+    assert lost_findings("app.conf.task_reject_on_worker_lost = True", rabbitmq=False) == []
+    (requeued,) = lost_findings("app.conf.task_reject_on_worker_lost = True", rabbitmq=True)
+    assert requeued.startswith(
+        "task_reject_on_worker_lost = True: a task whose worker process dies (OOM, SIGKILL) is "
+        "requeued, never dead-lettered: one that kills its worker every time is delivered "
+        "again without end on a classic queue"
+    ), requeued
+    assert "unset it: with task_acks_on_failure = False" in requeued
+
+
+def test_no_time_limit_on_rabbitmq_says_a_classic_queue_never_dead_letters(
+    project: Path,
+) -> None:
+    """Issue 37, 5: "delivered again, toward the DLQ" holds where the broker counts
+    deliveries (SQS, a quorum queue); a classic RabbitMQ queue delivers it again without end."""
+    from redrive.reporting.check import check_celery
+
+    spec = split_app(project, extra=GOOD + "app.conf.task_time_limit = None\n")
+    app = load_app(spec)
+    for rabbitmq, words in ((False, "toward the DLQ;"), (True, "a classic queue delivers")):
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        (limit,) = [f.problem for f in findings if f.setting == "task_time_limit"]
+        assert words in limit, limit
+
+
+def test_an_overrunning_task_is_judged_as_the_installed_celery_handles_it(
+    project: Path,
+) -> None:
+    """Issue 37, 5: Celery 5.7 acknowledges a run killed at its hard time limit where
+    task_acks_on_timeout is True (its default, whatever task_acks_on_failure says), and
+    requeues it where it is False (a classic RabbitMQ queue never dead-letters it); a soft
+    limit below the hard one makes it a failure. tests/test_celery_worker_lost_e2e.py
+    checks each against a real worker."""
+    from redrive.reporting.check import check_celery
+
+    def overrun(extra: str, *, rabbitmq: bool) -> dict[str, str]:
+        spec = split_app(project, extra=GOOD + extra)
+        app = load_app(spec)
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        return {
+            f"{f.setting} = {f.value}": f.problem
+            for f in findings
+            if f.setting in ("task_acks_on_timeout", "task_soft_time_limit")
+        }
+
+    # GOOD: a hard limit of 25 s, failures and timeouts not acknowledged.
+    assert overrun("", rabbitmq=False) == {}
+    (requeued,) = overrun("", rabbitmq=True).items()
+    assert requeued[0] == "task_soft_time_limit = None"
+    assert "is requeued (task_acks_on_timeout = False), never dead-lettered" in requeued[1]
+    assert "set task_soft_time_limit below task_time_limit" in requeued[1]
+    (late,) = overrun("app.conf.task_soft_time_limit = 30\n", rabbitmq=True)
+    assert late == "task_soft_time_limit = not below task_time_limit"
+    for rabbitmq in (False, True):
+        assert overrun("app.conf.task_soft_time_limit = 20\n", rabbitmq=rabbitmq) == {}
+        lost = overrun(
+            "app.conf.task_acks_on_failure_or_timeout = None\n"
+            "app.conf.task_acks_on_failure = False\n",
+            rabbitmq=rabbitmq,
+        )
+        assert list(lost) == ["task_acks_on_timeout = True"], lost
+        assert "acknowledged all the same: it is lost" in lost["task_acks_on_timeout = True"]
+        assert ("task_acks_on_timeout = False" in lost["task_acks_on_timeout = True"]) is (
+            not rabbitmq
+        )
+
+
+def test_the_sandbox_app_gives_no_finding_on_either_broker() -> None:
+    """Issue 37, 9: on RabbitMQ the sandbox's own app failed check --celery (task_queues =
+    None): it now declares each family's queue with its DLX, and each DLQ."""
+    from redrive.reporting.check import check_celery
+
+    spec = "redrive.sandbox.celery_app:app"
+    app = load_app(spec)
+    for rabbitmq in (False, True):
+        findings = check_celery(
+            app, spec, AppRoutes(app, spec), built_in_layout({}), declared_by_workers=rabbitmq
+        )
+        assert findings == [], findings
 
 
 def test_no_time_limit_says_per_acks_late_what_a_deploy_does(project: Path) -> None:

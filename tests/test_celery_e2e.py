@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import signal
 import subprocess
 import sys
 import textwrap
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -355,29 +354,24 @@ def test_real_celery_producer_redrive_and_real_worker(server: MotoServer, tmp_pa
     assert family.depth(family.queue_url) == (15, 0), "the second replay sent nothing"
 
     # -- a real Celery worker runs each task exactly once --------------------------------------
-    log = tmp_path / "worker.log"
-    worker = start_celery_worker(
-        "e2e_app", QUEUE, cwd=tmp_path, env=env, log=log, name="e2e@localhost"
+    # Counted once the queue is drained (nothing visible, nothing in flight) and the worker
+    # has stopped: no execution can come after the count, however late a duplicate would be.
+    worker_log = run_worker_until(
+        "e2e_app",
+        QUEUE,
+        cwd=tmp_path,
+        env=env,
+        log=tmp_path / "worker.log",
+        name="e2e@localhost",
+        done=lambda: (
+            sum(runs(runs_file).values()) >= 15 and family.depth(family.queue_url) == (0, 0)
+        ),
+        what="the worker ran the moved and replayed tasks",
     )
-    try:
-        deadline = time.monotonic() + 120
-        while sum(runs(runs_file).values()) < 15 and time.monotonic() < deadline:
-            assert worker.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        # Long enough for a duplicate to show up: the queue is empty and nothing in flight.
-        deadline = time.monotonic() + 60
-        while family.depth(family.queue_url) != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)
-        worker.send_signal(signal.SIGTERM)  # warm shutdown
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
     executed = runs(runs_file)
+    assert family.depth(family.queue_url) == (0, 0), "the stopped worker left a task to run"
     expected = {(CAPTURE, i): 1 for i in ids[CAPTURE]} | {(REFUND, i): 1 for i in ids[REFUND]}
-    assert executed == Counter(expected), log.read_text()[-3000:]
-    assert family.depth(family.queue_url) == (0, 0)
+    assert executed == Counter(expected), worker_log[-3000:]
     assert family.depth() == (4, 0), "the task neither moved nor purged is still in the DLQ"
-    worker_log = log.read_text()
     assert worker_log.count("] succeeded in ") == 15
     assert "Traceback" not in worker_log and "unregistered" not in worker_log

@@ -13,16 +13,14 @@ the app's own router; a real ``celery worker`` then consumes ``onion``, ``onion-
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -180,30 +178,27 @@ def test_a_dlq_filled_before_the_split_drains_where_tasks_route_and_runs_once(
     assert len(peek(default, default.queue_url)) == 3
     assert default.depth() == (2, 0), "the unregistered task stays in the DLQ"
 
-    log = tmp_path / "worker.log"
-    queues = "onion,onion-checkout,onion-progress"
-    worker = start_celery_worker(
-        "e2e_split", queues, cwd=tmp_path, env=env, log=log, name="split@localhost"
+    # Counted once the queues are drained and the worker has stopped: no execution can come
+    # after the count, however late a duplicate would be.
+    routed = (default, checkout, progress)
+
+    def drained() -> bool:
+        return all(f.depth(f.queue_url) == (0, 0) for f in routed)
+
+    worker_log = run_worker_until(
+        "e2e_split",
+        "onion,onion-checkout,onion-progress",
+        cwd=tmp_path,
+        env=env,
+        log=tmp_path / "worker.log",
+        name="split@localhost",
+        done=lambda: sum(runs(runs_file).values()) >= 12 and drained(),
+        what="the routed queues drained",
     )
-    try:
-        deadline = time.monotonic() + 60
-        while sum(runs(runs_file).values()) < 12 and time.monotonic() < deadline:
-            assert worker.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        deadline = time.monotonic() + 60
-        queues = (default, checkout, progress)
-        while any(f.depth(f.queue_url) != (0, 0) for f in queues):
-            assert time.monotonic() < deadline, "the routed queues did not drain"
-            time.sleep(0.2)
-        time.sleep(1.0)  # long enough for a duplicate to show up
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
     executed = runs(runs_file)
+    assert drained(), "the stopped worker left a task to run"
     expected = {(name, i): 1 for name in (IBFT, LESSON, ACTIVATE) for i in ids[name]}
-    assert executed == Counter(expected), log.read_text()[-3000:]
-    worker_log = log.read_text()
+    assert executed == Counter(expected), worker_log[-3000:]
     assert worker_log.count("] succeeded in ") == 12
     assert "Traceback" not in worker_log and "unregistered" not in worker_log
     assert default.depth() == (2, 0)

@@ -8,14 +8,12 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
@@ -126,23 +124,22 @@ def test_move_and_purge_by_kwarg_with_a_real_producer_and_worker(
     assert set(left) == set(original) - cheap - first_ibft
 
     # -- a real worker runs each moved task exactly once -------------------------------------
-    log = tmp_path / "worker.log"
-    worker = start_celery_worker(
-        "e2e_app", QUEUE, cwd=tmp_path, env=env, log=log, name="where@localhost"
+    # Counted once the queue is drained and the worker has stopped: no execution can come
+    # after the count, however late a duplicate would be.
+    worker_log = run_worker_until(
+        "e2e_app",
+        QUEUE,
+        cwd=tmp_path,
+        env=env,
+        log=tmp_path / "worker.log",
+        name="where@localhost",
+        done=lambda: (
+            sum(runs(runs_file).values()) >= 4 and family.depth(family.queue_url) == (0, 0)
+        ),
+        what="the worker ran the moved tasks",
     )
-    try:
-        deadline = time.monotonic() + 120
-        while sum(runs(runs_file).values()) < 4 and time.monotonic() < deadline:
-            assert worker.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.2)
-        deadline = time.monotonic() + 60
-        while family.depth(family.queue_url) != (0, 0) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # long enough for a duplicate to show up
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
+    executed = runs(runs_file)
+    assert family.depth(family.queue_url) == (0, 0), "the stopped worker left a task to run"
     expected = Counter({(CAPTURE, task_id_of(original[m]["Body"])): 1 for m in cheap})
-    assert runs(runs_file) == expected, log.read_text()[-3000:]
+    assert executed == expected, worker_log[-3000:]
     assert family.depth() == (5, 0), "what neither --where selected is still in the DLQ"

@@ -19,6 +19,7 @@ import pytest
 from click.shell_completion import ShellComplete
 from click.testing import Result
 from conftest import Cli, Family, as_json
+from unprivileged import as_a_user, chown_to_the_user, users_dir
 
 from redrive.cli import cli as redrive_group
 from redrive.cli import console, look, purge
@@ -150,14 +151,18 @@ def test_expired_messages_get_a_hint(family: Family, cli: Cli) -> None:
 # -- a purge dry run checks its archive could be written -----------------------------------------
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_dry_run_into_a_read_only_directory_fails_like_the_execute_would(
-    family: Family, tmp_path: Path, cli: Cli
+    family: Family, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seed(family)
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    result = cli("purge", "checkout", "--archive", str(locked / "a.jsonl.gz"))
+    # Root writes into read-only directories: as root (CI), the command runs as a user.
+    with users_dir(tmp_path) as home:
+        monkeypatch.setenv("REDRIVE_STATE_DIR", str(home / "state"))
+        locked = home / "locked"
+        locked.mkdir(mode=0o500)
+        chown_to_the_user(locked)
+        with as_a_user():
+            result = cli("purge", "checkout", "--archive", str(locked / "a.jsonl.gz"))
     assert result.exit_code == EXIT_ERROR
     assert result.output.startswith("Error: permission denied writing archive")
     assert len(result.output.strip().splitlines()) == 1

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from moto import mock_aws
 from test_ledger_contract import Clock, claims, one_line, state
+from unprivileged import as_a_user, chown_to_the_user, users_dir
 
 from redrive.errors import LedgerError
 from redrive.ledger import (
@@ -144,13 +145,15 @@ def test_unusable_paths(tmp_path: Path) -> None:
     assert str(blocker) in one_line(e)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
 def test_read_only_file(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    SqliteLedger(path).close()
-    path.chmod(0o400)
-    with pytest.raises(LedgerError, match="writable") as e:
-        SqliteLedger(path)
+    # Root ignores file permissions: as root (CI), the ledger is opened as a user.
+    with users_dir(tmp_path) as home:
+        path = home / "ledger.sqlite3"
+        SqliteLedger(path).close()
+        path.chmod(0o400)
+        chown_to_the_user(path)
+        with as_a_user(), pytest.raises(LedgerError, match="writable") as e:
+            SqliteLedger(path)
     one_line(e)
 
 
@@ -208,7 +211,8 @@ def test_open_ledger_uri_forms(clean_env: pytest.MonkeyPatch, tmp_path: Path) ->
     ("uri", "match"),
     [
         ("dynamodb://", "names no table"),
-        ("postgres://db/ledger", "unknown ledger URI 'postgres://db/ledger'"),
+        ("mysql://db/ledger", "unknown ledger URI 'mysql://db/ledger'"),
+        ("mysql://u:pw@db/ledger", r"unknown ledger URI 'mysql://u:\*\*\*@db/ledger'"),
         ("sqlite://", "names no file"),
         ("", "empty"),
     ],
@@ -238,7 +242,7 @@ _WORKER = textwrap.dedent(
     led.start_run(run_id, command="move", info={})
     keys = [f"task-{i}" for i in range(200)]
     batches = [keys[i : i + 10] for i in range(0, 200, 10)]
-    random.shuffle(batches)
+    random.Random(run_id).shuffle(batches)  # each worker its own order, the same every run
     won = []
     for batch in batches:
         result = led.claim_many(run_id, [Claim(k, "t", "m-" + k, "q") for k in batch])

@@ -1,7 +1,9 @@
-"""The ledger's contract, written once and run on both backends: SQLite, and DynamoDB on
-moto in-process. Every backend must pass each test here; what is one backend's own (files and
-schema upgrades; the table, TTL, retries and throttling) stays in test_ledger.py and
-test_ledger_dynamodb.py, which take this module's helpers (Clock, claims, state, one_line).
+"""The ledger's contract, written once and run on every backend: SQLite, DynamoDB on moto
+in-process, and PostgreSQL on the run's private server (a database of each test's own).
+Every backend must pass each test here; what is one backend's own (files and schema
+upgrades; the table, TTL, retries and throttling; the URL, its schema versions and its
+durability check) stays in test_ledger.py, test_ledger_dynamodb.py and
+test_ledger_postgres.py, which take this module's helpers (Clock, claims, state, one_line).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from redrive.ledger import (
     SqliteLedger,
 )
 from redrive.ledger.dynamodb import DynamoDbLedger, init_table
+from redrive.ledger.postgres import PostgresLedger
+from redrive.ledger.postgres_setup import init_schema
+from redrive.ledger.postgres_writes import PgConnector
 
 Q = "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
 TABLE = "redrive-ledger"
@@ -65,14 +70,34 @@ def clock() -> Clock:
     return Clock()
 
 
-# "sqlite" groups concurrent writes (the default); "sqlite-plain" is one transaction per call.
-@pytest.fixture(params=["sqlite", "sqlite-plain", "dynamodb"])
+# "sqlite" groups concurrent writes (the default); "sqlite-plain" is one transaction per call;
+# "postgres" and "postgres-plain" alike.
+@pytest.fixture(
+    params=[
+        "sqlite",
+        "sqlite-plain",
+        "dynamodb",
+        pytest.param("postgres", marks=pytest.mark.e2e),
+        pytest.param("postgres-plain", marks=pytest.mark.e2e),
+    ]
+)
 def new_ledger(
     request: pytest.FixtureRequest, tmp_path: Path, clock: Clock
 ) -> Iterator[Callable[[], Ledger]]:
-    """Opens the backend's ledger: each call a new object on the same file or table."""
+    """Opens the backend's ledger: each call a new object on the same file, table or
+    database."""
     with ExitStack() as stack:
-        if request.param == "dynamodb":
+        if request.param.startswith("postgres"):
+            url = request.getfixturevalue("postgres_url")
+            init_schema(PgConnector(url, url))
+            grouped_pg = request.param == "postgres"
+
+            def make() -> Ledger:
+                return stack.enter_context(
+                    PostgresLedger(url, clock=clock, group_commit=grouped_pg)
+                )
+
+        elif request.param == "dynamodb":
             stack.enter_context(mock_aws())
             client = boto3.client("dynamodb", region_name=REGION)
             init_table(client, TABLE)

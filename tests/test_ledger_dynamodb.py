@@ -473,7 +473,7 @@ _CLAIMER = textwrap.dedent(
     led.start_run(run_id, command="move", info={})
     keys = [f"task-{i}" for i in range(200)]
     batches = [keys[i : i + 10] for i in range(0, 200, 10)]
-    random.shuffle(batches)
+    random.Random(run_id).shuffle(batches)  # each worker its own order, the same every run
     won = []
     for batch in batches:
         result = led.claim_many(run_id, [Claim(k, "t", "m-" + k, "q") for k in batch])
@@ -787,3 +787,28 @@ def test_a_client_with_fewer_connections_than_write_threads_never_overflows_its_
         assert len(result[0].won) == 10
         assert in_flight.peak == 4
         led.close()
+
+
+def test_a_sqlite_ledger_copied_into_dynamodb_still_guards_every_key(
+    dynamodb: Any, tmp_path: Path
+) -> None:
+    from redrive.ledger import SqliteLedger
+    from redrive.ledger.copy import copy_ledger
+
+    clock = Clock()
+    with SqliteLedger(tmp_path / "l.sqlite3", clock=clock) as src:
+        src.start_run("A", command="move", info={"who": "A"})
+        src.claim_many("A", claims(*(f"k{i}" for i in range(30))))
+        src.mark_sent_many("A", {f"k{i}": f"sqs-{i}" for i in range(20)})
+        src.mark_done_many("A", [f"k{i}" for i in range(10)])
+        src.end_run("A", outcome="interrupted", counts={"moved": 20})
+        before = {e.key: e for s in KeyState for e in src.iter_keys(s)}
+        with DynamoDbLedger(TABLE, dynamodb, clock=clock) as dst:
+            result = copy_ledger(src, dst)
+            assert (result.keys_copied, result.runs_copied) == (30, 1)
+            assert {e.key: e for s in KeyState for e in dst.iter_keys(s)} == before
+            assert dst.runs() == src.runs()
+            dst.start_run("B", command="move", info={})
+            assert dst.claim_many("B", claims(*before)).won == frozenset()
+            again = copy_ledger(src, dst)
+            assert (again.keys_copied, again.runs_copied) == (0, 0)

@@ -99,6 +99,7 @@ def test_a_celery_task_record_holds_its_decoded_arguments_and_fields(
     assert record["retries"] == retries
     assert record["eta"] == "2027-01-15T10:30:00Z"
     assert record["expires"] == "2027-01-15T11:30:00Z"
+    assert record["expired"] is False  # NOW is 08:00 that day: its deadline is ahead
     assert record["message_id"] == "m-1"
     assert record["receive_count"] == 6
     assert record["consumer_receives"] == 6  # redrive's own receives unknown here: none
@@ -116,6 +117,25 @@ def test_a_celery_task_record_holds_its_decoded_arguments_and_fields(
     else:
         assert record["root_id"] is None and record["origin"] is None
     assert set(record) == set(FIELDS)
+
+
+def test_expired_is_true_once_the_deadline_has_passed_as_inspect_counts_it() -> None:
+    """Issue 37, 6: `--where expired` selects the tasks a worker would discard (their
+    expires has passed at the run's clock, the deadline itself included, as inspect counts
+    them); `expires` alone is any deadline, passed or not."""
+    moment = datetime.fromtimestamp(NOW, UTC)
+    expired = compile_expression("expired")
+    for expires, passed in (
+        (moment - timedelta(seconds=1), True),
+        (moment, True),
+        (moment + timedelta(seconds=1), False),
+        (None, False),
+    ):
+        body = encode("apps.payments.tasks.refund", [1], {}, task_id="t-1", expires=expires)
+        record = record_of(body, fields=("expired",))
+        assert record == {"expired": passed}
+        assert decode(body).is_expired(moment) is passed
+        assert bool(expired.evaluate(record)) is passed
 
 
 @given(value=json_values)

@@ -489,7 +489,11 @@ def test_cli_dry_run_starts_nothing(family: Family, cli_stub: Stubber, cli: Cli)
     assert "DRY RUN" in text and "StartMessageMoveTask" in text
     assert "DLQ onion-checkout-dlq: every message (about 2 now)" in text
     assert "each message's original source queue (onion-checkout)" in text
-    assert "chosen by SQS" in text and "rerun with --execute" in text
+    assert "chosen by SQS" in text
+    # Issue 37, 9: the command to run, not "rerun with --execute".
+    assert text.endswith(
+        "Nothing was started; to start it, run:\n  redrive move checkout --native --execute --yes\n"
+    ), text
 
 
 def test_cli_dry_run_json_with_to_and_rate(family: Family, cli_stub: Stubber, cli: Cli) -> None:
@@ -511,6 +515,7 @@ def test_cli_dry_run_json_with_to_and_rate(family: Family, cli_stub: Stubber, cl
         50,
     )
     assert data["destination_arn"].endswith(":onion-elsewhere")
+    assert data["dlq_arn"] == family.dlq_arn  # SQS's ARNs as they were (issue 37, 9)
     assert data["running_task"]["status"] == RUNNING
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import amqp
 import pytest
 from amqp import spec
-from conftest import on_both_rabbitmq, wait_until
+from conftest import missing_component, on_both_rabbitmq, wait_until
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import broker_scheme, open_broker
@@ -563,7 +563,9 @@ def set_consumer_timeout(node: RabbitMQNode, value: str) -> None:
 def short_timeout_vhost(tmp_path: Path) -> Iterator[Vhost]:
     """A vhost on a node of this test's own whose consumer_timeout is 1 s."""
     if not server_installed():
-        pytest.skip(f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server")
+        missing_component(
+            f"no RabbitMQ ({RABBITMQ_SERVER} is missing): apt-get install rabbitmq-server"
+        )
     with RabbitMQNode(tmp_path / "rabbitmq").start() as node:
         set_consumer_timeout(node, "1000")
         yield node.create_vhost("timed")

@@ -2,7 +2,8 @@
 family's dead messages to no queue (they vanish), a source queue with no DLX, a quorum
 queue's delivery limit and a quorum DLQ's; with --celery-app --celery, the settings that lose
 messages on RabbitMQ (task_reject_on_worker_lost without acks_late, acks_late with
-task_acks_on_failure_or_timeout, task_queues declaring a family's queue without its DLX or no
+task_acks_on_failure, task_reject_on_worker_lost with acks_late (a dead worker's task requeued,
+never dead-lettered), task_queues declaring a family's queue without its DLX or no
 DLQ)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from redrive.sandbox.rabbitmq_layout import (
     RabbitFamily,
     declare_layout,
     open_connection,
+    rabbit_families,
     raw_channel,
 )
 from redrive.sandbox.rabbitmq_node import Vhost
@@ -142,10 +144,13 @@ def test_check_celery_finds_the_settings_that_lose_messages_on_rabbitmq(
     for finding in findings:
         by_setting.setdefault(str(finding.get("setting")), []).append(finding)
 
-    (lost,) = by_setting["task_reject_on_worker_lost"]
+    requeued, lost = by_setting["task_reject_on_worker_lost"]
     assert lost["value"] == "True" and "shop.charge" in lost["problem"]
     assert "lost, never dead-lettered" in lost["problem"]
-    (acked,) = by_setting["task_acks_on_failure_or_timeout"]
+    # Issue 37, 5: with acks_late, the setting requeues a dead worker's task.
+    assert requeued["value"] == "True" and "shop.progress" in requeued["problem"]
+    assert "requeued, never dead-lettered" in requeued["problem"]
+    (acked,) = by_setting["task_acks_on_failure"]
     assert "shop.progress" in acked["problem"]
     declared = {f["value"]: f["problem"] for f in by_setting["task_queues"]}
     assert "declared without x-dead-letter-exchange" in declared["onion"]
@@ -155,3 +160,22 @@ def test_check_celery_finds_the_settings_that_lose_messages_on_rabbitmq(
     assert "onion-checkout-dlq" not in declared
     # SQS's visibility timeout means nothing on RabbitMQ.
     assert "broker_transport_options.visibility_timeout" not in by_setting
+
+
+def test_the_sandbox_app_passes_check_celery_on_the_rabbitmq_layout(
+    rabbitmq_vhost: Vhost,
+) -> None:
+    """Issue 37, 9: the sandbox's own app failed check --celery on RabbitMQ (task_queues =
+    None), and "no findings" said the layout matched "what SQS says"."""
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        declare_layout(raw_channel(connection), rabbit_families())
+    finally:
+        connection.close()
+    app = ("--celery-app", "redrive.sandbox.celery_app:app")
+    result = redrive(rabbitmq_vhost, *app, "check", "--celery")
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.stdout.startswith("no findings: the layout matches what RabbitMQ says, and the ")
+    plain = redrive(rabbitmq_vhost, "check")
+    assert plain.returncode == 0, (plain.stdout, plain.stderr)
+    assert plain.stdout == "no findings: the layout matches what RabbitMQ says\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import amqp
 import pytest
-from conftest import on_both_rabbitmq
+from conftest import on_both_rabbitmq, skip_unless_installed
 from rabbitmq_shared import RABBITMQ4_ROOT, group_members, require_rabbitmq4
 
 from redrive.errors import RabbitMQNodeError, RabbitMQNotInstalled
@@ -113,7 +113,7 @@ def test_vhost_urls_are_written_as_kombu_reads_them() -> None:
     assert vhost_amqp_url("amqp://u:p@h:1/x", "y/z") == "amqp://u:p@h:1/y%2Fz"
 
 
-@pytest.mark.skipif(not server_installed(), reason="no RabbitMQ: apt-get install rabbitmq-server")
+@skip_unless_installed(server_installed(), "no RabbitMQ: apt-get install rabbitmq-server")
 def test_stop_leaves_no_process_and_frees_the_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,7 +156,7 @@ def test_a_missing_server_says_how_to_install_it(tmp_path: Path) -> None:
     assert node.process is None and node.epmd is None
 
 
-@pytest.mark.skipif(not server_installed(), reason="no RabbitMQ: apt-get install rabbitmq-server")
+@skip_unless_installed(server_installed(), "no RabbitMQ: apt-get install rabbitmq-server")
 def test_a_server_that_exits_fails_the_start_at_once_with_its_output(tmp_path: Path) -> None:
     script = tmp_path / "rabbitmq-server"
     script.write_text("#!/bin/sh\necho 'cannot start: eaddrinuse'\nexit 3\n")

@@ -5,6 +5,7 @@ own dead-lettering of Celery-exact messages."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from typing import Any
 
@@ -76,6 +77,8 @@ def test_the_dry_run_shows_the_shovel_and_creates_nothing(
     assert plan["dry_run"] is True and plan["native"] is True
     assert plan["approximate_messages"] == 30 and plan["destination"] == SOURCE
     assert plan["shovel"] == NAME
+    # Issue 37, 9: a RabbitMQ queue has no ARN (its ident read "//onion-dlq" on vhost /).
+    assert plan["dlq_arn"] is None and plan["destination_arn"] is None
     vhost_uri = "amqp:///" + rabbitmq_vhost.vhost.replace("/", "%2F")
     assert plan["definition"] == {
         "src-protocol": "amqp091",
@@ -90,7 +93,12 @@ def test_the_dry_run_shows_the_shovel_and_creates_nothing(
     text = redrive(rabbitmq_vhost, "move", "checkout", "--native")
     assert text.returncode == 0, text.stderr
     assert f"RabbitMQ dynamic shovel {NAME}" in text.stdout
-    assert "Nothing was started" in text.stdout
+    # Issue 37, 9: the command that starts it, not "rerun with --execute".
+    assert text.stdout.endswith(
+        "Nothing was started; to start it, run:\n  redrive --broker "
+        f"{shlex.quote(rabbitmq_vhost.amqp_url)} --rabbitmq-api "
+        f"{shlex.quote(rabbitmq_vhost.api_url)} move checkout --native --execute --yes\n"
+    ), text.stdout
     assert parameters(broker_of(rabbitmq_vhost)) == []
     assert [m.body for m in drain(rabbitmq_vhost, DLQ)] == [m.body for m in filled]
     assert drain(rabbitmq_vhost, SOURCE) == []
@@ -138,7 +146,7 @@ def test_tasks_lists_a_running_shovel_and_it_ends_with_everything_moved(
     handle = Shovels(broker).start(checkout(broker), destination=None, rate=None)
     assert handle == NAME
     listed = json.loads(cli.ok(*cli_args(rabbitmq_vhost, "tasks", DLQ, "--json")).stdout)
-    assert listed["dlq"] == DLQ
+    assert listed["dlq"] == DLQ and listed["dlq_arn"] is None
     for task in listed["tasks"]:
         assert task["task_handle"] == NAME and task["status"] in ("RUNNING", "FAILED")
         assert task["destination_arn"].endswith(f"/{SOURCE}")

@@ -165,10 +165,12 @@ def test_the_dry_run_shows_a_diff_and_counts_what_the_edit_leaves(family: Family
     assert "kwargs.region: … → (absent)" in text
     assert "kwargs.zone: (absent) → …" in text
     assert '"eu"' not in text and '"us"' not in text
-    assert "2 message(s) changed by the edits, 1 left in the DLQ (1 unchanged by them)" in text
+    assert "2 message(s) changed by the edits: 2 would move" in text
+    assert "1 left in the DLQ by the edits (1 unchanged by them):" in text
     assert "1 × no kwargs.region" in text
     assert "2 would move" in text
-    assert "--execute archives the originals first: add --archive PATH" in text
+    # The command the dry run prints names the archive its --execute needs (issue 37).
+    assert "originals would be archived first to ./redrive-archive/checkout-" in text
     shown = cli.ok("move", "checkout", "--set", 'kwargs.currency="EUR"', "--show-args").output
     assert 'kwargs.currency: "USD" → "EUR"' in shown
     data = as_json(cli.ok("move", "checkout", "--rename", "kwargs.region=kwargs.zone", "--json"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -434,3 +435,45 @@ def ready(vhost: Vhost) -> int:
         return int(raw_channel(connection).queue_declare(QUEUE, passive=True).message_count)
     finally:
         connection.close()
+
+
+def test_an_edited_dry_run_on_rabbitmq_says_what_becomes_of_each_changed_message(
+    rabbitmq_vhost: Vhost, tmp_path: Path
+) -> None:
+    """Issue 37: a dry run said `420 changed by the edits, 0 left in the DLQ` while 414 were
+    poison and would stay; poison named no way out, and the printed command exited 2."""
+    fresh = [
+        celery_message(TASK, [n], {"amount_cents": n, "currency": "usd"}, task_id=f"f-{n}")
+        for n in range(2)
+    ]
+    poison = []
+    for n in range(3):
+        message = celery_message(TASK, [n], {"currency": "usd"}, task_id=f"p-{n}")
+        message.properties["application_headers"][attributes.COUNT] = 3
+        poison.append(message)
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    try:
+        channel = raw_channel(connection)
+        declare_layout(channel, [checkout()])
+        channel.close()
+        dead_letter(connection, checkout(), [*fresh, *poison])
+    finally:
+        connection.close()
+    ledger = tmp_path / "ledger.sqlite3"
+    dry = redrive(rabbitmq_vhost, "move", "checkout", *WORDS, "--ledger", str(ledger))
+    assert dry.returncode == 0, dry.stderr
+    text = dry.stdout
+    assert (
+        "5 message(s) changed by the edits: 2 would move, 3 skipped (poison: 3), so they stay "
+        "in the DLQ unedited" in text
+    ), text
+    assert "3 message(s) skipped as poison" in text and "--max-redrives N" in text
+    # The printed command runs as it is (its archive named), and moves the two.
+    command = shlex.split(text.split("to do it, run:\n", 1)[1].strip())
+    assert command[0] == "redrive" and "--archive" in command
+    archive = tmp_path / "originals.jsonl.gz"
+    at = command.index("--archive")
+    command[at + 1] = str(archive)  # the suggested path is relative to the test's cwd
+    done = ok_json(redrive(rabbitmq_vhost, *command[1:], "--json"))
+    assert done["moved"] == 2 and done["repair"]["became"] == {"moved": 2, "skipped:poison": 3}
+    assert len(list(read_records(str(archive)))) == 2

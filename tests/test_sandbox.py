@@ -892,3 +892,33 @@ def test_cli_sandbox_takes_ten_thousand_messages_a_dlq() -> None:
 
     option = next(p for p in command.params if p.name == "per_family")
     assert option.type.max == sandbox.MAX_MESSAGES == 10_000  # type: ignore[attr-defined]
+
+
+@pytest.mark.e2e
+def test_where_expired_selects_only_the_tasks_whose_expires_has_passed(
+    seeded: Seeded, tmp_path: Path
+) -> None:
+    """Issue 37, 6: the README's `--where 'expires' --clear-expires` matched every task with
+    a deadline, passed or not, and cleared deadlines still to come; the record's `expired`
+    is true where inspect counts one (the deadline has passed), so `--where expired` selects
+    only those. The sandbox seeds both: passed deadlines and deadlines hours ahead."""
+    now = datetime.now(UTC)
+    with_expires = expired = 0
+    for name, messages in seeded.messages.items():
+        infos = [decode(m["Body"]) for m in messages]
+        family_expired = sum(info.is_expired(now) for info in infos)
+        family_expires = sum(info.expires is not None for info in infos)
+        with_expires, expired = with_expires + family_expires, expired + family_expired
+        ledger = str(tmp_path / "ledger")
+        inspected = dry_run(seeded, "inspect", name, "--where", "expired")
+        assert inspected["matched"] == inspected["expired"] == family_expired, inspected
+        fixed = dry_run(
+            seeded, "move", name, "--where", "expired", "--clear-expires", "--ledger", ledger
+        )
+        assert fixed["matched"] == family_expired, fixed
+        assert (
+            dry_run(seeded, "move", name, "--where", "expires", "--ledger", ledger)["matched"]
+            == family_expires
+        )
+    # Both kinds are there: the old example would have cleared deadlines still to come.
+    assert with_expires > expired > 0

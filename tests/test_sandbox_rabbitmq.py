@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Cli
+from conftest import Cli, skip_unless_installed
 from rabbitmq_shared import group_members
 
 from redrive.sandbox import rabbitmq_node
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(
-    not rabbitmq_node.server_installed(), reason="no RabbitMQ: apt-get install rabbitmq-server"
+@skip_unless_installed(
+    rabbitmq_node.server_installed(), "no RabbitMQ: apt-get install rabbitmq-server"
 )
 def test_the_rabbitmq_sandbox_prints_exports_holds_dead_letters_and_stops_its_node(
     tmp_path: Path,
@@ -35,7 +35,18 @@ def test_the_rabbitmq_sandbox_prints_exports_holds_dead_letters_and_stops_its_no
         "PYTHONPATH": str(ROOT),
     }
     process = subprocess.Popen(
-        [sys.executable, "-m", "redrive", "sandbox", "--broker", "rabbitmq", "--messages", "3"],
+        [
+            sys.executable,
+            "-m",
+            "redrive",
+            "sandbox",
+            "--broker",
+            "rabbitmq",
+            "--messages",
+            "3",
+            "--seed",
+            "7",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,

@@ -315,7 +315,7 @@ def _part(module: str) -> str:
 #: Which part of redrive may import which. The core speaks the broker seam (``broker``, its
 #: ``base``); only the CLI (which opens brokers), the sandbox (a local SQS) and SQS's own
 #: rendering of its native move tasks reach ``broker.sqs``. A new crossing fails here: add
-#: it only if the layering still holds (README, "Architecture").
+#: it only if the layering still holds (docs/architecture.md).
 ALLOWED_IMPORTS: dict[str, set[str]] = {
     "__main__": {"cli"},
     "redrive": set(),

@@ -233,8 +233,23 @@ def test_every_fate_has_a_test() -> None:
         Fate.RESOLVE_SKIP,
         Fate.PROVEN,
         Fate.LEASED,
+        Fate.CAME_BACK,
+        Fate.DIED_DURING_RUN,
     }
     assert tested == set(Fate)
+
+
+@pytest.mark.parametrize("left", [Fate.CAME_BACK, Fate.DIED_DURING_RUN])
+def test_what_this_run_left_for_the_next_is_neither_sent_nor_deleted(left: Fate) -> None:
+    """This run's own copy come back, or a message that died after the run began: a new
+    key (a new death) would send it, a sent key delete it, poison count it; it is left."""
+    message = MessageFacts(left=left, generation=OPTIONS.max_redrives)
+    reason = {Fate.CAME_BACK: "came-back", Fate.DIED_DURING_RUN: "died-during-run"}[left]
+    for entry in (None, EntryFacts(KeyState.SENT, "this-run"), claimed("this-run")):
+        verdict = fate(message, entry)
+        assert verdict == Verdict(left)
+        assert (verdict.skip_reason, verdict.sends, verdict.matched) == (reason, False, True)
+    assert fate(MessageFacts(left=left, expired=True)).fate is Fate.EXPIRED
 
 
 def test_purge_takes_each_selected_message_while_the_limit_leaves_room() -> None:

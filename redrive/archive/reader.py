@@ -296,9 +296,10 @@ class ArchiveReader:
     def _read_file(self) -> Iterator[ArchiveRecord]:
         reject_other_schemes(self.source)
         path = os.path.expanduser(self.source)
-        # The name given to a --processes purge stands for the parts it wrote beside it:
-        # read one after another, each checked as the file it is, as one archive.
-        paths = [path] if os.path.lexists(path) else archive_parts(path)
+        # The name given to a --processes purge stands for the parts it wrote beside it, and
+        # an archive a rerun continued (an edited move's) for itself and its new parts: read
+        # one after another, each checked as the file it is, as one archive.
+        paths = ([path] if os.path.lexists(path) else []) + archive_parts(path)
         if not paths:
             raise ArchiveError(
                 f"no archive at {path}, nor the parts a --processes run writes beside it "

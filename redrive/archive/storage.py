@@ -52,6 +52,16 @@ def archive_parts(path: str) -> list[str]:
     return [os.path.join(directory, n) for _, n in numbered]
 
 
+def free_part(path: str) -> str:
+    """The next part beside the local archive ``path`` that nothing holds yet: one past
+    the highest part there (a rerun continuing an archive adds to it, never overwrites)."""
+    taken = [int(m.group(1)) for p in archive_parts(path) if (m := _PART.search(p))]
+    return archive_part(path, max(taken, default=0) + 1)
+
+
+_PART = re.compile(r"\.p([1-9][0-9]*)(?:\.jsonl\.gz|\.jsonl)?$")
+
+
 def absolute_location(location: str | None) -> str | None:
     """A local archive path made absolute; an ``s3://`` URI (or None) as it is."""
     if location is None or "://" in location:

@@ -137,7 +137,12 @@ def _setup_error(exc: botocore.exceptions.BotoCoreError, service: str) -> AwsErr
     if isinstance(exc, botocore.exceptions.ProfileNotFound):
         return AwsUnavailable(f"{exc}: check --profile / AWS_PROFILE and ~/.aws/config")
     if isinstance(exc, botocore.exceptions.NoRegionError):
-        return AwsUnavailable("no AWS region: pass --region or set AWS_REGION")
+        # No broker was named, so redrive took SQS: the user may have meant RabbitMQ.
+        return AwsUnavailable(
+            "no AWS region: for SQS (the broker when none is named) pass --region or set "
+            "AWS_REGION; for RabbitMQ name it: --broker amqp://USER:PASS@HOST:5672/VHOST "
+            "(or REDRIVE_BROKER, or [broker] url in the config)"
+        )
     if isinstance(exc, botocore.exceptions.InvalidRegionError):
         # Not AwsUnavailable: a typo in one family's region must not hide the other families.
         return AwsError(

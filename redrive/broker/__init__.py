@@ -3,6 +3,7 @@ each backend (:mod:`redrive.broker.sqs`) implements it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -34,12 +35,18 @@ def broker_scheme(url: str | None) -> str:
 
 
 def mask_password(url: str) -> str:
-    """A URL fit to print: its password, if any, as ``***``."""
+    """A URL fit to print: its password, if any, as ``***`` (in its user part, and in a
+    ``password=`` of its query, as libpq's URLs may carry one)."""
+    if "://" in url:
+        url = _QUERY_PASSWORD.sub(r"\1***", url)
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.rpartition("@")
     if not sep or not at or ":" not in userinfo:
         return url
     return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
 
 
 def open_broker(

@@ -57,6 +57,10 @@ class Delivery:
     (None: it does not, as SQS)."""
     died_at: float | None = None
     """When it was last dead-lettered (epoch seconds), where the broker says."""
+    source_deliveries: int = 0
+    """How often its source queue delivered it before dead-lettering it, where the broker
+    can tell though it keeps no count in the DLQ (RabbitMQ: a death of reason
+    ``delivery_limit`` came after the source's delivery limit + 1 deliveries); 0: not known."""
     parsed: dict[str, Any] | None = field(default=None, compare=False, repr=False)
     """``body``'s JSON object, when the broker made ``body`` by encoding one (RabbitMQ's
     envelope): :func:`redrive.messages.decode` then need not parse it again. Never edited."""
@@ -65,6 +69,14 @@ class Delivery:
     (RabbitMQ's raw AMQP body and properties, of which ``body`` is kombu's envelope): a
     copy sent unedited goes from this, not from decoding ``body`` again (None: ``body`` is
     the message as the broker keeps it, or the delivery was rebuilt from an archive)."""
+
+
+def consumer_receives(message: Delivery) -> int:
+    """How often consumers other than redrive received the message: the broker's count
+    without redrive's own receives, or the deliveries its source made before it died,
+    whichever says more (a classic RabbitMQ DLQ counts none: x-delivery-count is the
+    quorum source's, and dead-lettering drops it)."""
+    return max(0, message.receive_count - message.redrive_receives, message.source_deliveries)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +147,8 @@ class QueueCounts:
 class Capabilities:
     """What a broker can do; the engine decides by these, never by the broker's name."""
 
+    spoken_name: str
+    """What people call the broker, in messages to them ("SQS", "RabbitMQ")."""
     key_namespace: str
     """How an idempotency key names a message that is not a Celery task (``NS:<id>:g<n>``);
     a ledger's keys depend on it, so it never changes for a broker."""
@@ -252,6 +266,12 @@ class Broker(Protocol):
         ...
 
     def counts(self, queue: str) -> QueueCounts: ...
+
+    def exact_ready(self, queue: str) -> int | None:
+        """How many messages wait in the queue, counted exactly and at once (a RabbitMQ
+        passive declare); None where the broker only estimates (SQS's approximate counts
+        lag its receives and deletes)."""
+        ...
 
     def receive(
         self, queue: str, *, hold: int, wait_seconds: int = 1, max_messages: int = 10

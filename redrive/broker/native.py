@@ -104,15 +104,21 @@ class NativePlan:
             "native": True,
             "dry_run": True,
             "dlq": self.dlq.name,
-            "dlq_arn": self.dlq.ident,
+            "dlq_arn": arn(self.dlq),
             "destination": self.destination.name if self.destination else None,
-            "destination_arn": self.destination.ident if self.destination else None,
+            "destination_arn": arn(self.destination) if self.destination else None,
             "sources": list(self.sources),
             "rate": self.rate,
             "approximate_messages": self.approximate_messages,
             "running_task": self.running.to_json() if self.running else None,
             **dict(self.extra),
         }
+
+
+def arn(queue: QueueRef) -> str | None:
+    """The queue's ARN for the JSON's ``*_arn`` keys: SQS's ident; a RabbitMQ queue has none
+    (its ident, ``VHOST/NAME``, read ``//onion-dlq`` on vhost ``/``): null."""
+    return queue.ident if queue.ident.startswith("arn:") else None
 
 
 def destination_label(destination: QueueRef | None, sources: tuple[str, ...]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from redrive.broker.base import queue_name
 from redrive.celery.routes import AppRoutes
@@ -29,48 +29,109 @@ class SettingFinding:
 
 
 @dataclass(frozen=True, slots=True)
-class _Task:
+class TaskSettings:
     """A task's settings as a worker applies them."""
 
     name: str
     acks_late: bool
     acks_on_failure: bool
-    lost_redelivered: bool
+    acks_on_timeout: bool
     reject_on_worker_lost: bool
     time_limit: float | None
+    soft_time_limit: float | None
     retry_countdown: tuple[float, str]
     """The longest a retry waits before it runs again, and the setting that says so."""
+
+
+WorkerLost = Literal["acknowledged", "requeued", "rejected"]
+
+
+def worker_lost_fate(task: TaskSettings) -> WorkerLost:
+    """What the installed Celery's ``Request.on_failure`` does with the message of a task
+    whose pool process died mid-run (WorkerLostError: OOM, SIGKILL): ``acknowledged`` (lost),
+    ``requeued`` (delivered again: never dead-lettered on a classic RabbitMQ queue) or
+    ``rejected`` without requeue (dead-lettered on RabbitMQ). kombu's SQS transport leaves a
+    requeued message and a rejected one alike for SQS to deliver again and dead-letter past
+    maxReceiveCount (tests/test_celery_worker_lost_e2e.py: what a real worker does).
+    ``task_retry_on_worker_lost`` only delays this: past max_retries the message meets it."""
+    if not task.acks_late:
+        return "acknowledged"  # when a worker received it: nothing is left to reject
+    if task.reject_on_worker_lost:
+        return "requeued"
+    return "acknowledged" if task.acks_on_failure else "rejected"
+
+
+def timeout_fate(task: TaskSettings) -> WorkerLost | None:
+    """What the installed Celery does with the message of a run that overruns its time
+    limits (None: it has none). A soft limit reached first raises SoftTimeLimitExceeded in
+    the task: a failure (unless the task catches it), acknowledged or rejected as any; a
+    hard limit reached first ends the run (``Request.on_timeout``): acknowledged with
+    acks_on_timeout, else rejected *with* requeue (tests/test_celery_worker_lost_e2e.py)."""
+    if task.time_limit is None and task.soft_time_limit is None:
+        return None
+    if not task.acks_late:
+        return "acknowledged"
+    if soft_first(task):
+        return "acknowledged" if task.acks_on_failure else "rejected"
+    return "acknowledged" if task.acks_on_timeout else "requeued"
+
+
+def soft_first(task: TaskSettings) -> bool:
+    """A soft time limit that a run reaches before its hard one (if any)."""
+    soft = task.soft_time_limit
+    return soft is not None and (task.time_limit is None or soft < task.time_limit)
+
+
+def _installed_setting(new: str) -> str:
+    """``new`` (``task_acks_on_failure``, ``task_acks_on_timeout``) where the installed
+    Celery reads it, else ``task_acks_on_failure_or_timeout``, which it replaced."""
+    from celery import Task
+
+    names = {setting for _, setting in getattr(Task, "from_config", ())}
+    return new if new in names else "task_acks_on_failure_or_timeout"
+
+
+def acks_on_failure_setting() -> str:
+    """The setting the installed Celery reads for a failure's ack."""
+    return _installed_setting("task_acks_on_failure")
+
+
+def acks_on_timeout_setting() -> str:
+    """The setting the installed Celery reads for a hard time limit's ack."""
+    return _installed_setting("task_acks_on_timeout")
 
 
 def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _user_tasks(app: Any) -> list[_Task]:
+def task_settings(app: Any) -> list[TaskSettings]:
     conf = app.conf
     out = []
     for name in sorted(app.tasks):
         if name.startswith("celery."):
             continue
         task = app.tasks[name]
+        # As Task.bind: each falls back to acks_on_failure_or_timeout, whose default is True.
+        either = getattr(task, "acks_on_failure_or_timeout", None)
+        if either is None:
+            either = conf.get("task_acks_on_failure_or_timeout")
+        either = True if either is None else either
         on_failure = getattr(task, "acks_on_failure", None)
-        if on_failure is None:
-            on_failure = getattr(task, "acks_on_failure_or_timeout", None)
-        if on_failure is None:
-            on_failure = conf.get("task_acks_on_failure_or_timeout", True)
+        on_timeout = getattr(task, "acks_on_timeout", None)
         countdown = (float(getattr(task, "default_retry_delay", 0) or 0), "default_retry_delay")
         if getattr(task, "retry_backoff", False):
             backoff = float(getattr(task, "retry_backoff_max", 0) or 0)
             countdown = max(countdown, (backoff, "retry_backoff_max"))
         out.append(
-            _Task(
+            TaskSettings(
                 name=name,
                 acks_late=bool(task.acks_late),
-                acks_on_failure=bool(on_failure),
-                lost_redelivered=bool(task.reject_on_worker_lost)
-                or bool(getattr(task, "retry_on_worker_lost", False)),
+                acks_on_failure=bool(either if on_failure is None else on_failure),
+                acks_on_timeout=bool(either if on_timeout is None else on_timeout),
                 reject_on_worker_lost=bool(task.reject_on_worker_lost),
                 time_limit=_time_limit(task, conf),
+                soft_time_limit=_soft_time_limit(task, conf),
                 retry_countdown=countdown,
             )
         )
@@ -82,6 +143,13 @@ def _time_limit(task: Any, conf: Any) -> float | None:
     applies it). Celery 5.7 gives a task the app's value; 5.5 and 5.6 leave its attribute
     None, so reading only that saw no limit where the app sets one."""
     limit = task.time_limit if task.time_limit is not None else conf.get("task_time_limit")
+    return float(limit) if limit else None
+
+
+def _soft_time_limit(task: Any, conf: Any) -> float | None:
+    """A task's soft time limit: its own, else the app's (as :func:`_time_limit`)."""
+    soft = task.soft_time_limit
+    limit = soft if soft is not None else conf.get("task_soft_time_limit")
     return float(limit) if limit else None
 
 
@@ -98,20 +166,21 @@ def audit_app(
     ``declared_by_workers``: the broker's queues are what workers declare (RabbitMQ): then
     their declarations (``task_queues``) are audited, and SQS's visibility timeout is not."""
     with users_code():  # the app's settings and tasks are the project's code
-        tasks = _user_tasks(app)
+        tasks = task_settings(app)
         if declared_by_workers:
             broker_findings = [*_worker_lost(tasks), *declarations(app, layout, dlqs)]
         else:
             broker_findings = _visibility(app, tasks)
         return [
-            *_acknowledgement(tasks),
-            *_time_limits(tasks, layout.deploy_stop_timeout),
+            *_acknowledgement(tasks, rabbitmq=declared_by_workers),
+            *_time_limits(tasks, layout.deploy_stop_timeout, rabbitmq=declared_by_workers),
+            *_overruns(tasks, rabbitmq=declared_by_workers),
             *broker_findings,
             *_routing(app, routes, layout, tasks, dlqs),
         ]
 
 
-def _worker_lost(tasks: Sequence[_Task]) -> list[SettingFinding]:
+def _worker_lost(tasks: Sequence[TaskSettings]) -> list[SettingFinding]:
     return _each(
         tasks,
         lambda t: t.reject_on_worker_lost and not t.acks_late,
@@ -170,7 +239,7 @@ def declarations(app: Any, layout: Layout, dlqs: Mapping[str, str]) -> list[Sett
     return findings
 
 
-def _concerning(tasks: Sequence[_Task], bad: Sequence[_Task]) -> str:
+def _concerning(tasks: Sequence[TaskSettings], bad: Sequence[TaskSettings]) -> str:
     if len(bad) == len(tasks):
         return "every task"
     names = ", ".join(t.name for t in bad[:MAX_NAMED])
@@ -179,7 +248,11 @@ def _concerning(tasks: Sequence[_Task], bad: Sequence[_Task]) -> str:
 
 
 def _each(
-    tasks: Sequence[_Task], when: Callable[[_Task], bool], setting: str, value: str, why: str
+    tasks: Sequence[TaskSettings],
+    when: Callable[[TaskSettings], bool],
+    setting: str,
+    value: str,
+    why: str,
 ) -> list[SettingFinding]:
     bad = [t for t in tasks if when(t)]
     if not bad:
@@ -187,7 +260,12 @@ def _each(
     return [SettingFinding(setting, value, f"{why} ({_concerning(tasks, bad)})")]
 
 
-def _acknowledgement(tasks: Sequence[_Task]) -> list[SettingFinding]:
+def _acknowledgement(tasks: Sequence[TaskSettings], *, rabbitmq: bool) -> list[SettingFinding]:
+    """What Celery does with a failing task's message (``Request.on_failure``): acknowledged
+    on receipt without acks_late; with it, acknowledged or rejected without requeue (into the
+    DLQ) by the failure ack setting; a dead pool process's task requeued by
+    task_reject_on_worker_lost, else treated as any failure."""
+    on_failure = acks_on_failure_setting()
     return [
         *_each(
             tasks,
@@ -200,20 +278,60 @@ def _acknowledgement(tasks: Sequence[_Task]) -> list[SettingFinding]:
         *_each(
             tasks,
             lambda t: t.acks_late and t.acks_on_failure,
-            "task_acks_on_failure_or_timeout",
+            on_failure,
             "True",
-            "a task that fails or times out is acknowledged all the same: it never reaches "
-            "the DLQ; set task_acks_on_failure_or_timeout = False",
+            "a task that fails (it raises, or its worker process dies and "
+            "task_reject_on_worker_lost is unset) is acknowledged all the same: it never "
+            f"reaches the DLQ; set {on_failure} = False",
         ),
         *_each(
             tasks,
-            lambda t: t.acks_late and not t.lost_redelivered,
+            # On SQS kombu leaves a requeued message as a rejected one, for SQS to deliver
+            # again and dead-letter past maxReceiveCount: the setting changes nothing there.
+            lambda t: rabbitmq and t.acks_late and worker_lost_fate(t) == "requeued",
             "task_reject_on_worker_lost",
-            "False",
-            "with task_acks_late, a task whose worker process dies (OOM, SIGKILL) is "
-            "acknowledged: it is lost, never in the DLQ; set task_reject_on_worker_lost = True",
+            "True",
+            "a task whose worker process dies (OOM, SIGKILL) is requeued, never dead-lettered: "
+            "one that kills its worker every time is delivered again without end on a classic "
+            "queue (a quorum queue dead-letters it past its x-delivery-limit); unset it: with "
+            f"{on_failure} = False, Celery rejects such a task without requeue and it is "
+            "dead-lettered",
         ),
     ]
+
+
+def _overruns(tasks: Sequence[TaskSettings], *, rabbitmq: bool) -> list[SettingFinding]:
+    """A run past its hard time limit: acknowledged (lost), or on RabbitMQ requeued (a
+    classic queue never dead-letters it); a soft limit below the hard one makes it a
+    failure, which reaches the DLQ. On SQS kombu leaves a requeued message for SQS."""
+    on_timeout = acks_on_timeout_setting()
+    soft = (
+        "set task_soft_time_limit below task_time_limit: the SoftTimeLimitExceeded it raises "
+        "fails the task (unless the task catches it), and a failure reaches the DLQ"
+    )
+    findings = _each(
+        tasks,
+        lambda t: t.acks_late and not soft_first(t) and timeout_fate(t) == "acknowledged",
+        on_timeout,
+        "True",
+        "a run killed at its hard time limit is acknowledged all the same: it is lost, never "
+        f"in the DLQ; {soft}" + ("" if rabbitmq else f", or set {on_timeout} = False"),
+    )
+    for unset in (True, False) if rabbitmq else ():
+
+        def requeued(task: TaskSettings, unset: bool = unset) -> bool:
+            return timeout_fate(task) == "requeued" and (task.soft_time_limit is None) == unset
+
+        findings += _each(
+            tasks,
+            requeued,
+            "task_soft_time_limit",
+            "None" if unset else "not below task_time_limit",
+            f"a run killed at its hard time limit is requeued ({on_timeout} = False), never "
+            "dead-lettered: one that always overruns runs again without end on a classic "
+            f"queue (a quorum queue dead-letters it past its x-delivery-limit); {soft}",
+        )
+    return findings
 
 
 LOST_UNACKED = (
@@ -222,15 +340,26 @@ LOST_UNACKED = (
 )
 
 
-def _time_limits(tasks: Sequence[_Task], stop_timeout: float) -> list[SettingFinding]:
+#: Where a SIGKILLed worker's unacknowledged task goes: the broker delivers it again, and
+#: only a broker that counts deliveries dead-letters it (a classic RabbitMQ queue never does).
+AGAIN = {
+    False: "delivered again, toward the DLQ",
+    True: "delivered again (toward the DLQ only on a quorum queue, past its x-delivery-limit: "
+    "a classic queue delivers it again without end)",
+}
+
+
+def _time_limits(
+    tasks: Sequence[TaskSettings], stop_timeout: float, *, rabbitmq: bool
+) -> list[SettingFinding]:
     stop = format_duration(stop_timeout)
     findings: list[SettingFinding] = []
     for acks_late in (True, False):
 
-        def unlimited(task: _Task, late: bool = acks_late) -> bool:
+        def unlimited(task: TaskSettings, late: bool = acks_late) -> bool:
             return task.time_limit is None and task.acks_late == late
 
-        fate = "delivered again, toward the DLQ" if acks_late else LOST_UNACKED
+        fate = AGAIN[rabbitmq] if acks_late else LOST_UNACKED
         findings += _each(
             tasks,
             unlimited,
@@ -244,7 +373,7 @@ def _time_limits(tasks: Sequence[_Task], stop_timeout: float) -> list[SettingFin
     for limit in (x for x in limits if x > stop_timeout):
         for acks_late in (True, False):
 
-            def has(task: _Task, limit: float = limit, late: bool = acks_late) -> bool:
+            def has(task: TaskSettings, limit: float = limit, late: bool = acks_late) -> bool:
                 return task.time_limit == limit and task.acks_late == late
 
             fate = (
@@ -268,7 +397,7 @@ def visibility_timeout(app: Any) -> float:
     return float(options.get("visibility_timeout") or KOMBU_SQS_VISIBILITY_TIMEOUT)
 
 
-def _visibility(app: Any, tasks: Sequence[_Task]) -> list[SettingFinding]:
+def _visibility(app: Any, tasks: Sequence[TaskSettings]) -> list[SettingFinding]:
     timeout = visibility_timeout(app)
     value = format_duration(timeout)
     findings = _each(
@@ -284,7 +413,7 @@ def _visibility(app: Any, tasks: Sequence[_Task]) -> list[SettingFinding]:
         seconds, setting = countdown
         up_to = "up to " if setting == "retry_backoff_max" else ""
 
-        def waits(task: _Task, countdown: tuple[float, str] = countdown) -> bool:
+        def waits(task: TaskSettings, countdown: tuple[float, str] = countdown) -> bool:
             return task.retry_countdown == countdown
 
         findings += _each(
@@ -303,7 +432,7 @@ def _routing(
     app: Any,
     routes: AppRoutes,
     layout: Layout,
-    tasks: Sequence[_Task],
+    tasks: Sequence[TaskSettings],
     dlqs: Mapping[str, str],
 ) -> list[SettingFinding]:
     families = {queue_name(f.queue): f for f in layout.families}

@@ -55,7 +55,9 @@ def task_knowledge(
     to: str | QueueRef | None,
     planned: Mapping[str, str] | None = None,
 ) -> TaskKnowledge | None:
-    """What move, replay and apply know of the tasks; None when nothing (as before)."""
+    """What move, replay and apply know of the tasks; None when nothing (as before). An
+    explicit ``--to`` sends unregistered tasks too: the user named the queue (a quarantine
+    queue is where one sends them), so none is skipped as one no worker of the app takes."""
     loaded = ctx.celery()
     router = task_router(ctx)
     if route == "task" and router is None and planned is None:
@@ -70,7 +72,7 @@ def task_knowledge(
         router=router,
         registry=registry,
         route_by_task=to is None and route != "source" and router is not None,
-        include_unregistered=include_unregistered,
+        include_unregistered=include_unregistered or to is not None,
         planned=planned if to is None else None,
     )
 

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import click
@@ -263,9 +263,10 @@ def _global_value_options() -> frozenset[str]:
     )
 
 
-def execute_command(*, plan_out: str | None = None) -> str:
+def execute_command(*, plan_out: str | None = None, extra: Sequence[str] = ()) -> str:
     """What to run to do what this dry run showed: the same command with ``--execute`` (and
-    ``--yes`` where there is no terminal to confirm on); after ``--plan-out``, ``apply``."""
+    ``--yes`` where there is no terminal to confirm on); after ``--plan-out``, ``apply``.
+    ``extra``: words the execute needs that the dry run chose (an edited move's archive)."""
     words = command_words()
     yes = [] if terminal_attached() else ["--yes"]
     if plan_out is not None:
@@ -280,7 +281,7 @@ def execute_command(*, plan_out: str | None = None) -> str:
             skip = True
         elif not word.startswith("--plan-out="):
             kept.append(word)
-    return shell_join(["redrive", *kept, "--execute", *yes])
+    return shell_join(["redrive", *kept, *extra, "--execute", *yes])
 
 
 def _command_index(words: list[str]) -> int:

@@ -38,7 +38,7 @@ from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
-from redrive.ledger import default_ledger_path, open_ledger
+from redrive.ledger import Ledger, default_ledger_path, open_ledger
 from redrive.render.selection import filters_text
 from redrive.reporting.audit import (
     run_record,
@@ -345,11 +345,27 @@ def _who_calls(ctx: Context) -> dict[str, Any]:
     return {"caller": caller_identity(lambda: ctx.aws.client("sts")), "sqs_client": ctx.sqs}
 
 
-def dry_run_ledger(uri: str | None, client_factory: Callable[[str], Any] | None = None) -> Any:
+def ledger_uri(ctx: Context, uri: str | None) -> str | None:
+    """The ledger a command uses: --ledger's (or REDRIVE_LEDGER's, which click reads into
+    it), else the config's ``[ledger] url``; None: the default path."""
+    return uri or ctx.layout.ledger_url
+
+
+def open_cli_ledger(ctx: Context, uri: str | None) -> Ledger:
+    """The command's ledger (:func:`ledger_uri`), opened (made if it is a file); what
+    opening it found that the user should know is shown as warnings."""
+    ledger = open_ledger(ledger_uri(ctx, uri), client_factory=ctx.aws.client)
+    for line in ledger.warnings:
+        warn(line)
+    return ledger
+
+
+def dry_run_ledger(ctx: Context, uri: str | None) -> Ledger | None:
     """A dry run reads the ledger (to report duplicates and in-doubt keys) if it exists,
     and never creates one."""
+    uri = ledger_uri(ctx, uri)
     if uri is None and not default_ledger_path().exists():
         return None
     if uri is not None and "://" not in uri and not Path(uri).expanduser().exists():
         return None
-    return open_ledger(uri, client_factory=client_factory)
+    return open_cli_ledger(ctx, uri)

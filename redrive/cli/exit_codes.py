@@ -1,4 +1,4 @@
-"""The exit codes of every command (the README lists them)."""
+"""The exit codes of every command (docs/exit-codes.md lists them)."""
 
 from __future__ import annotations
 

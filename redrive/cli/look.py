@@ -53,7 +53,7 @@ from redrive.render.sparkline import wants_ascii
 from redrive.render.status import status_table
 from redrive.render.tables import fit_text
 from redrive.reporting import alerts
-from redrive.reporting.check import check_layout
+from redrive.reporting.check import Finding, check_layout
 from redrive.reporting.inspect import annotate_groups
 from redrive.reporting.report import Report, build_report
 from redrive.reporting.status import family_status
@@ -152,7 +152,7 @@ def inspect(
 
     TARGET may also be an archive file (.jsonl, .jsonl.gz) or s3:// prefix written by purge
     or archive: it is then read offline. --where counts only the messages it selects;
-    --group-by groups by an expression instead of the task (fields: see the README), or
+    --group-by groups by an expression instead of the task (fields: docs/where.md), or
     by task and exception (``exception``, with --result-backend).
     """
     group_by = group_by or "task"
@@ -556,7 +556,7 @@ def _post(
 # -- check: layout audit ----------------------------------------------------------------------
 
 
-@click.command(short_help="Audit the families against SQS: policies, DLQs, receive counts.")
+@click.command(short_help="Audit the families against the broker: DLQ links, receive limits.")
 @click.option(
     "--celery",
     "with_celery",
@@ -583,16 +583,23 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
                 "findings": [f.to_json() for f in findings],
             }
         )
-    elif with_celery and not findings:
+    else:
+        say_findings(ctx, findings, with_celery=with_celery, wide=wide)
+        if server is not None:
+            click.echo(fit_text(server.line(), table_width(wide)))
+    if findings:
+        sys.exit(EXIT_ERROR)
+
+
+def say_findings(ctx: Context, findings: list[Finding], *, with_celery: bool, wide: bool) -> None:
+    """The findings as a table, or the sentence saying there are none, naming the broker."""
+    broker = ctx.broker_for(None).capabilities.spoken_name
+    if with_celery and not findings:
         loaded = ctx.celery()
         spec = f" {loaded[1]}" if loaded is not None else ""
         click.echo(
-            "no findings: the layout matches what SQS says, and the settings of the Celery "
-            f"app{spec} let failing tasks reach the DLQs redrive watches"
+            f"no findings: the layout matches what {broker} says, and the settings of the "
+            f"Celery app{spec} let failing tasks reach the DLQs redrive watches"
         )
     else:
-        click.echo(findings_table(findings, width=table_width(wide)))
-    if server is not None and not as_json:
-        click.echo(fit_text(server.line(), table_width(wide)))
-    if findings:
-        sys.exit(EXIT_ERROR)
+        click.echo(findings_table(findings, width=table_width(wide), broker=broker))

@@ -3,14 +3,18 @@ purge plan)."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Literal, NoReturn, Unpack
 
 import click
 
-from redrive.archive import ArchiveDamaged, DamageReport
-from redrive.archive.storage import absolute_location
+from redrive.archive import ArchiveDamaged, DamageReport, default_archive_path
+from redrive.archive.storage import absolute_location, archive_parts
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -22,6 +26,7 @@ from redrive.cli.console import (
     Progress,
     ProgressDisplay,
     command_line,
+    command_words,
     confirm,
     emit_json,
     execute_command,
@@ -36,6 +41,7 @@ from redrive.cli.context import (
     dlq_details,
     dry_run_ledger,
     execute_record,
+    open_cli_ledger,
     pass_ctx,
 )
 from redrive.cli.exit_codes import EXIT_ATTENTION
@@ -57,6 +63,7 @@ from redrive.cli.options import (
     processes_sharing,
     rate_option,
     selected,
+    stop_after_returns_option,
     target_argument,
     wide_output_option,
     workers_option,
@@ -64,7 +71,7 @@ from redrive.cli.options import (
 from redrive.cli.processes import child_wiring, processes_text, replay_wiring
 from redrive.cli.purge import confirm_purge, purge_progress
 from redrive.errors import UsageProblem
-from redrive.ledger import Ledger, open_ledger
+from redrive.ledger import Ledger
 from redrive.operations import move_run, replay_run
 from redrive.operations.apply import (
     ApplyOptions,
@@ -81,16 +88,18 @@ from redrive.operations.move import (
     MoveResult,
     RepairOptions,
 )
+from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
 from redrive.operations.processes import ProcessesResult
 from redrive.operations.purge import PurgeOptions, check_archive_path
 from redrive.operations.replay import ReplayResult
 from redrive.operations.run import RunRecord
-from redrive.render.move import archive_damage_lines, move_text, purge_text
+from redrive.render.move import already_sent_hint, archive_damage_lines, move_text, purge_text
 from redrive.render.selection import filters_text
 from redrive.repair import edits_from_options
 from redrive.selection import Selection
+from redrive.shell import shell_join
 
 
 @click.command(short_help="Send DLQ messages back to their source queue, each task once.")
@@ -112,6 +121,7 @@ from redrive.selection import Selection
 @execute_options
 @ledger_option
 @move_options
+@stop_after_returns_option
 @lease_option
 @workers_option
 @processes_option
@@ -141,6 +151,7 @@ def move(
     route: str | None,
     include_unregistered: bool,
     as_json: bool,
+    stop_after_returns: ReturnsLimit,
     **policies: Unpack[MovePolicyValues],
 ) -> None:
     """Send DLQ messages back to their source queue, each task once.
@@ -165,6 +176,8 @@ def move(
         repair = repair_options(edits, execute=execute, plan_out=plan_out)
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
+        if repair is not None and not (execute or plan_out or edits["no_archive"]):
+            repair = suggested_archive(repair, dlq.label)
     options = move_run_options(
         ctx,
         selection,
@@ -175,6 +188,7 @@ def move(
         workers=workers,
         rate=rate,
         repair=repair,
+        stop_after_returns=stop_after_returns,
         **policies,
     )
     run_move(
@@ -200,6 +214,7 @@ def move_run_options(
     rate: float | None,
     lease: int = DEFAULT_LEASE,
     repair: RepairOptions | None = None,
+    stop_after_returns: ReturnsLimit = DEFAULT_RETURNS_LIMIT,
     **policies: Unpack[MovePolicyValues],
 ) -> MoveOptions:
     """The engine's options of a move or a replay, as its command line gives them (the
@@ -215,6 +230,7 @@ def move_run_options(
         to_celery_queue=to is None or ctx.is_celery_queue(to),
         celery=knowledge,
         repair=repair,
+        stop_after_returns=stop_after_returns,
         **policies,
     )
 
@@ -260,9 +276,45 @@ def repair_options(
             "an edited move archives the original messages first: add --archive PATH "
             "(a file, or s3://BUCKET/PREFIX), or --no-archive to send without keeping them"
         )
-    if where and not execute:
-        check_archive_path(where)  # the dry run says so where the execute would fail
     return RepairOptions(parsed, where if archives else None, show_args=edits["show_args"])
+
+
+def suggested_archive(repair: RepairOptions, label: str) -> RepairOptions:
+    """A dry run with edits that names no archive: the path its ``--execute`` would archive
+    the originals to (purge's default), named in the command the dry run prints, so that the
+    command runs as it is."""
+    if repair.archive_to is not None:
+        return repair
+    now = datetime.fromtimestamp(time.time(), UTC)
+    return replace(repair, archive_to=default_archive_path(label, now), suggested=True)
+
+
+def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOptions:
+    """The edits' archive as this run writes it: a local archive that exists is continued
+    (a new part beside it) when a run in the ledger wrote it, as the rerun of a killed
+    edited move does; refused otherwise, as ever (archives are never overwritten). The dry
+    run says so where the execute would fail."""
+    where = repair.archive_to
+    if where is None or "://" in where or not _archive_begun(where):
+        if where is not None:
+            check_archive_path(where)
+        return repair
+    if ledger is not None and _archive_of_a_run(ledger, where):
+        return replace(repair, continues=True)
+    check_archive_path(where)
+    return repair
+
+
+def _archive_begun(where: str) -> bool:
+    """Whether the local archive exists: the file, or the parts a --processes run wrote."""
+    path = os.path.expanduser(where)
+    return os.path.lexists(path) or bool(archive_parts(path))
+
+
+def _archive_of_a_run(ledger: Ledger, where: str) -> bool:
+    """Whether a run in the ledger wrote its originals to archive ``where``."""
+    location = absolute_location(where)
+    return any(run.info.get("archive") == location for run in ledger.runs())
 
 
 def run_move(
@@ -283,6 +335,8 @@ def run_move(
         options = with_results(ctx, options)
         confirm_move(ctx, dlq, options, yes)
         ledger = move_ledger(ctx, ledger_uri, options.execute)
+        if options.repair is not None:
+            options = replace(options, repair=continued_archive(options.repair, ledger))
         record = move_record(ctx, dlq.label, options, ledger)
         writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
     display = ProgressDisplay(Progress("move"), move_progress)
@@ -324,8 +378,20 @@ def run_move(
         outcome,
         as_json,
         lambda width: move_summary(outcome, options.celery, width),
-        next_command=execute_command(plan_out=plan_out) if would_act else None,
+        next_command=(
+            execute_command(plan_out=plan_out, extra=suggested_words(options))
+            if would_act
+            else None
+        ),
     )
+
+
+def suggested_words(options: MoveOptions) -> list[str]:
+    """What the printed command adds to the dry run's words: the archive it suggested."""
+    repair = options.repair
+    if repair is None or not repair.suggested or repair.archive_to is None:
+        return []
+    return ["--archive", repair.archive_to]
 
 
 def move_summary(
@@ -368,9 +434,8 @@ def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
     """The ledger a move (or replay) runs with: opened (made if need be) to execute; read,
     if it exists, by a dry run."""
     if execute:
-        return open_ledger(uri, client_factory=ctx.aws.client)
-    ledger: Ledger | None = dry_run_ledger(uri, ctx.aws.client)
-    return ledger
+        return open_cli_ledger(ctx, uri)
+    return dry_run_ledger(ctx, uri)
 
 
 def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
@@ -526,7 +591,30 @@ def replay(
         as_json=as_json,
         processes=processes,
     )
-    finish_replay(outcome, options.celery, as_json=as_json, allow_partial=allow_partial)
+    finish_replay(
+        outcome,
+        options.celery,
+        as_json=as_json,
+        allow_partial=allow_partial,
+        elsewhere=(to, own_ledger_command(to)) if to else None,
+    )
+
+
+def own_ledger_command(to: str) -> str:
+    """How to replay to ``to`` tasks the ledger has sent already (elsewhere, say: a debug
+    queue is a different send): this dry run with a ledger of its own, which has sent none
+    of them, and keeps that replay once per task as any other."""
+    words: list[str] = []
+    skip = False
+    for word in command_words():
+        if skip:
+            skip = False
+        elif word == "--ledger":
+            skip = True
+        elif not word.startswith("--ledger=") and word not in ("--execute", "--yes", "-y"):
+            words.append(word)
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", to.rsplit("/", 1)[-1]) or "queue"
+    return shell_join(["redrive", *words, "--ledger", f"./redrive-replay-to-{name}.sqlite3"])
 
 
 def finish_replay(
@@ -535,13 +623,16 @@ def finish_replay(
     *,
     as_json: bool,
     allow_partial: bool,
+    elsewhere: tuple[str, str] | None = None,
 ) -> None:
+    """``elsewhere``: the queue given, and the command that replays to it what the ledger
+    has sent already."""
     outcome = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = outcome.move.dry_run and outcome.move.moved
     finish_move(
         finished,
         as_json,
-        lambda width: replay_summary(finished, knowledge, width),
+        lambda width: replay_summary(finished, knowledge, width, elsewhere),
         next_command=execute_command() if would_act else None,
     )
     end_with_damage(outcome.damage, allow_partial=allow_partial)
@@ -551,9 +642,14 @@ def replay_summary(
     finished: ReplayResult | ProcessesResult[ReplayResult],
     knowledge: TaskKnowledge | None,
     width: int | None = None,
+    elsewhere: tuple[str, str] | None = None,
 ) -> str:
     outcome = finished.result if isinstance(finished, ProcessesResult) else finished
-    return processes_text(finished, replay_text(outcome, knowledge, width))
+    text = replay_text(outcome, knowledge, width)
+    if elsewhere is not None and outcome.move.duplicates:
+        to, command = elsewhere
+        text += "\n\n" + already_sent_hint(outcome.move.duplicates, command, to)
+    return processes_text(finished, text)
 
 
 def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None:
@@ -833,7 +929,7 @@ def apply_ledger(
     if isinstance(options, MoveOptions):
         return move_ledger(ctx, uri, options.execute)
     # A purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
-    return open_ledger(uri, client_factory=ctx.aws.client) if options.execute else None
+    return open_cli_ledger(ctx, uri) if options.execute else None
 
 
 def run_apply(

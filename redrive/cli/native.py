@@ -19,12 +19,21 @@ from redrive.broker.native import (
     FAILED,
     MoveTask,
     NativeMover,
+    arn,
     destination_label,
 )
 from redrive.broker.sqs.broker import SqsBroker
 from redrive.broker.sqs.native import SqsMoveTasks
 from redrive.cli.celery_app import refuse_native_with_routes
-from redrive.cli.console import Progress, confirm, emit_json, interruptible, table_width, warn
+from redrive.cli.console import (
+    Progress,
+    confirm,
+    emit_json,
+    execute_command,
+    interruptible,
+    table_width,
+    warn,
+)
 from redrive.cli.context import Context, core_errors, dlq_details, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_INTERRUPTED
 from redrive.cli.options import json_option, target_argument, wide_option
@@ -52,7 +61,10 @@ _NATIVE_REFUSALS = (
         "the broker's server-side move cannot filter: it moves every message in the DLQ",
     ),
     (
-        {"include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous", "ledger"},
+        {
+            *("include_expired", "include_unknown", "max_redrives", "in_doubt", "ambiguous"),
+            *("ledger", "stop_after_returns"),
+        },
         "it bypasses redrive's ledger (no idempotency keys, no expired, poison or in-doubt checks)",
     ),
     (
@@ -160,7 +172,7 @@ def native_move(
             if as_json:
                 emit_json(plan.to_json())
             else:
-                click.echo(native_plan_text(plan))
+                click.echo(native_plan_text(plan, execute_command()))
             return
         per_second = mover.check(dlq, destination=queue, rate=rate)
         where = destination_label(queue, tuple(s.name for s in dlq.sources))
@@ -278,7 +290,7 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
                 emit_json(
                     {
                         "dlq": dlq.dlq.name,
-                        "dlq_arn": dlq.dlq.ident,
+                        "dlq_arn": arn(dlq.dlq),
                         "tasks": [t.to_json() for t in listed],
                     }
                 )

@@ -26,6 +26,11 @@ from redrive.operations.move import (
     AmbiguousPolicy,
     InDoubtPolicy,
 )
+from redrive.operations.move.returns import (
+    DEFAULT_STOP_AFTER_RETURNS,
+    ReturnsLimit,
+    parse_returns_limit,
+)
 from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
 from redrive.shell import shell_quote
@@ -72,8 +77,8 @@ def compiled_group_by(text: str | None) -> Expression | None:
 
 WHERE_HELP = (
     "Only messages for which this JMESPath expression over the message's record is true, "
-    "e.g. \"kwargs.user_id == '42'\" or 'receive_count >= `6`' (repeatable: all must hold; "
-    "fields in the README)."
+    "e.g. \"kwargs.user_id == '42'\", 'receive_count >= `6`' or 'expired' (the task's "
+    "expires has passed) (repeatable: all must hold; fields in docs/where.md)."
 )
 
 
@@ -210,8 +215,9 @@ def ledger_option(f: F) -> F:
         "--ledger",
         metavar="URI",
         envvar="REDRIVE_LEDGER",
-        help="Idempotency ledger: a SQLite path, sqlite:///path or dynamodb://TABLE "
-        "(default: the state directory; env REDRIVE_LEDGER).",
+        help="Idempotency ledger: a SQLite path, sqlite:///path, dynamodb://TABLE or "
+        "postgresql://USER:PASSWORD@HOST:PORT/DB (default: the config's [ledger] url, else "
+        "the state directory; env REDRIVE_LEDGER).",
     )(f)
 
 
@@ -419,6 +425,26 @@ def move_options(f: F) -> F:
     return f
 
 
+def _returns_limit(ctx: click.Context, param: click.Parameter, value: str) -> ReturnsLimit:
+    try:
+        return parse_returns_limit(value)
+    except UsageProblem as exc:
+        raise click.BadParameter(str(exc), param=param) from None
+
+
+def stop_after_returns_option(f: F) -> F:
+    return click.option(
+        "--stop-after-returns",
+        default=DEFAULT_STOP_AFTER_RETURNS,
+        show_default=True,
+        metavar="N|P%|off",
+        callback=_returns_limit,
+        help="Stop (exit 3) once more than N of the tasks moved, or more than P% of them "
+        "(counted from the 10th), came back failed during the run: the workers are failing "
+        "them. What came back stays in the DLQ for the next run.",
+    )(f)
+
+
 class MovePolicyValues(TypedDict):
     """The values :func:`move_options` gives its command, as keyword arguments it passes on
     to ``move_run_options`` (redrive.cli.move) as they are."""
@@ -614,7 +640,11 @@ def edit_options(f: Callable[..., None]) -> Callable[..., None]:
             metavar="kwargs.OLD=kwargs.NEW",
             help="Rename a keyword argument (its place kept).",
         ),
-        click.option("--clear-expires", is_flag=True, help="Clear the task's expires."),
+        click.option(
+            "--clear-expires",
+            is_flag=True,
+            help="Clear the task's expires (with --where expired: only where it has passed).",
+        ),
         click.option("--clear-eta", is_flag=True, help="Clear the task's eta (run it at once)."),
         click.option("--create", is_flag=True, help="--set also adds a PATH a task lacks."),
         click.option(

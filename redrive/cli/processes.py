@@ -33,7 +33,7 @@ def child_wiring(
         rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
         region=dlq.region,
-        ledger=ledger.location if ledger is not None else None,
+        ledger=ledger.uri if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
         rebuild=_celery_rebuild(ctx, options) if isinstance(options, MoveOptions) else None,
     )
@@ -46,7 +46,7 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
         broker_url=ctx.broker_url,
         rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
-        ledger=ledger.location if ledger is not None else None,
+        ledger=ledger.uri if ledger is not None else None,
         receive_log=False,
         rebuild=_celery_rebuild(ctx, options),
     )

@@ -18,7 +18,14 @@ from redrive.cli.console import (
     interruptible,
     summary_if_stopped,
 )
-from redrive.cli.context import Context, core_errors, dlq_details, execute_record, pass_ctx
+from redrive.cli.context import (
+    Context,
+    core_errors,
+    dlq_details,
+    execute_record,
+    open_cli_ledger,
+    pass_ctx,
+)
 from redrive.cli.options import (
     archive_destination,
     execute_options,
@@ -33,7 +40,7 @@ from redrive.cli.options import (
     workers_doing,
 )
 from redrive.cli.processes import child_wiring, processes_text
-from redrive.ledger import Ledger, open_ledger
+from redrive.ledger import Ledger
 from redrive.operations import purge_run
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import PlanWriter
@@ -64,7 +71,7 @@ def purge_command(
         plan = purge_plan_writer(dlq, options, plan_out) if plan_out else None
         # Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
         execute = options.execute and options.delete
-        ledger = open_ledger(ledger_uri, client_factory=ctx.aws.client) if execute else None
+        ledger = open_cli_ledger(ctx, ledger_uri) if execute else None
     display = ProgressDisplay(Progress(dlq.label), purge_progress)
     observer: RunObserver[PurgeResult] = Observers(display, plan) if plan else display
     outcome: PurgeResult | ProcessesResult[PurgeResult]
@@ -184,7 +191,7 @@ def _purge_whole_queue(
         f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
         details=lambda: dlq_details(ctx, dlq, None),
     )
-    ledger = open_ledger(ledger_uri, client_factory=ctx.aws.client) if execute else None
+    ledger = open_cli_ledger(ctx, ledger_uri) if execute else None
     try:
         result = purge_whole_queue(
             dlq,

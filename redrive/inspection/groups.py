@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from redrive import attributes
-from redrive.broker.base import Delivery, queue_name
+from redrive.broker.base import Delivery, consumer_receives, queue_name
 from redrive.celery.results import ResultCounts, TaskRecord, exception_group
 from redrive.durations import iso_utc
 from redrive.inspection.timeline import SentTimes, Timeline, fit_timelines
@@ -240,6 +240,7 @@ class Grouping:
             redrive_count=attributes.redrive_count(message.message_attributes),
             body=message.body,
             redrive_receives=message.redrive_receives,
+            consumer=consumer_receives(message),
             key=key,
             record=backend,
             death=(message.death_reason, message.died_in, message.died_at),
@@ -255,6 +256,7 @@ class Grouping:
         redrive_count: int,
         body: str | None = None,
         redrive_receives: int = 0,
+        consumer: int | None = None,
         key: GroupKey | None = None,
         record: TaskRecord | None = None,
         death: tuple[str | None, str | None, float | None] = (None, None, None),
@@ -274,9 +276,9 @@ class Grouping:
             ):
                 group.leaving_within_24h += 1
         group.max_receive_count = max(group.max_receive_count, receive_count)
-        group.max_consumer_receives = max(
-            group.max_consumer_receives, max(0, receive_count - redrive_receives)
-        )
+        if consumer is None:  # redrive.broker.base.consumer_receives, from the counts alone
+            consumer = max(0, receive_count - redrive_receives)
+        group.max_consumer_receives = max(group.max_consumer_receives, consumer)
         group.max_redrive_receives = max(group.max_redrive_receives, redrive_receives)
         if info.is_expired(self.now_utc):
             group.expired += 1

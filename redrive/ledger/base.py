@@ -10,7 +10,8 @@ doubling it" in the design)::
 Every transition is conditional on the state (and owner) it starts from, so two processes
 racing on one key cannot both win it. :class:`Ledger` is backend-neutral;
 :class:`redrive.ledger.sqlite.SqliteLedger` is the one-machine backend (several processes may
-share its file); :class:`redrive.ledger.dynamodb.DynamoDbLedger` is shared across machines.
+share its file); :class:`redrive.ledger.dynamodb.DynamoDbLedger` and
+:class:`redrive.ledger.postgres.PostgresLedger` are shared across machines.
 :func:`redrive.ledger.open_ledger` turns a URI into a backend.
 """
 
@@ -149,6 +150,16 @@ class Ledger(Protocol):
     legacy_keys: bool
     """Whether the ledger may hold keys of the form before keys named the publish
     (:func:`redrive.keys.legacy_key_for`): the engine then looks those up too."""
+
+    warnings: tuple[str, ...] = ()
+    """What opening it found that the user should know, one line each (a PostgreSQL
+    server streaming to asynchronous standbys); the CLI shows them, the core never prints."""
+
+    @property
+    def uri(self) -> str:
+        """The URI that opens this ledger again (another process of ``--processes``). It
+        may hold a password: print :attr:`location`, never this."""
+        return self.location
 
     def start_run(self, run_id: str, *, command: str, info: Mapping[str, Any]) -> None: ...
 

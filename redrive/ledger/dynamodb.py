@@ -163,6 +163,28 @@ class DynamoDbLedger(Ledger):
     def close(self) -> None:
         self._calls.close()
 
+    # ----------------------------------------------------------------- copies
+
+    def load_runs(self, runs: Sequence[RunInfo]) -> int:
+        """Put each run absent here, as it stands (a copy); the number put."""
+        now = self._clock()
+        items = [writes.copied_run_item(r, now=now, ttl=self._ttl) for r in runs]
+        return sum(self._calls.each_or_raise(self._put_if_absent, items))
+
+    def load_entries(self, entries: Sequence[Entry], *, legacy_keys: bool) -> int:
+        """Put each key absent here, as it stands (a copy); the number put. (A table
+        always looks up keys of the legacy form: ``legacy_keys`` changes nothing.)"""
+        now = self._clock()
+        items = [writes.copied_entry_item(e, now=now, ttl=self._ttl) for e in entries]
+        return sum(self._calls.each_or_raise(self._put_if_absent, items))
+
+    def _put_if_absent(self, item: dict[str, Any]) -> bool:
+        try:
+            self._calls.put_new(item)
+        except ConditionFailed:
+            return False
+        return True
+
     def __repr__(self) -> str:
         return f"DynamoDbLedger({self.location!r})"
 

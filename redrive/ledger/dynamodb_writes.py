@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from redrive.ledger.base import Claim, KeyState
+from redrive.ledger.base import Claim, Entry, KeyState, RunInfo
 from redrive.ledger.dynamodb_items import (
     RUN_KIND,
     Item,
@@ -252,3 +252,47 @@ def _from_dead_owner(
             }
         },
     ]
+
+
+# --------------------------------------------------------------------------- copies
+
+
+def copied_run_item(run: RunInfo, *, now: float, ttl: float) -> Item:
+    """A run copied from another ledger, as it stands there (``ledger copy``)."""
+    item: Item = {
+        **run_pk(run.run_id),
+        "kind": as_s(RUN_KIND),
+        "command": as_s(run.command),
+        "started_at": as_n(run.started_at),
+        "heartbeat_at": as_n(run.heartbeat_at),
+        "lease_until": as_n(run.lease_until),
+        "info": as_s(json.dumps(run.info, sort_keys=True, default=str)),
+        "counts": as_s(json.dumps(run.counts, sort_keys=True)),
+        TTL_ATTRIBUTE: expiry(now, ttl),
+    }
+    if run.ended_at is not None:
+        item["ended_at"] = as_n(run.ended_at)
+    if run.outcome is not None:
+        item["outcome"] = as_s(run.outcome)
+    return item
+
+
+def copied_entry_item(entry: Entry, *, now: float, ttl: float) -> Item:
+    """A key copied from another ledger, as it stands there; it lives ``ttl`` from the
+    copy, as if changed then (a copied key guards as long as a new one)."""
+    item: Item = {
+        **key_pk(entry.key),
+        "key": as_s(entry.key),
+        "state": as_s(entry.state.value),
+        "run_id": as_s(entry.run_id),
+        "task": as_s(entry.task),
+        "message_id": as_s(entry.message_id),
+        "target": as_s(entry.target),
+        "updated_at": as_n(entry.updated_at),
+        TTL_ATTRIBUTE: expiry(now, ttl),
+    }
+    if entry.sent_message_id is not None:
+        item["sent_message_id"] = as_s(entry.sent_message_id)
+    if entry.sent_at is not None:
+        item["sent_at"] = as_n(entry.sent_at)
+    return item

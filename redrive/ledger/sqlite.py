@@ -28,7 +28,7 @@ from redrive.ledger.base import (
 )
 from redrive.ledger.group_commit import GroupWriter
 from redrive.ledger.sqlite_file import BUSY_TIMEOUT_S, LedgerFile
-from redrive.ledger.sqlite_schema import SCHEMA_VERSION
+from redrive.ledger.sqlite_schema import LEGACY_KEYS, SCHEMA_VERSION
 from redrive.ledger.sqlite_writes import SqliteWrites
 
 __all__ = ["BUSY_TIMEOUT_S", "SCHEMA_VERSION", "SqliteLedger"]
@@ -447,6 +447,71 @@ class SqliteLedger(Ledger):
             return marked
 
         return self._writes.submit("mark keys skipped", apply, flush=True)
+
+    # ----------------------------------------------------------------- copies
+
+    def load_runs(self, runs: Sequence[RunInfo]) -> int:
+        """Insert each run absent here, as it stands (a copy); the number inserted."""
+        rows = [
+            (
+                r.run_id,
+                r.command,
+                r.started_at,
+                r.heartbeat_at,
+                r.lease_until,
+                r.ended_at,
+                r.outcome,
+                json.dumps(r.info, sort_keys=True, default=str),
+                json.dumps(r.counts, sort_keys=True),
+            )
+            for r in runs
+        ]
+
+        def apply(conn: sqlite3.Connection) -> int:
+            before = conn.total_changes
+            conn.executemany(
+                f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id) DO NOTHING",
+                rows,
+            ).close()
+            return conn.total_changes - before
+
+        return self._writes.submit("copy runs", apply, flush=True)
+
+    def load_entries(self, entries: Sequence[Entry], *, legacy_keys: bool) -> int:
+        """Insert each key absent here, as it stands (a copy); the number inserted."""
+        rows = [
+            (
+                e.key,
+                str(e.state),
+                e.run_id,
+                e.task,
+                e.message_id,
+                e.target,
+                e.sent_message_id,
+                e.updated_at,
+                e.sent_at,
+            )
+            for e in entries
+        ]
+
+        def apply(conn: sqlite3.Connection) -> int:
+            if legacy_keys:
+                conn.execute(
+                    "INSERT INTO meta (name, value) VALUES (?, '1') ON CONFLICT (name) DO NOTHING",
+                    (LEGACY_KEYS,),
+                ).close()
+            before = conn.total_changes
+            conn.executemany(
+                f"INSERT INTO keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (key) DO NOTHING",
+                rows,
+            ).close()
+            return conn.total_changes - before
+
+        inserted = self._writes.submit("copy keys", apply, flush=True)
+        self.legacy_keys = self.legacy_keys or legacy_keys
+        return inserted
 
     def _execute_many(
         self, what: str, sql: str, rows: Sequence[Sequence[Any] | Mapping[str, Any]], *, flush: bool

@@ -70,15 +70,22 @@ def merge_move_results(
         failed_messages=[],
         ambiguous_messages=[],
         no_target_candidates=list(template.no_target_candidates),
+        stopped_leases={},
+        live_runs=[],
     )
     _merge_common(merged, parts, sightings)
     for part in parts:
         merged.moved += part.moved
         merged.in_doubt += part.in_doubt
         merged.died_in_doubt += part.died_in_doubt
+        merged.own_in_doubt += part.own_in_doubt
+        merged.stopped_leases.update(part.stopped_leases)
+        merged.live_runs += [r for r in part.live_runs if r not in merged.live_runs]
         merged.duplicates += part.duplicates
         merged.skipped.update(part.skipped)
         merged.throttled += part.throttled
+        merged.stopped_by_returns = merged.stopped_by_returns or part.stopped_by_returns
+        merged.dlq_grew_by = max(merged.dlq_grew_by, part.dlq_grew_by)
         if merged.no_target_reason is None and part.no_target_reason is not None:
             merged.no_target_reason = part.no_target_reason
             merged.no_target_candidates = list(part.no_target_candidates)

@@ -34,7 +34,7 @@ from redrive.operations.processes import (
     run_spread,
 )
 from redrive.operations.run import RunRecord
-from redrive.operations.verdict import IN_DOUBT
+from redrive.operations.verdict import IN_DOUBT, UNRECORDED, UNRECORDED_ROW
 from redrive.selection import Sightings
 
 R = TypeVar("R")
@@ -229,6 +229,7 @@ def _merged_moves(
     for child, part, status in zip(children, results, statuses, strict=True):
         if part is None:
             _add_left(result, child.progress, status, left_by(ledger, status))
+    result.cut_short = any(s.died for s in statuses)
     return result
 
 
@@ -248,9 +249,18 @@ def _add_left(
     if status.died:
         result.died_in_doubt += status.in_doubt
     scanned, matched = progress[:2] if progress else (0, 0)
-    matched = max(matched, status.moved + status.in_doubt)
+    known = status.moved + status.in_doubt
+    matched = max(matched, known)
     result.matched += matched
     result.scanned += max(scanned, matched)
+    if matched > known:
+        # What it matched and the ledger holds nothing of (its last report counted them):
+        # skipped, copies, or not reached yet; none sent (a send is claimed first). Counted
+        # under a row of its own, so that the rows add up to the totals.
+        row = result.task(UNRECORDED_ROW)
+        row.matched += matched - known
+        row.skipped[UNRECORDED] += matched - known
+        result.skipped[UNRECORDED] += matched - known
     for item in left.in_doubt:
         result.skipped[IN_DOUBT] += 1
         result.task(item.task).matched += 1

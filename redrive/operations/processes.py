@@ -665,7 +665,7 @@ def left_by(ledger: Ledger | None, status: ChildStatus) -> Left:
                     entry.message_id,
                     entry.key,
                     f"claimed by process {status.number} (run {status.run_id}), which was "
-                    f"{status.how} before SQS confirmed the send",
+                    f"{status.how} before the broker confirmed the send",
                 )
             )
         elif entry.state in (KeyState.SENT, KeyState.DONE):

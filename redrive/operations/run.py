@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
@@ -179,10 +180,23 @@ def run_is_live(run: RunInfo, now: float) -> bool:
         pid = int(info["pid"])
         if pid == os.getpid():
             return run.run_id in _ACTIVE_RUNS
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _process_runs(pid):
             return False
-        except PermissionError:
-            pass
     return run.is_live(now=now, stale_after=STALE_AFTER)
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs. A killed process its parent has not
+    yet reaped (a zombie) still answers a signal 0, but it sends nothing more: dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # /proc/PID/stat: "PID (COMM) STATE ...": the state follows the last ")".
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux), or it went meanwhile: the lease decides
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]

@@ -30,9 +30,23 @@ RESOLVED_SKIP = "in-doubt-resolved-skip"
 LEASE_LIVE = "in-doubt-lease-live"
 """In doubt, though the operator asked to resolve it: its claimant stopped, but the ledger
 lease it took has not run out, and the ledger resolves nothing of a leased run's."""
+STOPPED = "not-sent-run-stopped"
+"""Decided on, never sent nor deleted: the run stopped (an error, an abort) before it got to
+them. They stay in the DLQ (or the archive), for the next run."""
+UNRECORDED = "not-recorded-process-died"
+"""Matched by a ``--processes`` child that died before it reported what it did with them:
+the ledger holds no claim of them, so it sent none. Each is still in the DLQ (or, a copy of
+a task sent before, deleted)."""
+UNRECORDED_ROW = "(a process died: tasks not recorded)"
+"""The task row that counts them (their tasks died with the process)."""
 NO_TARGET = "no-target"
 NOT_CELERY = "not-celery"
 AMBIGUOUS = "ambiguous-copy"
+CAME_BACK = "came-back"
+"""This run's own copy, dead-lettered back while the run went on: a task it moved failed
+again. Never sent twice by one run: left in the DLQ for the next one."""
+DIED_DURING_RUN = "died-during-run"
+"""Dead-lettered after the run began (by the broker's times): the next run's to take."""
 
 
 class Fate(enum.Enum):
@@ -73,6 +87,10 @@ class Fate(enum.Enum):
     copy delivered: the key is taken over as sent, this copy deleted as a duplicate."""
     IN_DOUBT = "in-doubt"
     """Its key was claimed by a run that ended before confirming the send: held, reported."""
+    CAME_BACK = "came-back"
+    """This run's own copy come back (failed again): left in the DLQ for the next run."""
+    DIED_DURING_RUN = "died-during-run"
+    """It died after the run began: left in the DLQ for the next run."""
     LEASED = "leased"
     """Its key is in doubt and --in-doubt would resolve it, but the claimant's ledger lease
     has not run out: the ledger refuses to, so it is held and reported in doubt."""
@@ -90,6 +108,8 @@ _SKIP_REASONS = {
     Fate.BUSY: BUSY,
     Fate.IN_DOUBT: IN_DOUBT,
     Fate.LEASED: LEASE_LIVE,
+    Fate.CAME_BACK: CAME_BACK,
+    Fate.DIED_DURING_RUN: DIED_DURING_RUN,
 }
 # Fates not counted as matched when decided (a follower is counted once its first copy
 # has gone through, as a duplicate or with it).
@@ -140,6 +160,8 @@ class MessageFacts:
     """How often redrive sent it before (its redrive-count)."""
     held: str | None = None
     """Why it is held as an ambiguous copy (set once its key is settled)."""
+    left: Fate | None = None
+    """CAME_BACK or DIED_DURING_RUN: what this run found it to be before its key decides."""
     in_batch: bool = False
     """An earlier message of this batch has its key."""
     planned: bool = False
@@ -209,6 +231,9 @@ def decide(
     screened = screen(message, options)
     if screened is not None:
         return screened
+    if message.left is not None:
+        # A run never takes what it sent come back, nor what died after it began.
+        return _PLAIN[message.left]
     if message.held is not None:
         return Verdict(Fate.AMBIGUOUS, message.held)
     if message.in_batch:

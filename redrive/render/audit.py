@@ -203,7 +203,9 @@ def in_doubt_foot(location: str, listed: int, busy: int, *, run_id: str | None =
         [
             "",
             *([f"({busy} more {live.partition(' ')[2]})"] if busy else []),
-            f"{listed} message(s) in doubt. For each, find out whether its task ran (its task "
+            f"{listed} message(s) in doubt. `redrive ledger resolve` shows, for each, what "
+            "redrive can tell (with --result-backend, the task's record) and what it would do. "
+            "Or find out yourself whether its task ran (its task "
             "id in the workers' logs or the result backend), then `redrive move TARGET "
             "--message-id ID --in-doubt skip --execute` if it ran, `--in-doubt resend` if it "
             "did not (TARGET: the one the run moved, as `redrive audit RUN_ID` shows). --json "

@@ -16,9 +16,12 @@ FINDINGS_STEPS = (
 )
 
 
-def findings_table(findings: Sequence[Finding], *, width: int | None = None) -> str:
+def findings_table(
+    findings: Sequence[Finding], *, width: int | None = None, broker: str = "SQS"
+) -> str:
+    """``broker``: what people call the broker the layout was checked against."""
     if not findings:
-        return "no findings: the layout matches what SQS says"
+        return f"no findings: the layout matches what {broker} says"
     return fitted_table(
         [[f.family or "-", f.queue, f.problem] for f in findings],
         ["family", "queue", "finding"],

@@ -9,9 +9,10 @@ from typing import Any
 
 from redrive.archive import DamageReport
 from redrive.ledger import default_ledger_path
-from redrive.operations.move import LEASE_LIVE, MoveResult, TaskCounts
+from redrive.operations.move import BUSY, LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
 from redrive.operations.purge import PurgeResult
+from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
 from redrive.render.selection import misses_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable
 from redrive.shell import shell_quote
@@ -59,7 +60,9 @@ def move_text(
     if result.tasks:
         lines += ["", _tasks_table(result, verb, would, width)]
     if result.repair is not None:
-        lines += repair_lines(result.repair, dry_run=result.dry_run, replay=verb == "replay")
+        lines += repair_lines(
+            result.repair, dry_run=result.dry_run, replay=verb == "replay", result=result
+        )
     lines += _in_doubt_lines(result, width)
     lines += cut_lines(result.in_doubt, result.in_doubt_messages, in_doubt_rest(result.ledger))
     lines += _failed_lines(result, width)
@@ -67,6 +70,7 @@ def move_text(
     lines += _ambiguous_lines(result, verb, plan, width)
     lines += cut_lines(result.ambiguous, result.ambiguous_messages, AMBIGUOUS_REST)
     lines += _skipped_lines(result, verb, plan)
+    lines += returns_lines(result)
     lines.extend(misses_text(result.misses, matched=result.matched))
     lines.extend(expired_hint(result, verb, plan=plan))
     lines += _still_hidden_lines(result)
@@ -161,11 +165,22 @@ def _in_doubt_lines(result: MoveResult, width: int | None) -> list[str]:
     return _listed(
         f"{result.in_doubt} message(s) in doubt: their send was in flight when "
         f"{_in_doubt_cause(result)}, so they may already be in the target queue. They stay in "
-        "the DLQ. Rerun with --in-doubt resend (safe when the task is idempotent on its "
-        f"Celery task id) or --in-doubt skip{_lease_live_note(result)}:",
+        "the DLQ. `redrive ledger resolve` shows, message by message, what can be known of "
+        "each; or rerun with --in-doubt resend (safe when the task is idempotent on its "
+        f"Celery task id) or --in-doubt skip{_not_before(result)}{_lease_live_note(result)}:",
         [[m.task, m.task_id or "-", m.message_id] for m in result.in_doubt_messages],
         ["task", "task id", "message id"],
         width,
+    )
+
+
+def _not_before(result: MoveResult) -> str:
+    """When the ledger lets a rerun resolve what stopped runs left: once their leases end."""
+    if not result.stopped_leases or result.skipped[LEASE_LIVE]:
+        return ""
+    return (
+        f", once the lease of run {_runs(sorted(result.stopped_leases))} ends at about "
+        f"{_clock(result.rerun_at)} (the ledger resolves none of its claims before)"
     )
 
 
@@ -184,16 +199,29 @@ def _lease_live_note(result: MoveResult) -> str:
 
 
 def _in_doubt_cause(result: MoveResult) -> str:
-    """Who left the in-doubt claims: earlier runs, a process of this one that died, both."""
-    died = result.died_in_doubt
-    if not died:
-        return "an earlier run stopped"
-    if died >= result.in_doubt:
-        return "a process of this run died (named below)"
-    return (
-        f"an earlier run stopped ({result.in_doubt - died}) or a process of this run died "
-        f"({died}, named below)"
-    )
+    """Who left the in-doubt claims: earlier runs, this run's own unconfirmed sends, a
+    process of this one that died; counted when more than one did."""
+    died, own = result.died_in_doubt, result.own_in_doubt
+    earlier = result.in_doubt - died - own
+    # A run stopped mid-batch (an error, an abort) left its batch's claims as well.
+    mine = OWN_STOPPED if result.error or result.interrupted else OWN_CAUSE
+    causes = [
+        (earlier, "an earlier run stopped", "an earlier run stopped ({n})"),
+        (own, mine, mine + " ({n})"),
+        (
+            died,
+            "a process of this run died (named below)",
+            "a process of this run died ({n}, named below)",
+        ),
+    ]
+    present = [(n, one, some) for n, one, some in causes if n > 0]
+    if len(present) == 1:
+        return present[0][1]
+    return " or ".join(some.format(n=n) for n, _, some in present) or causes[0][1]
+
+
+OWN_CAUSE = "the broker stopped answering this run (it never confirmed the send)"
+OWN_STOPPED = "this run stopped (as said below) before the broker confirmed the send"
 
 
 def _failed_lines(result: MoveResult, width: int | None) -> list[str]:
@@ -260,6 +288,9 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             f"`redrive inspect {where} --show-args`; {purge}"
             f"{_pass(result, '--include-unknown', plan)} to send them anyway.",
         ]
+    lines += _stopped_skips(result, verb)
+    if result.skipped.get(POISON):
+        lines += ["", _poison_line(result, verb, plan, purge)]
     if result.skipped.get("already-succeeded"):
         lines += [
             "",
@@ -267,6 +298,42 @@ def _skipped_lines(result: MoveResult, verb: str, plan: bool) -> list[str]:
             "Celery's result backend records their task as SUCCESS (an earlier copy ran), so "
             f"running them again would run the task twice. {_stay(verb)}: "
             f"{purge}pass --include-succeeded to send them anyway.",
+        ]
+    return lines
+
+
+def returns_lines(result: MoveResult) -> list[str]:
+    """What came back failed while the run went on, what died meanwhile, and whether the run
+    stopped for it (redrive.operations.move.returns)."""
+    lines: list[str] = []
+    if result.came_back:
+        lines += [
+            "",
+            f"{result.came_back} of the {result.moved} moved came back failed (left in the DLQ "
+            "for the next run): a worker ran them and they failed again. One run sends each "
+            f"task once; look at them with `redrive inspect {result.target}` before a rerun "
+            "moves them again.",
+        ]
+    if result.dlq_grew_by > result.came_back:
+        lines += [
+            "",
+            f"The DLQ grew by {result.dlq_grew_by} while the run went on ({result.moved} "
+            "moved): tasks it moved that came back failed, or others that died meanwhile, "
+            "left in the DLQ for the next run.",
+        ]
+    if result.died_during_run:
+        lines += [
+            "",
+            f"{result.died_during_run} message(s) died after this run began: left in the DLQ "
+            "for the next run.",
+        ]
+    if result.stopped_by_returns:
+        limit = result.stopped_by_returns
+        lines += [
+            "",
+            f"stopped: more than {limit} of the moved came back failed (--stop-after-returns "
+            f"{limit}): nothing more was sent, the rest stay in the DLQ. Fix what fails them, "
+            "then rerun (or rerun with a higher --stop-after-returns, or off).",
         ]
     return lines
 
@@ -311,18 +378,63 @@ def targets_cell(counts: TaskCounts) -> str:
 
 
 def _still_hidden_lines(result: MoveResult) -> list[str]:
+    """What the DLQ still hides, and whose it is: a stopped run's (rerun after its lease,
+    exit 3), a live run's (it moves them), or someone's the ledger does not know."""
+    lines = _left_to_live_runs(result)
     if not result.still_hidden:
-        return []
+        return lines
+    if result.stopped_leases:
+        return [*lines, "", _left_to_stopped_runs(result)]
     until = (
-        f"; they reappear by about {datetime.fromtimestamp(result.hidden_until, UTC):%H:%M:%S} UTC"
+        f"; they reappear by about {_clock(result.hidden_until)}"
         if result.hidden_until
         else "; they reappear when the lease of whoever received them runs out"
     )
+    holder = (
+        f"received by run {_runs(result.live_runs)}, still running"
+        if result.live_runs
+        else "received by another run or consumer"
+    )
+    return [
+        *lines,
+        "",
+        f"note: {result.still_hidden} message(s) are still hidden in the DLQ ({holder}), so "
+        f"the DLQ is not drained{until}. Rerun then.",
+    ]
+
+
+def _left_to_stopped_runs(result: MoveResult) -> str:
+    """Messages hidden while the lease of a run that stopped without ending runs."""
+    runs = sorted(result.stopped_leases)
+    return (
+        f"{result.still_hidden} message(s) are still hidden in the DLQ, held by run "
+        f"{_runs(runs)}, which stopped without ending (killed or crashed): the DLQ is not "
+        f"drained, and what that run was sending may be in doubt. Its lease ends at about "
+        f"{_clock(result.rerun_at)}: rerun then (`redrive ledger resolve` then shows what is "
+        "in doubt, message by message)."
+    )
+
+
+def _left_to_live_runs(result: MoveResult) -> list[str]:
+    """Messages skipped because a live run claimed them: that run sends them."""
+    busy = result.skipped[BUSY]
+    if not busy:
+        return []
+    who = f"run {_runs(result.live_runs)}" if result.live_runs else "another run"
     return [
         "",
-        f"note: {result.still_hidden} message(s) are still hidden in the DLQ (received by "
-        f"another run or consumer), so the DLQ is not drained{until}. Rerun then.",
+        f"note: {busy} message(s) skipped as {BUSY}: {who} is still running (its heartbeat "
+        "is fresh) and sends them; nothing is left for this run. `redrive audit` shows that "
+        "run; rerun after it ends to check.",
     ]
+
+
+def _runs(run_ids: Sequence[str]) -> str:
+    return ", ".join(run_ids)
+
+
+def _clock(when: float | None) -> str:
+    return f"{datetime.fromtimestamp(when or 0, UTC):%H:%M:%S} UTC"
 
 
 def archive_damage_lines(report: DamageReport, *, replayed: bool = False) -> list[str]:
@@ -440,33 +552,151 @@ def _purge_text(result: PurgeResult, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def repair_lines(report: RepairReport, *, dry_run: bool, replay: bool = False) -> list[str]:
-    """What the edits did (issue 26): the edits, a sample's diff per task, how many messages
-    they changed and how many they left in the DLQ (and why), and where the originals went."""
+def repair_lines(
+    report: RepairReport,
+    *,
+    dry_run: bool,
+    replay: bool = False,
+    result: MoveResult | None = None,
+) -> list[str]:
+    """What the edits did (issue 26): the edits, a sample's diff per task, what became of
+    the messages they changed (``result``: the run's counts) and how many they left (and
+    why), and where the originals went."""
     edits = " ".join(shell_quote(word) for word in report.edits)
     lines = ["", f"edits: {edits}"]
     for task, samples in sorted(report.samples.items()):
         for sample in samples:
             lines.append(f"  {task} (a sample):")
             lines += [f"    {line}" for line in sample]
+    where = "archive" if replay else "DLQ"
+    if result is None:
+        lines.append(f"  {report.changed} message(s) changed by the edits")
+    else:
+        lines.append(changed_line(report, result, replay=replay))
     left = sum(report.left.values())
     lines.append(
-        f"  {report.changed} message(s) changed by the edits, {left} left in the DLQ "
-        f"({report.left[UNCHANGED]} unchanged by them)"
+        f"  {left} left in the {where} by the edits ({report.left[UNCHANGED]} unchanged by them)"
+        + (":" if report.details else "")
     )
     for detail, count in report.details.most_common(10):
         lines.append(f"    {count} × {detail}")
+    return lines + _originals_lines(report, dry_run=dry_run, replay=replay)
+
+
+def changed_line(report: RepairReport, result: MoveResult, *, replay: bool) -> str:
+    """``N message(s) changed by the edits: M moved, S skipped (poison: S) and stay in the
+    DLQ``: each changed message in exactly one of the counts."""
+    total, fates = report.fates(
+        moved=result.moved,
+        duplicates=result.duplicates,
+        failed=result.failed,
+        skipped=result.skipped,
+    )
+    verb = "replay" if replay else "move"
+    where = "archive" if replay else "DLQ"
+    past = {"move": "moved", "replay": "replayed"}[verb]
+    parts: list[str] = []
+    skips: list[str] = []
+    for fate, n in fates:
+        if not n:
+            continue
+        if fate == "moved":
+            parts.append(f"{n} {'would ' + verb if result.dry_run else past}")
+        elif fate == "duplicates":
+            parts.append(
+                f"{n} already sent (not sent again)"
+                if replay
+                else f"{n} duplicate cop{'y' if n == 1 else 'ies'} of a task sent "
+                + ("(would be deleted)" if result.dry_run else "(deleted)")
+            )
+        elif fate == "failed":
+            parts.append(f"{n} failed to send (still in the {where})")
+        elif fate == "not reached":
+            parts.append(
+                f"{n} not reached (--limit, or the run stopped first: still in the {where})"
+            )
+        else:
+            skips.append(f"{fate.removeprefix('skipped:')}: {n}")
+    if skips:
+        parts.append(
+            f"{sum(n for f, n in fates if f.startswith('skipped:'))} skipped "
+            f"({', '.join(skips)}), so they stay in the {where} unedited"
+        )
+    return f"  {total} message(s) changed by the edits: " + (", ".join(parts) or "none")
+
+
+def _originals_lines(report: RepairReport, *, dry_run: bool, replay: bool) -> list[str]:
+    """Where the originals of the edited messages go."""
     if report.archive:
         said = "would be archived first to" if dry_run else "archived first to"
-        lines.append(f"  originals {said} {report.archive}")
+        line = f"  originals {said} {report.archive}"
+        if report.continued:
+            line += " (a new part beside the archive an earlier run of it began)"
         if not dry_run:
-            lines[-1] += f" ({report.archived} message(s))"
-    elif replay:
-        lines.append("  originals: the archive replayed")
-    elif dry_run:
-        lines.append(
-            "  --execute archives the originals first: add --archive PATH (or --no-archive)"
-        )
-    elif report.changed:
-        lines.append("  originals not archived (--no-archive)")
+            line += f" ({report.archived} message(s))"
+        return [line]
+    if replay:
+        return ["  originals: the archive replayed"]
+    if dry_run:
+        return ["  --execute archives the originals first: add --archive PATH (or --no-archive)"]
+    if report.changed:
+        return ["  originals not archived (--no-archive)"]
+    return []
+
+
+def _stopped_skips(result: MoveResult, verb: str) -> list[str]:
+    """Messages a stop left uncounted by the run itself: what they are, and that a rerun
+    takes them on."""
+    lines: list[str] = []
+    if result.skipped.get(STOPPED):
+        lines += [
+            "",
+            f"{result.skipped[STOPPED]} message(s) not sent ({STOPPED}): decided on, then the "
+            f"run stopped before it sent them. {_stay(verb)}: rerun to {verb} them.",
+        ]
+    if result.skipped.get(UNRECORDED):
+        lines += [
+            "",
+            f"{result.skipped[UNRECORDED]} message(s) matched by a process that died before it "
+            f"reported what it did with them ({UNRECORDED}): it sent none of them (the ledger "
+            "holds no claim of theirs). Each is still in the DLQ (or was deleted as a copy of "
+            f"a task sent before): rerun to {verb} them.",
+        ]
+    unscanned = _unscanned(result, verb)
+    if unscanned:
+        lines += [
+            "",
+            f"about {unscanned} message(s) of the DLQ not scanned: the run stopped before it "
+            f"reached them. They stay in the DLQ: rerun to {verb} them.",
+        ]
     return lines
+
+
+def _unscanned(result: MoveResult, verb: str) -> int:
+    """A stopped run's messages never reached (none for a replay: an archive has no depth)."""
+    return 0 if verb == "replay" else result.not_scanned
+
+
+def _poison_line(result: MoveResult, verb: str, plan: bool, purge: str) -> str:
+    """Poison's way out: a higher --max-redrives, once what made them fail is fixed."""
+    return (
+        f"{result.skipped[POISON]} message(s) skipped as poison: redrive has sent each back "
+        "--max-redrives times already, and each died again. "
+        f"{_stay(verb)}: once what makes them fail is fixed, "
+        f"{_pass(result, '--max-redrives N', plan)} (N above the times they were sent back; "
+        f"`redrive inspect` counts them as poison) to {verb} them once more"
+        + ("; or purge them (archived)." if purge else ".")
+    )
+
+
+def already_sent_hint(count: int, command: str, to: str) -> str:
+    """A replay's tasks the ledger has sent already (to any queue): not sent again by it,
+    and the exact way to send them to ``to`` as well, when that is where they did not go."""
+    return (
+        f"hint: {count} message(s) already sent: the ledger holds their task's key (an earlier "
+        "move or replay sent them, to their queue or to another), and a replay sends each "
+        f"task once per ledger. If {to} is not where they went (an edited move's originals, "
+        "say: the edited copies went to their source queue) and you want them there too, "
+        f"replay with a ledger of its own, which sends each of them there once (dry run "
+        f"first):\n  {command}\nNever to the queue they went to: each task would run twice."
+    )

@@ -9,8 +9,8 @@ from redrive.broker.sqs.native import MAX_NATIVE_RATE
 from redrive.render.tables import Narrow, fitted_table, when, when_cell
 
 
-def native_plan_text(plan: NativePlan) -> str:
-    """The dry run of ``move --native``."""
+def native_plan_text(plan: NativePlan, execute: str) -> str:
+    """The dry run of ``move --native``; ``execute``: the command that starts it."""
     depth = (
         f"about {plan.approximate_messages:,} now"
         if plan.approximate_messages is not None
@@ -38,7 +38,7 @@ def native_plan_text(plan: NativePlan) -> str:
         )
     elif plan.running_unknown:
         lines.append(f"note: could not check for a running move task: {plan.running_unknown}")
-    lines.append("Nothing was started: rerun with --execute to start it.")
+    lines.append(f"Nothing was started; to start it, run:\n  {execute}")
     return "\n".join(lines)
 
 

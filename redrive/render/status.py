@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from redrive.durations import format_duration
 from redrive.render.tables import Narrow, fitted_table
-from redrive.reporting.status import FamilyStatus
+from redrive.reporting.status import FamilyStatus, QueueCounts
 
 STATUS_STEPS = (
     Narrow("tight"),
@@ -23,11 +23,18 @@ STATUS_STEPS = (
 )
 
 
+def _counts(counts: QueueCounts) -> str:
+    return f"{counts.visible} / {counts.in_flight} / {counts.delayed}"
+
+
 def status_table(rows: Sequence[FamilyStatus], *, width: int | None = None) -> str:
     body = []
     for row in rows:
         if row.error:
-            body.append([row.family, row.queue or "-", "-", row.dlq or "-", "-", "-", row.error])
+            # The source's counts where it exists; a DLQ nobody found is said so, not "-".
+            source = _counts(row.queue_counts) if row.queue_counts else "-"
+            dlq = row.dlq or ("not found" if row.queue_counts else "-")
+            body.append([row.family, row.queue or "-", source, dlq, "-", "-", row.error])
             continue
         q, d = row.queue_counts, row.dlq_counts
         assert q is not None and d is not None
@@ -35,9 +42,9 @@ def status_table(rows: Sequence[FamilyStatus], *, width: int | None = None) -> s
             [
                 row.family,
                 row.queue or "-",
-                f"{q.visible} / {q.in_flight} / {q.delayed}",
+                _counts(q),
                 row.dlq or "-",
-                f"{d.visible} / {d.in_flight} / {d.delayed}",
+                _counts(d),
                 format_duration(row.dlq_retention_seconds or 0)
                 if row.dlq_retention_seconds
                 else "-",

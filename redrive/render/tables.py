@@ -149,7 +149,7 @@ def shorten_middle(text: str, width: int) -> str:
 
 def shorten_task(name: str, width: int) -> str:
     """``apps.pay….capture_payment``: a task's last dotted part is its name, kept whole
-    (even past ``width``: the README promises it); the module path before it is what a
+    (even past ``width``: docs/commands.md promises it); the module path before it is what a
     reader can most easily do without."""
     if display_width(name) <= width:
         return name

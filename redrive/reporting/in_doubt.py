@@ -1,5 +1,5 @@
-"""Every in-doubt key of a ledger: claimed by a run that ended (or died) before SQS confirmed
-its send, so its task may or may not be in the target queue.
+"""Every in-doubt key of a ledger: claimed by a run that ended (or died) before the broker
+confirmed its send, so its task may or may not be in the target queue.
 
 A move's summary lists the first :data:`redrive.operations.move.MAX_LISTED` it meets; this
 lists them all, read from the ledger a page at a time (:meth:`Ledger.iter_keys`), so a

@@ -72,7 +72,20 @@ def family_status(layout: Layout, broker_for: Callable[[str | None], Broker]) ->
             # Credentials or network: every family would fail the same way; say it once.
             raise
         except RedriveError as exc:
+            counts = _source_counts(broker_for, family.region, family.queue)
             rows.append(
-                FamilyStatus(family.name, family.queue, family.dlq, None, None, None, str(exc))
+                FamilyStatus(family.name, family.queue, family.dlq, counts, None, None, str(exc))
             )
     return rows
+
+
+def _source_counts(
+    broker_for: Callable[[str | None], Broker], region: str | None, queue: str
+) -> QueueCounts | None:
+    """A family whose DLQ is not found may still have its source queue: its counts, so that
+    its row does not read as if the queue were missing too (None: it is, or cannot say)."""
+    try:
+        broker = broker_for(region)
+        return QueueCounts.of(broker.counts(broker.describe(queue).url))
+    except RedriveError:
+        return None

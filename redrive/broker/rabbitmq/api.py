@@ -20,9 +20,13 @@ class ManagementApi:
 
     def __init__(self, url: str, *, user: str, password: str, masked: str) -> None:
         parts = urllib.parse.urlsplit(url)
+        #: Where the credentials come from, for the words of a refusal.
+        self.credentials_from = "the broker URL (--broker)"
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
+            self.credentials_from = "the management API's URL (--rabbitmq-api)"
+        self.user = user
         netloc = parts.hostname or "localhost"
         if parts.port:
             netloc += f":{parts.port}"
@@ -60,10 +64,7 @@ class ManagementApi:
             if exc.code == 404:
                 return False, None
             if exc.code in (401, 403):
-                raise BrokerUnavailable(
-                    f"RabbitMQ management API at {self.masked} refused the credentials "
-                    f"({exc.code}): give them in --rabbitmq-api or the broker URL"
-                ) from None
+                raise BrokerUnavailable(self._refused(exc.code)) from None
             detail = _reason(exc)
             raise BrokerUnavailable(
                 f"RabbitMQ management API at {self.masked} answered {exc.code} for "
@@ -75,6 +76,23 @@ class ManagementApi:
                 f"RabbitMQ management API at {self.masked} cannot be reached: {reason} "
                 "(is the rabbitmq_management plugin on? --rabbitmq-api names another address)"
             ) from None
+
+    def _refused(self, code: int) -> str:
+        """A 401 (wrong user or password) or 403 (a user the API does not serve), said as
+        the credential that failed and what to do."""
+        if code == 401:
+            return (
+                f"RabbitMQ refused user {self.user!r}: wrong user or password in "
+                f"{self.credentials_from} (the management API at {self.masked} answered 401); "
+                "check USER:PASS in it, or give the API its own as --rabbitmq-api "
+                "http://USER:PASS@HOST:15672"
+            )
+        return (
+            f"RabbitMQ's management API at {self.masked} does not serve user {self.user!r} "
+            f"(from {self.credentials_from}; 403): give the user the management tag "
+            f"(rabbitmqctl set_user_tags {self.user} management) and permissions on the vhost, "
+            "or another user's credentials as --rabbitmq-api http://USER:PASS@HOST:15672"
+        )
 
 
 def _reason(exc: urllib.error.HTTPError) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -41,7 +42,7 @@ from redrive.broker.rabbitmq.link import Got, Link
 from redrive.broker.rabbitmq.properties import Received
 from redrive.broker.rabbitmq.queues import Queues
 from redrive.broker.server import BrokerServer
-from redrive.errors import BrokerUnavailable
+from redrive.errors import BrokerUnavailable, RedriveError
 
 if TYPE_CHECKING:
     from redrive.config import Family, Layout
@@ -56,6 +57,7 @@ BATCH_SIZE: Final = 100
 #: Facts of the delivery kept with an archived copy.
 ARCHIVED_ATTRIBUTES: Final = ("exchange", "routing_key")
 CAPABILITIES: Final = Capabilities(
+    spoken_name="RabbitMQ",
     key_namespace="amqp",
     durable_holds=False,
     receive_count=False,
@@ -102,6 +104,8 @@ class RabbitBroker:
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
+        self._limits: dict[str, int | None] = {}
+        """Source queue name -> its delivery limit, asked once (see :meth:`_with_limits`)."""
 
     def _name(self, queue: str) -> str:
         return self.queues.name_of(queue)
@@ -146,6 +150,10 @@ class RabbitBroker:
             pass
         return QueueCounts(ready=ready, held=held)
 
+    def exact_ready(self, queue: str) -> int | None:
+        ready, _ = self.lane.declared(self._name(queue))
+        return ready
+
     def purge(self, queue: str) -> None:
         self.lane.purge(self._name(queue))
 
@@ -158,7 +166,26 @@ class RabbitBroker:
         hidden_until = self.clock() + min(hold, MAX_HOLD_SECONDS)
         ready, _ = self.lane.declared(name)
         got = self.lane.get(name, max_messages, ready)
-        return [delivery_of(g, hidden_until=hidden_until, vhost=self.queues.vhost) for g in got]
+        vhost = self.queues.vhost
+        return [
+            self._with_limit(delivery_of(g, hidden_until=hidden_until, vhost=vhost)) for g in got
+        ]
+
+    def _with_limit(self, delivery: Delivery) -> Delivery:
+        """A death of reason ``delivery_limit`` came after its source's delivery limit + 1
+        deliveries, which the message no longer says (dead-lettering drops the quorum
+        queue's x-delivery-count): ``source_deliveries`` from the source's limit now, where
+        the source still has one."""
+        if delivery.death_reason != "delivery_limit" or not delivery.died_in:
+            return delivery
+        source = self.queues.name_of(delivery.died_in)
+        if source not in self._limits:
+            try:
+                self._limits[source] = self.queues.describe(source).max_receive_count
+            except RedriveError:  # gone, or the API cannot say: a count, not a verdict
+                self._limits[source] = None
+        limit = self._limits[source]
+        return delivery if limit is None else replace(delivery, source_deliveries=limit + 1)
 
     def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
         # A hold lasts while the channel lives: nothing to renew.

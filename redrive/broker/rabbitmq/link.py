@@ -197,9 +197,7 @@ class Lane:
         try:
             connection.connect()
         except (*LINK_ERRORS, amqp.exceptions.AMQPError) as exc:
-            raise BrokerUnavailable(
-                f"RabbitMQ at {self.masked} cannot be reached: {_why(exc)}"
-            ) from None
+            raise BrokerUnavailable(connect_failed(exc, a, self.masked)) from None
         self._connection = connection
         self.generation += 1
         return connection
@@ -611,6 +609,29 @@ def holds_timed_out(exc: amqp.exceptions.AMQPError, masked: str) -> HoldsTimedOu
         "in its queue and nothing sent is lost (the ledger knows what was); run again with "
         "--limit to hold fewer at once, or raise consumer_timeout on the broker"
     )
+
+
+def connect_failed(exc: BaseException, address: AmqpAddress, masked: str) -> str:
+    """Why a connection could not be made, as what to fix: a refused login, a vhost that is
+    not there, a port that does not speak TLS; else the error's own words."""
+    if isinstance(exc, amqp.exceptions.AccessRefused):
+        return (
+            f"RabbitMQ at {masked} refused user {address.user!r}: wrong user or password "
+            "(ACCESS_REFUSED); check USER:PASS in the broker URL (--broker, REDRIVE_BROKER or "
+            "[broker] url)"
+        )
+    if isinstance(exc, amqp.exceptions.NotAllowed) and "vhost" in str(exc):
+        return (
+            f"vhost {address.vhost!r} does not exist on RabbitMQ at {masked} (or user "
+            f"{address.user!r} may not use it): check the vhost, the broker URL's path "
+            "(amqp://USER:PASS@HOST:5672/VHOST; `//` is the default vhost '/')"
+        )
+    if isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":
+        return (
+            f"RabbitMQ at {masked}: port {address.port} does not speak TLS: use amqp:// for "
+            "it, or amqps:// with the broker's TLS port (5671 by default)"
+        )
+    return f"RabbitMQ at {masked} cannot be reached: {_why(exc)}"
 
 
 def _why(exc: BaseException) -> str:

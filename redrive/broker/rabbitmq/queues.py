@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeGuard
 from redrive.broker.base import DlqTarget, QueueRef, queue_name
 from redrive.broker.rabbitmq.api import ManagementApi
 from redrive.broker.rabbitmq.limits import DeliveryLimit, effective_limit
-from redrive.errors import NoDeadLetterQueue, QueueNotFound
+from redrive.errors import BrokerUnavailable, NoDeadLetterQueue, QueueNotFound
 
 if TYPE_CHECKING:
     from redrive.broker.base import Broker
@@ -66,8 +66,20 @@ class Queues:
     def raw(self, name: str) -> dict[str, Any]:
         found = self.api.get("queues", self.vhost, name)
         if not isinstance(found, dict):
+            self.vhost_exists()
             raise QueueNotFound(f"queue {name} does not exist on vhost {self.vhost!r}")
         return found
+
+    def vhost_exists(self) -> None:
+        """A queue not found on a vhost the API does not know is a vhost not there (every
+        queue would be missing): said so, once, rather than as each family's queue."""
+        if self.api.get("vhosts", self.vhost) is None:
+            raise BrokerUnavailable(
+                f"vhost {self.vhost!r} does not exist on RabbitMQ (the management API at "
+                f"{self.api.masked} knows none of that name for user {self.api.user!r}): "
+                "check the vhost, the broker URL's path (amqp://USER:PASS@HOST:5672/VHOST; "
+                "`//` is the default vhost '/')"
+            )
 
     def describe(self, name_or_address: str, policies: Policies | None = None) -> QueueRef:
         """``policies``: the vhost's, when the caller listed them already."""

@@ -46,6 +46,9 @@ class SqsBroker(SqsCalls):
     def counts(self, queue: str) -> QueueCounts:
         return counts_of(self.attributes(queue, COUNT_ATTRIBUTES))
 
+    def exact_ready(self, queue: str) -> int | None:
+        return None  # ApproximateNumberOfMessages: eventually consistent, never exact
+
     def extend(self, queue: str, tags: Mapping[str, str], seconds: int) -> BatchResult:
         return self.change_visibility_batch(queue, tags, seconds)
 

@@ -67,6 +67,7 @@ ARCHIVED_ATTRIBUTES: Final = (
     "SequenceNumber",
 )
 CAPABILITIES: Final = Capabilities(
+    spoken_name="SQS",
     # Keys of non-Celery messages began "sqs:" before the seam: ledgers hold them.
     key_namespace="sqs",
     durable_holds=True,

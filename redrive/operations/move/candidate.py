@@ -30,6 +30,9 @@ class Candidate:
     held: str | None = None
     """Why it is held as an ambiguous copy (it shares a key, and nothing tells a copy of
     that task from a second publish)."""
+    left: Fate | None = None
+    """Fate.CAME_BACK (this run's own copy, come back) or Fate.DIED_DURING_RUN: left in the
+    DLQ for the next run, whatever its key says."""
     body: str | None = None
     """The body to send when edits changed it (issue 26); None: the message's own. The key
     is always the original's."""

@@ -1,5 +1,6 @@
-"""Which key each candidate has, read against the ledger: a message that is redrive's own copy
-come back moves on a generation, a key of the legacy form is adopted when it is the message's
+"""Which key each candidate has, read against the ledger: a message that is this run's own copy
+come back is left for the next run (one run never sends a task twice), one an earlier run's
+copy come back moves on a generation, a key of the legacy form is adopted when it is the message's
 own, a second publish gets a key of its own, and one that may be either a copy or a second
 publish is held (:func:`redrive.keys.copy_verdict`)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from redrive import attributes
 from redrive.durations import iso_utc
 from redrive.keys import Verdict as CopyVerdict
 from redrive.keys import copy_verdict
@@ -15,6 +17,7 @@ from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.options import MoveOptions
 from redrive.operations.move.owners import ClaimOwners
 from redrive.operations.shared import PlannedLike
+from redrive.operations.verdict import Fate
 
 
 class KeySettler:
@@ -34,27 +37,49 @@ class KeySettler:
 
     def entries_for(self, candidates: Sequence[Candidate]) -> dict[str, Entry]:
         """Ledger entries of the candidates' keys, after settling which key each has: a
-        message that is redrive's own copy come back moves on a generation, one whose key
-        belongs to another invocation gets a key of its own, one that may be either is held
-        (:meth:`_tell_copies_apart`)."""
+        message that is this run's own copy come back is left (``Candidate.left``), one an
+        earlier run's moves on a generation, one whose key belongs to another invocation
+        gets a key of its own, one that may be either is held (:meth:`_tell_copies_apart`)."""
         if not candidates:
             return {}
         if self.ledger is None:
-            self._tell_copies_apart(candidates, {})
+            self._tell_copies_apart(_taken(candidates), {})
             return {}
         wanted = [c.key for c in candidates] + [c.legacy_key for c in candidates if c.legacy_key]
-        entries = self.ledger.get_many(wanted)
-        self._follow_returns(candidates, entries)
-        self._adopt_legacy_keys(candidates, entries)
-        rekeyed = self._tell_copies_apart(candidates, entries)
+        wanted += [k for c in candidates if (k := sent_under(c)) is not None]
+        entries = self.ledger.get_many(list(dict.fromkeys(wanted)))
+        self._leave_own_returns(candidates, entries)
+        self._follow_returns([c for c in candidates if c.left is not Fate.CAME_BACK], entries)
+        taken = _taken(candidates)
+        self._adopt_legacy_keys(taken, entries)
+        rekeyed = self._tell_copies_apart(taken, entries)
         if rekeyed:
             entries.update(self.ledger.get_many([c.key for c in rekeyed]))
         return entries
 
+    def _leave_own_returns(
+        self, candidates: Sequence[Candidate], entries: Mapping[str, Entry]
+    ) -> None:
+        """A copy stamped with the key it was sent under, a key this run (or a process of
+        it) claimed: this run's own send, dead-lettered back while the run goes on. Its new
+        death gives it a new key, but sending it again would run the task twice from one
+        command: it is left for the next run."""
+        for cand in candidates:
+            key = sent_under(cand)
+            entry = entries.get(key) if key is not None else None
+            if entry is not None and self._this_runs(entry):
+                cand.left = Fate.CAME_BACK
+
+    def _this_runs(self, entry: Entry) -> bool:
+        """Whether this run (or a process of it) claimed or sent the entry's key."""
+        return entry.state in (KeyState.CLAIMED, KeyState.SENT, KeyState.DONE) and (
+            self._owners.of_this_run(entry.run_id)
+        )
+
     def _follow_returns(self, candidates: Sequence[Candidate], entries: dict[str, Entry]) -> None:
-        """A message whose MessageId is the one SQS gave our own copy came back to the DLQ
-        (failed again): it moves on a generation; it is not a duplicate, whatever its key
-        says."""
+        """A message whose MessageId is the one SQS gave redrive's own copy came back to the
+        DLQ (failed again): it is not a duplicate, whatever its key says. An earlier run's
+        copy moves on a generation; this run's own is left for the next run."""
         assert self.ledger is not None
         suspects = [c for c in candidates if _sent_by_redrive(c, entries)]
         if not suspects:
@@ -62,7 +87,9 @@ class KeySettler:
         chains = [self._chain(c) for c in suspects]
         found = self.ledger.get_many([key for chain in chains for keys in chain for key in keys])
         for cand, chain in zip(suspects, chains, strict=True):
-            _move_on_if_returned(cand, chain, found)
+            sent = _move_on_if_returned(cand, chain, found)
+            if sent is not None and self._this_runs(sent):
+                cand.left = Fate.CAME_BACK
         entries.update(found)
         missing = [
             k for c in suspects for k in (c.key, c.legacy_key) if k is not None and k not in entries
@@ -181,21 +208,34 @@ def _sent_by_redrive(cand: Candidate, entries: Mapping[str, Entry]) -> bool:
 
 def _move_on_if_returned(
     cand: Candidate, chain: Sequence[Sequence[str]], found: Mapping[str, Entry]
-) -> None:
-    """Move the candidate on past the generation whose send it is, if it is one.
+) -> Entry | None:
+    """Move the candidate on past the generation whose send it is, if it is one; the
+    entry of that send (None: it is none).
 
     An unstamped copy (no room for our attributes) always computes the key of the
     generation its count says, however often it came back: look along its later
     generations for the one whose send it is. Comparing with the first generation only
     would call a second return a duplicate of the first send, and delete it."""
     for generation, keys in enumerate(chain, start=cand.generation):
-        if any(
-            (e := found.get(k)) is not None and e.sent_message_id == cand.message.message_id
-            for k in keys
-        ):
-            cand.generation = generation + 1
-            cand.rekey()
-            return
+        for key in keys:
+            entry = found.get(key)
+            if entry is not None and entry.sent_message_id == cand.message.message_id:
+                cand.generation = generation + 1
+                cand.rekey()
+                return entry
+    return None
+
+
+def sent_under(cand: Candidate) -> str | None:
+    """The key redrive stamped on the copy it sent, when the candidate is one (None: not
+    redrive's copy, or one sent unstamped, without room for redrive's marks)."""
+    value = cand.message.message_attributes.get(attributes.KEY, {}).get("StringValue")
+    return str(value) if value else None
+
+
+def _taken(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates not left for the next run (their keys decide)."""
+    return [c for c in candidates if c.left is None]
 
 
 def _held_by_legacy_key(old: Entry, sent: bool) -> str:

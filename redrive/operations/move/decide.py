@@ -6,6 +6,7 @@ planned (:class:`PlannedKeys`) and counted, and nothing changes."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -22,6 +23,7 @@ from redrive.operations.move.options import MoveOptions, decision_options
 from redrive.operations.move.owners import ClaimOwners
 from redrive.operations.move.repair_step import RepairStep, planned_digests
 from redrive.operations.move.result import MoveResult, MoveTally
+from redrive.operations.move.returns import died_after
 from redrive.operations.move.routing import Router, routed_from
 from redrive.operations.observer import PlanItem, RunObserver
 from redrive.operations.shared import LimitLike, PlannedLike
@@ -105,6 +107,17 @@ class Decider:
         self._options = decision_options(options)
         run_id = owners.run_id
         self._run_open, self._run_full = RunFacts(run_id), RunFacts(run_id, True)
+        self._began: float | None = None
+        self._began_lock = threading.Lock()
+
+    def began(self) -> float:
+        """When the run began deciding: what died after it is the next run's. The later of
+        the run's clock and the wall clock's (broker times are the wall clock's; a run's
+        clock may be set back, as a test's is): only what died after both is left."""
+        with self._began_lock:
+            if self._began is None:
+                self._began = max(self._now(), time.time())
+            return self._began
 
     def decide(self, broker: Broker, batch: Sequence[Delivery], received_at: float) -> DecidedBatch:
         """Decode a batch and decide each message's fate from the ledger as it stands; a
@@ -112,6 +125,8 @@ class Decider:
         decided = DecidedBatch(batch, received_at, keep=[])
         candidates = self._select(broker, batch, decided.keep)
         entries = self._settler.entries_for(candidates)
+        if self.options.execute:  # what came back so far may stop the run before this batch
+            self._tally.check_returns(self.options.stop_after_returns, self._dlq_ready(broker))
         live_owners = self._owners.live_others(entries.values())
         # redrive.celery.results: which in-doubt tasks the result backend proves delivered.
         delivered = (
@@ -128,7 +143,16 @@ class Decider:
                 self._to_plan(cand, "delete-duplicate")
         if not self.options.execute:
             self._plan_only(decided)
+        else:
+            self._tally.check_returns(self.options.stop_after_returns, None)
         return decided
+
+    def _dlq_ready(self, broker: Broker) -> int | None:
+        """The DLQ's exact count of waiting messages, where the run drains a DLQ, may stop
+        for what comes back, and the broker counts exactly (None otherwise)."""
+        if self.options.stop_after_returns.off or self._tally.result.depth_before is None:
+            return None
+        return broker.exact_ready(self.target.dlq.url)
 
     # -- what needs no key ---------------------------------------------------------------
 
@@ -138,6 +162,7 @@ class Decider:
         """The batch's selected messages that may be sent, with their keys; the others go
         to ``keep`` (counted as skipped when selected)."""
         candidates: list[Candidate] = []
+        began = self.began()
         now = self._now()
         now_dt = datetime.fromtimestamp(now, UTC)
         decoded = [(message, decode(message.body, message.parsed)) for message in batch]
@@ -160,6 +185,8 @@ class Decider:
                 message, info, facts.generation, route, self._namespace(), legacy=self._legacy
             )
             cand.body = bodies.get(message.message_id)
+            if died_after(message, began, now):
+                cand.left = Fate.DIED_DURING_RUN
             candidates.append(cand)
         return candidates
 
@@ -229,13 +256,16 @@ class Decider:
         facts = MessageFacts(
             generation=cand.generation,
             held=cand.held,
+            left=cand.left,
             in_batch=cand.key in decided.followers,
             planned=entry is None and cand.key in self._planned,
         )
         live_owners, delivered = known_of
         known = self._entry_facts(entry, live_owners, cand.key in delivered)
         options = self._options
-        run = self._run_full if self._limit.reached else self._run_open
+        # Stopped for what came back: nothing more is sent, as once --limit is reached.
+        full = self._limit.reached or self._tally.result.stopped_by_returns is not None
+        run = self._run_full if full else self._run_open
         verdict = decide(facts, known, run, options)
         if verdict.sends and not self._limit.take():
             # Another worker took the last one meanwhile.

@@ -3,7 +3,7 @@ end), wiring the parts that decide (:mod:`.decide`) and carry out (:mod:`.execut
 
 Per batch of received messages (every step is a point a crash may hit; see the tests), as
 :data:`STEPS` names the points between them: receive, decide, claim, send, record, delete
-(:mod:`redrive.operations.move`)."""
+(:mod:`redrive.operations.move`); claim, send and record once per send batch of it."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.routing import Router, source_name
 from redrive.operations.move.send import Sender
 from redrive.operations.move.stages import OVERLAP_SAMPLE, Prefetch, overlap_pays
+from redrive.operations.move.stopped import count_stopped
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord
+from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares
+from redrive.operations.verdict import BUSY
 from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
 from redrive.selection import Sightings
@@ -213,6 +215,11 @@ class MoveEngine:
                 scan.close()
         return self.result
 
+    @property
+    def _archives_originals(self) -> bool:
+        repair = self.options.repair
+        return self.options.execute and repair is not None and repair.archive_to is not None
+
     def _dlq_scan(self, broker: Broker) -> DlqScan:
         # What the run skips stays hidden until its end, renewed while it lives: a killed
         # run's messages come back within about --lease (see redrive.dlq.scan).
@@ -224,8 +231,10 @@ class MoveEngine:
             stop=self.stop,
             broker_factory=self.broker_factory,
             receive_log=self.receive_log,
-            # Only a --where on them reads redrive's own receives (a move shows none).
-            receive_counts=self.options.selection.reads("consumer_receives"),
+            # Only a --where on them reads redrive's own receives (a move shows none), and an
+            # edited move's archive of the originals, which keeps them as purge's does.
+            receive_counts=self.options.selection.reads("consumer_receives")
+            or self._archives_originals,
         )
 
     def _end_on_error(
@@ -262,14 +271,33 @@ class MoveEngine:
             result.redelivered = scan.stats.redelivered
         if scan.deletes:
             result.still_hidden = broker.counts(self.target.dlq.url).held
-        if self.ledger is not None and result.still_hidden:
-            leases = [
-                r.lease_until
-                for r in self.ledger.runs(since=self.now() - 86_400)
-                if r.run_id != self.run_id and r.lease_until > self.now()
-            ]
-            result.hidden_until = max(leases) if leases else None
+        if self.ledger is not None and (
+            result.still_hidden or result.in_doubt or result.skipped[BUSY]
+        ):
+            self._others(self.ledger, result)
         self._life.end(outcome)
+
+    def _others(self, ledger: Ledger, result: MoveResult) -> None:
+        """What the other runs of this DLQ that have not ended leave to a rerun: the live
+        ones their own work, the stopped ones (killed, crashed) what their leases hold."""
+        now = self.now()
+        runs = [r for r in ledger.runs(since=now - 86_400) if r.run_id != self.run_id]
+        leases = [r.lease_until for r in runs if r.lease_until > now]
+        result.hidden_until = max(leases) if leases and result.still_hidden else None
+        for run in runs:
+            if run.ended_at is not None or self._is_sibling(run.run_id):
+                continue
+            if (run.info or {}).get("dlq") != self.target.dlq.url:
+                continue
+            if run_is_live(run, now):
+                result.live_runs.append(run.run_id)
+            elif run.lease_until > now:
+                result.stopped_leases[run.run_id] = run.lease_until
+
+    def _is_sibling(self, run_id: str) -> bool:
+        """Whether ``run_id`` is this ``--processes`` run or another of its processes."""
+        parent = self._parent
+        return parent is not None and (run_id == parent or run_id.startswith(parent + "."))
 
     # -- a worker ------------------------------------------------------------------------
 
@@ -293,12 +321,15 @@ class MoveEngine:
         try:
             while (decided := ahead.get()) is not None:
                 self._complete(broker, decided)
-        except Exception:
-            # Batches received but never worked on: hold them like the rest, so that the
-            # run's end gives them back at once instead of after their lease.
+        except (Exception, KeyboardInterrupt) as exc:
+            # Batches received but never worked on: counted as not sent, and held like the
+            # rest, so that the run's end gives them back at once instead of after their
+            # lease.
             with contextlib.suppress(Exception):
                 for left in ahead.close():
-                    self._scan.keep(broker, left.batch)
+                    self._count_stopped(left, set())
+                    if isinstance(exc, Exception):
+                        self._scan.keep(broker, left.batch)
             raise
         finally:
             ahead.close()
@@ -333,23 +364,40 @@ class MoveEngine:
             with contextlib.suppress(Exception):
                 self._scan.keep(broker, batch)
             raise
-        if self._limit.reached:
+        if self._limit.reached or self.result.stopped_by_returns:
+            # Enough moved, or enough came back failed (operations.move.returns).
             self._scan.stop_receiving()
         return decided
 
     def _complete(self, broker: Broker, decided: DecidedBatch) -> None:
+        self._tally.watch()
         try:
             keep = self._execute(broker, decided)
+        except KeyboardInterrupt:
+            self._count_stopped(decided, self._tally.watched())
+            raise
         except Exception:
+            self._count_stopped(decided, self._tally.watched())
             # Stopped mid-batch (the ledger, SQS): hold the batch like the rest, so that the
             # run's end gives back at once what it did not delete (the ledger knows what it
             # sent or claimed), instead of after its lease.
             with contextlib.suppress(Exception):
                 self._scan.keep(broker, decided.batch)
             raise
+        self._tally.watched()
         self._scan.keep(broker, keep)
         if self.observer.wants_progress:
             self.observer.on_progress(self._tally.snapshot())
+
+    def _count_stopped(self, decided: DecidedBatch, counted: set[object]) -> None:
+        """A batch the run stopped in: what it had not counted, counted as the ledger has it
+        (redrive.operations.move.stopped). A dry run stops in none (it counts as it decides)."""
+        if not self.options.execute:
+            return
+        with contextlib.suppress(Exception):
+            count_stopped(
+                decided, counted, ledger=self.ledger, run_id=self.run_id, tally=self._tally
+            )
 
     # -- one batch: the hooks a subclass (or a bench's timer) may wrap -------------------
 

@@ -1,14 +1,15 @@
 """Carrying out a decided batch of an executed run, a step at a time (each a point a crash may
-hit): claim the keys to send in the ledger, send them, record what was sent and give back what
-was refused, delete the DLQ copies of what was sent, record those keys as done. What is neither
-sent nor refused stays claimed: in doubt."""
+hit): per send batch, after the rate's wait, claim its keys in the ledger, send it, record what
+was sent and give back what was refused; then delete the DLQ copies of what was sent and record
+those keys as done. What is neither sent nor refused stays claimed: in doubt (at most the send
+batch in flight when a run is killed)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from redrive.broker.base import Broker, Delivery
+from redrive.broker.base import Broker, Delivery, SendEntry
 from redrive.ledger import Claim, Entry, KeyState, Ledger
 from redrive.operations.move.candidate import Candidate, DecidedBatch
 from redrive.operations.move.copies import copy_of
@@ -65,14 +66,18 @@ class Executor:
         hidden until the scan ends."""
         if not self.options.execute:
             return decided.keep
-        claimed = self._claim(decided)
-        self._heartbeat()
-        self._observer.on_step("claimed")
-        self._extend_if_slow(broker, decided.batch, decided.received_at)
-        sent = self._sender.send(broker, claimed.claimed)
-        self._observer.on_step("sent")
-        self._record(sent)
-        self._observer.on_step("recorded")
+        self._resolve(decided)
+        sent = SendOutcome()
+        # Claimed a send batch at a time, each just before it goes (after --rate's wait):
+        # a run killed mid-batch leaves in doubt at most the one batch being sent.
+        takeover_of = {id(c): old for c, old in decided.takeovers}
+        rate = self.options.rate
+        chunks = self._sender.chunks(
+            [*decided.to_send, *(c for c, _ in decided.takeovers)],
+            slice_size=None if rate is None else max(1, int(rate)),
+        )
+        for chunk in chunks or [[]]:
+            self._send_chunk(broker, decided, chunk, takeover_of, sent)
         self._settle(sent, decided)
         deleted = self._delete(broker, self._deletable(sent, decided))
         decided.keep.extend(deleted.kept)
@@ -82,35 +87,67 @@ class Executor:
             self.ledger.mark_done_many(self.run_id, sorted(deleted.done))
         return decided.keep
 
+    def _send_chunk(
+        self,
+        broker: Broker,
+        decided: DecidedBatch,
+        chunk: Sequence[tuple[Candidate, SendEntry]],
+        takeover_of: Mapping[int, str],
+        total: SendOutcome,
+    ) -> None:
+        """Pace, claim, send and record one send batch; add what the send did to ``total``."""
+        self._sender.pace(len(chunk))
+        claimed = self._claim([c for c, _ in chunk], takeover_of, decided)
+        self._heartbeat()
+        self._observer.on_step("claimed")
+        self._extend_if_slow(broker, decided.batch, decided.received_at)
+        mine = {id(c) for c in claimed.claimed}
+        sent = self._sender.send(broker, [(c, e) for c, e in chunk if id(c) in mine])
+        self._observer.on_step("sent")
+        self._record(sent)
+        self._observer.on_step("recorded")
+        total.sent.extend(sent.sent)
+        total.refused.extend(sent.refused)
+        total.unconfirmed.extend(sent.unconfirmed)
+
     # -- claim ---------------------------------------------------------------------------
 
-    def _claim(self, decided: DecidedBatch) -> ClaimOutcome:
-        """Claim the keys to send (and take over the in-doubt ones to resend, mark the ones
-        to skip): durable before anything is sent."""
-        assert self.ledger is not None and self.run_id is not None
+    def _resolve(self, decided: DecidedBatch) -> None:
+        """Act on the in-doubt keys the operator's --in-doubt resolves without a send:
+        adopt the ones proven delivered, mark the ones to skip."""
         if decided.proven:
             decided.duplicates = self._adopt_delivered(
                 decided.proven, decided.duplicates, decided.keep
             )
         if decided.resolve_skip:
             self._resolve_skips(decided.resolve_skip)
+
+    def _claim(
+        self,
+        cands: Sequence[Candidate],
+        takeover_of: Mapping[int, str],
+        decided: DecidedBatch,
+    ) -> ClaimOutcome:
+        """Claim the keys of one send batch (taking over the in-doubt ones to resend):
+        durable before any of it is sent."""
         outcome = ClaimOutcome()
-        if decided.to_send:
-            self._claim_new(decided, outcome)
-        if decided.takeovers:
-            self._take_over(decided, outcome)
+        new = [c for c in cands if id(c) not in takeover_of]
+        over = [(c, takeover_of[id(c)]) for c in cands if id(c) in takeover_of]
+        if new:
+            self._claim_new(new, decided, outcome)
+        if over:
+            self._take_over(over, decided, outcome)
         return outcome
 
-    def _claim_new(self, decided: DecidedBatch, outcome: ClaimOutcome) -> None:
+    def _claim_new(
+        self, cands: Sequence[Candidate], decided: DecidedBatch, outcome: ClaimOutcome
+    ) -> None:
         assert self.ledger is not None and self.run_id is not None
         won = self.ledger.claim_many(
             self.run_id,
-            [
-                Claim(c.key, c.info.task, c.message.message_id, c.target.url)
-                for c in decided.to_send
-            ],
+            [Claim(c.key, c.info.task, c.message.message_id, c.target.url) for c in cands],
         )
-        for cand in decided.to_send:
+        for cand in cands:
             if cand.key in won.won:
                 outcome.claimed.append(cand)
             else:
@@ -171,9 +208,13 @@ class Executor:
         until = run.lease_until if run is not None and run.ended_at is None else None
         self._tally.in_doubt(listed_for(cand, lease_live(old, until)), LEASE_LIVE)
 
-    def _take_over(self, decided: DecidedBatch, outcome: ClaimOutcome) -> None:
+    def _take_over(
+        self,
+        takeovers: Sequence[tuple[Candidate, str]],
+        decided: DecidedBatch,
+        outcome: ClaimOutcome,
+    ) -> None:
         assert self.ledger is not None and self.run_id is not None
-        takeovers = decided.takeovers
         taken = self.ledger.takeover_many(self.run_id, [(c.key, old) for c, old in takeovers])
         lost = [c for c, _ in takeovers if c.key not in taken]
         # Decided on before an earlier batch of this run went through, a takeover may find
@@ -245,7 +286,7 @@ class Executor:
         for cand, _ in sent.refused:
             decided.keep_with_followers(cand)
         for cand in sent.unconfirmed:
-            self._tally.in_doubt(listed_for(cand, UNCONFIRMED))
+            self._tally.in_doubt(listed_for(cand, UNCONFIRMED), own=True)
             decided.keep_with_followers(cand)
 
     def _deletable(self, sent: SendOutcome, decided: DecidedBatch) -> list[tuple[Delivery, str]]:

@@ -12,6 +12,7 @@ from redrive.broker.base import Broker, Delivery, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.celery.results import ResultLookup
 from redrive.operations.move.repair_step import RepairOptions
+from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
 from redrive.operations.verdict import DecisionOptions
 from redrive.selection import Selection
 
@@ -76,6 +77,9 @@ class MoveOptions:
     (``already-succeeded``; see :mod:`redrive.celery.results`)."""
     include_succeeded: bool = False
     """Send such tasks all the same (and do not consult the backend)."""
+    stop_after_returns: ReturnsLimit = DEFAULT_RETURNS_LIMIT
+    """When to stop receiving for the moved tasks that came back failed during the run
+    (:mod:`redrive.operations.move.returns`)."""
     repair: RepairOptions | None = None
     """Edits of each task on its way back, and where the originals are archived (issue 26;
     see :mod:`redrive.operations.move.repair_step`)."""

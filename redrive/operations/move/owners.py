@@ -43,6 +43,15 @@ class ClaimOwners:
         holds it (``live``: the live runs found), else its holder's."""
         return decided_owner(run_id, self.run_id, self.sibling(run_id, live))
 
+    def of_this_run(self, run_id: str) -> bool:
+        """Whether ``run_id`` is this run or another process of it (``--processes``), live
+        or not: what it sent, this run sent (a dry run, with no run id, sends nothing)."""
+        if self.run_id is None:
+            return False
+        if run_id == self.run_id:
+            return True
+        return self._parent is not None and run_id.rpartition(".")[0] == self._parent
+
     def sibling(self, run_id: str, live: set[str] | None = None) -> bool:
         """Whether ``run_id`` is another live process of this ``--processes`` run (runs
         PARENT.1, PARENT.2, ...): its claims are settled as this run's own are (the claim

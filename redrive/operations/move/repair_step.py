@@ -11,6 +11,7 @@ another edit finds the key sent and sends nothing again."""
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -21,9 +22,10 @@ from typing import Any
 
 from redrive import attributes
 from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer
-from redrive.archive.storage import archive_part
+from redrive.archive.storage import archive_part, free_part
 from redrive.broker.base import Broker, Delivery, SendEntry
-from redrive.errors import NotRepairable
+from redrive.celery.knowledge import UNREGISTERED
+from redrive.errors import ArchiveError, NotRepairable
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
@@ -52,6 +54,12 @@ class RepairOptions:
     """Show argument values in the diff (as elsewhere, they are hidden unless asked)."""
     planned: Mapping[str, tuple[str, str]] | None = None
     """``apply``: MessageId -> (digest before, digest after) of the reviewed plan."""
+    suggested: bool = False
+    """A dry run's archive that no option named: the one the command it prints names."""
+    continues: bool = False
+    """The local archive exists, begun by an earlier run of the command (the ledger says):
+    this run writes a new part beside it (:func:`redrive.archive.storage.free_part`), which
+    a replay of the archive's name reads with it."""
 
     @property
     def words(self) -> list[str]:
@@ -83,12 +91,15 @@ class RepairReport:
     messages: list[dict[str, str]] = field(default_factory=list)
     """The first :data:`LISTED` messages left, each with why."""
     archived: int = 0
+    continued: bool = False
+    """The archive is a new part beside one an earlier run of the command began."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "edits": self.edits,
             "archive": self.archive,
             "archived": self.archived,
+            "archive_continued": self.continued,
             "changed": self.changed,
             "unchanged_by_edit": self.left[UNCHANGED],
             "not_repairable": self.left[NOT_REPAIRABLE],
@@ -100,10 +111,34 @@ class RepairReport:
             "left_messages": self.messages,
         }
 
+    def fates(
+        self, *, moved: int, duplicates: int, failed: int, skipped: Mapping[str, int]
+    ) -> tuple[int, list[tuple[str, int]]]:
+        """What became of the messages the edits changed, from the run's counts: every count
+        but the skips decided before the edits (a task no worker registers) or by them.
+        Those the counts do not hold were not reached (--limit, or the run stopped first).
+        The total is at least what the counts hold (a process that died took its report
+        with it). Each fate with its count: ``moved``, ``duplicates``, ``failed``,
+        ``skipped:REASON``, ``not reached``."""
+        fates = [
+            ("moved", moved),
+            ("duplicates", duplicates),
+            ("failed", failed),
+            *(
+                (f"skipped:{reason}", n)
+                for reason, n in sorted(skipped.items())
+                if n and reason not in REASONS and reason != UNREGISTERED
+            ),
+        ]
+        counted = sum(n for _, n in fates)
+        total = max(self.changed, counted)
+        return total, [*((k, n) for k, n in fates if n), ("not reached", total - counted)]
+
     def merge(self, other: RepairReport) -> None:
         """Add another process's report (``--processes``)."""
         self.changed += other.changed
         self.archived += other.archived
+        self.continued = self.continued or other.continued
         self.left.update(other.left)
         self.details.update(other.details)
         for task, sample in other.samples.items():
@@ -118,6 +153,7 @@ class RepairStep:
         self.options = options
         self.writer = writer
         self.report = RepairReport(options.words, options.archive_to)
+        self.report.continued = options.continues
         self.clears_expires = CLEAR_EXPIRES in options.edits
         self._lock = threading.Lock()
 
@@ -188,6 +224,8 @@ class RepairStep:
                 dlq=dlq,
                 run_id=run_id,
                 archived_at=now,
+                # inspect ARCHIVE counts a consumer's receives as the DLQ showed them.
+                redrive_receives=cand.message.redrive_receives or None,
             )
             for cand in _deletable(decided)
         ]
@@ -235,7 +273,7 @@ def repair_step(
     if not execute or where is None:
         yield RepairStep(options)
         return
-    writer = open_writer(where, s3_client_factory=s3_client_factory)
+    writer, where = _open_archive(where, options, s3_client_factory)
     step = RepairStep(options, writer)
     step.report.archive = where
     try:
@@ -246,3 +284,22 @@ def repair_step(
             with contextlib.suppress(OSError):
                 Path(where).expanduser().unlink()
             step.report.archive = None
+
+
+def _open_archive(
+    where: str, options: RepairOptions, s3_client_factory: Callable[[], Any] | None
+) -> tuple[ArchiveWriter, str]:
+    """The run's archive writer, and where it writes: ``where``, or when the run continues
+    an earlier run's archive (``options.continues``), the first free part beside the
+    archive named (each process of a rerun takes its own: a part taken meanwhile by a
+    sibling is passed over)."""
+    if not options.continues or "://" in where or options.archive_to is None:
+        return open_writer(where, s3_client_factory=s3_client_factory), where
+    for _ in range(64):
+        part = free_part(options.archive_to)
+        try:
+            return open_writer(part, s3_client_factory=s3_client_factory), part
+        except ArchiveError:
+            if not os.path.lexists(os.path.expanduser(part)):
+                raise
+    raise ArchiveError(f"no free part beside archive {options.archive_to}; choose another path")

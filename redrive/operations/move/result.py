@@ -17,8 +17,17 @@ from redrive.celery.knowledge import NoTarget
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.repair_step import RepairReport
+from redrive.operations.move.returns import ReturnsLimit, grown_by
 from redrive.operations.seen import SeenByFilters
-from redrive.operations.verdict import AMBIGUOUS, IN_DOUBT, NO_TARGET, Fate, Verdict
+from redrive.operations.verdict import (
+    AMBIGUOUS,
+    CAME_BACK,
+    DIED_DURING_RUN,
+    IN_DOUBT,
+    NO_TARGET,
+    Fate,
+    Verdict,
+)
 from redrive.selection import FilterMisses
 
 MAX_LISTED = 100
@@ -92,7 +101,10 @@ class MoveResult:
     in_doubt: int = 0
     died_in_doubt: int = 0
     """Of ``in_doubt``: the claims a process of this run (``--processes``) left unconfirmed
-    when it died; the others were left by earlier runs."""
+    when it died; the others were left by earlier runs, or by this one (``own_in_doubt``)."""
+    own_in_doubt: int = 0
+    """Of ``in_doubt``: this run's own sends whose fate the broker left unconfirmed (its
+    answer lost, e.g. to a broker restart)."""
     duplicates: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
     tasks: dict[str, TaskCounts] = field(default_factory=dict)
@@ -109,9 +121,17 @@ class MoveResult:
     misses: FilterMisses | None = None
     """A --task or --message-id filter that matched nothing: what the scan saw instead."""
     interrupted: bool = False
+    cut_short: bool = False
+    """``--processes``: a process died, and the others stopped with it (not interrupted)."""
     error: str | None = None
     still_hidden: int = 0
     hidden_until: float | None = None
+    stopped_leases: dict[str, float] = field(default_factory=dict)
+    """Other runs of this DLQ that stopped without ending (killed, crashed) and whose leases
+    still run: run id -> when the lease ends. Until then their holds may hide messages and
+    the ledger resolves none of their claims: what they left is for a rerun after that."""
+    live_runs: list[str] = field(default_factory=list)
+    """Other runs of this DLQ still running (pid or heartbeat): what they hold is theirs."""
     seconds: float = 0.0
     throttled: int = 0
     depth_before: int | None = None
@@ -120,10 +140,34 @@ class MoveResult:
     """Copies SQS delivered again after the run deleted their message: deleted once more."""
     repair: RepairReport | None = None
     """What the run's edits did (issue 26); None without edits."""
+    dlq_grew_by: int = 0
+    """The most the DLQ grew by while the run went on, where the broker counts exactly
+    (RabbitMQ): tasks it moved that came back, and whatever else died meanwhile."""
+    stopped_by_returns: str | None = None
+    """The ``--stop-after-returns`` the moved tasks that came back exceeded, when the run
+    stopped receiving for it (None: it did not stop for them)."""
+
+    @property
+    def came_back(self) -> int:
+        """Tasks this run moved that came back failed while it ran (left in the DLQ)."""
+        return self.skipped[CAME_BACK]
+
+    @property
+    def died_during_run(self) -> int:
+        """Messages that died after the run began (left in the DLQ for the next run)."""
+        return self.skipped[DIED_DURING_RUN]
 
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
+
+    @property
+    def not_scanned(self) -> int:
+        """About how many of the DLQ's messages (its depth as the run began) a run that
+        stopped never reached: they stay in the DLQ (0 when it did not stop)."""
+        if not (self.interrupted or self.error or self.cut_short) or not self.depth_before:
+            return 0
+        return max(0, self.depth_before - self.scanned)
 
     @property
     def by_task(self) -> dict[str, int]:
@@ -135,8 +179,25 @@ class MoveResult:
         return self.skipped[AMBIGUOUS]
 
     @property
+    def left_to_stopped_runs(self) -> bool:
+        """Whether messages stay hidden while a stopped run's lease runs: the DLQ is not
+        drained, and only a rerun after that lease can say what is left (some in doubt)."""
+        return bool(self.still_hidden and self.stopped_leases)
+
+    @property
+    def rerun_at(self) -> float | None:
+        """When the leases of the stopped runs of this DLQ are over (None: none runs)."""
+        return max(self.stopped_leases.values()) if self.stopped_leases else None
+
+    @property
     def needs_attention(self) -> bool:
-        return bool(self.failed or self.in_doubt or self.ambiguous)
+        return bool(
+            self.failed
+            or self.in_doubt
+            or self.ambiguous
+            or self.stopped_by_returns
+            or self.left_to_stopped_runs
+        )
 
     @property
     def acted(self) -> bool:
@@ -158,6 +219,14 @@ class MoveResult:
             "duplicates_deleted": self.duplicates,
         }
 
+    def _repair_json(self, repair: RepairReport) -> dict[str, Any]:
+        """The edits' report, with what became of the messages they changed (``became``:
+        fate -> count, adding up to ``changed``)."""
+        total, fates = repair.fates(
+            moved=self.moved, duplicates=self.duplicates, failed=self.failed, skipped=self.skipped
+        )
+        return {**repair.to_json(), "changed": total, "became": {k: n for k, n in fates if n}}
+
     def task(self, name: str) -> TaskCounts:
         counts = self.tasks.get(name)
         if counts is None:
@@ -172,6 +241,7 @@ class MoveResult:
             "run_id": self.run_id,
             "ledger": self.ledger,
             "scanned": self.scanned,
+            "not_scanned": self.not_scanned,
             "matched": self.matched,
             "moved": self.moved,
             "skipped": self.skipped_total,
@@ -199,15 +269,23 @@ class MoveResult:
             "interrupted": self.interrupted,
             "error": self.error,
             "still_hidden": self.still_hidden,
-            "hidden_until": (
-                datetime.fromtimestamp(self.hidden_until, UTC).isoformat(timespec="seconds")
-                if self.hidden_until
-                else None
-            ),
+            "hidden_until": _iso(self.hidden_until),
+            "own_in_doubt": self.own_in_doubt,
+            "stopped_runs": {run: _iso(until) for run, until in self.stopped_leases.items()},
+            "live_runs": list(self.live_runs),
+            "rerun_at": _iso(self.rerun_at),
             "seconds": round(self.seconds, 3),
             "redelivered": self.redelivered,
-            **({"repair": self.repair.to_json()} if self.repair is not None else {}),
+            "came_back": self.came_back,
+            "died_during_run": self.died_during_run,
+            "dlq_grew_by": self.dlq_grew_by,
+            "stopped_by_returns": self.stopped_by_returns,
+            **({"repair": self._repair_json(self.repair)} if self.repair is not None else {}),
         }
+
+
+def _iso(when: float | None) -> str | None:
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="seconds") if when else None
 
 
 @dataclass(slots=True)
@@ -250,6 +328,26 @@ class MoveTally:
         self._source_of = source_of
         """The queue a message came from (its target may be another: a task's route)."""
         self._lock = threading.Lock()
+        self._watch = threading.local()
+
+    # -- what a batch being carried out has counted (this thread's) ----------------------
+
+    def watch(self) -> None:
+        """From now on, note in this thread which messages are counted (by their decoded
+        task, or MessageId): a batch the run stops in counts the rest as the ledger has
+        them (:meth:`MoveEngine._count_stopped`)."""
+        self._watch.counted = set()
+
+    def watched(self) -> set[object]:
+        """What was counted in this thread since :meth:`watch`; watching ends."""
+        counted: set[object] = getattr(self._watch, "counted", None) or set()
+        self._watch.counted = None
+        return counted
+
+    def _note(self, *marks: object) -> None:
+        counted = getattr(self._watch, "counted", None)
+        if counted is not None:
+            counted.update(marks)
 
     def decided(
         self, info: TaskInfo, verdict: Verdict, message_id: str = "", key: str = ""
@@ -285,28 +383,34 @@ class MoveTally:
             self._matched(info)
 
     def skipped(self, info: TaskInfo, reason: str) -> None:
+        self._note(id(info))
         with self._lock:
             self._skip(info.task, reason)
 
     def duplicate(self, info: TaskInfo, *, matched: bool = False) -> None:
+        self._note(id(info))
         with self._lock:
             if matched:
                 self._matched(info)
             self._duplicate(info)
 
-    def in_doubt(self, listed: Listed, reason: str = IN_DOUBT) -> None:
+    def in_doubt(self, listed: Listed, reason: str = IN_DOUBT, *, own: bool = False) -> None:
         """Count a message in doubt, under ``reason`` (IN_DOUBT, or LEASE_LIVE: one the
-        ledger would not resolve yet), and list it."""
+        ledger would not resolve yet), and list it; ``own``: this run's send left it so."""
         with self._lock:
             self.result.in_doubt += 1
+            self.result.own_in_doubt += own
             self._skip(listed.task, reason)
             add_listed(self.result.in_doubt_messages, listed)
+        self._note(listed.message_id)
 
     def moved(self, cand: Candidate) -> None:
+        self._note(id(cand.info))
         with self._lock:
             self._moved(cand)
 
     def sent(self, outcome: SendOutcome) -> None:
+        self._note(*(id(c.info) for c, _ in [*outcome.sent, *outcome.refused]))
         with self._lock:
             for cand, _ in outcome.sent:
                 self._moved(cand)
@@ -314,6 +418,19 @@ class MoveTally:
                 self.result.failed += 1
                 self.result.task(cand.info.task).failed += 1
                 add_listed(self.result.failed_messages, listed_for(cand, error))
+
+    def check_returns(self, limit: ReturnsLimit, ready: int | None) -> None:
+        """Stop the run (``stopped_by_returns``) once more of what it moved came back failed
+        than ``limit`` allows: those it received, or (``ready``: the DLQ's exact count now,
+        None where the broker has none) by how much the DLQ grew meanwhile."""
+        with self._lock:
+            result = self.result
+            if ready is not None and result.depth_before is not None:
+                grown = grown_by(ready, result.depth_before, result.scanned)
+                result.dlq_grew_by = max(result.dlq_grew_by, grown)
+            back = max(result.came_back, result.dlq_grew_by)
+            if result.stopped_by_returns is None and limit.exceeded(back, result.moved):
+                result.stopped_by_returns = limit.describe()
 
     def scanned(self, n: int) -> None:
         with self._lock:

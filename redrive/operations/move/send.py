@@ -36,28 +36,54 @@ class Sender:
         self._limits = limits
         self._rate = rate
 
-    def send(self, broker: Broker, claimed: Sequence[Candidate]) -> SendOutcome:
-        """Send the claimed messages: what SQS confirmed, refused, or left unconfirmed.
+    def chunks(
+        self, cands: Sequence[Candidate], *, slice_size: int | None = None
+    ) -> list[list[tuple[Candidate, SendEntry]]]:
+        """The send batches of ``cands``, each with its entries: per target, within the
+        broker's limits and at most ``slice_size`` (a rate's one-second slice). The executor
+        claims each batch just before it goes, so that a run killed before a send leaves
+        nothing of it in doubt."""
+        limits = self._limits
+        if slice_size is not None and slice_size < limits.batch_size:
+            limits = replace(limits, batch_size=max(1, slice_size))
+        by_target: dict[str, list[Candidate]] = {}
+        for cand in cands:
+            by_target.setdefault(cand.target.url, []).append(cand)
+        chunks: list[list[tuple[Candidate, SendEntry]]] = []
+        for group in by_target.values():
+            by_id = {str(i): c for i, c in enumerate(group)}
+            entries = [self.entry(entry_id, c) for entry_id, c in by_id.items()]
+            chunks.extend(
+                [(by_id[e.id], e) for e in chunk] for chunk in split_batches(entries, limits)
+            )
+        return chunks
+
+    def pace(self, n: int) -> None:
+        """Wait until ``n`` messages may go at the run's rate: before their claims, so that
+        the wait leaves nothing claimed and unsent."""
+        self._rate.acquire(n)
+
+    def send(self, broker: Broker, claimed: Sequence[tuple[Candidate, SendEntry]]) -> SendOutcome:
+        """Send claimed messages (one of :meth:`chunks`, or part of one): what the broker
+        confirmed, refused, or left unconfirmed.
 
         An entry SQS named in neither list of its response may have been queued: its claim
         is kept (in doubt for the next run), never released to be resent blindly.
         """
         outcome = SendOutcome()
         sent, failed, doubtful = outcome.sent, outcome.refused, outcome.unconfirmed
-        by_target: dict[str, list[Candidate]] = {}
-        for cand in claimed:
-            by_target.setdefault(cand.target.url, []).append(cand)
-        for url, cands in by_target.items():
-            by_id = {str(i): c for i, c in enumerate(cands)}
-            entries = [self.entry(entry_id, c) for entry_id, c in by_id.items()]
-            for chunk in split_batches(entries, self._limits):
-                self._rate.acquire(len(chunk))
+        by_target: dict[str, list[tuple[Candidate, SendEntry]]] = {}
+        for cand, entry in claimed:
+            by_target.setdefault(cand.target.url, []).append((cand, entry))
+        for url, pairs in by_target.items():
+            by_id = {entry.id: cand for cand, entry in pairs}
+            for chunk in split_batches([entry for _, entry in pairs], self._limits):
                 try:
                     result = broker.send(url, chunk)
                 except Exception:
                     # Earlier unconfirmed entries stay claimed, like the request in flight.
                     self._settle_before_error(
-                        claimed,
+                        [c for c, _ in claimed],
                         sent,
                         failed,
                         {by_id[e.id].key for e in chunk} | {c.key for c in doubtful},

@@ -52,6 +52,7 @@ class Prefetch:
         # (an interrupt then finishes at most that one more).
         self._slot = threading.Semaphore(1)
         self._halt = threading.Event()
+        self._late: list[DecidedBatch] = []
         self._thread = threading.Thread(target=self._run, name="redrive-receive", daemon=True)
         self._thread.start()
 
@@ -72,6 +73,9 @@ class Prefetch:
             with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.1)
                 return
+        if isinstance(item, DecidedBatch):
+            # Decided as the stage closed: still one that nobody took (close() says so).
+            self._late.append(item)
 
     def get(self) -> DecidedBatch | None:
         item = self._queue.get()
@@ -89,4 +93,6 @@ class Prefetch:
                 item = self._queue.get(timeout=0.1)
                 if isinstance(item, DecidedBatch):
                     left.append(item)
+        left.extend(self._late)
+        self._late.clear()
         return left

@@ -1,0 +1,154 @@
+"""What keeps the suite honest (issue 37): under CI=true a real component that is missing
+fails the run instead of turning its tests into skips, and Hypothesis draws the same
+examples on every CI run; locally both stay as they were (skips that say why, new examples)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import missing_component
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+MAKE = shutil.which("make")
+
+
+def bare_path(tmp_path: Path) -> str:
+    """A PATH with python and ``id`` only: no chromium, no apt-get."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, target in (("python", sys.executable), ("id", shutil.which("id"))):
+        if target is not None and not (bin_dir / name).exists():
+            (bin_dir / name).symlink_to(target)
+    return str(bin_dir)
+
+
+@pytest.mark.e2e  # make as a subprocess
+@pytest.mark.skipif(MAKE is None, reason="make is not installed")
+@pytest.mark.parametrize("target", ["browser", "rabbitmq"])
+def test_make_fails_in_ci_when_a_real_component_is_missing(target: str, tmp_path: Path) -> None:
+    """``make rabbitmq``/``make browser`` said "will skip" and went on under CI too."""
+    assert MAKE is not None
+    args = [MAKE, "-s", "-C", str(ROOT), target, "RABBITMQ_SERVER=/nonexistent/rabbitmq-server"]
+    env = {"PATH": bare_path(tmp_path), "HOME": str(tmp_path)}
+    local = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert local.returncode == 0, local.stderr
+    assert "will skip" in local.stdout
+    ci = subprocess.run(args, env=env | {"CI": "true"}, capture_output=True, text=True, timeout=60)
+    assert ci.returncode != 0, ci.stdout
+    assert "CI=true" in ci.stderr and "is missing" in ci.stderr
+
+
+def test_a_missing_component_skips_locally_and_fails_in_ci() -> None:
+    with pytest.raises(pytest.skip.Exception, match="no thing"):
+        missing_component("no thing", ci=False)
+    with pytest.raises(pytest.fail.Exception, match=r"no thing.*CI=true"):
+        missing_component("no thing", ci=True)
+
+
+PROBE = """
+from hypothesis import settings
+
+def test_the_profile():
+    print("derandomize", settings.default.derandomize, "database", settings.default.database)
+
+def test_a_node(rabbitmq_node):
+    pass
+"""
+
+NO_RABBITMQ = """
+from pathlib import Path
+import redrive.sandbox.rabbitmq_node as node
+node.RABBITMQ_SERVER = Path("/nonexistent/rabbitmq-server")
+"""
+
+
+def run_probe(tmp_path: Path, *, ci: bool) -> str:
+    """tests/conftest.py's fixtures and profile, in a pytest of their own, with neither
+    RabbitMQ's server (a plugin points at none) nor chromium (not on PATH)."""
+    (tmp_path / "test_probe.py").write_text(PROBE)
+    (tmp_path / "no_rabbitmq.py").write_text(NO_RABBITMQ)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env |= {"PATH": bare_path(tmp_path), "PYTHONPATH": f"{tmp_path}{os.pathsep}{TESTS}"}
+    if ci:
+        env["CI"] = "true"
+    plugins = ["-p", "no_rabbitmq", "-p", "conftest", "-p", "no:xdist", "-p", "no:cacheprovider"]
+    probes = [str(tmp_path / "test_probe.py"), str(TESTS / "test_report_browser.py")]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *plugins,
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            "-s",
+            "-rA",
+            *probes,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return done.stdout + done.stderr
+
+
+@pytest.mark.e2e  # pytest as a subprocess
+def test_in_ci_missing_rabbitmq_and_chromium_fail_and_hypothesis_is_derandomized(
+    tmp_path: Path,
+) -> None:
+    out = run_probe(tmp_path, ci=True)
+    assert "derandomize True database None" in out, out[-3000:]
+    assert "SKIPPED" not in out, out[-3000:]
+    assert "ERROR test_probe.py::test_a_node - Failed: no RabbitMQ" in out, out[-3000:]
+    assert "CI=true: a missing real component fails the run" in out, out[-3000:]
+    assert out.count("FAILED ::test_chromium") == 2 and "no chromium on PATH" in out, out[-3000:]
+
+
+@pytest.mark.e2e  # pytest as a subprocess
+def test_locally_they_skip_with_a_reason_and_hypothesis_explores(tmp_path: Path) -> None:
+    out = run_probe(tmp_path, ci=False)
+    assert "derandomize False" in out and "database None" not in out, out[-3000:]
+    assert "FAILED" not in out, out[-3000:]
+    assert "SKIPPED" in out and "no RabbitMQ" in out and "no chromium" in out, out[-3000:]
+
+
+def test_exactly_once_checks_count_after_the_worker_stopped() -> None:
+    """A fixed wait "long enough for a duplicate" let a later duplicate pass unseen: each
+    Celery check counts executions once the queues are drained and the worker has stopped
+    (``celery_worker.run_worker_until``), so no wait of a second or more is left. A task's
+    own work (a line marked ``# task body:``) is no wait of the test's."""
+    waits = {
+        path.name: found
+        for path in sorted(TESTS.glob("test_*celery*e2e.py"))
+        if (
+            found := [
+                line
+                for line in path.read_text().splitlines()
+                if re.search(r"time\.sleep\(\s*(?:[1-9]|0*\.[5-9])", line)
+                and "# task body:" not in line
+            ]
+        )
+    }
+    assert not waits, waits
+
+
+def test_no_test_skips_because_it_runs_as_root() -> None:
+    """CI runs as root: a test skipped for root never ran there. Permission tests set root's
+    privileges aside instead (tests/unprivileged.py)."""
+    skipping = [
+        path.name
+        for path in sorted(TESTS.glob("test_*.py"))
+        if re.search(r"skip\w*\([^)]*geteuid\(\)\s*==\s*0", path.read_text(), re.S)
+    ]
+    assert not skipping, skipping
