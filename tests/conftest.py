@@ -41,12 +41,24 @@ from hypothesis import HealthCheck, settings
 from localstack_server import LocalStackServer, start_localstack
 from moto import mock_aws
 from postgres_server import PostgresServer
-from rabbitmq_shared import attach, stop_shared
+from rabbitmq_shared import (
+    RABBITMQ4_ROOT,
+    attach,
+    require_rabbitmq4,
+    stop_shared,
+    trixie_node,
+)
 
 from redrive.aws.session import shared_loader
 from redrive.cli import cli as redrive_group
 from redrive.operations.observer import RunObserver
-from redrive.sandbox.rabbitmq_node import RABBITMQ_SERVER, RabbitMQNode, Vhost, server_installed
+from redrive.sandbox.rabbitmq_node import (
+    RABBITMQ_SERVER,
+    ChrootRabbitMQNode,
+    RabbitMQNode,
+    Vhost,
+    server_installed,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 #: The workerinput key naming the folder of the run's shared RabbitMQ node.
@@ -120,7 +132,8 @@ def skip_unless_installed(installed: bool, reason: str) -> pytest.MarkDecorator:
 _SERVER_FIXTURES = frozenset(
     {
         *("moto_server", "server", "serial_server", "serial_moto", "localstack_endpoint"),
-        *("rabbitmq_node", "rabbitmq_vhost"),
+        *("rabbitmq_node", "rabbitmq_vhost", "rabbitmq3_node", "rabbitmq4_node"),
+        "rabbitmq4_vhost",
         *("postgres_server", "postgres_schema", "postgres_url"),
     }
 )
@@ -195,9 +208,10 @@ class _SharedNodeOfTheRun:
         node.workerinput[SHARED_POSTGRES] = str(self.shared_postgres)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if not stop_shared(self.shared):
-            # Too late to fail a test: the run's summary is printed; say it where it shows.
-            sys.stderr.write("the shared RabbitMQ node had exited before the run's end\n")
+        for version, shared in (("3.10", self.shared), ("4.0", self.shared / "4.0")):
+            if not stop_shared(shared):
+                # Too late to fail a test: the run's summary is printed; say it where it shows.
+                sys.stderr.write(f"the shared RabbitMQ {version} node had exited early\n")
         shutil.rmtree(self.shared, ignore_errors=True)
         if not postgres_server_module.stop_shared(self.shared_postgres):
             sys.stderr.write("the shared PostgreSQL server had exited before the run's end\n")
@@ -632,7 +646,7 @@ def localstack_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lo
 
 
 @pytest.fixture(scope="session")
-def rabbitmq_node(
+def rabbitmq3_node(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[RabbitMQNode]:
     """A private RabbitMQ node on free loopback ports (redrive/sandbox/rabbitmq_node.py), one
@@ -658,6 +672,61 @@ def rabbitmq_node(
     crashed = node.process.poll()
     node.stop()
     assert crashed is None, f"RabbitMQ exited ({crashed}) during the session: {node.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def rabbitmq4_node(request: pytest.FixtureRequest) -> Iterator[RabbitMQNode]:
+    """A private RabbitMQ 4.0.5 node (Debian 13's package, Erlang 27), run from the root
+    ``make rabbitmq4`` builds once outside the clone (tests/rabbitmq_shared.py,
+    RABBITMQ4_ROOT), shared by the xdist workers as the 3.10 node is. Where that root is
+    missing it skips with the reason, and fails under ``CI=true``: CI must test 4.0."""
+    require_rabbitmq4()
+    workerinput = getattr(request.config, "workerinput", {})
+    if SHARED_RABBITMQ in workerinput:
+        shared = attach(Path(workerinput[SHARED_RABBITMQ]) / "4.0", trixie_node)
+        yield shared
+        assert shared.alive(), f"RabbitMQ 4.0 exited during the run: {shared.log_tail()}"
+        return
+    node = ChrootRabbitMQNode(RABBITMQ4_ROOT)
+    try:
+        node.start()
+        yield node
+        assert node.process is not None
+        crashed = node.process.poll()
+        assert crashed is None, f"RabbitMQ 4.0 exited ({crashed}): {node.log_tail()}"
+    finally:
+        node.stop()
+        node.remove()
+
+
+#: The RabbitMQ versions of the suite, and the fixture of each one's node.
+RABBITMQ_NODES = {"3.10": "rabbitmq3_node", "4.0": "rabbitmq4_node"}
+
+#: On every tested RabbitMQ version: ``@on_both_rabbitmq`` on a test (or in a module's
+#: pytestmark) that uses ``rabbitmq_node`` or ``rabbitmq_vhost``; ``rabbitmq_version`` says
+#: which one a test runs on. Without it, a test runs on 3.10.
+on_both_rabbitmq = pytest.mark.parametrize(
+    "rabbitmq_node", list(RABBITMQ_NODES), indirect=True, ids=["rmq3.10", "rmq4.0"]
+)
+on_rabbitmq4 = pytest.mark.parametrize("rabbitmq_node", ["4.0"], indirect=True, ids=["rmq4.0"])
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_node(request: pytest.FixtureRequest) -> RabbitMQNode:
+    """The node of the version a test is parametrized with (3.10 when it is not)."""
+    node: RabbitMQNode = request.getfixturevalue(RABBITMQ_NODES[getattr(request, "param", "3.10")])
+    return node
+
+
+@pytest.fixture
+def rabbitmq_version(rabbitmq_node: RabbitMQNode, request: pytest.FixtureRequest) -> str:
+    """``"3.10"`` or ``"4.0"``: the version the test's node runs (its parameter, checked
+    against what the node's management API says)."""
+    callspec = getattr(request.node, "callspec", None)
+    version: str = callspec.params.get("rabbitmq_node", "3.10") if callspec else "3.10"
+    said = rabbitmq_node.server_version()
+    assert said.startswith(f"{version}."), (version, said)
+    return version
 
 
 @pytest.fixture(scope="session")
@@ -738,6 +807,18 @@ def rabbitmq_vhost(rabbitmq_node: RabbitMQNode, request: pytest.FixtureRequest) 
     vhost = rabbitmq_node.create_vhost(name)
     yield vhost
     rabbitmq_node.delete_vhost(name)
+
+
+@pytest.fixture
+def rabbitmq4_vhost(
+    rabbitmq4_node: RabbitMQNode, request: pytest.FixtureRequest
+) -> Iterator[Vhost]:
+    """``rabbitmq_vhost`` on the 4.0 node, for a fixture that picks its broker itself
+    (tests/test_broker_contract.py's backends)."""
+    name = f"t4-{request.node.name[:60]}-{os.urandom(4).hex()}"
+    vhost = rabbitmq4_node.create_vhost(name)
+    yield vhost
+    rabbitmq4_node.delete_vhost(name)
 
 
 @pytest.fixture(autouse=True)

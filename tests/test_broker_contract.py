@@ -6,8 +6,9 @@ SQS on moto (in-process), SQS on a real LocalStack on loopback, and SQS's lean c
 (redrive/broker/sqs/lean.py, issue 25) on a moto server (its own HTTP) and on in-process moto
 (which answers it through botocore's before-send event, as it answers botocore), on
 LocalStack and, both clients, on bench/fast_sqs.py (the benchmarks' server), and
-RabbitMQ on a private node (a fresh vhost per test; its bodies are kombu's envelopes of AMQP
-messages, redrive/broker/rabbitmq/envelope.py). A broker added later joins ``BACKENDS``.
+RabbitMQ on private nodes of 3.10.8 and 4.0.5 (a fresh vhost per test; its bodies are
+kombu's envelopes of AMQP messages, redrive/broker/rabbitmq/envelope.py). A broker added
+later joins ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ BACKENDS = [
     "sqs-fast",
     "sqs-lean-fast",
     pytest.param("rabbitmq", marks=pytest.mark.e2e),
+    pytest.param("rabbitmq4", marks=pytest.mark.e2e),
 ]
 #: What travels beside the body on every backend: one of redrive's own marks (on RabbitMQ the
 #: producer's headers live in the envelope; redrive's marks travel as message attributes).
@@ -83,8 +85,10 @@ def backend(
         moto: MotoServer = request.getfixturevalue("server")
         settings = AwsSettings(endpoint_url=moto.endpoint_url, region="us-east-1")
         yield lean_calls(settings), moto.client(), moto.client
-    elif request.param == "rabbitmq":
-        vhost: Vhost = request.getfixturevalue("rabbitmq_vhost")
+    elif request.param in ("rabbitmq", "rabbitmq4"):
+        # 3.10.8 (this machine's) and 4.0.5 (tests/rabbitmq_shared.py's Debian 13 root).
+        fixture = "rabbitmq4_vhost" if request.param == "rabbitmq4" else "rabbitmq_vhost"
+        vhost: Vhost = request.getfixturevalue(fixture)
         admin = RabbitAdmin(vhost)
         yield (
             open_broker(vhost.amqp_url, aws=AwsSettings(), rabbitmq_api=vhost.api_url),

@@ -29,13 +29,19 @@ def test_expected_dlq_name() -> None:
     assert expected_dlq_name("https://sqs.us-east-1.amazonaws.com/1/jobs.fifo") == "jobs-dlq.fifo"
 
 
+SQS_ENDPOINT = "https://sqs.us-east-1.amazonaws.com"
+#: SQS has no version to say: named by its endpoint (issue 39).
+SQS_BROKER = {"kind": "sqs", "version": None, "endpoint": SQS_ENDPOINT, "tested": None}
+
+
 def test_clean_layout_has_no_findings(all_families: dict[str, Family], cli: Cli) -> None:
     assert findings_of(all_families["checkout"].client) == []
     result = cli("check")
     assert result.exit_code == 0, result.output
     assert "no findings" in result.output
+    assert result.output.splitlines()[-1] == f"broker: SQS at {SQS_ENDPOINT}"
     data = json.loads(cli("check", "--json").stdout)
-    assert data == {"layout": "built-in", "findings": []}
+    assert data == {"layout": "built-in", "broker": SQS_BROKER, "findings": []}
 
 
 def test_source_without_redrive_policy(sqs_client: Any) -> None:
@@ -164,7 +170,7 @@ def test_config_overrides_expectations(sqs_client: Any, atlas: str, cli: Cli) ->
     assert findings_of(sqs_client, atlas) == []
     result = cli("--config", atlas, "check", "--json")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == {"layout": atlas, "findings": []}
+    assert json.loads(result.stdout) == {"layout": atlas, "broker": SQS_BROKER, "findings": []}
 
 
 def test_config_expectations_are_checked(

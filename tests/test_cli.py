@@ -168,6 +168,7 @@ def test_status_table(all_families: dict[str, Family], cli: Cli) -> None:
     seed(all_families["checkout"], charges=2, mails=0)
     lines = cli.ok("status").output.splitlines()
     assert "family" in lines[0]
+    assert lines[-1] == "broker: SQS at https://sqs.us-east-1.amazonaws.com"
     checkout = next(line for line in lines if line.startswith("checkout"))
     assert "onion-checkout-dlq" in checkout and "2 / 0 / 0" in checkout
     assert any(line.startswith("default") and "onion-dlq" in line for line in lines)
@@ -178,6 +179,13 @@ def test_status_json_shape(all_families: dict[str, Family], cli: Cli) -> None:
     seed(all_families["default"], charges=1, mails=1)
     data = as_json(cli.ok("status", "--json"))
     assert data["layout"] == "built-in"
+    # SQS has no version to say: named by its endpoint (issue 39).
+    assert data["broker"] == {
+        "kind": "sqs",
+        "version": None,
+        "endpoint": "https://sqs.us-east-1.amazonaws.com",
+        "tested": None,
+    }
     by_name = {f["family"]: f for f in data["families"]}
     assert list(by_name) == ["checkout", "default", "progress"]
     default = by_name["default"]

@@ -17,7 +17,7 @@ from typing import Any
 import amqp
 import pytest
 from amqp import spec
-from conftest import missing_component, wait_until
+from conftest import missing_component, on_both_rabbitmq, wait_until
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import broker_scheme, open_broker
@@ -112,6 +112,7 @@ def test_an_unreachable_broker_is_one_line_with_the_password_masked() -> None:
 # -- the envelope --------------------------------------------------------------------------------
 
 
+@on_both_rabbitmq
 def test_a_dead_lettered_celery_task_round_trips_byte_identical_with_typed_headers(
     rabbitmq_vhost: Vhost, channel: amqp.Channel, broker: RabbitBroker
 ) -> None:
@@ -257,6 +258,7 @@ def _quiet(call: Any) -> Any:
 # -- holds ------------------------------------------------------------------------------------
 
 
+@on_both_rabbitmq
 def test_holding_and_releasing_every_message_leaves_a_classic_queue_in_order(
     channel: amqp.Channel, broker: RabbitBroker
 ) -> None:
@@ -278,6 +280,7 @@ def test_holding_and_releasing_every_message_leaves_a_classic_queue_in_order(
     ]
 
 
+@on_both_rabbitmq
 def test_a_quorum_queue_counts_deliveries(channel: amqp.Channel, broker: RabbitBroker) -> None:
     declare(channel, "qq", **{"x-queue-type": "quorum", "x-delivery-limit": 5})
     assert broker.describe("qq").max_receive_count == 5

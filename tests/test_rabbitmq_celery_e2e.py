@@ -3,7 +3,8 @@
 the source queue's DLX routes the message into the DLQ, x-death reason ``rejected``; or a
 quorum queue's ``x-delivery-limit`` passed by a worker dying twice: ``delivery_limit``); then
 ``redrive move --execute`` puts them back and a real worker, the task now fixed, runs each
-moved task exactly once. As tests/test_celery_e2e.py does on SQS."""
+moved task exactly once. As tests/test_celery_e2e.py does on SQS. Both on RabbitMQ 3.10.8 and
+4.0.5."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from celery_worker import kill_if_running, start_celery_worker
 from celery_worker import run_worker_until as run_celery_worker_until
+from conftest import on_both_rabbitmq
 
 from redrive.sandbox.rabbitmq_layout import (
     RabbitFamily,
@@ -159,6 +161,7 @@ def produce(env: dict[str, str], tmp_path: Path, count: int) -> set[str]:
     return ids
 
 
+@on_both_rabbitmq
 def test_a_task_whose_worker_dies_past_the_quorum_delivery_limit_is_dead_lettered(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
@@ -232,6 +235,7 @@ def run_fixed(
     assert depth(vhost, family.dlq) == 0 and depth(vhost, family.queue) == 0
 
 
+@on_both_rabbitmq
 def test_failed_tasks_dead_lettered_by_the_broker_moved_and_run_once_by_a_real_worker(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:

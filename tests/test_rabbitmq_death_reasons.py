@@ -1,6 +1,7 @@
 """Per group, why and where RabbitMQ dead-lettered the messages (issue 24 item 3): x-death's
 reason, queue and time of each message's last death, through ``Delivery.death_reason`` /
-``died_in`` / ``died_at``; inspect's and report's JSON and text. On a real node."""
+``died_in`` / ``died_at``; inspect's and report's JSON and text. On real 3.10.8 and 4.0.5 nodes
+(4.0's dead-lettering adds ``x-last-death-*``; x-death is read on both)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from collections import Counter
 
 import pytest
+from conftest import on_both_rabbitmq
 from test_rabbitmq_e2e import ok_json, redrive
 
 from redrive.sandbox.rabbitmq_layout import (
@@ -21,7 +23,7 @@ from redrive.sandbox.rabbitmq_layout import (
 )
 from redrive.sandbox.rabbitmq_node import Vhost
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, on_both_rabbitmq]
 
 
 def expire_into_dlq(vhost: Vhost, queue: str, dlq: str, count: int) -> None:

@@ -1,7 +1,8 @@
 """A quorum DLQ with a delivery limit of its own (issue 24 item 4): every read by redrive is
 a delivery counted toward it, so redrive refuses to receive from it (exit 2, one line) until
 ``--allow-delivery-limit``; the refusal says the limit, the highest delivery count redrive
-saw there and how many of the deliveries were redrive's own (the receive log). On a real node."""
+saw there and how many of the deliveries were redrive's own (the receive log). On real 3.10.8
+and 4.0.5 nodes (4.0's implicit limit of 20: tests/test_rabbitmq_versions.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from conftest import on_both_rabbitmq
 from test_rabbitmq_e2e import drain, ok_json, redrive
 
 from redrive.broker.rabbitmq.api import ManagementApi
@@ -22,11 +24,11 @@ from redrive.sandbox.rabbitmq_layout import (
 )
 from redrive.sandbox.rabbitmq_node import Vhost, management_request
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, on_both_rabbitmq]
 
 
 def test_a_quorum_dlq_with_a_delivery_limit_is_refused_until_allowed(
-    rabbitmq_vhost: Vhost,
+    rabbitmq_vhost: Vhost, rabbitmq_version: str
 ) -> None:
     families = [
         replace(f, dlq_delivery_limit=4) if f.name == "checkout" else f
@@ -61,7 +63,7 @@ def test_a_quorum_dlq_with_a_delivery_limit_is_refused_until_allowed(
     report = redrive(rabbitmq_vhost, "report", "--format", "json")
     assert report.returncode == 1, report.stderr
     assert "x-delivery-limit 4" in report.stderr
-    assert ok_json(redrive(rabbitmq_vhost, "inspect", "default", "--json"))["total"] == 5
+    assert_the_other_family(rabbitmq_vhost, rabbitmq_version)
 
 
 # -- a limit from a policy ----------------------------------------------------------------------
@@ -80,7 +82,7 @@ def put_policy(
 
 
 def test_a_policys_delivery_limit_is_refused_at_once_as_the_arguments_is(
-    rabbitmq_vhost: Vhost,
+    rabbitmq_vhost: Vhost, rabbitmq_version: str
 ) -> None:
     """The policy is set, then the quorum DLQ declared (no x-delivery-limit argument) and
     filled, and redrive runs at once: the management API's statistic of the queue's policy
@@ -95,8 +97,17 @@ def test_a_policys_delivery_limit_is_refused_at_once_as_the_arguments_is(
         (line,) = refused.stderr.strip().splitlines()
         assert "DLQ onion-checkout-dlq has x-delivery-limit 4 from policy dlq-limit: " in line, line
         assert "rabbitmqctl set_policy" in line and "--allow-delivery-limit" in line
-    # The other families' quorum DLQs have no limit: read as ever.
-    assert ok_json(redrive(rabbitmq_vhost, "inspect", "default", "--json"))["total"] == 5
+    assert_the_other_family(rabbitmq_vhost, rabbitmq_version)
+
+
+def assert_the_other_family(vhost: Vhost, version: str) -> None:
+    """Another family's quorum DLQ, declared without a limit: read as ever on 3.10; refused
+    for 4.x's default of 20 on 4.0."""
+    other = redrive(vhost, "inspect", "default", "--json")
+    if version == "3.10":
+        assert ok_json(other)["total"] == 5
+    else:
+        assert other.returncode == 2 and "4.x's default of 20" in other.stderr, other.stderr
 
 
 def test_the_limit_is_the_lowest_of_the_argument_the_policy_and_the_operator_policy(
@@ -140,15 +151,20 @@ def test_the_limit_is_the_lowest_of_the_argument_the_policy_and_the_operator_pol
     }
 
 
-def test_a_quorum_queue_with_no_limit_has_none_on_this_3x_node(rabbitmq_vhost: Vhost) -> None:
-    """RabbitMQ 4.x would give it 20 (tests/test_rabbitmq_limits.py); the version is the
-    management API's, and 3.x sets no default."""
+def test_a_quorum_queue_with_no_limit_has_none_on_3x_and_20_on_4x(
+    rabbitmq_vhost: Vhost, rabbitmq_version: str
+) -> None:
+    """The version is the management API's: 3.x sets no default, 4.x gives 20."""
     fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(dlq_type="quorum")[:1], 0)
     queues = Queues(api(rabbitmq_vhost), rabbitmq_vhost.vhost)
     version = queues.server_version()
-    assert version is not None and version.startswith("3."), version
+    assert version is not None and version.startswith(f"{rabbitmq_version}."), version
     dlq = queues.describe("onion-checkout-dlq")
-    assert (dlq.max_receive_count, dlq.receive_limit_origin) == (None, "")
+    expected = {
+        "3.10": (None, ""),
+        "4.0": (20, ", RabbitMQ 4.x's default of 20 for quorum queues (none is set)"),
+    }
+    assert (dlq.max_receive_count, dlq.receive_limit_origin) == expected[rabbitmq_version]
 
 
 def test_a_management_user_sees_the_policys_limit_too(rabbitmq_vhost: Vhost) -> None:

@@ -1,6 +1,7 @@
 """End to end on RabbitMQ: the real ``redrive`` command as a subprocess against a private
 node (``rabbitmq_vhost``), its DLQs filled by RabbitMQ's own dead-lettering of Celery-exact
-messages (redrive/sandbox/rabbitmq_layout.py), as tests/test_e2e.py does for SQS."""
+messages (redrive/sandbox/rabbitmq_layout.py), as tests/test_e2e.py does for SQS. The move
+and the kill tests run on 3.10.8 and on 4.0.5 (``on_both_rabbitmq``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import amqp
 import pytest
-from conftest import wait_until
+from conftest import on_both_rabbitmq, wait_until
 from kill_points import At, KillPoints, end_leases, wait_until_leases_end, wait_until_stopped
 
 from redrive.sandbox.rabbitmq_layout import (
@@ -105,6 +106,7 @@ def test_status_inspect_and_a_dry_run_change_nothing(
     assert drain(rabbitmq_vhost, "onion-checkout") == []
 
 
+@on_both_rabbitmq
 def test_move_execute_puts_every_task_back_byte_identical_once(
     rabbitmq_vhost: Vhost, filled: dict[str, list[amqp.Message]], tmp_path: Path
 ) -> None:
@@ -168,6 +170,7 @@ def killed(
     return result
 
 
+@on_both_rabbitmq
 def test_a_sigkill_mid_move_loses_nothing_and_the_rerun_sends_nothing_twice(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
@@ -204,6 +207,7 @@ def test_a_sigkill_mid_move_loses_nothing_and_the_rerun_sends_nothing_twice(
     assert (again["moved"], again["in_doubt"]) == (0, 0), again
 
 
+@on_both_rabbitmq
 def test_a_rerun_inside_the_killed_runs_lease_reports_in_doubt_until_the_lease_ends(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
@@ -241,6 +245,7 @@ def test_a_rerun_inside_the_killed_runs_lease_reports_in_doubt_until_the_lease_e
     assert task_ids(drain(rabbitmq_vhost, "onion-checkout-dlq")) == first
 
 
+@on_both_rabbitmq
 def test_a_sigkill_before_the_confirm_is_in_doubt_and_resolved_as_on_sqs(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
@@ -315,6 +320,7 @@ def _states(ledger: Path) -> Counter[str]:
         return Counter()
 
 
+@on_both_rabbitmq
 def test_a_sigkill_between_confirm_and_ack_leaves_the_copy_and_the_rerun_only_acks_it(
     rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:

@@ -7,16 +7,19 @@ import ipaddress
 import os
 import socket
 import urllib.parse
+from dataclasses import replace
 from pathlib import Path
 
 import amqp
 import pytest
-from conftest import skip_unless_installed
-from rabbitmq_shared import group_members
+from conftest import on_both_rabbitmq, skip_unless_installed
+from rabbitmq_shared import RABBITMQ4_ROOT, group_members, require_rabbitmq4
 
 from redrive.errors import RabbitMQNodeError, RabbitMQNotInstalled
 from redrive.sandbox.rabbitmq_node import (
     INSTALL_HINT,
+    ChrootRabbitMQNode,
+    NodePorts,
     RabbitMQNode,
     Vhost,
     management_request,
@@ -61,11 +64,14 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+@on_both_rabbitmq
 def test_the_node_answers_its_api_and_listens_on_loopback_only(
-    rabbitmq_node: RabbitMQNode, rabbitmq_vhost: Vhost
+    rabbitmq_node: RabbitMQNode, rabbitmq_vhost: Vhost, rabbitmq_version: str
 ) -> None:
     overview = management_request(rabbitmq_node.api_url, "GET", "/api/overview")
     assert overview["node"] == rabbitmq_node.node_name
+    # Debian 12's and Debian 13's packages: the versions the suite says it tests.
+    assert overview["rabbitmq_version"] == {"3.10": "3.10.8", "4.0": "4.0.5"}[rabbitmq_version]
     ports = rabbitmq_node.ports
     for port in (ports.amqp, ports.management, ports.dist):
         assert listening_addresses(port) == {"127.0.0.1"}, port
@@ -108,8 +114,28 @@ def test_vhost_urls_are_written_as_kombu_reads_them() -> None:
 
 
 @skip_unless_installed(server_installed(), "no RabbitMQ: apt-get install rabbitmq-server")
-def test_stop_leaves_no_process_and_frees_the_ports(tmp_path: Path) -> None:
-    with RabbitMQNode(tmp_path / "node").start() as node:
+def test_stop_leaves_no_process_and_frees_the_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its AMQP port first picked is taken by another process before the node binds it
+    (seen on this busy machine: the API answered, then the node died of eaddrinuse): the
+    start picks ports again and the node runs on the new ones."""
+    # Bound, not listening: as an outgoing connection's port is (and nothing answers on it).
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    picks = [NodePorts.pick]
+    real_pick = NodePorts.pick
+
+    def pick() -> NodePorts:
+        picked = real_pick()
+        if len(picks) == 1:
+            picks.append(picked)
+            return replace(picked, amqp=taken.getsockname()[1])
+        return picked
+
+    monkeypatch.setattr(NodePorts, "pick", staticmethod(pick))
+    with taken, RabbitMQNode(tmp_path / "node").start() as node:
+        assert node.ports.amqp != taken.getsockname()[1] and port_open(node.ports.amqp)
         assert node.process is not None and node.epmd is not None
         groups = [node.process.pid, node.epmd.pid]
         assert all(group_members(group) for group in groups)
@@ -140,3 +166,31 @@ def test_a_server_that_exits_fails_the_start_at_once_with_its_output(tmp_path: P
         node.start(timeout=600)
     assert node.process is None and node.epmd is None
     assert os.path.exists(tmp_path / "node" / "rabbitmq.conf")
+
+
+def proc_mounts(root: Path) -> int:
+    target = str((root / "proc").resolve())
+    return sum(line.split()[1] == target for line in Path("/proc/mounts").read_text().splitlines())
+
+
+def test_a_4_0_node_from_its_root_stops_leaving_no_process_no_mount_and_no_folder() -> None:
+    """Its own node beside the run's shared one (which may hold a /proc mount of the same
+    root): this one's start adds a mount and its stop takes exactly that one away."""
+    require_rabbitmq4()
+    mounts = proc_mounts(RABBITMQ4_ROOT)
+    with ChrootRabbitMQNode(RABBITMQ4_ROOT).start() as node:
+        assert node.server_version() == "4.0.5"
+        assert node.process is not None and node.epmd is not None
+        groups = [node.process.pid, node.epmd.pid]
+        assert proc_mounts(RABBITMQ4_ROOT) == mounts + 1
+        ports = [node.ports.amqp, node.ports.management, node.ports.dist, node.ports.epmd]
+        for port in ports[:3]:
+            assert listening_addresses(port) == {"127.0.0.1"}, port
+        # Run as the root's rabbitmq user, never as this machine's root.
+        assert all(Path(f"/proc/{pid}").stat().st_uid != 0 for pid in group_members(groups[0]))
+        assert node.base.is_relative_to(RABBITMQ4_ROOT / "tmp")
+    assert [group_members(group) for group in groups] == [[], []]
+    assert not any(port_open(port) for port in ports)
+    assert proc_mounts(RABBITMQ4_ROOT) == mounts
+    node.remove()
+    assert not node.base.exists()

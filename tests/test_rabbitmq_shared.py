@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_until
-from rabbitmq_shared import INFO, group_members, stop_shared
+from rabbitmq_shared import INFO, group_members, rabbitmq4_missing, stop_shared
 
 pytestmark = pytest.mark.e2e  # it starts processes
 
@@ -50,3 +50,20 @@ def test_a_zombie_is_no_running_member_and_a_dead_node_is_reported(tmp_path: Pat
 
 def test_no_node_started_is_nothing_to_stop(tmp_path: Path) -> None:
     assert stop_shared(tmp_path) is True
+
+
+def test_a_missing_4_0_root_says_why_and_how_to_build_it(tmp_path: Path) -> None:
+    root = tmp_path / "trixie-rabbitmq"
+    assert rabbitmq4_missing(root) == (
+        f"no RabbitMQ 4.0 root at {root} (not built): `make rabbitmq4` builds it, as root"
+    )
+    (tmp_path / "trixie-rabbitmq.failed").write_text("debootstrap trixie failed: no network\n")
+    assert "(debootstrap trixie failed: no network)" in str(rabbitmq4_missing(root))
+    root.mkdir()
+    (root / ".redrive-root").write_text("rabbitmq-server 4.0.5\n")
+    built = rabbitmq4_missing(root)
+    assert (
+        built is None
+        if os.geteuid() == 0
+        else built == f"the RabbitMQ 4.0 node in {root} needs root"
+    )

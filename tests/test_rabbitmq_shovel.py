@@ -11,7 +11,7 @@ from typing import Any
 
 import amqp
 import pytest
-from conftest import Cli
+from conftest import Cli, on_both_rabbitmq
 from test_rabbitmq_e2e import drain, ok_json, redrive, task_ids
 
 from redrive.broker.base import DlqTarget
@@ -104,6 +104,7 @@ def test_the_dry_run_shows_the_shovel_and_creates_nothing(
     assert drain(rabbitmq_vhost, SOURCE) == []
 
 
+@on_both_rabbitmq
 def test_the_shovel_moves_the_whole_dlq_back_byte_identical_and_deletes_itself(
     rabbitmq_vhost: Vhost, filled: list[amqp.Message]
 ) -> None:

@@ -22,6 +22,7 @@ from redrive.broker import (
     resolve_target,
 )
 from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
+from redrive.broker.server import server_of
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.console import ARGV, Refused, command_line, warn
@@ -312,8 +313,19 @@ def execute_record(
         filters=filters,
         ledger=ledger.location,
         archive=archive,
+        broker_server=_broker_server(ctx),
         **_who_calls(ctx),
     )
+
+
+def _broker_server(ctx: Context) -> dict[str, Any] | None:
+    """The broker and its version, for the audit trail (issue 39); None where it cannot be
+    said (the management API did not answer: the run goes on, as it would have)."""
+    try:
+        server = server_of(ctx._resolver(None))
+    except RedriveError:
+        return None
+    return server.to_json() if server is not None else None
 
 
 def _who_calls(ctx: Context) -> dict[str, Any]:

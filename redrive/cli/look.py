@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from redrive import webhook
+from redrive.broker.server import BrokerServer, server_of, untested_warning
 from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
 from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
@@ -36,7 +37,7 @@ from redrive.cli.options import (
     workers_doing,
 )
 from redrive.cli.processes import inspect_wiring
-from redrive.errors import PostFailed, UsageProblem
+from redrive.errors import BrokerUnavailable, PostFailed, RedriveError, UsageProblem
 from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import default_ledger_path
 from redrive.operations.inspect_processes import InspectScan
@@ -72,6 +73,22 @@ def ascii_option(f: F) -> F:
 # -- status, inspect, report ------------------------------------------------------------------
 
 
+def broker_server(ctx: Context) -> BrokerServer | None:
+    """The broker the command reads and its version (issue 39); a RabbitMQ outside the
+    tested versions gets its one warning line here. A broker that cannot be opened says so
+    per family (status's rows, check's findings): None here."""
+    try:
+        server = server_of(ctx.broker_for(None))
+    except BrokerUnavailable:
+        raise
+    except RedriveError:
+        return None
+    warning = untested_warning(server) if server is not None else None
+    if warning is not None:
+        warn(warning)
+    return server
+
+
 @click.command(short_help="Queue and DLQ counts of every family (instant: receives nothing).")
 @json_option
 @wide_option
@@ -79,11 +96,20 @@ def ascii_option(f: F) -> F:
 def status(ctx: Context, as_json: bool, wide: bool) -> None:
     """Queue and DLQ counts of every family (instant: no message is received)."""
     with core_errors():
+        server = broker_server(ctx)
         rows = family_status(ctx.layout, ctx.broker_for)
     if as_json:
-        emit_json({"layout": ctx.layout.source, "families": [r.to_json() for r in rows]})
+        emit_json(
+            {
+                "layout": ctx.layout.source,
+                "broker": server.to_json() if server else None,
+                "families": [r.to_json() for r in rows],
+            }
+        )
     else:
         click.echo(status_table(rows, width=table_width(wide)))
+        if server is not None:
+            click.echo(fit_text(server.line(), table_width(wide)))
     if any(r.error for r in rows):
         sys.exit(EXIT_ERROR)
 
@@ -546,12 +572,21 @@ def check(ctx: Context, with_celery: bool, as_json: bool, wide: bool) -> None:
     and stray queues with the layout's prefix; with --celery, the Celery app's settings that
     decide whether failing tasks reach a DLQ. Exits 1 when there are findings."""
     with core_errors():
+        server = broker_server(ctx)
         app_findings = celery_findings(ctx) if with_celery else []
         findings = check_layout(ctx.layout, ctx.broker_for) + app_findings
     if as_json:
-        emit_json({"layout": ctx.layout.source, "findings": [f.to_json() for f in findings]})
+        emit_json(
+            {
+                "layout": ctx.layout.source,
+                "broker": server.to_json() if server else None,
+                "findings": [f.to_json() for f in findings],
+            }
+        )
     else:
         say_findings(ctx, findings, with_celery=with_celery, wide=wide)
+        if server is not None:
+            click.echo(fit_text(server.line(), table_width(wide)))
     if findings:
         sys.exit(EXIT_ERROR)
 

@@ -78,6 +78,13 @@ KEYS_STEPS = (
 )
 
 
+def broker_text(server: dict[str, Any]) -> str:
+    """``RabbitMQ 4.0.5 at amqp://...`` / ``SQS at https://...`` of a run's record."""
+    kind, version = server.get("kind"), server.get("version")
+    name = "SQS" if kind == "sqs" else f"RabbitMQ {version or '(version not known)'}"
+    return f"{name} at {server.get('endpoint') or '?'}"
+
+
 def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
     run = detail.run
     info = run.info or {}
@@ -110,6 +117,10 @@ def run_detail_text(detail: RunDetail, *, width: int | None = None) -> str:
     if isinstance(edits, list) and edits:
         # Issue 26: what the run changed in each task it sent (the archive keeps the originals).
         lines.append(f"  edits:    {' '.join(shell_quote(str(word)) for word in edits)}")
+    server = info.get("broker_server")
+    if isinstance(server, dict):
+        # Runs of a redrive before issue 39 did not record it.
+        lines.append(f"  broker:   {printable(broker_text(server))}")
     if info.get("sqs_client"):
         # Runs of a redrive before --sqs-client did not record it (they used botocore).
         lines.append(f"  client:   {value_of('sqs_client')} (SQS)")

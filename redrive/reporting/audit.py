@@ -27,12 +27,15 @@ def run_record(
     archive: str | None,
     caller: Mapping[str, str],
     sqs_client: str | None = None,
+    broker_server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What an ``--execute`` run records about itself when it starts.
 
     Paths are made absolute and the working directory is kept: an incident note written
     from another shell must still find the archive and paste the command back.
-    ``sqs_client``: which client called SQS (``--sqs-client``), kept when given.
+    ``sqs_client``: which client called SQS (``--sqs-client``), kept when given;
+    ``broker_server``: the broker and its version (:class:`~redrive.broker.server.BrokerServer`
+    as JSON), kept when known.
     """
     return {
         "command_line": command_line,
@@ -42,6 +45,7 @@ def run_record(
         "archive": absolute_location(archive),
         "cwd": working_directory(),
         **({"sqs_client": sqs_client} if sqs_client is not None else {}),
+        **({"broker_server": dict(broker_server)} if broker_server is not None else {}),
         **local_identity(),
         **caller,
     }

@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,6 +62,9 @@ START_TIMEOUT: Final = 240.0
 """A bound for a hang, not a pace: 10–20 s here on 2 busy cores."""
 
 STOP_TIMEOUT: Final = 60.0
+
+PORT_ATTEMPTS: Final = 3
+"""Starts with freshly picked ports when one was taken meanwhile (eaddrinuse)."""
 
 
 def server_installed(server: Path | None = None) -> bool:
@@ -158,10 +162,23 @@ class RabbitMQNode:
     def output_file(self) -> Path:
         return self.base / "server.out"
 
+    def seen(self, path: Path) -> Path:
+        """``path`` (on this machine) as the node sees it: the same here; inside its root
+        for :class:`ChrootRabbitMQNode`."""
+        return path
+
+    def base_env(self) -> dict[str, str]:
+        """What the node inherits besides its own settings: this process's environment."""
+        return {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+
+    def command(self, argv: list[str]) -> list[str]:
+        """How to run ``argv`` (paths as the node sees them) in the node's world."""
+        return argv
+
     def env(self) -> dict[str, str]:
         """The environment the node runs in (also what rabbitmqctl needs to reach it)."""
-        base = self.base
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+        base = self.seen(self.base)
+        env = self.base_env()
         env.update(
             HOME=str(base / "home"),
             RABBITMQ_NODENAME=self.node_name,
@@ -186,18 +203,34 @@ class RabbitMQNode:
     # -- life ----------------------------------------------------------------------------
 
     def start(self, *, timeout: float = START_TIMEOUT) -> RabbitMQNode:
-        """Start the node and return once its management API answers; on failure (the
-        server exits, or no answer within ``timeout``) stop what was started and raise
-        :class:`RabbitMQNodeError` with the log's tail."""
-        require_server(self.server)
+        """Start the node and return once its management API answers and its AMQP port
+        takes connections; on failure (the server exits, or no answer within ``timeout``)
+        stop what was started and raise :class:`RabbitMQNodeError` with the log's tail.
+        A port another process took between its pick and the node's bind (loopback ports
+        are picked free, then given up: any outgoing connection of this busy machine may
+        take one meanwhile) is picked again, a few times."""
+        self.require()
         if self.process is not None:
             return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once(timeout)
+            except RabbitMQNodeError as error:
+                if attempt == PORT_ATTEMPTS or not _port_taken(str(error)):
+                    raise
+                self.ports = NodePorts.pick()
+                for folder in ("mnesia", "log"):
+                    shutil.rmtree(self.base / folder, ignore_errors=True)
+                self.output_file.unlink(missing_ok=True)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(self, timeout: float) -> RabbitMQNode:
         self._write_files()
         try:
             self.epmd = self._start_epmd(timeout)
             with self.output_file.open("ab") as out:
                 self.process = subprocess.Popen(
-                    [str(self.server)],
+                    self.command([str(self.seen(self.server))]),
                     env=self.env(),
                     cwd=self.base,
                     stdin=subprocess.DEVNULL,
@@ -226,7 +259,7 @@ class RabbitMQNode:
     def _start_epmd(self, timeout: float) -> subprocess.Popen[bytes]:
         with (self.base / "epmd.out").open("ab") as out:
             epmd = subprocess.Popen(
-                [str(EPMD), "-port", str(self.ports.epmd), "-address", "127.0.0.1"],
+                self.command([str(EPMD), "-port", str(self.ports.epmd), "-address", "127.0.0.1"]),
                 env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -246,10 +279,16 @@ class RabbitMQNode:
                     raise RabbitMQNodeError(f"epmd did not start: {tail.strip()}") from None
                 time.sleep(0.05)
 
+    def require(self) -> None:
+        """Raise :class:`RabbitMQNotInstalled` when the server is missing."""
+        require_server(self.server)
+
     def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
         deadline = time.monotonic() + timeout
-        while not self.api_answers():
+        # The AMQP listener starts after the management API's (3.10 answered its API, then
+        # died of a taken AMQP port): ready is both.
+        while not (self.api_answers() and _accepts(self.ports.amqp)):
             code = self.process.poll()
             if code is not None:
                 raise RabbitMQNodeError(
@@ -261,6 +300,11 @@ class RabbitMQNode:
                     + self.log_tail()
                 )
             time.sleep(0.2)
+
+    def server_version(self) -> str:
+        """The version the node says it runs (its management API's ``rabbitmq_version``)."""
+        overview = management_request(self.api_url, "GET", "/api/overview", timeout=30)
+        return str(overview["rabbitmq_version"])
 
     def api_answers(self) -> bool:
         try:
@@ -308,9 +352,114 @@ class RabbitMQNode:
         self.stop()
 
 
+class ChrootRabbitMQNode(RabbitMQNode):
+    """A private node of the rabbitmq-server installed in another Debian's root (the
+    suite's RabbitMQ 4.0 node: Debian 13's package, in the root ``.ci/rabbitmq4_root.sh``
+    builds), run as that root's ``rabbitmq`` user by ``chroot --userspec``. Needs root.
+
+    Its folders are under ``ROOT/tmp`` (the node sees nothing else of this machine) and owned
+    by the root's ``rabbitmq`` user; its epmd is the root's. The network is this machine's,
+    so everything still listens on 127.0.0.1 only. ``/proc`` (which Erlang reads) is mounted
+    in the root while the node runs, and unmounted by :meth:`stop`.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        base = root / "tmp" / f"redrive-node-{os.getpid()}-{secrets.token_hex(4)}"
+        super().__init__(base, server=root / str(RABBITMQ_SERVER).lstrip("/"))
+        self.mounted_proc: Path | None = None
+
+    def seen(self, path: Path) -> Path:
+        return Path("/") / path.relative_to(self.root)
+
+    def base_env(self) -> dict[str, str]:
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+    def command(self, argv: list[str]) -> list[str]:
+        pairs = [f"{name}={value}" for name, value in self.env().items()]
+        return [
+            "chroot", "--userspec=rabbitmq:rabbitmq", str(self.root),
+            "/usr/bin/env", "-i", *pairs, *argv,
+        ]  # fmt: skip
+
+    def require(self) -> None:
+        super().require()
+        if os.geteuid() != 0:
+            raise RabbitMQNotInstalled(f"a node in {self.root} needs root (chroot)")
+
+    def _write_files(self) -> None:
+        super()._write_files()
+        uid, gid = root_user(self.root, "rabbitmq")
+        for path in [self.base, *self.base.rglob("*")]:
+            os.chown(path, uid, gid)
+        # A mount of its own, even where another node of the root has one: mounts of proc
+        # stack and are all alike, so each node's stop takes one away and the root's /proc
+        # is gone once the last node has stopped, whichever stops first.
+        proc = self.root / "proc"
+        subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+        self.mounted_proc = proc
+
+    def rabbitmqctl(self, *args: str, timeout: float = STOP_TIMEOUT) -> str:
+        """``rabbitmqctl ARGS`` against this node, from inside its root; its output."""
+        ctl = str(RABBITMQ_SERVER.with_name("rabbitmqctl"))
+        done = subprocess.run(
+            self.command([ctl, "-n", self.node_name, *args]),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return done.stdout + done.stderr
+
+    def stop(self, *, timeout: float = STOP_TIMEOUT) -> None:
+        """``rabbitmqctl stop`` first (a clean stop); then the process groups as any node's
+        (by PID), ``/proc`` unmounted if this node mounted it, and its folder removed."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                self.rabbitmqctl("stop", timeout=timeout)
+        super().stop(timeout=timeout)
+        proc, self.mounted_proc = self.mounted_proc, None
+        if proc is not None:
+            unmount(proc)
+
+    def remove(self) -> None:
+        """Delete the node's folder (its data and logs): only once it is stopped."""
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def root_user(root: Path, name: str) -> tuple[int, int]:
+    """The uid and gid of ``name`` in ``root``'s /etc/passwd (not this machine's)."""
+    for line in (root / "etc" / "passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == name:
+            return int(fields[2]), int(fields[3])
+    raise RabbitMQNotInstalled(f"no {name} user in {root}/etc/passwd")
+
+
+def unmount(path: Path) -> None:
+    """Unmount ``path``'s topmost mount (lazily if it is busy: a process still inside lets
+    it go later)."""
+    if os.path.ismount(path):
+        done = subprocess.run(["umount", str(path)], capture_output=True, check=False)
+        if done.returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
 def start_node(base: Path, *, timeout: float = START_TIMEOUT) -> RabbitMQNode:
     """A private node under ``base``, started and ready."""
     return RabbitMQNode(base).start(timeout=timeout)
+
+
+def _port_taken(failure: str) -> bool:
+    return "eaddrinuse" in failure.lower() or "address already in use" in failure.lower()
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _stop_group(process: subprocess.Popen[bytes], timeout: float) -> None:

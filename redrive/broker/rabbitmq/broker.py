@@ -41,6 +41,7 @@ from redrive.broker.rabbitmq.envelope import (
 from redrive.broker.rabbitmq.link import Got, Link
 from redrive.broker.rabbitmq.properties import Received
 from redrive.broker.rabbitmq.queues import Queues
+from redrive.broker.server import BrokerServer
 from redrive.errors import BrokerUnavailable, RedriveError
 
 if TYPE_CHECKING:
@@ -127,6 +128,10 @@ class RabbitBroker:
 
     def queues_named(self, prefix: str) -> list[str]:
         return [self.queues.ident(name) for name in self.queues.names(prefix)]
+
+    def server(self) -> BrokerServer:
+        """RabbitMQ and the version its management API says (issue 39), at its URL."""
+        return BrokerServer("rabbitmq", self.queues.server_version(), self.link.masked)
 
     def counts(self, queue: str) -> QueueCounts:
         """Ready: exact (a passive declare). Held: the larger of this process's own holds

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from redrive.broker.base import BatchResult, Broker, DlqTarget, QueueCounts, QueueRef, SendEntry
+from redrive.broker.server import BrokerServer
 from redrive.broker.sqs.calls import COUNT_ATTRIBUTES, SqsCalls
 from redrive.broker.sqs.queues import describe_queue, dlq_of, resolve_family, resolve_target
 
@@ -37,6 +38,10 @@ class SqsBroker(SqsCalls):
 
     def queues_named(self, prefix: str) -> list[str]:
         return self.list_queues(prefix)
+
+    def server(self) -> BrokerServer:
+        """SQS has no version to say: named by its endpoint (issue 39)."""
+        return BrokerServer("sqs", None, str(self.client.meta.endpoint_url))
 
     def counts(self, queue: str) -> QueueCounts:
         return counts_of(self.attributes(queue, COUNT_ATTRIBUTES))
