@@ -48,7 +48,7 @@ from redrive.broker.sqs.queues import describe_queue, resolve_family
 from redrive.config import built_in_layout
 from redrive.errors import AwsUnavailable, SendInDoubt
 from redrive.keys import key_for
-from redrive.ledger import KeyState, SqliteLedger
+from redrive.ledger import Claim, KeyState, SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import (
     AMBIGUOUS,
@@ -1900,3 +1900,28 @@ def test_copies_of_a_task_in_consecutive_batches_are_sent_once_with_either_stage
         assert result.skipped_total == 0
         assert arrived(family) == {t: 1 for t in set(tasks_of.values())}
         assert family.depth() == (0, 0)
+
+
+def test_copies_behind_a_claim_lost_to_another_run_are_each_counted_busy(
+    family: Family, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another run claims the key between this run's decision and its claim: the first copy
+    # and the further copies of its key in the batch stay in the DLQ, and each is counted
+    # (a follower used to be left uncounted: the rows fell short of what stayed).
+    put(family.client, family.dlq_url, [body("t-1")] * 3)
+    ledger = tmp_path / "l.sqlite3"
+    claim_many = SqliteLedger.claim_many
+
+    def another_run_first(self: SqliteLedger, run_id: str, claims: Sequence[Claim]) -> Any:
+        if run_id != "other":
+            with SqliteLedger(ledger) as other:
+                other.start_run("other", command="move", info={})
+                claim_many(other, "other", claims)
+        return claim_many(self, run_id, claims)
+
+    monkeypatch.setattr(SqliteLedger, "claim_many", another_run_first)
+    result = move(family.client, ledger, pipelined=False)
+    assert (result.moved, result.duplicates, result.in_doubt) == (0, 0, 0)
+    assert result.matched == 3
+    assert result.skipped == Counter({"claimed-by-another-run": 3})
+    assert family.depth()[0] + family.depth()[1] == 3

@@ -92,7 +92,7 @@ def test_two_runs_with_four_workers_on_one_postgres_ledger_send_each_task_once(
     # the DLQ, visible: only second copies of tasks that arrived.
     left = dlq_bodies(checkout)
     busy = sum(r["skipped_by_reason"].get("claimed-by-another-run", 0) for r in results)
-    assert sum(left.values()) <= busy
+    assert sum(left.values()) <= busy, (left, [r["skipped_by_reason"] for r in results])
     assert all(by_body(dead)[body].ident in got for body in left)
     with PostgresLedger(postgres_url) as led:
         done = list(led.iter_keys(KeyState.DONE))

@@ -231,8 +231,7 @@ class Executor:
             elif entry is not None:
                 self._lost_race(cand, entry, decided)
             else:
-                decided.keep_with_followers(cand)
-                self._tally.skipped(cand.info, BUSY)
+                self._busy(cand, decided.followers.pop(cand.key, []), decided)
 
     def _leased_takeover(self, cand: Candidate, old: str, decided: DecidedBatch) -> None:
         """A takeover the ledger refused, the key still ``old``'s claim (its lease runs): not
@@ -257,7 +256,16 @@ class Executor:
             return
         # Claimed by a live run, or sent for a message this one may not be a copy of:
         # the next run decides, with that key's entry in hand.
+        self._busy(cand, more, decided)
+
+    def _busy(self, cand: Candidate, more: Sequence[Candidate], decided: DecidedBatch) -> None:
+        """Kept for the next run, with the further copies of its key: each counted busy (a
+        follower is counted once its first copy's fate is known; uncounted, the summary's
+        rows fell short of the messages it left in the DLQ)."""
         self._tally.skipped(cand.info, BUSY)
+        for follower in more:
+            self._tally.matched(follower.info)
+            self._tally.skipped(follower.info, BUSY)
         decided.keep.append(cand.message)
         decided.keep.extend(f.message for f in more)
 
