@@ -9,7 +9,7 @@ MESSAGES ?= 40
 SEED   ?= 7
 PORT   ?= $(shell $(PYTHON) -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 
-.PHONY: install localstack demo test test-clock-ahead test-minimums lint typecheck docs unit suite browser rabbitmq rabbitmq4 postgres bench profile clean
+.PHONY: install localstack demo test test-clock-ahead test-minimums minimums-if-changed lint typecheck docs unit suite browser rabbitmq rabbitmq4 postgres bench profile clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -146,6 +146,17 @@ test-clock-ahead: install localstack
 	LD_PRELOAD="$$($(BIN)/python -c 'import libfaketime, os; print(os.path.join(os.path.dirname(libfaketime.__file__), "vendor", "libfaketime", "src", "libfaketime.so.1"))')" \
 	FAKETIME="$(FAKETIME_AHEAD)" FAKETIME_DONT_FAKE_MONOTONIC=1 FAKETIME_CACHE_DURATION=86400 \
 	$(BIN)/pytest -q -n 4 -p no:cacheprovider
+
+# test-minimums when pyproject.toml changed since PREVIOUS_MAIN (default: the first parent of
+# HEAD, a landing's merge): for .ci/run, once test-minimums is green (issue 39, point 4).
+PREVIOUS_MAIN ?= HEAD^1
+minimums-if-changed:
+	@if ! git rev-parse --verify --quiet '$(PREVIOUS_MAIN)^{commit}' >/dev/null; then \
+	  echo 'no previous main ($(PREVIOUS_MAIN)) to compare pyproject.toml with: test-minimums not run'; \
+	elif git diff --quiet '$(PREVIOUS_MAIN)' HEAD -- pyproject.toml; then \
+	  echo 'pyproject.toml unchanged since $(PREVIOUS_MAIN): test-minimums not run'; \
+	else echo 'pyproject.toml changed since $(PREVIOUS_MAIN): make test-minimums'; \
+	  $(MAKE) test-minimums; fi
 
 # The suite on the lowest version of every dependency pyproject.toml allows (its own venv):
 # a floor that admits a release which cannot run is found here, not by a user.
