@@ -130,26 +130,21 @@ def task_settings(app: Any) -> list[TaskSettings]:
                 acks_on_failure=bool(either if on_failure is None else on_failure),
                 acks_on_timeout=bool(either if on_timeout is None else on_timeout),
                 reject_on_worker_lost=bool(task.reject_on_worker_lost),
-                time_limit=_time_limit(task, conf),
-                soft_time_limit=_soft_time_limit(task, conf),
+                time_limit=_limit(task, conf, "time_limit"),
+                soft_time_limit=_limit(task, conf, "soft_time_limit"),
                 retry_countdown=countdown,
             )
         )
     return out
 
 
-def _time_limit(task: Any, conf: Any) -> float | None:
-    """A task's hard time limit: its own, else the app's ``task_time_limit`` (as the worker
-    applies it). Celery 5.7 gives a task the app's value; 5.5 and 5.6 leave its attribute
-    None, so reading only that saw no limit where the app sets one."""
-    limit = task.time_limit if task.time_limit is not None else conf.get("task_time_limit")
-    return float(limit) if limit else None
-
-
-def _soft_time_limit(task: Any, conf: Any) -> float | None:
-    """A task's soft time limit: its own, else the app's (as :func:`_time_limit`)."""
-    soft = task.soft_time_limit
-    limit = soft if soft is not None else conf.get("task_soft_time_limit")
+def _limit(task: Any, conf: Any, name: str) -> float | None:
+    """A task's time limit ``name`` (``time_limit``, ``soft_time_limit``): its own, else the
+    app's ``task_<name>`` (as the worker applies it). Celery 5.7 gives a task the app's
+    value; 5.5 and 5.6 leave its attribute None, so reading only that saw no limit where the
+    app sets one."""
+    own = getattr(task, name, None)
+    limit = own if own is not None else conf.get(f"task_{name}")
     return float(limit) if limit else None
 
 
