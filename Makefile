@@ -78,20 +78,24 @@ docs: install
 # run: its tests would only skip, and the run pass without them. Locally they skip.
 ci_requires = [ "$(CI)" != true ] || { echo 'CI=true: $(1) is missing, so the run fails' >&2; exit 1; }
 
+# A real component from Debian's packages: $(1) a shell test that it is there, $(2) the
+# package, $(3) what skips without it. Installed when missing and this runs as root with
+# apt-get (as CI does); otherwise its tests skip and say why, and under CI=true the run fails.
+apt_component = $(1) || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo 'installing $(2) for $(3)'; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null 2>&1; } || \
+	    echo '$(2) could not be installed: $(3) will skip'; \
+	  else echo 'no $(2) (and not root with apt-get): $(3) will skip'; fi; }; \
+	$(1) || $(call ci_requires,$(2))
+
 # The HTML report's browser test needs headless Chromium (Debian's package). Installed here
 # when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
 # and the summary says why (under CI=true it fails).
 browser:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo 'installing chromium for the browser test'; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && \
-	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1; } || \
-	    echo 'chromium could not be installed: the browser test will skip'; \
-	  else echo 'no chromium (and not root with apt-get): the browser test will skip'; fi; }
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	$(call ci_requires,chromium)
+	@$(call apt_component,command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1,chromium,the browser test)
 
 # The RabbitMQ tests run private nodes of Debian's rabbitmq-server on loopback (tests/conftest.py,
 # redrive/sandbox/rabbitmq_node.py). Installed here when missing and this runs as root with
@@ -99,29 +103,13 @@ browser:
 # they fail).
 RABBITMQ_SERVER ?= /usr/lib/rabbitmq/bin/rabbitmq-server
 rabbitmq:
-	@test -x $(RABBITMQ_SERVER) || \
-	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo 'installing rabbitmq-server for the RabbitMQ tests'; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && \
-	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rabbitmq-server >/dev/null 2>&1; } || \
-	    echo 'rabbitmq-server could not be installed: the RabbitMQ tests will skip'; \
-	  else echo 'no rabbitmq-server (and not root with apt-get): the RabbitMQ tests will skip'; fi; }
-	@test -x $(RABBITMQ_SERVER) || $(call ci_requires,rabbitmq-server)
+	@$(call apt_component,test -x $(RABBITMQ_SERVER),rabbitmq-server,the RabbitMQ tests)
 
 # The PostgreSQL ledger's tests run a private server of Debian's postgresql on loopback
 # (tests/postgres_server.py). Installed here when missing and this runs as root with apt-get
 # (as CI does); otherwise those tests skip and the summary says why (under CI=true they fail).
 postgres:
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
-	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo 'installing postgresql for the PostgreSQL ledger tests'; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1 || \
-	    { apt-get update -qq >/dev/null 2>&1 && \
-	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null 2>&1; } || \
-	    echo 'postgresql could not be installed: the PostgreSQL ledger tests will skip'; \
-	  else echo 'no postgresql (and not root with apt-get): the PostgreSQL ledger tests will skip'; fi; }
-	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || $(call ci_requires,postgresql)
+	@$(call apt_component,ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1,postgresql,the PostgreSQL ledger tests)
 
 # RabbitMQ 4.0 beside 3.10 (issue 39): Debian 13's rabbitmq-server 4.0.5 (Erlang 27) in a
 # trixie root made by debootstrap, built once (~30-90 s, ~330 MB) outside the clone and
