@@ -17,7 +17,7 @@ share its file); :class:`redrive.ledger.dynamodb.DynamoDbLedger` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
@@ -260,6 +260,24 @@ def ledger_closed(location: str) -> LedgerError:
 def check_page_size(page_size: int) -> None:
     if page_size < 1:
         raise ValueError(f"a page holds at least one key, not {page_size}")
+
+
+def keyset_pages(
+    read_page: Callable[[int], Sequence[Sequence[Any]]],
+    size: int,
+    entry: Callable[[Sequence[Any]], Entry],
+) -> Iterator[Entry]:
+    """Entries read ``size`` rows a page along an increasing row id: ``read_page(after)``
+    gives the rows (the id first, then the entry's columns) whose id is above ``after``, in
+    id order. Each page is its own read, so a reader slow to consume holds nothing open."""
+    after = 0
+    while True:
+        rows = read_page(after)
+        for row in rows:
+            yield entry(row[1:])
+        if len(rows) < size:
+            return
+        after = rows[-1][0]
 
 
 def check_key(key: str) -> None:

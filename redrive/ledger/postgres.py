@@ -41,6 +41,7 @@ from redrive.ledger.base import (
     check_outcome,
     check_page_size,
     claimed_entry,
+    keyset_pages,
     ledger_closed,
     run_not_open,
 )
@@ -274,19 +275,13 @@ class PostgresLedger(Ledger):
 
     def _key_pages(self, state: KeyState, run_id: str | None, size: int) -> Iterator[Entry]:
         where = "state = %s AND id > %s" + (" AND run_id = %s" if run_id is not None else "")
-        after = 0
-        while True:
-            params: tuple[Any, ...] = (str(state), after) + (() if run_id is None else (run_id,))
-            rows = self._reads.fetch(
-                "list keys",
-                f"SELECT id, {_KEY_COLUMNS} FROM redrive_keys WHERE {where} ORDER BY id LIMIT %s",
-                (*params, size),
-            )
-            for row in rows:
-                yield _entry(row[1:])
-            if len(rows) < size:
-                return
-            after = rows[-1][0]
+        query = f"SELECT id, {_KEY_COLUMNS} FROM redrive_keys WHERE {where} ORDER BY id LIMIT %s"
+
+        def page(after: int) -> list[Any]:
+            params = (str(state), after, *(() if run_id is None else (run_id,)), size)
+            return self._reads.fetch("list keys", query, params)
+
+        return keyset_pages(page, size, _entry)
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult:
         """Claim each absent key for ``run_id`` (the first claim of a key twice in

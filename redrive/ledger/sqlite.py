@@ -24,6 +24,7 @@ from redrive.ledger.base import (
     check_outcome,
     check_page_size,
     claimed_entry,
+    keyset_pages,
     run_not_open,
 )
 from redrive.ledger.group_commit import GroupWriter
@@ -52,7 +53,7 @@ NOT EXISTS (
 """
 
 
-def _entry(row: tuple[Any, ...]) -> Entry:
+def _entry(row: Sequence[Any]) -> Entry:
     key, state, run_id, task, message_id, target, sent_message_id, updated_at, sent_at = row
     return Entry(
         key=key,
@@ -319,19 +320,14 @@ class SqliteLedger(Ledger):
         # its own read transaction: a reader slow to consume holds no snapshot open, and
         # nothing waits on it.
         where = "state = ? AND id > ?" + (" AND run_id = ?" if run_id is not None else "")
-        after = 0
-        while True:
-            params: tuple[Any, ...] = (str(state), after) + (() if run_id is None else (run_id,))
+        query = f"SELECT id, {_KEY_COLUMNS} FROM keys WHERE {where} ORDER BY id LIMIT ?"
+
+        def page(after: int) -> list[Any]:
+            params = (str(state), after, *(() if run_id is None else (run_id,)), size)
             with self._read("list keys") as conn:
-                rows = conn.execute(
-                    f"SELECT id, {_KEY_COLUMNS} FROM keys WHERE {where} ORDER BY id LIMIT ?",
-                    (*params, size),
-                ).fetchall()
-            for row in rows:
-                yield _entry(row[1:])
-            if len(rows) < size:
-                return
-            after = rows[-1][0]
+                return conn.execute(query, params).fetchall()
+
+        return keyset_pages(page, size, _entry)
 
     def claim_many(self, run_id: str, claims: Sequence[Claim]) -> ClaimResult:
         """Claim each absent key for ``run_id``; see :class:`ClaimResult` for the answer.
