@@ -33,6 +33,7 @@ from redrive.celery.settings_audit import (
     worker_lost_fate,
 )
 from redrive.sandbox.rabbitmq_layout import (
+    RabbitFamily,
     declare_layout,
     open_connection,
     queue_depth,
@@ -212,22 +213,32 @@ def rabbit_depth(vhost: Vhost, queue: str) -> int:
         connection.close()
 
 
+def rabbit_checkout(
+    vhost: Vhost, tmp_path: Path, settings: dict[str, Any], **extra: str
+) -> tuple[RabbitFamily, dict[str, str]]:
+    """The checkout family declared on ``vhost`` as a Celery worker declares it, and the
+    environment of its app and producer (``extra``: more variables)."""
+    families = rabbit_families()
+    family = next(f for f in families if f.name == "checkout")
+    connection = open_connection(vhost.amqp_url)
+    declare_layout(raw_channel(connection), families)
+    connection.close()
+    env = {
+        **base_env(tmp_path, settings, family.queue),
+        "E2E_BROKER": vhost.amqp_url,
+        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
+        **extra,
+    }
+    return family, env
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_dead_pool_childs_task_goes_where_the_audit_says_on_rabbitmq(
     case: str, rabbitmq_vhost: Vhost, tmp_path: Path
 ) -> None:
     settings, fate = CASES[case]
     assert predicted(settings) == fate
-    families = rabbit_families()
-    family = next(f for f in families if f.name == "checkout")
-    connection = open_connection(rabbitmq_vhost.amqp_url)
-    declare_layout(raw_channel(connection), families)
-    connection.close()
-    env = {
-        **base_env(tmp_path, settings, family.queue),
-        "E2E_BROKER": rabbitmq_vhost.amqp_url,
-        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
-    }
+    family, env = rabbit_checkout(rabbitmq_vhost, tmp_path, settings)
     produce(env, tmp_path)
     runs_file = tmp_path / "runs.txt"
     seen = {
@@ -252,17 +263,7 @@ def test_a_task_that_always_kills_its_worker_loops_on_a_classic_queue_when_reque
     """task_reject_on_worker_lost (what check --celery used to ask for): a poison task is
     delivered again and again on a classic queue, and never reaches the DLQ."""
     settings, _ = CASES["requeued"]
-    families = rabbit_families()
-    family = next(f for f in families if f.name == "checkout")
-    connection = open_connection(rabbitmq_vhost.amqp_url)
-    declare_layout(raw_channel(connection), families)
-    connection.close()
-    env = {
-        **base_env(tmp_path, settings, family.queue),
-        "E2E_BROKER": rabbitmq_vhost.amqp_url,
-        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
-        "E2E_DIE_ALWAYS": "1",
-    }
+    family, env = rabbit_checkout(rabbitmq_vhost, tmp_path, settings, E2E_DIE_ALWAYS="1")
     produce(env, tmp_path)
     runs_file = tmp_path / "runs.txt"
     run_worker(env, tmp_path, family.queue, lambda: runs(runs_file)["died"] >= 4)
@@ -336,17 +337,7 @@ def test_an_overrunning_task_goes_where_the_audit_says_on_rabbitmq(
 ) -> None:
     settings, fate = OVERRUNS[case]
     assert predicted(settings, timeout_fate) == fate
-    families = rabbit_families()
-    family = next(f for f in families if f.name == "checkout")
-    connection = open_connection(rabbitmq_vhost.amqp_url)
-    declare_layout(raw_channel(connection), families)
-    connection.close()
-    env = {
-        **base_env(tmp_path, settings, family.queue),
-        "E2E_BROKER": rabbitmq_vhost.amqp_url,
-        "E2E_QUEUE_ARGUMENTS": json.dumps(family.queue_arguments()),
-        "E2E_OVERRUN": "1",
-    }
+    family, env = rabbit_checkout(rabbitmq_vhost, tmp_path, settings, E2E_OVERRUN="1")
     produce(env, tmp_path)
     runs_file = tmp_path / "runs.txt"
     log_file = tmp_path / "worker.log"
