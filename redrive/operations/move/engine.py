@@ -146,7 +146,7 @@ class MoveEngine:
 
     def _wire_decider(self) -> Decider:
         """What decides the run's batches: its routes, the claims' owners, the keys."""
-        owners = ClaimOwners(self.ledger, self.run_id, self._parent, self.now)
+        owners = self._owners = ClaimOwners(self.ledger, self.run_id, self._parent, self.now)
         return Decider(
             self.target,
             self.options,
@@ -285,7 +285,7 @@ class MoveEngine:
         leases = [r.lease_until for r in runs if r.lease_until > now]
         result.hidden_until = max(leases) if leases and result.still_hidden else None
         for run in runs:
-            if run.ended_at is not None or self._is_sibling(run.run_id):
+            if run.ended_at is not None or self._owners.of_this_command(run.run_id):
                 continue
             if (run.info or {}).get("dlq") != self.target.dlq.url:
                 continue
@@ -293,11 +293,6 @@ class MoveEngine:
                 result.live_runs.append(run.run_id)
             elif run.lease_until > now:
                 result.stopped_leases[run.run_id] = run.lease_until
-
-    def _is_sibling(self, run_id: str) -> bool:
-        """Whether ``run_id`` is this ``--processes`` run or another of its processes."""
-        parent = self._parent
-        return parent is not None and (run_id == parent or run_id.startswith(parent + "."))
 
     # -- a worker ------------------------------------------------------------------------
 

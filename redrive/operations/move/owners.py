@@ -52,6 +52,11 @@ class ClaimOwners:
             return True
         return self._parent is not None and run_id.rpartition(".")[0] == self._parent
 
+    def of_this_command(self, run_id: str) -> bool:
+        """Whether ``run_id`` is this run, a process of it, or the ``--processes`` run that
+        started them: none of them is another run of the DLQ."""
+        return self.of_this_run(run_id) or (self._parent is not None and run_id == self._parent)
+
     def sibling(self, run_id: str, live: set[str] | None = None) -> bool:
         """Whether ``run_id`` is another live process of this ``--processes`` run (runs
         PARENT.1, PARENT.2, ...): its claims are settled as this run's own are (the claim
