@@ -3,18 +3,15 @@ purge plan)."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import time
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, Literal, NoReturn, Unpack
 
 import click
 
-from redrive.archive import ArchiveDamaged, DamageReport, default_archive_path
-from redrive.archive.storage import absolute_location, archive_parts
+from redrive.archive import ArchiveDamaged, DamageReport
+from redrive.archive.storage import absolute_location
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -87,12 +84,14 @@ from redrive.operations.move import (
     MoveOptions,
     MoveResult,
     RepairOptions,
+    continued_archive,
+    suggested_archive,
 )
 from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
 from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
 from redrive.operations.processes import ProcessesResult
-from redrive.operations.purge import PurgeOptions, check_archive_path
+from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult
 from redrive.operations.run import RunRecord
 from redrive.render.move import already_sent_hint, archive_damage_lines, move_text, purge_text
@@ -277,44 +276,6 @@ def repair_options(
             "(a file, or s3://BUCKET/PREFIX), or --no-archive to send without keeping them"
         )
     return RepairOptions(parsed, where if archives else None, show_args=edits["show_args"])
-
-
-def suggested_archive(repair: RepairOptions, label: str) -> RepairOptions:
-    """A dry run with edits that names no archive: the path its ``--execute`` would archive
-    the originals to (purge's default), named in the command the dry run prints, so that the
-    command runs as it is."""
-    if repair.archive_to is not None:
-        return repair
-    now = datetime.fromtimestamp(time.time(), UTC)
-    return replace(repair, archive_to=default_archive_path(label, now), suggested=True)
-
-
-def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOptions:
-    """The edits' archive as this run writes it: a local archive that exists is continued
-    (a new part beside it) when a run in the ledger wrote it, as the rerun of a killed
-    edited move does; refused otherwise, as ever (archives are never overwritten). The dry
-    run says so where the execute would fail."""
-    where = repair.archive_to
-    if where is None or "://" in where or not _archive_begun(where):
-        if where is not None:
-            check_archive_path(where)
-        return repair
-    if ledger is not None and _archive_of_a_run(ledger, where):
-        return replace(repair, continues=True)
-    check_archive_path(where)
-    return repair
-
-
-def _archive_begun(where: str) -> bool:
-    """Whether the local archive exists: the file, or the parts a --processes run wrote."""
-    path = os.path.expanduser(where)
-    return os.path.lexists(path) or bool(archive_parts(path))
-
-
-def _archive_of_a_run(ledger: Ledger, where: str) -> bool:
-    """Whether a run in the ledger wrote its originals to archive ``where``."""
-    location = absolute_location(where)
-    return any(run.info.get("archive") == location for run in ledger.runs())
 
 
 def run_move(

@@ -35,7 +35,12 @@ from redrive.operations.move.options import (
     MessageSource,
     MoveOptions,
 )
-from redrive.operations.move.repair_step import RepairOptions, RepairReport
+from redrive.operations.move.repair_step import (
+    RepairOptions,
+    RepairReport,
+    continued_archive,
+    suggested_archive,
+)
 from redrive.operations.move.result import (
     MAX_LISTED,
     ClaimOutcome,
@@ -93,6 +98,8 @@ __all__ = [
     "RepairReport",
     "SendOutcome",
     "TaskCounts",
+    "continued_archive",
     "listed_json",
     "overlap_pays",
+    "suggested_archive",
 ]

@@ -13,21 +13,24 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from redrive import attributes
-from redrive.archive import ArchiveRecord, ArchiveWriter, open_writer
-from redrive.archive.storage import archive_part, free_part
+from redrive.archive import ArchiveRecord, ArchiveWriter, default_archive_path, open_writer
+from redrive.archive.storage import absolute_location, archive_part, archive_parts, free_part
 from redrive.broker.base import Broker, Delivery, SendEntry
 from redrive.celery.knowledge import UNREGISTERED
 from redrive.errors import ArchiveError, NotRepairable
+from redrive.ledger import Ledger
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
+from redrive.operations.purge import check_archive_path
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
 
 # Reasons a selected message is left in the DLQ by the edits (keys of MoveResult.skipped).
@@ -303,3 +306,41 @@ def _open_archive(
             if not os.path.lexists(os.path.expanduser(part)):
                 raise
     raise ArchiveError(f"no free part beside archive {options.archive_to}; choose another path")
+
+
+def suggested_archive(repair: RepairOptions, label: str) -> RepairOptions:
+    """A dry run with edits that names no archive: the path its ``--execute`` would archive
+    the originals to (purge's default), named in the command the dry run prints, so that the
+    command runs as it is."""
+    if repair.archive_to is not None:
+        return repair
+    now = datetime.fromtimestamp(time.time(), UTC)
+    return replace(repair, archive_to=default_archive_path(label, now), suggested=True)
+
+
+def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOptions:
+    """The edits' archive as this run writes it: a local archive that exists is continued
+    (a new part beside it) when a run in the ledger wrote it, as the rerun of a killed
+    edited move does; refused otherwise, as ever (archives are never overwritten). The dry
+    run says so where the execute would fail."""
+    where = repair.archive_to
+    if where is None or "://" in where or not _archive_begun(where):
+        if where is not None:
+            check_archive_path(where)
+        return repair
+    if ledger is not None and _archive_of_a_run(ledger, where):
+        return replace(repair, continues=True)
+    check_archive_path(where)
+    return repair
+
+
+def _archive_begun(where: str) -> bool:
+    """Whether the local archive exists: the file, or the parts a --processes run wrote."""
+    path = os.path.expanduser(where)
+    return os.path.lexists(path) or bool(archive_parts(path))
+
+
+def _archive_of_a_run(ledger: Ledger, where: str) -> bool:
+    """Whether a run in the ledger wrote its originals to archive ``where``."""
+    location = absolute_location(where)
+    return any(run.info.get("archive") == location for run in ledger.runs())
