@@ -167,7 +167,7 @@ class Capabilities:
     max_hold_seconds: int
     """The longest a received copy may be held."""
     native_move: bool
-    """The broker moves a whole DLQ back by itself."""
+    """The broker moves a whole DLQ back by itself (:attr:`native_mover` does it)."""
     dead_letter_setting: str
     """What the broker calls a queue's link to its DLQ (in messages to people)."""
     receive_limit_setting: str
@@ -188,6 +188,12 @@ class Capabilities:
     reject and nack have no reply; RabbitMQ's releases even wait to go as one until the
     broker's next call or count): a scan's end counts until they are back, so that the
     command after it (a move right after an inspect) sees every message."""
+    native_mover: str = ""
+    """``module:factory`` that makes the broker's own mover of a whole DLQ from the broker
+    (:func:`redrive.broker.native.native_mover`; imported only when asked for)."""
+    shared_by_threads: bool = False
+    """One broker may serve every worker thread of a run, instead of one each (SQS's lean
+    path: one thread-safe transport with a pool of keep-alive connections)."""
 
 
 @dataclass(frozen=True, slots=True)

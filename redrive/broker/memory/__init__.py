@@ -18,7 +18,6 @@ from redrive.broker.memory.broker import MemoryBroker
 from redrive.broker.memory.store import SCHEME, MemoryStore, forget_store, memory_store
 
 if TYPE_CHECKING:
-    from redrive.aws.session import AwsSettings
     from redrive.broker import BrokerSettings
 
 __all__ = [
@@ -38,7 +37,7 @@ def open_memory(url: str) -> MemoryBroker:
 
 
 def open_from_settings(
-    settings: BrokerSettings, aws: AwsSettings, region: str | None = None
+    settings: BrokerSettings, aws: object, region: str | None = None
 ) -> MemoryBroker:
     """The in-memory broker at the settings' URL (its row in
     :data:`redrive.broker.BACKENDS`); AWS settings and regions are not its."""

@@ -45,6 +45,7 @@ CAPABILITIES: Final = Capabilities(
     receive_limit_setting="receive limit",
     max_message_attributes=10,
     archived_attributes=ARCHIVED_ATTRIBUTES,
+    shared_by_threads=True,
     receive_limit_way_out="raise or remove it: make {name} again without a receive limit",
 )
 # What a body may hold: XML's characters, as SQS allows (a NUL is refused, per entry).

@@ -13,14 +13,13 @@ from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.link import AmqpAddress, link_for
 
 if TYPE_CHECKING:
-    from redrive.aws.session import AwsSettings
     from redrive.broker import BrokerSettings
 
 __all__ = ["RabbitBroker", "default_api_url", "open_from_settings", "open_rabbitmq"]
 
 
 def open_from_settings(
-    settings: BrokerSettings, aws: AwsSettings, region: str | None = None
+    settings: BrokerSettings, aws: object, region: str | None = None
 ) -> RabbitBroker:
     """RabbitMQ at the settings' URL (its row in :data:`redrive.broker.BACKENDS`): the AWS
     settings and region are SQS's, not its."""

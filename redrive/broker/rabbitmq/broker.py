@@ -67,6 +67,7 @@ CAPABILITIES: Final = Capabilities(
     message_size_limits=(MAX_MESSAGE_BYTES,),
     max_hold_seconds=MAX_HOLD_SECONDS,
     native_move=True,
+    native_mover="redrive.broker.rabbitmq.shovel:Shovels",
     dead_letter_setting="x-dead-letter-exchange",
     receive_limit_setting="x-delivery-limit",
     max_message_attributes=64,

@@ -78,6 +78,7 @@ CAPABILITIES: Final = Capabilities(
     message_size_limits=MESSAGE_SIZE_LIMITS,
     max_hold_seconds=MAX_VISIBILITY_SECONDS,
     native_move=True,
+    native_mover="redrive.broker.sqs.native:SqsMoveTasks",
     dead_letter_setting="RedrivePolicy",
     receive_limit_setting="maxReceiveCount",
     receive_limit_way_out=(
@@ -87,6 +88,11 @@ CAPABILITIES: Final = Capabilities(
     max_message_attributes=MAX_MESSAGE_ATTRIBUTES,
     archived_attributes=ARCHIVED_ATTRIBUTES,
 )
+#: The lean path's (issue 25): its one transport is thread-safe, so workers share a broker.
+#: Each botocore broker holds two clients (about 1.1 MB of RSS apiece), so 16 workers on one
+#: broker spare about 17 MB; botocore's path keeps a broker per worker, as its clients'
+#: connection pools are sized for one.
+LEAN_CAPABILITIES: Final = replace(CAPABILITIES, shared_by_threads=True)
 # The paginated listings, by API action: botocore names its paginators in snake case.
 _OPERATIONS: Final = {
     "ListDeadLetterSourceQueues": "list_dead_letter_source_queues",
@@ -199,6 +205,8 @@ class SqsCalls:
         # visibility on ``lean`` (built from ``client``), sends on ``lean_send``.
         self.lean = lean
         self.lean_send = lean_send
+        if lean is not None:
+            self.capabilities = LEAN_CAPABILITIES
         self.clock = clock
         """Dates what a receive hides (``Message.hidden_until``); tests pass SQS's own."""
         self.send_client = send_client if send_client is not None else client
