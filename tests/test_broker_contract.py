@@ -25,7 +25,7 @@ from moto import mock_aws
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import open_broker
-from redrive.broker.base import Broker, Delivery, SendEntry, split_batches
+from redrive.broker.base import Broker, Delivery, Header, SendEntry, split_batches
 from redrive.broker.memory import MemoryBroker, forget_store, memory_store
 from redrive.broker.rabbitmq.envelope import envelope_of
 from redrive.broker.sqs import SqsBroker, open_sqs
@@ -142,7 +142,7 @@ def entries(count: int, start: int = 0, *, broker: Broker | None = None) -> list
         SendEntry(
             id=str(i),
             body=body(f'{{"n": {start + i}, "text": "ünï €"}}', broker),
-            message_attributes={ATTRIBUTE: {"DataType": "String", "StringValue": f"k{i}"}},
+            headers={ATTRIBUTE: Header.text(f"k{i}")},
         )
         for i in range(count)
     ]
@@ -188,22 +188,23 @@ def test_each_sent_entry_is_reported_sent_with_the_brokers_id(broker: Broker, qu
     assert result.failed == {} and result.unconfirmed == frozenset()
 
 
-def every_attribute(broker: Broker) -> dict[str, dict[str, Any]]:
+def every_attribute(broker: Broker) -> dict[str, Header]:
     """What travels beside a body, of every kind the broker keeps: redrive's three marks on
-    every backend; on SQS a producer's attributes too, each data type, custom types and
-    bytes no text decoding survives (RabbitMQ keeps a producer's headers in the envelope)."""
-    marks: dict[str, dict[str, Any]] = {
-        "redrive-key": {"DataType": "String", "StringValue": "celery:t-1:r0:g0:ünï €"},
-        "redrive-count": {"DataType": "Number", "StringValue": "3"},
-        "redrive-dlq": {"DataType": "String", "StringValue": "onion-checkout-dlq"},
+    every backend; on SQS (and the in-memory broker) a producer's headers too, each kind,
+    custom type labels and bytes no text decoding survives (RabbitMQ keeps a producer's
+    headers in the envelope)."""
+    marks = {
+        "redrive-key": Header.text("celery:t-1:r0:g0:ünï €"),
+        "redrive-count": Header.number("3"),
+        "redrive-dlq": Header.text("onion-checkout-dlq"),
     }
     if broker.capabilities.key_namespace == "amqp":
         return marks
     return marks | {
-        "trace": {"DataType": "String.custom", "StringValue": "ünï € 🎉 \t\r\n"},
-        "tenant": {"DataType": "Number.int", "StringValue": "0042"},
-        "blob": {"DataType": "Binary", "BinaryValue": bytes(range(256))},
-        "zipped": {"DataType": "Binary.gzip", "BinaryValue": b"\x1f\x8b\x00\xff"},
+        "trace": Header.text("ünï € 🎉 \t\r\n", "custom"),
+        "tenant": Header.number("0042", "int"),
+        "blob": Header.data(bytes(range(256))),
+        "zipped": Header.data(b"\x1f\x8b\x00\xff", "gzip"),
     }
 
 
@@ -211,12 +212,12 @@ def test_a_sent_copy_is_received_byte_identical(broker: Broker, queue: str) -> N
     """Everything a copy carries comes back as sent: the body, every message attribute
     (names, data types, values, bytes), and the id the send reported."""
     text = '{"n": 1, "text": "ünï € 🎉 \\u2028 \\"q\\" \\t"}'
-    entry = SendEntry(id="0", body=body(text, broker), message_attributes=every_attribute(broker))
+    entry = SendEntry(id="0", body=body(text, broker), headers=every_attribute(broker))
     sent = broker.send(queue, [entry])
     assert sent.outcome("0") == "sent"
     (got,) = broker.receive(queue, hold=30, wait_seconds=0)
     assert got.body.encode("utf-8") == entry.body.encode("utf-8")
-    assert dict(got.message_attributes) == entry.message_attributes
+    assert dict(got.headers) == entry.headers
     assert got.message_id == sent.ok["0"] and got.tag
     assert got.receive_count == (1 if broker.capabilities.receive_count else 0)
     assert got.group_id is None
@@ -232,7 +233,7 @@ def test_a_refused_entry_is_refused_alone(
             "(both clients) cover it"
         )
     # On RabbitMQ: a body that is no kombu envelope, which no AMQP message stands for.
-    bad = SendEntry(id="1", body="bad \x00 body", message_attributes={})
+    bad = SendEntry(id="1", body="bad \x00 body", headers={})
     ok, _, after = entries(3, broker=broker)
     result = broker.send(queue, [ok, bad, after])
     assert [result.outcome(i) for i in ("0", "1", "2")] == ["sent", "refused", "sent"]

@@ -29,7 +29,7 @@ def store() -> Iterator[MemoryStore]:
 
 
 def send(broker: MemoryBroker, queue: str, body: str) -> str:
-    return broker.send(queue, [SendEntry(id="0", body=body, message_attributes={})]).ok["0"]
+    return broker.send(queue, [SendEntry(id="0", body=body, headers={})]).ok["0"]
 
 
 def test_a_message_past_its_receive_limit_moves_to_the_dlq(store: MemoryStore) -> None:
@@ -73,7 +73,7 @@ def test_a_restored_copy_keeps_the_metadata_an_archive_kept(store: MemoryStore) 
     kept = {
         k: got.attributes[k] for k in broker.capabilities.archived_attributes if k in got.attributes
     }
-    again = broker.restored(got.message_id, got.body, kept, got.message_attributes)
+    again = broker.restored(got.message_id, got.body, kept, got.headers)
     assert (again.receive_count, again.enqueued_at, again.tag) == (1, got.enqueued_at, "")
 
 

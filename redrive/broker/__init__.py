@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from redrive.broker.base import Broker, Delivery, DlqTarget
+from redrive.broker.base import Broker, Delivery, DlqTarget, Headers
 from redrive.config import SqsClient as SqsClient  # the name open_broker's callers give
 from redrive.errors import UsageProblem
 
@@ -75,11 +75,24 @@ class Backend:
     is not: its queues are named by the AWS settings, as before there was a choice)."""
     aws_credentials: bool = False
     """It is called with the AWS settings' credentials (the audit's caller is AWS's)."""
+    restores: str = ""
+    """``module:function`` that rebuilds an archived delivery's metadata from the facts the
+    backend archives, or None when the facts are not its ("": it archives none that say
+    anything of the metadata)."""
 
     def opener(self) -> Opener:
-        module, _, function = self.opens.partition(":")
-        found: Opener = getattr(importlib.import_module(module), function)
-        return found
+        return _imported(self.opens)  # type: ignore[no-any-return]
+
+    def restorer(self) -> Restorer | None:
+        return _imported(self.restores) if self.restores else None
+
+
+def _imported(path: str) -> Any:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+Restorer = Callable[[str, str, Mapping[str, str], Headers], "Delivery | None"]
 
 
 #: Every backend, by the URL schemes that name it; a URL without one is SQS's.
@@ -90,6 +103,7 @@ BACKENDS: Final = (
         "redrive.broker.sqs:open_from_settings",
         spoken="SQS (sqs://, or none)",
         aws_credentials=True,
+        restores="redrive.broker.sqs.calls:restored_if_ours",
     ),
     Backend(
         "rabbitmq",
@@ -99,7 +113,12 @@ BACKENDS: Final = (
         celery_url=True,
     ),
     # Tests only: queues in this process (redrive/broker/memory), never persistent.
-    Backend("memory", ("memory",), "redrive.broker.memory:open_from_settings"),
+    Backend(
+        "memory",
+        ("memory",),
+        "redrive.broker.memory:open_from_settings",
+        restores="redrive.broker.memory.broker:restored_if_ours",
+    ),
 )
 _BY_SCHEME: Final = {scheme: row for row in BACKENDS for scheme in row.schemes}
 #: URL schemes of each backend (kept by name for their callers).
@@ -161,16 +180,18 @@ def open_broker(
 
 
 def restored_delivery(
-    message_id: str,
-    body: str,
-    attributes: Mapping[str, str],
-    message_attributes: Mapping[str, Mapping[str, Any]],
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:
     """A delivery rebuilt from an archive record with no broker at hand (inspecting an
-    archive): archives of format 1 hold what SQS kept of each message."""
-    from redrive.broker.sqs.calls import restored_delivery as from_sqs
-
-    return from_sqs(message_id, body, attributes, message_attributes)
+    archive): the backend whose facts the record kept rebuilds its metadata (an SQS
+    archive's receive count and sent time); facts none of them reads, or none, give the
+    body, headers and facts alone."""
+    for row in BACKENDS:
+        restorer = row.restorer()
+        found = restorer(message_id, body, attributes, headers) if restorer else None
+        if found is not None:
+            return found
+    return Delivery(message_id, "", body, dict(attributes), dict(headers))
 
 
 def resolve_target(

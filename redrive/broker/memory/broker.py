@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from redrive.broker.base import (
     BatchResult,
@@ -15,6 +15,7 @@ from redrive.broker.base import (
     Capabilities,
     Delivery,
     DlqTarget,
+    Headers,
     QueueCounts,
     QueueRef,
     SendEntry,
@@ -200,7 +201,7 @@ class MemoryBroker:
                 stored = Stored(
                     message_id=self.store.new_id(),
                     body=entry.body,
-                    headers=dict(entry.message_attributes),
+                    headers=dict(entry.headers),
                     enqueued_at=self.store.wall(),
                     group_id=entry.group_id,
                 )
@@ -213,13 +214,9 @@ class MemoryBroker:
         return BatchResult(ok, failed, lost)
 
     def restored(
-        self,
-        message_id: str,
-        body: str,
-        attributes: Mapping[str, str],
-        message_attributes: Mapping[str, Mapping[str, Any]],
+        self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
-        return restored_delivery(message_id, body, attributes, message_attributes)
+        return restored_delivery(message_id, body, attributes, headers)
 
 
 def _hold(message: Stored, until: float) -> None:
@@ -255,7 +252,7 @@ def _delivery(message: Stored, *, hidden_until: float) -> Delivery:
         tag=message.tag,
         body=message.body,
         attributes=_facts(message),
-        message_attributes=dict(message.headers),
+        headers=dict(message.headers),
         receive_count=message.receive_count,
         enqueued_at=message.enqueued_at,
         died_in=message.died_in,
@@ -272,11 +269,17 @@ def _facts(message: Stored) -> dict[str, str]:
     return facts
 
 
+def restored_if_ours(
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
+) -> Delivery | None:
+    """:func:`restored_delivery` when the archived facts are this broker's (None: none is)."""
+    if not any(name in attributes for name in ARCHIVED_ATTRIBUTES):
+        return None
+    return restored_delivery(message_id, body, attributes, headers)
+
+
 def restored_delivery(
-    message_id: str,
-    body: str,
-    attributes: Mapping[str, str],
-    message_attributes: Mapping[str, Mapping[str, Any]],
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:
     """A delivery rebuilt from an archive record, its metadata from the facts kept."""
     count = attributes.get("receive_count", "0")
@@ -289,7 +292,7 @@ def restored_delivery(
         tag="",
         body=body,
         attributes=dict(attributes),
-        message_attributes=dict(message_attributes),
+        headers=dict(headers),
         receive_count=int(count) if count.isdigit() else 0,
         enqueued_at=enqueued,
         died_in=attributes.get("died_in") or None,

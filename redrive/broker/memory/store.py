@@ -13,10 +13,11 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
+from redrive.broker.base import Headers
 from redrive.errors import QueueNotFound, UsageProblem
 
 SCHEME: Final = "memory"
@@ -28,7 +29,7 @@ class Stored:
 
     message_id: str
     body: str
-    headers: Mapping[str, Any]
+    headers: Headers
     enqueued_at: float
     group_id: str | None = None
     receive_count: int = 0

@@ -27,10 +27,12 @@ from redrive.broker.base import (
     BatchResult,
     Capabilities,
     Delivery,
+    Headers,
     SendEntry,
     queue_name,
 )
 from redrive.broker.base import split_batches as split_entries
+from redrive.broker.sqs.headers import attribute_of, attributes_of, header_of, headers_of
 from redrive.errors import AwsError, SendInDoubt
 
 
@@ -110,7 +112,7 @@ def delivery_of(raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Deliver
         tag=raw["ReceiptHandle"],
         body=raw.get("Body", ""),
         attributes=attributes,
-        message_attributes=raw.get("MessageAttributes", {}),
+        headers=headers_of(raw.get("MessageAttributes", {})),
         receive_count=int(count) if count.isdigit() else 0,
         enqueued_at=int(sent) / 1000 if sent and sent.isdigit() else None,
         died_in=attributes.get("DeadLetterQueueSourceArn") or None,
@@ -128,7 +130,7 @@ def message(
     hidden_until: float = 0.0,
     redrive_receives: int = 0,
 ) -> Delivery:
-    """A delivery as SQS would give it, from SQS's own fields (tests, archives)."""
+    """A delivery as SQS would give it, from SQS's own fields (tests)."""
     raw: dict[str, Any] = {
         "MessageId": message_id,
         "ReceiptHandle": receipt_handle,
@@ -141,28 +143,27 @@ def message(
 
 
 def restored_delivery(
-    message_id: str,
-    body: str,
-    attributes: Mapping[str, str],
-    message_attributes: Mapping[str, Mapping[str, Any]],
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:
     """A delivery rebuilt from what an archive kept (no receipt handle: nothing to delete)."""
-    return message(
-        message_id=message_id,
-        receipt_handle="",
-        body=body,
-        attributes=attributes,
-        message_attributes=message_attributes,
-    )
+    raw = {"MessageId": message_id, "ReceiptHandle": "", "Body": body, "Attributes": attributes}
+    return replace(delivery_of(raw), headers=dict(headers))
+
+
+def restored_if_ours(
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
+) -> Delivery | None:
+    """:func:`restored_delivery` when the archived facts are SQS's (None: none of them is)."""
+    if not any(name in attributes for name in ARCHIVED_ATTRIBUTES):
+        return None
+    return restored_delivery(message_id, body, attributes, headers)
 
 
 def request_entry(entry: SendEntry) -> dict[str, Any]:
     """One SendMessageBatch entry."""
     out: dict[str, Any] = {"Id": entry.id, "MessageBody": entry.body}
-    if entry.message_attributes:
-        out["MessageAttributes"] = {
-            name: clean_attribute(value) for name, value in entry.message_attributes.items()
-        }
+    if entry.headers:
+        out["MessageAttributes"] = attributes_of(entry.headers)
     if entry.group_id is not None:
         out["MessageGroupId"] = entry.group_id
     if entry.deduplication_id is not None:
@@ -172,11 +173,7 @@ def request_entry(entry: SendEntry) -> dict[str, Any]:
 
 def clean_attribute(value: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields SendMessage accepts (receive also returns empty list fields)."""
-    out: dict[str, Any] = {"DataType": value["DataType"]}
-    for key in ("StringValue", "BinaryValue"):
-        if key in value:
-            out[key] = value[key]
-    return out
+    return attribute_of(header_of(value))
 
 
 def split_batches(entries: Sequence[SendEntry]) -> Iterator[list[SendEntry]]:
@@ -371,13 +368,9 @@ class SqsCalls:
             raise
 
     def restored(
-        self,
-        message_id: str,
-        body: str,
-        attributes: Mapping[str, str],
-        message_attributes: Mapping[str, Mapping[str, Any]],
+        self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
-        return restored_delivery(message_id, body, attributes, message_attributes)
+        return restored_delivery(message_id, body, attributes, headers)
 
 
 def _in_doubt_on_the_server(exc: botocore.exceptions.ClientError, url: str, count: int) -> str:
