@@ -1,20 +1,33 @@
 """The broker seam's rules (issue 38, items 4 and 5): above ``redrive/broker/`` nothing picks
 a backend by its class, an attribute only one backend has, or its package; the one scheme
 table (``redrive.broker.BACKENDS``) opens every backend, and the run's broker settings
-cross to a ``--processes`` child as one opaque value."""
+cross to a ``--processes`` child as one opaque value. Messages are neutral at the seam
+(``Header`` values): SQS's MessageAttributes shape is SQS's translation and the archive
+format's, and both give back every attribute as it came."""
 
 from __future__ import annotations
 
 import ast
+import json
 import pickle
+import re
 import threading
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from redrive.archive.record import ArchiveRecord
 from redrive.aws.session import AwsSettings
-from redrive.broker import BACKENDS, BrokerSettings
+from redrive.broker import BACKENDS, BrokerSettings, restored_delivery
+from redrive.broker.base import Header
 from redrive.broker.memory import MemoryBroker, forget_store, memory_store
+from redrive.broker.rabbitmq.envelope import envelope_of, marks_of, unpacked
+from redrive.broker.sqs.calls import message as sqs_message
+from redrive.broker.sqs.headers import attribute_of, header_of
 from redrive.dlq.scan import shared_by_workers
 from redrive.operations.processes import ChildRun, Wiring
 
@@ -80,3 +93,81 @@ def test_the_broker_settings_cross_to_a_child_as_one_value() -> None:
         assert shared_by_workers(opened) and child.broker() is opened
     finally:
         forget_store(name)
+
+
+# -- the neutral message model ----------------------------------------------------------------
+
+#: SQS's words for what travels beside a body: only SQS's translation and the archive's
+#: format (which keeps SQS's shape, issue 38) may say them.
+SQS_SHAPE = re.compile(r"\b(DataType|StringValue|BinaryValue)\b")
+
+
+def test_no_sqs_attribute_shape_outside_sqs_and_the_archive() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[:2] != ("broker", "sqs")
+        and path.relative_to(PACKAGE).parts[0] != "archive"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if SQS_SHAPE.search(line)
+    ]
+    assert found == []
+
+
+ATTRIBUTE = st.one_of(
+    st.builds(
+        lambda label, text: {"DataType": "String" + label, "StringValue": text},
+        st.sampled_from(["", ".custom", ".x-y_z"]),
+        st.text(max_size=30),
+    ),
+    st.builds(
+        lambda label, n: {"DataType": "Number" + label, "StringValue": n},
+        st.sampled_from(["", ".int", ".float"]),
+        st.from_regex(r"-?0*[0-9]{1,8}(\.[0-9]{1,3})?", fullmatch=True),
+    ),
+    st.builds(
+        lambda label, raw: {"DataType": "Binary" + label, "BinaryValue": raw},
+        st.sampled_from(["", ".gzip"]),
+        st.binary(max_size=40),
+    ),
+)
+
+
+@given(attribute=ATTRIBUTE)
+def test_sqs_and_the_archive_translate_every_attribute_back_as_it_came(
+    attribute: dict[str, Any],
+) -> None:
+    header = header_of(attribute)
+    assert attribute_of(header) == attribute
+    # The size a header counts is the one SQS counts for the attribute.
+    value = attribute.get("BinaryValue", str(attribute.get("StringValue", "")).encode())
+    assert header.size("n") == 1 + len(attribute["DataType"].encode()) + len(value)
+    record = ArchiveRecord.from_message(
+        sqs_message("m", "", "b", {}, {"n": attribute}),
+        kept=(),
+        task="t",
+        task_id=None,
+        dlq="d",
+        run_id="r",
+        archived_at=datetime(2026, 12, 6, tzinfo=UTC),
+    )
+    again = ArchiveRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert again.message_attributes == {"n": attribute} and again.headers == {"n": header}
+
+
+def test_rabbitmqs_marks_are_headers_and_go_back_as_plain_amqp_headers() -> None:
+    properties = {"application_headers": {"redrive-count": 2, "redrive-key": b"k", "x": 1}}
+    marks = marks_of(properties)
+    assert marks == {"redrive-count": Header.number("2"), "redrive-key": Header.text("k")}
+    _, sent = unpacked(envelope_of(b"{}", properties), marks)
+    assert sent["application_headers"] == {"redrive-count": "2", "redrive-key": "k", "x": 1}
+
+
+def test_an_archived_delivery_is_rebuilt_by_the_backend_whose_facts_it_kept() -> None:
+    headers = {"n": Header.number("7")}
+    sqs = restored_delivery("m", "b", {"ApproximateReceiveCount": "3"}, headers)
+    assert (sqs.receive_count, sqs.headers) == (3, headers)
+    memory = restored_delivery("m", "b", {"receive_count": "4", "died_in": "memory:x:q"}, {})
+    assert (memory.receive_count, memory.died_in) == (4, "memory:x:q")
+    rabbit = restored_delivery("m", "b", {"exchange": "", "routing_key": "q"}, headers)
+    assert (rabbit.receive_count, rabbit.enqueued_at, rabbit.headers) == (0, None, headers)
