@@ -171,3 +171,31 @@ def test_an_archived_delivery_is_rebuilt_by_the_backend_whose_facts_it_kept() ->
     assert (memory.receive_count, memory.died_in) == (4, "memory:x:q")
     rabbit = restored_delivery("m", "b", {"exchange": "", "routing_key": "q"}, headers)
     assert (rabbit.receive_count, rabbit.enqueued_at, rabbit.headers) == (0, None, headers)
+
+
+def test_an_archive_keeps_an_sqs_attribute_exactly_as_the_client_returned_it() -> None:
+    """Archives keep their format: the fields, their order and the empty list fields a
+    real SQS receive gives, as archives written before the neutral headers held them."""
+    received = {
+        "StringValue": "0042",
+        "StringListValues": [],
+        "BinaryListValues": [],
+        "DataType": "Number.int",
+    }
+    delivery = sqs_message("m", "r", "b", {}, {"n": received})
+    assert delivery.headers == {"n": Header.number("0042", "int")}
+    record = ArchiveRecord.from_message(
+        delivery,
+        kept=(),
+        task="t",
+        task_id=None,
+        dlq="d",
+        run_id="r",
+        archived_at=datetime(2026, 12, 6, tzinfo=UTC),
+    )
+    line = json.dumps(record.to_json())
+    kept = '{"StringValue": "0042", "StringListValues": [], "BinaryListValues_b64": [], '
+    assert f'"n": {kept}"DataType": "Number.int"}}' in line
+    # A header made here (redrive's own marks) is written in the format's own shape.
+    marks = sqs_message("m", "r", "b", {}, {}).headers | {"k": Header.text("v")}
+    assert attribute_of(marks["k"]) == {"DataType": "String", "StringValue": "v"}

@@ -178,8 +178,13 @@ _KINDS: Final = {name: kind for kind, name in _DATA_TYPES.items()}
 
 
 def _attribute_of(header: Header) -> dict[str, Any]:
-    """A header in the format's shape."""
+    """A header in the format's shape: as the broker gave it where its own form is this
+    one (SQS's, kept exactly as the AWS client returned it), else made from the header."""
     data_type = _DATA_TYPES[header.kind] + (f".{header.label}" if header.label else "")
+    original = header.original
+    if isinstance(original, Mapping) and original.get("DataType") == data_type:
+        # Copied so later changes to the received message cannot alter what is archived.
+        return dict(original)
     value = "BinaryValue" if header.kind == "bytes" else "StringValue"
     return {"DataType": data_type, value: header.value}
 

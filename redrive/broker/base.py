@@ -41,6 +41,10 @@ class Header:
     kind: HeaderKind
     value: str | bytes
     label: str = ""
+    original: Any = field(default=None, compare=False, repr=False)
+    """Opaque: the broker's own form of the value as received (SQS: the MessageAttribute,
+    with its field order and the empty list fields a receive gives), which a file format of
+    that same form (archives) writes as it came; None: made here."""
 
     @classmethod
     def text(cls, value: str, label: str = "") -> Header:

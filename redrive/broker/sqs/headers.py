@@ -25,8 +25,8 @@ def header_of(attribute: Mapping[str, Any]) -> Header:
     if kind is None:  # no type SQS takes: its value as it is
         kind = "bytes" if "BinaryValue" in attribute else "text"
     if kind == "bytes":
-        return Header.data(bytes(attribute.get("BinaryValue", b"")), label)
-    return Header(kind, str(attribute.get("StringValue", "")), label)
+        return Header("bytes", bytes(attribute.get("BinaryValue", b"")), label, attribute)
+    return Header(kind, str(attribute.get("StringValue", "")), label, attribute)
 
 
 def headers_of(attributes: Mapping[str, Mapping[str, Any]]) -> dict[str, Header]:
