@@ -11,12 +11,12 @@ the message does not have.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-from redrive.broker.base import Delivery, consumer_receives, queue_name
+from redrive.broker.base import Delivery, Header, consumer_receives, queue_name
 from redrive.durations import iso_utc
 from redrive.messages import Payload, TaskInfo, read_payload
 
@@ -109,27 +109,24 @@ def _queue(s: _Source) -> str | None:
     return s.sources[0] if len(s.sources) == 1 else None
 
 
-def _attribute_value(value: Mapping[str, Any]) -> Any:
-    """A message attribute's value: a String as text, a Number as a number (so that
-    comparisons work), a Binary as base64 text."""
-    kind = str(value.get("DataType", ""))
-    if kind.startswith("Binary"):
-        raw = value.get("BinaryValue")
-        return base64.b64encode(raw).decode("ascii") if isinstance(raw, bytes) else raw
-    text = value.get("StringValue")
-    if kind.startswith("Number") and isinstance(text, str):
+def _header_value(header: Header) -> Any:
+    """A header's value: text as text, a number as a number (so that comparisons work),
+    bytes as base64 text."""
+    if isinstance(header.value, bytes):
+        return base64.b64encode(header.value).decode("ascii")
+    if header.kind == "number":
         try:
-            return int(text)
+            return int(header.value)
         except ValueError:
             try:
-                return float(text)
+                return float(header.value)
             except ValueError:
-                return text
-    return text
+                return header.value
+    return header.value
 
 
 def _attributes(s: _Source) -> dict[str, Any]:
-    return {name: _attribute_value(v) for name, v in s.message.message_attributes.items()}
+    return {name: _header_value(h) for name, h in s.message.headers.items()}
 
 
 def _body(s: _Source) -> str | None:

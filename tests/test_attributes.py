@@ -1,37 +1,36 @@
-"""redrive's own message attributes: added only where there is room, originals always kept."""
+"""redrive's own marks (headers): added only where there is room, originals always kept."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from redrive.attributes import COUNT, KEY, SOURCE_DLQ, originals, redrive_count, stamped
+from redrive.broker.base import Header
 from redrive.broker.sqs.calls import MAX_MESSAGE_ATTRIBUTES
 
 OURS = (COUNT, KEY, SOURCE_DLQ)
 
 
-def producer(n: int) -> dict[str, dict[str, Any]]:
-    return {f"attr{i}": {"DataType": "String", "StringValue": f"v{i}"} for i in range(n)}
+def producer(n: int) -> dict[str, Header]:
+    return {f"attr{i}": Header.text(f"v{i}") for i in range(n)}
 
 
 @pytest.mark.parametrize(
     ("value", "count"),
     [
         (None, 0),
-        ({"DataType": "Number", "StringValue": "2"}, 2),
-        ({"DataType": "String", "StringValue": "7"}, 7),
-        ({"DataType": "Number", "StringValue": "-3"}, 0),
-        ({"DataType": "Number", "StringValue": "1.5"}, 0),
-        ({"DataType": "String", "StringValue": "many"}, 0),
-        ({"DataType": "Binary", "BinaryValue": b"\x01"}, 0),
+        (Header.number("2"), 2),
+        (Header.text("7"), 7),
+        (Header.number("-3"), 0),
+        (Header.number("1.5"), 0),
+        (Header.text("many"), 0),
+        (Header.data(b"\x01"), 0),
     ],
 )
-def test_redrive_count(value: dict[str, Any] | None, count: int) -> None:
-    attrs = {"other": {"DataType": "String", "StringValue": "9"}}
+def test_redrive_count(value: Header | None, count: int) -> None:
+    attrs = {"other": Header.text("9")}
     if value is not None:
         attrs[COUNT] = value
     assert redrive_count(attrs) == count
@@ -48,9 +47,9 @@ def test_stamp_adds_count_key_and_dlq() -> None:
     )
     assert out == {
         **original,
-        COUNT: {"DataType": "Number", "StringValue": "1"},
-        KEY: {"DataType": "String", "StringValue": "celery:abc:r0:g0:1234abcd"},
-        SOURCE_DLQ: {"DataType": "String", "StringValue": "onion-dlq"},
+        COUNT: Header.number("1"),
+        KEY: Header.text("celery:abc:r0:g0:1234abcd"),
+        SOURCE_DLQ: Header.text("onion-dlq"),
     }
     assert original == producer(2)  # not changed in place
 
@@ -67,7 +66,7 @@ def test_an_earlier_stamp_is_replaced_not_counted_twice() -> None:
     assert len(before) == 10
     after = stamped(before, count=2, key="k1", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     assert len(after) == 10
-    assert after[COUNT]["StringValue"] == "2" and after[KEY]["StringValue"] == "k1"
+    assert after[COUNT].as_text == "2" and after[KEY].as_text == "k1"
     assert originals(after) == producer(7)
 
 
@@ -80,8 +79,8 @@ def test_originals_drop_only_ours() -> None:
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-_.0123456789", min_size=1, max_size=20)
 values = st.one_of(
-    st.builds(lambda s: {"DataType": "String", "StringValue": s}, st.text(max_size=20)),
-    st.builds(lambda b: {"DataType": "Binary.x", "BinaryValue": b}, st.binary(max_size=20)),
+    st.builds(Header.text, st.text(max_size=20)),
+    st.builds(lambda b: Header.data(b, "x"), st.binary(max_size=20)),
 )
 
 
@@ -90,7 +89,7 @@ values = st.one_of(
     count=st.integers(1, 99),
 )
 def test_stamping_never_drops_or_changes_an_original(
-    original: dict[str, dict[str, Any]], count: int
+    original: dict[str, Header], count: int
 ) -> None:
     out = stamped(original, count=count, key="k", dlq="d", room=MAX_MESSAGE_ATTRIBUTES)
     kept = {k: v for k, v in original.items() if k not in OURS}

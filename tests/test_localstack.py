@@ -9,7 +9,7 @@ import pytest
 from conftest import Family, make_family
 from localstack_server import ACCOUNT, VERSION, LocalStackServer, reset_sqs
 
-from redrive.broker.base import SendEntry
+from redrive.broker.base import Header, SendEntry
 from redrive.broker.sqs import SqsBroker as Sqs
 from redrive.broker.sqs.calls import request_entry
 
@@ -34,7 +34,7 @@ def entries(count: int) -> list[SendEntry]:
         SendEntry(
             id=str(i),
             body=f'{{"n": {i}}}',
-            message_attributes={"task": {"DataType": "String", "StringValue": f"t.{i}"}},
+            headers={"task": Header.text(f"t.{i}")},
         )
         for i in range(count)
     ]
@@ -73,9 +73,7 @@ def test_the_adapter_receives_hides_again_and_deletes_a_batch(family: Family, sq
     got = sqs.receive(family.dlq_url, hold=300)
     assert len(got) == 10  # LocalStack hands out a full batch of a 10-message queue
     assert {m.body for m in got} == {f'{{"n": {i}}}' for i in range(10)}
-    assert {m.message_attributes["task"]["StringValue"] for m in got} == {
-        f"t.{i}" for i in range(10)
-    }
+    assert {m.headers["task"].as_text for m in got} == {f"t.{i}" for i in range(10)}
     assert {m.receive_count for m in got} == {1}
     assert family.depth() == (0, 10)
 

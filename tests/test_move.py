@@ -44,6 +44,7 @@ from redrive.broker.base import Delivery, DlqTarget
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.calls import MAX_BATCH_BYTES, clean_attribute
 from redrive.broker.sqs.calls import message as sqs_message
+from redrive.broker.sqs.headers import attributes_of
 from redrive.broker.sqs.queues import describe_queue, resolve_family
 from redrive.config import built_in_layout
 from redrive.errors import AwsUnavailable, SendInDoubt
@@ -1359,7 +1360,7 @@ def test_age_filters_use_the_sent_timestamp(family: Family, tmp_path: Path) -> N
             message.tag,
             message.body,
             {**message.attributes, "SentTimestamp": str(int(sent * 1000))},
-            message.message_attributes,
+            attributes_of(message.headers),
             hidden_until=message.hidden_until,
         )
 
@@ -1589,7 +1590,7 @@ def test_a_dlq_with_two_sources_routes_by_dead_letter_source_arn(
             message.tag,
             message.body,
             {**message.attributes, "DeadLetterQueueSourceArn": source_arn},
-            message.message_attributes,
+            attributes_of(message.headers),
             hidden_until=message.hidden_until,
         )
 

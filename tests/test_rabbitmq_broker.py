@@ -21,7 +21,7 @@ from conftest import missing_component, on_both_rabbitmq, wait_until
 
 from redrive.aws.session import AwsSettings
 from redrive.broker import broker_scheme, open_broker
-from redrive.broker.base import QueueCounts, SendEntry
+from redrive.broker.base import Header, QueueCounts, SendEntry
 from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.envelope import envelope_of, unpacked
 from redrive.broker.rabbitmq.link import Lane, nack_plan
@@ -133,7 +133,7 @@ def test_a_dead_lettered_celery_task_round_trips_byte_identical_with_typed_heade
     info = decode(delivery.body)
     assert (info.task, info.task_id, info.delivery_tag) == ("shop.capture", "t-1", None)
     assert delivery.died_in == f"{rabbitmq_vhost.vhost}/onion-checkout"
-    assert delivery.enqueued_at is not None and delivery.message_attributes == {}
+    assert delivery.enqueued_at is not None and delivery.headers == {}
     body, properties = unpacked(delivery.body, {})
     assert body == message.body
     assert properties["application_headers"]["x-death"][0]["queue"] == "onion-checkout"
@@ -521,7 +521,7 @@ def test_an_unedited_copy_sent_as_received_is_the_message_its_envelope_gives(
     wait = [broker.receive("onion-checkout-dlq", hold=60) for _ in range(3)]
     (delivery,) = [d for batch in wait for d in batch]
     assert delivery.native is not None
-    marks = {"redrive-key": {"DataType": "String", "StringValue": "celery:t-n:g0"}}
+    marks = {"redrive-key": Header.text("celery:t-n:g0")}
     native = broker.send(
         "as-received", [SendEntry("0", delivery.body, marks, native=delivery.native)]
     )

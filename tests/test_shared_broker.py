@@ -11,6 +11,7 @@ from typing import Any, cast
 from conftest import Cli, Family, as_json
 
 from redrive.aws.session import AwsSettings
+from redrive.broker import BrokerSettings
 from redrive.cli.context import Context
 from redrive.config import SqsClient
 from redrive.dlq.scan import shared_by_workers
@@ -42,7 +43,7 @@ def test_botocores_path_gives_each_worker_a_broker_of_its_own(family: Family) ->
 
 
 def child(client: SqsClient) -> ChildRun:
-    wiring = Wiring.of(AwsSettings(), sqs_client=client)
+    wiring = Wiring.of(AwsSettings(), broker=BrokerSettings(sqs_client=client))
     return ChildRun(
         wiring=wiring, shares=cast(Any, None), stop=threading.Event(), observer=cast(Any, None)
     )

@@ -21,6 +21,7 @@ from redrive.broker.base import SendEntry
 from redrive.broker.sqs import SqsBroker, open_sqs
 from redrive.broker.sqs import calls as sqs_module
 from redrive.broker.sqs.calls import MAX_BATCH_BYTES, _batch_result, request_entry, split_batches
+from redrive.broker.sqs.headers import headers_of
 from redrive.errors import (
     AwsError,
     AwsUnavailable,
@@ -34,7 +35,7 @@ URL = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
 
 
 def entry(i: int, body_bytes: int = 10, attributes: dict[str, Any] | None = None) -> SendEntry:
-    return SendEntry(id=str(i), body="x" * body_bytes, message_attributes=attributes or {})
+    return SendEntry(id=str(i), body="x" * body_bytes, headers=headers_of(attributes or {}))
 
 
 def client_error(code: str, status: int = 400, message: str = "nope") -> bx.ClientError:
@@ -85,7 +86,7 @@ def test_entry_size_counts_utf8_bytes_and_binary_values() -> None:
     e = SendEntry(
         id="0",
         body="é" * 10,
-        message_attributes={"blob": {"DataType": "Binary", "BinaryValue": b"\x00" * 7}},
+        headers=headers_of({"blob": {"DataType": "Binary", "BinaryValue": b"\x00" * 7}}),
     )
     assert e.size() == 20 + len("blob") + len("Binary") + 7
 
@@ -104,14 +105,16 @@ def test_send_entry_request_drops_receive_only_attribute_fields() -> None:
     e = SendEntry(
         id="0",
         body="b",
-        message_attributes={
-            "a": {
-                "DataType": "String",
-                "StringValue": "v",
-                "StringListValues": [],
-                "BinaryListValues": [],
+        headers=headers_of(
+            {
+                "a": {
+                    "DataType": "String",
+                    "StringValue": "v",
+                    "StringListValues": [],
+                    "BinaryListValues": [],
+                }
             }
-        },
+        ),
         group_id="g",
         deduplication_id="k",
     )

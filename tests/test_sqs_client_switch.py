@@ -21,6 +21,7 @@ from click.testing import Result
 from conftest import Cli, Family, as_json
 
 from redrive.aws.session import AwsSettings
+from redrive.broker import BrokerSettings
 from redrive.broker import sqs as sqs_backend
 from redrive.broker.sqs import SqsBroker
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
@@ -273,15 +274,16 @@ def test_a_processes_child_uses_the_same_client(
     result = cli(*args, env=env)
     assert result.exit_code == EXIT_ERROR and "2 processes stopped here" in result.output
     [wiring] = spread_wirings
-    assert wiring.sqs_client == expected
+    assert wiring.broker.sqs_client == expected
     # The parent's resolver, then the child's broker opened from its Wiring.
     assert clients and set(clients) == {expected}
     assert len(clients) >= 2
 
 
 def test_a_wiring_without_a_client_is_botocore() -> None:
-    assert Wiring().sqs_client == "botocore"
-    assert Wiring.of(AwsSettings(), sqs_client="lean").sqs_client == "lean"
+    assert Wiring().broker.sqs_client == "botocore"
+    lean = Wiring.of(AwsSettings(), broker=BrokerSettings(sqs_client="lean"))
+    assert lean.broker.sqs_client == "lean"
 
 
 # -- the audit records which client ran -----------------------------------------------------

@@ -568,7 +568,7 @@ def test_a_lost_answer_leaves_a_lean_send_in_doubt_and_a_refused_one_retried(aws
         client = client_of(url, retries={"total_max_attempts": 1}, read_timeout=0.5)
         calls = SqsBroker(client, lean=LeanTransport(client), lean_send=LeanTransport(client))
         with pytest.raises(SendInDoubt):
-            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", headers={})])
     refused = f"http://127.0.0.1:{free_port()}"
     client = client_of(refused, retries={"total_max_attempts": 1})
     lean = LeanTransport(client)
@@ -576,7 +576,7 @@ def test_a_lost_answer_leaves_a_lean_send_in_doubt_and_a_refused_one_retried(aws
     tried: list[Any] = []
     client.meta.events.register("before-send.sqs", lambda request, **_: tried.append(request))
     with pytest.raises(AwsUnavailable):
-        calls.send_batch(f"{refused}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+        calls.send_batch(f"{refused}/1/q", [SendEntry(id="0", body="x", headers={})])
     assert len(tried) == 2  # SqsCalls' own retry: provably never sent
 
 
@@ -584,7 +584,7 @@ def test_lean_calls_builds_a_broker_on_both_paths(server: Any) -> None:
     broker = lean_calls(AwsSettings(endpoint_url=server.endpoint_url, region="us-east-1"))
     assert broker.lean is not None and broker.lean_send is not None
     url = broker.client.create_queue(QueueName="built")["QueueUrl"]
-    assert broker.send_batch(url, [SendEntry(id="0", body="é", message_attributes={})]).ok
+    assert broker.send_batch(url, [SendEntry(id="0", body="é", headers={})]).ok
     (got,) = broker.receive(url, hold=30, wait_seconds=0)
     assert got.body == "é"
     assert broker.delete_batch(url, {"0": got.tag}).ok == {"0": ""}
@@ -1081,7 +1081,7 @@ def test_a_2xx_that_is_no_sqs_answer_is_refused_alike_and_a_send_left_in_doubt(
         )
         calls = SqsBroker(both.client, lean=both.lean, lean_send=both.lean)
         with pytest.raises(SendInDoubt):
-            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", message_attributes={})])
+            calls.send_batch(f"{url}/1/q", [SendEntry(id="0", body="x", headers={})])
 
 
 # -- before-call: botocore's handlers and a Stubber's, run alike --------------------------------

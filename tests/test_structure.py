@@ -334,7 +334,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "broker": {"aws", "broker.rabbitmq", "broker.sqs", "config", "durations", "errors"},
     "broker.sqs": {"aws", "broker", "config", "durations", "errors"},
     "broker.rabbitmq": {"attributes", "broker", "config", "errors"},
-    "attributes": set(),
+    "attributes": {"broker"},
     "message_record": {"broker", "durations", "messages"},
     "where": {"broker", "errors", "message_record", "messages", "shell"},
     "selection": {"broker", "messages", "where"},

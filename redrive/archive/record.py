@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from redrive.broker.base import Delivery
+from redrive.broker.base import Delivery, Header, HeaderKind
 from redrive.errors import ArchiveError
 
 ARCHIVE_VERSION: Final = 1
@@ -30,7 +30,12 @@ class NewerFormat(ArchiveError):
 
 @dataclass(frozen=True, slots=True)
 class ArchiveRecord:
-    """One archived SQS message. ``archived_at`` must be timezone-aware."""
+    """One archived message. ``archived_at`` must be timezone-aware.
+
+    ``message_attributes`` is the archive's form of the message's headers (format 1 keeps
+    SQS's MessageAttributes shape, whichever broker the message came from: archives written
+    before the seam's neutral headers read as they always did); :attr:`headers` is the
+    seam's."""
 
     message_id: str
     body: str
@@ -48,6 +53,11 @@ class ArchiveRecord:
     def __post_init__(self) -> None:
         if self.archived_at.utcoffset() is None:
             raise ValueError("ArchiveRecord.archived_at must be timezone-aware")
+
+    @property
+    def headers(self) -> dict[str, Header]:
+        """The archived message's headers, as the seam carries them."""
+        return {name: _header_of(value) for name, value in self.message_attributes.items()}
 
     @classmethod
     def from_message(
@@ -67,9 +77,8 @@ class ArchiveRecord:
         return cls(
             message_id=message.message_id,
             body=message.body,
-            # Copied so later changes to the received message cannot alter what is archived.
             message_attributes={
-                name: dict(value) for name, value in message.message_attributes.items()
+                name: _attribute_of(header) for name, header in message.headers.items()
             },
             attributes={k: attributes[k] for k in kept if k in attributes},
             task=task,
@@ -157,6 +166,36 @@ def _parse_timestamp(text: str) -> datetime:
     if parsed.utcoffset() is None:
         raise ArchiveError(f"record field 'archived_at' has no time zone: {text!r}")
     return parsed
+
+
+#: The format's names of a header's kinds (SQS's MessageAttributes: format 1's shape).
+_DATA_TYPES: Final[dict[HeaderKind, str]] = {
+    "text": "String",
+    "number": "Number",
+    "bytes": "Binary",
+}
+_KINDS: Final = {name: kind for kind, name in _DATA_TYPES.items()}
+
+
+def _attribute_of(header: Header) -> dict[str, Any]:
+    """A header in the format's shape: as the broker gave it where its own form is this
+    one (SQS's, kept exactly as the AWS client returned it), else made from the header."""
+    data_type = _DATA_TYPES[header.kind] + (f".{header.label}" if header.label else "")
+    original = header.original
+    if isinstance(original, Mapping) and original.get("DataType") == data_type:
+        # Copied so later changes to the received message cannot alter what is archived.
+        return dict(original)
+    value = "BinaryValue" if header.kind == "bytes" else "StringValue"
+    return {"DataType": data_type, value: header.value}
+
+
+def _header_of(value: Mapping[str, Any]) -> Header:
+    """A header from the format's shape (list values, which no broker sends, are dropped)."""
+    base, _, label = str(value.get("DataType", "")).partition(".")
+    kind = _KINDS.get(base) or ("bytes" if "BinaryValue" in value else "text")
+    if kind == "bytes":
+        return Header.data(bytes(value.get("BinaryValue", b"")), label)
+    return Header(kind, str(value.get("StringValue", "")), label)
 
 
 def _encode_attribute_value(value: Mapping[str, Any]) -> dict[str, Any]:

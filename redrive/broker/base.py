@@ -6,18 +6,72 @@ one. A broker's own handle for a received copy (SQS's receipt handle) is an opaq
 up here; its own names for queues are opaque addresses (``QueueRef.url``) and ids
 (``QueueRef.ident``).
 
+A message is neutral up here, as kombu's are: its body, its :class:`Header` values (name ->
+typed value) and the broker's own metadata (:class:`Delivery`'s receive count, death and
+enqueue time). Each backend translates its own form (SQS's MessageAttributes, AMQP's
+properties and headers) to and from these, byte for byte on a resend.
+
 What a new broker implements: :class:`Broker` (and says what it can in
-:class:`Capabilities`); the contract every backend passes is ``tests/test_broker_contract.py``.
+:class:`Capabilities`, and opens from its row of :data:`redrive.broker.BACKENDS`); the
+contract every backend passes is ``tests/test_broker_contract.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 if TYPE_CHECKING:
     from redrive.config import Family, Layout
+
+HeaderKind = Literal["text", "number", "bytes"]
+#: How a header's kind is named when a message's size is counted (SQS's measure: the
+#: strictest of the brokers, so a copy any of them takes is measured alike).
+_KIND_NAMES: Final = {"text": "String", "number": "Number", "bytes": "Binary"}
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One typed value that travels beside a message's body (kombu's message headers): text,
+    a number (kept as written: ``0042`` stays ``0042``) or bytes. ``label`` is the
+    producer's own name for the value's type where a broker keeps one (SQS's custom types:
+    ``Number.int`` is a number labelled ``int``), carried again on every copy."""
+
+    kind: HeaderKind
+    value: str | bytes
+    label: str = ""
+    original: Any = field(default=None, compare=False, repr=False)
+    """Opaque: the broker's own form of the value as received (SQS: the MessageAttribute,
+    with its field order and the empty list fields a receive gives), which a file format of
+    that same form (archives) writes as it came; None: made here."""
+
+    @classmethod
+    def text(cls, value: str, label: str = "") -> Header:
+        return cls("text", value, label)
+
+    @classmethod
+    def number(cls, value: int | str, label: str = "") -> Header:
+        return cls("number", str(value), label)
+
+    @classmethod
+    def data(cls, value: bytes, label: str = "") -> Header:
+        return cls("bytes", bytes(value), label)
+
+    @property
+    def as_text(self) -> str | None:
+        """The value as text (a number as written); None for bytes."""
+        return None if isinstance(self.value, bytes) else self.value
+
+    def size(self, name: str) -> int:
+        """Bytes the header counts against a message's size: its name, its type's name
+        and its value."""
+        kind = _KIND_NAMES[self.kind] + (f".{self.label}" if self.label else "")
+        value = self.value if isinstance(self.value, bytes) else self.value.encode("utf-8")
+        return len(name.encode("utf-8")) + len(kind.encode()) + len(value)
+
+
+Headers = Mapping[str, Header]
 
 Outcome = Literal["sent", "refused", "unconfirmed"]
 """One send entry's fate: the broker took it; it refused it (not sent); or the answer that
@@ -35,9 +89,9 @@ class Delivery:
     body: str
     attributes: Mapping[str, str]
     """The broker's own facts about the message, exactly as it keeps them."""
-    message_attributes: Mapping[str, Mapping[str, Any]]
-    """What travels with the message besides its body, exactly as the broker keeps it
-    (kept byte-for-byte on every copy redrive sends)."""
+    headers: Headers
+    """What travels with the message besides its body (kept byte-for-byte on every copy
+    redrive sends)."""
     receive_count: int = 0
     """How often the broker delivered the message (0: the broker keeps no count)."""
     enqueued_at: float | None = None
@@ -85,7 +139,7 @@ class SendEntry:
 
     id: str
     body: str
-    message_attributes: Mapping[str, Mapping[str, Any]]
+    headers: Headers
     group_id: str | None = None
     deduplication_id: str | None = None
     native: Any = field(default=None, compare=False, repr=False)
@@ -104,12 +158,8 @@ class SendEntry:
 
     def _measure(self) -> int:
         total = len(self.body.encode("utf-8"))
-        for name, value in self.message_attributes.items():
-            total += len(name.encode("utf-8")) + len(str(value.get("DataType", "")).encode())
-            if "StringValue" in value:
-                total += len(str(value["StringValue"]).encode("utf-8"))
-            if "BinaryValue" in value:
-                total += len(value["BinaryValue"])
+        for name, header in self.headers.items():
+            total += header.size(name)
         return total
 
 
@@ -167,13 +217,13 @@ class Capabilities:
     max_hold_seconds: int
     """The longest a received copy may be held."""
     native_move: bool
-    """The broker moves a whole DLQ back by itself."""
+    """The broker moves a whole DLQ back by itself (:attr:`native_mover` does it)."""
     dead_letter_setting: str
     """What the broker calls a queue's link to its DLQ (in messages to people)."""
     receive_limit_setting: str
     """What it calls the deliveries after which a message is dead-lettered."""
     max_message_attributes: int
-    """Attributes a message may carry (redrive's own marks go only where there is room)."""
+    """Headers a message may carry (redrive's own marks go only where there is room)."""
     archived_attributes: tuple[str, ...]
     """The broker's own facts (``Delivery.attributes``) an archive keeps; the rest is noise
     or identifies callers, so it stays out of long-lived archives."""
@@ -188,6 +238,12 @@ class Capabilities:
     reject and nack have no reply; RabbitMQ's releases even wait to go as one until the
     broker's next call or count): a scan's end counts until they are back, so that the
     command after it (a move right after an inspect) sees every message."""
+    native_mover: str = ""
+    """``module:factory`` that makes the broker's own mover of a whole DLQ from the broker
+    (:func:`redrive.broker.native.native_mover`; imported only when asked for)."""
+    shared_by_threads: bool = False
+    """One broker may serve every worker thread of a run, instead of one each (SQS's lean
+    path: one thread-safe transport with a pool of keep-alive connections)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,11 +357,7 @@ class Broker(Protocol):
         ...
 
     def restored(
-        self,
-        message_id: str,
-        body: str,
-        attributes: Mapping[str, str],
-        message_attributes: Mapping[str, Mapping[str, Any]],
+        self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
         """A delivery rebuilt from what an archive kept of it (no tag: nothing to ack)."""
         ...

@@ -8,12 +8,13 @@ bypassed: the CLI offers it only for moving every message back, refusing any sel
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redrive.broker.base import DlqTarget, QueueRef, queue_name
+from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError
 
@@ -94,6 +95,9 @@ class NativePlan:
     server: str = "SQS"
     extra: tuple[tuple[str, Any], ...] = ()
     """Broker-specific facts for the JSON (a shovel's name and definition)."""
+    chosen_rate_ceiling: int | None = None
+    """With no ``rate`` asked, the most messages a second the broker chooses up to from the
+    backlog (SQS: 500); None: it has no limit of its own."""
 
     @property
     def destination_label(self) -> str:
@@ -126,6 +130,17 @@ def destination_label(destination: QueueRef | None, sources: tuple[str, ...]) ->
         return destination.name
     where = f" ({', '.join(sources)})" if sources else ""
     return f"each message's original source queue{where}"
+
+
+def native_mover(broker: Broker) -> NativeMover | None:
+    """The broker's own move of a whole DLQ, as its capabilities name it (None: it has
+    none)."""
+    capabilities = broker.capabilities
+    if not capabilities.native_move or not capabilities.native_mover:
+        return None
+    module, _, factory = capabilities.native_mover.partition(":")
+    made: NativeMover = getattr(importlib.import_module(module), factory)(broker)
+    return made
 
 
 class NativeMover(Protocol):

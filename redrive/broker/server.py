@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+#: Brokers named without a version (every other kind is RabbitMQ's, with its version).
+_NAMES: Final = {"sqs": "SQS", "memory": "the in-memory broker"}
 TESTED_RABBITMQ: Final = ("3.10", "4.0")
 """The RabbitMQ release lines the suite runs against (tests/test_rabbitmq_versions.py)."""
 
@@ -30,8 +32,8 @@ class BrokerServer:
     @property
     def name(self) -> str:
         """``RabbitMQ 4.0.5``, ``RabbitMQ (version not known)``, ``SQS``."""
-        if self.kind == "sqs":
-            return "SQS"
+        if self.kind in _NAMES:
+            return _NAMES[self.kind]
         return f"RabbitMQ {self.version}" if self.version else "RabbitMQ (version not known)"
 
     @property

@@ -4,7 +4,6 @@ region), the mapping of core errors to one-line failures, and what every run sha
 from __future__ import annotations
 
 import contextlib
-import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,13 +13,7 @@ import click
 
 from redrive.aws.identity import caller_identity
 from redrive.aws.session import AwsSettings
-from redrive.broker import (
-    RABBITMQ_SCHEMES,
-    broker_scheme,
-    mask_password,
-    open_broker,
-    resolve_target,
-)
+from redrive.broker import BrokerSettings, celery_broker_url, resolve_target
 from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.broker.server import server_of
 from redrive.celery.app import load_app
@@ -119,12 +112,18 @@ class Context:
             # An app that does not load is reported by what uses it, not here: SQS, as before.
             return None
         url = str(getattr(loaded[0].conf, "broker_url", None) or "") if loaded else ""
-        scheme = url.partition("://")[0].lower()
-        return url if scheme in RABBITMQ_SCHEMES else None
+        return celery_broker_url(url)
 
     @property
     def rabbitmq_api(self) -> str | None:
         return self.rabbitmq_api_option or self.layout.rabbitmq_api
+
+    @property
+    def broker_settings(self) -> BrokerSettings:
+        """What opens the run's brokers, here and in each ``--processes`` child."""
+        return BrokerSettings(
+            url=self.broker_url, sqs_client=self.sqs, rabbitmq_api=self.rabbitmq_api
+        )
 
     @property
     def result_backend_url(self) -> str | None:
@@ -199,13 +198,7 @@ class Context:
         return broker
 
     def _open_broker(self, region: str | None) -> Broker:
-        return open_broker(
-            self.broker_url,
-            aws=self.aws,
-            region=region,
-            sqs_client=self.sqs,
-            rabbitmq_api=self.rabbitmq_api,
-        )
+        return self.broker_settings.open(self.aws, region)
 
     def _resolver(self, region: str | None = None) -> Broker:
         # Resolving a target and the run's first worker share one adapter: each costs two
@@ -332,16 +325,9 @@ def _who_calls(ctx: Context) -> dict[str, Any]:
     """Whom the broker knows the run as. On SQS the AWS principal and the SQS client; on
     RabbitMQ the broker (password masked) and its user: asking AWS's STS there would send
     a RabbitMQ run's audit to AWS, and record an unrelated identity, or an error."""
-    url = ctx.broker_url
-    if url is not None and broker_scheme(url) == "rabbitmq":
-        user = urllib.parse.urlsplit(url).username
-        return {
-            "caller": {
-                "broker": mask_password(url),
-                "broker_user": urllib.parse.unquote(user or "guest"),
-            },
-            "sqs_client": None,
-        }
+    caller = BrokerSettings(url=ctx.broker_url).caller()
+    if caller is not None:
+        return {"caller": caller, "sqs_client": None}
     return {"caller": caller_identity(lambda: ctx.aws.client("sts")), "sqs_client": ctx.sqs}
 
 

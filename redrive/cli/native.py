@@ -22,8 +22,7 @@ from redrive.broker.native import (
     arn,
     destination_label,
 )
-from redrive.broker.sqs.broker import SqsBroker
-from redrive.broker.sqs.native import SqsMoveTasks
+from redrive.broker.native import native_mover as native_mover_of
 from redrive.cli.celery_app import refuse_native_with_routes
 from redrive.cli.console import (
     Progress,
@@ -316,15 +315,9 @@ def tasks(ctx: Context, target: str, cancel: bool, as_json: bool, wide: bool) ->
 
 def native_mover(broker: Broker) -> NativeMover:
     """The broker's own move of a whole DLQ: SQS's message move tasks, RabbitMQ's shovels."""
-    if broker.capabilities.native_move:
-        if isinstance(broker, SqsBroker):
-            return SqsMoveTasks(broker)
-        # Here, not at the top: every SQS command would import py-amqp (~60 ms of its start).
-        from redrive.broker.rabbitmq import RabbitBroker
-        from redrive.broker.rabbitmq.shovel import Shovels
-
-        if isinstance(broker, RabbitBroker):
-            return Shovels(broker)
+    mover = native_mover_of(broker)
+    if mover is not None:
+        return mover
     fail(
         "--native needs a broker that moves a whole DLQ by itself (SQS, RabbitMQ): move without it"
     )

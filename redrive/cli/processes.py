@@ -29,9 +29,7 @@ def child_wiring(
     boundary), how each process opens its own."""
     return Wiring.of(
         ctx.aws,
-        broker_url=ctx.broker_url,
-        rabbitmq_api=ctx.rabbitmq_api,
-        sqs_client=ctx.sqs,
+        broker=ctx.broker_settings,
         region=dlq.region,
         ledger=ledger.uri if ledger is not None else None,
         receive_log=not ctx.receive_log().problem,
@@ -43,9 +41,7 @@ def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> 
     """A replay's: its sends go to the region of the options (replay has no family)."""
     return Wiring.of(
         ctx.aws,
-        broker_url=ctx.broker_url,
-        rabbitmq_api=ctx.rabbitmq_api,
-        sqs_client=ctx.sqs,
+        broker=ctx.broker_settings,
         ledger=ledger.uri if ledger is not None else None,
         receive_log=False,
         rebuild=_celery_rebuild(ctx, options),
@@ -69,9 +65,7 @@ def inspect_wiring(ctx: Context, dlq: DlqTarget, results: ResultLookup | None) -
         rebuild = functools.partial(open_scan_results, url, ctx.config, ctx.celery_app)
     return Wiring.of(
         ctx.aws,
-        broker_url=ctx.broker_url,
-        rabbitmq_api=ctx.rabbitmq_api,
-        sqs_client=ctx.sqs,
+        broker=ctx.broker_settings,
         region=dlq.region,
         receive_log=not ctx.receive_log().problem,
         rebuild=rebuild,

@@ -696,12 +696,9 @@ def wait_until(deadline: float, stop: threading.Event) -> None:
 
 
 def shared_by_workers(broker: Broker) -> bool:
-    """Whether one ``broker`` may serve every worker thread of a run, instead of one each:
-    SQS's lean path (issue 25), whose calls go through one thread-safe transport with a pool
-    of keep-alive connections. Each SQS broker holds two botocore clients (about 1.1 MB of
-    RSS apiece), so 16 workers on one broker spare about 17 MB; botocore's own path keeps a
-    broker per worker, as its clients' connection pools are sized for one."""
-    return getattr(broker, "lean", None) is not None
+    """Whether one ``broker`` may serve every worker thread of a run, instead of one each
+    (its capabilities say: SQS's lean path, issue 25)."""
+    return broker.capabilities.shared_by_threads
 
 
 def run_pipelines(

@@ -237,7 +237,7 @@ class Grouping:
             message_id=message.message_id,
             sent_at=message.enqueued_at,
             receive_count=message.receive_count,
-            redrive_count=attributes.redrive_count(message.message_attributes),
+            redrive_count=attributes.redrive_count(message.headers),
             body=message.body,
             redrive_receives=message.redrive_receives,
             consumer=consumer_receives(message),

@@ -62,7 +62,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from redrive.allocator import ARENAS
 from redrive.aws.session import AwsSettings
-from redrive.broker import SqsClient, open_broker
+from redrive.broker import BrokerSettings
 from redrive.broker.base import Broker
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import shared_by_workers
@@ -109,12 +109,8 @@ class Wiring:
     """The ledger's URI; None: the run has no ledger (a dry run without one)."""
     receive_log: bool = True
     rebuild: Callable[[Any], Any] | None = None
-    broker_url: str | None = None
-    """The broker's URL (None: SQS), as the parent opened it."""
-    sqs_client: SqsClient = "botocore"
-    """The client SQS's calls go through (``--sqs-client``), as the parent's."""
-    rabbitmq_api: str | None = None
-    """RabbitMQ's management API (``--rabbitmq-api``), as the parent's."""
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    """What opens the broker (opaque here: each backend's own settings), as the parent's."""
 
     @classmethod
     def of(cls, aws: AwsSettings, **kwargs: Any) -> Wiring:
@@ -152,13 +148,7 @@ class ChildRun:
         (one per worker, or one they share: :func:`shared_by_workers`)."""
         if self._shared is not None:
             return self._shared
-        broker = open_broker(
-            self.wiring.broker_url,
-            aws=self.aws,
-            region=self.wiring.region,
-            sqs_client=self.wiring.sqs_client,
-            rabbitmq_api=self.wiring.rabbitmq_api,
-        )
+        broker = self.wiring.broker.open(self.aws, self.wiring.region)
         if shared_by_workers(broker):
             self._shared = broker
         return broker

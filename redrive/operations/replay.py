@@ -95,7 +95,7 @@ class ArchiveSource:
 def as_message(record: ArchiveRecord, broker: Broker | None = None) -> Delivery:
     """The archived message as a delivery (``broker``: the one it goes back to)."""
     restore = broker.restored if broker is not None else restored_delivery
-    return restore(record.message_id, record.body, record.attributes, record.message_attributes)
+    return restore(record.message_id, record.body, record.attributes, record.headers)
 
 
 def archive_label(source: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from redrive.broker.server import BrokerServer
 from redrive.ledger import RunInfo
 from redrive.render.selection import filters_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable, when, when_cell
@@ -80,8 +81,8 @@ KEYS_STEPS = (
 
 def broker_text(server: dict[str, Any]) -> str:
     """``RabbitMQ 4.0.5 at amqp://...`` / ``SQS at https://...`` of a run's record."""
-    kind, version = server.get("kind"), server.get("version")
-    name = "SQS" if kind == "sqs" else f"RabbitMQ {version or '(version not known)'}"
+    version = server.get("version")
+    name = BrokerServer(str(server.get("kind")), str(version) if version else None, "").name
     return f"{name} at {server.get('endpoint') or '?'}"
 
 

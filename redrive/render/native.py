@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from redrive.broker.native import MoveTask, NativePlan
-from redrive.broker.sqs.native import MAX_NATIVE_RATE
 from redrive.render.tables import Narrow, fitted_table, when, when_cell
 
 
@@ -18,8 +17,8 @@ def native_plan_text(plan: NativePlan, execute: str) -> str:
     )
     if plan.rate is not None:
         rate = f"at most {plan.rate} message(s)/s"
-    elif plan.server == "SQS":
-        rate = f"chosen by SQS from the backlog (at most {MAX_NATIVE_RATE}/s)"
+    elif plan.chosen_rate_ceiling is not None:
+        rate = f"chosen by {plan.server} from the backlog (at most {plan.chosen_rate_ceiling}/s)"
     else:
         rate = f"no limit: {plan.server} moves them as fast as they are confirmed"
     lines = [

@@ -16,8 +16,9 @@ from typing import Any, Final
 
 from moto.sqs.models import Message, Queue, sqs_backends
 
-from redrive.broker.base import SendEntry, queue_name
+from redrive.broker.base import Header, SendEntry, queue_name
 from redrive.broker.sqs.calls import request_entry, split_batches
+from redrive.broker.sqs.headers import attributes_of, headers_of
 from redrive.config import DLQ_SUFFIX, Family, Layout
 from redrive.messages import decode
 from redrive.sandbox.encoder import encode
@@ -366,10 +367,8 @@ def _encode_options(
 
 def _producer_attributes(rng: random.Random) -> dict[str, Any]:
     """Message attributes a producer set (a trace id, a tenant), which a move keeps."""
-    return {
-        "trace-id": {"DataType": "String", "StringValue": f"{rng.getrandbits(128):032x}"},
-        "tenant-id": {"DataType": "Number", "StringValue": str(rng.randint(1, 500))},
-    }
+    trace = Header.text(f"{rng.getrandbits(128):032x}")
+    return attributes_of({"trace-id": trace, "tenant-id": Header.number(rng.randint(1, 500))})
 
 
 def _family_tasks(family: str) -> tuple[tuple[str, int, str], ...]:
@@ -479,7 +478,7 @@ def dead_letter(client: Any, queue_url: str, entries: Sequence[tuple[str, dict[s
         SendEntry(
             id=str(index),
             body=body,
-            message_attributes=attributes,
+            headers=headers_of(attributes),
             # kombu's defaults: one group, a random deduplication id (a fixed one would make
             # SQS drop a second seeding within its 5 minute window).
             group_id="default" if fifo else None,

@@ -6,12 +6,26 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from redrive.broker.rabbitmq.api import ManagementApi
 from redrive.broker.rabbitmq.broker import RabbitBroker
 from redrive.broker.rabbitmq.link import AmqpAddress, link_for
 
-__all__ = ["RabbitBroker", "default_api_url", "open_rabbitmq"]
+if TYPE_CHECKING:
+    from redrive.broker import BrokerSettings
+
+__all__ = ["RabbitBroker", "default_api_url", "open_from_settings", "open_rabbitmq"]
+
+
+def open_from_settings(
+    settings: BrokerSettings, aws: object, region: str | None = None
+) -> RabbitBroker:
+    """RabbitMQ at the settings' URL (its row in :data:`redrive.broker.BACKENDS`): the AWS
+    settings and region are SQS's, not its."""
+    from redrive.broker import mask_password
+
+    return open_rabbitmq(str(settings.url), api_url=settings.rabbitmq_api, mask=mask_password)
 
 
 def default_api_url(url: str) -> str:

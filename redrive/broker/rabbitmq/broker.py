@@ -24,6 +24,7 @@ from redrive.broker.base import (
     Capabilities,
     Delivery,
     DlqTarget,
+    Headers,
     QueueCounts,
     QueueRef,
     SendEntry,
@@ -67,6 +68,7 @@ CAPABILITIES: Final = Capabilities(
     message_size_limits=(MAX_MESSAGE_BYTES,),
     max_hold_seconds=MAX_HOLD_SECONDS,
     native_move=True,
+    native_mover="redrive.broker.rabbitmq.shovel:Shovels",
     dead_letter_setting="x-dead-letter-exchange",
     receive_limit_setting="x-delivery-limit",
     max_message_attributes=64,
@@ -210,11 +212,11 @@ class RabbitBroker:
             try:
                 if got is not None:
                     # Unedited: the message as received, never decoded from its envelope.
-                    body, properties = resent(got.body, got.properties, entry.message_attributes)
+                    body, properties = resent(got.body, got.properties, entry.headers)
                     if got.received is not None:
                         received[entry.id] = got.received
                 else:
-                    body, properties = unpacked(entry.body, entry.message_attributes)
+                    body, properties = unpacked(entry.body, entry.headers)
             except NotAnEnvelope as exc:
                 failed[entry.id] = f"NotAnEnvelope: {exc}"
                 continue
@@ -233,13 +235,9 @@ class RabbitBroker:
         return BatchResult(ok, failed, frozenset(unconfirmed))
 
     def restored(
-        self,
-        message_id: str,
-        body: str,
-        attributes: Mapping[str, str],
-        message_attributes: Mapping[str, Mapping[str, Any]],
+        self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
-        return restored_delivery(message_id, body, attributes, message_attributes)
+        return restored_delivery(message_id, body, attributes, headers)
 
 
 def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
@@ -266,7 +264,7 @@ def delivery_of(got: Got, *, hidden_until: float, vhost: str) -> Delivery:
             "routing_key": got.routing_key,
             "redelivered": "true" if got.redelivered else "false",
         },
-        message_attributes=marks,
+        headers=marks,
         receive_count=count if isinstance(count, int) and not isinstance(count, bool) else 0,
         enqueued_at=_epoch(first.get("time")),
         died_in=f"{vhost}/{died_in}" if isinstance(died_in, str) and died_in else None,
@@ -286,16 +284,10 @@ def _epoch(value: object) -> float | None:
 
 
 def restored_delivery(
-    message_id: str,
-    body: str,
-    attributes: Mapping[str, str],
-    message_attributes: Mapping[str, Mapping[str, Any]],
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:
-    """A delivery rebuilt from an archive record (no tag: nothing to ack)."""
+    """A delivery rebuilt from an archive record (no tag: nothing to ack): the exchange and
+    routing key it kept tell nothing of the message's metadata."""
     return Delivery(
-        message_id=message_id,
-        tag="",
-        body=body,
-        attributes=dict(attributes),
-        message_attributes=dict(message_attributes),
+        message_id=message_id, tag="", body=body, attributes=dict(attributes), headers=dict(headers)
     )

@@ -15,7 +15,7 @@ invented (keys then name the publish by a digest of this envelope: the raw body 
 header, ``x-death`` with its death times included, which is what tells two publishes of one
 task id apart here). redrive's own marks (``redrive-count``, ``redrive-key``,
 ``redrive-dlq``) are plain AMQP headers; they travel outside the envelope, in
-``Delivery.message_attributes``, as on SQS.
+``Delivery.headers``, as on SQS.
 
 Header values JSON cannot carry (timestamps such as x-death's ``time``, Decimals, bytes,
 floats that are not finite, a table that itself has the tag's key) are kept typed as
@@ -44,6 +44,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from redrive import attributes
+from redrive.broker.base import Header, Headers
 
 TAG: Final = "__amqp__"
 #: Headers a delivery adds that are no part of the message.
@@ -152,22 +153,19 @@ def envelope_with_value(body: bytes, properties: Mapping[str, Any]) -> tuple[str
     return json.dumps(envelope, ensure_ascii=False, separators=(",", ":")), envelope
 
 
-def marks_of(properties: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """redrive's own marks among a message's headers, as message attributes."""
+def marks_of(properties: Mapping[str, Any]) -> dict[str, Header]:
+    """redrive's own marks among a message's AMQP headers, as the seam's headers."""
     headers = properties.get("application_headers") or {}
-    marks: dict[str, Mapping[str, Any]] = {}
+    marks: dict[str, Header] = {}
     for name in MARKS:
         value = headers.get(name)
         if value is not None:
-            kind = "Number" if name == attributes.COUNT else "String"
             text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-            marks[name] = {"DataType": kind, "StringValue": text}
+            marks[name] = Header.number(text) if name == attributes.COUNT else Header.text(text)
     return marks
 
 
-def unpacked(
-    envelope: str, message_attributes: Mapping[str, Mapping[str, Any]]
-) -> tuple[bytes, dict[str, Any]]:
+def unpacked(envelope: str, marks: Headers) -> tuple[bytes, dict[str, Any]]:
     """The raw body and py-amqp properties an envelope (and redrive's marks) stand for."""
     try:
         data = json.loads(envelope)
@@ -190,12 +188,12 @@ def unpacked(
     headers = untyped(data.get("headers") or {})
     if not isinstance(headers, dict):
         raise NotAnEnvelope("the envelope's headers are not a table")
-    _with_marks(properties, headers, message_attributes)
+    _with_marks(properties, headers, marks)
     return body, properties
 
 
 def resent(
-    body: bytes, received: Mapping[str, Any], message_attributes: Mapping[str, Mapping[str, Any]]
+    body: bytes, received: Mapping[str, Any], marks: Headers
 ) -> tuple[bytes, dict[str, Any]]:
     """What :func:`unpacked` gives for the envelope of a received message (py-amqp's body
     and properties) with redrive's marks, without the envelope: the same body, the same
@@ -207,43 +205,37 @@ def resent(
             properties[name] = str(received[name])
     headers = received.get("application_headers") or {}
     kept = {k: v for k, v in headers.items() if k not in _NOT_KEPT}
-    _with_marks(properties, kept, message_attributes)
+    _with_marks(properties, kept, marks)
     return body, properties
 
 
-def _with_marks(
-    properties: dict[str, Any],
-    headers: dict[str, Any],
-    message_attributes: Mapping[str, Mapping[str, Any]],
-) -> None:
-    for name, value in message_attributes.items():
+def _with_marks(properties: dict[str, Any], headers: dict[str, Any], marks: Headers) -> None:
+    for name, mark in marks.items():
         if name.lower().startswith("x-"):
             continue  # never pose as the broker (4.x drops them anyway)
-        text = value.get("StringValue")
+        text = mark.as_text
         if text is not None:
-            headers[name] = str(text)
+            headers[name] = text
     if headers:
         properties["application_headers"] = headers
 
 
-def digest_id(envelope: str, marks: Mapping[str, Mapping[str, Any]]) -> str:
+def digest_id(envelope: str, marks: Headers) -> str:
     """A message's id when its producer set no AMQP ``message_id``: a digest of its envelope
     and of redrive's key mark (so redrive's own copy, come back, is never taken for the
     message it was copied from)."""
-    key = str(marks.get(attributes.KEY, {}).get("StringValue", ""))
+    key = attributes.text_of(marks, attributes.KEY) or ""
     text = envelope + "\x00" + key
     return (
         "amqp-" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
     )
 
 
-def message_id_of(
-    properties: Mapping[str, Any], envelope: str, marks: Mapping[str, Mapping[str, Any]]
-) -> str:
+def message_id_of(properties: Mapping[str, Any], envelope: str, marks: Headers) -> str:
     """The AMQP ``message_id`` the producer set (with redrive's key mark, as above), else a
     digest of the envelope."""
     own = properties.get("message_id")
     if own:
-        key = marks.get(attributes.KEY, {}).get("StringValue")
+        key = attributes.text_of(marks, attributes.KEY)
         return f"{own}/{key}" if key else str(own)
     return digest_id(envelope, marks)

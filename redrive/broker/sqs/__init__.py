@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from redrive.aws.session import AwsSettings
 from redrive.broker.sqs.broker import SqsBroker
 from redrive.broker.sqs.calls import SqsCalls, delivery_of, message
 from redrive.config import SqsClient
 
-__all__ = ["SqsBroker", "SqsCalls", "delivery_of", "message", "open_sqs"]
+if TYPE_CHECKING:
+    from redrive.broker import BrokerSettings
+
+__all__ = ["SqsBroker", "SqsCalls", "delivery_of", "message", "open_from_settings", "open_sqs"]
+
+
+def open_from_settings(
+    settings: BrokerSettings, aws: AwsSettings, region: str | None = None
+) -> SqsBroker:
+    """SQS as the run's broker settings say (its row in :data:`redrive.broker.BACKENDS`)."""
+    return open_sqs(aws, region=region, client=settings.sqs_client)
 
 
 def open_sqs(

@@ -27,10 +27,12 @@ from redrive.broker.base import (
     BatchResult,
     Capabilities,
     Delivery,
+    Headers,
     SendEntry,
     queue_name,
 )
 from redrive.broker.base import split_batches as split_entries
+from redrive.broker.sqs.headers import attribute_of, attributes_of, header_of, headers_of
 from redrive.errors import AwsError, SendInDoubt
 
 
@@ -78,6 +80,7 @@ CAPABILITIES: Final = Capabilities(
     message_size_limits=MESSAGE_SIZE_LIMITS,
     max_hold_seconds=MAX_VISIBILITY_SECONDS,
     native_move=True,
+    native_mover="redrive.broker.sqs.native:SqsMoveTasks",
     dead_letter_setting="RedrivePolicy",
     receive_limit_setting="maxReceiveCount",
     receive_limit_way_out=(
@@ -87,6 +90,11 @@ CAPABILITIES: Final = Capabilities(
     max_message_attributes=MAX_MESSAGE_ATTRIBUTES,
     archived_attributes=ARCHIVED_ATTRIBUTES,
 )
+#: The lean path's (issue 25): its one transport is thread-safe, so workers share a broker.
+#: Each botocore broker holds two clients (about 1.1 MB of RSS apiece), so 16 workers on one
+#: broker spare about 17 MB; botocore's path keeps a broker per worker, as its clients'
+#: connection pools are sized for one.
+LEAN_CAPABILITIES: Final = replace(CAPABILITIES, shared_by_threads=True)
 # The paginated listings, by API action: botocore names its paginators in snake case.
 _OPERATIONS: Final = {
     "ListDeadLetterSourceQueues": "list_dead_letter_source_queues",
@@ -104,7 +112,7 @@ def delivery_of(raw: Mapping[str, Any], *, hidden_until: float = 0.0) -> Deliver
         tag=raw["ReceiptHandle"],
         body=raw.get("Body", ""),
         attributes=attributes,
-        message_attributes=raw.get("MessageAttributes", {}),
+        headers=headers_of(raw.get("MessageAttributes", {})),
         receive_count=int(count) if count.isdigit() else 0,
         enqueued_at=int(sent) / 1000 if sent and sent.isdigit() else None,
         died_in=attributes.get("DeadLetterQueueSourceArn") or None,
@@ -122,7 +130,7 @@ def message(
     hidden_until: float = 0.0,
     redrive_receives: int = 0,
 ) -> Delivery:
-    """A delivery as SQS would give it, from SQS's own fields (tests, archives)."""
+    """A delivery as SQS would give it, from SQS's own fields (tests)."""
     raw: dict[str, Any] = {
         "MessageId": message_id,
         "ReceiptHandle": receipt_handle,
@@ -135,28 +143,27 @@ def message(
 
 
 def restored_delivery(
-    message_id: str,
-    body: str,
-    attributes: Mapping[str, str],
-    message_attributes: Mapping[str, Mapping[str, Any]],
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:
     """A delivery rebuilt from what an archive kept (no receipt handle: nothing to delete)."""
-    return message(
-        message_id=message_id,
-        receipt_handle="",
-        body=body,
-        attributes=attributes,
-        message_attributes=message_attributes,
-    )
+    raw = {"MessageId": message_id, "ReceiptHandle": "", "Body": body, "Attributes": attributes}
+    return replace(delivery_of(raw), headers=dict(headers))
+
+
+def restored_if_ours(
+    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
+) -> Delivery | None:
+    """:func:`restored_delivery` when the archived facts are SQS's (None: none of them is)."""
+    if not any(name in attributes for name in ARCHIVED_ATTRIBUTES):
+        return None
+    return restored_delivery(message_id, body, attributes, headers)
 
 
 def request_entry(entry: SendEntry) -> dict[str, Any]:
     """One SendMessageBatch entry."""
     out: dict[str, Any] = {"Id": entry.id, "MessageBody": entry.body}
-    if entry.message_attributes:
-        out["MessageAttributes"] = {
-            name: clean_attribute(value) for name, value in entry.message_attributes.items()
-        }
+    if entry.headers:
+        out["MessageAttributes"] = attributes_of(entry.headers)
     if entry.group_id is not None:
         out["MessageGroupId"] = entry.group_id
     if entry.deduplication_id is not None:
@@ -166,11 +173,7 @@ def request_entry(entry: SendEntry) -> dict[str, Any]:
 
 def clean_attribute(value: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields SendMessage accepts (receive also returns empty list fields)."""
-    out: dict[str, Any] = {"DataType": value["DataType"]}
-    for key in ("StringValue", "BinaryValue"):
-        if key in value:
-            out[key] = value[key]
-    return out
+    return attribute_of(header_of(value))
 
 
 def split_batches(entries: Sequence[SendEntry]) -> Iterator[list[SendEntry]]:
@@ -199,6 +202,8 @@ class SqsCalls:
         # visibility on ``lean`` (built from ``client``), sends on ``lean_send``.
         self.lean = lean
         self.lean_send = lean_send
+        if lean is not None:
+            self.capabilities = LEAN_CAPABILITIES
         self.clock = clock
         """Dates what a receive hides (``Message.hidden_until``); tests pass SQS's own."""
         self.send_client = send_client if send_client is not None else client
@@ -363,13 +368,9 @@ class SqsCalls:
             raise
 
     def restored(
-        self,
-        message_id: str,
-        body: str,
-        attributes: Mapping[str, str],
-        message_attributes: Mapping[str, Mapping[str, Any]],
+        self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
-        return restored_delivery(message_id, body, attributes, message_attributes)
+        return restored_delivery(message_id, body, attributes, headers)
 
 
 def _in_doubt_on_the_server(exc: botocore.exceptions.ClientError, url: str, count: int) -> str:

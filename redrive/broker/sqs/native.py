@@ -150,6 +150,7 @@ def plan_native_move(
         approximate_messages=int(depth) if depth.isdigit() else None,
         running=running,
         running_unknown=unknown,
+        chosen_rate_ceiling=MAX_NATIVE_RATE,
     )
 
 

@@ -229,8 +229,8 @@ def _move_on_if_returned(
 def sent_under(cand: Candidate) -> str | None:
     """The key redrive stamped on the copy it sent, when the candidate is one (None: not
     redrive's copy, or one sent unstamped, without room for redrive's marks)."""
-    value = cand.message.message_attributes.get(attributes.KEY, {}).get("StringValue")
-    return str(value) if value else None
+    value = attributes.text_of(cand.message.headers, attributes.KEY)
+    return value or None
 
 
 def _taken(candidates: Sequence[Candidate]) -> list[Candidate]:

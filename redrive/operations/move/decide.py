@@ -239,7 +239,7 @@ class Decider:
         facts = MessageFacts(
             routed=route is not None,
             celery=info.is_celery,
-            generation=attributes.redrive_count(message.message_attributes),
+            generation=attributes.redrive_count(message.headers),
         )
         return facts, route
 

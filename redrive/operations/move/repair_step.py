@@ -175,7 +175,7 @@ class RepairStep:
         if planned is not None and done.digest_after != planned[1]:
             return self._left(message, info, REPAIR_DIFFERS, "the edit no longer gives the body")
         limit = max(broker.capabilities.message_size_limits)
-        size = SendEntry("0", done.body, attributes.originals(message.message_attributes)).size()
+        size = SendEntry("0", done.body, attributes.originals(message.headers)).size()
         if size > limit:
             return self._left(message, info, TOO_BIG, f"{size:,} bytes edited, over {limit:,}")
         self._changed(info, done)

@@ -127,8 +127,8 @@ class Sender:
         entry = SendEntry(
             id=entry_id,
             body=message.body if cand.body is None else cand.body,
-            message_attributes=attributes.stamped(
-                message.message_attributes,
+            headers=attributes.stamped(
+                message.headers,
                 count=cand.generation + 1,
                 key=cand.key,
                 dlq=self._dlq_name,
@@ -143,7 +143,7 @@ class Sender:
         limits = self._limits.message_size_limits
         if entry.size() <= limits[0]:
             return entry
-        bare = replace(entry, message_attributes=attributes.originals(message.message_attributes))
+        bare = replace(entry, headers=attributes.originals(message.headers))
         if any(bare.size() <= limit < entry.size() for limit in limits):
             # A broker counts attributes in a message's size: our stamp must never be what makes
             # a message too big to send. Unstamped, a return is still recognised (by the
