@@ -4,6 +4,7 @@ the CLI's views, every value a message carries is inert text, and its security d
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -152,3 +153,68 @@ def test_passwd_writes_an_scrypt_hash_with_a_role(cli: Any, tmp_path: Any) -> No
     assert re.fullmatch(r"ann:operator:scrypt\$16384\$8\$1\$[0-9a-f]{32}\$[0-9a-f]{64}", line)
     assert "s3cret" not in line
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def _message_link(html: str) -> str:
+    found = re.search(r'href="(/dlq/checkout/message/[^"]+)"', html)
+    assert found is not None, html
+    return found.group(1).replace("&amp;", "&")
+
+
+def test_arguments_stay_hidden_until_revealed_and_each_reveal_is_audited(
+    family: Family,
+) -> None:
+    family.send_to_dlq(encode("apps.users.tasks.erase", [], {"email": "ann@example.com"}))
+    app = console(sqs_workspace(), users=users(vic=Role.VIEWER))
+    with client(app) as test:
+        sign_in(test, "vic")
+        link = _message_link(test.get("/dlq/checkout").text)
+        page = test.get(link)
+        assert page.status_code == 200, page.text
+        assert "ann@example.com" not in page.text
+        reveal = link.replace("/message/", "/reveal/")
+        assert test.post(reveal, data={}).status_code == 403  # no CSRF token
+        assert test.get("/api/operations").json()["runs"] == []
+        shown = test.post(reveal, data={"csrf": csrf_of(page.text)})
+        assert shown.status_code == 200 and "ann@example.com" in shown.text
+        runs = test.get("/api/operations").json()["runs"]
+    assert [r["command"] for r in runs] == ["web reveal"]
+    info = runs[0]["info"]
+    assert info["person"]["name"] == "vic" and info["person"]["address"] == "testclient"
+    assert info["task"] == "apps.users.tasks.erase" and info["target"] == "checkout"
+
+
+def test_a_hostile_message_is_inert_text_on_every_page(family: Family) -> None:
+    hostile(family)
+    with client(console(sqs_workspace())) as test:
+        dlq = test.get("/dlq/checkout").text
+        link = _message_link(dlq)
+        message = test.get(link).text
+        revealed = test.post(link.replace("/message/", "/reveal/"), data={"csrf": csrf_of(message)})
+        pages = [test.get("/").text, dlq, message, revealed.text, test.get("/operations").text]
+    for page in pages:
+        assert "<script>alert" not in page and "<img" not in page and "</td><script>" not in page
+    assert "&lt;script&gt;alert(&#39;arg&#39;)" in revealed.text
+    assert "onerror=alert(" in message and "&lt;img src=x onerror" in message
+
+
+def test_the_api_answers_with_the_clis_json(family: Family, cli: Any) -> None:
+    family.send_to_dlq(encode("apps.payments.tasks.refund", [1]))
+    with client(console(sqs_workspace())) as test:
+        status = test.get("/api/status").json()
+        inspected = test.get("/api/dlq/checkout").json()["inspect"]
+    assert status == json.loads(cli("status", "--json").stdout)
+    expected = json.loads(cli("inspect", "checkout", "--json").stdout)
+    assert set(inspected) == set(expected)
+    assert [set(g) for g in inspected["groups"]] == [set(g) for g in expected["groups"]]
+    assert inspected["groups"][0]["task"] == expected["groups"][0]["task"]
+
+
+def test_a_target_that_is_no_dlq_is_404_and_a_bad_where_400(
+    all_families: dict[str, Family],
+) -> None:
+    with client(console(sqs_workspace())) as test:
+        assert test.get("/api/dlq/nope").status_code == 404
+        assert test.get("/dlq/nope").status_code == 404
+        assert test.get("/api/dlq/checkout?where=kwargs[").status_code == 400
+        assert test.get("/dlq/checkout?older_than=soon").status_code == 400

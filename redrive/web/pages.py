@@ -4,7 +4,7 @@ JavaScript."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -14,8 +14,11 @@ from starlette.routing import BaseRoute, Route
 
 from redrive.errors import RedriveError
 from redrive.web import reads
-from redrive.web.filters import filters_of
+from redrive.web.charts import timeline_chart
+from redrive.web.filters import DlqFilters, filters_of
+from redrive.web.scans import ScanOutcome, status_of
 from redrive.web.security import new_session
+from redrive.web.users import Role
 from redrive.web.views import (
     checked_form,
     console_of,
@@ -28,9 +31,12 @@ from redrive.web.views import (
 def routes() -> list[BaseRoute]:
     return [
         Route("/", overview, name="overview"),
-        Route("/dlq/{target:path}", dlq_page, name="dlq"),
-        Route("/message/{target}/{message_id:path}", message_page, name="message"),
+        Route("/dlq/{target}", dlq_page, name="dlq"),
+        Route("/dlq/{target}/message/{message_id:path}", message_page, name="message"),
+        Route("/dlq/{target}/reveal/{message_id:path}", reveal, methods=["POST"]),
+        Route("/dlq/{target}/scan", scan_now, methods=["POST"]),
         Route("/operations", operations_page, name="operations"),
+        Route("/operations/live", operations_live),
         Route("/login", login_page, methods=["GET"], name="login"),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"], name="logout"),
@@ -42,52 +48,130 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok\n")
 
 
+def _failed(request: Request, exc: RedriveError) -> Response:
+    status = status_of(exc)
+    return render(request, "error.html", {"status": status, "detail": str(exc)}, status=status)
+
+
 async def overview(request: Request) -> Response:
     require(request)
-    console = console_of(request)
     try:
-        data = await run_in_threadpool(reads.overview_json, console)
+        data = await run_in_threadpool(reads.overview_json, console_of(request))
     except RedriveError as exc:
-        return render(request, "error.html", {"status": 502, "detail": str(exc)}, status=502)
+        return _failed(request, exc)
     return render(request, "overview.html", {"data": data})
+
+
+async def scan_now(request: Request) -> Response:
+    """A new scan of one DLQ now, not at the next --refresh: a read the broker counts, so an
+    operator's to ask for (a POST with its CSRF token); then its page."""
+    require(request, Role.OPERATOR)
+    await checked_form(request)
+    try:
+        filters = filters_of(request.query_params)
+        await _scan(request, filters, fresh=True)
+    except RedriveError as exc:
+        return _failed(request, exc)
+    target = request.path_params["target"]
+    return RedirectResponse(f"/dlq/{quote(target, safe='')}{filters.query()}", status_code=303)
+
+
+async def _scan(request: Request, filters: DlqFilters, *, fresh: bool = False) -> ScanOutcome:
+    scan_request = filters.request(request.path_params["target"])
+    return await run_in_threadpool(console_of(request).source.scan, scan_request, fresh=fresh)
 
 
 async def dlq_page(request: Request) -> Response:
     require(request)
-    console = console_of(request)
-    filters = filters_of(request.query_params)
-    outcome = await run_in_threadpool(
-        console.source.scan, filters.request(request.path_params["target"])
-    )
+    try:
+        filters = filters_of(request.query_params)
+        outcome = await _scan(request, filters)
+    except RedriveError as exc:
+        return _failed(request, exc)
+    data = reads.dlq_json(outcome)
+    groups = [g for g in (data["inspect"] or {}).get("groups", []) if filters.selects(g["task"])]
+    messages = [m for m in data["messages"] if filters.selects(m.get("group"))]
     return render(
         request,
         "dlq.html",
         {
             "target": request.path_params["target"],
             "filters": filters,
-            "data": reads.dlq_json(outcome),
+            "data": data,
+            "groups": groups,
+            "messages": messages,
+            "chart": timeline_chart(groups),
         },
+        status=outcome.status if outcome.result is None else 200,
     )
+
+
+async def _message(request: Request, *, revealed: bool) -> Response:
+    try:
+        filters = filters_of(request.query_params)
+        outcome = await _scan(request, filters)
+    except RedriveError as exc:
+        return _failed(request, exc)
+    message_id = request.path_params["message_id"]
+    data = reads.message_json(outcome, message_id, revealed=revealed)
+    if data is None:
+        detail = outcome.problem or "no such message in the DLQ's last scan (it may have left)"
+        raise HTTPException(404, detail)
+    if revealed:
+        person = require(request)
+        record = data["record"]
+        details = {
+            "target": request.path_params["target"],
+            "dlq": data["dlq"],
+            "message_id": message_id,
+            "task": record.get("task"),
+            "task_id": record.get("id"),
+        }
+        try:
+            await run_in_threadpool(console_of(request).audit, person, "reveal", details)
+        except RedriveError as exc:
+            # Not audited, not shown: the arguments stay hidden.
+            return _failed(request, exc)
+    context = {"target": request.path_params["target"], "filters": filters, "data": data}
+    return render(request, "message.html", context)
 
 
 async def message_page(request: Request) -> Response:
     require(request)
-    raise HTTPException(404, "no such message in the DLQ's last scan")
+    return await _message(request, revealed=False)
+
+
+async def reveal(request: Request) -> Response:
+    """The message with its arguments, once the reveal is in the audit trail (a POST: it
+    writes the audit; its answer is not a URL to share or cache)."""
+    require(request)
+    await checked_form(request)
+    return await _message(request, revealed=True)
 
 
 async def operations_page(request: Request) -> Response:
     require(request)
-    console = console_of(request)
     try:
-        runs = await run_in_threadpool(reads.runs_json, console)
+        data = await run_in_threadpool(reads.operations_json, console_of(request))
     except RedriveError as exc:
-        return render(request, "error.html", {"status": 502, "detail": str(exc)}, status=502)
-    return render(request, "operations.html", {"runs": runs})
+        return _failed(request, exc)
+    return render(request, "operations.html", {"data": data})
+
+
+async def operations_live(request: Request) -> Response:
+    """The live runs' table alone: what console.js polls to keep the operations page
+    current (without script, the page's refresh link reloads it all)."""
+    require(request)
+    try:
+        data = await run_in_threadpool(reads.operations_json, console_of(request))
+    except RedriveError as exc:
+        return _failed(request, exc)
+    return render(request, "live.html", {"data": data})
 
 
 def _next_path(value: str | None) -> str:
     """Where to go after signing in: a path of this console only (never another site)."""
-    if not value or not value.startswith("/") or value.startswith("//"):
+    if not value or not value.startswith("/") or value.startswith("//") or "\\" in value:
         return "/"
     parts = urlsplit(value)
     return "/" if parts.scheme or parts.netloc else value

@@ -11,6 +11,8 @@ from typing import Any
 
 from redrive.broker.server import server_of
 from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.operations.resolve import Choices, resolve_in_doubt
+from redrive.operations.run import run_is_live
 from redrive.reporting import alerts
 from redrive.reporting.audit import list_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
@@ -113,5 +115,49 @@ def runs_json(console: Console, *, since: float | None = None) -> list[dict[str,
         return []
     try:
         return [run_json(run) for run in list_runs(ledger, since=since)]
+    finally:
+        ledger.close()
+
+
+def message_json(outcome: ScanOutcome, message_id: str, *, revealed: bool) -> dict[str, Any] | None:
+    """A message kept from the scan: its ``--where`` record (docs/where.md), arguments
+    withheld unless ``revealed``; None when the scan kept no such message."""
+    record = outcome.records.get(message_id)
+    if record is None:
+        return None
+    return {
+        "target": outcome.request.target,
+        "dlq": outcome.result.dlq if outcome.result is not None else None,
+        "revealed": revealed,
+        "record": dict(record) if revealed else public_record(record),
+        "scan": scan_note(outcome),
+    }
+
+
+def operations_json(console: Console) -> dict[str, Any]:
+    """The operations page: the runs that are live now (their counts as far as they got),
+    ``redrive audit --json`` (every run, the console's reveals and actions among them), and
+    ``ledger resolve --json`` as a dry run (each in-doubt message: what the evidence says,
+    what would be done)."""
+    workspace = console.workspace
+    ledger = workspace.ledger()
+    if ledger is None:
+        return {"ledger": None, "live": [], "runs": [], "in_doubt": None}
+    try:
+        runs = list_runs(ledger, since=None)
+        now = console.clock()
+        resolved = resolve_in_doubt(
+            ledger,
+            Choices(),
+            execute=False,
+            results=workspace.results,
+            ignores_result=workspace.ignores_result,
+        )
+        return {
+            "ledger": ledger.location,
+            "live": [run_json(r) for r in runs if r.ended_at is None and run_is_live(r, now)],
+            "runs": [run_json(r) for r in runs],
+            "in_doubt": resolved.to_json(),
+        }
     finally:
         ledger.close()

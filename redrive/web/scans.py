@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from redrive.errors import RedriveError, UsageProblem
+from redrive.errors import NoDeadLetterQueue, QueueNotFound, RedriveError, UsageProblem
 from redrive.inspection.groups import Counted
 from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
 from redrive.reporting.inspect import annotate_groups
@@ -52,6 +52,20 @@ class ScanOutcome:
     moving: str | None = None
     """A live run moving this DLQ (its run id): no scan while it does (shared sources)."""
     scanned_at: float | None = None
+    status: int = 200
+    """The HTTP status the problem answers with (:func:`status_of`)."""
+
+
+def status_of(exc: RedriveError) -> int:
+    """A target that is no DLQ is 404; a request the CLI would refuse (a bad --where, a
+    delivery limit not allowed) 400; a broker or backend that failed 502."""
+    if isinstance(exc, QueueNotFound | NoDeadLetterQueue):
+        return 404
+    return 400 if isinstance(exc, UsageProblem) else 502
+
+
+def failed(request: ScanRequest, exc: RedriveError) -> ScanOutcome:
+    return ScanOutcome(request, None, problem=str(exc), status=status_of(exc))
 
 
 class ScanSource(Protocol):
@@ -76,7 +90,7 @@ class ScanPerRequest:
         try:
             return run_scan(self.workspace, request, now=self.clock(), stop=self.stop)
         except RedriveError as exc:
-            return ScanOutcome(request, None, problem=str(exc))
+            return failed(request, exc)
 
     def close(self) -> None:
         self.stop.set()

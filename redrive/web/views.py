@@ -4,8 +4,10 @@ every value a message carries is text on the page, never markup)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from starlette.datastructures import FormData
@@ -28,11 +30,14 @@ ENVIRONMENT = jinja2.Environment(
     # Every template, whatever its name: a value is escaped unless a template says otherwise,
     # and none does for anything a message carries.
     autoescape=True,
-    undefined=jinja2.StrictUndefined,
+    # A key the CLI's JSON leaves out where it does not apply (a death reason on SQS) is empty.
+    undefined=jinja2.ChainableUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
 )
 ENVIRONMENT.filters["iso"] = iso_utc
+ENVIRONMENT.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+ENVIRONMENT.filters["q"] = lambda v: quote(str(v), safe="")
 ENVIRONMENT.filters["duration"] = lambda s: format_duration(s) if s is not None else "-"
 ENVIRONMENT.filters["count"] = lambda n: (
     f"{n:,}" if isinstance(n, int) else ("-" if n is None else str(n))

@@ -39,6 +39,8 @@ class Workspace:
     lease: int = DEFAULT_LEASE
     client_factory: Callable[..., Any] | None = None
     """AWS clients (a DynamoDB ledger's)."""
+    ignores_result: Callable[[str], bool] = lambda task: False
+    """Whether the Celery app says a task keeps no result (``ledger resolve``'s evidence)."""
     _local: threading.local = field(default_factory=threading.local, repr=False)
     _shared: dict[str | None, Broker] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
