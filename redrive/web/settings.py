@@ -53,9 +53,9 @@ def is_loopback(host: str) -> bool:
 
 
 def parse_bind(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (an IPv6 host in brackets) as host and port."""
+    """``HOST:PORT`` (an IPv6 host in brackets) as host and port (0: a free one)."""
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
         raise UsageProblem(f"--bind {text!r}: give HOST:PORT, e.g. {DEFAULT_BIND}")
     return host.strip("[]"), int(port)
 
