@@ -246,22 +246,47 @@ MESSAGE_ID = {
     "required": True,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
 }
+#: What each filter takes. --where and --group-by are JMESPath over the message's record
+#: (docs/where.md): the patterns describe a subset the console always accepts (a field of the
+#: record compared with a literal); any other expression is tried and a bad one is a 400.
+_FIELD = (
+    r"(task|id|retries|receive_count|consumer_receives|age_seconds|queue|state|exception"
+    r"|kwargs\.[a-z_]{1,20})"
+)
+_WHERE = rf"^{_FIELD} (==|!=|>=|<=|<|>) ('[A-Za-z0-9_.-]{{0,20}}'|`[0-9]{{1,6}}`)$"
 FILTERS = [
     {
-        "name": name,
+        "name": "task",
         "in": "query",
         "required": False,
         "style": "form",
         "explode": True,
         "schema": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 80}},
-        "description": text,
-    }
-    for name, text in (
-        ("task", "--task: a task name or glob (repeatable)"),
-        ("older_than", "--older-than: a duration, e.g. 2h"),
-        ("where", "--where: a JMESPath expression over the message's record (repeatable)"),
-        ("group_by", "--group-by: task, exception, or an expression"),
-    )
+        "description": "--task: a task name or glob (repeatable)",
+    },
+    {
+        "name": "older_than",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "pattern": r"^[0-9]{1,6}[smhdw]?$"},
+        "description": "--older-than: a duration, e.g. 2h",
+    },
+    {
+        "name": "where",
+        "in": "query",
+        "required": False,
+        "style": "form",
+        "explode": True,
+        "schema": {"type": "array", "maxItems": 2, "items": {"type": "string", "pattern": _WHERE}},
+        "description": "--where: a JMESPath expression over the message's record (repeatable)",
+    },
+    {
+        "name": "group_by",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "string", "pattern": rf"^(exception|{_FIELD})$"},
+        "description": "--group-by: task, exception, or an expression over the record",
+    },
 ]
 
 
