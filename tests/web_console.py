@@ -55,8 +55,13 @@ def console(
     return Console(settings, workspace, clock=clock) if clock else Console(settings, workspace)
 
 
-def client(console: Console) -> TestClient:
-    return TestClient(create_app(console), base_url="http://127.0.0.1", follow_redirects=False)
+def client(console: Console, address: str = "testclient") -> TestClient:
+    return TestClient(
+        create_app(console),
+        base_url="http://127.0.0.1",
+        follow_redirects=False,
+        client=(address, 50000),
+    )
 
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
