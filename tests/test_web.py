@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from web_console import (
     users,
 )
 
+from redrive.ledger import Claim, open_ledger
 from redrive.sandbox.encoder import encode
 from redrive.web.security import CONTENT_SECURITY_POLICY
 from redrive.web.settings import ConsoleSettings, bind_refusal
@@ -218,3 +222,26 @@ def test_a_target_that_is_no_dlq_is_404_and_a_bad_where_400(
         assert test.get("/dlq/nope").status_code == 404
         assert test.get("/api/dlq/checkout?where=kwargs[").status_code == 400
         assert test.get("/dlq/checkout?older_than=soon").status_code == 400
+
+
+@pytest.mark.e2e  # the run's owner is a process of its own, alive
+def test_a_live_runs_progress_is_its_keys_in_the_ledger(
+    all_families: dict[str, Family], tmp_path: Any
+) -> None:
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    ledger = open_ledger(str(tmp_path / "ledger.sqlite3"))
+    try:
+        info = {"host": socket.gethostname(), "pid": sleeper.pid}
+        ledger.start_run("run-1", command="redrive move checkout --execute", info=info)
+        ledger.claim_many("run-1", [Claim(f"k{i}", "apps.t", f"m{i}", "q") for i in range(3)])
+        ledger.mark_sent_many("run-1", {"k0": "s0"})
+        workspace = sqs_workspace(ledger_uri=str(tmp_path / "ledger.sqlite3"))
+        with client(console(workspace)) as test:
+            live = test.get("/api/operations").json()["live"]
+            fragment = test.get("/operations/live").text
+    finally:
+        ledger.close()
+        sleeper.kill()
+        sleeper.wait()
+    assert [(r["run_id"], r["keys"]) for r in live] == [("run-1", {"claimed": 2, "sent": 1})]
+    assert "claimed 2, sent 1" in fragment

@@ -6,15 +6,17 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from redrive.broker.server import server_of
 from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.ledger import Ledger, RunInfo
 from redrive.operations.resolve import Choices, resolve_in_doubt
 from redrive.operations.run import run_is_live
 from redrive.reporting import alerts
-from redrive.reporting.audit import list_runs, run_json
+from redrive.reporting.audit import list_runs, own_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import family_status
 from redrive.web.console import Console
@@ -155,9 +157,21 @@ def operations_json(console: Console) -> dict[str, Any]:
         )
         return {
             "ledger": ledger.location,
-            "live": [run_json(r) for r in runs if r.ended_at is None and run_is_live(r, now)],
+            "live": [
+                live_json(ledger, r) for r in runs if r.ended_at is None and run_is_live(r, now)
+            ],
             "runs": [run_json(r) for r in runs],
             "in_doubt": resolved.to_json(),
         }
     finally:
         ledger.close()
+
+
+def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
+    """A live run as ``audit --json`` has it, and its progress as the ledger knows it now:
+    its keys (its processes' too) by state (claimed, sent, done, skipped). The ledger is
+    what every run writes as it goes, the CLI's as the console's."""
+    keys = Counter(
+        str(entry.state) for owner in own_runs(ledger, run) for entry in ledger.keys_for_run(owner)
+    )
+    return {**run_json(run), "keys": dict(sorted(keys.items()))}
