@@ -245,3 +245,55 @@ def test_a_live_runs_progress_is_its_keys_in_the_ledger(
         sleeper.wait()
     assert [(r["run_id"], r["keys"]) for r in live] == [("run-1", {"claimed": 2, "sent": 1})]
     assert "claimed 2, sent 1" in fragment
+
+
+def _in_doubt_ledger(path: Any) -> None:
+    """Three keys a run claimed and never confirmed: it ended interrupted."""
+    ledger = open_ledger(str(path))
+    try:
+        ledger.start_run("run-1", command="redrive move checkout --execute", info={})
+        ledger.claim_many("run-1", [Claim(f"k{i}", "apps.t", f"m{i}", "q") for i in range(3)])
+        ledger.end_run("run-1", outcome="interrupted", counts={})
+    finally:
+        ledger.close()
+
+
+def test_in_doubt_messages_are_resolved_by_an_operators_choice_and_audited(
+    all_families: dict[str, Family], tmp_path: Any
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    _in_doubt_ledger(path)
+    workspace = sqs_workspace(ledger_uri=str(path))
+    app = console(workspace, users=users(ops=Role.OPERATOR, vic=Role.VIEWER), allow_actions=True)
+    with client(app) as test:
+        sign_in(test, "vic")
+        page = test.get("/operations")
+        assert page.status_code == 200 and "Resolve as chosen" not in page.text
+        form = {"csrf": csrf_of(page.text), "choice:k1": "skip"}
+        assert test.post("/operations/resolve", data=form).status_code == 403
+        test.cookies.clear()
+        sign_in(test, "ops")
+        page = test.get("/operations")
+        assert "Resolve as chosen" in page.text
+        assert test.post("/operations/resolve", data={"choice:k1": "skip"}).status_code == 403
+        form = {"csrf": csrf_of(page.text), "choice:k1": "skip", "choice:k2": "resend"}
+        done = test.post("/operations/resolve", data=form)
+        assert done.status_code == 200, done.text
+        assert "Resolved: resend 1, skip 1, leave 1; 1 left in doubt." in done.text
+        data = test.get("/api/operations").json()
+    assert [m["key"] for m in data["in_doubt"]["messages"]] == ["k0"]
+    audit = [r for r in data["runs"] if r["command"] == "web ledger resolve"]
+    assert audit[0]["info"]["person"]["name"] == "ops"
+    assert audit[0]["info"]["skip"] == ["k1"] and audit[0]["info"]["resend"] == ["k2"]
+
+
+def test_without_allow_actions_nothing_is_resolved(
+    all_families: dict[str, Family], tmp_path: Any
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    _in_doubt_ledger(path)
+    with client(console(sqs_workspace(ledger_uri=str(path)))) as test:
+        assert "Resolve as chosen" not in test.get("/operations").text
+        form = {"csrf": test.get("/api/session").json()["csrf"], "choice:k1": "skip"}
+        assert test.post("/operations/resolve", data=form).status_code == 403
+        assert len(test.get("/api/operations").json()["in_doubt"]["messages"]) == 3

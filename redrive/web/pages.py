@@ -13,7 +13,9 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from redrive.errors import RedriveError
+from redrive.operations.resolve import Choices
 from redrive.web import reads
+from redrive.web.actions import actions_allowed
 from redrive.web.charts import timeline_chart
 from redrive.web.filters import DlqFilters, filters_of
 from redrive.web.scans import ScanOutcome, status_of
@@ -37,6 +39,7 @@ def routes() -> list[BaseRoute]:
         Route("/dlq/{target}/scan", scan_now, methods=["POST"]),
         Route("/operations", operations_page, name="operations"),
         Route("/operations/live", operations_live),
+        Route("/operations/resolve", resolve, methods=["POST"]),
         Route("/login", login_page, methods=["GET"], name="login"),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"], name="logout"),
@@ -155,7 +158,7 @@ async def operations_page(request: Request) -> Response:
         data = await run_in_threadpool(reads.operations_json, console_of(request))
     except RedriveError as exc:
         return _failed(request, exc)
-    return render(request, "operations.html", {"data": data})
+    return render(request, "operations.html", {"data": data, "resolved": None})
 
 
 async def operations_live(request: Request) -> Response:
@@ -167,6 +170,33 @@ async def operations_live(request: Request) -> Response:
     except RedriveError as exc:
         return _failed(request, exc)
     return render(request, "live.html", {"data": data})
+
+
+async def resolve(request: Request) -> Response:
+    """Resolve in-doubt messages by an operator's choice, as ``redrive ledger resolve
+    --resend ID --skip ID --execute`` does (what the evidence proves is recorded whatever
+    the choice); the choice is audited first, with the person and address."""
+    person = require(request, Role.OPERATOR)
+    actions_allowed(request)
+    form = await checked_form(request)
+    chosen = {
+        str(name).removeprefix("choice:"): str(value)
+        for name, value in form.multi_items()
+        if str(name).startswith("choice:")
+    }
+    choices = Choices(
+        resend=frozenset(k for k, v in chosen.items() if v == "resend"),
+        skip=frozenset(k for k, v in chosen.items() if v == "skip"),
+    )
+    console = console_of(request)
+    details = {"resend": sorted(choices.resend), "skip": sorted(choices.skip)}
+    try:
+        await run_in_threadpool(console.audit, person, "ledger resolve", details)
+        result = await run_in_threadpool(reads.resolve_json, console, choices)
+        data = await run_in_threadpool(reads.operations_json, console)
+    except RedriveError as exc:
+        return _failed(request, exc)
+    return render(request, "operations.html", {"data": data, "resolved": result})
 
 
 def _next_path(value: str | None) -> str:

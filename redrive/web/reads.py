@@ -175,3 +175,22 @@ def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
         str(entry.state) for owner in own_runs(ledger, run) for entry in ledger.keys_for_run(owner)
     )
     return {**run_json(run), "keys": dict(sorted(keys.items()))}
+
+
+def resolve_json(console: Console, choices: Choices) -> dict[str, Any]:
+    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``."""
+    workspace = console.workspace
+    ledger = workspace.ledger()
+    if ledger is None:
+        return {"in_doubt": 0}
+    try:
+        return resolve_in_doubt(
+            ledger,
+            choices,
+            execute=True,
+            command="redrive web: ledger resolve",
+            results=workspace.results,
+            ignores_result=workspace.ignores_result,
+        ).to_json()
+    finally:
+        ledger.close()
