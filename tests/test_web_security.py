@@ -12,7 +12,8 @@ from web_console import client, console, sqs_workspace, users
 
 from redrive.web.charts import SERIES, timeline_chart
 from redrive.web.pages import _next_path
-from redrive.web.security import read_session, sign_session
+from redrive.web.samples import public_record
+from redrive.web.security import LoginLimiter, read_session, sign_session
 from redrive.web.users import Role, Users, hash_password, parse_users, password_matches
 
 PROXY = (ipaddress.ip_network("10.0.0.0/8"),)
@@ -100,3 +101,29 @@ def test_the_timeline_stacks_groups_over_one_span_and_names_the_rest_others() ->
     assert chart.legend[-1] == (SERIES - 1, "4 others")
     assert all(b.y >= 0 and b.y + b.height <= chart.height for b in chart.bars)
     assert timeline_chart([{"task": "x", "timeline": None}]) is None
+
+
+def test_a_public_record_withholds_the_arguments_wherever_they_are() -> None:
+    record = {
+        "task": "t",
+        "args": [1],
+        "kwargs": {"email": "a@b"},
+        "body": "x",
+        "json": {},
+        "headers": {"argsrepr": "(1,)", "kwargsrepr": "{'email': 'a@b'}", "retries": 0},
+        "attributes": {"kwargsrepr": "{'email': 'a@b'}", "priority": 0},
+    }
+    shown = public_record(record)
+    assert "a@b" not in repr(shown)
+    assert shown["headers"]["retries"] == 0 and shown["attributes"]["priority"] == 0
+    assert record["kwargs"] == {"email": "a@b"}  # the kept record is left whole
+
+
+def test_the_login_limit_forgets_quiet_keys_beyond_its_bound() -> None:
+    now = [NOW]
+    limiter = LoginLimiter(lambda: now[0], failures=1, window=60)
+    for i in range(10_001):
+        limiter.failed(f"user:{i}")
+    now[0] += 61
+    limiter.failed("user:new")
+    assert len(limiter._seen) == 1

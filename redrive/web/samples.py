@@ -51,9 +51,12 @@ class SampleKeeper:
 
 
 def public_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The record with the fields that may hold personal data withheld (None)."""
+    """The record with the fields that may hold personal data withheld (None): the
+    arguments, the body, and the headers that repeat the arguments, wherever the broker put
+    them (Celery's headers; on RabbitMQ the message's headers are its attributes too)."""
     shown = {k: (None if k in PRIVATE_FIELDS else v) for k, v in record.items()}
-    headers = shown.get("headers")
-    if isinstance(headers, dict):
-        shown["headers"] = {k: (None if k in PRIVATE_HEADERS else v) for k, v in headers.items()}
+    for name in ("headers", "attributes"):
+        values = shown.get(name)
+        if isinstance(values, dict):
+            shown[name] = {k: (None if k in PRIVATE_HEADERS else v) for k, v in values.items()}
     return shown

@@ -227,6 +227,10 @@ class LoginLimiter:
                 self._recent(key, now).append(now)
 
     def _recent(self, key: str, now: float) -> deque[float]:
+        if len(self._seen) > 10_000:
+            # Guessed names must not grow this without bound: forget the quiet keys.
+            for quiet in [k for k, t in self._seen.items() if not t or t[-1] <= now - self.window]:
+                del self._seen[quiet]
         times = self._seen.setdefault(key, deque())
         while times and times[0] <= now - self.window:
             times.popleft()
