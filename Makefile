@@ -91,11 +91,13 @@ apt_component = $(1) || \
 	  else echo 'no $(2) (and not root with apt-get): $(3) will skip'; fi; }; \
 	$(1) || $(call ci_requires,$(2))
 
-# The HTML report's browser test needs headless Chromium (Debian's package). Installed here
-# when missing and this runs as root with apt-get (as CI does); otherwise that one test skips
-# and the summary says why (under CI=true it fails).
+# The HTML report's browser test and the console's (tests/test_web_browser.py: Playwright,
+# which the test extra installs, drives this Chromium through executable_path; playwright
+# install cannot download a browser here) need headless Chromium (Debian's package).
+# Installed here when missing and this runs as root with apt-get (as CI does); otherwise
+# those tests skip and the summary says why (under CI=true they fail).
 browser:
-	@$(call apt_component,command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1,chromium,the browser test)
+	@$(call apt_component,command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1,chromium,the browser tests)
 
 # The RabbitMQ tests run private nodes of Debian's rabbitmq-server on loopback (tests/conftest.py,
 # redrive/sandbox/rabbitmq_node.py). Installed here when missing and this runs as root with

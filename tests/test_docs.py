@@ -71,7 +71,9 @@ EXPECT = re.compile(r"\s#\s*expect exit (\d+)\s*$")
 ASSIGN = re.compile(r"^([A-Z_][A-Z0-9_]*)=\$\((.*)\)$")
 CRON_ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=")
 # Started by the test itself (and tested end to end in test_e2e.py); it runs until stopped.
-NOT_RUN_HERE = ("redrive sandbox",)
+# The console runs until stopped too: tests/test_web_docs.py runs docs/console.md's
+# `redrive web` lines, each until it answers.
+NOT_RUN_HERE = ("redrive sandbox", "redrive web")
 
 
 @dataclass(frozen=True)

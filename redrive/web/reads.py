@@ -1,0 +1,196 @@
+"""What the pages and the JSON API show, each the CLI's view of it: ``status --json``,
+``report --format json`` (with ``--since-last``'s changes and the alerts), ``inspect
+--json``, the ``--where`` record of a message, ``audit --json`` and ``ledger in-doubt
+--json``. Plain functions of the console's state: no request, no HTML."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from redrive.broker.server import server_of
+from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.ledger import Ledger, RunInfo
+from redrive.operations.resolve import Choices, resolve_in_doubt
+from redrive.operations.run import run_is_live
+from redrive.reporting import alerts
+from redrive.reporting.audit import list_runs, own_runs, run_json
+from redrive.reporting.report import FamilyReport, Report
+from redrive.reporting.status import family_status
+from redrive.web.console import Console
+from redrive.web.samples import public_record
+from redrive.web.scans import ScanOutcome, ScanRequest
+
+
+@dataclass
+class SinceLast:
+    """The overview's previous report (``report --since-last``'s state, kept in memory:
+    the console's changes are since the scan it showed before, not the CLI's)."""
+
+    state: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def changes(self, report: Report) -> list[alerts.Change]:
+        with self.lock:
+            changes = alerts.changes_since(self.state, report)
+            previous = {f: s for f, s in self.state.get("families", {}).items()}
+            now = alerts.snapshot(report)
+            if now != previous:
+                self.state = {"generated_at": report.generated_at, "families": now}
+        return changes
+
+
+def status_json(console: Console) -> dict[str, Any]:
+    """``redrive status --json``."""
+    workspace = console.workspace
+    try:
+        server = server_of(workspace.broker_for(None))
+    except BrokerUnavailable:
+        raise
+    except RedriveError:
+        server = None
+    rows = family_status(workspace.layout, workspace.broker_for)
+    return {
+        "layout": workspace.layout.source,
+        "broker": server.to_json() if server else None,
+        "families": [r.to_json() for r in rows],
+    }
+
+
+def overview_json(console: Console, *, fresh: bool = False) -> dict[str, Any]:
+    """The overview: ``status --json``, and ``report --format json`` built from each
+    family's scan (as the scan source serves it), with the changes since the previous
+    overview and the alerts ``report --fail-on-messages`` would raise."""
+    status = status_json(console)
+    report = Report(generated_at=console.clock(), layout=console.workspace.layout.source)
+    scans: dict[str, dict[str, Any]] = {}
+    for family in console.workspace.layout.families:
+        outcome = console.source.scan(ScanRequest(family.name), fresh=fresh)
+        report.queues.append(
+            FamilyReport(
+                family.name,
+                outcome.result.dlq if outcome.result is not None else family.dlq,
+                outcome.result,
+                outcome.problem,
+            )
+        )
+        scans[family.name] = scan_note(outcome)
+    since = console.extras.setdefault("since_last", SinceLast()).changes(report)
+    decision, _ = alerts.decide_alert({}, report, throttle=None, now=report.generated_at)
+    data = report.to_json()
+    data["since_last"] = [c.to_json() for c in since]
+    return {
+        "status": status,
+        "report": data,
+        "alerts": [
+            {"family": family, "reason": reason} for family, reason in decision.reasons.items()
+        ],
+        "scans": scans,
+    }
+
+
+def scan_note(outcome: ScanOutcome) -> dict[str, Any]:
+    """When the scan shown was made, and why there is none (or why it is not fresh)."""
+    return {
+        "scanned_at": outcome.result.to_json()["scanned_at"] if outcome.result else None,
+        "problem": outcome.problem,
+        "moving": outcome.moving,
+    }
+
+
+def dlq_json(outcome: ScanOutcome) -> dict[str, Any]:
+    """A DLQ's page: ``inspect --json`` of its scan, the messages kept from it (records
+    with their arguments withheld), and the scan's note."""
+    return {
+        "inspect": outcome.result.to_json() if outcome.result is not None else None,
+        "messages": [public_record(r) for r in outcome.records.values()],
+        "scan": scan_note(outcome),
+    }
+
+
+def runs_json(console: Console, *, since: float | None = None) -> list[dict[str, Any]]:
+    """``redrive audit --json``: every run in the ledger, newest first (none without one)."""
+    ledger = console.workspace.ledger()
+    if ledger is None:
+        return []
+    try:
+        return [run_json(run) for run in list_runs(ledger, since=since)]
+    finally:
+        ledger.close()
+
+
+def message_json(outcome: ScanOutcome, message_id: str, *, revealed: bool) -> dict[str, Any] | None:
+    """A message kept from the scan: its ``--where`` record (docs/where.md), arguments
+    withheld unless ``revealed``; None when the scan kept no such message."""
+    record = outcome.records.get(message_id)
+    if record is None:
+        return None
+    return {
+        "target": outcome.request.target,
+        "dlq": outcome.result.dlq if outcome.result is not None else None,
+        "revealed": revealed,
+        "record": dict(record) if revealed else public_record(record),
+        "scan": scan_note(outcome),
+    }
+
+
+def operations_json(console: Console) -> dict[str, Any]:
+    """The operations page: the runs that are live now (their counts as far as they got),
+    ``redrive audit --json`` (every run, the console's reveals and actions among them), and
+    ``ledger resolve --json`` as a dry run (each in-doubt message: what the evidence says,
+    what would be done)."""
+    workspace = console.workspace
+    ledger = workspace.ledger()
+    if ledger is None:
+        return {"ledger": None, "live": [], "runs": [], "in_doubt": None}
+    try:
+        runs = list_runs(ledger, since=None)
+        now = console.clock()
+        resolved = resolve_in_doubt(
+            ledger,
+            Choices(),
+            execute=False,
+            results=workspace.results,
+            ignores_result=workspace.ignores_result,
+        )
+        return {
+            "ledger": ledger.location,
+            "live": [
+                live_json(ledger, r) for r in runs if r.ended_at is None and run_is_live(r, now)
+            ],
+            "runs": [run_json(r) for r in runs],
+            "in_doubt": resolved.to_json(),
+        }
+    finally:
+        ledger.close()
+
+
+def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
+    """A live run as ``audit --json`` has it, and its progress as the ledger knows it now:
+    its keys (its processes' too) by state (claimed, sent, done, skipped). The ledger is
+    what every run writes as it goes, the CLI's as the console's."""
+    keys = Counter(
+        str(entry.state) for owner in own_runs(ledger, run) for entry in ledger.keys_for_run(owner)
+    )
+    return {**run_json(run), "keys": dict(sorted(keys.items()))}
+
+
+def resolve_json(console: Console, choices: Choices) -> dict[str, Any]:
+    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``."""
+    workspace = console.workspace
+    ledger = workspace.ledger()
+    if ledger is None:
+        return {"in_doubt": 0}
+    try:
+        return resolve_in_doubt(
+            ledger,
+            choices,
+            execute=True,
+            command="redrive web: ledger resolve",
+            results=workspace.results,
+            ignores_result=workspace.ignores_result,
+        ).to_json()
+    finally:
+        ledger.close()
