@@ -14,9 +14,9 @@ and nothing is looked up by name. The machine's own namespace is never changed.
 Each host runs the runbook's ``redrive move checkout --execute --yes --workers 4`` (docs/
 ledgers.md, "Runbook: draining one DLQ from several hosts"), paced by ``--rate``, with a
 short ``--lease``. Faults, each at an event, never after a sleep: host 2 is SIGKILLed at its
-third send (a kill point); once host 0 has sent 10, its broker link is cut; it is restored
-when the service side dropped host 0's connection (the relay says so), host 0's run ended,
-or the other hosts sent 30 more; then host 1's ledger link is cut and restored the same way.
+third send (a kill point); once hosts 0 and 1 have sent 10 each, host 0's broker link and
+host 1's ledger link are cut, each restored once its cut is seen (the service side dropped
+the host's connection, as the relay says, or the host's run ended).
 After the runbook's reruns: each task in its queue exactly once (read through the broker),
 each in-doubt message resolved by evidence (did its task arrive? ``redrive ledger resolve
 --skip`` it, else ``--resend`` it), at most one send batch per worker of each faulted host
@@ -61,9 +61,7 @@ pytestmark = pytest.mark.e2e
 
 HOSTS = 3
 WORKERS = 4
-BATCH = 10  # the send batch: SQS's 10 a batch, and --rate's slice on RabbitMQ
-MESSAGES = 160
-RATE = "8"  # a host's messages a second: every fault lands mid-run
+FIRST = 10  # a host's sends before its fault
 LEASE = "3"
 BROKER_NET, LEDGER_NET = "10.231", "10.232"  # private, only inside the test's namespaces
 SQS_PORT, DYNAMODB_PORT, AMQP_PORT, API_PORT = 5000, 5001, 5672, 15672
@@ -228,6 +226,12 @@ def _moto(topology: Topology, port: int, log: Path) -> subprocess.Popen[str]:
 
 
 class Broker(Protocol):
+    # Sized so that every host has work when its fault comes, paced so that every fault
+    # lands mid-run: on RabbitMQ each worker holds up to a send batch (100) a receive, so
+    # one host's 4 workers take 400 at once.
+    messages: int
+    rate: int  # a host's messages a second
+    batch: int  # the broker's send batch (--rate's one-second slice when smaller)
     expected: Counter[str]
     relay: Relay
     processes: list[subprocess.Popen[str]]
@@ -244,6 +248,8 @@ class Broker(Protocol):
 
 
 class Sqs:
+    messages, rate, batch = 240, 10, 10
+
     def __init__(self, topology: Topology, tmp_path: Path) -> None:
         self.service = topology.service
         self.server = _moto(topology, SQS_PORT, tmp_path / "sqs.log")
@@ -256,7 +262,7 @@ class Sqs:
             )
             self.family = make_family(client, "onion-checkout")
             rng = random.Random(405)
-            self.dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(MESSAGES)]
+            self.dead = [celery(rng.choice((CAPTURE, REFUND)), 2) for _ in range(self.messages)]
             fill(self.family, self.dead)
         self.expected = Counter({d.ident: 1 for d in self.dead})
         self.seen: Counter[str] = Counter()
@@ -275,6 +281,8 @@ class Sqs:
 
 
 class Rabbit:
+    messages, rate, batch = 1300, 40, 100
+
     def __init__(self, topology: Topology, tmp_path: Path) -> None:
         self.service = topology.service
         with inside(self.service):  # the node and its epmd start in the service host
@@ -286,9 +294,9 @@ class Rabbit:
         api = _relay(topology, API_PORT, self.node.ports.management, ats, tmp_path / "api.log")
         self.processes = [self.relay.process, api.process]
         with inside(self.service):
-            fill_layout(self.node.amqp_url, rabbit_families()[:1], MESSAGES)
+            fill_layout(self.node.amqp_url, rabbit_families()[:1], self.messages)
             self.expected = task_ids(drain(self.vhost, "onion-checkout-dlq"))
-        assert sum(self.expected.values()) == MESSAGES
+        assert sum(self.expected.values()) == self.messages
 
     def env(self, client: Client) -> dict[str, str]:
         return {
@@ -438,41 +446,47 @@ class World:
             return not any(r.ended_at is None and r.lease_until > now for r in self.reader.runs())
 
 
-def _fault(world: World, runs: list[subprocess.Popen[str]], victim: int, link: str) -> str:
-    """Once host ``victim`` has sent 10, cut its ``link``; restore it once the cut is seen
-    (the relay in front of the server dropped the host's connection, or the host's run
-    ended) or the other live hosts sent 30 more; what ended the cut."""
-    client = world.topology.clients[victim]
-    run = runs[victim]
-    others = [r for i, r in enumerate(runs) if i != victim]
-    wait_for(
-        lambda: run.poll() is not None or world.sent(run.pid) >= BATCH,
-        timeout=180,
-        every=0.2,
-        what=f"host {victim}'s first {BATCH} sends",
-    )
-    assert run.poll() is None, f"host {victim} ended before its fault"
-    before = sum(world.sent(r.pid) for r in others)
-    relay = world.broker.relay if link == "brk0" else world.ledger.relay
-    why: list[str] = []
+def _cuts(world: World, runs: list[subprocess.Popen[str]]) -> dict[str, str]:
+    """Once hosts 0 and 1 have each sent their first few, cut host 0's broker link and host
+    1's ledger link; restore each once its cut is seen: the service side dropped the host's
+    connection (the relay in front of the server says so: keepalives, ~4 s), or the host's
+    run ended (PostgreSQL's keepalives and ``tcp_user_timeout`` in its URL: ~3 s). What
+    ended each cut, by link."""
+    faults = {"brk0": 0, "led0": 1}
+    for victim in faults.values():
+        run = runs[victim]
+        wait_for(
+            lambda run=run: run.poll() is not None or world.sent(run.pid) >= FIRST,  # type: ignore[misc]
+            timeout=180,
+            every=0.2,
+            what=f"host {victim}'s first {FIRST} sends",
+        )
+        assert run.poll() is None, f"host {victim} ended before its fault"
+    for link, victim in faults.items():
+        world.topology.clients[victim].cut(link)
+    ended: dict[str, str] = {}
 
     def seen() -> bool:
-        if relay is not None and relay.dropped(client.own[link]):
-            why.append("dropped")
-        elif run.poll() is not None:
-            why.append(f"ended {run.returncode}")
-        elif all(r.poll() is not None for r in others):
-            why.append("the others ended")
-        elif sum(world.sent(r.pid) for r in others) >= before + 30:
-            why.append("the others sent 30")
-        return bool(why)
+        for link, victim in faults.items():
+            client, run = world.topology.clients[victim], runs[victim]
+            relay = world.broker.relay if link == "brk0" else world.ledger.relay
+            if link in ended:
+                continue
+            if relay is not None and relay.dropped(client.own[link]):
+                ended[link] = "dropped"
+            elif run.poll() is not None:
+                ended[link] = f"ended {run.returncode}"
+            else:
+                continue
+            client.restore(link)
+        return len(ended) == len(faults)
 
-    client.cut(link)
     try:
-        wait_for(seen, timeout=180, every=0.2, what=f"host {victim}'s cut {link} seen")
+        wait_for(seen, timeout=180, every=0.2, what="the cuts seen")
     finally:
-        client.restore(link)
-    return why[0]
+        for link, victim in faults.items():
+            world.topology.clients[victim].restore(link)
+    return ended
 
 
 def _first_runs(world: World, move: str) -> tuple[list[subprocess.Popen[str]], dict[str, str]]:
@@ -480,7 +494,7 @@ def _first_runs(world: World, move: str) -> tuple[list[subprocess.Popen[str]], d
     through the kill points, SIGKILLed at its third send (in doubt: what its workers had in
     flight). What ended each cut, by link."""
     points = KillPoints(world.tmp_path / "kill", At("move.sent", nth=3))
-    argv = [*move.split()[1:], "--rate", RATE, "--lease", LEASE]
+    argv = [*move.split()[1:], "--rate", str(world.broker.rate), "--lease", LEASE]
     runs = []
     for i, client in enumerate(world.topology.clients):
         client.sealed()
@@ -496,7 +510,7 @@ def _first_runs(world: World, move: str) -> tuple[list[subprocess.Popen[str]], d
                 )
             )  # fmt: skip
     try:
-        ended = {"brk0": _fault(world, runs, 0, "brk0"), "led0": _fault(world, runs, 1, "led0")}
+        ended = _cuts(world, runs)
         codes = [run.wait(180) for run in runs]
     finally:
         for run in runs:
@@ -520,7 +534,8 @@ def _resolve_by_evidence(world: World, client: Client, runs: list[subprocess.Pop
         pids = {r.run_id: r.info.get("pid") for r in world.reader.runs()}
     per_host = Counter(pids[d["run_id"]] for d in doubts)
     for run in runs:
-        assert per_host[run.pid] <= WORKERS * BATCH, (run.pid, per_host)
+        batch = min(world.broker.batch, world.broker.rate)
+        assert per_host[run.pid] <= WORKERS * batch, (run.pid, per_host)
     arrived = world.broker.arrived()
     skip = [d["key"] for d in doubts if d["task_id"] in arrived]
     resend = [d["key"] for d in doubts if d["task_id"] not in arrived]
