@@ -9,7 +9,9 @@ the ledger (``led0``), so that either can be cut alone. Servers on the service h
 loopback are reached through a relay there (tests/partition_host.py), bound to the service
 host's end of each link; PostgreSQL listens on those ends itself. No namespace has a default
 route; every address is a private one the test assigns (10.231.0.0/16 and 10.232.0.0/16),
-and nothing is looked up by name. The machine's own namespace is never changed.
+and nothing is looked up by name. The machine's own namespace is never changed. The hosts
+share the machine's kernel (its hostname and process ids): a run sees that another host's
+dead run is gone at once, where separate machines wait for its heartbeat to go stale.
 
 Each host runs the runbook's ``redrive move checkout --execute --yes --workers 4`` (docs/
 ledgers.md, "Runbook: draining one DLQ from several hosts"), paced by ``--rate``, with a
@@ -248,7 +250,7 @@ class Broker(Protocol):
 
 
 class Sqs:
-    messages, rate, batch = 240, 10, 10
+    messages, rate, batch = 120, 10, 10
 
     def __init__(self, topology: Topology, tmp_path: Path) -> None:
         self.service = topology.service
