@@ -16,9 +16,10 @@ dead run is gone at once, where separate machines wait for its heartbeat to go s
 Each host runs the runbook's ``redrive move checkout --execute --yes --workers 4`` (docs/
 ledgers.md, "Runbook: draining one DLQ from several hosts"), paced by ``--rate``, with a
 short ``--lease``. Faults, each at an event, never after a sleep: host 2 is SIGKILLed at its
-third send (a kill point); once hosts 0 and 1 have sent 10 each, host 0's broker link and
-host 1's ledger link are cut, each restored once its cut is seen (the service side dropped
-the host's connection, as the relay says, or the host's run ended).
+third send (a kill point); then hosts 0 and 1 drain the DLQ with host 2's claims in it, and
+once each has sent 10, host 0's broker link and host 1's ledger link are cut, each restored
+once its cut is seen (the service side dropped the host's connection, as the relay says,
+or the host's run ended).
 After the runbook's reruns: each task in its queue exactly once (read through the broker),
 each in-doubt message resolved by evidence (did its task arrive? ``redrive ledger resolve
 --skip`` it, else ``--resend`` it), at most one send batch per worker of each faulted host
@@ -60,6 +61,8 @@ from redrive.sandbox.rabbitmq_layout import fill_layout, rabbit_families
 from redrive.sandbox.rabbitmq_node import RabbitMQNode, Vhost, server_installed
 
 pytestmark = pytest.mark.e2e
+
+Popen = subprocess.Popen[str]
 
 HOSTS = 3
 WORKERS = 4
@@ -181,7 +184,7 @@ def topology() -> Iterator[Topology]:
         assert _root_routes() == found.root_routes, "the machine's routes changed"
 
 
-def _background(argv: list[str], log: Path) -> subprocess.Popen[str]:
+def _background(argv: list[str], log: Path) -> Popen:
     with log.open("w") as out:
         return subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True
@@ -204,14 +207,14 @@ def _relay(topology: Topology, port: int, to: int, ats: list[str], log: Path) ->
 
 @dataclass
 class Relay:
-    process: subprocess.Popen[str]
+    process: Popen
     log: Path
 
     def dropped(self, address: str) -> bool:
         return f'"dropped": "{address}"' in self.log.read_text()
 
 
-def _moto(topology: Topology, port: int, log: Path) -> subprocess.Popen[str]:
+def _moto(topology: Topology, port: int, log: Path) -> Popen:
     """moto's server (serial) on the service host's loopback."""
     argv = [sys.executable, "-m", "redrive.sandbox", "--bare", "--serial", "--port", str(port)]
     process = _background(["ip", "netns", "exec", topology.service, *argv], log)
@@ -230,13 +233,13 @@ def _moto(topology: Topology, port: int, log: Path) -> subprocess.Popen[str]:
 class Broker(Protocol):
     # Sized so that every host has work when its fault comes, paced so that every fault
     # lands mid-run: on RabbitMQ each worker holds up to a send batch (100) a receive, so
-    # one host's 4 workers take 400 at once.
+    # one host's 4 workers take 400 at once (hosts 0 and 1 share what is left of 450).
     messages: int
     rate: int  # a host's messages a second
     batch: int  # the broker's send batch (--rate's one-second slice when smaller)
     expected: Counter[str]
     relay: Relay
-    processes: list[subprocess.Popen[str]]
+    processes: list[Popen]
 
     def env(self, client: Client) -> dict[str, str]: ...
 
@@ -283,7 +286,7 @@ class Sqs:
 
 
 class Rabbit:
-    messages, rate, batch = 1300, 40, 100
+    messages, rate, batch = 450, 10, 100
 
     def __init__(self, topology: Topology, tmp_path: Path) -> None:
         self.service = topology.service
@@ -325,7 +328,10 @@ class Rabbit:
 
 
 class Shared(Protocol):
-    relay: Relay | None
+    @property
+    def relay(self) -> Relay | None:
+        """The relay in front of the server (None: the server listens on the links)."""
+        ...
 
     def env(self, client: Client) -> dict[str, str]: ...
 
@@ -431,7 +437,7 @@ class World:
                 for e in self.reader.keys_for_run(r.run_id)
             )
 
-    def states(self, runs: list[subprocess.Popen[str]]) -> list[dict[str, int]]:
+    def states(self, runs: list[Popen]) -> list[dict[str, int]]:
         """Each host's keys in the ledger, by state."""
         with inside(self.topology.service):
             by_pid = {r.info.get("pid"): r.run_id for r in self.reader.runs()}
@@ -448,7 +454,7 @@ class World:
             return not any(r.ended_at is None and r.lease_until > now for r in self.reader.runs())
 
 
-def _cuts(world: World, runs: list[subprocess.Popen[str]]) -> dict[str, str]:
+def _cuts(world: World, runs: list[Popen]) -> dict[str, str]:
     """Once hosts 0 and 1 have each sent their first few, cut host 0's broker link and host
     1's ledger link; restore each once its cut is seen: the service side dropped the host's
     connection (the relay in front of the server says so: keepalives, ~4 s), or the host's
@@ -491,41 +497,45 @@ def _cuts(world: World, runs: list[subprocess.Popen[str]]) -> dict[str, str]:
     return ended
 
 
-def _first_runs(world: World, move: str) -> tuple[list[subprocess.Popen[str]], dict[str, str]]:
-    """The runbook's move on every host at once (paced, a short lease); the last host
-    through the kill points, SIGKILLed at its third send (in doubt: what its workers had in
-    flight). What ended each cut, by link."""
-    points = KillPoints(world.tmp_path / "kill", At("move.sent", nth=3))
+def _start(world: World, i: int, argv: list[str], points: KillPoints | None) -> Popen:
+    client = world.topology.clients[i]
+    client.sealed()
+    env = points.env(world.env(client)) if points else world.env(client)
+    out = world.tmp_path / f"host{i}"
+    with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
+        command = points.argv(*argv) if points else [*REDRIVE, *argv]
+        return subprocess.Popen(
+            client.cmd(*command), env=env, cwd=ROOT, stdout=stdout, stderr=err,
+            stdin=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+
+
+def _first_runs(world: World, move: str) -> tuple[list[Popen], dict[str, str]]:
+    """The runbook's move on each host (paced, a short lease). The last host first, through
+    the kill points: SIGKILLed at its third send (in doubt: what its workers had in flight;
+    on RabbitMQ its held deliveries go back with its connection); then hosts 0 and 1 at
+    once, on a DLQ that holds the killed run's claims, until their cuts. What ended each
+    cut, by link."""
     argv = [*move.split()[1:], "--rate", str(world.broker.rate), "--lease", LEASE]
-    runs = []
-    for i, client in enumerate(world.topology.clients):
-        client.sealed()
-        killed = i == HOSTS - 1
-        env = points.env(world.env(client)) if killed else world.env(client)
-        out = world.tmp_path / f"host{i}"
-        with out.with_suffix(".out").open("w") as stdout, out.with_suffix(".err").open("w") as err:
-            command = points.argv(*argv) if killed else [*REDRIVE, *argv]
-            runs.append(
-                subprocess.Popen(
-                    client.cmd(*command), env=env, cwd=ROOT, stdout=stdout, stderr=err,
-                    stdin=subprocess.DEVNULL, text=True,
-                )
-            )  # fmt: skip
+    points = KillPoints(world.tmp_path / "kill", At("move.sent", nth=3))
+    killed = _start(world, HOSTS - 1, argv, points)
+    runs: list[Popen] = []
     try:
-        ended = _cuts(world, runs)
+        assert killed.wait(180) == -signal.SIGKILL, (world.tmp_path / "host2.err").read_text()
+        runs = [_start(world, i, argv, None) for i in range(HOSTS - 1)]
+        ended = _cuts(world, [*runs, killed])
         codes = [run.wait(180) for run in runs]
     finally:
-        for run in runs:
+        for run in [*runs, killed]:
             _stop(run)
-    assert codes[-1] == -signal.SIGKILL, (world.tmp_path / f"host{HOSTS - 1}.err").read_text()
-    for i, code in enumerate(codes[:-1]):
+    for i, code in enumerate(codes):
         said = (world.tmp_path / f"host{i}.err").read_text()
         assert code in (0, 1, 3), (i, code, said)
         assert "Traceback" not in said, said
-    return runs, ended
+    return [*runs, killed], ended
 
 
-def _resolve_by_evidence(world: World, client: Client, runs: list[subprocess.Popen[str]]) -> int:
+def _resolve_by_evidence(world: World, client: Client, runs: list[Popen]) -> int:
     """What ``redrive ledger in-doubt`` lists, each resolved by evidence: its task arrived
     (``--skip``: never sent again) or did not (``--resend``). At most one send batch per
     worker of each host is in doubt. How many were skipped."""
