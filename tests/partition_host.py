@@ -10,7 +10,8 @@ comes long before the last key (what it proves does not depend on the pace).
 (the cut host's open transaction must not hold it up), and each key's owner and state.
 ``relay PORT TO ADDRESS...``: on the ledger host, passes TCP connections to ADDRESS:PORT on
 to TO (host:port, a broker on the ledger host's loopback, which it alone may listen on),
-for hosts that share one broker; prints ``{"listening": true}`` once it accepts.
+for hosts that share one broker; prints ``{"listening": true}`` once it accepts, and
+``{"dropped": ADDRESS}`` when a host's connection went silent (its link cut: keepalives).
 """
 
 from __future__ import annotations
@@ -80,9 +81,13 @@ def host_b(url: str) -> int:
 
 
 def _pump(src: socket.socket, dst: socket.socket, *, last: bool) -> None:
-    with contextlib.suppress(OSError):
+    try:
         while data := src.recv(65536):
             dst.sendall(data)
+    except OSError as exc:
+        if not last:  # the host's side went silent: its link is down (keepalive, timeout)
+            with contextlib.suppress(OSError):
+                say(dropped=src.getpeername()[0], error=str(exc))
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
     if last:  # the broker's side is done: the exchange is over
@@ -90,9 +95,24 @@ def _pump(src: socket.socket, dst: socket.socket, *, last: bool) -> None:
         dst.close()
 
 
+def _keepalive(client: socket.socket) -> None:
+    """A host that went silent (its link cut) is dropped within ~4 s, as a broker with
+    heartbeats drops it, so its connection to the server behind ends (a RabbitMQ consumer's
+    deliveries go back to their queue) instead of waiting for a host that cannot answer."""
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (
+        (socket.TCP_KEEPIDLE, 1),
+        (socket.TCP_KEEPINTVL, 1),
+        (socket.TCP_KEEPCNT, 3),
+        (socket.TCP_USER_TIMEOUT, 3000),
+    ):
+        client.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
 def _accept(listener: socket.socket, to: tuple[str, int]) -> None:
     while True:
         client, _ = listener.accept()
+        _keepalive(client)
         upstream = socket.create_connection(to)
         for src, dst, last in ((client, upstream, False), (upstream, client, True)):
             threading.Thread(target=_pump, args=(src, dst), kwargs={"last": last}).start()

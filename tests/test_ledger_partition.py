@@ -22,7 +22,8 @@ When one of two hosts draining one DLQ is killed (SIGKILL): the other host never
 the killed one holds; after its lease, the runbook's steps leave each task in its queue once.
 
 Needs root and ``ip`` (skipped with the reason elsewhere; under CI=true it must run).
-Addresses: /30s of the link-local 169.254.0.0/16, only inside the test's namespaces.
+Addresses: /30s of the private 10.233.77.0/24, only inside the test's namespaces (never a
+link-local or public one).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ FAST_DETECTION += "&tcp_user_timeout=3000&connect_timeout=3"
 MOVE = ("move", "checkout", "--execute", "--yes", "--workers", "4")
 PREFIXES = ("rd-host-", "rd-host2-", "rd-ledger-")
 LINK = "link0"  # each client host's end of its link to the ledger host
-NET = "169.254.77"
+NET = "10.233.77"  # private (RFC 1918), assigned only inside the test's namespaces
 MOTO_PORT = 5000  # on a namespace's own loopback: every port is free there
 HOST_SCRIPT = Path(__file__).resolve().parent / "partition_host.py"
 CLONE_NEWNET = 0x40000000

@@ -744,3 +744,16 @@ def test_receives_counts_and_acks_never_open_the_publishing_lane(
     assert broker.lane._connection is not None and broker.sending._connection is None
     assert len(broker.send("quiet", [entry("0")]).ok) == 1
     assert broker.sending._connection is not None
+
+
+def test_a_send_that_cannot_connect_is_refused_whole_none_of_it_in_doubt() -> None:
+    """Nothing of a batch is written when the (re)connect fails (a host whose broker link was
+    cut): each entry is refused as not published, so its claim is released, never held in
+    doubt (raised, the whole batch stayed claimed: a second batch per worker in doubt after
+    the one the lost connection left unconfirmed, tests/test_partition_hosts.py)."""
+    broker = open_broker(
+        "amqp://guest:hunter2@127.0.0.1:1//", aws=AwsSettings(), rabbitmq_api="http://127.0.0.1:1"
+    )
+    result = broker.send("q", [entry("0"), entry("1")])
+    assert result.ok == {} and result.unconfirmed == frozenset()
+    assert set(result.failed) == {"0", "1"} and "NotPublished" in result.failed["0"]

@@ -459,6 +459,13 @@ class Lane:
                 self._wait_for_confirms(confirms)
             except LINK_ERRORS:
                 self._drop()
+            except BrokerUnavailable:
+                if published:  # never: work() connects before the first publish
+                    raise
+                # The reconnect failed: nothing of the batch was written, so none of it is
+                # in doubt (each is refused as not published, below; its claim released).
+                # Raised, it would have held the whole batch in doubt, a second batch per
+                # worker after the one the lost connection left unconfirmed.
             except amqp.exceptions.PreconditionFailed as exc:
                 # The whole batch stays in doubt (its claims kept): see move/send.py.
                 self._timed_out(exc)
