@@ -149,7 +149,9 @@ def _import_graph(package: Path) -> dict[str, dict[str, int]]:
                     here = name.split(".") if is_package else name.split(".")[:-1]
                     here = here[: len(here) - (node.level - 1)]
                     base = ".".join([*here, *([node.module] if node.module else [])])
-                imported = [f"{base}.{alias.name}" for alias in node.names]
+                # ``from P import m`` runs P first, whatever m is: a package's __init__ that
+                # imports the module back is a cycle, as any other.
+                imported = [base, *(f"{base}.{alias.name}" for alias in node.names)]
             else:
                 continue
             for target in filter(None, map(module, imported)):
@@ -232,6 +234,7 @@ def test_the_import_graph_counts_deferred_type_checking_and_relative_imports(
     # its import where a fresh interpreter importing each module alone would never see it.
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
+    (package / "ring").mkdir()
     files = {
         "__init__.py": "from pkg import a\n",
         "a.py": "def later() -> None:\n    from pkg.sub import b\n",
@@ -244,20 +247,28 @@ def test_the_import_graph_counts_deferred_type_checking_and_relative_imports(
         ),
         "sub/c.py": "import pkg.sub.d\n",
         "sub/d.py": "from pkg.sub import c as again\n",
+        # ``from P import m`` runs P's __init__, which imports the module back.
+        "ring/__init__.py": "from pkg.ring.x import f\n",
+        "ring/x.py": "from pkg.ring import y\nf = 1\n",
+        "ring/y.py": "",
     }
     for name, text in files.items():
         (package / name).write_text(text)
     graph = _import_graph(package)
     assert graph == {
         "pkg": {"pkg.a": 1},
-        "pkg.a": {"pkg.sub.b": 2},
+        "pkg.a": {"pkg.sub": 2, "pkg.sub.b": 2},
         "pkg.sub": {},
-        "pkg.sub.b": {"pkg.a": 3, "pkg.sub.c": 4},
+        "pkg.sub.b": {"pkg.a": 3, "pkg.sub": 4, "pkg.sub.c": 4},
         "pkg.sub.c": {"pkg.sub.d": 1},
-        "pkg.sub.d": {"pkg.sub.c": 1},
+        "pkg.sub.d": {"pkg.sub": 1, "pkg.sub.c": 1},
+        "pkg.ring": {"pkg.ring.x": 1},
+        "pkg.ring.x": {"pkg.ring": 1, "pkg.ring.y": 1},
+        "pkg.ring.y": {},
     }
     assert _cycle_texts(graph) == [
         "pkg.a (line 2) -> pkg.sub.b (line 3) -> pkg.a",
+        "pkg.ring (line 1) -> pkg.ring.x (line 1) -> pkg.ring",
         "pkg.sub.c (line 1) -> pkg.sub.d (line 1) -> pkg.sub.c",
     ]
 
