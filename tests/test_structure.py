@@ -354,8 +354,8 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "dlq": {"allocator", "broker", "errors", "state_dir"},
     "celery": {"broker", "config", "errors", "messages"},
     "inspection": {
-        *("attributes", "broker", "celery", "dlq", "durations"),
-        *("message_record", "messages", "where"),
+        *("attributes", "broker", "celery", "dlq", "durations", "errors"),
+        *("message_record", "messages", "operations", "selection", "where"),
     },
     "operations": {
         *("allocator", "archive", "attributes", "aws", "broker", "celery", "dlq", "durations"),
@@ -382,7 +382,8 @@ def test_each_part_imports_only_the_parts_the_table_allows() -> None:
         f"{module} imports {target} (line {line})"
         for module, edges in GRAPH.items()
         for target, line in edges.items()
-        if _part(target) != _part(module)
+        # redrive's own __init__ (its version) runs before any module: every one may name it.
+        if _part(target) not in (_part(module), "redrive")
         and "*" not in ALLOWED_IMPORTS.get(_part(module), set())
         and _part(target) not in ALLOWED_IMPORTS.get(_part(module), set())
     )

@@ -45,10 +45,10 @@ from redrive.cli.options import (
 )
 from redrive.cli.runner import setup_of
 from redrive.errors import BrokerUnavailable, PostFailed, RedriveError, UsageProblem
+from redrive.inspection.processes import InspectScan
 from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import default_ledger_path
 from redrive.operations.coordinator import Caller, InspectRequest, run_operation
-from redrive.operations.inspect_processes import InspectScan
 from redrive.operations.observer import RunObserver
 from redrive.operations.replay import inspect_archive
 from redrive.render.check import findings_table

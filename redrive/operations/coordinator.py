@@ -30,20 +30,20 @@ from redrive.broker.base import Broker, DlqTarget, QueueRef
 from redrive.celery.results import ResultLookup
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
+from redrive.inspection.entry import inspect_queue
+from redrive.inspection.processes import InspectScan
 from redrive.inspection.scan import InspectResult
 from redrive.ledger import Ledger, default_ledger_path, open_ledger
-from redrive.operations.apply import ApplyResult, apply_plan
-from redrive.operations.inspect_processes import InspectScan
-from redrive.operations.inspect_run import inspect_queue
+from redrive.operations.apply.engine import ApplyResult, apply_plan
 from redrive.operations.move import MoveOptions, MoveResult, continued_archive
-from redrive.operations.move_run import move
+from redrive.operations.move.entry import move
 from redrive.operations.observer import NULL_OBSERVER, Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter
 from redrive.operations.processes import ProcessesResult, Wiring
-from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue
-from redrive.operations.purge_run import purge
-from redrive.operations.replay import ReplayResult
-from redrive.operations.replay_run import replay
+from redrive.operations.purge.engine import PurgeOptions, PurgeResult, purge_whole_queue
+from redrive.operations.purge.entry import purge
+from redrive.operations.replay.engine import ReplayResult
+from redrive.operations.replay.entry import replay
 from redrive.operations.run import RunRecord, audit_filters, audit_record
 
 R = TypeVar("R")

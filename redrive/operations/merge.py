@@ -15,7 +15,7 @@ from redrive.inspection.scan import InspectResult
 from redrive.inspection.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
 from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import RepairReport
-from redrive.operations.purge import PurgeResult
+from redrive.operations.purge.engine import PurgeResult
 from redrive.selection import Selection, Sightings
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from typing import Any
 from redrive.celery.results import WORKER_DIED, ResultCounts
 from redrive.inspection.groups import TaskGroup
 from redrive.inspection.scan import InspectResult
-from redrive.operations.replay import ArchiveInspectResult
+from redrive.operations.replay.engine import ArchiveInspectResult
 from redrive.render.sparkline import group_label, timeline_lines
 from redrive.render.tables import (
     Narrow,

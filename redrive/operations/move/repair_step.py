@@ -30,7 +30,7 @@ from redrive.errors import ArchiveError, NotRepairable
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
-from redrive.operations.purge import check_archive_path
+from redrive.operations.purge.engine import check_archive_path
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
 
 # Reasons a selected message is left in the DLQ by the edits (keys of MoveResult.skipped).
