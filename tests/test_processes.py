@@ -347,8 +347,8 @@ def test_a_where_crosses_to_a_process_as_its_text_compiled_again() -> None:
 
 def test_inspect_groups_merge_into_one() -> None:
     from redrive.inspection.groups import TaskGroup
+    from redrive.inspection.merge import merge_sent_times, merge_task_groups
     from redrive.inspection.timeline import SentTimes
-    from redrive.operations.merge import merge_sent_times, merge_task_groups
 
     fine, coarse = SentTimes(), SentTimes(width=300)
     for t in (0.0, 30.0, 90.0):

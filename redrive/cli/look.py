@@ -48,9 +48,13 @@ from redrive.errors import BrokerUnavailable, PostFailed, RedriveError, UsagePro
 from redrive.inspection.processes import InspectScan
 from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import default_ledger_path
-from redrive.operations.coordinator import Caller, InspectRequest, run_operation
-from redrive.operations.observer import RunObserver
-from redrive.operations.replay import inspect_archive
+from redrive.operations.coordinator import (
+    ArchiveInspectRequest,
+    Caller,
+    InspectRequest,
+    run_operation,
+)
+from redrive.operations.observer import Callbacks, RunObserver
 from redrive.render.check import findings_table
 from redrive.render.html import report_html
 from redrive.render.inspect import inspect_text
@@ -285,13 +289,13 @@ def _inspect_archive(
     ctx: Context, target: str, *, focus: Focus, limit: int | None
 ) -> InspectResult:
     with core_errors():
-        return inspect_archive(
-            target,
-            focus=focus,
-            limit=limit,
-            s3_client_factory=ctx.s3_client,
-            on_problem=warn,
-        )
+        return run_operation(
+            ArchiveInspectRequest(target, focus, limit),
+            setup=setup_of(ctx),
+            ledger=None,
+            caller=Caller.local(command_line()),
+            observer=Callbacks(on_problem=warn),
+        ).unwrap()
 
 
 def _results_for(ctx: Context, reader: str | None) -> ResultLookup | None:

@@ -1,5 +1,5 @@
-"""Replay: an archive's selected messages sent to a queue, byte-identical, each task once;
-and the offline inspect of an archive.
+"""Replay: an archive's selected messages sent to a queue, byte-identical, each task once
+(the offline inspect of an archive is :mod:`redrive.inspection.archive`).
 
 The package, by role: :mod:`.engine` (the archive as the move engine's message source, the
 check of the whole archive first, the result), :mod:`.processes` (each process of
@@ -8,11 +8,6 @@ spread over processes). The coordinator (:mod:`redrive.operations.coordinator`) 
 front end runs it.
 """
 
-from redrive.operations.replay.engine import (
-    ArchiveInspectResult,
-    ReplayResult,
-    inspect_archive,
-    replay_archive,
-)
+from redrive.operations.replay.engine import ReplayResult, replay_archive
 
-__all__ = ["ArchiveInspectResult", "ReplayResult", "inspect_archive", "replay_archive"]
+__all__ = ["ReplayResult", "replay_archive"]
