@@ -135,7 +135,7 @@ def selection_options(f: F) -> F:
             "message_ids",
             multiple=True,
             metavar="ID",
-            help="Only the message with this SQS MessageId (repeatable).",
+            help="Only the message with this id (SQS's MessageId, AMQP's message_id; repeatable).",
         ),
         where_option,
     ]
