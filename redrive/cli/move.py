@@ -1,17 +1,12 @@
-"""``move``, ``replay`` and ``apply``: the commands that send messages (apply also runs a
-purge plan)."""
+"""``move``: the command that sends a DLQ's messages back (``replay`` and ``apply`` send
+too: :mod:`~redrive.cli.replay`, :mod:`~redrive.cli.apply`), and what they share of it."""
 
 from __future__ import annotations
 
-import re
-import sys
-from dataclasses import replace
-from typing import Any, Literal, NoReturn, Unpack
+from typing import Unpack
 
 import click
 
-from redrive.archive import ArchiveDamaged, DamageReport
-from redrive.archive.storage import absolute_location
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -22,42 +17,29 @@ from redrive.cli.celery_app import (
 from redrive.cli.console import (
     Progress,
     ProgressDisplay,
-    command_line,
-    command_words,
     confirm,
-    emit_json,
     execute_command,
     finish_move,
-    interruptible,
-    summary_if_stopped,
-    warn,
 )
 from redrive.cli.context import (
     Context,
     core_errors,
     dlq_details,
-    dry_run_ledger,
-    execute_record,
-    open_cli_ledger,
     pass_ctx,
 )
-from redrive.cli.exit_codes import EXIT_ATTENTION
 from redrive.cli.native import NativeRoutes, native_move
 from redrive.cli.options import (
     EditValues,
     MovePolicyValues,
-    complete_file,
     complete_queue,
     edit_options,
     execute_options,
-    include_succeeded_option,
     json_option,
     lease_option,
     ledger_option,
     move_options,
     plan_out_option,
     processes_option,
-    processes_sharing,
     rate_option,
     selected,
     stop_after_returns_option,
@@ -65,40 +47,21 @@ from redrive.cli.options import (
     wide_output_option,
     workers_option,
 )
-from redrive.cli.processes import child_wiring, processes_text, replay_wiring
-from redrive.cli.purge import confirm_purge, purge_progress
-from redrive.errors import UsageProblem
-from redrive.ledger import Ledger
-from redrive.operations import move_run, replay_run
-from redrive.operations.apply import (
-    ApplyOptions,
-    ApplyResult,
-    apply_plan,
-    plan_move_options,
-    plan_purge_options,
-)
+from redrive.cli.processes import processes_text
+from redrive.cli.runner import prepared, run_request
+from redrive.operations.coordinator import MoveRequest
 from redrive.operations.move import (
     DEFAULT_LEASE,
-    IN_DOUBT_POLICIES,
-    InDoubtPolicy,
     MoveOptions,
     MoveResult,
     RepairOptions,
-    continued_archive,
-    suggested_archive,
 )
 from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
-from redrive.operations.observer import Observers, RunObserver
-from redrive.operations.plan import Plan, PlanWriter, read_plan
+from redrive.operations.plan import PlanWriter
 from redrive.operations.processes import ProcessesResult
-from redrive.operations.purge import PurgeOptions
-from redrive.operations.replay import ReplayResult
-from redrive.operations.run import RunRecord
-from redrive.render.move import already_sent_hint, archive_damage_lines, move_text, purge_text
-from redrive.render.selection import filters_text
+from redrive.render.move import move_text
 from redrive.repair import edits_from_options
 from redrive.selection import Selection
-from redrive.shell import shell_join
 
 
 @click.command(short_help="Send DLQ messages back to their source queue, each task once.")
@@ -159,14 +122,9 @@ def move(
     an idempotency key per task in the ledger makes reruns, crashes and duplicate copies
     harmless.
     """
-    if native and edit_words(edits):
-        raise click.UsageError("--native moves the DLQ as it is: edits need a move without it")
     if native:
         routes = NativeRoutes(route, include_unregistered)
-        native_move(
-            ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
-        )
-        return
+        return move_natively(ctx, target, edits, to, execute, yes, rate, as_json, routes)
     with core_errors():
         # The app first: its errors are local, and one line, before any AWS call.
         knowledge = task_knowledge(
@@ -176,7 +134,7 @@ def move(
         dlq = ctx.target(target)
         queue = ctx.queue(to) if to else None
         if repair is not None and not (execute or plan_out or edits["no_archive"]):
-            repair = suggested_archive(repair, dlq.label)
+            repair = repair.with_suggested_archive(dlq.label)
     options = move_run_options(
         ctx,
         selection,
@@ -190,15 +148,25 @@ def move(
         stop_after_returns=stop_after_returns,
         **policies,
     )
-    run_move(
-        ctx,
-        dlq,
-        options,
-        ledger_uri=ledger,
-        yes=yes,
-        as_json=as_json,
-        plan_out=plan_out,
-        processes=processes,
+    run_move(ctx, MoveRequest(dlq, options, processes, plan_out), ledger, yes=yes, as_json=as_json)
+
+
+def move_natively(
+    ctx: Context,
+    target: str,
+    edits: EditValues,
+    to: str | None,
+    execute: bool,
+    yes: bool,
+    rate: float | None,
+    as_json: bool,
+    routes: NativeRoutes,
+) -> None:
+    """``move --native``: the broker moves the whole DLQ as it is."""
+    if edit_words(edits):
+        raise click.UsageError("--native moves the DLQ as it is: edits need a move without it")
+    native_move(
+        ctx, target, to=to, execute=execute, yes=yes, rate=rate, as_json=as_json, routes=routes
     )
 
 
@@ -279,66 +247,31 @@ def repair_options(
 
 
 def run_move(
-    ctx: Context,
-    dlq: DlqTarget,
-    options: MoveOptions,
-    *,
-    ledger_uri: str | None,
-    yes: bool,
-    as_json: bool,
-    plan_out: str | None = None,
-    processes: int = 1,
+    ctx: Context, request: MoveRequest, ledger_uri: str | None, *, yes: bool, as_json: bool
 ) -> None:
-    """Confirm, open the ledger, run the engine, render."""
-    if plan_out and options.execute:
-        raise click.UsageError("--plan-out records a dry run: run without --execute")
+    """Confirm, run the move through the coordinator, render."""
+    request = prepared(ctx, request)
+    dlq, options, plan_out = request.target, request.options, request.plan_out
     with core_errors():
-        options = with_results(ctx, options)
         confirm_move(ctx, dlq, options, yes)
-        ledger = move_ledger(ctx, ledger_uri, options.execute)
-        if options.repair is not None:
-            options = replace(options, repair=continued_archive(options.repair, ledger))
-        record = move_record(ctx, dlq.label, options, ledger)
-        writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
-    display = ProgressDisplay(Progress("move"), move_progress)
-    observer: RunObserver[MoveResult] = Observers(display, writer) if writer else display
-    outcome: MoveResult | ProcessesResult[MoveResult]
-    summary = summary_if_stopped(
-        (MoveResult, ProcessesResult),
-        as_json,
-        lambda partial, width: move_summary(partial, options.celery, width),
-        before=display.done,
+    knowledge = options.celery
+    outcome = run_request(
+        ctx,
+        request,
+        ledger=ledger_uri,
+        display=ProgressDisplay(Progress("move"), move_progress),
+        as_json=as_json,
+        summary=lambda partial, width: move_summary(partial, knowledge, width),
+        kinds=(MoveResult, ProcessesResult),
     )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            outcome = move_run.move(
-                dlq,
-                ledger,
-                options,
-                broker_factory=ctx.broker_of(dlq),
-                receive_log=ctx.receive_log(),
-                wiring=child_wiring(ctx, dlq, ledger, options),
-                observer=observer,
-                stop=stop,
-                record=record,
-                processes=processes,
-                s3_client_factory=ctx.s3_client,
-            )
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    close_plan(writer, plan_out)
-    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
+    close_plan(outcome.plan, plan_out)
+    finished = outcome.unwrap()
+    result = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = result.dry_run and (result.moved or result.duplicates)
     finish_move(
-        outcome,
+        finished,
         as_json,
-        lambda width: move_summary(outcome, options.celery, width),
+        lambda width: move_summary(finished, knowledge, width),
         next_command=(
             execute_command(plan_out=plan_out, extra=suggested_words(options))
             if would_act
@@ -364,20 +297,6 @@ def move_summary(
     return processes_text(outcome, routed_text(knowledge, move_text(result, width=width)))
 
 
-def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
-    """The options with Celery's result backend, checked to answer before anything is
-    sent (none is read with --include-succeeded, unless --in-doubt auto)."""
-    if options.include_succeeded and options.in_doubt != "auto":
-        return options
-    results = ctx.results()
-    if results is None and options.in_doubt == "auto":
-        raise UsageProblem(
-            "--in-doubt auto consults Celery's result backend: give --result-backend URL "
-            "(or REDRIVE_RESULT_BACKEND)"
-        )
-    return replace(options, results=results)
-
-
 def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) -> None:
     to = options.to
     destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
@@ -391,43 +310,8 @@ def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) 
     )
 
 
-def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
-    """The ledger a move (or replay) runs with: opened (made if need be) to execute; read,
-    if it exists, by a dry run."""
-    if execute:
-        return open_cli_ledger(ctx, uri)
-    return dry_run_ledger(ctx, uri)
-
-
-def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
-    """What an executed move's ledger record says of it (who, what, the command line)."""
-    info = execute_record(ctx, label, options.selection, ledger) if ledger else {}
-    return RunRecord(command_line(), {**info, **edit_record(options)} if options.execute else {})
-
-
-def edit_record(options: MoveOptions | PurgeOptions) -> dict[str, Any]:
-    """What the audit trail keeps of a run's edits (issue 26): their words, and where the
-    originals went (each key the run sent is the ledger's, under its run)."""
-    repair = getattr(options, "repair", None)
-    if repair is None:
-        return {}
-    return {"edits": repair.words, "archive": absolute_location(repair.archive_to)}
-
-
-def move_plan_writer(dlq: DlqTarget, options: MoveOptions, plan_out: str) -> PlanWriter:
-    return PlanWriter(
-        plan_out,
-        kind="move",
-        target=dlq.label,
-        dlq_url=dlq.dlq.url,
-        filters=options.selection.describe(),
-        options=move_plan_options(options),
-    )
-
-
 def close_plan(writer: PlanWriter | None, plan_out: str | None) -> None:
     if writer is not None:
-        writer.close()
         click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
 
 
@@ -442,531 +326,3 @@ def routed_text(knowledge: TaskKnowledge | None, text: str) -> str:
     where their route names (redrive.celery)."""
     note = routing_note(knowledge)
     return text if note is None else f"{note}\n{text}"
-
-
-def move_plan_options(options: MoveOptions) -> dict[str, Any]:
-    knowledge = options.celery
-    return {
-        "to": options.to.url if options.to else None,
-        "include_expired": options.include_expired,
-        "include_unknown": options.include_unknown,
-        "max_redrives": options.max_redrives,
-        "in_doubt": options.in_doubt,
-        "ambiguous": options.ambiguous,
-        "lease": options.lease,
-        "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
-        "include_unregistered": knowledge is not None and knowledge.include_unregistered,
-        "include_succeeded": options.include_succeeded,
-        **(
-            {
-                "edits": options.repair.words,
-                "archive": options.repair.archive_to,
-                "no_archive": options.repair.archive_to is None,
-                "show_args": options.repair.show_args,
-            }
-            if options.repair is not None
-            else {}
-        ),
-    }
-
-
-@click.command(short_help="Send archived messages to a queue, byte-identical, each task once.")
-@click.argument("source", metavar="ARCHIVE", shell_complete=complete_file)
-@click.option(
-    "--to",
-    "to",
-    metavar="QUEUE",
-    shell_complete=complete_queue,
-    help="Queue to send to (name or URL); required unless --celery-app or [routes] route "
-    "each task.",
-)
-@selected
-@execute_options
-@ledger_option
-@move_options
-@workers_option
-@processes_option
-@rate_option
-@edit_options
-@click.option(
-    "--allow-partial",
-    is_flag=True,
-    help="Replay what reads cleanly from a damaged archive, skipping the damage (exit 3).",
-)
-@route_options
-@json_option
-@wide_output_option
-@pass_ctx
-def replay(
-    ctx: Context,
-    /,
-    source: str,
-    to: str | None,
-    selection: Selection,
-    edits: EditValues,
-    execute: bool,
-    yes: bool,
-    ledger: str | None,
-    workers: int,
-    processes: int,
-    rate: float | None,
-    allow_partial: bool,
-    route: str | None,
-    include_unregistered: bool,
-    as_json: bool,
-    **policies: Unpack[MovePolicyValues],
-) -> None:
-    """Send archived messages to a queue, byte-identical, each task once.
-
-    ARCHIVE is a file written by purge or archive (.jsonl or .jsonl.gz) or an s3:// prefix.
-    A dry run unless --execute; replaying twice sends nothing the second time. The whole
-    archive is checked first: a damaged one sends nothing (exit 1) unless --allow-partial.
-    """
-    with core_errors():
-        queue, knowledge = replay_destination(ctx, to, route, include_unregistered)
-        if edits["edit_archive"] or edits["no_archive"]:
-            raise click.UsageError(
-                "a replay sends from an archive: its originals are kept there already; "
-                "drop --archive/--no-archive"
-            )
-        repair = repair_options(edits, execute=execute, archives=False)
-    options = move_run_options(
-        ctx,
-        selection,
-        to=queue,
-        knowledge=knowledge,
-        execute=execute,
-        workers=workers,
-        rate=rate,
-        repair=repair,
-        **policies,
-    )
-    outcome = run_replay(
-        ctx,
-        source,
-        queue,
-        options,
-        yes=yes,
-        ledger_uri=ledger,
-        allow_partial=allow_partial,
-        as_json=as_json,
-        processes=processes,
-    )
-    finish_replay(
-        outcome,
-        options.celery,
-        as_json=as_json,
-        allow_partial=allow_partial,
-        elsewhere=(to, own_ledger_command(to)) if to else None,
-    )
-
-
-def own_ledger_command(to: str) -> str:
-    """How to replay to ``to`` tasks the ledger has sent already (elsewhere, say: a debug
-    queue is a different send): this dry run with a ledger of its own, which has sent none
-    of them, and keeps that replay once per task as any other."""
-    words: list[str] = []
-    skip = False
-    for word in command_words():
-        if skip:
-            skip = False
-        elif word == "--ledger":
-            skip = True
-        elif not word.startswith("--ledger=") and word not in ("--execute", "--yes", "-y"):
-            words.append(word)
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", to.rsplit("/", 1)[-1]) or "queue"
-    return shell_join(["redrive", *words, "--ledger", f"./redrive-replay-to-{name}.sqlite3"])
-
-
-def finish_replay(
-    finished: ReplayResult | ProcessesResult[ReplayResult],
-    knowledge: TaskKnowledge | None,
-    *,
-    as_json: bool,
-    allow_partial: bool,
-    elsewhere: tuple[str, str] | None = None,
-) -> None:
-    """``elsewhere``: the queue given, and the command that replays to it what the ledger
-    has sent already."""
-    outcome = finished.result if isinstance(finished, ProcessesResult) else finished
-    would_act = outcome.move.dry_run and outcome.move.moved
-    finish_move(
-        finished,
-        as_json,
-        lambda width: replay_summary(finished, knowledge, width, elsewhere),
-        next_command=execute_command() if would_act else None,
-    )
-    end_with_damage(outcome.damage, allow_partial=allow_partial)
-
-
-def replay_summary(
-    finished: ReplayResult | ProcessesResult[ReplayResult],
-    knowledge: TaskKnowledge | None,
-    width: int | None = None,
-    elsewhere: tuple[str, str] | None = None,
-) -> str:
-    outcome = finished.result if isinstance(finished, ProcessesResult) else finished
-    text = replay_text(outcome, knowledge, width)
-    if elsewhere is not None and outcome.move.duplicates:
-        to, command = elsewhere
-        text += "\n\n" + already_sent_hint(outcome.move.duplicates, command, to)
-    return processes_text(finished, text)
-
-
-def end_with_damage(damage: DamageReport | None, *, allow_partial: bool) -> None:
-    """A replay that met damage: an error, or (--allow-partial) exit 3."""
-    if damage is not None and not allow_partial:
-        # Damaged after the check passed (the archive changed meanwhile): stopped there.
-        raise click.ClickException(f"{damage.describe()}; the replay stopped there")
-    if damage is not None:
-        warn(f"{damage.describe()}; replayed what read cleanly, the damage skipped")
-        sys.exit(EXIT_ATTENTION)
-
-
-def replay_destination(
-    ctx: Context, to: str | None, route: str | None, include_unregistered: bool
-) -> tuple[QueueRef | None, TaskKnowledge | None]:
-    """Where a replay sends: ``--to``, or where each task's route names."""
-    knowledge = task_knowledge(ctx, route=route, include_unregistered=include_unregistered, to=to)
-    queue = ctx.queue(to) if to else None
-    if queue is None and (knowledge is None or not knowledge.route_by_task):
-        raise UsageProblem(
-            "replay needs --to QUEUE, or the tasks' routes (--celery-app MODULE:ATTR or "
-            "a [routes] table) to send each task to the queue its route names"
-        )
-    return queue, knowledge
-
-
-def run_replay(
-    ctx: Context,
-    source: str,
-    to: QueueRef | None,
-    options: MoveOptions,
-    *,
-    yes: bool,
-    ledger_uri: str | None,
-    allow_partial: bool,
-    as_json: bool,
-    processes: int = 1,
-) -> ReplayResult | ProcessesResult[ReplayResult]:
-    """Confirm, open the ledger, replay; a damaged archive is refused here."""
-    destination = to.name if to else "the queue each task routes to"
-    with core_errors():
-        confirm(
-            options.execute,
-            yes,
-            f"Send the selected archived messages to {destination}?",
-            details=lambda: replay_details(source, destination, options.selection),
-        )
-        ledger = move_ledger(ctx, ledger_uri, options.execute)
-    record = replay_record(ctx, source, options, ledger)
-    display = ProgressDisplay(
-        Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
-    )
-    outcome: ReplayResult | ProcessesResult[ReplayResult]
-    summary = summary_if_stopped(
-        (ReplayResult, ProcessesResult),
-        as_json,
-        lambda partial, width: replay_summary(partial, options.celery, width),
-        before=display.done,
-    )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            try:
-                options = with_results(ctx, options)
-                outcome = replay_run.replay(
-                    source,
-                    to,
-                    ledger,
-                    options,
-                    broker_factory=ctx.broker_for,
-                    s3_client_factory=ctx.s3_client,
-                    wiring=replay_wiring(ctx, ledger, options),
-                    observer=display,
-                    stop=stop,
-                    record=record,
-                    allow_partial=allow_partial,
-                    processes=processes,
-                )
-            except ArchiveDamaged as exc:
-                display.done()
-                refuse_damaged_archive(source, exc.report, options.execute, as_json)
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    return outcome
-
-
-def replay_record(
-    ctx: Context, source: str, options: MoveOptions, ledger: Ledger | None
-) -> RunRecord:
-    """What an executed replay's ledger record says of it (who, what, the archive)."""
-    info = (
-        {
-            **execute_record(ctx, source, options.selection, ledger, archive=source),
-            **({"edits": options.repair.words} if options.repair is not None else {}),
-        }
-        if options.execute and ledger
-        else {}
-    )
-    return RunRecord(command_line(), info)
-
-
-def replay_text(
-    outcome: ReplayResult, knowledge: TaskKnowledge | None, width: int | None = None
-) -> str:
-    text = routed_text(knowledge, move_text(outcome.move, verb="replay", width=width))
-    if outcome.damage is not None:
-        text += "\n\n" + "\n".join(archive_damage_lines(outcome.damage, replayed=True))
-    return text
-
-
-def refuse_damaged_archive(
-    source: str, report: DamageReport, execute: bool, as_json: bool
-) -> NoReturn:
-    """A damaged archive sends nothing without --allow-partial: say where, exit 1."""
-    if as_json:
-        emit_json(
-            {"dry_run": not execute, "archive": source, "replayed": 0, "damaged": report.to_json()}
-        )
-    if report.not_an_archive:
-        raise click.ClickException(
-            f"{source} is not a redrive archive: {report.first.text}; nothing was replayed: "
-            "check the path (purge and archive write .jsonl.gz files, or an s3:// prefix)"
-        )
-    if not report.readable:
-        # --allow-partial would replay nothing: no way to offer.
-        raise click.ClickException(
-            f"{report.describe()}; nothing was replayed, and no record reads cleanly: "
-            "restore the archive from a copy"
-        )
-    raise click.ClickException(
-        f"{report.describe()}; nothing was replayed: restore the archive from a copy, or "
-        f"replay the {report.readable} record(s) that read cleanly with --allow-partial"
-    )
-
-
-def replay_details(source: str, to: str, selection: Selection) -> list[str]:
-    return [
-        f"  archive:  {source}",
-        f"  to:       {to}",
-        f"  filters:  {filters_text(selection.describe())}",
-    ]
-
-
-# -- plans: apply --------------------------------------------------------------------------
-
-
-@click.command(short_help="Act on exactly the messages of a plan (move/purge --plan-out).")
-@click.argument("plan_path", metavar="PLAN", shell_complete=complete_file)
-@execute_options
-@ledger_option
-@click.option(
-    "--in-doubt",
-    type=click.Choice(IN_DOUBT_POLICIES),
-    help="Override the plan's in-doubt policy (move plans).",
-)
-@include_succeeded_option
-@workers_option
-@processes_sharing("the ledger")
-@route_options
-@json_option
-@wide_output_option
-@pass_ctx
-def apply(
-    ctx: Context,
-    /,
-    plan_path: str,
-    execute: bool,
-    yes: bool,
-    ledger: str | None,
-    in_doubt: InDoubtPolicy | None,
-    include_succeeded: bool,
-    workers: int,
-    processes: int,
-    route: str | None,
-    include_unregistered: bool,
-    as_json: bool,
-) -> None:
-    """Act on exactly the messages of a plan written by `move/purge --plan-out`.
-
-    Messages not in the plan are left alone even if they match its filters now; planned
-    messages no longer in the DLQ are reported as gone; applying a plan twice does
-    nothing the second time. A dry run unless --execute.
-    """
-    with core_errors():
-        plan = read_plan(plan_path)
-        dlq = ctx.target(plan.dlq_url)
-        if dlq.dlq.url != plan.dlq_url:
-            raise UsageProblem(f"plan {plan_path} is for {plan.dlq_url}, which is not a DLQ now")
-    if not plan.items:
-        click.echo(f"plan {plan_path} selects no message: nothing to do", err=True)
-        if as_json:
-            kind: Literal["move", "purge"] = "move" if plan.kind == "move" else "purge"
-            emit_json(ApplyResult(kind, 0, None, not execute).to_json())
-        return
-    with core_errors():
-        applying = ApplyOptions(execute, in_doubt, workers, include_succeeded)
-        options = apply_options(ctx, plan, applying, route, include_unregistered)
-        if isinstance(options, MoveOptions):
-            options = with_results(ctx, options)
-        confirm_apply(ctx, dlq, options, yes)
-        opened = apply_ledger(ctx, ledger, options)
-    knowledge = getattr(options, "celery", None)
-    result = run_apply(ctx, dlq, plan, options, opened, processes=processes, as_json=as_json)
-    finish_move(
-        result,
-        as_json,
-        lambda width: apply_summary(result, knowledge, width),
-        next_command=execute_command() if would_act(result) else None,
-    )
-
-
-def apply_summary(
-    applied: ApplyResult, knowledge: TaskKnowledge | None, width: int | None = None
-) -> str:
-    return processes_text(applied.spread, apply_text(applied, knowledge, width))
-
-
-def would_act(applied: ApplyResult) -> bool:
-    """Whether the plan's dry run found something the execute would do."""
-    result = applied.result
-    if not applied.dry_run or result is None:
-        return False
-    if isinstance(result, MoveResult):
-        return bool(result.moved or result.duplicates)
-    return bool(result.matched)
-
-
-def apply_options(
-    ctx: Context,
-    plan: Plan,
-    applying: ApplyOptions,
-    route: str | None,
-    include_unregistered: bool,
-) -> MoveOptions | PurgeOptions:
-    if plan.kind != "move":
-        return plan_purge_options(plan, applying)
-    to = ctx.queue(plan.options["to"]) if plan.options.get("to") else None
-    return plan_move_options(
-        plan,
-        applying,
-        to=to,
-        to_celery_queue=to is None or ctx.is_celery_queue(to),
-        celery=plan_knowledge(ctx, plan, to, route, include_unregistered),
-    )
-
-
-def plan_knowledge(
-    ctx: Context, plan: Plan, to: QueueRef | None, route: str | None, include_unregistered: bool
-) -> TaskKnowledge | None:
-    """A move plan made with task routes sends each message to the target it recorded (what
-    was reviewed), one made without to its source, as it always did; ``--route`` decides
-    again instead."""
-    routed = plan.options.get("route") == "task"
-    planned = {i.message_id: i.target for i in plan.items if i.target}
-    return task_knowledge(
-        ctx,
-        route=route or ("task" if routed else "source"),
-        include_unregistered=include_unregistered or bool(plan.options.get("include_unregistered")),
-        to=to,
-        planned=planned if routed and route is None else None,
-    )
-
-
-def confirm_apply(
-    ctx: Context, dlq: DlqTarget, options: MoveOptions | PurgeOptions, yes: bool
-) -> None:
-    if isinstance(options, MoveOptions):
-        confirm_move(ctx, dlq, options, yes)
-        return
-    confirm_purge(ctx, dlq, options, yes)
-
-
-def apply_ledger(
-    ctx: Context, uri: str | None, options: MoveOptions | PurgeOptions
-) -> Ledger | None:
-    if isinstance(options, MoveOptions):
-        return move_ledger(ctx, uri, options.execute)
-    # A purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
-    return open_cli_ledger(ctx, uri) if options.execute else None
-
-
-def run_apply(
-    ctx: Context,
-    dlq: DlqTarget,
-    plan: Plan,
-    options: MoveOptions | PurgeOptions,
-    ledger: Ledger | None,
-    *,
-    processes: int = 1,
-    as_json: bool = False,
-) -> ApplyResult:
-    info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
-    info = {**info, **edit_record(options)} if ledger else info
-    display: ProgressDisplay
-    if isinstance(options, MoveOptions):
-        display = ProgressDisplay(Progress("move"), move_progress)
-    else:
-        display = ProgressDisplay(Progress(dlq.label), purge_progress)
-    observer: RunObserver[Any] = display
-    summary = summary_if_stopped(
-        ApplyResult,
-        as_json,
-        lambda partial, width: apply_summary(partial, getattr(options, "celery", None), width),
-        before=display.done,
-    )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            result = apply_plan(
-                dlq,
-                plan,
-                options,
-                broker_factory=ctx.broker_of(dlq),
-                ledger=ledger,
-                record=RunRecord(command_line(), info if options.execute else {}),
-                s3_client_factory=ctx.s3_client,
-                observer=observer,
-                stop=stop,
-                receive_log=ctx.receive_log(),
-                processes=processes,
-                wiring=child_wiring(ctx, dlq, ledger, options),
-            )
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    return result
-
-
-def apply_text(
-    applied: ApplyResult, knowledge: TaskKnowledge | None, width: int | None = None
-) -> str:
-    result = applied.result
-    if isinstance(result, MoveResult):
-        text = routed_text(knowledge, move_text(result, plan=True, width=width))
-    else:
-        assert result is not None  # an empty plan is not rendered
-        text = purge_text(result, width=width)
-    if applied.gone:
-        text += "\n\n" + gone_text(applied)
-    return text
-
-
-def gone_text(applied: ApplyResult) -> str:
-    """What became of the plan's messages no longer in the DLQ, as far as the ledger knows."""
-    gone, sent = applied.gone, applied.gone_sent
-    head = f"{gone} of the plan's {applied.planned} message(s) are no longer in the DLQ"
-    if sent is not None and sent >= gone:
-        return (
-            f"{head}: the ledger records every one of them as sent (this plan was applied "
-            "already, or another run moved them); nothing is left to do for them"
-        )
-    if sent:
-        return (
-            f"{head}: the ledger records {sent} of them as sent (moved already); the other "
-            f"{gone - sent} were removed otherwise (a purge, a consumer, or a run with another "
-            "ledger): left as they are"
-        )
-    return f"{head} (already acted on, or removed by someone else): left as they are"
