@@ -59,6 +59,8 @@ class Config:
     preload: int
     open: Callable[[], Ledger]
     server_cpu: Callable[[], float]
+    location: str = ""
+    """The ledger's path or URL (as ``--ledger`` takes it)."""
 
 
 def random_keys(rng: random.Random, n: int) -> list[str]:
@@ -208,7 +210,7 @@ def _config(
 ) -> Config:
     if backend == "sqlite":
         path = workdir / f"ledger-{n}.sqlite3"
-        config = Config(backend, n, lambda: SqliteLedger(path), lambda: 0.0)
+        config = Config(backend, n, lambda: SqliteLedger(path), lambda: 0.0, str(path))
     else:
         import psycopg
 
@@ -226,7 +228,7 @@ def _config(
         url = f"{base_url}{sep}options={options}"
         SCHEMAS.append((base_url, schema))
         init_schema(PgConnector(url, url))
-        config = Config(backend, n, lambda: PostgresLedger(url), cpu_of)
+        config = Config(backend, n, lambda: PostgresLedger(url), cpu_of, url)
     started = time.perf_counter()
     with config.open() as led:
         preload(led, n, rng)
