@@ -18,6 +18,10 @@ hours and measure moto). Then, in every round, in an order that changes each rou
   with ``--ledger`` that ledger. Checked: moved == N, nothing in doubt or failed, the target
   holding N and the DLQ none.
 
+moto's Query sorts every item of the table on each call (``Table.all_items``): with
+1,000,000 items in it one query took minutes, so DynamoDB runs only at the sizes up to
+``--dynamodb-max-keys`` (100,000).
+
 After each job the keys it added are deleted again from SQLite and PostgreSQL (every key not
 of the preload's run), so each size stays what it says; moto's table keeps them (DynamoDB on
 moto measures moto: its figures are context only).
@@ -94,6 +98,8 @@ from redrive.ledger.dynamodb_table import TTL_SECONDS, init_table
 from redrive.ledger.dynamodb_writes import copied_entry_item
 
 port, region, q, specs = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+import logging
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
 server.start()
 def client(service):
@@ -322,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="per move, seconds")
     parser.add_argument("--dir", default="/var/tmp", help="where SQLite files go (not tmpfs)")
     parser.add_argument("--postgres-url", help="a server of yours (default: a private one)")
+    parser.add_argument(
+        "--dynamodb-max-keys",
+        type=int,
+        default=100_000,
+        help="DynamoDB (moto) only at sizes up to this (moto sorts a whole table per Query)",
+    )
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sizes = [int(s) for s in args.preload.split(",")]
@@ -336,9 +348,10 @@ def main(argv: list[str] | None = None) -> int:
         if "postgres" in backends:
             base_url, cpu, pg_server = ledger_scale._postgres(args.postgres_url)
             configs += [postgres_config(n, base_url, cpu, rng) for n in sizes]
-        if "dynamodb" in backends:
-            moto = MotoDynamo(sizes)
-            configs += [dynamodb_config(n, moto) for n in sizes]
+        dynamo_sizes = [n for n in sizes if n <= args.dynamodb_max_keys]
+        if "dynamodb" in backends and dynamo_sizes:
+            moto = MotoDynamo(dynamo_sizes)
+            configs += [dynamodb_config(n, moto) for n in dynamo_sizes]
         for latency in latencies:
             servers[latency] = start_server("fast", latency)
         jobs = [Job("claims", c) for c in configs]
