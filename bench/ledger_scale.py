@@ -115,7 +115,8 @@ def one_round(
 
 
 def postgres_cpu(pid: int) -> Callable[[], float]:
-    """User + system seconds of the server's processes (the postmaster and its children)."""
+    """User + system seconds of the server's processes (the postmaster and its children,
+    those still running and those it has reaped)."""
     tick = os.sysconf("SC_CLK_TCK")
 
     def read() -> float:
@@ -129,6 +130,9 @@ def postgres_cpu(pid: int) -> Callable[[], float]:
                 continue
             if int(entry.name) == pid or int(fields[1]) == pid:
                 total += int(fields[11]) + int(fields[12])
+            if int(entry.name) == pid:
+                # Its children that have exited (a closed connection's backend).
+                total += int(fields[13]) + int(fields[14])
         return total / tick
 
     return read
