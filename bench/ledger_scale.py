@@ -59,6 +59,8 @@ class Config:
     preload: int
     open: Callable[[], Ledger]
     server_cpu: Callable[[], float]
+    location: str = ""
+    """The ledger's path or URL (as ``--ledger`` takes it)."""
 
 
 def random_keys(rng: random.Random, n: int) -> list[str]:
@@ -113,7 +115,8 @@ def one_round(
 
 
 def postgres_cpu(pid: int) -> Callable[[], float]:
-    """User + system seconds of the server's processes (the postmaster and its children)."""
+    """User + system seconds of the server's processes (the postmaster and its children,
+    those still running and those it has reaped)."""
     tick = os.sysconf("SC_CLK_TCK")
 
     def read() -> float:
@@ -127,6 +130,9 @@ def postgres_cpu(pid: int) -> Callable[[], float]:
                 continue
             if int(entry.name) == pid or int(fields[1]) == pid:
                 total += int(fields[11]) + int(fields[12])
+            if int(entry.name) == pid:
+                # Its children that have exited (a closed connection's backend).
+                total += int(fields[13]) + int(fields[14])
         return total / tick
 
     return read
@@ -208,7 +214,7 @@ def _config(
 ) -> Config:
     if backend == "sqlite":
         path = workdir / f"ledger-{n}.sqlite3"
-        config = Config(backend, n, lambda: SqliteLedger(path), lambda: 0.0)
+        config = Config(backend, n, lambda: SqliteLedger(path), lambda: 0.0, str(path))
     else:
         import psycopg
 
@@ -226,7 +232,7 @@ def _config(
         url = f"{base_url}{sep}options={options}"
         SCHEMAS.append((base_url, schema))
         init_schema(PgConnector(url, url))
-        config = Config(backend, n, lambda: PostgresLedger(url), cpu_of)
+        config = Config(backend, n, lambda: PostgresLedger(url), cpu_of, url)
     started = time.perf_counter()
     with config.open() as led:
         preload(led, n, rng)

@@ -211,3 +211,25 @@ def test_bench_ledger_scale_checks_every_round_on_sqlite_and_postgres(
         [" postgres ", " 100 "],
         [" postgres ", " 2,000 "],
     ]
+
+
+@pytest.mark.e2e
+def test_bench_ledger_move_runs_claims_and_moves_on_every_ledger_and_checks_each(
+    postgres_server: Any,
+) -> None:
+    out = run_bench(
+        "ledger_move.py",
+        *("--preload", "100,1000", "--rounds", "1", "--messages", "50", "--workers", "2"),
+        *("--batches", "10", "--dynamodb-batches", "4", "--threads", "2"),
+        *("--postgres-url", postgres_server.url()),
+    )
+    rows = [line for line in out.splitlines() if line.startswith(("| claims", "| move"))]
+    jobs = ["claims", "move @ 0 ms", "move @ 20 ms"]
+    ledgers = ["sqlite", "postgres", "dynamodb"]
+    assert [[c.strip() for c in row.split("|")[1:4]] for row in rows] == [
+        [job, ledger, size] for job in jobs for ledger in ledgers for size in ("100", "1,000")
+    ]
+    # Every job passed its checks (a move: moved all, none in doubt, the target whole).
+    assert all(row.rstrip(" |").endswith("1/1") for row in rows), out
+    assert "move @ 20 ms, 1,000 keys: postgres / sqlite = " in out
+    assert "move @ 0 ms, dynamodb: 1,000 / 100 keys = " in out

@@ -17,6 +17,7 @@ from redrive.broker.sqs.queues import resolve_family
 from redrive.config import built_in_layout
 from redrive.dlq import receive_log
 from redrive.dlq.receive_log import KEEP_DAYS, ReceiveLog, default_path, message_digest
+from redrive.ledger import SqliteLedger
 from redrive.operations.move import MoveEngine, MoveOptions
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
@@ -186,3 +187,29 @@ def test_a_move_reads_its_receive_counts_only_for_a_where_on_them(
         assert (log.reads > 0) is reads
         # Counted all the same: the next reader sees the dry run's receive of each.
         assert log.record(ids) == [2] * 15
+
+
+def test_a_move_leaves_no_receive_counts_of_what_it_deleted(family: Family, tmp_path: Path) -> None:
+    """A message moved is gone from the DLQ: nothing will show its receives, so the log
+    does not write them (a million-message move would write a million entries, each write
+    dearer as the file grows); the ones the move left in the DLQ are counted."""
+    moved = [
+        family.send_to_dlq(encode("apps.tasks.ping", [i], {}, task_id=f"t-{i}")) for i in range(12)
+    ]
+    left = [
+        family.send_to_dlq(encode("apps.tasks.pong", [i], {}, task_id=f"u-{i}")) for i in range(8)
+    ]
+    layout = built_in_layout({}).family("checkout")
+    assert layout is not None
+    path = tmp_path / "receives.sqlite3"
+    with ReceiveLog(path) as log, SqliteLedger(tmp_path / "ledger.sqlite3") as ledger:
+        result = MoveEngine(
+            resolve_family(SqsBroker(family.client), layout),
+            ledger,
+            MoveOptions(execute=True, selection=Selection(tasks=("apps.tasks.ping",))),
+            broker_factory=lambda: SqsBroker(family.client),
+            receive_log=log,
+        ).run()
+    assert result.moved == 12
+    assert entries(path) == {message_digest(m): 1 for m in left}
+    assert not set(entries(path)) & {message_digest(m) for m in moved}

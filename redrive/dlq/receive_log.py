@@ -223,6 +223,17 @@ class ReceiveLog:
                 self._pending[sqlite_integer(d)] += 1
             self._flush_when_due()
 
+    def forget_digests(self, unsigned: Sequence[int]) -> None:
+        """Messages deleted from their queue (moved, purged): their receives not yet written
+        are dropped. Nothing will show a count of a message that is gone, and a move of a
+        million messages would otherwise write a million entries into the log, each write
+        dearer as the file grows (random digests: a flush touches pages all over it), only
+        to prune them after :data:`KEEP_DAYS` days. Receives already written stay (they
+        go with the prune)."""
+        with self._lock:
+            for d in unsigned:
+                self._pending.pop(sqlite_integer(d), None)
+
     def _flush_when_due(self) -> None:
         if (
             len(self._pending) >= FLUSH_ENTRIES

@@ -601,10 +601,14 @@ class DlqScan:
         messages in flight per queue), and the last RECENTLY_DELETED deleted: memory stays
         flat however many messages a move or purge goes through. A copy of one of those SQS
         delivers again (it may: at least once) is deleted again, never handed out twice; an
-        older one is handed out again, and the ledger knows it for what it is."""
+        older one is handed out again, and the ledger knows it for what it is. Their
+        receives are not counted in the receive log (unless written already): they are
+        gone from the queue."""
+        digests = [digest(message.message_id) for message in messages]
+        if self.receive_log is not None:
+            self.receive_log.forget_digests(digests)
         with self._lock:
-            for message in messages:
-                seen = digest(message.message_id)
+            for seen in digests:
                 self._seen.discard(seen)
                 if seen not in self._deleted:
                     self._deleted.add(seen)
