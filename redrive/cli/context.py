@@ -7,7 +7,6 @@ import contextlib
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -25,7 +24,7 @@ from redrive.broker.base import Broker, DlqTarget, QueueRef, queue_name
 from redrive.broker.server import server_of
 from redrive.celery.app import load_app
 from redrive.celery.results import ResultLookup, open_app_results, open_results
-from redrive.cli.console import ARGV, Refused, command_line, warn
+from redrive.cli.console import ARGV, Refused, warn
 from redrive.config import (
     DEFAULT_SQS_CLIENT,
     SQS_CLIENT_ENV,
@@ -38,11 +37,9 @@ from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
-from redrive.ledger import Ledger, default_ledger_path, open_ledger
+from redrive.ledger import Ledger, open_ledger
+from redrive.operations.coordinator import ledger_exists
 from redrive.render.selection import filters_text
-from redrive.reporting.audit import (
-    run_record,
-)
 from redrive.selection import Selection
 
 # -- shared state and helpers -------------------------------------------------------------
@@ -299,23 +296,11 @@ class RedriveGroup(click.Group):
                 formatter.write_dl(rows)
 
 
-def execute_record(
-    ctx: Context, target: str, selection: Selection, ledger: Any, *, archive: str | None = None
-) -> dict[str, Any]:
-    """The audit trail's who/what for an ``--execute`` run (stored with the run)."""
-    filters = selection.describe()
-    if len(filters["message_ids"]) > 10:
-        # A plan's ids belong in the plan file, not in every audit listing.
-        filters["message_ids"] = f"{len(filters['message_ids'])} ids (from a plan)"
-    return run_record(
-        command_line=command_line(),
-        target=target,
-        filters=filters,
-        ledger=ledger.location,
-        archive=archive,
-        broker_server=_broker_server(ctx),
-        **_who_calls(ctx),
-    )
+def audit_identity(ctx: Context) -> dict[str, Any]:
+    """Whom the broker knows an ``--execute`` run as, and the broker and its version, for
+    the audit trail (:func:`redrive.operations.run.audit_record`)."""
+    server = _broker_server(ctx)
+    return {**_who_calls(ctx), "broker_server": server}
 
 
 def _broker_server(ctx: Context) -> dict[str, Any] | None:
@@ -364,8 +349,4 @@ def dry_run_ledger(ctx: Context, uri: str | None) -> Ledger | None:
     """A dry run reads the ledger (to report duplicates and in-doubt keys) if it exists,
     and never creates one."""
     uri = ledger_uri(ctx, uri)
-    if uri is None and not default_ledger_path().exists():
-        return None
-    if uri is not None and "://" not in uri and not Path(uri).expanduser().exists():
-        return None
-    return open_cli_ledger(ctx, uri)
+    return open_cli_ledger(ctx, uri) if ledger_exists(uri) else None

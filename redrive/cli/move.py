@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import replace
-from typing import Any, Literal, NoReturn, Unpack
+from typing import Literal, NoReturn, Unpack
 
 import click
 
 from redrive.archive import ArchiveDamaged, DamageReport
-from redrive.archive.storage import absolute_location
 from redrive.broker.base import DlqTarget, QueueRef
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.cli.celery_app import (
@@ -22,23 +20,17 @@ from redrive.cli.celery_app import (
 from redrive.cli.console import (
     Progress,
     ProgressDisplay,
-    command_line,
     command_words,
     confirm,
     emit_json,
     execute_command,
     finish_move,
-    interruptible,
-    summary_if_stopped,
     warn,
 )
 from redrive.cli.context import (
     Context,
     core_errors,
     dlq_details,
-    dry_run_ledger,
-    execute_record,
-    open_cli_ledger,
     pass_ctx,
 )
 from redrive.cli.exit_codes import EXIT_ATTENTION
@@ -65,18 +57,17 @@ from redrive.cli.options import (
     wide_output_option,
     workers_option,
 )
-from redrive.cli.processes import child_wiring, processes_text, replay_wiring
+from redrive.cli.processes import processes_text
 from redrive.cli.purge import confirm_purge, purge_progress
-from redrive.errors import UsageProblem
-from redrive.ledger import Ledger
-from redrive.operations import move_run, replay_run
+from redrive.cli.runner import prepared, run_request
+from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.apply import (
     ApplyOptions,
     ApplyResult,
-    apply_plan,
     plan_move_options,
     plan_purge_options,
 )
+from redrive.operations.coordinator import ApplyRequest, MoveRequest, ReplayRequest
 from redrive.operations.move import (
     DEFAULT_LEASE,
     IN_DOUBT_POLICIES,
@@ -84,16 +75,13 @@ from redrive.operations.move import (
     MoveOptions,
     MoveResult,
     RepairOptions,
-    continued_archive,
     suggested_archive,
 )
 from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
-from redrive.operations.observer import Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter, read_plan
 from redrive.operations.processes import ProcessesResult
 from redrive.operations.purge import PurgeOptions
 from redrive.operations.replay import ReplayResult
-from redrive.operations.run import RunRecord
 from redrive.render.move import already_sent_hint, archive_damage_lines, move_text, purge_text
 from redrive.render.selection import filters_text
 from redrive.repair import edits_from_options
@@ -289,56 +277,28 @@ def run_move(
     plan_out: str | None = None,
     processes: int = 1,
 ) -> None:
-    """Confirm, open the ledger, run the engine, render."""
-    if plan_out and options.execute:
-        raise click.UsageError("--plan-out records a dry run: run without --execute")
+    """Confirm, run the move through the coordinator, render."""
+    request = prepared(ctx, MoveRequest(dlq, options, processes, plan_out))
     with core_errors():
-        options = with_results(ctx, options)
-        confirm_move(ctx, dlq, options, yes)
-        ledger = move_ledger(ctx, ledger_uri, options.execute)
-        if options.repair is not None:
-            options = replace(options, repair=continued_archive(options.repair, ledger))
-        record = move_record(ctx, dlq.label, options, ledger)
-        writer = move_plan_writer(dlq, options, plan_out) if plan_out else None
-    display = ProgressDisplay(Progress("move"), move_progress)
-    observer: RunObserver[MoveResult] = Observers(display, writer) if writer else display
-    outcome: MoveResult | ProcessesResult[MoveResult]
-    summary = summary_if_stopped(
-        (MoveResult, ProcessesResult),
-        as_json,
-        lambda partial, width: move_summary(partial, options.celery, width),
-        before=display.done,
+        confirm_move(ctx, dlq, request.options, yes)
+    knowledge = options.celery
+    outcome = run_request(
+        ctx,
+        request,
+        ledger=ledger_uri,
+        display=ProgressDisplay(Progress("move"), move_progress),
+        as_json=as_json,
+        summary=lambda partial, width: move_summary(partial, knowledge, width),
+        kinds=(MoveResult, ProcessesResult),
     )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            outcome = move_run.move(
-                dlq,
-                ledger,
-                options,
-                broker_factory=ctx.broker_of(dlq),
-                receive_log=ctx.receive_log(),
-                wiring=child_wiring(ctx, dlq, ledger, options),
-                observer=observer,
-                stop=stop,
-                record=record,
-                processes=processes,
-                s3_client_factory=ctx.s3_client,
-            )
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    close_plan(writer, plan_out)
-    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
+    close_plan(outcome.plan, plan_out)
+    finished = outcome.unwrap()
+    result = finished.result if isinstance(finished, ProcessesResult) else finished
     would_act = result.dry_run and (result.moved or result.duplicates)
     finish_move(
-        outcome,
+        finished,
         as_json,
-        lambda width: move_summary(outcome, options.celery, width),
+        lambda width: move_summary(finished, knowledge, width),
         next_command=(
             execute_command(plan_out=plan_out, extra=suggested_words(options))
             if would_act
@@ -364,20 +324,6 @@ def move_summary(
     return processes_text(outcome, routed_text(knowledge, move_text(result, width=width)))
 
 
-def with_results(ctx: Context, options: MoveOptions) -> MoveOptions:
-    """The options with Celery's result backend, checked to answer before anything is
-    sent (none is read with --include-succeeded, unless --in-doubt auto)."""
-    if options.include_succeeded and options.in_doubt != "auto":
-        return options
-    results = ctx.results()
-    if results is None and options.in_doubt == "auto":
-        raise UsageProblem(
-            "--in-doubt auto consults Celery's result backend: give --result-backend URL "
-            "(or REDRIVE_RESULT_BACKEND)"
-        )
-    return replace(options, results=results)
-
-
 def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) -> None:
     to = options.to
     destination = to.name if to else ", ".join(s.name for s in dlq.sources) or "-"
@@ -391,43 +337,8 @@ def confirm_move(ctx: Context, dlq: DlqTarget, options: MoveOptions, yes: bool) 
     )
 
 
-def move_ledger(ctx: Context, uri: str | None, execute: bool) -> Ledger | None:
-    """The ledger a move (or replay) runs with: opened (made if need be) to execute; read,
-    if it exists, by a dry run."""
-    if execute:
-        return open_cli_ledger(ctx, uri)
-    return dry_run_ledger(ctx, uri)
-
-
-def move_record(ctx: Context, label: str, options: MoveOptions, ledger: Ledger | None) -> RunRecord:
-    """What an executed move's ledger record says of it (who, what, the command line)."""
-    info = execute_record(ctx, label, options.selection, ledger) if ledger else {}
-    return RunRecord(command_line(), {**info, **edit_record(options)} if options.execute else {})
-
-
-def edit_record(options: MoveOptions | PurgeOptions) -> dict[str, Any]:
-    """What the audit trail keeps of a run's edits (issue 26): their words, and where the
-    originals went (each key the run sent is the ledger's, under its run)."""
-    repair = getattr(options, "repair", None)
-    if repair is None:
-        return {}
-    return {"edits": repair.words, "archive": absolute_location(repair.archive_to)}
-
-
-def move_plan_writer(dlq: DlqTarget, options: MoveOptions, plan_out: str) -> PlanWriter:
-    return PlanWriter(
-        plan_out,
-        kind="move",
-        target=dlq.label,
-        dlq_url=dlq.dlq.url,
-        filters=options.selection.describe(),
-        options=move_plan_options(options),
-    )
-
-
 def close_plan(writer: PlanWriter | None, plan_out: str | None) -> None:
     if writer is not None:
-        writer.close()
         click.echo(f"plan written to {plan_out}: {writer.count} message(s)", err=True)
 
 
@@ -442,32 +353,6 @@ def routed_text(knowledge: TaskKnowledge | None, text: str) -> str:
     where their route names (redrive.celery)."""
     note = routing_note(knowledge)
     return text if note is None else f"{note}\n{text}"
-
-
-def move_plan_options(options: MoveOptions) -> dict[str, Any]:
-    knowledge = options.celery
-    return {
-        "to": options.to.url if options.to else None,
-        "include_expired": options.include_expired,
-        "include_unknown": options.include_unknown,
-        "max_redrives": options.max_redrives,
-        "in_doubt": options.in_doubt,
-        "ambiguous": options.ambiguous,
-        "lease": options.lease,
-        "route": "task" if knowledge is not None and knowledge.route_by_task else "source",
-        "include_unregistered": knowledge is not None and knowledge.include_unregistered,
-        "include_succeeded": options.include_succeeded,
-        **(
-            {
-                "edits": options.repair.words,
-                "archive": options.repair.archive_to,
-                "no_archive": options.repair.archive_to is None,
-                "show_args": options.repair.show_args,
-            }
-            if options.repair is not None
-            else {}
-        ),
-    }
 
 
 @click.command(short_help="Send archived messages to a queue, byte-identical, each task once.")
@@ -649,7 +534,7 @@ def run_replay(
     as_json: bool,
     processes: int = 1,
 ) -> ReplayResult | ProcessesResult[ReplayResult]:
-    """Confirm, open the ledger, replay; a damaged archive is refused here."""
+    """Confirm, replay through the coordinator; a damaged archive is refused here."""
     destination = to.name if to else "the queue each task routes to"
     with core_errors():
         confirm(
@@ -658,59 +543,24 @@ def run_replay(
             f"Send the selected archived messages to {destination}?",
             details=lambda: replay_details(source, destination, options.selection),
         )
-        ledger = move_ledger(ctx, ledger_uri, options.execute)
-    record = replay_record(ctx, source, options, ledger)
-    display = ProgressDisplay(
-        Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
-    )
-    outcome: ReplayResult | ProcessesResult[ReplayResult]
-    summary = summary_if_stopped(
-        (ReplayResult, ProcessesResult),
-        as_json,
-        lambda partial, width: replay_summary(partial, options.celery, width),
-        before=display.done,
-    )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            try:
-                options = with_results(ctx, options)
-                outcome = replay_run.replay(
-                    source,
-                    to,
-                    ledger,
-                    options,
-                    broker_factory=ctx.broker_for,
-                    s3_client_factory=ctx.s3_client,
-                    wiring=replay_wiring(ctx, ledger, options),
-                    observer=display,
-                    stop=stop,
-                    record=record,
-                    allow_partial=allow_partial,
-                    processes=processes,
-                )
-            except ArchiveDamaged as exc:
-                display.done()
-                refuse_damaged_archive(source, exc.report, options.execute, as_json)
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    return outcome
 
+    def refuse(error: RedriveError) -> None:
+        if isinstance(error, ArchiveDamaged):
+            refuse_damaged_archive(source, error.report, options.execute, as_json)
 
-def replay_record(
-    ctx: Context, source: str, options: MoveOptions, ledger: Ledger | None
-) -> RunRecord:
-    """What an executed replay's ledger record says of it (who, what, the archive)."""
-    info = (
-        {
-            **execute_record(ctx, source, options.selection, ledger, archive=source),
-            **({"edits": options.repair.words} if options.repair is not None else {}),
-        }
-        if options.execute and ledger
-        else {}
+    outcome = run_request(
+        ctx,
+        ReplayRequest(source, to, options, allow_partial, processes),
+        ledger=ledger_uri,
+        display=ProgressDisplay(
+            Progress("replay"), lambda r, _: f"{r.moved} replayed / {r.scanned} read"
+        ),
+        as_json=as_json,
+        summary=lambda partial, width: replay_summary(partial, options.celery, width),
+        kinds=(ReplayResult, ProcessesResult),
+        refuse=refuse,
     )
-    return RunRecord(command_line(), info)
+    return outcome.unwrap()
 
 
 def replay_text(
@@ -809,12 +659,24 @@ def apply(
     with core_errors():
         applying = ApplyOptions(execute, in_doubt, workers, include_succeeded)
         options = apply_options(ctx, plan, applying, route, include_unregistered)
-        if isinstance(options, MoveOptions):
-            options = with_results(ctx, options)
-        confirm_apply(ctx, dlq, options, yes)
-        opened = apply_ledger(ctx, ledger, options)
+    request = prepared(ctx, ApplyRequest(dlq, plan, options, processes))
+    with core_errors():
+        confirm_apply(ctx, dlq, request.options, yes)
     knowledge = getattr(options, "celery", None)
-    result = run_apply(ctx, dlq, plan, options, opened, processes=processes, as_json=as_json)
+    display = (
+        ProgressDisplay(Progress("move"), move_progress)
+        if isinstance(options, MoveOptions)
+        else ProgressDisplay(Progress(dlq.label), purge_progress)
+    )
+    result = run_request(
+        ctx,
+        request,
+        ledger=ledger,
+        display=display,
+        as_json=as_json,
+        summary=lambda partial, width: apply_summary(partial, knowledge, width),
+        kinds=ApplyResult,
+    ).unwrap()
     finish_move(
         result,
         as_json,
@@ -882,62 +744,6 @@ def confirm_apply(
         confirm_move(ctx, dlq, options, yes)
         return
     confirm_purge(ctx, dlq, options, yes)
-
-
-def apply_ledger(
-    ctx: Context, uri: str | None, options: MoveOptions | PurgeOptions
-) -> Ledger | None:
-    if isinstance(options, MoveOptions):
-        return move_ledger(ctx, uri, options.execute)
-    # A purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
-    return open_cli_ledger(ctx, uri) if options.execute else None
-
-
-def run_apply(
-    ctx: Context,
-    dlq: DlqTarget,
-    plan: Plan,
-    options: MoveOptions | PurgeOptions,
-    ledger: Ledger | None,
-    *,
-    processes: int = 1,
-    as_json: bool = False,
-) -> ApplyResult:
-    info = execute_record(ctx, dlq.label, options.selection, ledger) if ledger else {}
-    info = {**info, **edit_record(options)} if ledger else info
-    display: ProgressDisplay
-    if isinstance(options, MoveOptions):
-        display = ProgressDisplay(Progress("move"), move_progress)
-    else:
-        display = ProgressDisplay(Progress(dlq.label), purge_progress)
-    observer: RunObserver[Any] = display
-    summary = summary_if_stopped(
-        ApplyResult,
-        as_json,
-        lambda partial, width: apply_summary(partial, getattr(options, "celery", None), width),
-        before=display.done,
-    )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            result = apply_plan(
-                dlq,
-                plan,
-                options,
-                broker_factory=ctx.broker_of(dlq),
-                ledger=ledger,
-                record=RunRecord(command_line(), info if options.execute else {}),
-                s3_client_factory=ctx.s3_client,
-                observer=observer,
-                stop=stop,
-                receive_log=ctx.receive_log(),
-                processes=processes,
-                wiring=child_wiring(ctx, dlq, ledger, options),
-            )
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    return result
 
 
 def apply_text(

@@ -16,39 +16,30 @@ from redrive.celery.registry import Registry
 from redrive.celery.results import ResultLookup, open_app_results, open_results
 from redrive.cli.celery_app import task_router
 from redrive.cli.context import Context
-from redrive.ledger import Ledger
+from redrive.operations.coordinator import InspectRequest
 from redrive.operations.move import MoveOptions
 from redrive.operations.processes import ProcessesResult, Wiring
 
 
-def child_wiring(
-    ctx: Context, dlq: DlqTarget, ledger: Ledger | None, options: Any = None
+def run_wiring(
+    ctx: Context, dlq: DlqTarget | None, ledger: str | None, options: Any = None
 ) -> Wiring:
-    """What each process of ``--processes`` builds its own adapters from; for a move's
-    options with the Celery app or its result backend (which do not cross a process
-    boundary), how each process opens its own."""
+    """What each process of ``--processes`` builds its own adapters from (the coordinator's
+    ``Setup.wiring``): for the DLQ ``dlq`` (None: a replay, which sends to the region of
+    the options, and counts no receives), the ledger's URI, and the request's options."""
+    if isinstance(options, InspectRequest):
+        assert dlq is not None
+        return inspect_wiring(ctx, dlq, options.results)
+    rebuild = _celery_rebuild(ctx, options) if isinstance(options, MoveOptions) else None
     return Wiring.of(
         ctx.aws,
         broker_url=ctx.broker_url,
         rabbitmq_api=ctx.rabbitmq_api,
         sqs_client=ctx.sqs,
-        region=dlq.region,
-        ledger=ledger.uri if ledger is not None else None,
-        receive_log=not ctx.receive_log().problem,
-        rebuild=_celery_rebuild(ctx, options) if isinstance(options, MoveOptions) else None,
-    )
-
-
-def replay_wiring(ctx: Context, ledger: Ledger | None, options: MoveOptions) -> Wiring:
-    """A replay's: its sends go to the region of the options (replay has no family)."""
-    return Wiring.of(
-        ctx.aws,
-        broker_url=ctx.broker_url,
-        rabbitmq_api=ctx.rabbitmq_api,
-        sqs_client=ctx.sqs,
-        ledger=ledger.uri if ledger is not None else None,
-        receive_log=False,
-        rebuild=_celery_rebuild(ctx, options),
+        **({"region": dlq.region} if dlq is not None else {}),
+        ledger=ledger,
+        receive_log=dlq is not None and not ctx.receive_log().problem,
+        rebuild=rebuild,
     )
 
 

@@ -2,28 +2,20 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
 import click
 
 from redrive.broker.base import DlqTarget
 from redrive.cli.console import (
     Progress,
     ProgressDisplay,
-    command_line,
     confirm,
     execute_command,
     finish_move,
-    interruptible,
-    summary_if_stopped,
 )
 from redrive.cli.context import (
     Context,
     core_errors,
     dlq_details,
-    execute_record,
-    open_cli_ledger,
     pass_ctx,
 )
 from redrive.cli.options import (
@@ -39,13 +31,11 @@ from redrive.cli.options import (
     wide_output_option,
     workers_doing,
 )
-from redrive.cli.processes import child_wiring, processes_text
-from redrive.ledger import Ledger
-from redrive.operations import purge_run
-from redrive.operations.observer import Observers, RunObserver
-from redrive.operations.plan import PlanWriter
+from redrive.cli.processes import processes_text
+from redrive.cli.runner import run_request
+from redrive.operations.coordinator import PurgeRequest
 from redrive.operations.processes import ProcessesResult
-from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue
+from redrive.operations.purge import PurgeOptions, PurgeResult
 from redrive.render.move import purge_text
 from redrive.selection import Selection
 
@@ -61,74 +51,39 @@ def purge_command(
     plan_out: str | None = None,
     processes: int = 1,
 ) -> None:
-    """Confirm, run the purge (or archive) and render it; shared by purge and archive."""
+    """Confirm, run the purge (or archive) through the coordinator and render it; shared by
+    purge and archive."""
+    request = PurgeRequest(dlq, options, processes, plan_out)
     with core_errors():
-        if not options.archive and not options.selection.is_filtered and not plan_out:
-            _purge_whole_queue(ctx, dlq, options, yes=yes, ledger_uri=ledger_uri, as_json=as_json)
-            return
-        if options.delete:
+        if request.whole_queue:
+            confirm(
+                options.execute,
+                yes,
+                f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
+                details=lambda: dlq_details(ctx, dlq, None),
+            )
+        elif options.delete:
             confirm_purge(ctx, dlq, options, yes)
-        plan = purge_plan_writer(dlq, options, plan_out) if plan_out else None
-        # Purge sends nothing, so it needs no keys; its run goes in the ledger for the audit.
-        execute = options.execute and options.delete
-        ledger = open_cli_ledger(ctx, ledger_uri) if execute else None
-    display = ProgressDisplay(Progress(dlq.label), purge_progress)
-    observer: RunObserver[PurgeResult] = Observers(display, plan) if plan else display
-    outcome: PurgeResult | ProcessesResult[PurgeResult]
-    summary = summary_if_stopped(
-        (PurgeResult, ProcessesResult),
-        as_json,
-        purge_summary,
-        before=display.done,
+    outcome = run_request(
+        ctx,
+        request,
+        ledger=ledger_uri,
+        display=ProgressDisplay(Progress(dlq.label), purge_progress),
+        as_json=as_json,
+        summary=purge_summary,
+        kinds=(PurgeResult, ProcessesResult),
     )
-    try:
-        with core_errors(), interruptible() as stop, summary:
-            outcome = _purge(ctx, dlq, options, ledger, observer, stop, processes)
-    except BaseException:
-        if plan is not None:
-            plan.abort()
-        raise
-    finally:
-        if ledger is not None:
-            ledger.close()
-    display.done()
-    if plan is not None:
-        plan.close()
-        click.echo(f"plan written to {plan_out}: {plan.count} message(s)", err=True)
-    result = outcome.result if isinstance(outcome, ProcessesResult) else outcome
+    if outcome.plan is not None:
+        click.echo(f"plan written to {plan_out}: {outcome.plan.count} message(s)", err=True)
+    finished = outcome.unwrap()
+    result = finished.result if isinstance(finished, ProcessesResult) else finished
     finish_move(
-        outcome,
+        finished,
         as_json,
-        lambda width: purge_summary(outcome, width),
+        lambda width: purge_summary(finished, width),
         next_command=(
             execute_command(plan_out=plan_out) if result.dry_run and result.matched else None
         ),
-    )
-
-
-def _purge(
-    ctx: Context,
-    dlq: DlqTarget,
-    options: PurgeOptions,
-    ledger: Ledger | None,
-    observer: RunObserver[PurgeResult],
-    stop: threading.Event,
-    processes: int,
-) -> PurgeResult | ProcessesResult[PurgeResult]:
-    """The purge (or archive): its one core entry, with this command's adapters."""
-    return purge_run.purge(
-        dlq,
-        options,
-        broker_factory=ctx.broker_of(dlq),
-        ledger=ledger,
-        command=command_line(),
-        record=purge_record(ctx, dlq, options, ledger),
-        s3_client_factory=ctx.s3_client,
-        receive_log=ctx.receive_log(),
-        wiring=child_wiring(ctx, dlq, ledger),
-        observer=observer,
-        stop=stop,
-        processes=processes,
     )
 
 
@@ -149,66 +104,10 @@ def confirm_purge(ctx: Context, dlq: DlqTarget, options: PurgeOptions, yes: bool
     )
 
 
-def purge_record(
-    ctx: Context, dlq: DlqTarget, options: PurgeOptions, ledger: Ledger | None
-) -> dict[str, Any] | None:
-    """The audit trail's who and what of an executed purge (None without a ledger)."""
-    return execute_record(ctx, dlq.label, options.selection, ledger) if ledger else None
-
-
 def purge_progress(r: PurgeResult, progress: Progress) -> str:
     return (
         f"{r.archived:,} archived / {r.purged:,} deleted / {r.matched:,} matched / "
         + progress.of(r.scanned, "scanned", r.depth_before)
-    )
-
-
-def purge_plan_writer(dlq: DlqTarget, options: PurgeOptions, plan_out: str) -> PlanWriter:
-    return PlanWriter(
-        plan_out,
-        kind="purge",
-        target=dlq.label,
-        dlq_url=dlq.dlq.url,
-        filters=options.selection.describe(),
-        options={"archive": options.archive_to, "no_archive": not options.archive},
-    )
-
-
-def _purge_whole_queue(
-    ctx: Context,
-    dlq: DlqTarget,
-    options: PurgeOptions,
-    *,
-    yes: bool,
-    ledger_uri: str | None,
-    as_json: bool,
-) -> None:
-    """An unfiltered ``--no-archive`` purge: SQS PurgeQueue, audited like any purge."""
-    execute = options.execute
-    confirm(
-        execute,
-        yes,
-        f"PurgeQueue {dlq.dlq.name}: delete EVERY message, with no archive, for good?",
-        details=lambda: dlq_details(ctx, dlq, None),
-    )
-    ledger = open_cli_ledger(ctx, ledger_uri) if execute else None
-    try:
-        result = purge_whole_queue(
-            dlq,
-            ctx.broker_of(dlq)(),
-            execute=execute,
-            ledger=ledger,
-            command=command_line(),
-            record=execute_record(ctx, dlq.label, Selection(), ledger) if ledger else None,
-        )
-    finally:
-        if ledger is not None:
-            ledger.close()
-    finish_move(
-        result,
-        as_json,
-        lambda width: purge_text(result, width=width),
-        next_command=execute_command() if result.dry_run and result.matched else None,
     )
 
 

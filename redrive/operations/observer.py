@@ -84,6 +84,10 @@ class RunObserver(Generic[R]):
     def on_check(self, read: int) -> None:
         """Records read so far by a check before the run (replay's check of its archive)."""
 
+    def on_depth(self, depth: int) -> None:
+        """How many messages the queue holds as the run starts (inspect: its progress's
+        total)."""
+
     def on_problem(self, problem: str) -> None:
         """Something the run carries on past, for the operator to know (a damaged record)."""
 
@@ -128,6 +132,10 @@ class Observers(RunObserver[R]):
     def on_problem(self, problem: str) -> None:
         for observer in self.observers:
             observer.on_problem(problem)
+
+    def on_depth(self, depth: int) -> None:
+        for observer in self.observers:
+            observer.on_depth(depth)
 
 
 class Callbacks(RunObserver[R]):

@@ -20,7 +20,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Protocol
 
+from redrive.archive.storage import absolute_location
 from redrive.ledger import Ledger, RunInfo
+from redrive.selection import Selection
 
 Outcome = Literal["completed", "interrupted", "failed"]
 
@@ -52,13 +54,65 @@ _ACTIVE_RUNS: set[str] = set()
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """What an executed run's ledger record says of it: the command line, and the audit
-    trail's who and what (:func:`redrive.reporting.audit.run_record`)."""
+    trail's who and what (:func:`audit_record`)."""
 
     command: str
     info: Mapping[str, Any] = field(default_factory=dict)
     run_id: str | None = None
     """The run's id, when its caller chose it (a child of ``--processes``: its parent's id
     and its number); None: a new one."""
+
+
+def audit_record(
+    *,
+    command_line: str,
+    target: str,
+    filters: Mapping[str, Any],
+    ledger: str,
+    archive: str | None,
+    identity: Mapping[str, str],
+    caller: Mapping[str, Any],
+    sqs_client: str | None = None,
+    broker_server: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What an executed run records about itself when it starts: the audit trail's who
+    (``identity``: the person and where they asked from; ``caller``: whom the broker knows
+    the run as) and what.
+
+    Paths are made absolute and the working directory is kept: an incident note written
+    from another shell must still find the archive and paste the command back.
+    ``sqs_client``: which client called SQS (``--sqs-client``), kept when given;
+    ``broker_server``: the broker and its version (:class:`~redrive.broker.server.BrokerServer`
+    as JSON), kept when known.
+    """
+    return {
+        "command_line": command_line,
+        "target": target,
+        "filters": dict(filters),
+        "ledger": ledger,
+        "archive": absolute_location(archive),
+        "cwd": working_directory(),
+        **({"sqs_client": sqs_client} if sqs_client is not None else {}),
+        **({"broker_server": dict(broker_server)} if broker_server is not None else {}),
+        **identity,
+        **caller,
+    }
+
+
+def audit_filters(selection: Selection) -> dict[str, Any]:
+    """A run's filters as the audit trail keeps them."""
+    filters = selection.describe()
+    if len(filters["message_ids"]) > 10:
+        # A plan's ids belong in the plan file, not in every audit listing.
+        filters["message_ids"] = f"{len(filters['message_ids'])} ids (from a plan)"
+    return filters
+
+
+def working_directory() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # the directory was removed under the shell
+        return None
 
 
 def new_run_id() -> str:

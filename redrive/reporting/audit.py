@@ -6,16 +6,15 @@ they moved, so the trail is wherever the ledger is and needs no second store.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redrive.archive.storage import absolute_location
 from redrive.aws.identity import local_identity
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError
 from redrive.ledger import Entry, Ledger, RunInfo
+from redrive.operations.run import audit_record
 
 
 def run_record(
@@ -29,33 +28,19 @@ def run_record(
     sqs_client: str | None = None,
     broker_server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What an ``--execute`` run records about itself when it starts.
-
-    Paths are made absolute and the working directory is kept: an incident note written
-    from another shell must still find the archive and paste the command back.
-    ``sqs_client``: which client called SQS (``--sqs-client``), kept when given;
-    ``broker_server``: the broker and its version (:class:`~redrive.broker.server.BrokerServer`
-    as JSON), kept when known.
-    """
-    return {
-        "command_line": command_line,
-        "target": target,
-        "filters": dict(filters),
-        "ledger": ledger,
-        "archive": absolute_location(archive),
-        "cwd": working_directory(),
-        **({"sqs_client": sqs_client} if sqs_client is not None else {}),
-        **({"broker_server": dict(broker_server)} if broker_server is not None else {}),
-        **local_identity(),
-        **caller,
-    }
-
-
-def working_directory() -> str | None:
-    try:
-        return os.getcwd()
-    except OSError:  # the directory was removed under the shell
-        return None
+    """What an ``--execute`` run of this OS user records about itself when it starts
+    (:func:`redrive.operations.run.audit_record`)."""
+    return audit_record(
+        command_line=command_line,
+        target=target,
+        filters=filters,
+        ledger=ledger,
+        archive=archive,
+        identity=local_identity(),
+        caller=caller,
+        sqs_client=sqs_client,
+        broker_server=broker_server,
+    )
 
 
 @dataclass(frozen=True, slots=True)
