@@ -343,7 +343,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "dlq": {"allocator", "broker", "errors", "state_dir"},
     "celery": {"broker", "config", "errors", "messages"},
     "inspection": {
-        *("attributes", "broker", "celery", "dlq", "durations"),
+        *("attributes", "broker", "celery", "dlq", "durations", "errors"),
         *("message_record", "messages", "where"),
     },
     "operations": {

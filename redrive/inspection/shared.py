@@ -1,0 +1,334 @@
+"""Shared scans (issue 41, item 4): every viewer of a DLQ served from one scan per refresh
+interval, whatever their number.
+
+A scan is a read the broker counts (SQS receive counts, RabbitMQ deliveries) and hides what
+it reads while it runs, so a console must not scan once per page view. :class:`SharedScans`
+keeps, per DLQ and view (what a scan counts: a ``--where``, a ``--group-by``), the last scan's
+result, and runs at most one scan of a DLQ at a time, in a thread of its own: the first
+caller of an interval starts it, the others get the last result (or, when there is none
+yet, wait for the scan). Automatic scans of a DLQ are at most one per interval, whatever
+the number of views asked for: a view first asked for inside the interval of another is
+scanned when that interval ends. An operator may ask for a fresh scan (``fresh``), still
+one at a time.
+
+A DLQ that a live run is moving (its own or a CLI's, from the ledger's run records: the
+``live_runs`` callable, :class:`redrive.operations.live.LedgerRuns`) is never scanned: the
+caller gets that run's progress. A DLQ with a delivery limit of its own is refused as the CLI
+refuses it (:mod:`redrive.dlq.delivery_limit`), and a scan that fails says why: each is a
+typed status, never an exception. A scan is :func:`~redrive.inspection.scan.inspect_dlq`,
+as ``inspect`` makes it: groups and counts only, in bounded memory for any depth; its result
+says what the receive log and the broker's in-flight limits left out (``receive_log_problem``,
+``incomplete``, ``hidden_before``).
+
+The clock is injected: what is due and how old a result is follow it, never the wall clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from redrive.broker.base import Broker, DlqTarget
+from redrive.celery.results import ResultLookup
+from redrive.dlq import delivery_limit
+from redrive.dlq.receive_log import ReceiveLog
+from redrive.errors import RedriveError
+from redrive.inspection.scan import DEFAULT_LEASE, Focus, InspectResult, inspect_dlq
+
+DEFAULT_REFRESH = 60.0
+MAX_VIEWS = 64
+"""Views remembered at most (the least recently asked for goes first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """A live run moving a DLQ, as the ledger (or the console that runs it) knows it."""
+
+    run_id: str
+    command: str
+    started_at: float
+    heartbeat_at: float
+    user: str | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """Its keys by state so far (``claimed``, ``sent``, ``done``), or its live counts."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "command": self.command,
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "user": self.user,
+            "counts": dict(self.counts),
+        }
+
+
+LiveRuns = Callable[[DlqTarget], RunProgress | None]
+"""The live run moving a DLQ, if one is (None: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """A scan's result: ``at`` (the cache's clock) when it ended; ``refreshing``: a newer
+    scan of the DLQ is under way."""
+
+    result: InspectResult
+    at: float
+    fresh: bool = False
+    """An operator asked for it."""
+    refreshing: bool = False
+    kind: Literal["scanned"] = "scanned"
+
+
+@dataclass(frozen=True, slots=True)
+class Moving:
+    """A live run is moving the DLQ: not scanned (a scan would hide what the run reads)."""
+
+    run: RunProgress
+    last: Scanned | None = None
+    kind: Literal["moving"] = "moving"
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The DLQ counts deliveries toward a limit of its own: not read (the CLI's refusal)."""
+
+    reason: str
+    kind: Literal["refused"] = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The scan failed (the broker, credentials, the network): why, and the last result."""
+
+    error: str
+    at: float
+    last: Scanned | None = None
+    kind: Literal["failed"] = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Scanning:
+    """No result yet: the scan under way (started ``started_at``; ``received`` so far), or
+    due at ``due_at`` (a view first asked for inside another view's interval)."""
+
+    started_at: float | None
+    received: int = 0
+    due_at: float | None = None
+    kind: Literal["scanning"] = "scanning"
+
+
+ScanStatus = Scanned | Moving | Refused | Failed | Scanning
+
+
+@dataclass(eq=False)
+class _Job:
+    """One scan under way."""
+
+    view: tuple[str, tuple[str, ...], str | None]
+    started_at: float
+    fresh: bool
+    stop: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    received: int = 0
+    thread: threading.Thread | None = None
+
+
+@dataclass
+class _Slot:
+    """One view of a DLQ: its last status (a result, or the failure that followed it)."""
+
+    last: Scanned | None = None
+    failed: Failed | None = None
+
+
+def view_key(target: DlqTarget, focus: Focus | None) -> tuple[str, tuple[str, ...], str | None]:
+    """A view: the DLQ, and what its scan counts (a --where's texts, a --group-by's)."""
+    said = (focus or Focus()).describe()
+    return target.dlq.url, tuple(said["where"]), said["group_by"]
+
+
+class SharedScans:
+    """Scans of DLQs shared by every caller; thread-safe. ``brokers``: a broker for a
+    region (None: the default), called once per scan; ``live_runs``: which live run moves a
+    DLQ; ``receive_log``: redrive's own receives (the CLI's), asked per scan."""
+
+    def __init__(
+        self,
+        brokers: Callable[[str | None], Broker],
+        *,
+        refresh: float = DEFAULT_REFRESH,
+        clock: Callable[[], float] = time.time,
+        live_runs: LiveRuns | None = None,
+        receive_log: Callable[[], ReceiveLog | None] = lambda: None,
+        results: ResultLookup | None = None,
+        allow_delivery_limit: bool = False,
+        workers: int = 1,
+        lease: int = DEFAULT_LEASE,
+    ) -> None:
+        self.refresh = refresh
+        self._brokers = brokers
+        self._clock = clock
+        self._live_runs = live_runs
+        self._receive_log = receive_log
+        self._results = results
+        self._allow_delivery_limit = allow_delivery_limit
+        self._workers = workers
+        self._lease = lease
+        self._cond = threading.Condition()
+        self._slots: OrderedDict[tuple[str, tuple[str, ...], str | None], _Slot] = OrderedDict()
+        self._jobs: dict[str, _Job] = {}
+        """DLQ URL -> its scan under way (one at a time per DLQ)."""
+        self._last_start: dict[str, float] = {}
+        """DLQ URL -> when its last automatic scan started."""
+        self._closed = False
+        self.scans = 0
+        """Scans started (for the bench and the tests)."""
+
+    def status(
+        self,
+        target: DlqTarget,
+        *,
+        focus: Focus | None = None,
+        fresh: bool = False,
+        wait: float | None = None,
+    ) -> ScanStatus:
+        """What a viewer of ``target`` (as ``focus`` counts it) is shown now. ``fresh``: scan
+        anew (an operator's ask). ``wait``: how long to wait for a scan under way when there
+        is no result to show yet (None: until it ends)."""
+        run = self._live_runs(target) if self._live_runs is not None else None
+        key = view_key(target, focus)
+        if run is not None:
+            with self._cond:
+                slot = self._slots.get(key)
+                return Moving(run, slot.last if slot is not None else None)
+        refusal = self._refusal(target)
+        if refusal is not None:
+            return Refused(refusal)
+        deadline = None if wait is None else time.monotonic() + wait
+        with self._cond:
+            job, now = self._job_for(target, focus, key, fresh)
+            while fresh and job is not None and job.view != key:
+                # Another view's scan of this DLQ: one at a time, then ours.
+                if not self._cond.wait_for(job.done.is_set, timeout=_left(deadline)):
+                    return Scanning(None, due_at=now)
+                job, now = self._job_for(target, focus, key, fresh)
+            slot = self._slot(key)
+            shown = slot.failed or slot.last
+            if shown is not None and not fresh:
+                return _refreshing(shown) if job is not None and job.view == key else shown
+            if job is None or job.view != key:
+                started = self._last_start.get(key[0])
+                return Scanning(None, due_at=started + self.refresh if started else now)
+            self._cond.wait_for(job.done.is_set, timeout=_left(deadline))
+            if not job.done.is_set():
+                return Scanning(job.started_at, job.received)
+            return slot.failed or slot.last or Scanning(None, due_at=now)
+
+    def _job_for(
+        self,
+        target: DlqTarget,
+        focus: Focus | None,
+        key: tuple[str, tuple[str, ...], str | None],
+        fresh: bool,
+    ) -> tuple[_Job | None, float]:
+        """The DLQ's scan under way, started now when one is due (callers hold the lock)."""
+        now = self._clock()
+        url = target.dlq.url
+        job = self._jobs.get(url)
+        if job is not None or self._closed:
+            return job, now
+        slot = self._slot(key)
+        last = self._last_start.get(url)
+        since = slot.last.at if slot.last is not None else None
+        if slot.failed is not None:
+            since = slot.failed.at
+        due = fresh or (
+            (since is None or now - since >= self.refresh)
+            and (last is None or now - last >= self.refresh)
+        )
+        if not due:
+            return None, now
+        job = _Job(key, now, fresh)
+        self._jobs[url] = job
+        self._last_start[url] = now
+        self.scans += 1
+        job.thread = threading.Thread(
+            target=self._scan,
+            args=(target, focus, job),
+            name=f"redrive-scan-{target.dlq.name}",
+            daemon=True,
+        )
+        job.thread.start()
+        return job, now
+
+    def _slot(self, key: tuple[str, tuple[str, ...], str | None]) -> _Slot:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = _Slot()
+            while len(self._slots) > MAX_VIEWS:
+                self._slots.popitem(last=False)
+        else:
+            self._slots.move_to_end(key)
+        return slot
+
+    def _refusal(self, target: DlqTarget) -> str | None:
+        if self._allow_delivery_limit or not target.dlq.max_receive_count:
+            return None
+        broker = self._brokers(target.region)
+        return delivery_limit.refusal(target.dlq, broker.capabilities, self._receive_log)
+
+    def _scan(self, target: DlqTarget, focus: Focus | None, job: _Job) -> None:
+        """The scan, in its own thread: its result (or why it failed) for every viewer."""
+        failed: Failed | None = None
+        result: InspectResult | None = None
+        try:
+            result = inspect_dlq(
+                target,
+                lambda: self._brokers(target.region),
+                workers=self._workers,
+                stop=job.stop,
+                on_progress=lambda n: setattr(job, "received", n),
+                now=self._clock(),
+                lease=self._lease,
+                receive_log=self._receive_log(),
+                focus=focus,
+                results=self._results,
+            )
+        except RedriveError as exc:
+            failed = Failed(str(exc), self._clock())
+        finally:
+            with self._cond:
+                slot = self._slot(job.view)
+                if result is not None and not result.interrupted:
+                    slot.last, slot.failed = Scanned(result, self._clock(), job.fresh), None
+                elif failed is not None:
+                    slot.failed = Failed(failed.error, failed.at, slot.last)
+                self._jobs.pop(job.view[0], None)
+                job.done.set()
+                self._cond.notify_all()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop every scan under way (each gives back what it holds) and start no more."""
+        with self._cond:
+            self._closed = True
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.stop.set()
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(timeout)
+
+
+def _refreshing(shown: Scanned | Failed) -> Scanned | Failed:
+    if isinstance(shown, Failed):
+        return shown
+    return Scanned(shown.result, shown.at, shown.fresh, refreshing=True)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
