@@ -88,6 +88,21 @@ def test_only_the_cli_imports_click(path: Path) -> None:
     assert "click" not in _imports(path)
 
 
+#: The console's framework and server (the ``redrive[web]`` extra): the core works without it.
+WEB_PACKAGES = {"starlette", "uvicorn", "jinja2", "multipart", "fastapi"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(PACKAGE.rglob("*.py")) if p.relative_to(PACKAGE).parts[0] != "web"],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
+def test_only_the_console_imports_a_web_framework(path: Path) -> None:
+    # The CLI's `redrive web` imports uvicorn inside the command, where the extra is needed.
+    allowed = {"uvicorn"} if path.relative_to(PACKAGE).parts == ("cli", "web.py") else set()
+    assert not (_imports(path) & WEB_PACKAGES) - allowed
+
+
 # The AWS SDK (and its type stubs) stays behind the adapters; the sandbox is moto's SQS.
 AWS_SDK_PACKAGES = (("aws",), ("broker", "sqs"), ("sandbox",))
 
@@ -363,6 +378,12 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     },
     "sandbox": {"broker", "broker.rabbitmq", "broker.sqs", "config", "errors", "messages"},
     "cli": {"*"},
+    # The console (redrive web): beside the CLI over the same core, never importing the CLI.
+    "web": {
+        *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),
+        *("inspection", "ledger", "message_record", "messages", "operations", "redrive"),
+        *("render", "reporting", "selection", "where"),
+    },
 }
 
 

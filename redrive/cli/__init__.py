@@ -16,7 +16,7 @@ import click
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
-from redrive.cli import audit, console, look, move, native, purge, sandbox
+from redrive.cli import audit, console, look, move, native, purge, sandbox, web
 from redrive.cli.context import Context, RedriveGroup
 from redrive.cli.exit_codes import EXIT_INTERRUPTED
 from redrive.cli.options import (
@@ -156,6 +156,7 @@ for command in (
     audit.ledger_group,
     audit.audit,
     sandbox.sandbox,
+    web.web,
 ):
     cli.add_command(command)
 add_global_options(cli)

@@ -5,6 +5,7 @@ message; shared by live inspect, archive inspect and the merge of ``--processes`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,9 @@ SAMPLES_PER_GROUP = 3
 # How much of a body that is not a Celery task --show-args shows instead of its arguments.
 SHOWN_BODY_CHARS = 300
 DAY = 86_400
+Counted = Callable[["GroupKey", Delivery, TaskInfo, "TaskRecord | None"], None]
+"""Hears each message counted: its group's key, the message, its task, the backend's
+record of it (the console keeps a few of each group's for its message page)."""
 DEFAULT_MAX_REDRIVES = 3
 # A group's value in JSON when the group is a task name (the usual case).
 _TASK_NAME: Any = object()
@@ -180,6 +184,7 @@ class Grouping:
     """Messages offered, selected or not (``total`` counts the selected ones)."""
     limit: int | None = None
     """--limit: the most messages counted (with a --where, the most that match)."""
+    on_counted: Counted | None = None
     now_utc: datetime = field(init=False)
     _records: RecordBuilder | None = field(init=False, default=None)
 
@@ -245,6 +250,8 @@ class Grouping:
             record=backend,
             death=(message.death_reason, message.died_in, message.died_at),
         )
+        if self.on_counted is not None:
+            self.on_counted(key, message, info, backend)
 
     def add(
         self,

@@ -22,7 +22,7 @@ from redrive.celery.results import (
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.dlq.scan import DlqScan, run_pipelines
 from redrive.durations import iso_utc
-from redrive.inspection.groups import DEFAULT_MAX_REDRIVES, Grouping, TaskGroup
+from redrive.inspection.groups import DEFAULT_MAX_REDRIVES, Counted, Grouping, TaskGroup
 from redrive.message_record import ResultLookup as RecordLookup
 from redrive.messages import TaskInfo, decode
 from redrive.where import Expression, Where
@@ -141,6 +141,8 @@ class Focus:
     results: RecordLookup | None = None
     """Answers the record's ``state`` and ``exception`` where no backend batch is read."""
     show_args: bool = False
+    on_counted: Counted | None = None
+    """Hears each message counted (in this process: it does not cross to --processes')."""
 
     @classmethod
     def of(cls, focus: Focus | None, show_args: bool) -> Focus:
@@ -162,6 +164,7 @@ class Focus:
             group_expression=self.group_by,
             sources=tuple(s.name for s in target.sources) if target is not None else (),
             record_results=self.results,
+            on_counted=self.on_counted,
             **backend,
         )
 

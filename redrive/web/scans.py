@@ -1,0 +1,117 @@
+"""Where the console's pages read a DLQ's scan from: the :class:`ScanSource` seam.
+
+Every scan is a read the broker counts (SQS receive counts, RabbitMQ deliveries) and hides
+what it reads while it runs, so pages never scan themselves: they ask a source. The one here,
+:class:`ScanPerRequest`, scans on each ask (a console for one person, and the tests); the
+shared cache (one scan per DLQ per ``--refresh`` whatever the number of viewers, none of a
+DLQ a live run is moving) is another implementation of the same protocol.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redrive.errors import RedriveError, UsageProblem
+from redrive.inspection.groups import Counted
+from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
+from redrive.reporting.inspect import annotate_groups
+from redrive.web.samples import SampleKeeper
+from redrive.web.workspace import Workspace
+from redrive.where import compile_expression, compile_where
+
+
+@dataclass(frozen=True, slots=True)
+class ScanRequest:
+    """One DLQ's scan as a page asks for it: the TARGET as the CLI takes it (a family, a
+    queue name or URL) and inspect's ``--where`` and ``--group-by``."""
+
+    target: str
+    where: tuple[str, ...] = ()
+    group_by: str = "task"
+
+    @property
+    def reads_results(self) -> bool:
+        return self.group_by == "exception"
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOutcome:
+    """What a page shows of a DLQ: its scan (None when there is none to show), the
+    messages kept from it (the ``--where`` record of each, by message id), and why there is
+    no scan, or why it is not fresh, in one line."""
+
+    request: ScanRequest
+    result: InspectResult | None
+    records: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    problem: str | None = None
+    """Why there is no scan (a delivery limit refused, the broker failed): said on the page."""
+    moving: str | None = None
+    """A live run moving this DLQ (its run id): no scan while it does (shared sources)."""
+    scanned_at: float | None = None
+
+
+class ScanSource(Protocol):
+    """What pages read scans from. ``fresh``: an operator asked for a new scan now."""
+
+    def scan(self, request: ScanRequest, *, fresh: bool = False) -> ScanOutcome: ...
+
+    def close(self) -> None:
+        """Stop what is scanning (the server is stopping): scans release what they hold."""
+        ...
+
+
+@dataclass
+class ScanPerRequest:
+    """A scan per ask, as ``redrive inspect`` makes one: nothing shared, nothing cached."""
+
+    workspace: Workspace
+    clock: Callable[[], float] = time.time
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def scan(self, request: ScanRequest, *, fresh: bool = False) -> ScanOutcome:
+        try:
+            return run_scan(self.workspace, request, now=self.clock(), stop=self.stop)
+        except RedriveError as exc:
+            return ScanOutcome(request, None, problem=str(exc))
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def run_scan(
+    workspace: Workspace, request: ScanRequest, *, now: float, stop: threading.Event
+) -> ScanOutcome:
+    """One inspect of the request's DLQ (the CLI's, in one worker thread), keeping the
+    records of up to :data:`~redrive.web.samples.KEPT_PER_GROUP` messages per group for the
+    message page. Raises what inspect raises (a delivery limit refused, a target not found)."""
+    results = workspace.results
+    if request.reads_results and results is None:
+        raise UsageProblem("--group-by exception reads Celery's result backend: give one")
+    dlq = workspace.target(request.target)
+    keeper = SampleKeeper(now=now, sources=tuple(s.name for s in dlq.sources))
+    result = inspect_dlq(
+        dlq,
+        workspace.broker_of(dlq.region),
+        now=now,
+        lease=workspace.lease,
+        stop=stop,
+        receive_log=workspace.receive_log,
+        focus=focus_of(request, on_counted=keeper.offer),
+        results=results,
+        group_by="exception" if request.reads_results else None,
+    )
+    if workspace.knowledge is not None and result.group_by is None:
+        annotate_groups(result.groups, workspace.knowledge, result.sources)
+    return ScanOutcome(request, result, records=keeper.records, scanned_at=now)
+
+
+def focus_of(request: ScanRequest, *, on_counted: Counted | None = None) -> Focus:
+    """The request's --where and --group-by, compiled (a bad one is a UsageProblem)."""
+    expression = None if request.group_by in ("task", "exception") else request.group_by
+    where = compile_where(request.where) if request.where else None
+    group_by = compile_expression(expression, option="--group-by") if expression else None
+    return Focus(where, group_by, on_counted=on_counted)
