@@ -28,9 +28,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from redrive.broker.base import Broker, DlqTarget
 from redrive.celery.results import ResultLookup
@@ -38,6 +38,7 @@ from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError
 from redrive.inspection.scan import DEFAULT_LEASE, Focus, InspectResult, inspect_dlq
+from redrive.where import compile_expression, compile_where
 
 DEFAULT_REFRESH = 60.0
 MAX_VIEWS = 64
@@ -70,13 +71,31 @@ class RunProgress:
 LiveRuns = Callable[[DlqTarget], RunProgress | None]
 """The live run moving a DLQ, if one is (None: none)."""
 
+V = TypeVar("V", bound=Hashable)
+"""A view: what one scan of a DLQ counts (hashable: scans are kept per DLQ and view)."""
+R = TypeVar("R")
+"""What a scan gives (an InspectResult, or a front end's own page of it)."""
+
 
 @dataclass(frozen=True, slots=True)
-class Scanned:
+class ScanControl:
+    """What a scan gets from the cache: the clock's time, the stop (the cache is closing),
+    and where to say how many messages it received so far."""
+
+    now: float
+    stop: threading.Event
+    on_progress: Callable[[int], None]
+
+
+ScanFn = Callable[[DlqTarget, V, ScanControl], R]
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned(Generic[R]):
     """A scan's result: ``at`` (the cache's clock) when it ended; ``refreshing``: a newer
     scan of the DLQ is under way."""
 
-    result: InspectResult
+    result: R
     at: float
     fresh: bool = False
     """An operator asked for it."""
@@ -85,11 +104,11 @@ class Scanned:
 
 
 @dataclass(frozen=True, slots=True)
-class Moving:
+class Moving(Generic[R]):
     """A live run is moving the DLQ: not scanned (a scan would hide what the run reads)."""
 
     run: RunProgress
-    last: Scanned | None = None
+    last: Scanned[R] | None = None
     kind: Literal["moving"] = "moving"
 
 
@@ -102,12 +121,12 @@ class Refused:
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class Failed(Generic[R]):
     """The scan failed (the broker, credentials, the network): why, and the last result."""
 
     error: str
     at: float
-    last: Scanned | None = None
+    last: Scanned[R] | None = None
     kind: Literal["failed"] = "failed"
 
 
@@ -122,14 +141,14 @@ class Scanning:
     kind: Literal["scanning"] = "scanning"
 
 
-ScanStatus = Scanned | Moving | Refused | Failed | Scanning
+ScanStatus = Scanned[R] | Moving[R] | Refused | Failed[R] | Scanning
 
 
 @dataclass(eq=False)
 class _Job:
     """One scan under way."""
 
-    view: tuple[str, tuple[str, ...], str | None]
+    view: tuple[str, Hashable]
     started_at: float
     fresh: bool
     stop: threading.Event = field(default_factory=threading.Event)
@@ -139,48 +158,39 @@ class _Job:
 
 
 @dataclass
-class _Slot:
+class _Slot(Generic[R]):
     """One view of a DLQ: its last status (a result, or the failure that followed it)."""
 
-    last: Scanned | None = None
-    failed: Failed | None = None
+    last: Scanned[R] | None = None
+    failed: Failed[R] | None = None
 
 
-def view_key(target: DlqTarget, focus: Focus | None) -> tuple[str, tuple[str, ...], str | None]:
-    """A view: the DLQ, and what its scan counts (a --where's texts, a --group-by's)."""
-    said = (focus or Focus()).describe()
-    return target.dlq.url, tuple(said["where"]), said["group_by"]
-
-
-class SharedScans:
-    """Scans of DLQs shared by every caller; thread-safe. ``brokers``: a broker for a
-    region (None: the default), called once per scan; ``live_runs``: which live run moves a
-    DLQ; ``receive_log``: redrive's own receives (the CLI's), asked per scan."""
+class SharedScans(Generic[V, R]):
+    """Scans of DLQs shared by every caller; thread-safe. ``scan``: one scan of a DLQ as a
+    view counts it (:func:`inspect_view` is inspect's); ``brokers``: a broker for a region
+    (the delivery-limit check asks its capabilities); ``live_runs``: which live run moves a
+    DLQ; ``receive_log``: redrive's own receives (the delivery-limit refusal says them)."""
 
     def __init__(
         self,
+        scan: ScanFn[V, R],
         brokers: Callable[[str | None], Broker],
         *,
         refresh: float = DEFAULT_REFRESH,
         clock: Callable[[], float] = time.time,
         live_runs: LiveRuns | None = None,
         receive_log: Callable[[], ReceiveLog | None] = lambda: None,
-        results: ResultLookup | None = None,
         allow_delivery_limit: bool = False,
-        workers: int = 1,
-        lease: int = DEFAULT_LEASE,
     ) -> None:
         self.refresh = refresh
+        self._scan_fn = scan
         self._brokers = brokers
         self._clock = clock
         self._live_runs = live_runs
         self._receive_log = receive_log
-        self._results = results
         self._allow_delivery_limit = allow_delivery_limit
-        self._workers = workers
-        self._lease = lease
         self._cond = threading.Condition()
-        self._slots: OrderedDict[tuple[str, tuple[str, ...], str | None], _Slot] = OrderedDict()
+        self._slots: OrderedDict[tuple[str, Hashable], _Slot[R]] = OrderedDict()
         self._jobs: dict[str, _Job] = {}
         """DLQ URL -> its scan under way (one at a time per DLQ)."""
         self._last_start: dict[str, float] = {}
@@ -190,18 +200,13 @@ class SharedScans:
         """Scans started (for the bench and the tests)."""
 
     def status(
-        self,
-        target: DlqTarget,
-        *,
-        focus: Focus | None = None,
-        fresh: bool = False,
-        wait: float | None = None,
-    ) -> ScanStatus:
-        """What a viewer of ``target`` (as ``focus`` counts it) is shown now. ``fresh``: scan
+        self, target: DlqTarget, view: V, *, fresh: bool = False, wait: float | None = None
+    ) -> ScanStatus[R]:
+        """What a viewer of ``target`` (as ``view`` counts it) is shown now. ``fresh``: scan
         anew (an operator's ask). ``wait``: how long to wait for a scan under way when there
         is no result to show yet (None: until it ends)."""
         run = self._live_runs(target) if self._live_runs is not None else None
-        key = view_key(target, focus)
+        key = (target.dlq.url, view)
         if run is not None:
             with self._cond:
                 slot = self._slots.get(key)
@@ -211,12 +216,12 @@ class SharedScans:
             return Refused(refusal)
         deadline = None if wait is None else time.monotonic() + wait
         with self._cond:
-            job, now = self._job_for(target, focus, key, fresh)
+            job, now = self._job_for(target, view, key, fresh)
             while fresh and job is not None and job.view != key:
                 # Another view's scan of this DLQ: one at a time, then ours.
                 if not self._cond.wait_for(job.done.is_set, timeout=_left(deadline)):
                     return Scanning(None, due_at=now)
-                job, now = self._job_for(target, focus, key, fresh)
+                job, now = self._job_for(target, view, key, fresh)
             slot = self._slot(key)
             shown = slot.failed or slot.last
             if shown is not None and not fresh:
@@ -230,11 +235,7 @@ class SharedScans:
             return slot.failed or slot.last or Scanning(None, due_at=now)
 
     def _job_for(
-        self,
-        target: DlqTarget,
-        focus: Focus | None,
-        key: tuple[str, tuple[str, ...], str | None],
-        fresh: bool,
+        self, target: DlqTarget, view: V, key: tuple[str, Hashable], fresh: bool
     ) -> tuple[_Job | None, float]:
         """The DLQ's scan under way, started now when one is due (callers hold the lock)."""
         now = self._clock()
@@ -259,14 +260,14 @@ class SharedScans:
         self.scans += 1
         job.thread = threading.Thread(
             target=self._scan,
-            args=(target, focus, job),
+            args=(target, view, job),
             name=f"redrive-scan-{target.dlq.name}",
             daemon=True,
         )
         job.thread.start()
         return job, now
 
-    def _slot(self, key: tuple[str, tuple[str, ...], str | None]) -> _Slot:
+    def _slot(self, key: tuple[str, Hashable]) -> _Slot[R]:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot()
@@ -282,29 +283,19 @@ class SharedScans:
         broker = self._brokers(target.region)
         return delivery_limit.refusal(target.dlq, broker.capabilities, self._receive_log)
 
-    def _scan(self, target: DlqTarget, focus: Focus | None, job: _Job) -> None:
+    def _scan(self, target: DlqTarget, view: V, job: _Job) -> None:
         """The scan, in its own thread: its result (or why it failed) for every viewer."""
-        failed: Failed | None = None
-        result: InspectResult | None = None
+        failed: Failed[R] | None = None
+        result: R | None = None
+        control = ScanControl(self._clock(), job.stop, lambda n: setattr(job, "received", n))
         try:
-            result = inspect_dlq(
-                target,
-                lambda: self._brokers(target.region),
-                workers=self._workers,
-                stop=job.stop,
-                on_progress=lambda n: setattr(job, "received", n),
-                now=self._clock(),
-                lease=self._lease,
-                receive_log=self._receive_log(),
-                focus=focus,
-                results=self._results,
-            )
+            result = self._scan_fn(target, view, control)
         except RedriveError as exc:
             failed = Failed(str(exc), self._clock())
         finally:
             with self._cond:
                 slot = self._slot(job.view)
-                if result is not None and not result.interrupted:
+                if result is not None and not job.stop.is_set():
                     slot.last, slot.failed = Scanned(result, self._clock(), job.fresh), None
                 elif failed is not None:
                     slot.failed = Failed(failed.error, failed.at, slot.last)
@@ -324,7 +315,7 @@ class SharedScans:
                 job.thread.join(timeout)
 
 
-def _refreshing(shown: Scanned | Failed) -> Scanned | Failed:
+def _refreshing(shown: Scanned[R] | Failed[R]) -> Scanned[R] | Failed[R]:
     if isinstance(shown, Failed):
         return shown
     return Scanned(shown.result, shown.at, shown.fresh, refreshing=True)
@@ -332,3 +323,47 @@ def _refreshing(shown: Scanned | Failed) -> Scanned | Failed:
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+# -- inspect's scans ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InspectView:
+    """What an inspect counts: ``--where`` texts, a ``--group-by`` expression (None: by task)."""
+
+    where: tuple[str, ...] = ()
+    group_by: str | None = None
+
+    def focus(self) -> Focus:
+        """Compiled (a bad expression is a UsageProblem, said as the scan's failure)."""
+        where = compile_where(self.where) if self.where else None
+        group_by = compile_expression(self.group_by, option="--group-by") if self.group_by else None
+        return Focus(where, group_by)
+
+
+def inspect_view(
+    brokers: Callable[[str | None], Broker],
+    *,
+    receive_log: Callable[[], ReceiveLog | None] = lambda: None,
+    results: ResultLookup | None = None,
+    workers: int = 1,
+    lease: int = DEFAULT_LEASE,
+) -> ScanFn[InspectView, InspectResult]:
+    """Inspect's scan of a DLQ as a view counts it, as ``redrive inspect`` makes it."""
+
+    def scan(target: DlqTarget, view: InspectView, control: ScanControl) -> InspectResult:
+        return inspect_dlq(
+            target,
+            lambda: brokers(target.region),
+            workers=workers,
+            stop=control.stop,
+            on_progress=control.on_progress,
+            now=control.now,
+            lease=lease,
+            receive_log=receive_log(),
+            focus=view.focus(),
+            results=results,
+        )
+
+    return scan

@@ -30,19 +30,22 @@ COUNTED = (KeyState.CLAIMED, KeyState.SENT, KeyState.DONE)
 
 class LedgerRuns:
     """The live run moving a DLQ (a :data:`~redrive.inspection.shared.LiveRuns`), read from
-    ``ledger``; thread-safe. ``own``: a run's live counts where the caller runs it itself
-    (a console's operation), else its keys by state in the ledger."""
+    the ledger ``ledger`` opens (asked again while it gives none: a console may start before
+    the first run makes the ledger; the caller closes the one it gave); thread-safe.
+    ``own``: a run's live counts where the caller runs it itself (a console's operation),
+    else its keys by state in the ledger."""
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: Callable[[], Ledger | None],
         *,
         clock: Callable[[], float] = time.time,
         ttl: float = RUNS_TTL,
         progress_every: float = PROGRESS_EVERY,
         own: Callable[[str], Mapping[str, int] | None] = lambda run_id: None,
     ) -> None:
-        self._ledger = ledger
+        self._open = ledger
+        self._ledger: Ledger | None = None
         self._clock = clock
         self._ttl = ttl
         self._progress_every = progress_every
@@ -62,7 +65,11 @@ class LedgerRuns:
     def _listing(self, now: float) -> list[RunInfo]:
         with self._lock:
             if self._read_at is None or now - self._read_at >= self._ttl:
-                self._runs = [r for r in self._ledger.runs(since=now - RECENT) if not r.ended_at]
+                if self._ledger is None:
+                    self._ledger = self._open()
+                ledger = self._ledger
+                runs = ledger.runs(since=now - RECENT) if ledger is not None else []
+                self._runs = [r for r in runs if not r.ended_at]
                 self._read_at = now
             return self._runs
 
@@ -85,9 +92,10 @@ class LedgerRuns:
             known = self._progress.get(run_id)
             if known is not None and now - known[0] < self._progress_every:
                 return known[1]
+        ledger = self._ledger
+        assert ledger is not None  # the run was listed from it
         counts = {
-            state.value: sum(1 for _ in self._ledger.iter_keys(state, run_id=run_id))
-            for state in COUNTED
+            state.value: sum(1 for _ in ledger.iter_keys(state, run_id=run_id)) for state in COUNTED
         }
         with self._lock:
             self._progress[run_id] = (now, counts)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from redrive.broker.base import DlqTarget
 from redrive.errors import RedriveError, UsageProblem
 from redrive.inspection.groups import Counted
 from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
@@ -88,10 +89,23 @@ def run_scan(
     """One inspect of the request's DLQ (the CLI's, in one worker thread), keeping the
     records of up to :data:`~redrive.web.samples.KEPT_PER_GROUP` messages per group for the
     message page. Raises what inspect raises (a delivery limit refused, a target not found)."""
+    return scan_dlq(workspace, workspace.target(request.target), request, now=now, stop=stop)
+
+
+def scan_dlq(
+    workspace: Workspace,
+    dlq: DlqTarget,
+    request: ScanRequest,
+    *,
+    now: float,
+    stop: threading.Event,
+    on_progress: Callable[[int], None] | None = None,
+) -> ScanOutcome:
+    """:func:`run_scan` of a DLQ resolved already (a shared source resolves it first, to
+    know whether a live run moves it)."""
     results = workspace.results
     if request.reads_results and results is None:
         raise UsageProblem("--group-by exception reads Celery's result backend: give one")
-    dlq = workspace.target(request.target)
     keeper = SampleKeeper(now=now, sources=tuple(s.name for s in dlq.sources))
     result = inspect_dlq(
         dlq,
@@ -99,6 +113,7 @@ def run_scan(
         now=now,
         lease=workspace.lease,
         stop=stop,
+        on_progress=on_progress,
         receive_log=workspace.receive_log,
         focus=focus_of(request, on_counted=keeper.offer),
         results=results,
