@@ -142,31 +142,17 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
     families_table = _table(data.get("families"), "families", source)
     if not families_table:
         raise ConfigError(f"{source}: no [families.NAME] table: define at least one family")
-    families = []
-    for position, (name, raw) in enumerate(families_table.items()):
-        where = f"families.{name}"
-        table = _table(raw, where, source)
-        _check_keys(table, _FAMILY_KEYS, where, source)
-        queue = table.get("queue")
-        if not isinstance(queue, str) or not queue:
-            raise ConfigError(f"{source}: key '{where}.queue' must be a queue name or URL")
-        families.append(
-            Family(
-                name=name,
-                queue=queue,
-                dlq=_opt_str(table, "dlq", where, source),
-                region=_opt_str(table, "region", where, source) or default_region,
-                priority=_int(table, "priority", where, source, default=position + 1),
-                max_receive_count=_int(
-                    table, "max_receive_count", where, source, default=default_max_receive
-                ),
-                dlq_retention_seconds=(
-                    _duration(table["dlq_retention"], f"{where}.dlq_retention", source)
-                    if "dlq_retention" in table
-                    else default_retention
-                ),
-            )
-        )
+    default = Family(
+        name="",
+        queue="",
+        region=default_region,
+        max_receive_count=default_max_receive,
+        dlq_retention_seconds=default_retention,
+    )
+    families = [
+        _family(name, raw, position, source, default)
+        for position, (name, raw) in enumerate(families_table.items())
+    ]
     families.sort(key=lambda f: f.priority)
     prefix = _opt_str(defaults, "prefix", "defaults", source)
     sqs = _table(data.get("sqs"), "sqs", source)
@@ -188,6 +174,32 @@ def parse_config(data: Mapping[str, Any], source: str) -> Layout:
         ledger_url=_opt_str(ledger, "url", "ledger", source),
     )
     return _with_celery(layout, data, source)
+
+
+def _family(name: str, raw: Any, position: int, source: str, default: Family) -> Family:
+    """The table ``[families.NAME]``, with ``default``'s region, receive count and
+    retention where it names none."""
+    where = f"families.{name}"
+    table = _table(raw, where, source)
+    _check_keys(table, _FAMILY_KEYS, where, source)
+    queue = table.get("queue")
+    if not isinstance(queue, str) or not queue:
+        raise ConfigError(f"{source}: key '{where}.queue' must be a queue name or URL")
+    return Family(
+        name=name,
+        queue=queue,
+        dlq=_opt_str(table, "dlq", where, source),
+        region=_opt_str(table, "region", where, source) or default.region,
+        priority=_int(table, "priority", where, source, default=position + 1),
+        max_receive_count=_int(
+            table, "max_receive_count", where, source, default=default.max_receive_count
+        ),
+        dlq_retention_seconds=(
+            _duration(table["dlq_retention"], f"{where}.dlq_retention", source)
+            if "dlq_retention" in table
+            else default.dlq_retention_seconds
+        ),
+    )
 
 
 def sqs_client_named(value: object, where: str) -> SqsClient:

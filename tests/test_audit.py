@@ -367,7 +367,7 @@ def test_a_purge_records_which_messages_it_deleted(
 def test_the_deleted_list_is_bounded_and_says_where_the_rest_is(
     family: Family, tmp_path: Path, monkeypatch: Any, cli: Cli
 ) -> None:
-    from redrive.operations import purge
+    from redrive.operations.purge import engine as purge
 
     monkeypatch.setattr(purge, "DELETED_KEPT", 2)
     for i in range(5):

@@ -19,9 +19,10 @@ import pytest
 
 from redrive.errors import UsageProblem
 from redrive.keys import key_for
-from redrive.operations import move_processes, processes
+from redrive.operations import processes
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
+from redrive.operations.move import processes as move_processes
 from redrive.operations.processes import ChildStatus, ProcessesResult, check_processes
 from redrive.operations.purge import PurgeResult
 from redrive.operations.shared import (
@@ -346,8 +347,8 @@ def test_a_where_crosses_to_a_process_as_its_text_compiled_again() -> None:
 
 def test_inspect_groups_merge_into_one() -> None:
     from redrive.inspection.groups import TaskGroup
+    from redrive.inspection.merge import merge_sent_times, merge_task_groups
     from redrive.inspection.timeline import SentTimes
-    from redrive.operations.merge import merge_sent_times, merge_task_groups
 
     fine, coarse = SentTimes(), SentTimes(width=300)
     for t in (0.0, 30.0, 90.0):
@@ -371,7 +372,7 @@ def test_inspect_groups_merge_into_one() -> None:
 
 
 def test_an_inspect_limit_is_split_so_the_parts_add_up() -> None:
-    from redrive.operations.inspect_processes import limit_share
+    from redrive.inspection.processes import limit_share
 
     assert [limit_share(37, 3, n) for n in (1, 2, 3)] == [13, 12, 12]
     assert sum(limit_share(5, 4, n) or 0 for n in range(1, 5)) == 5
@@ -388,7 +389,7 @@ def test_each_process_archives_beside_the_archive_named() -> None:
 
 def test_every_copy_of_a_task_is_in_one_replay_share() -> None:
     from redrive.archive import ArchiveRecord
-    from redrive.operations.replay_processes import share_of
+    from redrive.operations.replay.processes import share_of
     from redrive.sandbox.encoder import encode
 
     def record(message_id: str, task_id: str) -> ArchiveRecord:

@@ -187,7 +187,7 @@ def test_an_edited_moves_archive_keeps_redrives_own_receives(
 def test_a_processes_runs_parts_are_continued_too(tmp_path: Path) -> None:
     """A killed `--processes` edited move leaves only parts (X.p1, X.p2): its rerun
     continues them too, each process in a part of its own past them."""
-    from redrive.cli.move import continued_archive
+    from redrive.operations.move import continued_archive
 
     archive = tmp_path / "originals.jsonl.gz"
     for n in (1, 2):

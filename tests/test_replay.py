@@ -33,12 +33,13 @@ from redrive.broker.base import DlqTarget
 from redrive.broker.sqs import SqsBroker
 from redrive.broker.sqs.queues import describe_queue
 from redrive.config import load_layout
+from redrive.inspection.archive import inspect_archive
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import MoveOptions, MoveResult
 from redrive.operations.observer import Callbacks
 from redrive.operations.purge import PurgeOptions, purge_dlq
-from redrive.operations.replay import inspect_archive, replay_archive
+from redrive.operations.replay import replay_archive
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 

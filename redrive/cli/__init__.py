@@ -3,7 +3,8 @@
 Results go to stdout (tables, or JSON with ``--json``); progress and warnings to stderr.
 This package is the only part of redrive that imports click: the group and :func:`main`
 live here, the commands one module per family (:mod:`~redrive.cli.look`,
-:mod:`~redrive.cli.move`, :mod:`~redrive.cli.purge`, :mod:`~redrive.cli.native`,
+:mod:`~redrive.cli.move`, :mod:`~redrive.cli.replay`, :mod:`~redrive.cli.apply`,
+:mod:`~redrive.cli.purge`, :mod:`~redrive.cli.native`,
 :mod:`~redrive.cli.audit`, :mod:`~redrive.cli.sandbox`), what they share in
 :mod:`~redrive.cli.context`, :mod:`~redrive.cli.options` and :mod:`~redrive.cli.console`.
 """
@@ -16,7 +17,7 @@ import click
 
 from redrive import __version__
 from redrive.aws.session import AwsSettings
-from redrive.cli import audit, console, look, move, native, purge, sandbox, web
+from redrive.cli import apply, audit, console, look, move, native, purge, replay, sandbox, web
 from redrive.cli.context import Context, RedriveGroup
 from redrive.cli.exit_codes import EXIT_INTERRUPTED
 from redrive.cli.options import (
@@ -148,8 +149,8 @@ for command in (
     look.report,
     look.check,
     move.move,
-    move.replay,
-    move.apply,
+    replay.replay,
+    apply.apply,
     purge.purge,
     purge.archive,
     native.tasks,

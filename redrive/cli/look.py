@@ -18,7 +18,14 @@ from redrive import webhook
 from redrive.broker.server import BrokerServer, server_of, untested_warning
 from redrive.celery.results import ResultLookup
 from redrive.cli.celery_app import celery_findings, known_tasks
-from redrive.cli.console import Progress, emit_json, interruptible, table_width, warn
+from redrive.cli.console import (
+    Progress,
+    command_line,
+    emit_json,
+    interruptible,
+    table_width,
+    warn,
+)
 from redrive.cli.context import Context, core_errors, fail, pass_ctx
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED
 from redrive.cli.options import (
@@ -36,13 +43,18 @@ from redrive.cli.options import (
     wide_option,
     workers_doing,
 )
-from redrive.cli.processes import inspect_wiring
+from redrive.cli.runner import setup_of
 from redrive.errors import BrokerUnavailable, PostFailed, RedriveError, UsageProblem
+from redrive.inspection.processes import InspectScan
 from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import default_ledger_path
-from redrive.operations.inspect_processes import InspectScan
-from redrive.operations.inspect_run import inspect_queue
-from redrive.operations.replay import inspect_archive
+from redrive.operations.coordinator import (
+    ArchiveInspectRequest,
+    Caller,
+    InspectRequest,
+    run_operation,
+)
+from redrive.operations.observer import Callbacks, RunObserver
 from redrive.render.check import findings_table
 from redrive.render.html import report_html
 from redrive.render.inspect import inspect_text
@@ -205,48 +217,48 @@ def _inspect_queue(
     """Scan the target's DLQ (in ``processes`` processes, or this one), a progress line on
     stderr; every message received is released. ``reader``: the option that reads Celery's
     result backend, if any (without a backend it is a usage error)."""
-    progress = Progress("scanning")
-    # With a --where, --limit counts matches: how many are received is not known ahead.
-    on_progress, on_depth = _scan_callbacks(progress, limit if focus.where is None else None)
+    progress = ScanProgress(Progress("scanning"), limit if focus.where is None else None)
     with core_errors(), interruptible() as stop:
         dlq = ctx.target(target)
-        results = _results_for(ctx, reader)
-        result = inspect_queue(
-            dlq,
-            InspectScan(
-                limit=limit,
-                show_args=show_args,
-                workers=workers,
-                now=time.time(),
-                lease=lease,
-                focus=focus,
-                group_by="exception" if group_by == "exception" else None,
-            ),
-            broker_factory=ctx.broker_of(dlq),
-            receive_log=ctx.receive_log(),
-            results=results,
-            wiring=inspect_wiring(ctx, dlq, results),
-            stop=stop,
-            on_progress=on_progress,
-            on_depth=on_depth,
-            processes=processes,
+        scan = InspectScan(
+            limit=limit,
+            show_args=show_args,
+            workers=workers,
+            now=time.time(),
+            lease=lease,
+            focus=focus,
+            group_by="exception" if group_by == "exception" else None,
         )
+        request = InspectRequest(dlq, scan, processes, _results_for(ctx, reader))
+        result = run_operation(
+            request,
+            setup=setup_of(ctx),
+            ledger=None,
+            caller=Caller.local(command_line()),
+            observer=progress,
+            stop=stop,
+        ).unwrap()
     progress.done()
     return result
 
 
-def _scan_callbacks(
-    progress: Progress, limit: int | None
-) -> tuple[Callable[[int], None], Callable[[int], None]]:
-    """What the progress line hears: messages received so far; the DLQ's depth (or --limit)."""
+class ScanProgress(RunObserver[int]):
+    """What the progress line hears of a scan: messages received so far; the DLQ's depth
+    (or ``limit``: with a --where, --limit counts matches, and how many are received is not
+    known ahead)."""
 
-    def on_progress(n: int) -> None:
-        progress.update(progress.of(n, "received"))
+    def __init__(self, progress: Progress, limit: int | None) -> None:
+        self.progress = progress
+        self.limit = limit
 
-    def on_depth(depth: int) -> None:
-        progress.set_total(min(depth, limit) if limit is not None else depth)
+    def on_progress(self, result: int) -> None:
+        self.progress.update(self.progress.of(result, "received"))
 
-    return on_progress, on_depth
+    def on_depth(self, depth: int) -> None:
+        self.progress.set_total(min(depth, self.limit) if self.limit is not None else depth)
+
+    def done(self) -> None:
+        self.progress.done()
 
 
 def _show_inspected(result: InspectResult, *, as_json: bool, ascii_only: bool, wide: bool) -> None:
@@ -277,13 +289,13 @@ def _inspect_archive(
     ctx: Context, target: str, *, focus: Focus, limit: int | None
 ) -> InspectResult:
     with core_errors():
-        return inspect_archive(
-            target,
-            focus=focus,
-            limit=limit,
-            s3_client_factory=ctx.s3_client,
-            on_problem=warn,
-        )
+        return run_operation(
+            ArchiveInspectRequest(target, focus, limit),
+            setup=setup_of(ctx),
+            ledger=None,
+            caller=Caller.local(command_line()),
+            observer=Callbacks(on_problem=warn),
+        ).unwrap()
 
 
 def _results_for(ctx: Context, reader: str | None) -> ResultLookup | None:

@@ -29,7 +29,6 @@ from redrive.operations.move import (
 from redrive.operations.move.returns import (
     DEFAULT_STOP_AFTER_RETURNS,
     ReturnsLimit,
-    parse_returns_limit,
 )
 from redrive.operations.processes import MAX_PROCESSES
 from redrive.selection import Selection
@@ -136,7 +135,7 @@ def selection_options(f: F) -> F:
             "message_ids",
             multiple=True,
             metavar="ID",
-            help="Only the message with this SQS MessageId (repeatable).",
+            help="Only the message with this id (SQS's MessageId, AMQP's message_id; repeatable).",
         ),
         where_option,
     ]
@@ -427,7 +426,7 @@ def move_options(f: F) -> F:
 
 def _returns_limit(ctx: click.Context, param: click.Parameter, value: str) -> ReturnsLimit:
     try:
-        return parse_returns_limit(value)
+        return ReturnsLimit.parse(value)
     except UsageProblem as exc:
         raise click.BadParameter(str(exc), param=param) from None
 
@@ -491,96 +490,66 @@ def archive_destination(f: F) -> F:
 # -- global options anywhere --------------------------------------------------------------------
 
 
+def setter(attribute: str) -> Callable[[click.Context, click.Parameter, Any], None]:
+    """The callback of a global option given after the command: it sets ``attribute`` of
+    the command's :class:`Context` (over the value given before the command, if any)."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        state = ctx.find_object(Context)
+        if value is None or state is None:
+            return
+        if attribute == "config":
+            state.config, state._layout = value, None
+        elif attribute == "celery_app":
+            state.celery_app, state.celery_app_from_env = value, False
+        elif attribute == "result_backend":
+            state.result_backend, state.result_backend_given = value or None, True
+        elif attribute == "sqs_client":
+            state.sqs_client = checked_sqs_client(value)
+        elif attribute == "broker":
+            state.broker_option = value or None
+        elif attribute == "rabbitmq_api":
+            state.rabbitmq_api_option = value or None
+        elif attribute == "allow_delivery_limit":
+            # A flag not given after the command keeps one given before it.
+            state.allow_delivery_limit = state.allow_delivery_limit or bool(value)
+        else:
+            if attribute == "endpoint_url":
+                endpoint_url(ctx, param, value)
+            setattr(state.aws, attribute, value)
+
+    return callback
+
+
 def _global_options() -> list[click.Option]:
     """``--endpoint-url``, ``--region``, ``--profile``, ``--config`` (and ``--celery-app``,
     ``--result-backend``, ``--sqs-client``) after the command too, as the AWS CLI accepts
     them (``redrive inspect checkout --region eu-west-1``)."""
-
-    def setter(attribute: str) -> Callable[[click.Context, click.Parameter, Any], None]:
-        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
-            state = ctx.find_object(Context)
-            if value is None or state is None:
-                return
-            if attribute == "config":
-                state.config, state._layout = value, None
-            elif attribute == "celery_app":
-                state.celery_app, state.celery_app_from_env = value, False
-            elif attribute == "result_backend":
-                state.result_backend, state.result_backend_given = value or None, True
-            elif attribute == "sqs_client":
-                state.sqs_client = checked_sqs_client(value)
-            elif attribute == "broker":
-                state.broker_option = value or None
-            elif attribute == "rabbitmq_api":
-                state.rabbitmq_api_option = value or None
-            elif attribute == "allow_delivery_limit":
-                # A flag not given after the command keeps one given before it.
-                state.allow_delivery_limit = state.allow_delivery_limit or bool(value)
-            else:
-                if attribute == "endpoint_url":
-                    endpoint_url(ctx, param, value)
-                setattr(state.aws, attribute, value)
-
-        return callback
-
     return [
-        click.Option(
-            ["--endpoint-url"],
-            metavar="URL",
-            expose_value=False,
-            callback=setter("endpoint_url"),
-            help="As the global option (may also come before the command).",
-        ),
-        click.Option(["--region"], metavar="REGION", expose_value=False, callback=setter("region")),
-        click.Option(["--profile"], metavar="NAME", expose_value=False, callback=setter("profile")),
-        click.Option(
-            ["--config"],
-            metavar="FILE",
-            type=click.Path(dir_okay=False),
-            expose_value=False,
-            callback=setter("config"),
-        ),
-        click.Option(
-            ["--celery-app"],
+        _after("--endpoint-url", metavar="URL", help=AS_GLOBAL),
+        _after("--region", metavar="REGION"),
+        _after("--profile", metavar="NAME"),
+        _after("--config", metavar="FILE", type=click.Path(dir_okay=False)),
+        _after(
+            "--celery-app",
             metavar="MODULE:ATTR",
-            expose_value=False,
-            callback=setter("celery_app"),
             help="The Celery app, as the global option (may also come before the command).",
         ),
-        click.Option(
-            ["--result-backend"],
-            metavar="URL",
-            expose_value=False,
-            callback=setter("result_backend"),
-        ),
-        click.Option(
-            ["--sqs-client"],
-            metavar="botocore|lean",
-            expose_value=False,
-            callback=setter("sqs_client"),
-            help="As the global option (may also come before the command).",
-        ),
-        click.Option(
-            ["--broker"],
-            metavar="URL",
-            expose_value=False,
-            callback=setter("broker"),
-            help="As the global option (may also come before the command).",
-        ),
-        click.Option(
-            ["--rabbitmq-api"],
-            metavar="URL",
-            expose_value=False,
-            callback=setter("rabbitmq_api"),
-        ),
-        click.Option(
-            ["--allow-delivery-limit"],
-            is_flag=True,
-            expose_value=False,
-            callback=setter("allow_delivery_limit"),
-            help="As the global option (may also come before the command).",
-        ),
+        _after("--result-backend", metavar="URL"),
+        _after("--sqs-client", metavar="botocore|lean", help=AS_GLOBAL),
+        _after("--broker", metavar="URL", help=AS_GLOBAL),
+        _after("--rabbitmq-api", metavar="URL"),
+        _after("--allow-delivery-limit", is_flag=True, help=AS_GLOBAL),
     ]
+
+
+AS_GLOBAL = "As the global option (may also come before the command)."
+
+
+def _after(name: str, **kwargs: Any) -> click.Option:
+    """A global option given after the command (its value set by :func:`setter`)."""
+    attribute = name.removeprefix("--").replace("-", "_")
+    return click.Option([name], expose_value=False, callback=setter(attribute), **kwargs)
 
 
 def add_global_options(group: click.Group) -> None:

@@ -118,7 +118,8 @@ def purge_progress(r: PurgeResult, progress: Progress) -> str:
 @click.option(
     "--no-archive",
     is_flag=True,
-    help="Delete without keeping a copy. Unfiltered, this uses SQS PurgeQueue.",
+    help="Delete without keeping a copy. Unfiltered, this purges the whole queue (SQS "
+    "PurgeQueue, RabbitMQ queue.purge).",
 )
 @execute_options
 @ledger_option

@@ -1,9 +1,10 @@
 """How many times redrive itself received each DLQ message, so that the receive counts it
 shows are what the queue's consumers did, not what redrive's own reads did.
 
-SQS has no peek: every inspect, report, archive and dry run receives each message once
-more, and each receive raises its receive count. A cron ``report`` every 10
-minutes adds 144 a day. redrive remembers its own receives here and subtracts them.
+A broker has no peek: every inspect, report, archive and dry run receives each message once
+more, and each receive raises its receive count (SQS's ApproximateReceiveCount, a RabbitMQ
+quorum queue's delivery count). A cron ``report`` every 10 minutes adds 144 a day. redrive
+remembers its own receives here and subtracts them.
 
 One SQLite file in the state directory (``receives.sqlite3`` beside the ledger), shared by
 every redrive process on the machine: per message an 8-byte digest of its MessageId, how many

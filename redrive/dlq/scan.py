@@ -1,6 +1,7 @@
 """The DLQ scan: see every message of a queue once, and give back what was not consumed.
 
-SQS has no peek: receiving a message hides it for its visibility timeout. A scan receives
+A broker has no peek: receiving a message hides it from every other receiver for its hold
+(SQS's visibility timeout; RabbitMQ's unacknowledged delivery). A scan receives
 batches, hands each message to the operation once, keeps the messages it does not consume
 hidden until the scan ends (so they are not received again), and then makes them visible
 again. Memory stays flat at any depth: delivery tags of held messages are spooled to

@@ -12,7 +12,7 @@ scanned when that interval ends. An operator may ask for a fresh scan (``fresh``
 one at a time.
 
 A DLQ that a live run is moving (its own or a CLI's, from the ledger's run records: the
-``live_runs`` callable, :class:`redrive.operations.live.LedgerRuns`) is never scanned: the
+``live_runs`` callable: :class:`redrive.operations.live.LedgerRuns`) is never scanned: the
 caller gets that run's progress. A DLQ with a delivery limit of its own is refused as the CLI
 refuses it (:mod:`redrive.dlq.delivery_limit`), and a scan that fails says why: each is a
 typed status, never an exception. A scan is :func:`~redrive.inspection.scan.inspect_dlq`,
@@ -28,9 +28,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Generic, Literal, TypeVar
 
 from redrive.broker.base import Broker, DlqTarget
 from redrive.celery.results import ResultLookup
@@ -38,34 +38,12 @@ from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError
 from redrive.inspection.scan import DEFAULT_LEASE, Focus, InspectResult, inspect_dlq
+from redrive.operations.live import RunProgress
 from redrive.where import compile_expression, compile_where
 
 DEFAULT_REFRESH = 60.0
 MAX_VIEWS = 64
 """Views remembered at most (the least recently asked for goes first)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunProgress:
-    """A live run moving a DLQ, as the ledger (or the console that runs it) knows it."""
-
-    run_id: str
-    command: str
-    started_at: float
-    heartbeat_at: float
-    user: str | None = None
-    counts: Mapping[str, int] = field(default_factory=dict)
-    """Its keys by state so far (``claimed``, ``sent``, ``done``), or its live counts."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "command": self.command,
-            "started_at": self.started_at,
-            "heartbeat_at": self.heartbeat_at,
-            "user": self.user,
-            "counts": dict(self.counts),
-        }
 
 
 LiveRuns = Callable[[DlqTarget], RunProgress | None]

@@ -49,9 +49,9 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import redrive.ledger.dynamodb_writes as writes
 from redrive.aws.session import AwsSettings
 from redrive.errors import LedgerError
-from redrive.ledger import dynamodb_writes as writes
 from redrive.ledger.base import (
     KEY_PAGE,
     Claim,

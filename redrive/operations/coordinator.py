@@ -1,8 +1,9 @@
 """One run's life, for every front end (the CLI, a console): s3transfer's coordinator as
 the model. A front end parses what it was asked into a typed request (:class:`MoveRequest`,
 :class:`PurgeRequest` for purge and archive, :class:`ReplayRequest`, :class:`ApplyRequest`,
-:class:`InspectRequest`), decides whether to ask for a confirmation, and calls
-:func:`run_operation` once; it renders the :class:`Outcome` it gets back.
+:class:`InspectRequest`, :class:`ArchiveInspectRequest`), decides whether to ask for a
+confirmation, and calls :func:`run_operation` once; it renders the :class:`Outcome` it gets
+back.
 
 The coordinator opens and closes the ledger, writes the run's record for the audit trail
 (:class:`Caller` is its who), writes a plan when asked, chooses this process (with the
@@ -18,6 +19,7 @@ the front end's :class:`Setup` (its brokers, its clients, its result backend).
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -27,23 +29,31 @@ from typing import Any, Generic, TypeVar, cast
 from redrive.archive.storage import absolute_location
 from redrive.aws.identity import local_identity
 from redrive.broker.base import Broker, DlqTarget, QueueRef
+from redrive.celery.knowledge import TaskKnowledge
 from redrive.celery.results import ResultLookup
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError, UsageProblem
-from redrive.inspection.scan import InspectResult
+from redrive.inspection.archive import ArchiveInspectResult, inspect_archive
+from redrive.inspection.entry import inspect_queue
+from redrive.inspection.processes import InspectScan
+from redrive.inspection.scan import Focus, InspectResult
 from redrive.ledger import Ledger, default_ledger_path, open_ledger
-from redrive.operations.apply import ApplyResult, apply_plan
-from redrive.operations.inspect_processes import InspectScan
-from redrive.operations.inspect_run import inspect_queue
+from redrive.operations.apply.engine import (
+    ApplyOptions,
+    ApplyResult,
+    apply_plan,
+    plan_move_options,
+    plan_purge_options,
+)
 from redrive.operations.move import MoveOptions, MoveResult, continued_archive
-from redrive.operations.move_run import move
+from redrive.operations.move.entry import move
 from redrive.operations.observer import NULL_OBSERVER, Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter
 from redrive.operations.processes import ProcessesResult, Wiring
-from redrive.operations.purge import PurgeOptions, PurgeResult, purge_whole_queue
-from redrive.operations.purge_run import purge
-from redrive.operations.replay import ReplayResult
-from redrive.operations.replay_run import replay
+from redrive.operations.purge.engine import PurgeOptions, PurgeResult, purge_whole_queue
+from redrive.operations.purge.entry import purge
+from redrive.operations.replay.engine import ReplayResult
+from redrive.operations.replay.entry import replay
 from redrive.operations.run import RunRecord, audit_filters, audit_record
 
 R = TypeVar("R")
@@ -54,14 +64,20 @@ R = TypeVar("R")
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who asks for a run: the audit trail's who. ``user`` is the person (the OS user for a
-    terminal, the signed-in user for a console), ``host`` where the front end runs,
-    ``address`` where the request came from (a console's client), ``command`` how the front
-    end names the request (the CLI's command line; a console's action)."""
+    terminal, the signed-in user for a console), ``host`` this machine's name, where the
+    front end runs (the ledger tells a live run by its host and process: :meth:`of` fills
+    it), ``address`` where the request came from (a console's client), ``command`` how the
+    front end names the request (the CLI's command line; a console's action)."""
 
     user: str
     host: str
     command: str
     address: str | None = None
+
+    @classmethod
+    def of(cls, user: str, command: str, address: str | None = None) -> Caller:
+        """``user`` asking from ``address``, through a front end on this machine."""
+        return cls(user, socket.gethostname(), command, address)
 
     @classmethod
     def local(cls, command: str) -> Caller:
@@ -326,6 +342,29 @@ class ApplyRequest(Request[ApplyResult]):
         )
 
 
+def apply_request(
+    target: DlqTarget,
+    plan: Plan,
+    applying: ApplyOptions,
+    *,
+    processes: int = 1,
+    to: QueueRef | None = None,
+    to_celery_queue: bool = True,
+    celery: TaskKnowledge | None = None,
+) -> ApplyRequest:
+    """The request that applies ``plan`` to ``target``: a purge plan's options, or a move
+    plan's with where it sends (``to``, ``to_celery_queue``, ``celery``: as the front end
+    found them for the plan), ``applying`` over them."""
+    options: MoveOptions | PurgeOptions
+    if plan.kind == "move":
+        options = plan_move_options(
+            plan, applying, to=to, to_celery_queue=to_celery_queue, celery=celery
+        )
+    else:
+        options = plan_purge_options(plan, applying)
+    return ApplyRequest(target, plan, options, processes)
+
+
 @dataclass(frozen=True, slots=True)
 class InspectRequest(Request[InspectResult]):
     """``inspect`` of a DLQ: grouped by task, every message received given back.
@@ -350,6 +389,25 @@ class InspectRequest(Request[InspectResult]):
             on_progress=observer.on_progress if observer.wants_progress else None,
             on_depth=observer.on_depth,
             processes=self.processes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveInspectRequest(Request[ArchiveInspectResult]):
+    """``inspect`` of an archive, offline: what reads cleanly grouped as a live inspect
+    groups it, and the damage said (the observer's ``on_problem``)."""
+
+    source: str
+    focus: Focus | None = None
+    limit: int | None = None
+
+    def run(self, run: _Run) -> ArchiveInspectResult:
+        return inspect_archive(
+            self.source,
+            focus=self.focus,
+            limit=self.limit,
+            s3_client_factory=run.setup.s3_client,
+            on_problem=run.observer.on_problem,
         )
 
 

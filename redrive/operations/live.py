@@ -14,9 +14,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from redrive.broker.base import DlqTarget
-from redrive.inspection.shared import RunProgress
 from redrive.ledger import KeyState, Ledger, RunInfo
 from redrive.operations.run import run_is_live
 
@@ -28,8 +29,32 @@ RECENT = 7 * 86_400.0
 COUNTED = (KeyState.CLAIMED, KeyState.SENT, KeyState.DONE)
 
 
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """A live run moving a DLQ, as the ledger (or the console that runs it) knows it."""
+
+    run_id: str
+    command: str
+    started_at: float
+    heartbeat_at: float
+    user: str | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)
+    """Its keys by state so far (``claimed``, ``sent``, ``done``), or its live counts."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "command": self.command,
+            "started_at": self.started_at,
+            "heartbeat_at": self.heartbeat_at,
+            "user": self.user,
+            "counts": dict(self.counts),
+        }
+
+
 class LedgerRuns:
-    """The live run moving a DLQ (a :data:`~redrive.inspection.shared.LiveRuns`), read from
+    """The live run moving a DLQ (what :class:`redrive.inspection.shared.SharedScans` asks
+    before a scan), read from
     the ledger ``ledger`` opens (asked again while it gives none: a console may start before
     the first run makes the ledger; the caller closes the one it gave); thread-safe.
     ``own``: a run's live counts where the caller runs it itself (a console's operation),

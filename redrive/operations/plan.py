@@ -72,6 +72,11 @@ class Plan:
     items: list[PlanItem] = field(default_factory=list)
     path: str = ""
 
+    @classmethod
+    def read(cls, path: str) -> Plan:
+        """The plan at ``path`` (:func:`read_plan`)."""
+        return read_plan(path)
+
     @property
     def message_ids(self) -> frozenset[str]:
         return frozenset(item.message_id for item in self.items)

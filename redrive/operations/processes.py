@@ -31,12 +31,12 @@ and what it left in doubt (its claimed keys, from the ledger), and needs attenti
 This module is the supervisor: it spawns the children, links each to its parent, spreads
 the run over them, sums their totals, answers Ctrl-C (and carries ``abort`` with SIGUSR1)
 and records the run for the audit. What each child runs is its operation's own, in a module
-beside it: ``move`` and ``apply`` of a move plan (:mod:`redrive.operations.move_processes`)
+beside it: ``move`` and ``apply`` of a move plan (:mod:`redrive.operations.move.processes`)
 scan the same DLQ from every child; ``purge``, ``archive`` and ``apply`` of a purge plan
-(:mod:`redrive.operations.purge_processes`) give each child an archive of its own
-(:func:`archive_part`); ``replay`` (:mod:`redrive.operations.replay_processes`) checks the
+(:mod:`redrive.operations.purge.processes`) give each child an archive of its own
+(:func:`archive_part`); ``replay`` (:mod:`redrive.operations.replay.processes`) checks the
 archive in the parent, then each child replays its share, split by task id; ``inspect``
-(:mod:`redrive.operations.inspect_processes`) merges the children's groups. The scans end
+(:mod:`redrive.inspection.processes`) merges the children's groups. The scans end
 together (``RunShares.scan_ended``): a child holds what it received until every sibling's
 scan has ended, so none receives, and counts, what another gave back.
 """

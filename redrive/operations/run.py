@@ -71,7 +71,7 @@ def audit_record(
     ledger: str,
     archive: str | None,
     identity: Mapping[str, str],
-    caller: Mapping[str, Any],
+    caller: Mapping[str, Any] | None = None,
     sqs_client: str | None = None,
     broker_server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def audit_record(
         **({"sqs_client": sqs_client} if sqs_client is not None else {}),
         **({"broker_server": dict(broker_server)} if broker_server is not None else {}),
         **identity,
-        **caller,
+        **(caller or {}),
     }
 
 

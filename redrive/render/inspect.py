@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from redrive.celery.results import WORKER_DIED, ResultCounts
+from redrive.inspection.archive import ArchiveInspectResult
 from redrive.inspection.groups import TaskGroup
 from redrive.inspection.scan import InspectResult
-from redrive.operations.replay import ArchiveInspectResult
 from redrive.render.sparkline import group_label, timeline_lines
 from redrive.render.tables import (
     Narrow,

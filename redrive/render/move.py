@@ -11,7 +11,7 @@ from redrive.archive import DamageReport
 from redrive.ledger import default_ledger_path
 from redrive.operations.move import BUSY, LEASE_LIVE, MoveResult, TaskCounts
 from redrive.operations.move.repair_step import UNCHANGED, RepairReport
-from redrive.operations.purge import PurgeResult
+from redrive.operations.purge.engine import PurgeResult
 from redrive.operations.verdict import POISON, STOPPED, UNRECORDED
 from redrive.render.selection import misses_text
 from redrive.render.tables import Narrow, fit_text, fitted_table, printable

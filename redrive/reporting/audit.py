@@ -107,8 +107,8 @@ def run_json(run: RunInfo) -> dict[str, Any]:
 
 def _deleted_cut(run: RunInfo) -> dict[str, Any]:
     """How much of what a purge deleted its record lists (the first
-    :data:`~redrive.operations.purge.DELETED_KEPT`), as every capped list in the JSON says it:
-    ``deleted_listed`` and ``deleted_truncated``."""
+    :data:`~redrive.operations.purge.engine.DELETED_KEPT`), as every capped list in the JSON
+    says it: ``deleted_listed`` and ``deleted_truncated``."""
     deleted = (run.info or {}).get("deleted")
     if not isinstance(deleted, list):
         return {}

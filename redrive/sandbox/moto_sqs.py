@@ -58,7 +58,8 @@ from moto.sqs.constants import MAXIMUM_VISIBILITY_TIMEOUT
 from moto.sqs.exceptions import InvalidParameterValue
 from moto.sqs.models import Message, Queue, SQSBackend
 
-from redrive.sandbox import message_index, move_tasks
+import redrive.sandbox.message_index as message_index
+import redrive.sandbox.move_tasks as move_tasks
 
 __all__ = ["MOTO_SERIES", "extended", "installed"]
 

@@ -34,7 +34,7 @@ from moto.sqs.exceptions import InvalidParameterValue, SQSException
 from moto.sqs.models import Message, Queue, SQSBackend, sqs_backends
 from moto.sqs.responses import SQSResponse
 
-from redrive.sandbox import message_index
+import redrive.sandbox.message_index as message_index
 
 __all__ = ["DEFAULT_RATE", "MAX_RATE", "replacements", "stop_all", "stop_backend"]
 

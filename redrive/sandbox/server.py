@@ -25,7 +25,7 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
-from redrive.sandbox import moto_sqs
+import redrive.sandbox.moto_sqs as moto_sqs
 
 ACCESS_KEY_ID: Final = "sandbox"
 

@@ -9,7 +9,6 @@ send a task twice), the same audit record (the person and their address as its w
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,10 +16,9 @@ from typing import Any, Literal
 
 from redrive.aws.identity import caller_identity
 from redrive.broker.base import DlqTarget, QueueRef, queue_name
-from redrive.broker.sqs import SqsBroker
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.errors import UsageProblem
-from redrive.operations.apply import ApplyOptions, plan_move_options, plan_purge_options
+from redrive.operations.apply import ApplyOptions
 from redrive.operations.coordinator import (
     ApplyRequest,
     Caller,
@@ -28,6 +26,7 @@ from redrive.operations.coordinator import (
     Outcome,
     PurgeRequest,
     Setup,
+    apply_request,
     run_operation,
 )
 from redrive.operations.move import MoveOptions, RepairOptions
@@ -93,14 +92,14 @@ def broker_caller(workspace: Workspace) -> dict[str, Any]:
     """Whom the broker knows the console's runs as: the AWS principal on SQS (as the CLI
     records it); on another broker, the console itself (its person is the record's who)."""
     clients = workspace.client_factory
-    if clients is not None and isinstance(workspace.broker_for(None), SqsBroker):
+    if clients is not None and workspace.broker_for(None).capabilities.spoken_name == "SQS":
         return caller_identity(lambda: clients("sts"))
     return {"front_end": "redrive web"}
 
 
 def caller_of(person: Person, what: str) -> Caller:
     """The audit's who: the person signed in, where they asked from, and the action."""
-    return Caller(person.name, socket.gethostname(), f"web {what}", person.address)
+    return Caller.of(person.name, f"web {what}", person.address)
 
 
 def dry_run(workspace: Workspace, plans: PlanStore, form: ActionForm, person: Person) -> str:
@@ -180,7 +179,7 @@ def _celery_queue(workspace: Workspace, queue: QueueRef) -> bool:
     return any(queue_name(f.queue) == queue.name for f in workspace.layout.families)
 
 
-def apply_request(workspace: Workspace, plan: Plan) -> ApplyRequest:
+def plan_request(workspace: Workspace, plan: Plan) -> ApplyRequest:
     """Executing exactly ``plan`` (the console's or the CLI's), as ``redrive apply PLAN
     --execute`` does."""
     target = workspace.target(plan.dlq_url)
@@ -188,18 +187,18 @@ def apply_request(workspace: Workspace, plan: Plan) -> ApplyRequest:
         raise UsageProblem(f"the plan is for {plan.dlq_url}, which is not a DLQ now")
     applying = ApplyOptions(execute=True)
     if plan.kind != "move":
-        return ApplyRequest(target, plan, plan_purge_options(plan, applying))
+        return apply_request(target, plan, applying)
     to = _queue(workspace, target, plan.options["to"]) if plan.options.get("to") else None
     routed = plan.options.get("route") == "task"
     planned = {i.message_id: i.target for i in plan.items if i.target} if routed else None
-    options = plan_move_options(
+    return apply_request(
+        target,
         plan,
         applying,
         to=to,
         to_celery_queue=to is None or _celery_queue(workspace, to),
         celery=knowledge_for(workspace, route="source", to=to, planned=planned),
     )
-    return ApplyRequest(target, plan, options)
 
 
 def confirmation_needed(plan: Plan) -> bool:

@@ -196,7 +196,7 @@ async def execute(request: Request) -> Response:
     plan_id = request.path_params["plan_id"]
     try:
         plan = plans_of(console).read(plan_id)
-        apply = await run_in_threadpool(acting.apply_request, console.workspace, plan)
+        apply = await run_in_threadpool(acting.plan_request, console.workspace, plan)
     except RedriveError as exc:
         raise HTTPException(400, str(exc)) from None
     if not acting.confirmed(plan, apply.target, str(form.get("confirm", ""))):

@@ -19,7 +19,7 @@ from typing import Any
 from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.coordinator import Outcome
 from redrive.operations.observer import RunObserver
-from redrive.operations.plan import Plan, read_plan
+from redrive.operations.plan import Plan
 from redrive.web.security import Person
 
 _ID = re.compile(r"^[0-9a-f]{16}$")
@@ -55,7 +55,7 @@ class PlanStore:
         path = self.path(plan_id)
         if not path.exists():
             raise UsageProblem(f"no such plan: {plan_id}")
-        return read_plan(str(path))
+        return Plan.read(str(path))
 
     def keep_dry_run(self, plan_id: str, summary: Mapping[str, Any]) -> None:
         self.path(plan_id).with_suffix(".dry-run.json").write_text(
@@ -74,7 +74,7 @@ class PlanStore:
         plan_id, path = self.new_path()
         path.write_bytes(content)
         try:
-            read_plan(str(path))
+            Plan.read(str(path))
         except RedriveError:
             path.unlink(missing_ok=True)
             raise

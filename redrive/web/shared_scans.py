@@ -19,7 +19,6 @@ from redrive.inspection.shared import (
     Failed,
     Moving,
     Refused,
-    RunProgress,
     ScanControl,
     Scanned,
     Scanning,
@@ -27,7 +26,7 @@ from redrive.inspection.shared import (
     SharedScans,
 )
 from redrive.ledger import Ledger
-from redrive.operations.live import LedgerRuns
+from redrive.operations.live import LedgerRuns, RunProgress
 from redrive.web.scans import ScanOutcome, ScanRequest, scan_dlq
 from redrive.web.workspace import Workspace
 

@@ -39,7 +39,6 @@ from redrive.operations.move.repair_step import (
     RepairOptions,
     RepairReport,
     continued_archive,
-    suggested_archive,
 )
 from redrive.operations.move.result import (
     MAX_LISTED,
@@ -101,5 +100,4 @@ __all__ = [
     "continued_archive",
     "listed_json",
     "overlap_pays",
-    "suggested_archive",
 ]

@@ -31,7 +31,7 @@ from redrive.ledger import Ledger
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
 from redrive.operations.plan import CHANGED_SINCE_PLAN
-from redrive.operations.purge import check_archive_path
+from redrive.operations.purge.engine import check_archive_path
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
 
 # Reasons a selected message is left in the DLQ by the edits (keys of MoveResult.skipped).
@@ -67,6 +67,15 @@ class RepairOptions:
     @property
     def words(self) -> list[str]:
         return [word for edit in self.edits for word in edit.words]
+
+    def with_suggested_archive(self, label: str) -> RepairOptions:
+        """A dry run with edits that names no archive: the path its ``--execute`` would
+        archive the originals to (purge's default), named in the command the dry run
+        prints, so that the command runs as it is."""
+        if self.archive_to is not None:
+            return self
+        now = datetime.fromtimestamp(time.time(), UTC)
+        return replace(self, archive_to=default_archive_path(label, now), suggested=True)
 
 
 def change_text(change: Change, show_args: bool) -> str:
@@ -311,16 +320,6 @@ def _open_archive(
             if not os.path.lexists(os.path.expanduser(part)):
                 raise
     raise ArchiveError(f"no free part beside archive {options.archive_to}; choose another path")
-
-
-def suggested_archive(repair: RepairOptions, label: str) -> RepairOptions:
-    """A dry run with edits that names no archive: the path its ``--execute`` would archive
-    the originals to (purge's default), named in the command the dry run prints, so that the
-    command runs as it is."""
-    if repair.archive_to is not None:
-        return repair
-    now = datetime.fromtimestamp(time.time(), UTC)
-    return replace(repair, archive_to=default_archive_path(label, now), suggested=True)
 
 
 def continued_archive(repair: RepairOptions, ledger: Ledger | None) -> RepairOptions:

@@ -55,24 +55,25 @@ class ReturnsLimit:
             return f"{self.percent:g}%"
         return "off"
 
+    @classmethod
+    def parse(cls, text: str) -> ReturnsLimit:
+        """``--stop-after-returns``: N (tasks), P% (of those moved) or ``off``."""
+        word = text.strip().lower()
+        if word == "off":
+            return cls()
+        if word.isdigit():
+            return cls(count=int(word))
+        match = _PERCENT.match(word)
+        if match is not None and 0 <= float(match.group(1)) <= 100:
+            return cls(percent=float(match.group(1)))
+        raise UsageProblem(
+            f"--stop-after-returns {text!r}: give a number of tasks (20), a share of those "
+            "moved (50%), or off"
+        )
 
-def parse_returns_limit(text: str) -> ReturnsLimit:
-    """``--stop-after-returns``: N (tasks), P% (of those moved) or ``off``."""
-    word = text.strip().lower()
-    if word == "off":
-        return ReturnsLimit()
-    if word.isdigit():
-        return ReturnsLimit(count=int(word))
-    match = _PERCENT.match(word)
-    if match is not None and 0 <= float(match.group(1)) <= 100:
-        return ReturnsLimit(percent=float(match.group(1)))
-    raise UsageProblem(
-        f"--stop-after-returns {text!r}: give a number of tasks (20), a share of those "
-        "moved (50%), or off"
-    )
 
-
-DEFAULT_RETURNS_LIMIT = parse_returns_limit(DEFAULT_STOP_AFTER_RETURNS)
+parse_returns_limit = ReturnsLimit.parse
+DEFAULT_RETURNS_LIMIT = ReturnsLimit.parse(DEFAULT_STOP_AFTER_RETURNS)
 
 
 def grown_by(ready: int, depth_before: int, scanned: int) -> int:

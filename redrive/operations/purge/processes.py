@@ -31,7 +31,7 @@ from redrive.operations.processes import (
     check_processes,
     run_spread,
 )
-from redrive.operations.purge import (
+from redrive.operations.purge.engine import (
     PurgeOptions,
     PurgeResult,
     archive_location,

@@ -15,14 +15,14 @@ from redrive.errors import RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
-from redrive.operations.move.repair_step import RepairStep
-from redrive.operations.move_processes import (
+from redrive.operations.move.processes import (
     MoveRun,
     child_record,
     crossing_options,
     move_spread,
     run_to_the_end,
 )
+from redrive.operations.move.repair_step import RepairStep
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.processes import (
     Child,
@@ -33,7 +33,7 @@ from redrive.operations.processes import (
     check_processes,
     run_spread,
 )
-from redrive.operations.replay import (
+from redrive.operations.replay.engine import (
     ArchiveSource,
     ReplayResult,
     archive_label,

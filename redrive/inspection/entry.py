@@ -1,5 +1,5 @@
 """``inspect``'s one entry for a DLQ: the scan in this process (its ``--workers`` threads)
-or spread over ``--processes`` (redrive.operations.inspect_processes)."""
+or spread over ``--processes`` (redrive.inspection.processes)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 from redrive.broker.base import Broker, DlqTarget
 from redrive.celery.results import ResultLookup
 from redrive.dlq.receive_log import ReceiveLog
+from redrive.inspection.processes import InspectScan, inspect_in_processes
 from redrive.inspection.scan import InspectResult, inspect_dlq
-from redrive.operations.inspect_processes import InspectScan, inspect_in_processes
 from redrive.operations.processes import Wiring, needs_wiring
 
 

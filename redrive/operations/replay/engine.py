@@ -1,4 +1,4 @@
-"""Replay archived messages to any queue, and inspect an archive offline.
+"""Replay archived messages to any queue.
 
 Replay runs the move engine with an archive as its source: the same idempotency keys,
 ledger states and in-doubt handling, so replaying an archive twice sends nothing the second
@@ -12,7 +12,6 @@ so a replay never stops halfway through because of what it finds in its archive.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,10 +27,7 @@ from redrive.archive import (
 from redrive.broker import restored_delivery
 from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
 from redrive.errors import RedriveError
-from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
-from redrive.inspection.scan import Focus, InspectResult, grouping_fields
 from redrive.ledger import Ledger
-from redrive.messages import decode
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.move.repair_step import RepairStep
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
@@ -237,67 +233,4 @@ def archive_target(source: str) -> DlqTarget:
         family=None,
         dlq=QueueRef(url=source, name=label, ident="", fifo=False),
         sources=(),
-    )
-
-
-@dataclass(slots=True)
-class ArchiveInspectResult(InspectResult):
-    """An inspect of an archive: what read cleanly, and any damage that kept records out."""
-
-    damaged: DamageReport | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        # Explicit base: zero-argument super() fails in a slots dataclass.
-        data = InspectResult.to_json(self)
-        data["damaged"] = self.damaged.to_json() if self.damaged is not None else None
-        return data
-
-
-def inspect_archive(
-    source: str,
-    *,
-    show_args: bool = False,
-    limit: int | None = None,
-    s3_client_factory: Callable[[], Any] | None = None,
-    on_problem: Callable[[str], None] | None = None,
-    now: float | None = None,
-    focus: Focus | None = None,
-) -> ArchiveInspectResult:
-    """The grouped view of a live inspect, read offline from an archive (with the same
-    --where and --group-by when ``focus`` has them).
-
-    Damage does not stop it: the result counts what read cleanly and says what did not.
-    """
-    started = time.monotonic()
-    now = time.time() if now is None else now
-    focus = Focus.of(focus, show_args)
-    grouping = focus.grouping(now, None, DEFAULT_MAX_REDRIVES)
-    grouping.limit = limit
-    dlqs: set[str] = set()
-    partial = False
-    reader = ArchiveReader(
-        source, s3_client_factory=s3_client_factory, on_problem=on_problem, skip_damage=True
-    )
-    for record in reader:
-        if grouping.full:
-            partial = True
-            break
-        dlqs.add(record.dlq.rsplit("/", 1)[-1])
-        # The receives the archive says were redrive's own (its attributes keep SQS's count).
-        message = replace(as_message(record), redrive_receives=record.redrive_receives or 0)
-        grouping.offer(message, decode(record.body))
-    return ArchiveInspectResult(
-        label=archive_label(source),
-        dlq=", ".join(sorted(dlqs)) or "-",
-        dlq_url=source,
-        sources=[],
-        **grouping_fields(grouping),
-        **focus.describe(),
-        scanned_at=now,
-        seconds=time.monotonic() - started,
-        depth_before=grouping.scanned,
-        hidden_before=0,
-        partial=partial,
-        limit=limit,
-        damaged=reader.report(),
     )

@@ -1,5 +1,5 @@
 """``move``'s one entry: the move in this process (the engine, its ``--workers`` threads) or
-spread over ``--processes`` (redrive.operations.move_processes)."""
+spread over ``--processes`` (redrive.operations.move.processes)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from redrive.broker.base import Broker, DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.ledger import Ledger
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
+from redrive.operations.move.processes import move_in_processes
 from redrive.operations.move.repair_step import repair_step
-from redrive.operations.move_processes import move_in_processes
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
 from redrive.operations.run import RunRecord

@@ -12,10 +12,8 @@ from typing import Any
 from redrive.broker.base import Broker, DlqTarget
 from redrive.errors import RedriveError
 from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
+from redrive.inspection.merge import merge_inspect_results
 from redrive.inspection.scan import Focus, InspectResult, inspect_counts, inspect_dlq
-from redrive.operations.merge import (
-    merge_inspect_results,
-)
 from redrive.operations.observer import RunObserver
 from redrive.operations.processes import (
     Child,

@@ -26,12 +26,12 @@ from redrive.operations.move import (
     MoveResult,
     RepairOptions,
 )
-from redrive.operations.move_run import move
+from redrive.operations.move.entry import move
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import Plan
 from redrive.operations.processes import ProcessesResult, Wiring
-from redrive.operations.purge import PurgeOptions, PurgeResult
-from redrive.operations.purge_run import purge
+from redrive.operations.purge.engine import PurgeOptions, PurgeResult
+from redrive.operations.purge.entry import purge
 from redrive.operations.run import RunRecord
 from redrive.repair import parse_edit_words
 from redrive.selection import Selection

@@ -1,5 +1,5 @@
 """``replay``'s one entry: the replay in this process (its ``--workers`` threads) or spread
-over ``--processes`` (redrive.operations.replay_processes)."""
+over ``--processes`` (redrive.operations.replay.processes)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from redrive.ledger import Ledger
 from redrive.operations.move import MoveOptions, MoveResult
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
-from redrive.operations.replay import ReplayResult, replay_archive
-from redrive.operations.replay_processes import replay_in_processes
+from redrive.operations.replay.engine import ReplayResult, replay_archive
+from redrive.operations.replay.processes import replay_in_processes
 from redrive.operations.run import RunRecord
 
 

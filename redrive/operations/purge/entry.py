@@ -1,5 +1,5 @@
 """``purge`` and ``archive``'s one entry: the run in this process (its ``--workers``
-threads) or spread over ``--processes`` (redrive.operations.purge_processes)."""
+threads) or spread over ``--processes`` (redrive.operations.purge.processes)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from redrive.dlq.receive_log import ReceiveLog
 from redrive.ledger import Ledger
 from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
-from redrive.operations.purge import PurgeOptions, PurgeResult, run_purge
-from redrive.operations.purge_processes import purge_in_processes
+from redrive.operations.purge.engine import PurgeOptions, PurgeResult, run_purge
+from redrive.operations.purge.processes import purge_in_processes
 
 
 def purge(
