@@ -66,6 +66,7 @@ def routes() -> list[BaseRoute]:
         Route("/actions/plans/{plan_id}", plan_page, name="plan"),
         Route("/actions/plans/{plan_id}/download", download),
         Route("/actions/plans/{plan_id}/execute", execute, methods=["POST"]),
+        Route("/actions/operations", operations_list, name="console_operations"),
         Route("/actions/operations/{op_id}", operation_page, name="operation"),
         Route("/actions/operations/{op_id}/json", operation_json),
         Route("/actions/operations/{op_id}/stop", stop, methods=["POST"]),
@@ -214,6 +215,13 @@ async def execute(request: Request) -> Response:
         ),
     )
     return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+async def operations_list(request: Request) -> Response:
+    """This console's operations, running and finished (the ledger's runs are /operations)."""
+    console = _viewing(request)
+    ops = [op.to_json() for op in operations_of(console).all()]
+    return render(request, "actions/operations.html", {"ops": ops})
 
 
 async def operation_page(request: Request) -> Response:
