@@ -248,7 +248,8 @@ def report(
     after: dict[str, int],
 ) -> bool:
     """Print the figures; whether the run passed its checks (no error answered, no DLQ
-    scanned more often than the interval allows, every message read as often)."""
+    scanned more often than the interval allows, every message read as often, but for the
+    part a scan stopped by the server's end had read)."""
     print(
         f"{args.viewers} viewers for {args.seconds:g} s, --refresh {args.refresh:g}s "
         f"(scaled down from 60 s), 3 DLQs of {args.messages:,}"
@@ -275,7 +276,8 @@ def report(
             f"({(max(counts) - 1) / (args.seconds / args.refresh):.2f} per interval after "
             "the first)"
         )
-        ok = ok and len(counts) == 1 and max(counts) <= allowed
+        # A scan under way when the server stops is stopped there: it read part of the DLQ.
+        ok = ok and max(counts) <= allowed and max(counts) - min(counts) <= 1
     print("checks: " + ("passed" if ok else "FAILED"))
     return ok
 
