@@ -284,3 +284,40 @@ def test_an_operation_outlives_the_tab_and_stops_with_the_server(
     moved = family.drain(family.queue_url)
     left = family.drain(family.dlq_url)
     assert sorted(m["Body"] for m in moved + left) == sorted(charge_body(n) for n in range(40, 400))
+
+
+def test_an_archive_is_replayed_after_its_dry_run_each_task_once(
+    family: Family, tmp_path: Path
+) -> None:
+    sent = [charge_body(n) for n in (7, 8)]
+    for body in sent:
+        family.send_to_dlq(body)
+    archive = tmp_path / "purged.jsonl.gz"
+    with client(acting_console(tmp_path)) as test:
+        execute(test, dry_run(test, kind="purge", archive=str(archive)), "onion-checkout-dlq")
+        assert family.depth() == (0, 0)
+        csrf = form_csrf(test)
+        asked = {"csrf": csrf, "source": str(archive), "to": "onion-checkout"}
+        done = test.post("/actions/replay", data=asked)
+        assert done.status_code == 303, done.text
+        page = test.get(done.headers["location"])
+        assert "moved: 2" in page.text
+        assert family.depth(family.queue_url) == (0, 0)  # the dry run sent nothing
+        started = test.post(
+            done.headers["location"] + "/execute", data={"csrf": csrf_of(page.text)}
+        )
+        location = started.headers["location"]
+        wait_until(
+            lambda: test.get(f"{location}/json").json()["state"] != "running",
+            timeout=60,
+            what="the replay ends",
+        )
+        op = test.get(f"{location}/json").json()
+        again = test.post(done.headers["location"] + "/execute", data={"csrf": csrf_of(page.text)})
+        wait_until(
+            lambda: test.get(f"{again.headers['location']}/json").json()["state"] != "running",
+            timeout=60,
+            what="the second replay ends",
+        )
+    assert op["state"] == "completed", op["error"]
+    assert bodies(family, family.queue_url) == sorted(sent)  # once, though replayed twice

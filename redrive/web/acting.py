@@ -25,6 +25,7 @@ from redrive.operations.coordinator import (
     MoveRequest,
     Outcome,
     PurgeRequest,
+    ReplayRequest,
     Setup,
     apply_request,
     run_operation,
@@ -224,6 +225,70 @@ def execute(
         setup=setup_of(workspace),
         ledger=workspace.ledger_uri,
         caller=caller_of(person, f"apply {plan_id}"),
+        observer=observer,
+        stop=stop,
+    )
+
+
+# -- replaying an archive (no plan file: the CLI's replay has none) ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayForm:
+    """A replay of an archive (``redrive replay ARCHIVE``): its selection and where to."""
+
+    source: str
+    to: str | None = None
+    tasks: tuple[str, ...] = ()
+    where: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "to": self.to, "tasks": self.tasks, "where": self.where}
+
+
+def replay_request(workspace: Workspace, form: ReplayForm, *, execute: bool) -> ReplayRequest:
+    """The replay as ``redrive replay`` makes it: to ``form.to``, or where each task's route
+    names (the Celery app's routes)."""
+    to = workspace.broker_for(None).describe(form.to) if form.to else None
+    knowledge = knowledge_for(workspace, route="source" if to else "task", to=to)
+    if to is None and (knowledge is None or not knowledge.route_by_task):
+        raise UsageProblem("a replay needs a queue to send to (or the Celery app's routes)")
+    selection = Selection(tasks=form.tasks, where=compile_where(form.where) if form.where else None)
+    options = MoveOptions(
+        selection=selection,
+        execute=execute,
+        to=to,
+        to_celery_queue=to is None or _celery_queue(workspace, to),
+        celery=knowledge,
+    )
+    return ReplayRequest(form.source, to, options)
+
+
+def replay_dry_run(workspace: Workspace, form: ReplayForm, person: Person) -> dict[str, Any]:
+    """The replay's dry run: what it would send (its JSON), or a RedriveError."""
+    outcome: Outcome[Any] = run_operation(
+        replay_request(workspace, form, execute=False),
+        setup=setup_of(workspace),
+        ledger=workspace.ledger_uri,
+        caller=caller_of(person, f"replay {form.source} (dry run)"),
+    )
+    result: dict[str, Any] = outcome.unwrap().to_json()
+    return result
+
+
+def execute_replay(
+    workspace: Workspace,
+    form: ReplayForm,
+    person: Person,
+    stop: threading.Event,
+    observer: RunObserver[Any],
+) -> Outcome[Any]:
+    """Run the replay its dry run showed (in an operation's thread)."""
+    return run_operation(
+        replay_request(workspace, form, execute=True),
+        setup=setup_of(workspace),
+        ledger=workspace.ledger_uri,
+        caller=caller_of(person, f"replay {form.source}"),
         observer=observer,
         stop=stop,
     )

@@ -63,6 +63,9 @@ def routes() -> list[BaseRoute]:
         Route("/actions/new", new_action, name="new_action"),
         Route("/actions/dry-run", dry_run, methods=["POST"]),
         Route("/actions/upload", upload, methods=["POST"]),
+        Route("/actions/replay", replay_dry_run, methods=["POST"]),
+        Route("/actions/replays/{replay_id}", replay_page, name="replay"),
+        Route("/actions/replays/{replay_id}/execute", replay_execute, methods=["POST"]),
         Route("/actions/plans/{plan_id}", plan_page, name="plan"),
         Route("/actions/plans/{plan_id}/download", download),
         Route("/actions/plans/{plan_id}/execute", execute, methods=["POST"]),
@@ -253,3 +256,65 @@ async def stop(request: Request) -> Response:
     await run_in_threadpool(console.audit, person, "stop", {"operation": op.id, "plan": op.plan_id})
     operations_of(console).stop(op.id)
     return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+# -- replay an archive ------------------------------------------------------------------------
+
+
+def replay_form(form: FormData) -> acting.ReplayForm:
+    return acting.ReplayForm(
+        source=_text(form, "source") or "",
+        to=_text(form, "to"),
+        tasks=tuple(t for line in _lines(form, "tasks") for t in line.split(",") if t.strip()),
+        where=_lines(form, "where"),
+    )
+
+
+async def replay_dry_run(request: Request) -> Response:
+    person, form = await _acting(request)
+    console = console_of(request)
+    asked = replay_form(form)
+    try:
+        result = await run_in_threadpool(acting.replay_dry_run, console.workspace, asked, person)
+    except RedriveError as exc:
+        context = {"target": "", "ticked": [], "error": str(exc)}
+        return render(request, "actions/new.html", context, status=400)
+    replay_id = plans_of(console).keep_replay(asked.to_json(), result)
+    return RedirectResponse(f"/actions/replays/{replay_id}", status_code=303)
+
+
+async def replay_page(request: Request) -> Response:
+    console = _viewing(request)
+    replay_id = request.path_params["replay_id"]
+    try:
+        data = plans_of(console).replay(replay_id)
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return render(request, "actions/replay.html", {"replay_id": replay_id, **data})
+
+
+async def replay_execute(request: Request) -> Response:
+    person, _ = await _acting(request)
+    console = console_of(request)
+    replay_id = request.path_params["replay_id"]
+    try:
+        asked = acting.ReplayForm(**_tuples(plans_of(console).replay(replay_id)["form"]))
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    await run_in_threadpool(
+        console.audit, person, "replay", {"replay": replay_id, **asked.to_json()}
+    )
+    op = operations_of(console).start(
+        plan_id=replay_id,
+        kind="replay",
+        target=asked.source,
+        person=person,
+        work=lambda stop, observer: acting.execute_replay(
+            console.workspace, asked, person, stop, observer
+        ),
+    )
+    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+def _tuples(form: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in form.items()}

@@ -69,6 +69,22 @@ class PlanStore:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return data
 
+    def keep_replay(self, form: Mapping[str, Any], dry_run: Mapping[str, Any]) -> str:
+        """A replay's dry run (a replay has no plan file): what it asked and would send."""
+        replay_id, path = self.new_path()
+        path.with_suffix(".replay.json").write_text(
+            json.dumps({"form": dict(form), "dry_run": dict(dry_run)}, default=str),
+            encoding="utf-8",
+        )
+        return replay_id
+
+    def replay(self, replay_id: str) -> dict[str, Any]:
+        path = self.path(replay_id).with_suffix(".replay.json")
+        if not path.exists():
+            raise UsageProblem(f"no such replay: {replay_id}")
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return data
+
     def upload(self, content: bytes) -> str:
         """A plan made elsewhere (``move/purge --plan-out``), kept once it reads as one."""
         plan_id, path = self.new_path()
