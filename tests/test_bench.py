@@ -36,6 +36,14 @@ def run_bench(script: str, *args: str) -> str:
 
 
 @pytest.mark.e2e
+def test_bench_console_runs_and_no_dlq_is_scanned_more_than_once_an_interval() -> None:
+    out = run_bench(
+        "console.py", "--messages", "50", "--viewers", "3", "--seconds", "3", "--refresh", "2"
+    )
+    assert "checks: passed" in out and "p95" in out
+
+
+@pytest.mark.e2e
 def test_bench_move_runs_every_contender_and_each_passes_its_checks() -> None:
     tools = ("redrive", "batched", "per-message", "null")
     out = run_bench(

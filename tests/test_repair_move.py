@@ -310,7 +310,8 @@ def test_a_plan_records_the_edits_and_apply_sends_exactly_the_reviewed_bodies(
     tampered = dict(items[0], digest_before="sha256:" + "0" * 64)
     recorded["items"] = [tampered, items[1]]
     plan.write_text(json.dumps(recorded))
-    data = as_json(cli.ok("apply", str(plan), "--execute", "--yes", "--json"))
+    # Left for a new review: exit 3 (docs/exit-codes.md).
+    data = as_json(cli.ok("apply", str(plan), "--execute", "--yes", "--json", code=3))
     move = data.get("result", data)
     assert move["moved"] == 1
     assert move["repair"]["changed_since_plan"] == 1

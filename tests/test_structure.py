@@ -401,6 +401,8 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
         *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),
         *("inspection", "ledger", "message_record", "messages", "operations", "redrive"),
         *("render", "reporting", "selection", "where"),
+        # The actions: runs through the coordinator, a repair's edits, the plans' folder.
+        *("operations.coordinator", "repair", "state_dir"),
     },
 }
 

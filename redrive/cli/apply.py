@@ -206,7 +206,18 @@ def apply_text(
         text = purge_text(result, width=width)
     if applied.gone:
         text += "\n\n" + gone_text(applied)
+    if applied.changed:
+        text += "\n\n" + changed_text(applied)
     return text
+
+
+def changed_text(applied: ApplyResult) -> str:
+    """The plan's messages left because they are not the ones reviewed."""
+    return (
+        f"{applied.changed} of the plan's {applied.planned} message(s) changed since the plan "
+        "(changed-since-plan: not the message reviewed): left in the DLQ; make a new plan "
+        "(a dry run with --plan-out) to review them"
+    )
 
 
 def gone_text(applied: ApplyResult) -> str:

@@ -135,6 +135,7 @@ def _console(ctx: Context, settings: Any, ledger: str | None) -> Any:
     thread (the server's threads open brokers from what is resolved here)."""
     from redrive.broker import open_broker
     from redrive.web.console import Console
+    from redrive.web.shared_scans import SharedScanSource
     from redrive.web.workspace import Workspace
 
     broker_url, sqs, api = ctx.broker_url, ctx.sqs, ctx.rabbitmq_api
@@ -151,7 +152,8 @@ def _console(ctx: Context, settings: Any, ledger: str | None) -> Any:
         allow_delivery_limit=ctx.allow_delivery_limit,
         client_factory=ctx.aws.client,
     )
-    return Console(settings, workspace)
+    # One scan per DLQ and --refresh interval for every viewer (issue 41, item 4).
+    return Console(settings, workspace, scans=SharedScanSource(workspace, refresh=settings.refresh))
 
 
 @web.command("passwd", short_help="Add a user to a users file, or set their password or role.")

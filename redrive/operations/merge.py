@@ -138,5 +138,6 @@ def merge_purge_results(
     for part in parts:
         merged.archived += part.archived
         merged.purged += part.purged
+        merged.changed_since_plan += part.changed_since_plan
         merged.by_task.update(part.by_task)
     return merged

@@ -34,6 +34,10 @@ class PlanItem:
     digest_before: str | None = None
     """An edited move (issue 26): the digest of the body reviewed, and of the body to send."""
     digest_after: str | None = None
+    digest: str | None = None
+    """The message as planned (:func:`redrive.operations.plan.message_digest`): apply
+    leaves a message whose digest differs (``changed-since-plan``). None in plans written
+    before every item had one: those apply as they always did."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -49,6 +53,8 @@ class PlanItem:
             data["target"] = self.target
         if self.routed_from is not None:
             data["routed_from"] = self.routed_from
+        if self.digest is not None:
+            data["digest"] = self.digest
         if self.digest_before is not None:
             data["digest_before"] = self.digest_before
             data["digest_after"] = self.digest_after

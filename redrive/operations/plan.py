@@ -2,14 +2,18 @@
 
 ``move --plan-out plan.json`` (or ``purge --plan-out``) writes what the dry run selected:
 the command, target, filters and options, who made it and when, and one item per message
-(SQS MessageId, idempotency key, task). ``apply plan.json --execute`` acts on exactly those
-messages: a message not in the plan is left alone even if it matches the filters now, and a
-planned message no longer in the DLQ is reported as gone. Applying a plan twice does nothing
-the second time (its messages are gone, and their keys are done in the ledger).
+(SQS MessageId, idempotency key, task, and the digest of the message as planned).
+``apply plan.json --execute`` acts on exactly those messages: a message not in the plan is
+left alone even if it matches the filters now, a planned message no longer in the DLQ is
+reported as gone, and one whose digest differs from the plan's is left in the DLQ
+(``changed-since-plan``: what was reviewed is not what is there). Applying a plan twice does
+nothing the second time (its messages are gone, and their keys are done in the ledger).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 from collections import Counter
@@ -20,11 +24,47 @@ from pathlib import Path
 from typing import IO, Any
 
 from redrive.aws.identity import local_identity
+from redrive.broker.base import Delivery
 from redrive.errors import UsageProblem
 from redrive.operations.observer import PlanItem, RunObserver
 
 PLAN_VERSION = 1
 KINDS = ("move", "purge")
+CHANGED_SINCE_PLAN = "changed-since-plan"
+"""Why apply leaves a planned message: its digest is not the plan's (a skip reason)."""
+
+
+def message_digest(message: Delivery) -> str:
+    """``sha256:<hex>`` of what a resend carries: the body and the neutral headers (each
+    name sorted; its kind, its type label and its value, bytes in base64), so that a message
+    whose id stayed but whose content did not (a RabbitMQ producer's own ``message_id`` on a
+    new publish) is known. The same on every broker: a digest never names a broker's own
+    attribute shape."""
+    headers = {
+        name: {
+            "kind": header.kind,
+            "label": header.label,
+            "value": (
+                {"b64": base64.b64encode(header.value).decode("ascii")}
+                if isinstance(header.value, bytes)
+                else header.value
+            ),
+        }
+        for name, header in sorted(message.headers.items())
+    }
+    digest = hashlib.sha256(message.body.encode("utf-8", "surrogatepass"))
+    digest.update(b"\x00")
+    digest.update(json.dumps(headers, separators=(",", ":")).encode("utf-8"))
+    return "sha256:" + digest.hexdigest()
+
+
+def changed_since_plan(planned: Mapping[str, str] | None, message: Delivery) -> bool:
+    """Whether a plan's message is not the one it recorded (``planned``: MessageId ->
+    digest; a message the plan gives no digest, as a plan of an earlier redrive, is not)."""
+    if not planned:
+        return False
+    recorded = planned.get(message.message_id)
+    return recorded is not None and message_digest(message) != recorded
 
 
 @dataclass(slots=True)
@@ -51,6 +91,13 @@ class Plan:
     @property
     def by_task(self) -> dict[str, int]:
         return dict(sorted(Counter(item.task for item in self.items).items()))
+
+    @property
+    def digests(self) -> dict[str, str] | None:
+        """MessageId -> the digest planned; None for a plan with none (written before plans
+        recorded them: applied as it was then)."""
+        digests = {i.message_id: i.digest for i in self.items if i.digest is not None}
+        return digests or None
 
 
 class PlanWriter(RunObserver[Any]):
@@ -146,6 +193,7 @@ def read_plan(path: str) -> Plan:
                 routed_from=raw.get("routed_from"),
                 digest_before=raw.get("digest_before"),
                 digest_after=raw.get("digest_after"),
+                digest=_digest_field(raw.get("digest")),
             )
             for raw in data.get("items", [])
         ]
@@ -162,3 +210,9 @@ def read_plan(path: str) -> Plan:
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise UsageProblem(f"plan {path} is damaged: missing or bad field {exc}") from exc
+
+
+def _digest_field(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise TypeError("'digest' (not a string)")

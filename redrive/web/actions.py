@@ -1,27 +1,39 @@
-"""The console's actions (move, purge, replay, repair: a dry run whose plan is shown, then
-that plan executed exactly, typed confirmation, stop, plan download): filled in by the
-actions work; this module is where they plug in.
+"""The console's actions (issue 41, item 3): move (by task, age, ``--where`` or messages
+ticked; ``--route``, ``--to``), purge (an archive required) and repair (``--set``,
+``--unset``, ``--rename``, ``--clear-expires``), each in two steps: a dry run whose plan is
+shown (items, targets, digests, the edits' before/after), then exactly that plan executed
+(redrive.web.acting: ``apply``, which leaves a message changed since), with the DLQ's name
+typed for a purge and a big move. An operation runs in a thread of the server's, outlives
+the tab, is stopped from its page (holds released, summary kept) and with the server. A plan
+can be downloaded (``redrive apply`` takes it) and one made by the CLI uploaded.
 
-The contract for what goes here:
-
-- :func:`routes` returns the Starlette routes of the actions (mounted under ``/actions``
-  by convention; pages link to ``/actions/...`` only when ``--allow-actions`` is on).
-- Every state-changing handler starts with ``person = require(request, Role.OPERATOR)``
-  and ``form = await checked_form(request)`` (redrive.web.views): 403 for a viewer, 403
-  without the session's CSRF token; and refuses when ``console.settings.allow_actions``
-  is off (``actions_allowed`` below).
-- Every action is audited with ``console.audit(person, WHAT, details)`` (who, from which
-  address, what, on which DLQ) before it starts.
-- Templates go in redrive/web/templates/actions/, extending ``base.html``.
+Only with ``--allow-actions`` and for an operator; every state-changing request carries its
+CSRF token (redrive.web.views: ``require``, ``checked_form``) and is audited with the person
+and their address before it starts.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.routing import BaseRoute
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Route
 
-from redrive.web.views import console_of
+from redrive.durations import parse_duration
+from redrive.errors import RedriveError
+from redrive.state_dir import default_state_dir
+from redrive.web import acting
+from redrive.web.console import Console
+from redrive.web.operations import Operations, PlanStore
+from redrive.web.security import Person
+from redrive.web.users import Role
+from redrive.web.views import checked_form, console_of, render, require
+
+MAX_PLAN_BYTES = 64 * 1024 * 1024
 
 
 def actions_allowed(request: Request) -> None:
@@ -30,6 +42,279 @@ def actions_allowed(request: Request) -> None:
         raise HTTPException(403, "this console is read-only: start it with --allow-actions")
 
 
+def operations_of(console: Console) -> Operations:
+    ops = console.extras.get("operations")
+    if ops is None:
+        ops = console.extras.setdefault("operations", Operations(console.clock))
+    assert isinstance(ops, Operations)
+    return ops
+
+
+def plans_of(console: Console) -> PlanStore:
+    store = console.extras.get("plans")
+    if store is None:
+        store = console.extras.setdefault("plans", PlanStore(default_state_dir() / "web-plans"))
+    assert isinstance(store, PlanStore)
+    return store
+
+
 def routes() -> list[BaseRoute]:
-    """The actions' routes (none yet)."""
-    return []
+    return [
+        Route("/actions/new", new_action, name="new_action"),
+        Route("/actions/dry-run", dry_run, methods=["POST"]),
+        Route("/actions/upload", upload, methods=["POST"]),
+        Route("/actions/replay", replay_dry_run, methods=["POST"]),
+        Route("/actions/replays/{replay_id}", replay_page, name="replay"),
+        Route("/actions/replays/{replay_id}/execute", replay_execute, methods=["POST"]),
+        Route("/actions/plans/{plan_id}", plan_page, name="plan"),
+        Route("/actions/plans/{plan_id}/download", download),
+        Route("/actions/plans/{plan_id}/execute", execute, methods=["POST"]),
+        Route("/actions/operations", operations_list, name="console_operations"),
+        Route("/actions/operations/{op_id}", operation_page, name="operation"),
+        Route("/actions/operations/{op_id}/json", operation_json),
+        Route("/actions/operations/{op_id}/stop", stop, methods=["POST"]),
+    ]
+
+
+async def _acting(request: Request) -> tuple[Person, FormData]:
+    actions_allowed(request)
+    person = require(request, Role.OPERATOR)
+    return person, await checked_form(request)
+
+
+def _viewing(request: Request) -> Console:
+    actions_allowed(request)
+    require(request)
+    return console_of(request)
+
+
+async def new_action(request: Request) -> Response:
+    _viewing(request)
+    require(request, Role.OPERATOR)
+    target = request.query_params.get("target", "")
+    ticked = request.query_params.getlist("message_id")
+    return render(request, "actions/new.html", {"target": target, "ticked": ticked, "error": None})
+
+
+def _lines(form: FormData, name: str) -> tuple[str, ...]:
+    value = form.get(name)
+    text = value if isinstance(value, str) else ""
+    return tuple(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _text(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def action_form(form: FormData) -> acting.ActionForm:
+    """The form's fields as an action (a bad duration or expression: a RedriveError)."""
+    older = _text(form, "older_than")
+    kind: Literal["move", "purge"] = "purge" if form.get("kind") == "purge" else "move"
+    return acting.ActionForm(
+        kind=kind,
+        target=_text(form, "target") or "",
+        tasks=tuple(t for line in _lines(form, "tasks") for t in line.split(",") if t.strip()),
+        older_than=parse_duration(older) if older else None,
+        where=_lines(form, "where"),
+        message_ids=(*_lines(form, "message_ids"), *form.getlist("message_id")),  # type: ignore[arg-type]
+        route="task" if form.get("route") == "task" else "source",
+        to=_text(form, "to"),
+        archive=_text(form, "archive"),
+        sets=_lines(form, "set"),
+        unsets=_lines(form, "unset"),
+        renames=_lines(form, "rename"),
+        clear_expires=form.get("clear_expires") == "on",
+    )
+
+
+async def dry_run(request: Request) -> Response:
+    person, form = await _acting(request)
+    console = console_of(request)
+    try:
+        action = action_form(form)
+        plan_id = await run_in_threadpool(
+            acting.dry_run, console.workspace, plans_of(console), action, person
+        )
+    except (RedriveError, ValueError) as exc:
+        context = {"target": str(form.get("target", "")), "ticked": [], "error": str(exc)}
+        return render(request, "actions/new.html", context, status=400)
+    return RedirectResponse(f"/actions/plans/{plan_id}", status_code=303)
+
+
+async def upload(request: Request) -> Response:
+    """A plan made by the CLI (``--plan-out``), kept to be shown and executed here."""
+    _, form = await _acting(request)
+    given = form.get("plan")
+    if not isinstance(given, UploadFile):
+        raise HTTPException(400, "choose a plan file to upload")
+    content = await given.read(MAX_PLAN_BYTES + 1)
+    await given.close()
+    if len(content) > MAX_PLAN_BYTES:
+        raise HTTPException(413, "the plan file is too big")
+    try:
+        plan_id = await run_in_threadpool(plans_of(console_of(request)).upload, content)
+    except RedriveError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return RedirectResponse(f"/actions/plans/{plan_id}", status_code=303)
+
+
+async def plan_page(request: Request) -> Response:
+    console = _viewing(request)
+    plan_id = request.path_params["plan_id"]
+    store = plans_of(console)
+    try:
+        plan = store.read(plan_id)
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    context: dict[str, Any] = {
+        "plan_id": plan_id,
+        "plan": plan,
+        "items": plan.items[:500],
+        "dry_run": store.dry_run(plan_id),
+        "confirm": acting.confirmation_needed(plan),
+        "error": request.query_params.get("error"),
+    }
+    return render(request, "actions/plan.html", context)
+
+
+async def download(request: Request) -> Response:
+    console = _viewing(request)
+    plan_id = request.path_params["plan_id"]
+    try:
+        path = plans_of(console).path(plan_id)
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    if not path.exists():
+        raise HTTPException(404, f"no such plan: {plan_id}")
+    return Response(
+        path.read_bytes(),
+        media_type="application/json",
+        headers={"Content-Disposition": f'attachment; filename="redrive-plan-{plan_id}.json"'},
+    )
+
+
+async def execute(request: Request) -> Response:
+    person, form = await _acting(request)
+    console = console_of(request)
+    plan_id = request.path_params["plan_id"]
+    try:
+        plan = plans_of(console).read(plan_id)
+        apply = await run_in_threadpool(acting.plan_request, console.workspace, plan)
+    except RedriveError as exc:
+        raise HTTPException(400, str(exc)) from None
+    if not acting.confirmed(plan, apply.target, str(form.get("confirm", ""))):
+        why = f"type the DLQ's name ({apply.target.dlq.name}) to confirm"
+        return RedirectResponse(f"/actions/plans/{plan_id}?error={why}", status_code=303)
+    details = {"plan": plan_id, "kind": plan.kind, "dlq": plan.dlq_url, "items": len(plan.items)}
+    await run_in_threadpool(console.audit, person, "apply", details)
+    op = operations_of(console).start(
+        plan_id=plan_id,
+        kind=plan.kind,
+        target=plan.target,
+        person=person,
+        work=lambda stop, observer: acting.execute(
+            console.workspace, apply, person, plan_id, stop, observer
+        ),
+    )
+    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+async def operations_list(request: Request) -> Response:
+    """This console's operations, running and finished (the ledger's runs are /operations)."""
+    console = _viewing(request)
+    ops = [op.to_json() for op in operations_of(console).all()]
+    return render(request, "actions/operations.html", {"ops": ops})
+
+
+async def operation_page(request: Request) -> Response:
+    console = _viewing(request)
+    try:
+        op = operations_of(console).get(request.path_params["op_id"])
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return render(request, "actions/operation.html", {"op": op.to_json()})
+
+
+async def operation_json(request: Request) -> Response:
+    console = _viewing(request)
+    try:
+        op = operations_of(console).get(request.path_params["op_id"])
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return JSONResponse(op.to_json())
+
+
+async def stop(request: Request) -> Response:
+    person, _ = await _acting(request)
+    console = console_of(request)
+    op_id = request.path_params["op_id"]
+    try:
+        op = operations_of(console).get(op_id)
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    await run_in_threadpool(console.audit, person, "stop", {"operation": op.id, "plan": op.plan_id})
+    operations_of(console).stop(op.id)
+    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+# -- replay an archive ------------------------------------------------------------------------
+
+
+def replay_form(form: FormData) -> acting.ReplayForm:
+    return acting.ReplayForm(
+        source=_text(form, "source") or "",
+        to=_text(form, "to"),
+        tasks=tuple(t for line in _lines(form, "tasks") for t in line.split(",") if t.strip()),
+        where=_lines(form, "where"),
+    )
+
+
+async def replay_dry_run(request: Request) -> Response:
+    person, form = await _acting(request)
+    console = console_of(request)
+    asked = replay_form(form)
+    try:
+        result = await run_in_threadpool(acting.replay_dry_run, console.workspace, asked, person)
+    except RedriveError as exc:
+        context = {"target": "", "ticked": [], "error": str(exc)}
+        return render(request, "actions/new.html", context, status=400)
+    replay_id = plans_of(console).keep_replay(asked.to_json(), result)
+    return RedirectResponse(f"/actions/replays/{replay_id}", status_code=303)
+
+
+async def replay_page(request: Request) -> Response:
+    console = _viewing(request)
+    replay_id = request.path_params["replay_id"]
+    try:
+        data = plans_of(console).replay(replay_id)
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    return render(request, "actions/replay.html", {"replay_id": replay_id, **data})
+
+
+async def replay_execute(request: Request) -> Response:
+    person, _ = await _acting(request)
+    console = console_of(request)
+    replay_id = request.path_params["replay_id"]
+    try:
+        asked = acting.ReplayForm(**_tuples(plans_of(console).replay(replay_id)["form"]))
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+    await run_in_threadpool(
+        console.audit, person, "replay", {"replay": replay_id, **asked.to_json()}
+    )
+    op = operations_of(console).start(
+        plan_id=replay_id,
+        kind="replay",
+        target=asked.source,
+        person=person,
+        work=lambda stop, observer: acting.execute_replay(
+            console.workspace, asked, person, stop, observer
+        ),
+    )
+    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+
+
+def _tuples(form: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in form.items()}

@@ -65,5 +65,10 @@ class Console:
         return run_id
 
     def close(self) -> None:
+        # The actions' operations first (redrive.web.operations): each stops as Ctrl-C stops
+        # the CLI's, giving back what it holds, before what they run with is closed.
+        operations = self.extras.get("operations")
+        if operations is not None:
+            operations.close()
         self.source.close()
         self.workspace.close()

@@ -59,11 +59,32 @@ def status_json(console: Console) -> dict[str, Any]:
     }
 
 
+STATUS_SECONDS = 5.0
+"""How long one ``status`` (the broker's counts: a few calls per family) serves every
+overview: 20 viewers would otherwise ask the broker 18 times each per page (bench/console.py)."""
+
+
+@dataclass
+class StatusCache:
+    """The last ``status --json``, for :data:`STATUS_SECONDS` of the console's clock."""
+
+    at: float | None = None
+    data: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, console: Console, fresh: bool) -> dict[str, Any]:
+        with self.lock:
+            now = console.clock()
+            if fresh or self.data is None or self.at is None or now - self.at >= STATUS_SECONDS:
+                self.data, self.at = status_json(console), now
+            return self.data
+
+
 def overview_json(console: Console, *, fresh: bool = False) -> dict[str, Any]:
     """The overview: ``status --json``, and ``report --format json`` built from each
     family's scan (as the scan source serves it), with the changes since the previous
     overview and the alerts ``report --fail-on-messages`` would raise."""
-    status = status_json(console)
+    status = console.extras.setdefault("status", StatusCache()).get(console, fresh)
     report = Report(generated_at=console.clock(), layout=console.workspace.layout.source)
     scans: dict[str, dict[str, Any]] = {}
     for family in console.workspace.layout.families:

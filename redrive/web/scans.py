@@ -15,9 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from redrive.broker.base import DlqTarget
 from redrive.errors import NoDeadLetterQueue, QueueNotFound, RedriveError, UsageProblem
 from redrive.inspection.groups import Counted
-from redrive.inspection.scan import Focus, InspectResult, inspect_dlq
+from redrive.inspection.processes import InspectScan
+from redrive.inspection.scan import Focus, InspectResult
+from redrive.operations.coordinator import Caller, InspectRequest, Setup, run_operation
+from redrive.operations.observer import NULL_OBSERVER, Callbacks
 from redrive.reporting.inspect import annotate_groups
 from redrive.web.samples import SampleKeeper
 from redrive.web.workspace import Workspace
@@ -102,22 +106,40 @@ def run_scan(
     """One inspect of the request's DLQ (the CLI's, in one worker thread), keeping the
     records of up to :data:`~redrive.web.samples.KEPT_PER_GROUP` messages per group for the
     message page. Raises what inspect raises (a delivery limit refused, a target not found)."""
+    return scan_dlq(workspace, workspace.target(request.target), request, now=now, stop=stop)
+
+
+def scan_dlq(
+    workspace: Workspace,
+    dlq: DlqTarget,
+    request: ScanRequest,
+    *,
+    now: float,
+    stop: threading.Event,
+    on_progress: Callable[[int], None] | None = None,
+) -> ScanOutcome:
+    """:func:`run_scan` of a DLQ resolved already (a shared source resolves it first, to
+    know whether a live run moves it)."""
     results = workspace.results
     if request.reads_results and results is None:
         raise UsageProblem("--group-by exception reads Celery's result backend: give one")
-    dlq = workspace.target(request.target)
     keeper = SampleKeeper(now=now, sources=tuple(s.name for s in dlq.sources))
-    result = inspect_dlq(
-        dlq,
-        workspace.broker_of(dlq.region),
+    scan = InspectScan(
         now=now,
         lease=workspace.lease,
-        stop=stop,
-        receive_log=workspace.receive_log,
         focus=focus_of(request, on_counted=keeper.offer),
-        results=results,
         group_by="exception" if request.reads_results else None,
     )
+    # Through the coordinator, as the CLI's inspect: nothing recorded, every message given back.
+    outcome = run_operation(
+        InspectRequest(dlq, scan, results=results),
+        setup=Setup(brokers=workspace.broker_for, receive_log=lambda: workspace.receive_log),
+        ledger=None,
+        caller=Caller.of("console", "web inspect"),
+        observer=Callbacks(on_progress=on_progress) if on_progress else NULL_OBSERVER,
+        stop=stop,
+    )
+    result = outcome.unwrap()
     if workspace.knowledge is not None and result.group_by is None:
         annotate_groups(result.groups, workspace.knowledge, result.sources)
     return ScanOutcome(request, result, records=keeper.records, scanned_at=now)

@@ -68,6 +68,12 @@ class ApplyResult:
         return max(0, self.planned - self.result.matched) if self.result is not None else 0
 
     @property
+    def changed(self) -> int:
+        """Planned messages left in the DLQ because they are not the ones reviewed (their
+        digest is not the plan's): a new dry run is to review them."""
+        return self.result.changed_since_plan if self.result is not None else 0
+
+    @property
     def interrupted(self) -> bool:
         return self.result is not None and self.result.interrupted
 
@@ -87,9 +93,15 @@ class ApplyResult:
             return {"dry_run": self.dry_run, "kind": self.kind, "planned": 0, "matched": 0} | {
                 acted: 0,
                 "gone": 0,
+                "changed_since_plan": 0,
             }
         data = self.spread.to_json() if self.spread is not None else self.result.to_json()
-        data.update(planned=self.planned, gone=self.gone, gone_sent=self.gone_sent)
+        data.update(
+            planned=self.planned,
+            gone=self.gone,
+            gone_sent=self.gone_sent,
+            changed_since_plan=self.changed,
+        )
         return data
 
 
@@ -123,6 +135,7 @@ def plan_move_options(
         celery=celery,
         include_succeeded=options.include_succeeded or bool(opts.get("include_succeeded")),
         repair=plan_repair(plan),
+        planned_digests=plan.digests,
     )
 
 
@@ -164,6 +177,7 @@ def plan_purge_options(plan: Plan, options: ApplyOptions) -> PurgeOptions:
         archive=not plan.options.get("no_archive"),
         archive_to=plan.options.get("archive"),
         workers=options.workers,
+        planned_digests=plan.digests,
     )
 
 

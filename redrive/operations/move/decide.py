@@ -26,6 +26,7 @@ from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.returns import died_after
 from redrive.operations.move.routing import Router, routed_from
 from redrive.operations.observer import PlanItem, RunObserver
+from redrive.operations.plan import CHANGED_SINCE_PLAN, changed_since_plan, message_digest
 from redrive.operations.shared import LimitLike, PlannedLike
 from redrive.operations.verdict import (
     EntryFacts,
@@ -222,6 +223,11 @@ class Decider:
             sources=[s.name for s in self.target.sources],
         ):
             return MessageFacts(selected=False), None
+        if changed_since_plan(self.options.planned_digests, message):
+            # Not what was reviewed: left, whatever else would be said of it.
+            if self._repair is not None:
+                self._repair.left_changed(message, info)
+            return MessageFacts(gate=CHANGED_SINCE_PLAN), None
         # redrive.celery: a task no worker registers would be dropped.
         if (gate := gate or skip_reason(self.options.celery, info)) is not None:
             return MessageFacts(gate=gate), None
@@ -327,6 +333,7 @@ class Decider:
                 target=cand.target.url,
                 action=action,
                 routed_from=routed_from(self._router.source_name(cand.message), cand.target.name),
+                digest=message_digest(cand.message),
                 **planned_digests(cand),
             )
         )

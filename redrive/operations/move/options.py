@@ -4,7 +4,7 @@ and where its messages come from (:class:`MessageSource`)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -83,6 +83,9 @@ class MoveOptions:
     repair: RepairOptions | None = None
     """Edits of each task on its way back, and where the originals are archived (issue 26;
     see :mod:`redrive.operations.move.repair_step`)."""
+    planned_digests: Mapping[str, str] | None = None
+    """``apply``: MessageId -> the digest its plan recorded; a message whose digest differs
+    is left in the DLQ (``changed-since-plan``; :mod:`redrive.operations.plan`)."""
 
 
 def decision_options(options: MoveOptions) -> DecisionOptions:

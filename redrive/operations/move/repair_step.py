@@ -30,6 +30,7 @@ from redrive.errors import ArchiveError, NotRepairable
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate, DecidedBatch
+from redrive.operations.plan import CHANGED_SINCE_PLAN
 from redrive.operations.purge.engine import check_archive_path
 from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, repair
 
@@ -37,7 +38,6 @@ from redrive.repair import CLEAR_EXPIRES, Change, Edit, Repair, body_digest, rep
 UNCHANGED = "unchanged-by-edit"
 NOT_REPAIRABLE = "not-repairable"
 TOO_BIG = "too-big-after-edit"
-CHANGED_SINCE_PLAN = "changed-since-plan"
 REPAIR_DIFFERS = "repair-differs-from-plan"
 REASONS = (UNCHANGED, NOT_REPAIRABLE, TOO_BIG, CHANGED_SINCE_PLAN, REPAIR_DIFFERS)
 
@@ -189,6 +189,11 @@ class RepairStep:
             return self._left(message, info, TOO_BIG, f"{size:,} bytes edited, over {limit:,}")
         self._changed(info, done)
         return None, done.body
+
+    def left_changed(self, message: Delivery, info: TaskInfo) -> None:
+        """Count a message the run left because it changed since its plan (the digest of
+        the whole message said so before the edits were tried)."""
+        self._left(message, info, CHANGED_SINCE_PLAN, "the message is not the planned one")
 
     def _changed(self, info: TaskInfo, done: Repair) -> None:
         with self._lock:

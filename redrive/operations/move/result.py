@@ -18,6 +18,7 @@ from redrive.messages import TaskInfo
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.repair_step import RepairReport
 from redrive.operations.move.returns import ReturnsLimit, grown_by
+from redrive.operations.plan import CHANGED_SINCE_PLAN
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.verdict import (
     AMBIGUOUS,
@@ -179,6 +180,11 @@ class MoveResult:
         return self.skipped[AMBIGUOUS]
 
     @property
+    def changed_since_plan(self) -> int:
+        """An apply's planned messages left because they are not the ones reviewed."""
+        return self.skipped[CHANGED_SINCE_PLAN]
+
+    @property
     def left_to_stopped_runs(self) -> bool:
         """Whether messages stay hidden while a stopped run's lease runs: the DLQ is not
         drained, and only a rerun after that lease can say what is left (some in doubt)."""
@@ -195,6 +201,8 @@ class MoveResult:
             self.failed
             or self.in_doubt
             or self.ambiguous
+            # A plan's message that changed is still to be reviewed again.
+            or self.changed_since_plan
             or self.stopped_by_returns
             or self.left_to_stopped_runs
         )

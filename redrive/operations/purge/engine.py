@@ -29,6 +29,7 @@ from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.limit import Limit
 from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
+from redrive.operations.plan import changed_since_plan, message_digest
 from redrive.operations.run import RunLifecycle, new_run_id
 from redrive.operations.seen import SeenByFilters
 from redrive.operations.shared import LimitLike, RunShares
@@ -57,6 +58,9 @@ class PurgeOptions:
     """Messages per archive write to a local file (an S3 archive writes S3_BUFFER)."""
     archive_to: str | None = None
     """Where to archive (a path or s3:// prefix); None: ./redrive-archive/FAMILY-TIME.jsonl.gz."""
+    planned_digests: Mapping[str, str] | None = None
+    """``apply``: MessageId -> the digest its plan recorded; a message whose digest differs
+    is left in the DLQ (``changed_since_plan``; :mod:`redrive.operations.plan`)."""
 
 
 @dataclass(slots=True)
@@ -90,10 +94,12 @@ class PurgeResult:
     parts: list[str] = field(default_factory=list)
     """A ``--processes`` run's archives, one per process that wrote one (``archive``: the
     name they were written beside, which replay takes for all of them)."""
+    changed_since_plan: int = 0
+    """``apply``: planned messages left because they are not the ones reviewed."""
 
     @property
     def needs_attention(self) -> bool:
-        return bool(self.failed)
+        return bool(self.failed or self.changed_since_plan)
 
     @property
     def in_doubt(self) -> int:
@@ -381,6 +387,12 @@ class _PurgeTally:
             self.result.matched += 1
             self.result.by_task[info.task] += 1
 
+    def changed(self, info: TaskInfo) -> None:
+        """A planned message left as not the one reviewed: matched, not taken."""
+        with self._lock:
+            self.result.matched += 1
+            self.result.changed_since_plan += 1
+
     def scanned(self, n: int) -> None:
         with self._lock:
             self.result.scanned += n
@@ -546,6 +558,10 @@ class _Purge:
                 message=message,
                 sources=[s.name for s in self.target.sources],
             )
+            if selected and changed_since_plan(self.options.planned_digests, message):
+                self._tally.changed(info)
+                keep.append(message)
+                continue
             fate = decide_purge(selected=selected, limit_left=selected and self._limit.take())
             if fate is not PurgeFate.TAKE:
                 keep.append(message)
@@ -553,7 +569,14 @@ class _Purge:
             self._tally.matched(info)
             taken.append(_Pending(message, info, time.monotonic()))
             self.observer.on_plan(
-                PlanItem(message.message_id, info.task, info.task_id, key=None, action=action)
+                PlanItem(
+                    message.message_id,
+                    info.task,
+                    info.task_id,
+                    key=None,
+                    action=action,
+                    digest=message_digest(message),
+                )
             )
         self._scan.keep(broker, keep)
         if self._limit.reached:
