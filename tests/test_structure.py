@@ -433,6 +433,10 @@ BELOW_THE_COORDINATOR = ("operations", "inspection")
 FRONT_END_EXCEPTIONS = {
     ("redrive.cli.audit", "redrive.operations.resolve"): "`ledger in-doubt` resolves in the "
     "ledger, no operation's run: not a coordinator request yet",
+    ("redrive.web.reads", "redrive.operations.resolve"): "the operations page's in-doubt "
+    "list and its resolutions, as `ledger in-doubt`'s: not a coordinator request yet",
+    ("redrive.web.reads", "redrive.operations.run"): "`run_is_live` reads a run record "
+    "(no run, no write): the operations page tells live runs from finished ones",
 }
 
 
