@@ -61,7 +61,8 @@ def node4() -> Iterator[ChrootRabbitMQNode]:
 
 
 def set_limit(node: ChrootRabbitMQNode, size: int) -> None:
-    said = node.rabbitmqctl("eval", f"persistent_term:put(max_message_size, {size}).")
+    # rabbitmqctl starts an Erlang VM of its own: slow on a loaded machine (a bound for a hang).
+    said = node.rabbitmqctl("eval", f"persistent_term:put(max_message_size, {size}).", timeout=300)
     assert said.strip() == "ok", said
 
 
