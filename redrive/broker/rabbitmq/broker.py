@@ -130,11 +130,22 @@ class RabbitBroker:
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
+        self._server_version: tuple[str | None] | None = None
         self._limits: dict[str, int | None] = {}
         """Source queue name -> its delivery limit, asked once (see :meth:`_with_limits`)."""
 
     def _name(self, queue: str) -> str:
         return self.queues.name_of(queue)
+
+    def _version(self) -> str | None:
+        """The server's version for a send's size rule (asked once); None where the API
+        cannot say: the broker's own refusal then tells (link.py)."""
+        if self._server_version is None:
+            try:
+                self._server_version = (self.queues.server_version(),)
+            except RedriveError:
+                self._server_version = (None,)  # asked once: a send never waits on it again
+        return self._server_version[0]
 
     # -- queues --------------------------------------------------------------------------
 
@@ -244,7 +255,7 @@ class RabbitBroker:
             except NotAnEnvelope as exc:
                 failed[entry.id] = f"NotAnEnvelope: {exc}"
                 continue
-            over = too_large(len(body), self.queues.server_version())
+            over = too_large(len(body), self._version())
             if over is not None:
                 failed[entry.id] = over
                 continue
