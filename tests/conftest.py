@@ -711,6 +711,22 @@ on_both_rabbitmq = pytest.mark.parametrize(
 on_rabbitmq4 = pytest.mark.parametrize("rabbitmq_node", ["4.0"], indirect=True, ids=["rmq4.0"])
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module's ``RABBITMQ_VERSIONS`` (e.g. ``("4.0",)``: the command and rendering tests,
+    on the version users run) puts each of its tests that uses ``rabbitmq_node`` or
+    ``rabbitmq_vhost`` on those nodes, as ``@on_rabbitmq4`` would, where the test does not
+    say its versions itself; the tests that use neither are left as they are."""
+    versions = getattr(metafunc.module, "RABBITMQ_VERSIONS", None)
+    if versions is None or "rabbitmq_node" not in metafunc.fixturenames:
+        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0]
+        if "rabbitmq_node" in (names.split(",") if isinstance(names, str) else names):
+            return
+    ids = [f"rmq{version}" for version in versions]
+    metafunc.parametrize("rabbitmq_node", list(versions), indirect=True, ids=ids)
+
+
 @pytest.fixture(scope="session")
 def rabbitmq_node(request: pytest.FixtureRequest) -> RabbitMQNode:
     """The node of the version a test is parametrized with (3.10 when it is not)."""

@@ -23,6 +23,10 @@ from redrive.sandbox.rabbitmq_layout import (
 )
 from redrive.sandbox.rabbitmq_node import Vhost
 
+# Commands and their rendering: on RabbitMQ 4.0, the version users run (issue 39); the broker's
+# own behaviour is tested on both (tests/test_rabbitmq_versions.py, tests/conftest.py).
+RABBITMQ_VERSIONS = ("4.0",)
+
 
 def declared(vhost: Vhost) -> None:
     connection = open_connection(vhost.amqp_url)

@@ -44,6 +44,10 @@ from redrive.sandbox.rabbitmq_node import Vhost
 
 pytestmark = pytest.mark.e2e
 
+# Commands and their rendering: on RabbitMQ 4.0, the version users run (issue 39); the broker's
+# own behaviour is tested on both (tests/test_rabbitmq_versions.py, tests/conftest.py).
+RABBITMQ_VERSIONS = ("4.0",)
+
 TASK = "apps.payments.tasks.capture_payment"
 DLQ, QUEUE = "onion-checkout-dlq", "onion-checkout"
 SCRATCH = "celery-producer"

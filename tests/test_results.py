@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import pickle
 import sqlite3
 import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -645,3 +647,57 @@ def test_the_celery_apps_own_backend_when_no_url_is_given(
     )
     assert moved.exit_code == 0, moved.output
     assert json.loads(moved.stdout)["skipped_by_reason"][ALREADY_SUCCEEDED] == 2
+
+
+class _Mkdir:
+    """A pickle that makes a directory when loaded: proof of code run by a read."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.path),))
+
+
+def test_rows_celery_5_5_pickled_are_read_and_a_row_naming_code_runs_none(tmp_path: Path) -> None:
+    """Celery before celery/celery#3025's fix (5.5, the floor) stored every ``result`` as
+    SQLAlchemy's pickle of the value, whatever the serializer; a database holds such rows
+    long after an upgrade. Both readers (the plain SQLite file and Celery's backend class)
+    read their plain values; a row whose pickle names a function is unreadable, never run."""
+    from celery import Celery
+
+    path = tmp_path / "results.sqlite"
+    app = Celery("writer", backend=f"db+sqlite:///{path}", set_as_current=False)
+    app.backend.store_result("written-now", ValueError("boom"), "FAILURE")  # makes the table
+    app.backend.ResultSession().get_bind().dispose()
+    ran = tmp_path / "ran"
+    rows = {
+        "failed-on-5.5": pickle.dumps({"exc_type": "KeyError", "exc_message": ["k"]}, 4),
+        "succeeded-on-5.5": pickle.dumps({"total": 3, "at": datetime(2026, 1, 2)}, 4),
+        "names-code": pickle.dumps(_Mkdir(ran), 4),
+    }
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        for task_id, payload in rows.items():
+            status = "SUCCESS" if task_id.startswith("succeeded") else "FAILURE"
+            db.execute(
+                "INSERT INTO celery_taskmeta (task_id, status, result, date_done)"
+                " VALUES (?, ?, ?, '2026-12-01 10:00:00.000000')",
+                (task_id, status, payload),
+            )
+    url = f"db+sqlite:///{path}"
+    for reader in (open_results(url), open_with_celery(url, 5.0, probe=True)):
+        try:
+            found = reader.records(["written-now", *rows])
+        finally:
+            reader.close()
+        assert (found["written-now"].exception, found["written-now"].message) == (
+            "ValueError",
+            "boom",
+        )
+        assert (found["failed-on-5.5"].exception, found["failed-on-5.5"].message) == (
+            "KeyError",
+            "k",
+        )
+        assert found["succeeded-on-5.5"].state == "SUCCESS"
+        assert found["names-code"].state == "UNREADABLE"
+    assert not ran.exists()

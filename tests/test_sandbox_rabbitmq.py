@@ -1,5 +1,7 @@
 """``redrive sandbox --broker rabbitmq``: a private node, the layout with its DLX, DLQs filled
-by real dead-lettering, the environment to export; stopped by PID when it ends."""
+by real dead-lettering, the environment to export; stopped by PID when it ends. On RabbitMQ
+4.0.5, the version users run (issue 39): the node runs in the root ``make rabbitmq4`` builds
+(``REDRIVE_SANDBOX_RABBITMQ_ROOT``)."""
 
 from __future__ import annotations
 
@@ -11,28 +13,28 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Cli, skip_unless_installed
-from rabbitmq_shared import group_members
+from conftest import Cli
+from rabbitmq_shared import RABBITMQ4_ROOT, group_members, require_rabbitmq4
 
 from redrive.sandbox import rabbitmq_node
 from redrive.sandbox.rabbitmq_layout import open_connection, queue_depth, raw_channel
+from redrive.sandbox.rabbitmq_rehearsal import SANDBOX_ROOT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.e2e
-@skip_unless_installed(
-    rabbitmq_node.server_installed(), "no RabbitMQ: apt-get install rabbitmq-server"
-)
 def test_the_rabbitmq_sandbox_prints_exports_holds_dead_letters_and_stops_its_node(
     tmp_path: Path,
 ) -> None:
+    require_rabbitmq4()
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")},
         "TMPDIR": str(temp),
         "PYTHONPATH": str(ROOT),
+        SANDBOX_ROOT_ENV: str(RABBITMQ4_ROOT),
     }
     process = subprocess.Popen(
         [
@@ -65,6 +67,9 @@ def test_the_rabbitmq_sandbox_prints_exports_holds_dead_letters_and_stops_its_no
         url = exports["REDRIVE_BROKER"]
         assert re.fullmatch(r"amqp://guest:guest@127\.0\.0\.1:\d+//", url)
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", exports["REDRIVE_RABBITMQ_API"])
+        api = exports["REDRIVE_RABBITMQ_API"]
+        overview = rabbitmq_node.management_request(api, "GET", "/api/overview")
+        assert overview["rabbitmq_version"] == "4.0.5"
         state_dir = Path(exports["REDRIVE_STATE_DIR"])
         assert state_dir.parent == temp and state_dir.is_dir()
         with open_connection(url) as connection:

@@ -152,3 +152,49 @@ def test_no_test_skips_because_it_runs_as_root() -> None:
         if re.search(r"skip\w*\([^)]*geteuid\(\)\s*==\s*0", path.read_text(), re.S)
     ]
     assert not skipping, skipping
+
+
+@pytest.mark.e2e  # make and git as subprocesses
+@pytest.mark.skipif(MAKE is None or shutil.which("git") is None, reason="make or git missing")
+def test_ci_runs_test_minimums_after_make_test_when_a_landing_changed_pyproject(
+    tmp_path: Path,
+) -> None:
+    """.ci/run: ``make test``, then ``make minimums-if-changed``, which runs
+    ``make test-minimums`` only where pyproject.toml differs from the previous main (HEAD^1,
+    a landing's merge's first parent). Shown with ``make -n`` in a repository of two and
+    then three commits (nothing is installed or run)."""
+    assert MAKE is not None
+    steps = [
+        line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line[:5] == "make "
+    ]
+    assert steps == ["make test", "make minimums-if-changed"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy(ROOT / "Makefile", repo / "Makefile")
+    (repo / "requirements").mkdir()
+    (repo / "requirements" / "localstack.txt").write_text("")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "CI": ""}
+    env |= {"GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def commit(name: str, text: str) -> None:
+        (repo / name).write_text(text)
+        for args in (["add", name], ["commit", "-qm", name]):
+            subprocess.run(["git", *args], cwd=repo, env=env, check=True, timeout=30)
+
+    def make_says() -> list[str]:
+        args = [MAKE, "-n", "-s", "minimums-if-changed"]
+        done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()  # -n prints each recipe; the echo's line is its own
+
+    subprocess.run(["git", "init", "-q"], cwd=repo, env=env, check=True, timeout=30)
+    commit("pyproject.toml", 'dependencies = ["click>=8.2"]\n')
+    commit("pyproject.toml", 'dependencies = ["click>=8.2.1"]\n')
+    changed = make_says()
+    assert "pyproject.toml changed since HEAD^1: make test-minimums" in changed
+    assert any("minimum_pins.py" in line for line in changed)
+    assert any("-m pip install" in line and "constraints.txt" in line for line in changed)
+    commit("notes.txt", "no floor changed\n")
+    unchanged = make_says()
+    assert "pyproject.toml unchanged since HEAD^1: test-minimums not run" in unchanged
+    assert not any("minimum_pins.py" in line for line in unchanged)

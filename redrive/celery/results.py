@@ -18,7 +18,9 @@ Celery itself is imported only by :func:`open_results`: redrive works without it
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import pickle
 import queue
 import sqlite3
 import threading
@@ -362,17 +364,48 @@ class _DatabaseLookup:
     def record_of_row(self, status: str, result: Any, date_done: Any) -> TaskRecord:
         """A row's record, its result decoded by Celery's backend (also what
         :class:`SqliteResults` asks for a row JSON cannot read)."""
-        decode = getattr(self.backend, "_decode_stored_result", self.backend.decode)
+        decode = self._decode_row
         try:
             value = decode_stored(self.backend, result, decode) if result is not None else None
         except Exception as exc:
             return TaskRecord(UNREADABLE, exception=type(exc).__name__)
         return record_from_meta({"status": status, "result": value, "date_done": date_done})
 
+    def _decode_row(self, payload: Any) -> Any:
+        """A ``result`` column's value as the backend's serializer wrote it, or as Celery
+        before the fix of celery/celery#3025 (5.5 included) wrote every row whatever the
+        serializer: SQLAlchemy's pickle of the value (which newer Celery reads back too)."""
+        try:
+            return self.backend.decode(payload)
+        except Exception:
+            if not isinstance(payload, bytes) or payload[:1] != b"\x80":
+                raise
+            return plain_unpickle(payload)
+
     def close(self) -> None:
         if self._sqlite is not None:
             self._sqlite[0].close()
         self.engine.dispose()
+
+
+# What a JSON result serializer can hand the database backend (kombu's json: dates, times,
+# decimals, UUIDs), so all a legacy pickled row of one may hold besides plain values.
+_PLAIN_CLASSES = {
+    ("datetime", name) for name in ("datetime", "date", "time", "timedelta", "timezone")
+} | {("decimal", "Decimal"), ("uuid", "UUID")}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads plain values only: a reader never runs code a row names."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _PLAIN_CLASSES:
+            raise pickle.UnpicklingError(f"a pickled {module}.{name}, not a plain value")
+        return super().find_class(module, name)
+
+
+def plain_unpickle(payload: bytes) -> Any:
+    return _PlainUnpickler(io.BytesIO(payload)).load()
 
 
 def _read_only_url(url: str, location: str) -> Any:

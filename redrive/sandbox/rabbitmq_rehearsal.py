@@ -5,6 +5,7 @@ PID and its folder removed."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import tempfile
@@ -12,12 +13,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from redrive.config import Layout
 from redrive.sandbox.rabbitmq_layout import QueueType, RabbitFamily, fill_layout, rabbit_families
-from redrive.sandbox.rabbitmq_node import RabbitMQNode, require_server
+from redrive.sandbox.rabbitmq_node import ChrootRabbitMQNode, RabbitMQNode, require_server
 from redrive.sandbox.rehearsal import new_state_dir, random_seed, remove_state_dir
 
+#: A Debian root with rabbitmq-server installed (``make rabbitmq4`` builds one with 4.0.5):
+#: the sandbox's node runs in it by chroot, as root, instead of the machine's own server.
+#: How the suite runs the sandbox on RabbitMQ 4.0 (docs/support.md).
+SANDBOX_ROOT_ENV: Final = "REDRIVE_SANDBOX_RABBITMQ_ROOT"
 BROKER_ENV = "REDRIVE_BROKER"
 API_ENV = "REDRIVE_RABBITMQ_API"
 
@@ -78,13 +84,18 @@ def run_rabbitmq(
     Returns the state directory when it is left behind, else None. Raises
     :class:`~redrive.errors.RabbitMQNotInstalled` before anything starts when the server is
     missing."""
-    require_server()
+    chroot = os.environ.get(SANDBOX_ROOT_ENV)
+    if chroot:
+        ChrootRabbitMQNode(Path(chroot)).require()
+    else:
+        require_server()
     chosen = random_seed() if seed is None else seed
     families = rabbit_families(layout, queue_type=queue_type)
     base = Path(tempfile.mkdtemp(prefix="redrive-sandbox-rabbitmq-", dir=root))
+    node = ChrootRabbitMQNode(Path(chroot)) if chroot else RabbitMQNode(base / "node")
     state_dir: Path | None = None
     try:
-        with RabbitMQNode(base / "node") as node:
+        with node:
             node.start()
             state_dir = new_state_dir(node.ports.amqp, root=root)
             sandbox = RabbitSandbox(node, state_dir, chosen, families)
@@ -94,6 +105,8 @@ def run_rabbitmq(
             while not stop.wait(0.5):
                 pass
     finally:
+        if isinstance(node, ChrootRabbitMQNode):
+            node.remove()  # its folder is in the root
         shutil.rmtree(base, ignore_errors=True)
         kept = state_dir is not None and (keep_state or not remove_state_dir(state_dir))
     return state_dir if kept else None

@@ -120,6 +120,14 @@ def _story_record(
     return "FAILURE", _FAILURES.get(task, _DEFAULT_FAILURE)
 
 
+def _column_pickles(backend: Any) -> bool:
+    """Whether the installed Celery's ``result`` column is SQLAlchemy's PickleType (5.5
+    included), which stores the value itself, where later ones store the serializer's bytes."""
+    from sqlalchemy import PickleType
+
+    return isinstance(backend.task_cls.__table__.c.result.type, PickleType)
+
+
 def _row(
     backend: Any,
     task_id: str,
@@ -136,12 +144,16 @@ def _row(
         result = {"pid": 4242, "hostname": "celery@worker-7f9c"}
     else:
         result = None
-    payload = backend.encode(result)
+    if _column_pickles(backend):
+        payload: Any = result  # Celery before celery/celery#3025's fix: the value, pickled
+    else:
+        payload = backend.encode(result)
+        payload = payload.encode() if isinstance(payload, str) else payload
     done = (sent_at + timedelta(minutes=minutes)).astimezone(UTC).replace(tzinfo=None)
     return {
         "task_id": task_id,
         "status": state,
-        "result": payload.encode() if isinstance(payload, str) else payload,
+        "result": payload,
         "date_done": None if state == "STARTED" else done,
         "traceback": "Traceback (most recent call last):\n  ...\n" if exception else None,
     }

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 #: sees is larger (base64 of the body): counted by its own size, a message near the limit is
 #: refused by redrive before the broker would.
 MAX_MESSAGE_BYTES: Final = 134_217_728
+#: RabbitMQ 4.x's default max_message_size: a body over it is refused (406, the channel
+#: closed) where 3.x took it; a message that came in under 3.x, or while the limit was
+#: higher, can sit in a DLQ above it. redrive sends no such body (:func:`too_large`).
+MAX_MESSAGE_BYTES_4: Final = 16 * 1024 * 1024
 #: consumer_timeout (30 min) closes a channel that holds a delivery longer: stay below.
 MAX_HOLD_SECONDS: Final = 25 * 60
 BATCH_SIZE: Final = 100
@@ -85,6 +89,28 @@ CAPABILITIES: Final = Capabilities(
 )
 
 
+def default_max_message(version: str | None) -> int | None:
+    """The largest body a RabbitMQ of ``version`` takes unless configured otherwise (None:
+    no version known)."""
+    major = (version or "").split(".", 1)[0]
+    if not major.isdigit():
+        return None
+    return MAX_MESSAGE_BYTES_4 if int(major) >= 4 else MAX_MESSAGE_BYTES
+
+
+def too_large(size: int, version: str | None) -> str | None:
+    """Why a body of ``size`` bytes is not sent to a RabbitMQ of ``version`` (None: it may
+    be): over the version's default largest message, which the broker would refuse."""
+    limit = default_max_message(version)
+    if limit is None or size <= limit:
+        return None
+    return (
+        f"TooLarge: its body is {size:,} bytes, over RabbitMQ {version}'s default largest "
+        f"message of {limit // (1024 * 1024)} MiB (max_message_size); not sent, it stays "
+        "in the DLQ"
+    )
+
+
 class RabbitBroker:
     """One vhost's queues, over lanes of its own of the process's link to its URL (each
     ``--workers`` thread has a broker: their calls never wait on each other's): one for
@@ -106,11 +132,22 @@ class RabbitBroker:
         self.queues = Queues(api, link.address.vhost)
         self.clock = clock
         self.throttled = 0
+        self._server_version: tuple[str | None] | None = None
         self._limits: dict[str, int | None] = {}
         """Source queue name -> its delivery limit, asked once (see :meth:`_with_limits`)."""
 
     def _name(self, queue: str) -> str:
         return self.queues.name_of(queue)
+
+    def _version(self) -> str | None:
+        """The server's version for a send's size rule (asked once); None where the API
+        cannot say: the broker's own refusal then tells (link.py)."""
+        if self._server_version is None:
+            try:
+                self._server_version = (self.queues.server_version(),)
+            except RedriveError:
+                self._server_version = (None,)  # asked once: a send never waits on it again
+        return self._server_version[0]
 
     # -- queues --------------------------------------------------------------------------
 
@@ -219,6 +256,10 @@ class RabbitBroker:
                     body, properties = unpacked(entry.body, entry.headers)
             except NotAnEnvelope as exc:
                 failed[entry.id] = f"NotAnEnvelope: {exc}"
+                continue
+            over = too_large(len(body), self._version())
+            if over is not None:
+                failed[entry.id] = over
                 continue
             # The envelope names the copy as sent: persistent, whatever the producer said.
             # A received message already persistent has the envelope its delivery gave.

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import re
 import ssl
 import threading
 import time
@@ -467,8 +468,9 @@ class Lane:
                 # Raised, it would have held the whole batch in doubt, a second batch per
                 # worker after the one the lost connection left unconfirmed.
             except amqp.exceptions.PreconditionFailed as exc:
-                # The whole batch stays in doubt (its claims kept): see move/send.py.
-                self._timed_out(exc)
+                if not _refused_as_too_large(exc, published):
+                    # The whole batch stays in doubt (its claims kept): see move/send.py.
+                    self._timed_out(exc)
             finally:
                 self._confirms = None
             for entry_id, _, _ in messages[len(published) :]:
@@ -525,6 +527,32 @@ class Lane:
             body = message.body if isinstance(message.body, bytes) else bytes(message.body)
             why = getattr(exc, "reply_text", "") or str(exc)
             self._confirms.returned(routing_key, body, f"Returned: {why}")
+
+
+_TOO_LARGE: Final = re.compile(r"message size (\d+) is larger than configured max size (\d+)")
+
+
+def _refused_as_too_large(exc: amqp.exceptions.PreconditionFailed, batch: list[_Publish]) -> bool:
+    """A body over the broker's max_message_size closes the channel at its publish (406):
+    that one is refused, and so is every later one (a closing channel's methods are
+    discarded, AMQP 0-9-1), while earlier unconfirmed ones stay in doubt. False: another
+    precondition, or no body of the size said is pending."""
+    found = _TOO_LARGE.search(str(getattr(exc, "reply_text", "") or exc))
+    if found is None:
+        return False
+    size, limit = int(found.group(1)), int(found.group(2))
+    pending = [p.state == "pending" and p.returned is None for p in batch]
+    at = next((i for i, p in enumerate(batch) if pending[i] and len(p.content[1]) == size), None)
+    if at is None:
+        return False
+    batch[at].returned = (
+        f"TooLarge: RabbitMQ refused its body of {size:,} bytes, over its largest message of "
+        f"{limit:,} bytes (max_message_size); not sent, it stays in the DLQ"
+    )
+    for publish in batch[at + 1 :]:
+        if publish.state == "pending" and publish.returned is None:
+            publish.returned = "NotPublished: the channel closed at a message over max_message_size"
+    return True
 
 
 class Link:

@@ -52,6 +52,7 @@ import botocore.compat
 import botocore.exceptions
 import botocore.httpsession
 import botocore.parsers
+import botocore.retries.standard
 import botocore.utils
 from botocore.hooks import first_non_none_response
 
@@ -460,6 +461,21 @@ def _total_attempts(config: Any) -> int:
     return 3
 
 
+# Newer botocore (MaxAttemptsSeeder) names ``max`` in the first attempt's header too; older
+# releases (1.40.2, the floor) add it only once a retry has been weighed, so their first
+# attempt's header has none. The lean path's header is the installed botocore's.
+_MAX_ON_FIRST_ATTEMPT = hasattr(botocore.retries.standard, "MaxAttemptsSeeder")
+
+
+def retry_header(attempt: int, max_attempts: int, ttl: str | None) -> str:
+    """botocore's ``amz-sdk-request`` (add_retry_headers: ttl, attempt, max, those set)."""
+    parts = [] if ttl is None else [f"ttl={ttl}"]
+    parts.append(f"attempt={attempt}")
+    if attempt > 1 or _MAX_ON_FIRST_ATTEMPT:
+        parts.append(f"max={max_attempts}")
+    return "; ".join(parts)
+
+
 class LeanTransport:
     """The four per-message SQS calls for one botocore ``client``, as that client makes them
     (see the module). Thread-safe: one transport serves every worker."""
@@ -535,9 +551,7 @@ class LeanTransport:
             ).add_auth(request)
         # Unsigned, as botocore adds them: which call and attempt this is, for the service.
         request.headers["amz-sdk-invocation-id"] = invocation or str(uuid.uuid4())
-        # (botocore's add_retry_headers: ttl, attempt, max, those the retries context has.)
-        retry = f"attempt={attempt}; max={self._max_attempts}"
-        request.headers["amz-sdk-request"] = retry if ttl is None else f"ttl={ttl}; {retry}"
+        request.headers["amz-sdk-request"] = retry_header(attempt, self._max_attempts, ttl)
         return request
 
     def request_body(self, operation: str, params: Mapping[str, Any]) -> bytes:
