@@ -156,7 +156,7 @@ def test_no_test_skips_because_it_runs_as_root() -> None:
 
 @pytest.mark.e2e  # make and git as subprocesses
 @pytest.mark.skipif(MAKE is None or shutil.which("git") is None, reason="make or git missing")
-def test_ci_runs_test_minimums_after_make_test_when_a_landing_changed_pyproject(
+def test_minimums_if_changed_runs_test_minimums_only_when_a_landing_changed_pyproject(
     tmp_path: Path,
 ) -> None:
     """.ci/run: ``make test``, then ``make minimums-if-changed``, which runs
@@ -167,7 +167,10 @@ def test_ci_runs_test_minimums_after_make_test_when_a_landing_changed_pyproject(
     steps = [
         line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line[:5] == "make "
     ]
-    assert steps == ["make test", "make minimums-if-changed"]
+    # The step joins .ci/run once make test-minimums is green (docs/support.md lists what
+    # still fails on the floors); until then .ci/run says so.
+    assert steps == ["make test"]
+    assert "make minimums-if-changed" in (ROOT / ".ci" / "run").read_text()
     repo = tmp_path / "repo"
     repo.mkdir()
     shutil.copy(ROOT / "Makefile", repo / "Makefile")
