@@ -34,7 +34,7 @@ def _web_modules() -> Any:
 @click.group(
     "web",
     invoke_without_command=True,
-    short_help="A console in the browser: every DLQ, its groups and messages, operations.",
+    short_help="A console in the browser: DLQs, messages, operations.",
 )
 @click.option(
     "--bind",
