@@ -16,6 +16,7 @@ from conftest import Cli, Family, as_json
 from test_rabbitmq_e2e import drain, ok_json, redrive
 
 from redrive.broker.base import Delivery
+from redrive.broker.sqs.headers import headers_of
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_USAGE
 from redrive.messages import decode
 from redrive.operations.merge import merge_purge_results
@@ -46,7 +47,8 @@ def task_ids(family: Family, url: str) -> list[str]:
 
 
 def delivery(body: str, attributes: dict[str, Any] | None = None) -> Delivery:
-    return Delivery("m1", "tag", body, {}, attributes or {})
+    """A delivery whose headers SQS's translation made of ``attributes`` (MessageAttributes)."""
+    return Delivery("m1", "tag", body, {}, headers_of(attributes or {}))
 
 
 def tamper(path: Path, message_id: str) -> None:
@@ -111,7 +113,7 @@ def test_every_item_of_a_move_and_a_purge_plan_has_its_messages_digest(
     )
     expected = {
         m["MessageId"]: message_digest(
-            Delivery(m["MessageId"], "", m["Body"], {}, m.get("MessageAttributes", {}))
+            Delivery(m["MessageId"], "", m["Body"], {}, headers_of(m.get("MessageAttributes", {})))
         )
         for m in received
     }

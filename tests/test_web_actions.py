@@ -97,7 +97,7 @@ def test_a_move_is_a_dry_run_whose_plan_is_shown_then_exactly_that_plan(
         assert family.depth() == (4, 0)  # a dry run changes nothing
         family.send_to_dlq(charge_body(9))  # arrives after the review: not in the plan
         op = execute(test, plan_id)
-        runs = test.get("/api/runs").json()
+        runs = test.get("/api/operations").json()["runs"]
     assert op["state"] == "completed", op["error"]
     assert (op["result"]["planned"], op["result"]["moved"]) == (3, 3)
     assert bodies(family, family.queue_url) == sorted(sent)  # each once, byte-identical
