@@ -6,6 +6,7 @@ queue, byte-identical), and the CLI's plans and the console's being one format."
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,29 @@ def test_an_archive_is_replayed_after_its_dry_run_each_task_once(
         )
     assert op["state"] == "completed", op["error"]
     assert bodies(family, family.queue_url) == sorted(sent)  # once, though replayed twice
+
+
+def test_messages_ticked_on_the_dlq_page_are_the_ones_a_dry_run_plans(
+    family: Family, tmp_path: Path
+) -> None:
+    """The DLQ page's messages can be ticked (a plain GET form, no JS) for an operator of a
+    console that allows actions; the new action's form arrives with exactly those, and the
+    dry run plans only them. A read-only console shows no ticks."""
+    for n in range(3):
+        family.send_to_dlq(charge_body(n))
+    with client(console(sqs_workspace(ledger_uri=str(tmp_path / "l.sqlite3")))) as test:
+        assert 'name="message_id"' not in test.get("/dlq/checkout").text
+    with client(acting_console(tmp_path)) as test:
+        page = test.get("/dlq/checkout")
+        assert page.status_code == 200, page.text
+        ticks = re.findall(r'<input type="checkbox" name="message_id" value="([^"]+)"', page.text)
+        assert len(ticks) == 3
+        assert '<form method="get" action="/actions/new" class="ticked">' in page.text
+        chosen = ticks[1]
+        new = test.get("/actions/new", params={"target": "checkout", "message_id": chosen})
+        assert new.status_code == 200 and chosen in new.text
+        assert not any(t in new.text for t in ticks if t != chosen)
+        plan_id = dry_run(test, message_ids=chosen)
+        plan = test.get(f"/actions/plans/{plan_id}")
+        assert plan.text.count("sha256:") == 1 and chosen in plan.text
+    assert family.depth() == (3, 0)  # a dry run changes nothing
