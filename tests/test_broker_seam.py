@@ -36,6 +36,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "redrive"
 BACKEND_NAMES = frozenset(
     {"SqsBroker", "SqsCalls", "RabbitBroker", "MemoryBroker", "lean", "lean_send", "link"}
 )
+#: A backend's name, for words (``on SQS``): compared, it would choose the backend.
+BACKEND_NAME_FIELDS = frozenset({"spoken_name"})
 BACKEND_PACKAGES = ("redrive.broker.sqs", "redrive.broker.rabbitmq", "redrive.broker.memory")
 
 
@@ -61,6 +63,11 @@ def _choices(path: Path) -> list[str]:
             names |= {n.value for n in ast.walk(node) if isinstance(n, ast.Constant)}
             if names & BACKEND_NAMES:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+        if isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Attribute) and side.attr in BACKEND_NAME_FIELDS
+            for side in (node.left, *node.comparators)
+        ):
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} compares a backend's name")
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(BACKEND_PACKAGES):
             found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} imports {node.module}")
     return found

@@ -44,10 +44,16 @@ class BrokerSettings:
     def backend(self) -> str:
         return backend_of(self.url).name
 
+    @property
+    def aws_credentials(self) -> bool:
+        """Whether the backend is called with the AWS settings' credentials (the audit's
+        caller is then the AWS principal)."""
+        return self.url is None or backend_of(self.url).aws_credentials
+
     def caller(self) -> dict[str, Any] | None:
         """Whom the broker knows the run as, where its URL says (the audit's *who*); None:
         the backend's credentials are AWS's (the caller is the AWS principal)."""
-        if self.url is None or backend_of(self.url).aws_credentials:
+        if self.url is None or self.aws_credentials:
             return None
         user = urllib.parse.urlsplit(self.url).username
         return {

@@ -133,18 +133,16 @@ def _settings(options: dict[str, Any]) -> Any:
 def _console(ctx: Context, settings: Any, ledger: str | None) -> Any:
     """The console's state, its workspace resolved from the global options now, in this
     thread (the server's threads open brokers from what is resolved here)."""
-    from redrive.broker import open_broker
     from redrive.web.console import Console
     from redrive.web.shared_scans import SharedScanSource
     from redrive.web.workspace import Workspace
 
-    broker_url, sqs, api = ctx.broker_url, ctx.sqs, ctx.rabbitmq_api
+    brokers = ctx.broker_settings
     log = ctx.receive_log()
     workspace = Workspace(
         layout=ctx.layout,
-        open_broker=lambda region: open_broker(
-            broker_url, aws=ctx.aws, region=region, sqs_client=sqs, rabbitmq_api=api
-        ),
+        open_broker=lambda region: brokers.open(ctx.aws, region),
+        broker=brokers,
         results=ctx.results(probe=False),
         receive_log=log if not log.problem else None,
         knowledge=known_tasks(ctx),

@@ -93,7 +93,7 @@ def broker_caller(workspace: Workspace) -> dict[str, Any]:
     """Whom the broker knows the console's runs as: the AWS principal on SQS (as the CLI
     records it); on another broker, the console itself (its person is the record's who)."""
     clients = workspace.client_factory
-    if clients is not None and workspace.broker_for(None).capabilities.spoken_name == "SQS":
+    if clients is not None and workspace.broker.aws_credentials:
         return caller_identity(lambda: clients("sts"))
     return {"front_end": "redrive web"}
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redrive.broker import resolve_target
+from redrive.broker import BrokerSettings, resolve_target
 from redrive.broker.base import Broker, DlqTarget
 from redrive.celery.knowledge import TaskKnowledge
 from redrive.celery.results import ResultLookup
@@ -29,6 +29,8 @@ class Workspace:
 
     layout: Layout
     open_broker: Callable[[str | None], Broker]
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    """What ``open_broker`` opens (the CLI's broker options): whose credentials it runs on."""
     results: ResultLookup | None = None
     receive_log: ReceiveLog | None = None
     knowledge: TaskKnowledge | None = None
