@@ -60,6 +60,16 @@ any contenders), and prints lean / botocore (msgs/s and client CPU, same rounds)
 ``--profile-size N`` adds a step timer and a cProfile (every thread) of one redrive run of N
 messages.
 
+Ledgers and sizes (issue 40): ``--ledger-kind postgres`` gives every redrive move contender a
+PostgreSQL ledger (``TOOL+pg``: a fresh schema a run, dropped after it, on a private server
+this script starts as tests/postgres_server.py does, fsync on, or ``--postgres-url``'s);
+``both`` runs each twice a round, on SQLite and on PostgreSQL. ``--interleave-sizes`` runs
+round r of every size before round r+1 of any (``--large-rounds`` still sets the rounds at
+100,000 and more), so a machine's drift spreads over the sizes too; the lines after the
+table give, per contender, the largest size against the smallest: throughput, client CPU
+a message and peak RSS. ``--child-timeout`` (default 1,800 s) bounds one run: a move of
+1,000,000 on a loaded machine needs more.
+
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
 noticed at once by every contender (redrive stops at an empty receive once SQS counts
@@ -71,6 +81,9 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/move.py --server moto --sizes 1000 --rounds 2
     .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 3 \
         --tools redrive,redrive-shm,batched --profile-size 10000
+    .venv/bin/python bench/move.py --server fast --sizes 1000000,10000 --rounds 3 \
+        --large-rounds 1 --tools redrive --ledger-kind both --interleave-sizes \
+        --child-timeout 5400
 
 bench/README.md (section "move") has the commands behind its tables and what they show.
 
@@ -271,7 +284,9 @@ BASELINE = {
     "purge-archive": "receive-delete",
     "purge-filtered": "receive-delete",
 }
-CHILD_TIMEOUT = 1_800  # seconds one contender may take before it is killed
+#: Seconds one contender may take before it is killed (--child-timeout: a move of 1,000,000
+#: on a loaded machine takes longer).
+CHILD_TIMEOUT = [1_800]
 SEED_TIMEOUT = 1_800  # seconds seeding one DLQ may take
 #: Operations this benchmark needs from the server (fast_sqs is checked for them at start).
 NEEDED_OPERATIONS = (
@@ -710,7 +725,7 @@ def run_threads(work: Any, threads: int) -> None:
     for thread in pool:
         thread.start()
     for thread in pool:
-        thread.join(CHILD_TIMEOUT)
+        thread.join(CHILD_TIMEOUT[0])
 
 
 # -- realistic, movable DLQ content ----------------------------------------------------------
@@ -1121,7 +1136,7 @@ def measure(
     where = _pg_ledger(n, rnd) if PG in tool else ledger
     load = os.getloadavg()[0]
     cpu_before = server.cpu_seconds()
-    child = run_child(tool_command(tool, n, where, wait), env, CHILD_TIMEOUT, tool_tree(tool))
+    child = run_child(tool_command(tool, n, where, wait), env, CHILD_TIMEOUT[0], tool_tree(tool))
     server_cpu = server.cpu_seconds() - cpu_before
     if where != ledger:
         ledger_scale.drop_schema(where)
@@ -1475,7 +1490,7 @@ def unmeasured_redrive(
                 env["BENCH_PROFILE_OUT"] = command_options["profile_out"]
             started = time.perf_counter()
             done = subprocess.run(
-                command, cwd=tool_tree(tool), env=env, capture_output=True, timeout=CHILD_TIMEOUT
+                command, cwd=tool_tree(tool), env=env, capture_output=True, timeout=CHILD_TIMEOUT[0]
             )
             wall = time.perf_counter() - started
             if command_options.get("phases") and os.path.exists(env["BENCH_PHASES_OUT"]):
@@ -1708,6 +1723,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="round r of every size before round r+1 of any (default: one size after another)",
     )
+    parser.add_argument(
+        "--child-timeout",
+        type=float,
+        default=CHILD_TIMEOUT[0],
+        metavar="S",
+        help=f"seconds a contender may run before it is killed (default {CHILD_TIMEOUT[0]:,})",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--profile-size",
@@ -1773,6 +1795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sqs_client in SQS_CLIENTS:
         SQS_CLIENT[:] = [args.sqs_client]
     tools = with_clients(with_ledgers(tools, args.ledger_kind), args.sqs_client)
+    CHILD_TIMEOUT[0] = args.child_timeout
     if any(t.startswith("redrive-shm") for t in tools) and not os.path.isdir(SHM):
         parser.error(f"the redrive-shm variants need {SHM} (tmpfs)")
     if args.rounds < 1:
