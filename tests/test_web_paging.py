@@ -86,6 +86,7 @@ def test_every_message_is_on_exactly_one_page_and_paging_reads_none_again(
     with client(shared(tmp_path)) as test:
         everything, pagings = pages(test, "/api/dlq/checkout?per_page=20")
         refunds, refund_pagings = pages(test, f"/api/dlq/checkout?task={REFUND}&per_page=20")
+        both, _ = pages(test, "/api/dlq/checkout?task=apps.payments.tasks.*&per_page=20")
         past = test.get("/api/dlq/checkout?per_page=20&page=9").json()
         page = test.get(f"/dlq/checkout?task={REFUND}&per_page=20&page=2")
         bad = test.get("/api/dlq/checkout?page=0")
@@ -98,6 +99,9 @@ def test_every_message_is_on_exactly_one_page_and_paging_reads_none_again(
     refund_ids = [m["message_id"] for m in refunds]
     assert sorted(refund_ids) == sorted(i for i, t in sent.items() if t == REFUND)
     assert {m["task"] for m in refunds} == {REFUND} and len(refund_pagings) == 4
+    # Two groups picked: group by group (by name), a page across the boundary included.
+    assert [m["task"] for m in both] == [CAPTURE] * 33 + [REFUND] * 70
+    assert sorted(m["message_id"] for m in both) == sorted(sent)
     # The links keep the filter: task, then the page.
     assert dict(parse_qsl(refund_pagings[1]["next"][1:])) == {
         "task": REFUND,

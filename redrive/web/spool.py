@@ -51,12 +51,12 @@ class MessageSpool:
         conn.execute("PRAGMA synchronous=OFF")
         conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
         conn.execute(
-            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, message_id TEXT NOT NULL,"
-            " label TEXT NOT NULL, record TEXT NOT NULL)"
+            "CREATE TABLE messages (seq INTEGER PRIMARY KEY, label TEXT NOT NULL,"
+            " rank INTEGER NOT NULL, message_id TEXT NOT NULL, record TEXT NOT NULL)"
         )
         self._conn = conn
         self._lock = threading.Lock()
-        self._pending: list[tuple[int, str, str, str]] = []
+        self._pending: list[tuple[int, str, int, str, str]] = []
         self.counts: Counter[str] = Counter()
         """Messages spooled per group label (as many labels as the scan has groups)."""
         self.total = 0
@@ -69,9 +69,11 @@ class MessageSpool:
         """One counted message's record (its arguments withheld by the caller)."""
         text = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str)
         with self._lock:
+            # seq: the message's place in the scan; rank: in its group (both from 1), so a
+            # page is a range of either, never an OFFSET walked row by row.
             self.counts[label] += 1
             self.total += 1
-            self._pending.append((self.total, message_id, label, text))
+            self._pending.append((self.total, label, self.counts[label], message_id, text))
             self.most_pending = max(self.most_pending, len(self._pending))
             if len(self._pending) >= FLUSH_EVERY:
                 self._flush()
@@ -79,14 +81,14 @@ class MessageSpool:
     def _flush(self) -> None:
         if self._pending:
             with self._conn:
-                self._conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?)", self._pending)
+                self._conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?)", self._pending)
             self._pending.clear()
 
     def finish(self) -> None:
         """The scan is over: what is left written, and the indexes pages read by."""
         with self._lock:
             self._flush()
-            self._conn.execute("CREATE INDEX by_label ON messages (label, seq)")
+            self._conn.execute("CREATE INDEX by_label ON messages (label, rank)")
             self._conn.execute("CREATE INDEX by_id ON messages (message_id)")
             self.finished = True
 
@@ -99,18 +101,28 @@ class MessageSpool:
 
     def page(self, labels: Collection[str] | None, offset: int, size: int) -> list[dict[str, Any]]:
         """``size`` records from ``offset``: of every message in the order the scan counted
-        them (``labels`` None), or of the groups ``labels``, group by group."""
-        if labels is None:
-            sql = "SELECT record FROM messages ORDER BY seq LIMIT ? OFFSET ?"
-            params: tuple[Any, ...] = (size, offset)
-        else:
-            sql = (
-                "SELECT record FROM messages WHERE label IN (SELECT value FROM json_each(?))"
-                " ORDER BY label, seq LIMIT ? OFFSET ?"
-            )
-            params = (json.dumps(sorted(set(labels))), size, offset)
+        them (``labels`` None), or of the groups ``labels``, group by group (by label)."""
         with self._lock:
-            rows = self._conn.execute(sql, params).fetchall()
+            if labels is None:
+                rows = self._conn.execute(
+                    "SELECT record FROM messages WHERE seq > ? ORDER BY seq LIMIT ?",
+                    (offset, size),
+                ).fetchall()
+            else:
+                rows = []
+                for label in sorted(set(labels)):
+                    count = self.counts[label]
+                    if offset >= count:
+                        offset -= count  # the whole group is before the page
+                        continue
+                    rows += self._conn.execute(
+                        "SELECT record FROM messages WHERE label = ? AND rank > ?"
+                        " ORDER BY rank LIMIT ?",
+                        (label, offset, size - len(rows)),
+                    ).fetchall()
+                    offset = 0
+                    if len(rows) >= size:
+                        break
         return [json.loads(text) for (text,) in rows]
 
     def record(self, message_id: str) -> dict[str, Any] | None:
