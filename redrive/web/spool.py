@@ -80,8 +80,10 @@ class MessageSpool:
 
     def _flush(self) -> None:
         if self._pending:
-            with self._conn:
-                self._conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?)", self._pending)
+            # One transaction a write (autocommit would make each row one).
+            self._conn.execute("BEGIN")
+            self._conn.executemany("INSERT INTO messages VALUES (?, ?, ?, ?, ?)", self._pending)
+            self._conn.execute("COMMIT")
             self._pending.clear()
 
     def finish(self) -> None:
