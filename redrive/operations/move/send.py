@@ -14,7 +14,7 @@ from redrive.errors import NotSent
 from redrive.ledger import Ledger
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.result import SendOutcome
-from redrive.operations.shared import RateLike
+from redrive.runs.shared import RateLike
 
 
 class Sender:
