@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from redrive.durations import parse_duration
@@ -71,7 +71,6 @@ def routes() -> list[BaseRoute]:
         Route("/actions/plans/{plan_id}/execute", execute, methods=["POST"]),
         Route("/actions/operations", operations_list, name="console_operations"),
         Route("/actions/operations/{op_id}", operation_page, name="operation"),
-        Route("/actions/operations/{op_id}/json", operation_json),
         Route("/actions/operations/{op_id}/stop", stop, methods=["POST"]),
     ]
 
@@ -234,15 +233,6 @@ async def operation_page(request: Request) -> Response:
     except RedriveError as exc:
         raise HTTPException(404, str(exc)) from None
     return render(request, "actions/operation.html", {"op": op.to_json()})
-
-
-async def operation_json(request: Request) -> Response:
-    console = _viewing(request)
-    try:
-        op = operations_of(console).get(request.path_params["op_id"])
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
-    return JSONResponse(op.to_json())
 
 
 async def stop(request: Request) -> Response:

@@ -223,6 +223,22 @@ SCHEMAS: dict[str, Any] = {
             "counts": ANY_OBJECT,
         }
     ),
+    "Operation": _obj(
+        {
+            "id": STRING,
+            "plan": STRING,
+            "kind": STRING,
+            "target": STRING,
+            "person": _ref("Person"),
+            "started_at": NUMBER,
+            "ended_at": _null(NUMBER),
+            "state": {"enum": ["running", "completed", "needs-attention", "interrupted", "failed"]},
+            "progress": _null(COUNTS),
+            "result": _null(ANY_OBJECT),
+            "error": _null(STRING),
+            "problems": {"type": "array", "items": STRING},
+        }
+    ),
     "Operations": _obj(
         {
             "ledger": _null(STRING),
@@ -245,6 +261,12 @@ MESSAGE_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+}
+OP_ID = {
+    "name": "op_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
 }
 #: What each filter takes. --where and --group-by are JMESPath over the message's record
 #: (docs/where.md): the patterns describe a subset the console always accepts (a field of the
@@ -296,7 +318,7 @@ def _answers(schema: str, *errors: int) -> dict[str, Any]:
         400: "a filter the CLI would refuse",
         401: "sign in first",
         403: "a viewer, or no CSRF token",
-        404: "no such DLQ or message",
+        404: "no such DLQ, message or operation",
         502: "the broker, the result backend or the ledger failed",
     }
     out: dict[str, Any] = {
@@ -346,6 +368,12 @@ def document() -> dict[str, Any]:
             "/api/dlq/{target}/messages/{message_id}": message,
             "/api/dlq/{target}/messages/{message_id}/reveal": reveal,
             "/api/operations": _get("live runs, audit --json, ledger resolve --json", "Operations"),
+            "/api/operations/{op_id}": _get(
+                "one of this console's operations: its state and counts so far",
+                "Operation",
+                404,
+                parameters=[OP_ID],
+            ),
         },
         "components": {"schemas": SCHEMAS},
     }
