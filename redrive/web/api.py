@@ -71,7 +71,11 @@ async def overview(request: Request) -> Response:
 async def operations(request: Request) -> Response:
     require(request)
     console = console_of(request)
-    return await _answer(lambda: reads.operations_json(console))
+    try:
+        page = reads.page_number(request.query_params.get("in_doubt_page"))
+    except RedriveError as exc:
+        return _error(exc)
+    return await _answer(lambda: reads.operations_json(console, in_doubt_page=page))
 
 
 async def operation(request: Request) -> Response:

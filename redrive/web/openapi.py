@@ -244,7 +244,22 @@ SCHEMAS: dict[str, Any] = {
             "ledger": _null(STRING),
             "live": {"type": "array", "items": _ref("Run")},
             "runs": {"type": "array", "items": _ref("Run")},
-            "in_doubt": _null(ANY_OBJECT),
+            "in_doubt": _null(_ref("InDoubt")),
+        }
+    ),
+    "InDoubt": _obj(
+        {
+            "ledger": STRING,
+            "dry_run": BOOL,
+            "in_doubt": INT,
+            "busy": INT,
+            "by_action": COUNTS,
+            "left_in_doubt": INT,
+            "unmatched": {"type": "array", "items": STRING},
+            "messages": {"type": "array", "items": ANY_OBJECT, "maxItems": 50},
+            "page": {"type": "integer", "minimum": 1},
+            "pages": {"type": "integer", "minimum": 1},
+            "page_size": INT,
         }
     ),
 }
@@ -261,6 +276,13 @@ MESSAGE_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+}
+IN_DOUBT_PAGE = {
+    "name": "in_doubt_page",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": 1000000},
+    "description": "which page of the in-doubt messages (50 a page; in_doubt counts them all)",
 }
 OP_ID = {
     "name": "op_id",
@@ -315,7 +337,7 @@ FILTERS = [
 def _answers(schema: str, *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ref("Error")}}}
     said = {
-        400: "a filter the CLI would refuse",
+        400: "a filter the CLI would refuse, or no page number",
         401: "sign in first",
         403: "a viewer, or no CSRF token",
         404: "no such DLQ, message or operation",
@@ -367,7 +389,12 @@ def document() -> dict[str, Any]:
             ),
             "/api/dlq/{target}/messages/{message_id}": message,
             "/api/dlq/{target}/messages/{message_id}/reveal": reveal,
-            "/api/operations": _get("live runs, audit --json, ledger resolve --json", "Operations"),
+            "/api/operations": _get(
+                "live runs, audit --json, and ledger resolve --json a page at a time",
+                "Operations",
+                400,
+                parameters=[IN_DOUBT_PAGE],
+            ),
             "/api/operations/{op_id}": _get(
                 "one of this console's operations: its state and counts so far",
                 "Operation",

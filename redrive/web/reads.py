@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from redrive.broker.server import server_of
-from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.errors import BrokerUnavailable, RedriveError, UsageProblem
 from redrive.ledger import Ledger, RunInfo
-from redrive.operations.resolve import Choices, resolve_in_doubt
+from redrive.operations.resolve import Busy, Choices, gather, resolve, resolve_in_doubt
 from redrive.reporting import alerts
 from redrive.reporting.audit import list_runs, own_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
@@ -157,11 +159,23 @@ def message_json(outcome: ScanOutcome, message_id: str, *, revealed: bool) -> di
     }
 
 
-def operations_json(console: Console) -> dict[str, Any]:
+IN_DOUBT_PAGE = 50
+"""In-doubt messages shown at a time: a ledger may hold thousands."""
+
+
+def page_number(value: str | None) -> int:
+    """A page's number from a URL (1 when none is given); a UsageProblem (400) otherwise."""
+    if value is None or value == "":
+        return 1
+    if not value.isdigit() or not 1 <= int(value) <= 10**6:
+        raise UsageProblem(f"in_doubt_page: a page number from 1, not {value!r}")
+    return int(value)
+
+
+def operations_json(console: Console, *, in_doubt_page: int = 1) -> dict[str, Any]:
     """The operations page: the runs that are live now (their counts as far as they got),
     ``redrive audit --json`` (every run, the console's reveals and actions among them), and
-    ``ledger resolve --json`` as a dry run (each in-doubt message: what the evidence says,
-    what would be done)."""
+    one page of ``ledger resolve --json`` as a dry run (:func:`in_doubt_json`)."""
     workspace = console.workspace
     ledger = workspace.ledger()
     if ledger is None:
@@ -169,23 +183,53 @@ def operations_json(console: Console) -> dict[str, Any]:
     try:
         runs = list_runs(ledger, since=None)
         now = console.clock()
-        resolved = resolve_in_doubt(
-            ledger,
-            Choices(),
-            execute=False,
-            results=workspace.results,
-            ignores_result=workspace.ignores_result,
-        )
         return {
             "ledger": ledger.location,
             "live": [
                 live_json(ledger, r) for r in runs if r.ended_at is None and run_is_live(r, now)
             ],
             "runs": [run_json(r) for r in runs],
-            "in_doubt": resolved.to_json(),
+            "in_doubt": in_doubt_json(console, ledger, in_doubt_page),
         }
     finally:
         ledger.close()
+
+
+def live_runs_json(console: Console) -> dict[str, Any]:
+    """The live runs alone (what the operations page's script polls): no in-doubt list."""
+    ledger = console.workspace.ledger()
+    if ledger is None:
+        return {"ledger": None, "live": []}
+    try:
+        now = console.clock()
+        live = [r for r in list_runs(ledger, since=None) if r.ended_at is None]
+        return {
+            "ledger": ledger.location,
+            "live": [live_json(ledger, r) for r in live if run_is_live(r, now)],
+        }
+    finally:
+        ledger.close()
+
+
+def in_doubt_json(console: Console, ledger: Ledger, page: int) -> dict[str, Any]:
+    """``ledger resolve --json`` as a dry run, for one page of the in-doubt keys: each with
+    what the evidence says and what would be done (``by_action`` and ``left_in_doubt`` are
+    this page's), and ``in_doubt`` and ``busy`` of them all. Counting them all reads the
+    ledger's listing alone (a page at a time, nothing kept); the result backend is asked
+    only up to this page's end."""
+    workspace = console.workspace
+    busy = Busy()
+    total = sum(1 for _ in gather(ledger, busy=busy))
+    start = (page - 1) * IN_DOUBT_PAGE
+    evidence = gather(ledger, results=workspace.results, ignores_result=workspace.ignores_result)
+    shown = resolve(ledger, islice(evidence, start, start + IN_DOUBT_PAGE), Choices(), run_id=None)
+    return shown.to_json() | {
+        "in_doubt": total,
+        "busy": busy.claims,
+        "page": page,
+        "pages": max(1, math.ceil(total / IN_DOUBT_PAGE)),
+        "page_size": IN_DOUBT_PAGE,
+    }
 
 
 def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
