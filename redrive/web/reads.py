@@ -8,14 +8,14 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from redrive.broker.server import server_of
 from redrive.errors import BrokerUnavailable, RedriveError, UsageProblem
 from redrive.ledger import Ledger, RunInfo
-from redrive.operations.resolve import Busy, Choices, gather, resolve, resolve_in_doubt
+from redrive.operations.resolve import Choices, Resolution, resolve_in_doubt_paged
 from redrive.reporting import alerts
 from redrive.reporting.audit import list_runs, own_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
@@ -211,23 +211,42 @@ def live_runs_json(console: Console) -> dict[str, Any]:
         ledger.close()
 
 
+@dataclass
+class PageOf:
+    """Keeps the resolutions of one page (``size`` from ``start``, in the ledger's order) of
+    those a paged resolve hands over, and lets the others go."""
+
+    start: int
+    size: int
+    seen: int = 0
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, resolutions: Sequence[Resolution]) -> None:
+        for item in resolutions:
+            if self.start <= self.seen < self.start + self.size:
+                self.kept.append(item.to_json())
+            self.seen += 1
+
+
 def in_doubt_json(console: Console, ledger: Ledger, page: int) -> dict[str, Any]:
-    """``ledger resolve --json`` as a dry run, for one page of the in-doubt keys: each with
-    what the evidence says and what would be done (``by_action`` and ``left_in_doubt`` are
-    this page's), and ``in_doubt`` and ``busy`` of them all. Counting them all reads the
-    ledger's listing alone (a page at a time, nothing kept); the result backend is asked
-    only up to this page's end."""
+    """``ledger resolve --json`` as a dry run, its messages one page of them: each with what
+    the evidence says and what would be done; the counts are of them all. Resolved a page at
+    a time as the CLI's is (``resolve_in_doubt_paged``): memory does not grow with the keys
+    in doubt, whichever page is shown."""
     workspace = console.workspace
-    busy = Busy()
-    total = sum(1 for _ in gather(ledger, busy=busy))
-    start = (page - 1) * IN_DOUBT_PAGE
-    evidence = gather(ledger, results=workspace.results, ignores_result=workspace.ignores_result)
-    shown = resolve(ledger, islice(evidence, start, start + IN_DOUBT_PAGE), Choices(), run_id=None)
-    return shown.to_json() | {
-        "in_doubt": total,
-        "busy": busy.claims,
+    shown = PageOf((page - 1) * IN_DOUBT_PAGE, IN_DOUBT_PAGE)
+    tally = resolve_in_doubt_paged(
+        ledger,
+        Choices(),
+        execute=False,
+        on_page=shown,
+        results=workspace.results,
+        ignores_result=workspace.ignores_result,
+    )
+    return tally.head_json() | {
+        "messages": shown.kept,
         "page": page,
-        "pages": max(1, math.ceil(total / IN_DOUBT_PAGE)),
+        "pages": max(1, math.ceil(tally.in_doubt / IN_DOUBT_PAGE)),
         "page_size": IN_DOUBT_PAGE,
     }
 
@@ -243,19 +262,22 @@ def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
 
 
 def resolve_json(console: Console, choices: Choices) -> dict[str, Any]:
-    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``."""
+    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``'s
+    counts (its messages, however many, are let go page by page: the page shows the
+    in-doubt list as it stands after)."""
     workspace = console.workspace
     ledger = workspace.ledger()
     if ledger is None:
         return {"in_doubt": 0}
     try:
-        return resolve_in_doubt(
+        return resolve_in_doubt_paged(
             ledger,
             choices,
             execute=True,
+            on_page=lambda page: None,
             command="redrive web: ledger resolve",
             results=workspace.results,
             ignores_result=workspace.ignores_result,
-        ).to_json()
+        ).head_json()
     finally:
         ledger.close()
