@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from redrive import __version__
+from redrive.web.reads import IN_DOUBT_PAGE
 
 
 def _obj(required: dict[str, Any], **optional: Any) -> dict[str, Any]:
@@ -256,7 +257,7 @@ SCHEMAS: dict[str, Any] = {
             "by_action": COUNTS,
             "left_in_doubt": INT,
             "unmatched": {"type": "array", "items": STRING},
-            "messages": {"type": "array", "items": ANY_OBJECT, "maxItems": 50},
+            "messages": {"type": "array", "items": ANY_OBJECT, "maxItems": IN_DOUBT_PAGE},
             "page": {"type": "integer", "minimum": 1},
             "pages": {"type": "integer", "minimum": 1},
             "page_size": INT,
@@ -277,12 +278,13 @@ MESSAGE_ID = {
     "required": True,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
 }
-IN_DOUBT_PAGE = {
+IN_DOUBT_PAGE_NUMBER = {
     "name": "in_doubt_page",
     "in": "query",
     "required": False,
     "schema": {"type": "integer", "minimum": 1, "maximum": 1000000},
-    "description": "which page of the in-doubt messages (50 a page; in_doubt counts them all)",
+    "description": f"which page of the in-doubt messages ({IN_DOUBT_PAGE} a page; "
+    "in_doubt counts them all)",
 }
 OP_ID = {
     "name": "op_id",
@@ -393,7 +395,7 @@ def document() -> dict[str, Any]:
                 "live runs, audit --json, and ledger resolve --json a page at a time",
                 "Operations",
                 400,
-                parameters=[IN_DOUBT_PAGE],
+                parameters=[IN_DOUBT_PAGE_NUMBER],
             ),
             "/api/operations/{op_id}": _get(
                 "one of this console's operations: its state and counts so far",

@@ -21,7 +21,7 @@
     }
     setTimeout(again, every(box));
   }
-  function paragraphs(box, texts, kind) {
+  function fill(box, texts, kind) {
     box.textContent = "";
     texts.forEach(function (text) {
       var line = document.createElement(kind);
@@ -34,7 +34,7 @@
     var counts = op.result || op.progress || {};
     var list = box.querySelector("[data-counts]");
     var keys = list.getAttribute("data-counts").split(" ").filter(function (k) { return counts[k] != null; });
-    paragraphs(list, keys.map(function (k) {
+    fill(list, keys.map(function (k) {
       var n = counts[k];
       return k + ": " + (Number.isInteger(n) ? n.toLocaleString("en-US") : String(n));
     }), "li");
@@ -42,7 +42,7 @@
     var error = box.querySelector("[data-field=error]");
     error.textContent = op.error || "";
     error.hidden = !op.error;
-    paragraphs(box.querySelector("[data-field=problems]"), op.problems, "p");
+    fill(box.querySelector("[data-field=problems]"), op.problems, "p");
     if (op.state === "running") { return true; }
     // Ended: nothing more to poll, nothing left to stop.
     box.removeAttribute("data-operation");
