@@ -388,7 +388,12 @@ def bench(args: argparse.Namespace, state: str) -> int:
         web.terminate()
         web.wait(60)
         web = None
-        return 0 if report(args, viewers, broker, memory, before, after) else 1
+        ok = report(args, viewers, broker, memory, before, after)
+        if viewers.errors:
+            # The server's own words for what went wrong (its log goes with the run's folder).
+            with open(os.path.join(state, "web.log"), errors="replace") as log_file:
+                print("  the server's log ends:\n" + "".join(log_file.readlines()[-40:]))
+        return 0 if ok else 1
     finally:
         if web is not None and web.poll() is None:
             web.terminate()
