@@ -5,6 +5,7 @@ of the rows, every matched message is moved, a duplicate, failed or skipped unde
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,10 +20,15 @@ from test_move import body, move, put
 from test_processes_e2e import MOVE, finished_with_a_killed_child, seed_dlq, tasks
 
 from redrive import attributes
+from redrive.broker.base import SendEntry
+from redrive.broker.memory import MemoryBroker, forget_store, memory_store
+from redrive.config import Layout
 from redrive.errors import BrokerUnavailable
-from redrive.operations.move import MoveResult
+from redrive.ledger import SqliteLedger
+from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.verdict import IN_DOUBT
 from redrive.render.move import move_text
+from redrive.runs.observer import Callbacks
 
 # The ``distant`` fixture (fast_sqs answering after 20 ms) of the --processes tests.
 from test_processes_e2e import distant  # noqa: F401  # isort: skip
@@ -159,3 +165,48 @@ def test_what_a_dead_child_reported_beyond_the_ledger_is_a_row_of_its_own(
     assert "4 message(s) matched by a process that died before it reported" in text, text
     assert "it sent none of them" in text
     assert "about 20 message(s) of the DLQ not scanned" in text
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["two-stage", "one-stage"])
+@pytest.mark.parametrize("step", ["claimed", "sent", "recorded"])
+def test_the_further_copies_of_a_key_in_the_batch_a_run_stopped_in_are_counted(
+    tmp_path: Path, step: str, pipelined: bool
+) -> None:
+    """Two copies of each publish in one batch: the second follows the first, and is counted
+    once the first one's fate is known. A run stopped in that batch counted the first copies
+    and never their followers: it received 8 messages and its counts said 4."""
+    name = f"stopped-{uuid.uuid4().hex[:8]}"
+    store = memory_store(name)
+    try:
+        store.create_queue("onion-dlq")
+        store.create_queue("onion", dead_letter_queue="onion-dlq", max_receive_count=3)
+        bodies = [body(f"f-{i}") for i in range(4)]
+        entries = [SendEntry(id=str(i), body=b, headers={}) for i, b in enumerate(bodies * 2)]
+        assert len(MemoryBroker(store).send("onion-dlq", entries).ok) == 8
+        broker = MemoryBroker(store)
+        target = broker.resolve(Layout((), "test"), "onion-dlq", lambda region: broker)
+        options = MoveOptions(execute=True, pipelined=pipelined)
+        with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+            engine = MoveEngine(
+                target,
+                ledger,
+                options,
+                broker_factory=lambda: MemoryBroker(store),
+                observer=Callbacks(on_step=failing_at(step, 1)),
+            )
+            with pytest.raises(BrokerUnavailable) as caught:
+                engine.run()
+        partial = caught.value.partial
+        assert isinstance(partial, MoveResult)
+        adds_up(partial.to_json())
+        assert partial.scanned == partial.matched == 8, partial
+        stopped = partial.skipped["not-sent-run-stopped"]
+        assert partial.moved + partial.in_doubt + stopped == 8, partial
+        # Each follower's fate is its key's: in doubt with it, or left (not sent) beside a
+        # first copy the run recorded sent.
+        if step == "recorded":
+            assert (partial.moved, stopped, partial.in_doubt) == (4, 4, 0), partial
+        else:
+            assert partial.in_doubt == partial.own_in_doubt == 8, partial
+    finally:
+        forget_store(name)
