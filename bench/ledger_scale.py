@@ -192,6 +192,36 @@ def _drop_schemas() -> None:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+def fresh_schema(base_url: str, schema: str) -> str:
+    """A new, empty ledger schema on the server (``ledger init``'s tables), dropped again
+    at the run's end (``_drop_schemas``); its URL (the schema as the session's search path)."""
+    import psycopg
+
+    from redrive.ledger.postgres_setup import init_schema
+    from redrive.ledger.postgres_writes import PgConnector
+
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in base_url else "?"
+    options = urllib.parse.quote(f"-csearch_path={schema}")
+    url = f"{base_url}{sep}options={options}"
+    SCHEMAS.append((base_url, schema))
+    init_schema(PgConnector(url, url))
+    return url
+
+
+def drop_schema(url: str) -> None:
+    """Drops a schema ``fresh_schema`` made (its URL), before the run's end."""
+    import psycopg
+
+    for base_url, schema in list(SCHEMAS):
+        if url.startswith(base_url) and urllib.parse.quote(f"-csearch_path={schema}") in url:
+            with psycopg.connect(base_url, autocommit=True) as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            SCHEMAS.remove((base_url, schema))
+
+
 def _postgres(url: str | None) -> tuple[str, Callable[[], float], object]:
     if url is not None:
         return url, (lambda: 0.0), None
@@ -216,22 +246,10 @@ def _config(
         path = workdir / f"ledger-{n}.sqlite3"
         config = Config(backend, n, lambda: SqliteLedger(path), lambda: 0.0, str(path))
     else:
-        import psycopg
-
         from redrive.ledger.postgres import PostgresLedger
-        from redrive.ledger.postgres_setup import init_schema
-        from redrive.ledger.postgres_writes import PgConnector
 
         assert base_url is not None
-        schema = f"bench_{n}_{os.getpid()}"
-        with psycopg.connect(base_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-        sep = "&" if "?" in base_url else "?"
-        options = urllib.parse.quote(f"-csearch_path={schema}")
-        url = f"{base_url}{sep}options={options}"
-        SCHEMAS.append((base_url, schema))
-        init_schema(PgConnector(url, url))
+        url = fresh_schema(base_url, f"bench_{n}_{os.getpid()}")
         config = Config(backend, n, lambda: PostgresLedger(url), cpu_of, url)
     started = time.perf_counter()
     with config.open() as led:

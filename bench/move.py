@@ -60,6 +60,16 @@ any contenders), and prints lean / botocore (msgs/s and client CPU, same rounds)
 ``--profile-size N`` adds a step timer and a cProfile (every thread) of one redrive run of N
 messages.
 
+Ledgers and sizes (issue 40): ``--ledger-kind postgres`` gives every redrive move contender a
+PostgreSQL ledger (``TOOL+pg``: a fresh schema a run, dropped after it, on a private server
+this script starts as tests/postgres_server.py does, fsync on, or ``--postgres-url``'s);
+``both`` runs each twice a round, on SQLite and on PostgreSQL. ``--interleave-sizes`` runs
+round r of every size before round r+1 of any (``--large-rounds`` still sets the rounds at
+100,000 and more), so a machine's drift spreads over the sizes too; the lines after the
+table give, per contender, the largest size against the smallest: throughput, client CPU
+a message and peak RSS. ``--child-timeout`` (default 1,800 s) bounds one run: a move of
+1,000,000 on a loaded machine needs more.
+
 Long polling: ``--receive-wait`` (default 0) is given to every contender alike: redrive
 through REDRIVE_RECEIVE_WAIT, the loops as WaitTimeSeconds. With 0, a drained queue is
 noticed at once by every contender (redrive stops at an empty receive once SQS counts
@@ -71,6 +81,9 @@ Usage (from the repository root, with the project's venv)::
     .venv/bin/python bench/move.py --server moto --sizes 1000 --rounds 2
     .venv/bin/python bench/move.py --server fast --sizes 10000 --rounds 3 \
         --tools redrive,redrive-shm,batched --profile-size 10000
+    .venv/bin/python bench/move.py --server fast --sizes 1000000,10000 --rounds 3 \
+        --large-rounds 1 --tools redrive --ledger-kind both --interleave-sizes \
+        --child-timeout 5400
 
 bench/README.md (section "move") has the commands behind its tables and what they show.
 
@@ -108,6 +121,7 @@ from types import ModuleType  # noqa: E402
 from typing import Any  # noqa: E402
 from urllib.parse import urlsplit  # noqa: E402
 
+from bench import ledger_scale  # noqa: E402
 from bench.common import (  # noqa: E402
     DLQ,
     DLQ_RETENTION,
@@ -186,13 +200,32 @@ BEFORE: list[str] = []
 #: ``TOOL@botocore`` (interleaved like any two contenders), and lean / botocore is printed.
 SQS_CLIENT: list[str] = []
 SQS_CLIENTS = ("lean", "botocore")
+#: --ledger-kind postgres|both: a redrive contender named ``TOOL+pg`` runs with a PostgreSQL
+#: ledger (a fresh schema a run, on the private server this script starts, or
+#: --postgres-url's), not a fresh SQLite file. POSTGRES holds that server's URL.
+PG = "+pg"
+POSTGRES: list[str] = []
+LEDGER_KINDS = ("sqlite", "postgres", "both")
 
 
 def split_client(tool: str) -> tuple[str, str | None]:
-    """A contender's name without its ``@client``, and the SQS client it runs (None: the
-    redrive default)."""
+    """A contender's name without its ``+pg`` and ``@client``, and the SQS client it runs
+    (None: the redrive default)."""
     name, _, client = tool.partition("@")
-    return name, client or (SQS_CLIENT[0] if SQS_CLIENT else None)
+    return name.removesuffix(PG), client or (SQS_CLIENT[0] if SQS_CLIENT else None)
+
+
+def with_ledgers(tools: Sequence[str], kind: str) -> list[str]:
+    """--ledger-kind: each redrive move contender with SQLite (``TOOL``), PostgreSQL
+    (``TOOL+pg``) or both (two contenders, interleaved like any two)."""
+    out: list[str] = []
+    for tool in tools:
+        movable = tool.startswith("redrive") and not tool.startswith(("redrive-shm", "redrive-b"))
+        if not movable or kind == "sqlite":
+            out.append(tool)
+        else:
+            out += [tool, tool + PG] if kind == "both" else [tool + PG]
+    return out
 
 
 def with_clients(tools: Sequence[str], choice: str | None) -> list[str]:
@@ -251,7 +284,9 @@ BASELINE = {
     "purge-archive": "receive-delete",
     "purge-filtered": "receive-delete",
 }
-CHILD_TIMEOUT = 1_800  # seconds one contender may take before it is killed
+#: Seconds one contender may take before it is killed (--child-timeout: a move of 1,000,000
+#: on a loaded machine takes longer).
+CHILD_TIMEOUT = [1_800]
 SEED_TIMEOUT = 1_800  # seconds seeding one DLQ may take
 #: Operations this benchmark needs from the server (fast_sqs is checked for them at start).
 NEEDED_OPERATIONS = (
@@ -690,7 +725,7 @@ def run_threads(work: Any, threads: int) -> None:
     for thread in pool:
         thread.start()
     for thread in pool:
-        thread.join(CHILD_TIMEOUT)
+        thread.join(CHILD_TIMEOUT[0])
 
 
 # -- realistic, movable DLQ content ----------------------------------------------------------
@@ -1098,10 +1133,13 @@ def measure(
         ledger_dir, f"redrive-bench-ledger-{os.getpid()}-{tool}-{rnd}-{n}.sqlite3"
     )
     env["BENCH_RSS_OUT"] = ledger + ".rss.json"
+    where = _pg_ledger(n, rnd) if PG in tool else ledger
     load = os.getloadavg()[0]
     cpu_before = server.cpu_seconds()
-    child = run_child(tool_command(tool, n, ledger, wait), env, CHILD_TIMEOUT, tool_tree(tool))
+    child = run_child(tool_command(tool, n, where, wait), env, CHILD_TIMEOUT[0], tool_tree(tool))
     server_cpu = server.cpu_seconds() - cpu_before
+    if where != ledger:
+        ledger_scale.drop_schema(where)
     wall, stdout, stderr = child.wall_s, child.stdout, child.stderr
     rss = {"self": child.peak_rss_mb * 1024, "children": 0}
     with contextlib.suppress(OSError, ValueError), open(env["BENCH_RSS_OUT"]) as f:
@@ -1163,6 +1201,11 @@ def measure(
     )
 
 
+def _pg_ledger(n: int, rnd: int) -> str:
+    """A fresh PostgreSQL ledger (an empty schema of its own on POSTGRES's server)."""
+    return ledger_scale.fresh_schema(POSTGRES[0], f"bench_move_{os.getpid()}_{rnd}_{n}")
+
+
 def moved_by(tool: str, data: dict[str, Any]) -> int:
     """What a contender's JSON says it took off the DLQ: moved, or purged."""
     return int(data["purged"] if tool.startswith("purge-") else data["moved"])
@@ -1192,31 +1235,52 @@ def bench_size(
     *,
     quiet: bool = False,
 ) -> SizeResult:
-    if not quiet:
-        log(f"[{server.kind} N={n:,}] building {n:,} messages")
-    batches = SeedBatches(n)
-    result = SizeResult(server.kind, n, batches.body_bytes)
+    return bench_sizes(server, [(n, rounds, tools)], wait, quiet=quiet)[0]
+
+
+def bench_sizes(
+    server: Server,
+    plan: Sequence[tuple[int, int, Sequence[str]]],
+    wait: int,
+    *,
+    quiet: bool = False,
+) -> list[SizeResult]:
+    """Each (size, rounds, contenders) of ``plan``; round r of every size before round r+1
+    of any (--interleave-sizes: a machine's drift spreads over the sizes too), each round's
+    contenders in a rotated order."""
+    results, seeds = [], []
+    for n, _, _ in plan:
+        if not quiet:
+            log(f"[{server.kind} N={n:,}] building {n:,} messages")
+        seeds.append(SeedBatches(n))
+        results.append(SizeResult(server.kind, n, seeds[-1].body_bytes))
     raw = RawSqs(server.endpoint)
     try:
         with tempfile.TemporaryDirectory(prefix="redrive-bench-move-") as state:
-            for rnd in range(rounds):
-                shift = rnd % len(tools)
-                for tool in [*tools[shift:], *tools[:shift]]:
-                    run = measure(server, raw, batches, tool, rnd + 1, state, wait)
-                    result.runs.append(run)
-                    if quiet and run.ok:
+            for rnd in range(max(rounds for _, rounds, _ in plan)):
+                for (_n, rounds, tools), batches, result in zip(plan, seeds, results, strict=True):
+                    if rnd >= rounds:
                         continue
-                    log(
-                        f"[{server.kind} N={n:,}] round {rnd + 1} {tool:<12} "
-                        f"{run.wall_s:7.2f} s {run.rate_wall:7,.0f} msgs/s "
-                        f"(own {run.rate_own or 0:7,.0f})  rss {run.peak_rss_mb:6.1f} MB  "
-                        f"server cpu {run.server_cpu_s:6.2f} s  seed {run.seed_s:5.1f} s  "
-                        f"load {run.load_before:.2f}"
-                        + ("" if run.ok else f"  FAILED: {run.problem}")
-                    )
+                    shift = rnd % len(tools)
+                    for tool in [*tools[shift:], *tools[:shift]]:
+                        run = measure(server, raw, batches, tool, rnd + 1, state, wait)
+                        result.runs.append(run)
+                        if not (quiet and run.ok):
+                            log(_run_line(server.kind, run))
     finally:
         raw.close()
-    return result
+    return results
+
+
+def _run_line(kind: str, run: Run) -> str:
+    return (
+        f"[{kind} N={run.n:,}] round {run.round} {run.tool:<12} "
+        f"{run.wall_s:7.2f} s {run.rate_wall:7,.0f} msgs/s "
+        f"(own {run.rate_own or 0:7,.0f})  cpu {1000 * run.client_cpu_s / run.n:.3f} ms/msg  "
+        f"rss {run.peak_rss_mb:6.1f} MB  "
+        f"server cpu {run.server_cpu_s:6.2f} s  seed {run.seed_s:5.1f} s  "
+        f"load {run.load_before:.2f}" + ("" if run.ok else f"  FAILED: {run.problem}")
+    )
 
 
 def paired_ratio(
@@ -1386,8 +1450,11 @@ def scaling(results: Sequence[SizeResult], tools: Sequence[str]) -> str:
     """Throughput at the largest size against the smallest, per redrive contender."""
     if len(results) < 2:
         return ""
-    small, large = results[0], results[-1]
-    out = [f"throughput at N={large.n:,} / at N={small.n:,} (wall; own timer):"]
+    small, large = min(results, key=lambda r: r.n), max(results, key=lambda r: r.n)
+    out = [
+        f"at N={large.n:,} / at N={small.n:,}: throughput (wall; own timer), client CPU a "
+        "message, peak RSS (medians; rounds):"
+    ]
     for tool in tools:
         a = [r for r in small.runs if r.tool == tool and r.ok]
         b = [r for r in large.runs if r.tool == tool and r.ok]
@@ -1395,7 +1462,12 @@ def scaling(results: Sequence[SizeResult], tools: Sequence[str]) -> str:
             continue
         wall = median([r.rate_wall for r in b]) / median([r.rate_wall for r in a])
         own = median([r.rate_own or 0 for r in b]) / median([r.rate_own or 1 for r in a])
-        out.append(f"  {tool:<12} {wall:5.2f}x ; {own:5.2f}x")
+        cpu = median([r.client_cpu_s / r.n for r in b]) / median([r.client_cpu_s / r.n for r in a])
+        rss = median([r.peak_rss_mb for r in b]) / median([r.peak_rss_mb for r in a])
+        out.append(
+            f"  {tool:<12} {wall:5.2f}x ; {own:5.2f}x   CPU {cpu:5.2f}x   RSS {rss:5.2f}x"
+            f"   ({len(b)} and {len(a)} rounds)"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -1418,7 +1490,7 @@ def unmeasured_redrive(
                 env["BENCH_PROFILE_OUT"] = command_options["profile_out"]
             started = time.perf_counter()
             done = subprocess.run(
-                command, cwd=tool_tree(tool), env=env, capture_output=True, timeout=CHILD_TIMEOUT
+                command, cwd=tool_tree(tool), env=env, capture_output=True, timeout=CHILD_TIMEOUT[0]
             )
             wall = time.perf_counter() - started
             if command_options.get("phases") and os.path.exists(env["BENCH_PHASES_OUT"]):
@@ -1632,6 +1704,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "redrive contender twice a round, TOOL@lean and TOOL@botocore, and prints lean / "
         "botocore (default: redrive's own default)",
     )
+    parser.add_argument(
+        "--ledger-kind",
+        choices=LEDGER_KINDS,
+        default="sqlite",
+        help="the ledger of each redrive move contender: a fresh SQLite file a run (default), "
+        "a fresh PostgreSQL schema a run (contender TOOL+pg), or both (each contender twice "
+        "a round, interleaved)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        metavar="URL",
+        help="with --ledger-kind postgres|both: a server of yours (default: a private one "
+        "this script starts and stops: tests/postgres_server.py, fsync on)",
+    )
+    parser.add_argument(
+        "--interleave-sizes",
+        action="store_true",
+        help="round r of every size before round r+1 of any (default: one size after another)",
+    )
+    parser.add_argument(
+        "--child-timeout",
+        type=float,
+        default=CHILD_TIMEOUT[0],
+        metavar="S",
+        help=f"seconds a contender may run before it is killed (default {CHILD_TIMEOUT[0]:,})",
+    )
     parser.add_argument("--json-out", metavar="FILE", help="also write every run as JSON")
     parser.add_argument(
         "--profile-size",
@@ -1696,7 +1794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.sqs_client in SQS_CLIENTS:
         SQS_CLIENT[:] = [args.sqs_client]
-    tools = with_clients(tools, args.sqs_client)
+    tools = with_clients(with_ledgers(tools, args.ledger_kind), args.sqs_client)
+    CHILD_TIMEOUT[0] = args.child_timeout
     if any(t.startswith("redrive-shm") for t in tools) and not os.path.isdir(SHM):
         parser.error(f"the redrive-shm variants need {SHM} (tmpfs)")
     if args.rounds < 1:
@@ -1723,6 +1822,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load {os.getloadavg()}, "
         f"{os.cpu_count()} CPUs"
     )
+    pg_server = None
+    if any(PG in t for t in tools):
+        url, _, pg_server = ledger_scale._postgres(args.postgres_url)
+        POSTGRES[:] = [url]
+        log(f"PostgreSQL ledgers on {url}")
+    try:
+        return _bench(args, kinds, tools, started)
+    finally:
+        ledger_scale._drop_schemas()
+        if pg_server is not None:
+            import postgres_server
+
+            postgres_server.stop(pg_server)
+
+
+def _bench(
+    args: argparse.Namespace, kinds: Sequence[str], tools: Sequence[str], started: float
+) -> int:
     tables = []
     everything: list[dict[str, Any]] = []
     failed = False
@@ -1738,14 +1855,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # whichever contender happens to run first.
                 log(f"[{kind}] warm-up: each contender once on 100 messages (not measured)")
                 bench_size(server, 100, 1, tools, args.receive_wait, quiet=True)
-            results = []
-            for n in sizes:
-                size_tools = tools_for(n, tools, args.per_message_max)
-                rounds = args.rounds
-                if n >= 100_000 and args.large_rounds:
-                    rounds = args.large_rounds
-                results.append(bench_size(server, n, rounds, size_tools, args.receive_wait))
-                log(f"[{kind}] server RSS {server.rss_mb():.0f} MB")
+            plan = [
+                (n, _rounds_of(n, args), tools_for(n, tools, args.per_message_max)) for n in sizes
+            ]
+            if args.interleave_sizes:
+                results = bench_sizes(server, plan, args.receive_wait)
+            else:
+                results = [bench_sizes(server, [one], args.receive_wait)[0] for one in plan]
+            log(f"[{kind}] server RSS {server.rss_mb():.0f} MB")
             for result in results:
                 failed = failed or any(not r.ok for r in result.runs)
                 everything.append(
@@ -1782,6 +1899,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json_out, "w", encoding="utf-8") as out:
             json.dump(everything, out, indent=1)
     return 1 if failed else 0
+
+
+def _rounds_of(n: int, args: argparse.Namespace) -> int:
+    return int(args.large_rounds if n >= 100_000 and args.large_rounds else args.rounds)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,11 @@ BENCH = ROOT / "bench"
 
 
 def run_bench(script: str, *args: str) -> str:
+    return run_bench_with_log(script, *args)[0]
+
+
+def run_bench_with_log(script: str, *args: str) -> tuple[str, str]:
+    """A bench script's output and its log (stderr)."""
     done = subprocess.run(
         [sys.executable, str(BENCH / script), *args],
         cwd=ROOT,
@@ -34,7 +39,7 @@ def run_bench(script: str, *args: str) -> str:
     )
     # Exit 1 means a run failed its own checks (target != N, DLQ not empty, ...).
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return done.stdout
+    return done.stdout, done.stderr
 
 
 @pytest.mark.e2e
@@ -86,6 +91,33 @@ def test_bench_move_runs_the_purge_and_16_thread_contenders_and_checks_each() ->
     assert all(row.rstrip(" |").endswith("1/1") for row in rows), rows
     assert "N=100: redrive-w16 / " not in out  # batched-16 did not run: no ratio to it
     assert "peak RSS MB | child RSS MB" in out
+
+
+@pytest.mark.e2e
+def test_bench_move_runs_each_contender_on_both_ledgers_and_sizes_interleaved(
+    postgres_server: Any,
+) -> None:
+    out, err = run_bench_with_log(
+        "move.py",
+        *("--server", "fast", "--sizes", "100,200", "--rounds", "2"),
+        *("--no-warmup", "--tools", "redrive", "--ledger-kind", "both", "--interleave-sizes"),
+        *("--postgres-url", postgres_server.url()),
+    )
+    rows = [line for line in out.splitlines() if line.startswith(("| 100 |", "| 200 |"))]
+    assert [[c.strip() for c in row.split("|")[1:3]] for row in rows] == [
+        ["100", "redrive"],
+        ["100", "redrive+pg"],
+        ["200", "redrive"],
+        ["200", "redrive+pg"],
+    ]
+    assert all(row.rstrip(" |").endswith("2/2") for row in rows), rows
+    # Round 1 of both sizes before round 2 of either.
+    runs = [line.split()[1:4] for line in err.splitlines() if "] round " in line]
+    assert [(n, r) for n, _, r in runs] == [
+        *[("N=100]", "1"), ("N=100]", "1"), ("N=200]", "1"), ("N=200]", "1")],
+        *[("N=100]", "2"), ("N=100]", "2"), ("N=200]", "2"), ("N=200]", "2")],
+    ], runs
+    assert "redrive+pg   " in out and "CPU " in out.split("at N=200 / at N=100")[1]
 
 
 @pytest.mark.e2e
