@@ -524,6 +524,25 @@ JSON = st.recursive(
 )
 
 
+#: Celery 5.6 closes what saferepr cuts; before it, a cut left brackets open or stray ("[, ..."
+#: for [] cut at 1, "[, ...}]"). The port writes 5.6's, so an older Celery is its oracle only
+#: where nothing is cut, and CUTS (what Celery 5.6 and later write) hold the cuts.
+CELERY_CLOSES_CUTS = tuple(celery.VERSION[:2]) >= (5, 6)
+CUTS = [
+    ([], 1, "[]"),
+    ({}, 1, "{}"),
+    ({"a": True}, 8, "{'a': Tr...}"),
+    ({"a": []}, 8, "{'a': []}"),
+    ([{}, 12345, ""], 1, "[, ...]"),
+    ({"a": [{}, "long text here", ["a b c"], {"c": True}]}, 8, "{'a': [{}, ...]}"),
+    (([],), 3, "([],)"),
+    (({"b": {"a": "a b c"}, "c": [None]},), 1, "(, ...,)"),
+    (["it's"], 8, "['it\\'s']"),
+    ([[[[[1, 2]]]], "x"], 6, "[[[[...]]], ...]"),
+    (["a b c d e"], 6, "['a b...']"),
+]
+
+
 @settings(max_examples=400, deadline=None)
 @given(value=JSON, maxlen=st.sampled_from([None, 1024, 40, 8, 1]), as_tuple=st.booleans())
 def test_the_saferepr_port_writes_what_celery_writes(
@@ -531,7 +550,19 @@ def test_the_saferepr_port_writes_what_celery_writes(
 ) -> None:
     if as_tuple and isinstance(value, list):
         value = tuple(value)
-    assert saferepr(value, maxlen) == celery_saferepr(value, maxlen, maxlevels=3)
+    whole = saferepr(value, None)
+    assert whole == celery_saferepr(value, None, maxlevels=3)
+    if CELERY_CLOSES_CUTS or maxlen is None or len(whole) < maxlen:
+        assert saferepr(value, maxlen) == celery_saferepr(value, maxlen, maxlevels=3)
+
+
+@pytest.mark.parametrize(("value", "maxlen", "expected"), CUTS)
+def test_a_cut_repr_is_closed_as_celery_5_6_closes_it(
+    value: Any, maxlen: int, expected: str
+) -> None:
+    assert saferepr(value, maxlen) == expected
+    if CELERY_CLOSES_CUTS:
+        assert celery_saferepr(value, maxlen, maxlevels=3) == expected
 
 
 # --- the property: decode(encode(edit(m))) == edit(decode(m)) ------------------------------
