@@ -51,7 +51,7 @@ from rabbitmq_shared import (
 
 from redrive.aws.session import shared_loader
 from redrive.cli import cli as redrive_group
-from redrive.operations.observer import RunObserver
+from redrive.runs.observer import RunObserver
 from redrive.sandbox.rabbitmq_node import (
     RABBITMQ_SERVER,
     ChrootRabbitMQNode,

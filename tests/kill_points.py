@@ -196,8 +196,8 @@ def _act(action: str) -> None:
 def _watch_observers(armed: _Armed) -> None:
     """Wrap the observer every move and purge run is given: its steps are the points."""
     from redrive.operations.move import engine
-    from redrive.operations.observer import NULL_OBSERVER, RunObserver
     from redrive.operations.purge import engine as purge
+    from redrive.runs.observer import NULL_OBSERVER, RunObserver
 
     class Watched(RunObserver[Any]):
         def __init__(self, inner: RunObserver[Any], family: str) -> None:

@@ -22,9 +22,9 @@ from redrive.config import built_in_layout
 from redrive.errors import RedriveError
 from redrive.ledger import SqliteLedger, default_ledger_path
 from redrive.operations.move import MoveEngine, MoveOptions
-from redrive.operations.observer import Callbacks
-from redrive.operations.run import RunRecord
 from redrive.reporting.audit import list_runs, run_json, run_record, show_run
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 

@@ -29,7 +29,7 @@ from redrive.broker.rabbitmq.envelope import envelope_of, marks_of, unpacked
 from redrive.broker.sqs.calls import message as sqs_message
 from redrive.broker.sqs.headers import attribute_of, header_of
 from redrive.dlq.scan import shared_by_workers
-from redrive.operations.processes import ChildRun, Wiring
+from redrive.runs.processes import ChildRun, Wiring
 
 PACKAGE = Path(__file__).resolve().parent.parent / "redrive"
 #: Each backend's classes and the attributes only one of them has.

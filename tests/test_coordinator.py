@@ -51,7 +51,7 @@ from redrive.operations.coordinator import (
     run_operation,
 )
 from redrive.operations.move import MoveOptions
-from redrive.operations.observer import Callbacks
+from redrive.runs.observer import Callbacks
 from redrive.operations.plan import Plan
 from redrive.operations.purge import PurgeOptions
 

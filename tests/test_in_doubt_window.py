@@ -26,8 +26,8 @@ from test_rabbitmq_e2e import _states, drain, killed, ok_json, redrive, task_ids
 from redrive.broker.sqs import SqsBroker
 from redrive.keys import task_id_of_key
 from redrive.ledger import KeyState, RunInfo, SqliteLedger
-from redrive.operations.run import run_is_live
 from redrive.render.move import move_text
+from redrive.runs.lifecycle import run_is_live
 from redrive.sandbox.rabbitmq_layout import fill_layout, rabbit_families
 from redrive.sandbox.rabbitmq_node import Vhost
 

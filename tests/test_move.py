@@ -65,8 +65,8 @@ from redrive.operations.move import (
     MoveOptions,
     MoveResult,
 )
-from redrive.operations.observer import Callbacks
 from redrive.render.move import move_text
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 

@@ -28,8 +28,8 @@ from redrive.operations.move.returns import (
     died_after,
     parse_returns_limit,
 )
-from redrive.operations.observer import Callbacks
 from redrive.render.move import move_text
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 
 TASK = "apps.webhooks.tasks.save_checkout"

@@ -25,8 +25,8 @@ from redrive.operations.move import (
     MoveResult,
     overlap_pays,
 )
-from redrive.operations.observer import Callbacks
 from redrive.operations.waiting import BlockedClock
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 
 TASK = "apps.webhooks.tasks.save_checkout"

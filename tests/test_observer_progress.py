@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from redrive.cli.console import Progress, ProgressDisplay
-from redrive.operations.observer import NULL_OBSERVER, Callbacks, Observers, RunObserver
+from redrive.runs.observer import NULL_OBSERVER, Callbacks, Observers, RunObserver
 
 
 def test_who_wants_progress() -> None:

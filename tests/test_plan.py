@@ -14,8 +14,8 @@ from conftest import Cli, Family, as_json
 from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.errors import UsageProblem
 from redrive.messages import decode
-from redrive.operations.observer import PlanItem
 from redrive.operations.plan import PLAN_VERSION, PlanWriter, read_plan
+from redrive.runs.observer import PlanItem
 from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"

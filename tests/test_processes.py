@@ -1,4 +1,4 @@
-"""``--processes`` (issue 17): what the processes share (redrive.operations.shared: --limit,
+"""``--processes`` (issue 17): what the processes share (redrive.runs.shared: --limit,
 --rate, a dry run's planned keys, the end of their scans), and one result merged from theirs
 (redrive.operations.merge). The cross-process tests spawn real processes, as the run does."""
 
@@ -19,13 +19,13 @@ import pytest
 
 from redrive.errors import UsageProblem
 from redrive.keys import key_for
-from redrive.operations import processes
 from redrive.operations.merge import merge_move_results, merge_purge_results, merge_sightings
 from redrive.operations.move import MAX_LISTED, Listed, MoveResult, TaskCounts
 from redrive.operations.move import processes as move_processes
-from redrive.operations.processes import ChildStatus, ProcessesResult, check_processes
 from redrive.operations.purge import PurgeResult
-from redrive.operations.shared import (
+from redrive.runs import processes
+from redrive.runs.processes import ChildStatus, ProcessesResult, check_processes
+from redrive.runs.shared import (
     ProcessLock,
     ScanEnds,
     SharedLimit,

@@ -30,7 +30,6 @@ from redrive.broker.base import BatchResult, Delivery, DlqTarget, QueueRef
 from redrive.broker.sqs import SqsBroker
 from redrive.config import load_layout
 from redrive.errors import ArchiveError, AwsError
-from redrive.operations.observer import Callbacks
 from redrive.operations.purge import (
     S3_BUFFER,
     PurgeOptions,
@@ -38,6 +37,7 @@ from redrive.operations.purge import (
     purge_dlq,
     purge_whole_queue,
 )
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 

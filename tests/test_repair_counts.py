@@ -23,9 +23,9 @@ from redrive.broker.sqs import SqsBroker
 from redrive.ledger import SqliteLedger
 from redrive.operations.move import MoveEngine, MoveOptions, RepairOptions
 from redrive.operations.move.repair_step import repair_step
-from redrive.operations.observer import Callbacks
-from redrive.operations.run import RunRecord
 from redrive.repair import edits_from_options
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import Callbacks
 
 EUR = ["--set", 'kwargs.currency="EUR"']
 

@@ -20,8 +20,8 @@ from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import REPAIR_STEPS, MoveEngine, MoveOptions, MoveResult, RepairOptions
 from redrive.operations.move.repair_step import repair_step
-from redrive.operations.observer import Callbacks
 from redrive.repair import Edit, edits_from_options, open_task
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 
 TASK = "shop.tasks.charge"

@@ -37,9 +37,9 @@ from redrive.inspection.archive import inspect_archive
 from redrive.ledger import SqliteLedger
 from redrive.messages import decode
 from redrive.operations.move import MoveOptions, MoveResult
-from redrive.operations.observer import Callbacks
 from redrive.operations.purge import PurgeOptions, purge_dlq
 from redrive.operations.replay import replay_archive
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 from redrive.selection import Selection
 

@@ -54,9 +54,9 @@ from redrive.config import built_in_layout, parse_config
 from redrive.errors import ResultBackendError
 from redrive.inspection.scan import inspect_dlq
 from redrive.operations.move import IN_DOUBT, LEASE_LIVE, MoveEngine, MoveOptions
-from redrive.operations.observer import Callbacks
 from redrive.render.inspect import inspect_text
 from redrive.reporting.report import build_report
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.encoder import encode
 
 

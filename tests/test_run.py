@@ -1,4 +1,4 @@
-"""One run's life in the ledger (redrive.operations.run): its id, start, heartbeat and end,
+"""One run's life in the ledger (redrive.runs.lifecycle): its id, start, heartbeat and end,
 as every operation records it; and the observer the operations report to."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from redrive.ledger import SqliteLedger
-from redrive.operations.observer import Callbacks, NullObserver, Observers, PlanItem
-from redrive.operations.run import RunLifecycle, run_is_live
+from redrive.runs.lifecycle import RunLifecycle, run_is_live
+from redrive.runs.observer import Callbacks, NullObserver, Observers, PlanItem
 
 
 class Crash(BaseException):

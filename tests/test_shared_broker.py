@@ -15,7 +15,7 @@ from redrive.broker import BrokerSettings
 from redrive.cli.context import Context
 from redrive.config import SqsClient
 from redrive.dlq.scan import shared_by_workers
-from redrive.operations.processes import ChildRun, Wiring
+from redrive.runs.processes import ChildRun, Wiring
 from redrive.sandbox.encoder import encode
 
 

@@ -31,8 +31,8 @@ from redrive.inspection.shared import (
     inspect_view,
 )
 from redrive.ledger import open_ledger
-from redrive.operations.live import LedgerRuns
-from redrive.operations.run import RunLifecycle
+from redrive.runs.lifecycle import RunLifecycle
+from redrive.runs.live import LedgerRuns
 from redrive.sandbox.encoder import encode
 
 REFRESH = 60.0

@@ -42,7 +42,7 @@ def test_a_ctrl_c_between_two_swaps_puts_the_first_back(monkeypatch: pytest.Monk
 def test_the_processes_spawn_guard_puts_sigint_back_after_a_ctrl_c(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from redrive.operations import processes
+    from redrive.runs import processes
 
     before = signal.getsignal(signal.SIGINT)
     ctrl_c_between_the_swaps(monkeypatch)

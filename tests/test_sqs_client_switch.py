@@ -28,7 +28,7 @@ from redrive.cli.exit_codes import EXIT_ERROR, EXIT_USAGE
 from redrive.config import SQS_CLIENTS, parse_config
 from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.move import processes as move_processes
-from redrive.operations.processes import ChildRun, Wiring
+from redrive.runs.processes import ChildRun, Wiring
 from redrive.sandbox.encoder import encode
 
 CHARGE = "apps.shop.tasks.charge"

@@ -126,10 +126,10 @@ def test_what_a_dead_child_reported_beyond_the_ledger_is_a_row_of_its_own(
     from redrive.cli.processes import processes_text
     from redrive.ledger import Claim, SqliteLedger
     from redrive.messages import decode
-    from redrive.operations import processes
     from redrive.operations.move import processes as move_processes
-    from redrive.operations.processes import ChildStatus, ProcessesResult
     from redrive.render.move import move_text
+    from redrive.runs import processes
+    from redrive.runs.processes import ChildStatus, ProcessesResult
     from redrive.sandbox.encoder import encode
 
     claims = []

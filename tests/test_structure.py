@@ -315,6 +315,13 @@ def test_operations_and_celery_import_nothing_from_the_layers_above(package: str
     assert _imports_from(package, *LAYERS_ABOVE) == []
 
 
+def test_inspection_imports_nothing_from_the_operations() -> None:
+    # The coordinator (in operations) runs an inspect: inspection importing operations back
+    # would be an arrow up. What both need (the --processes supervisor, a run's observer,
+    # the live runs, the archive's records as deliveries) is below them, in runs and archive.
+    assert _imports_from("redrive.inspection", "redrive.operations") == []
+
+
 def test_the_core_never_prints() -> None:
     printing = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -372,27 +379,35 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "celery": {"broker", "config", "errors", "messages"},
     "operations": {
         *("allocator", "archive", "attributes", "aws", "broker", "celery", "dlq", "durations"),
-        *("errors", "keys", "ledger", "messages", "rate", "repair", "selection", "signals"),
+        *("errors", "keys", "ledger", "messages", "rate", "repair", "runs", "selection"),
+        "signals",
     },
-    # Inspect's own package: its scan, and its processes on the operations' supervisor.
+    # What every run shares, below the operations and inspect: a run's life in the ledger,
+    # its observer, the --processes supervisor and what its processes share, live runs.
+    "runs": {
+        *("allocator", "archive", "aws", "broker", "dlq", "errors", "keys", "ledger"),
+        *("selection", "signals"),
+    },
+    # Inspect's own package: its scan, and its processes on the runs' supervisor. Below the
+    # operations (the coordinator runs an inspect): it imports nothing of theirs.
     "inspection": {
         *("archive", "attributes", "broker", "celery", "dlq", "durations", "errors"),
-        *("message_record", "messages", "operations", "selection", "where"),
+        *("message_record", "messages", "runs", "selection", "where"),
     },
     # What every front end calls: one run's life, whatever the operation.
     "operations.coordinator": {
         *("archive", "aws", "broker", "celery", "dlq", "errors", "inspection", "ledger"),
-        "operations",
+        *("operations", "runs"),
     },
     # Edits of a task and its re-encoding: pure, below the operations that will send it.
     "repair": {"errors", "messages", "shell"},
     "reporting": {
         *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),
-        *("inspection", "keys", "ledger", "messages", "operations"),
+        *("inspection", "keys", "ledger", "messages", "operations", "runs"),
     },
     "render": {
         *("archive", "broker", "broker.sqs", "celery", "durations", "inspection", "ledger"),
-        *("operations", "reporting", "selection", "shell"),
+        *("operations", "reporting", "runs", "selection", "shell"),
     },
     "sandbox": {"broker", "broker.rabbitmq", "broker.sqs", "config", "errors", "messages"},
     "cli": {"*"},
@@ -400,7 +415,7 @@ ALLOWED_IMPORTS: dict[str, set[str]] = {
     "web": {
         *("archive", "aws", "broker", "celery", "config", "dlq", "durations", "errors"),
         *("inspection", "ledger", "message_record", "messages", "operations", "redrive"),
-        *("render", "reporting", "selection", "where"),
+        *("render", "reporting", "runs", "selection", "where"),
         # The actions: runs through the coordinator, a repair's edits, the plans' folder.
         *("operations.coordinator", "repair", "state_dir"),
     },
@@ -428,14 +443,14 @@ def test_the_table_names_every_part() -> None:
 #: answer, runs the operation through the coordinator and renders its result.
 FRONT_ENDS = ("cli", "web")
 #: Below the coordinator's API: the operations' engines, entries and child jobs.
-BELOW_THE_COORDINATOR = ("operations", "inspection")
+BELOW_THE_COORDINATOR = ("operations", "inspection", "runs")
 #: A front end's imports from below that are neither types nor the coordinator's, and why.
 FRONT_END_EXCEPTIONS = {
     ("redrive.cli.audit", "redrive.operations.resolve"): "`ledger in-doubt` resolves in the "
     "ledger, no operation's run: not a coordinator request yet",
     ("redrive.web.reads", "redrive.operations.resolve"): "the operations page's in-doubt "
     "list and its resolutions, as `ledger in-doubt`'s: not a coordinator request yet",
-    ("redrive.web.reads", "redrive.operations.run"): "`run_is_live` reads a run record "
+    ("redrive.web.reads", "redrive.runs.lifecycle"): "`run_is_live` reads a run record "
     "(no run, no write): the operations page tells live runs from finished ones",
 }
 

@@ -12,7 +12,7 @@ from conftest import Family
 from web_console import client, sqs_workspace
 
 from redrive.ledger import open_ledger
-from redrive.operations.run import RunLifecycle
+from redrive.runs.lifecycle import RunLifecycle
 from redrive.sandbox.encoder import encode
 from redrive.web.console import Console
 from redrive.web.scans import ScanRequest

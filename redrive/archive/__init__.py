@@ -81,7 +81,8 @@ from redrive.archive.reader import (
     check_archive,
     read_records,
 )
-from redrive.archive.record import ARCHIVE_VERSION, ArchiveRecord
+from redrive.archive.record import ARCHIVE_VERSION, ArchiveRecord, as_message
+from redrive.archive.storage import archive_label
 from redrive.archive.writer import (
     ArchiveWriter,
     LocalArchiveWriter,
@@ -101,6 +102,8 @@ __all__ = [
     "DamageReport",
     "LocalArchiveWriter",
     "S3ArchiveWriter",
+    "archive_label",
+    "as_message",
     "check_archive",
     "default_archive_path",
     "open_writer",

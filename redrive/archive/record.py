@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
-from redrive.broker.base import Delivery, Header, HeaderKind
+from redrive.broker import restored_delivery
+from redrive.broker.base import Broker, Delivery, Header, HeaderKind
 from redrive.errors import ArchiveError
 
 ARCHIVE_VERSION: Final = 1
@@ -262,3 +263,9 @@ def encode_lines(records: Sequence[ArchiveRecord]) -> list[bytes]:
 def chunked(records: Sequence[ArchiveRecord], size: int) -> Iterator[Sequence[ArchiveRecord]]:
     for start in range(0, len(records), size):
         yield records[start : start + size]
+
+
+def as_message(record: ArchiveRecord, broker: Broker | None = None) -> Delivery:
+    """The archived message as a delivery (``broker``: the one it goes back to)."""
+    restore = broker.restored if broker is not None else restored_delivery
+    return restore(record.message_id, record.body, record.attributes, record.headers)

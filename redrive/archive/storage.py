@@ -97,3 +97,8 @@ def local_error(exc: OSError, location: str, *, writing: bool = True) -> Archive
     return ArchiveError(
         f"{action} archive {location} failed: {reason}; check the path and the disk"
     )
+
+
+def archive_label(source: str) -> str:
+    """An archive's name in a report: its last path part (the whole location if none)."""
+    return source.rstrip("/").rsplit("/", 1)[-1] or source

@@ -21,9 +21,9 @@ from redrive.broker import mask_password
 from redrive.cli.exit_codes import EXIT_ATTENTION, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE
 from redrive.durations import format_duration
 from redrive.errors import RedriveError
-from redrive.operations.observer import RunObserver
-from redrive.operations.run import Finished
 from redrive.render.tables import fit_text
+from redrive.runs.lifecycle import Finished
+from redrive.runs.observer import RunObserver
 from redrive.shell import shell_join
 from redrive.signals import handlers_while
 

@@ -291,7 +291,7 @@ class RedriveGroup(click.Group):
 
 def audit_identity(ctx: Context) -> dict[str, Any]:
     """Whom the broker knows an ``--execute`` run as, and the broker and its version, for
-    the audit trail (:func:`redrive.operations.run.audit_record`)."""
+    the audit trail (:func:`redrive.runs.lifecycle.audit_record`)."""
     server = _broker_server(ctx)
     return {**_who_calls(ctx), "broker_server": server}
 

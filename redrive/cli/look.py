@@ -54,7 +54,6 @@ from redrive.operations.coordinator import (
     InspectRequest,
     run_operation,
 )
-from redrive.operations.observer import Callbacks, RunObserver
 from redrive.render.check import findings_table
 from redrive.render.html import report_html
 from redrive.render.inspect import inspect_text
@@ -69,6 +68,7 @@ from redrive.reporting.check import Finding, check_layout
 from redrive.reporting.inspect import annotate_groups
 from redrive.reporting.report import Report, build_report
 from redrive.reporting.status import family_status
+from redrive.runs.observer import Callbacks, RunObserver
 
 F = TypeVar("F", bound=Callable[..., Any])
 

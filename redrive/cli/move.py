@@ -58,9 +58,9 @@ from redrive.operations.move import (
 )
 from redrive.operations.move.returns import DEFAULT_RETURNS_LIMIT, ReturnsLimit
 from redrive.operations.plan import PlanWriter
-from redrive.operations.processes import ProcessesResult
 from redrive.render.move import move_text
 from redrive.repair import edits_from_options
+from redrive.runs.processes import ProcessesResult
 from redrive.selection import Selection
 
 

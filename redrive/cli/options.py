@@ -30,7 +30,7 @@ from redrive.operations.move.returns import (
     DEFAULT_STOP_AFTER_RETURNS,
     ReturnsLimit,
 )
-from redrive.operations.processes import MAX_PROCESSES
+from redrive.runs.processes import MAX_PROCESSES
 from redrive.selection import Selection
 from redrive.shell import shell_quote
 from redrive.where import Expression, Where, compile_expression, compile_where

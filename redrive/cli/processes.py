@@ -1,5 +1,5 @@
 """``--processes N``: what the CLI hands the core's orchestration
-(redrive.operations.processes), and the lines it adds to a run's text."""
+(redrive.runs.processes), and the lines it adds to a run's text."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from redrive.cli.celery_app import task_router
 from redrive.cli.context import Context
 from redrive.operations.coordinator import InspectRequest
 from redrive.operations.move import MoveOptions
-from redrive.operations.processes import ProcessesResult, Wiring
+from redrive.runs.processes import ProcessesResult, Wiring
 
 
 def run_wiring(

@@ -34,9 +34,9 @@ from redrive.cli.options import (
 from redrive.cli.processes import processes_text
 from redrive.cli.runner import run_request
 from redrive.operations.coordinator import PurgeRequest
-from redrive.operations.processes import ProcessesResult
 from redrive.operations.purge import PurgeOptions, PurgeResult
 from redrive.render.move import purge_text
+from redrive.runs.processes import ProcessesResult
 from redrive.selection import Selection
 
 

@@ -53,10 +53,10 @@ from redrive.cli.runner import run_request
 from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.coordinator import ReplayRequest
 from redrive.operations.move import MoveOptions, RepairOptions
-from redrive.operations.processes import ProcessesResult
 from redrive.operations.replay import ReplayResult
 from redrive.render.move import already_sent_hint, archive_damage_lines, move_text
 from redrive.render.selection import filters_text
+from redrive.runs.processes import ProcessesResult
 from redrive.selection import Selection
 from redrive.shell import shell_join
 

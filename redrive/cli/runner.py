@@ -20,8 +20,8 @@ from redrive.cli.context import Context, audit_identity, core_errors, ledger_uri
 from redrive.cli.processes import run_wiring
 from redrive.errors import RedriveError
 from redrive.operations.coordinator import Caller, Outcome, Request, Setup, run_operation
-from redrive.operations.run import Finished
 from redrive.render.tables import fit_text
+from redrive.runs.lifecycle import Finished
 
 R = TypeVar("R")
 Q = TypeVar("Q", bound=Request[Any])

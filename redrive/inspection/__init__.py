@@ -2,6 +2,7 @@
 messages counted into groups by task or ``--group-by`` (:mod:`~redrive.inspection.groups`),
 and when each group's messages were enqueued (:mod:`~redrive.inspection.timeline`).
 
-Below both :mod:`redrive.operations` (a ``--processes`` inspect scans in its children and
-merges their groups; archive inspect groups a replay's records) and :mod:`redrive.reporting`
-(inspect, report, alerts): neither imports the other for these."""
+Below both :mod:`redrive.operations` (whose coordinator runs an inspect) and
+:mod:`redrive.reporting` (inspect, report, alerts); a ``--processes`` inspect runs on the
+supervisor of :mod:`redrive.runs`, below them all, and an archive inspect reads its records
+as a replay does (:mod:`redrive.archive`)."""

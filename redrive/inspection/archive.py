@@ -8,11 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redrive.archive import ArchiveReader, DamageReport
+from redrive.archive import ArchiveReader, DamageReport, archive_label, as_message
 from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
 from redrive.inspection.scan import Focus, InspectResult, grouping_fields
 from redrive.messages import decode
-from redrive.operations.replay.engine import archive_label, as_message
 
 
 @dataclass(slots=True)

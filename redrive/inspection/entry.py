@@ -11,7 +11,7 @@ from redrive.celery.results import ResultLookup
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.inspection.processes import InspectScan, inspect_in_processes
 from redrive.inspection.scan import InspectResult, inspect_dlq
-from redrive.operations.processes import Wiring, needs_wiring
+from redrive.runs.processes import Wiring, needs_wiring
 
 
 def inspect_queue(

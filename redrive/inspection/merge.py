@@ -11,7 +11,7 @@ from redrive.celery.results import ResultCounts
 from redrive.inspection.groups import SAMPLES_PER_GROUP, TaskGroup, is_task_name
 from redrive.inspection.scan import InspectResult
 from redrive.inspection.timeline import BUCKET_LADDER, KEPT_BUCKETS, SentTimes, fit_timelines
-from redrive.operations.merge import joined
+from redrive.runs.listed import joined
 
 
 def merge_sent_times(parts: Sequence[SentTimes]) -> SentTimes:

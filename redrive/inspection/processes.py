@@ -1,5 +1,5 @@
 """``inspect`` in ``--processes``: each child scans part of the DLQ; their groups merge into
-one inspect (redrive.operations.processes runs them)."""
+one inspect (redrive.runs.processes runs them)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from redrive.errors import RedriveError
 from redrive.inspection.groups import DEFAULT_MAX_REDRIVES
 from redrive.inspection.merge import merge_inspect_results
 from redrive.inspection.scan import Focus, InspectResult, inspect_counts, inspect_dlq
-from redrive.operations.observer import RunObserver
-from redrive.operations.processes import (
+from redrive.runs.observer import RunObserver
+from redrive.runs.processes import (
     Child,
     ChildRun,
     ChildStatus,

@@ -12,7 +12,7 @@ scanned when that interval ends. An operator may ask for a fresh scan (``fresh``
 one at a time.
 
 A DLQ that a live run is moving (its own or a CLI's, from the ledger's run records: the
-``live_runs`` callable: :class:`redrive.operations.live.LedgerRuns`) is never scanned: the
+``live_runs`` callable: :class:`redrive.runs.live.LedgerRuns`) is never scanned: the
 caller gets that run's progress. A DLQ with a delivery limit of its own is refused as the CLI
 refuses it (:mod:`redrive.dlq.delivery_limit`), and a scan that fails says why: each is a
 typed status, never an exception. A scan is :func:`~redrive.inspection.scan.inspect_dlq`,
@@ -38,7 +38,7 @@ from redrive.dlq import delivery_limit
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.errors import RedriveError
 from redrive.inspection.scan import DEFAULT_LEASE, Focus, InspectResult, inspect_dlq
-from redrive.operations.live import RunProgress
+from redrive.runs.live import RunProgress
 from redrive.where import compile_expression, compile_where
 
 DEFAULT_REFRESH = 60.0

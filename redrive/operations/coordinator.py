@@ -47,14 +47,14 @@ from redrive.operations.apply.engine import (
 )
 from redrive.operations.move import MoveOptions, MoveResult, continued_archive
 from redrive.operations.move.entry import move
-from redrive.operations.observer import NULL_OBSERVER, Observers, RunObserver
 from redrive.operations.plan import Plan, PlanWriter
-from redrive.operations.processes import ProcessesResult, Wiring
 from redrive.operations.purge.engine import PurgeOptions, PurgeResult, purge_whole_queue
 from redrive.operations.purge.entry import purge
 from redrive.operations.replay.engine import ReplayResult
 from redrive.operations.replay.entry import replay
-from redrive.operations.run import RunRecord, audit_filters, audit_record
+from redrive.runs.lifecycle import RunRecord, audit_filters, audit_record
+from redrive.runs.observer import NULL_OBSERVER, Observers, RunObserver
+from redrive.runs.processes import ProcessesResult, Wiring
 
 R = TypeVar("R")
 
@@ -106,7 +106,7 @@ class Setup:
     ``brokers``: a broker for a region (None: the default), called once per worker thread;
     ``ledger_clients``: the AWS client factory a DynamoDB ledger opens with; ``identity``:
     whom the broker knows the run as, for the audit (``caller``, ``sqs_client``,
-    ``broker_server`` of :func:`redrive.operations.run.audit_record`); ``wiring``: how each
+    ``broker_server`` of :func:`redrive.runs.lifecycle.audit_record`); ``wiring``: how each
     process of ``--processes`` builds its own adapters (the DLQ, None for a replay; the
     ledger's URI; the request's options), None where a front end runs in one process."""
 

@@ -7,14 +7,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
 
-from redrive.operations.move import MAX_LISTED, MoveResult, TaskCounts
+from redrive.operations.move import MoveResult, TaskCounts
 from redrive.operations.move.repair_step import RepairReport
 from redrive.operations.purge.engine import PurgeResult
+from redrive.runs.listed import joined
 from redrive.selection import Selection, Sightings
-
-T = TypeVar("T")
 
 
 def merge_sightings(selection: Selection, parts: Sequence[Sightings | None]) -> Sightings | None:
@@ -43,14 +41,6 @@ def merge_task_counts(parts: Sequence[TaskCounts]) -> TaskCounts:
         merged.targets.update(part.targets)
         merged.rerouted.update(part.rerouted)
     return merged
-
-
-def joined(lists: Sequence[list[T]], cap: int = MAX_LISTED) -> list[T]:
-    """The lists one after another, the first ``cap`` items (as one scan keeps them)."""
-    out: list[T] = []
-    for listing in lists:
-        out.extend(listing[: cap - len(out)])
-    return out
 
 
 def merge_move_results(

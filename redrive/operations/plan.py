@@ -26,7 +26,7 @@ from typing import IO, Any
 from redrive.aws.identity import local_identity
 from redrive.broker.base import Delivery
 from redrive.errors import UsageProblem
-from redrive.operations.observer import PlanItem, RunObserver
+from redrive.runs.observer import PlanItem, RunObserver
 
 PLAN_VERSION = 1
 KINDS = ("move", "purge")

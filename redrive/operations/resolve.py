@@ -36,7 +36,7 @@ from redrive.celery.results import (
 from redrive.errors import UsageProblem
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger, RunInfo
-from redrive.operations.run import RunLifecycle, run_is_live
+from redrive.runs.lifecycle import RunLifecycle, run_is_live
 
 PAGE = 100
 """Keys looked up in the result backend in one round trip."""

@@ -14,7 +14,7 @@ from redrive.aws.identity import local_identity
 from redrive.durations import iso_utc
 from redrive.errors import RedriveError
 from redrive.ledger import Entry, Ledger, RunInfo
-from redrive.operations.run import audit_record
+from redrive.runs.lifecycle import audit_record
 
 
 def run_record(
@@ -29,7 +29,7 @@ def run_record(
     broker_server: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What an ``--execute`` run of this OS user records about itself when it starts
-    (:func:`redrive.operations.run.audit_record`)."""
+    (:func:`redrive.runs.lifecycle.audit_record`)."""
     return audit_record(
         command_line=command_line,
         target=target,

@@ -18,8 +18,8 @@ from redrive.durations import iso_utc
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger
 from redrive.ledger.base import KEY_PAGE
-from redrive.operations.run import run_is_live
 from redrive.reporting.audit import find_run, own_runs
+from redrive.runs.lifecycle import run_is_live
 
 
 @dataclass(frozen=True, slots=True)

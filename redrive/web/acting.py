@@ -31,10 +31,10 @@ from redrive.operations.coordinator import (
     run_operation,
 )
 from redrive.operations.move import MoveOptions, RepairOptions
-from redrive.operations.observer import RunObserver
 from redrive.operations.plan import Plan
 from redrive.operations.purge import PurgeOptions
 from redrive.repair import edits_from_options
+from redrive.runs.observer import RunObserver
 from redrive.selection import Selection
 from redrive.web.operations import PlanStore
 from redrive.web.security import Person

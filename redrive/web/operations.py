@@ -18,8 +18,8 @@ from typing import Any
 
 from redrive.errors import RedriveError, UsageProblem
 from redrive.operations.coordinator import Outcome
-from redrive.operations.observer import RunObserver
 from redrive.operations.plan import Plan
+from redrive.runs.observer import RunObserver
 from redrive.web.security import Person
 
 _ID = re.compile(r"^[0-9a-f]{16}$")

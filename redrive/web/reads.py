@@ -14,11 +14,11 @@ from redrive.broker.server import server_of
 from redrive.errors import BrokerUnavailable, RedriveError
 from redrive.ledger import Ledger, RunInfo
 from redrive.operations.resolve import Choices, resolve_in_doubt
-from redrive.operations.run import run_is_live
 from redrive.reporting import alerts
 from redrive.reporting.audit import list_runs, own_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import family_status
+from redrive.runs.lifecycle import run_is_live
 from redrive.web.console import Console
 from redrive.web.samples import public_record
 from redrive.web.scans import ScanOutcome, ScanRequest

@@ -21,8 +21,8 @@ from redrive.inspection.groups import Counted
 from redrive.inspection.processes import InspectScan
 from redrive.inspection.scan import Focus, InspectResult
 from redrive.operations.coordinator import Caller, InspectRequest, Setup, run_operation
-from redrive.operations.observer import NULL_OBSERVER, Callbacks
 from redrive.reporting.inspect import annotate_groups
+from redrive.runs.observer import NULL_OBSERVER, Callbacks
 from redrive.web.samples import SampleKeeper
 from redrive.web.workspace import Workspace
 from redrive.where import compile_expression, compile_where

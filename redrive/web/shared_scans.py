@@ -26,7 +26,7 @@ from redrive.inspection.shared import (
     SharedScans,
 )
 from redrive.ledger import Ledger
-from redrive.operations.live import LedgerRuns, RunProgress
+from redrive.runs.live import LedgerRuns, RunProgress
 from redrive.web.scans import ScanOutcome, ScanRequest, scan_dlq
 from redrive.web.workspace import Workspace
 

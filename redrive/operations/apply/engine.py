@@ -27,13 +27,13 @@ from redrive.operations.move import (
     RepairOptions,
 )
 from redrive.operations.move.entry import move
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
 from redrive.operations.plan import Plan
-from redrive.operations.processes import ProcessesResult, Wiring
 from redrive.operations.purge.engine import PurgeOptions, PurgeResult
 from redrive.operations.purge.entry import purge
-from redrive.operations.run import RunRecord
 from redrive.repair import parse_edit_words
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import ProcessesResult, Wiring
 from redrive.selection import Selection
 
 
@@ -198,7 +198,7 @@ def apply_plan(
 ) -> ApplyResult:
     """Run the plan's move or purge on exactly its messages (``options``: from
     :func:`plan_move_options` or :func:`plan_purge_options`); with ``processes`` above 1,
-    in that many processes, each built from ``wiring`` (redrive.operations.processes)."""
+    in that many processes, each built from ``wiring`` (redrive.runs.processes)."""
     if not plan.items:
         # An empty id set would select *every* message: an empty plan does nothing.
         return ApplyResult("move" if plan.kind == "move" else "purge", 0, None, not options.execute)

@@ -41,15 +41,12 @@ from redrive.operations.move.repair_step import (
     continued_archive,
 )
 from redrive.operations.move.result import (
-    MAX_LISTED,
     ClaimOutcome,
     DeleteOutcome,
-    Listed,
     MoveResult,
     MoveTally,
     SendOutcome,
     TaskCounts,
-    listed_json,
 )
 from redrive.operations.move.stages import OVERLAP_MIN_WAIT, OVERLAP_SAMPLE, overlap_pays
 from redrive.operations.verdict import (  # the skip reasons, for callers
@@ -63,6 +60,7 @@ from redrive.operations.verdict import (  # the skip reasons, for callers
     POISON,
     RESOLVED_SKIP,
 )
+from redrive.runs.listed import MAX_LISTED, Listed, listed_json
 
 __all__ = [
     "AMBIGUOUS",

@@ -16,8 +16,8 @@ from redrive.ledger import Entry, KeyState, Ledger
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.options import MoveOptions
 from redrive.operations.move.owners import ClaimOwners
-from redrive.operations.shared import PlannedLike
 from redrive.operations.verdict import Fate
+from redrive.runs.shared import PlannedLike
 
 
 class KeySettler:

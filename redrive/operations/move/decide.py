@@ -25,9 +25,7 @@ from redrive.operations.move.repair_step import RepairStep, planned_digests
 from redrive.operations.move.result import MoveResult, MoveTally
 from redrive.operations.move.returns import died_after
 from redrive.operations.move.routing import Router, routed_from
-from redrive.operations.observer import PlanItem, RunObserver
 from redrive.operations.plan import CHANGED_SINCE_PLAN, changed_since_plan, message_digest
-from redrive.operations.shared import LimitLike, PlannedLike
 from redrive.operations.verdict import (
     EntryFacts,
     Fate,
@@ -37,6 +35,8 @@ from redrive.operations.verdict import (
     decide,
     screen,
 )
+from redrive.runs.observer import PlanItem, RunObserver
+from redrive.runs.shared import LimitLike, PlannedLike
 
 GateReasons = Callable[[Sequence[tuple[Delivery, TaskInfo]]], Mapping[str, str]]
 """Gates' reasons to skip messages of a batch: MessageId -> reason, asked once per batch."""

@@ -32,13 +32,13 @@ from redrive.operations.move.routing import Router, source_name
 from redrive.operations.move.send import Sender
 from redrive.operations.move.stages import OVERLAP_SAMPLE, Prefetch, overlap_pays
 from redrive.operations.move.stopped import count_stopped
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.run import Outcome, RunLifecycle, RunRecord, run_is_live
 from redrive.operations.seen import SeenByFilters
-from redrive.operations.shared import LimitLike, PlannedLike, RateLike, RunShares
 from redrive.operations.verdict import BUSY
 from redrive.operations.waiting import BlockedClock
 from redrive.rate import RateLimiter
+from redrive.runs.lifecycle import Outcome, RunLifecycle, RunRecord, run_is_live
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.shared import LimitLike, PlannedLike, RateLike, RunShares
 from redrive.selection import Sightings
 
 # Names of the points between steps, where tests inject crashes.
@@ -70,7 +70,7 @@ class MoveEngine:
         ``record``: what the run's ledger record says of it (its command line, who, what);
         ``receive_log``: where the DLQ scan counts redrive's own receives; ``shares``: the
         limit, rate and dry-run keys this run shares with other processes (``--processes``,
-        redrive.operations.shared), else its own; ``repair``: the run's edits and the archive
+        redrive.runs.shared), else its own; ``repair``: the run's edits and the archive
         of its originals (issue 26), which ``options.repair`` asks for."""
         if options.execute and ledger is None:
             raise UsageProblem("an executed move needs a ledger")

@@ -13,9 +13,9 @@ from redrive.ledger import Ledger
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.move.processes import move_in_processes
 from redrive.operations.move.repair_step import repair_step
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
-from redrive.operations.run import RunRecord
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import ProcessesResult, Wiring, needs_wiring
 
 
 def move(

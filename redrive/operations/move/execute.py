@@ -23,9 +23,9 @@ from redrive.operations.move.result import (
     listed_for,
 )
 from redrive.operations.move.send import Sender
-from redrive.operations.observer import RunObserver
-from redrive.operations.shared import LimitLike
 from redrive.operations.verdict import BUSY, LEASE_LIVE, RESOLVED_SKIP, lease_live
+from redrive.runs.observer import RunObserver
+from redrive.runs.shared import LimitLike
 
 UNCONFIRMED = "the broker confirmed neither success nor failure of its send"
 """What the result says of a send the broker's answer left unconfirmed."""

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from redrive.ledger import Entry, KeyState, Ledger, RunInfo
-from redrive.operations.run import run_is_live
+from redrive.runs.lifecycle import run_is_live
 
 
 class ClaimOwners:

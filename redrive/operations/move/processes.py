@@ -1,5 +1,5 @@
 """``move`` (and ``apply`` of a move plan) in ``--processes``: each child's job, and how the
-parent merges their moves (redrive.operations.processes runs them)."""
+parent merges their moves (redrive.runs.processes runs them)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from redrive.operations.merge import (
 )
 from redrive.operations.move import MAX_LISTED, MoveEngine, MoveOptions, MoveResult
 from redrive.operations.move.repair_step import repair_step
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import (
+from redrive.operations.verdict import IN_DOUBT, UNRECORDED, UNRECORDED_ROW
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import (
     Child,
     ChildRun,
     ChildStatus,
@@ -33,8 +35,6 @@ from redrive.operations.processes import (
     left_by,
     run_spread,
 )
-from redrive.operations.run import RunRecord
-from redrive.operations.verdict import IN_DOUBT, UNRECORDED, UNRECORDED_ROW
 from redrive.selection import Sightings
 
 R = TypeVar("R")

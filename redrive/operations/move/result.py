@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -29,35 +29,8 @@ from redrive.operations.verdict import (
     Fate,
     Verdict,
 )
+from redrive.runs.listed import MAX_LISTED, Listed, listed_json
 from redrive.selection import FilterMisses
-
-MAX_LISTED = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Listed:
-    """One message named in the result (in doubt, or failed)."""
-
-    task: str
-    task_id: str | None
-    message_id: str
-    key: str
-    detail: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "task_id": self.task_id,
-            "message_id": self.message_id,
-            "key": self.key,
-            "detail": self.detail,
-        }
-
-
-def listed_json(name: str, count: int, listing: Sequence[object]) -> dict[str, Any]:
-    """How much of a capped list (at most :data:`MAX_LISTED`) the JSON holds: ``NAME_listed``
-    (its length) and ``NAME_truncated`` (whether ``count``, NAME's total, is more)."""
-    return {f"{name}_listed": len(listing), f"{name}_truncated": count > len(listing)}
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from redrive.broker.base import Broker, Capabilities, SendEntry, split_batches
 from redrive.ledger import Ledger
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.result import SendOutcome
-from redrive.operations.shared import RateLike
+from redrive.runs.shared import RateLike
 
 
 class Sender:

@@ -28,11 +28,11 @@ from redrive.errors import ArchiveError, RedriveError, UsageProblem
 from redrive.ledger import Ledger
 from redrive.messages import TaskInfo, decode
 from redrive.operations.limit import Limit
-from redrive.operations.observer import NULL_OBSERVER, PlanItem, RunObserver
 from redrive.operations.plan import changed_since_plan, message_digest
-from redrive.operations.run import RunLifecycle, new_run_id
 from redrive.operations.seen import SeenByFilters
-from redrive.operations.shared import LimitLike, RunShares
+from redrive.runs.lifecycle import RunLifecycle, new_run_id
+from redrive.runs.observer import NULL_OBSERVER, PlanItem, RunObserver
+from redrive.runs.shared import LimitLike, RunShares
 from redrive.selection import FilterMisses, Selection, Sightings
 
 DEFAULT_LEASE = 30
@@ -172,7 +172,7 @@ def run_purge(
     (a dry run checks the execute could write there), the run recorded in ``ledger`` for the
     audit trail (``record``: its who and what), and an archive that holds nothing removed.
     ``run_id``, ``shares`` and ``sightings`` (hears what the filters saw): a process of
-    ``--processes`` (redrive.operations.processes)."""
+    ``--processes`` (redrive.runs.processes)."""
     where = archive_location(target, options, clock)
     writer = _open_archive(where, options.execute, s3_client_factory)
     if where and where.startswith("s3://"):

@@ -10,10 +10,10 @@ from typing import Any
 from redrive.broker.base import Broker, DlqTarget
 from redrive.dlq.receive_log import ReceiveLog
 from redrive.ledger import Ledger
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
 from redrive.operations.purge.engine import PurgeOptions, PurgeResult, run_purge
 from redrive.operations.purge.processes import purge_in_processes
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import ProcessesResult, Wiring, needs_wiring
 
 
 def purge(

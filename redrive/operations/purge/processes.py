@@ -1,5 +1,5 @@
 """``purge`` and ``archive`` (and ``apply`` of a purge plan) in ``--processes``: each child's
-job, archiving to its own file, and how the parent merges them (redrive.operations.processes
+job, archiving to its own file, and how the parent merges them (redrive.runs.processes
 runs them)."""
 
 from __future__ import annotations
@@ -18,8 +18,15 @@ from redrive.operations.merge import (
     merge_purge_results,
     merge_sightings,
 )
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import (
+from redrive.operations.purge.engine import (
+    PurgeOptions,
+    PurgeResult,
+    archive_location,
+    check_archive_path,
+    run_purge,
+)
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import (
     Child,
     ChildRun,
     ChildStatus,
@@ -30,13 +37,6 @@ from redrive.operations.processes import (
     check_picklable,
     check_processes,
     run_spread,
-)
-from redrive.operations.purge.engine import (
-    PurgeOptions,
-    PurgeResult,
-    archive_location,
-    check_archive_path,
-    run_purge,
 )
 from redrive.selection import Sightings
 

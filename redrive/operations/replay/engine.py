@@ -22,16 +22,17 @@ from redrive.archive import (
     ArchiveReader,
     ArchiveRecord,
     DamageReport,
+    archive_label,
+    as_message,
     check_archive,
 )
-from redrive.broker import restored_delivery
 from redrive.broker.base import Broker, Delivery, DlqTarget, QueueRef
 from redrive.errors import RedriveError
 from redrive.ledger import Ledger
 from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.move.repair_step import RepairStep
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.run import RunRecord
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
 
 
 class ArchiveSource:
@@ -86,16 +87,6 @@ class ArchiveSource:
 
     def close(self) -> None:
         pass
-
-
-def as_message(record: ArchiveRecord, broker: Broker | None = None) -> Delivery:
-    """The archived message as a delivery (``broker``: the one it goes back to)."""
-    restore = broker.restored if broker is not None else restored_delivery
-    return restore(record.message_id, record.body, record.attributes, record.headers)
-
-
-def archive_label(source: str) -> str:
-    return source.rstrip("/").rsplit("/", 1)[-1] or source
 
 
 @dataclass(slots=True)

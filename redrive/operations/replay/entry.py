@@ -10,11 +10,11 @@ from typing import Any
 from redrive.broker.base import Broker, QueueRef
 from redrive.ledger import Ledger
 from redrive.operations.move import MoveOptions, MoveResult
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import ProcessesResult, Wiring, needs_wiring
 from redrive.operations.replay.engine import ReplayResult, replay_archive
 from redrive.operations.replay.processes import replay_in_processes
-from redrive.operations.run import RunRecord
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import ProcessesResult, Wiring, needs_wiring
 
 
 def replay(

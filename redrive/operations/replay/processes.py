@@ -1,5 +1,5 @@
 """``replay`` in ``--processes``: the parent checks the archive whole, then each child replays
-its share, split by task id (redrive.operations.processes runs them)."""
+its share, split by task id (redrive.runs.processes runs them)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from redrive.archive import ArchiveReader, ArchiveRecord
+from redrive.archive import ArchiveReader, ArchiveRecord, archive_label
 from redrive.broker.base import QueueRef
 from redrive.dlq.scan import digest
 from redrive.errors import RedriveError, UsageProblem
@@ -23,8 +23,16 @@ from redrive.operations.move.processes import (
     run_to_the_end,
 )
 from redrive.operations.move.repair_step import RepairStep
-from redrive.operations.observer import NULL_OBSERVER, RunObserver
-from redrive.operations.processes import (
+from redrive.operations.replay.engine import (
+    ArchiveSource,
+    ReplayResult,
+    archive_target,
+    check_whole_archive,
+    stopped_replay,
+)
+from redrive.runs.lifecycle import RunRecord
+from redrive.runs.observer import NULL_OBSERVER, RunObserver
+from redrive.runs.processes import (
     Child,
     ChildRun,
     Job,
@@ -33,15 +41,6 @@ from redrive.operations.processes import (
     check_processes,
     run_spread,
 )
-from redrive.operations.replay.engine import (
-    ArchiveSource,
-    ReplayResult,
-    archive_label,
-    archive_target,
-    check_whole_archive,
-    stopped_replay,
-)
-from redrive.operations.run import RunRecord
 from redrive.selection import Sightings
 
 # -- replay ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ Who owns what:
   run leaves: at most one claimed batch per worker, in doubt for its live siblings (its pid
   is gone) and for the next run, while the siblings' own claims are untouched.
 - The children share ``--limit``, ``--rate`` and a dry run's planned keys through
-  :mod:`redrive.operations.shared`.
+  :mod:`redrive.runs.shared`.
 
 Signals: children ignore SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process
 group; each child aborting at once is what the first Ctrl-C must not do). The parent tells
@@ -69,10 +69,10 @@ from redrive.dlq.scan import shared_by_workers
 from redrive.errors import RedriveError, UsageProblem
 from redrive.keys import task_id_of_key
 from redrive.ledger import Entry, KeyState, Ledger, open_ledger
-from redrive.operations.move import Listed
-from redrive.operations.observer import PlanItem, RunObserver
-from redrive.operations.run import Finished, Outcome, RunLifecycle
-from redrive.operations.shared import RunShares, ScanEnds, make_shares
+from redrive.runs.lifecycle import Finished, Outcome, RunLifecycle
+from redrive.runs.listed import Listed
+from redrive.runs.observer import PlanItem, RunObserver
+from redrive.runs.shared import RunShares, ScanEnds, make_shares
 from redrive.selection import Sightings
 from redrive.signals import handlers_while
 

@@ -3,7 +3,7 @@ before it reads the DLQ (:class:`redrive.inspection.shared.SharedScans`), since 
 what it reads from the run (SQS visibility, RabbitMQ unacked deliveries).
 
 A run of any front end (a CLI's, a console's, on any host sharing the ledger) records the DLQ
-it acts on (``info["dlq"]``); :func:`redrive.operations.run.run_is_live` says whether it may
+it acts on (``info["dlq"]``); :func:`redrive.runs.lifecycle.run_is_live` says whether it may
 still be acting. The listing is read at most every ``ttl`` seconds of the injected clock, and a
 run's progress (its keys by state) at most every ``progress_every``: a page view costs no
 ledger query.
@@ -19,7 +19,7 @@ from typing import Any
 
 from redrive.broker.base import DlqTarget
 from redrive.ledger import KeyState, Ledger, RunInfo
-from redrive.operations.run import run_is_live
+from redrive.runs.lifecycle import run_is_live
 
 RUNS_TTL = 2.0
 PROGRESS_EVERY = 10.0
