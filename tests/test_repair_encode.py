@@ -14,6 +14,7 @@ import lzma
 import pickle
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -595,9 +596,16 @@ def _places(value: Any, steps: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]
         yield from _places(item, (*steps, step))
 
 
+def _as_is(edit: Edit) -> Edit:
+    return edit
+
+
 @st.composite
-def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Edit]:
-    edits: list[Edit] = []
+def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Callable[[], Edit]]:
+    """Edits to parse, not parsed: a parse is left to the test, since jmespath 1.0.1 (the
+    floor) evicts from its full parse cache with the random module, which a strategy must
+    not touch (Hypothesis warns, and warnings are errors)."""
+    edits: list[Callable[[], Edit]] = []
     places = [("args", p) for p in _places(args)] + [("kwargs", p) for p in _places(kwargs)]
     for _ in range(draw(st.integers(1, 3))):
         if places and draw(st.integers(0, 3)):
@@ -611,19 +619,15 @@ def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Edi
         kind = draw(st.sampled_from(["set", "unset", "rename", "clear"]))
         if kind == "set":
             value = json.dumps(draw(SMALL))
-            edits.append(parse_set(f"{path}={value}", create=draw(st.booleans())))
+            edits.append(partial(parse_set, f"{path}={value}", create=draw(st.booleans())))
         elif kind == "unset":
-            edits.append(parse_unset(path))
+            edits.append(partial(parse_unset, path))
         elif kind == "rename" and isinstance(steps[-1], str):
             new = _path_text(root, [*steps[:-1], draw(KEYS)])
             if new != path:
-                edits.append(parse_rename(f"{path}={new}"))
+                edits.append(partial(parse_rename, f"{path}={new}"))
         elif kind == "clear":
-            edits.append(draw(st.sampled_from([CLEAR_ETA, CLEAR_EXPIRES])))
-    try:
-        check_edits(edits)
-    except UsageProblem:
-        assume(False)
+            edits.append(partial(_as_is, draw(st.sampled_from([CLEAR_ETA, CLEAR_EXPIRES]))))
     return edits
 
 
@@ -649,7 +653,11 @@ def test_decode_of_the_edited_message_is_the_edit_of_the_decoded_one(
     from datetime import UTC, datetime
 
     moment = datetime(2026, 11, 30, 12, tzinfo=UTC) if times else None
-    edits = data.draw(_edits(args, kwargs))
+    edits = [parse() for parse in data.draw(_edits(args, kwargs))]
+    try:
+        check_edits(edits)
+    except UsageProblem:
+        assume(False)
     body = sandbox_encode(
         "apps.x",
         args,

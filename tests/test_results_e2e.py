@@ -25,7 +25,6 @@ from celery_worker import kill_if_running, start_celery_worker
 
 pytest.importorskip("celery")
 pytest.importorskip("kombu.transport.SQS")
-pytest.importorskip("pycurl")
 pytest.importorskip("sqlalchemy")
 
 from conftest import MotoServer, make_family
