@@ -84,6 +84,18 @@ class SendInDoubt(AwsError):
     server error). Retrying it could send a task twice, so it is never retried blindly."""
 
 
+class NotSent(RedriveError):
+    """A send that provably never reached the broker: no connection to it could be made,
+    so no byte of the request left. None of its messages is in the queue: their claims are
+    released (the next run sends them), never left in doubt."""
+
+
+class SendNotConnected(AwsUnavailable, NotSent):
+    """SQS could not be connected to for a send, after its retries (refused, unreachable,
+    the connect timed out): the batch was not sent. A timeout or a dropped connection after
+    the connection was made is :class:`SendInDoubt` instead."""
+
+
 class PostFailed(RedriveError):
     """A report could not be posted to a webhook (refused, timed out, not a 2xx answer)."""
 

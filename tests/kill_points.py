@@ -23,8 +23,10 @@ Each rule (:class:`At`) acts on the ``nth`` time its point is reached in a proce
 for the whole run: the process that acts first writes the rule's note (its pid and what it
 knows), created exclusively, and every other process passes on. Actions: ``kill`` (SIGKILL
 itself), ``stop`` (SIGSTOP itself: the test looks at what is left, then kills it),
-``hang`` (the thread that reached it waits forever: the run stays alive at that step) and
-``kill-parent`` (SIGKILL the process that spawned it: a ``--processes`` parent).
+``hang`` (the thread that reached it waits forever: the run stays alive at that step),
+``hold`` (the thread waits until the test releases it, :meth:`KillPoints.release`: a run
+paused at a step while the test looks, then let go) and ``kill-parent`` (SIGKILL the
+process that spawned it: a ``--processes`` parent).
 
 Rules travel in the environment (``REDRIVE_KILL_POINTS``), so spawned children read them.
 """
@@ -47,7 +49,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = "REDRIVE_KILL_POINTS"
-ACTIONS = ("kill", "stop", "hang", "kill-parent")
+ACTIONS = ("kill", "stop", "hang", "hold", "kill-parent")
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,11 @@ class KillPoints:
         # Written in one write before acting; an empty file is one being written.
         return json.loads(text) if text else None
 
+    def release(self, index: int = 0) -> None:
+        """Let go of the thread a ``hold`` rule keeps waiting (or, released before it is
+        reached, let it pass)."""
+        _release_path(str(self.note_path(index))).touch()
+
     def wait_for_note(self, index: int = 0, *, timeout: float = 120) -> dict[str, Any]:
         """The note of rule ``index``, once written (a bound for a run that never got there)."""
         deadline = time.monotonic() + timeout
@@ -102,6 +109,10 @@ class KillPoints:
             assert time.monotonic() < deadline, f"{self.rules[index]} not reached in {timeout} s"
             time.sleep(0.02)
         return note
+
+
+def _release_path(note: str) -> Path:
+    return Path(note + ".release")
 
 
 def wait_until_leases_end(ledger: Path, *, timeout: float = 120) -> None:
@@ -165,7 +176,7 @@ class _Armed:
             due = [r for r in self.rules if r["point"] == point and r["nth"] == n]
             acting = [r for r in due if self._claim_note(r, point, n, detail)]
         for rule in acting:
-            _act(rule["do"])
+            _act(rule["do"], rule["note"])
 
     @staticmethod
     def _claim_note(rule: Mapping[str, Any], point: str, n: int, detail: Mapping[str, Any]) -> bool:
@@ -182,7 +193,7 @@ class _Armed:
         return True
 
 
-def _act(action: str) -> None:
+def _act(action: str, note: str) -> None:
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "stop":
@@ -191,6 +202,11 @@ def _act(action: str) -> None:
         os.kill(os.getppid(), signal.SIGKILL)
     elif action == "hang":
         threading.Event().wait()
+    elif action == "hold":
+        # Another process's file: nothing here can be woken by the test, so it looks.
+        release = _release_path(note)
+        while not release.exists():
+            time.sleep(0.02)
 
 
 def _watch_observers(armed: _Armed) -> None:

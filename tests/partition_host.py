@@ -8,6 +8,9 @@ connection to the PostgreSQL ledger crosses the link the test cuts.
 comes long before the last key (what it proves does not depend on the pace).
 ``b``: claims every key in batches of 50, then one line: what it won, how long that took
 (the cut host's open transaction must not hold it up), and each key's owner and state.
+``leased URL``: one line, the runs not ended whose lease the ledger still counts as running
+(``{"leased": [...]}``): a stopped run's claims can be skipped or taken over only once it is
+empty, as the ledger judges by its own clock (the test waits on that, never on a sleep).
 ``relay PORT TO ADDRESS...``: on the ledger host, passes TCP connections to ADDRESS:PORT on
 to TO (host:port, a broker on the ledger host's loopback, which it alone may listen on),
 for hosts that share one broker; prints ``{"listening": true}`` once it accepts, and
@@ -80,6 +83,14 @@ def host_b(url: str) -> int:
     return 0
 
 
+def leased(url: str) -> int:
+    # Heartbeats within 0 s count for nothing: what is left is whose lease still runs, the
+    # test the ledger makes before it lets a run skip or take over another run's claim.
+    with PostgresLedger(url) as led:
+        say(leased=[run.run_id for run in led.live_runs(stale_after=0.0)])
+    return 0
+
+
 def _pump(src: socket.socket, dst: socket.socket, *, last: bool) -> None:
     try:
         while data := src.recv(65536):
@@ -138,4 +149,4 @@ if __name__ == "__main__":
     if role == "relay":
         sys.exit(relay(int(sys.argv[2]), sys.argv[3], sys.argv[4:]))
     url = sys.argv[2]
-    sys.exit(host_a(url) if role == "a" else host_b(url))
+    sys.exit({"a": host_a, "b": host_b, "leased": leased}[role](url))

@@ -16,12 +16,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from celery_worker import RunningWorker, celery_worker
 
 CAPTURE = "apps.payments.tasks.capture_payment"
 EMAIL = "apps.notifications.tasks.send_email"
@@ -168,29 +169,15 @@ def start_redis(directory: Path) -> RedisServer:
 
 
 @contextlib.contextmanager
-def worker(directory: Path, broker: str, backend: str) -> Iterator[subprocess.Popen[bytes]]:
+def worker(directory: Path, broker: str, backend: str) -> Iterator[RunningWorker]:
     """A real ``celery worker`` (prefork, one child) on ``broker``, results to ``backend``."""
     (directory / "results_app.py").write_text(WORKER_APP, encoding="utf-8")
     env = dict(os.environ, RB_BROKER=broker, RB_BACKEND=backend, PYTHONPATH=str(directory))
-    log = (directory / "worker.log").open("wb")
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "celery", "-A", "results_app", "worker"),
-            *("--pool", "prefork", "--concurrency", "1", "--loglevel", "warning"),
-            *("--without-heartbeat", "--without-gossip", "--without-mingle"),
-        ],
-        cwd=directory,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-        log.close()
+    with celery_worker(
+        "results_app", "celery", cwd=directory, env=env, log=directory / "worker.log",
+        pool="prefork",
+    ) as running:  # fmt: skip
+        yield running
 
 
 def run_jobs(directory: Path, broker: str, backend: str) -> None:
@@ -201,14 +188,14 @@ def run_jobs(directory: Path, broker: str, backend: str) -> None:
     producer = Celery("producer", broker=broker, set_as_current=False)
     lookup: object = None
     try:
-        with worker(directory, broker, backend) as process:
+        with worker(directory, broker, backend) as running:
             for job in JOBS:
                 producer.send_task(job.task, job.args, job.kwargs, task_id=job.task_id)
             lookup = _open_when_there(backend)
-            _wait_for(lookup, JOBS, process, directory)
+            _wait_for(lookup, JOBS, running)
             producer.send_task(VANISH.task, VANISH.args, VANISH.kwargs, task_id=VANISH.task_id)
-            _wait_for(lookup, [VANISH], process, directory)
-            process.wait(timeout=30)  # it killed itself
+            _wait_for(lookup, [VANISH], running)
+            running.ended(timeout=30)  # it killed itself
     finally:
         producer.close()
         if lookup is not None:
@@ -230,17 +217,17 @@ def _open_when_there(backend: str) -> object:
             time.sleep(0.2)
 
 
-def _wait_for(
-    lookup: object, jobs: list[Job], process: subprocess.Popen[bytes], directory: Path
-) -> None:
+def _wait_for(lookup: object, jobs: list[Job], running: RunningWorker) -> None:
     deadline = time.monotonic() + 90
     ids = [j.task_id for j in jobs]
     while True:
         records = lookup.records(ids)  # type: ignore[attr-defined]
         if all(records[j.task_id].state == j.expect for j in jobs):
             return
-        if time.monotonic() > deadline or (process.poll() is not None and jobs[0] is not VANISH):
-            log = (directory / "worker.log").read_text(errors="replace")[-3000:]
+        dead = running.process.poll() is not None and jobs[0] is not VANISH
+        if time.monotonic() > deadline or dead:
             states = {i: r.state for i, r in records.items()}
-            raise AssertionError(f"the worker did not record {states} as expected:\n{log}")
+            raise AssertionError(
+                f"the worker did not record {states} as expected:\n{running.tail()}"
+            )
         time.sleep(0.2)

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import celery_worker
 from conftest import MotoServer, make_family
 
 from redrive.celery.settings_audit import (
@@ -171,19 +169,11 @@ def run_worker(env: dict[str, str], tmp_path: Path, queue: str, until: Callable[
     """A prefork worker (one child) until ``until()``; then a warm shutdown (a child dying
     as it stops may leave it to be killed). Its log."""
     log = tmp_path / "worker.log"
-    worker = start_celery_worker(
+    with celery_worker(
         "lost_app", queue, cwd=tmp_path, env=env, log=log, name="lost@lo", pool="prefork"
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not until():
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(60)
-    finally:
-        kill_if_running(worker)
+    ) as worker:
+        worker.wait_for(until, "the lost child handled")
+        worker.stop_warm(timeout=60)
     return log.read_text()
 
 

@@ -989,8 +989,10 @@ def test_a_copy_is_kept_while_its_twin_failed_to_send(family: Family, tmp_path: 
 
     first = move(family.client, ledger, sqs=lambda: SqsBroker(family.client, send_client=proxy))
 
-    assert (first.moved, first.failed, first.duplicates) == (1, 1, 0)
-    assert family.depth() == (2, 0)  # both copies of t-1 stay
+    # Both copies of t-1 fail (the twin with the copy sent), and stay: every one counted.
+    assert (first.moved, first.failed, first.duplicates) == (1, 2, 0)
+    assert first.scanned == first.matched == 3
+    assert family.depth() == (2, 0)
     second = move(family.client, ledger)
     assert (second.moved, second.duplicates) == (1, 1)
     assert arrived(family) == {"t-1": 1, "t-2": 1}

@@ -33,7 +33,10 @@ from redrive.errors import (
     QueueNotFound,
     UsageProblem,
 )
+from redrive.ledger import SqliteLedger
 from redrive.messages import decode
+from redrive.operations.move import MoveEngine, MoveOptions
+from redrive.runs.observer import Callbacks
 from redrive.sandbox.rabbitmq_layout import (
     celery_message,
     fill_layout,
@@ -757,3 +760,56 @@ def test_a_send_that_cannot_connect_is_refused_whole_none_of_it_in_doubt() -> No
     result = broker.send("q", [entry("0"), entry("1")])
     assert result.ok == {} and result.unconfirmed == frozenset()
     assert set(result.failed) == {"0", "1"} and "NotPublished" in result.failed["0"]
+
+
+@on_both_rabbitmq
+def test_a_move_declares_no_target_and_a_target_deleted_mid_run_is_refused(
+    rabbitmq_vhost: Vhost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The passive declares of a move, counted on the node: none of the target (a publish is
+    mandatory, so a target that is gone comes back returned, refused, and stays in the DLQ),
+    and two of the DLQ per batch, each for its own count: the receive's (how many are ready:
+    its consumer window) and the returns check's (the DLQ's exact count after it)."""
+    fill_layout(rabbitmq_vhost.amqp_url, rabbit_families(), 150)
+    declared: list[str] = []
+    real_declare = amqp.Channel.queue_declare
+
+    def counted(channel: amqp.Channel, queue: str = "", passive: bool = False, **kw: Any) -> Any:
+        if passive:
+            declared.append(queue)
+        return real_declare(channel, queue, passive, **kw)
+
+    monkeypatch.setattr(amqp.Channel, "queue_declare", counted)
+    events: list[str] = []
+
+    def step(name: str) -> None:
+        events.extend(f"declare {queue}" for queue in declared)
+        declared.clear()
+        events.append(name)
+        if name == "deleted" and events.count("deleted") == 1:
+            connection = open_connection(rabbitmq_vhost.amqp_url)
+            raw_channel(connection).queue_delete("onion-checkout")
+            connection.close()
+
+    def opened() -> Any:
+        url, api = rabbitmq_vhost.amqp_url, rabbitmq_vhost.api_url
+        return open_broker(url, aws=AwsSettings(), rabbitmq_api=api)
+
+    target = opened().resolve_family(built_in_layout({}).family("checkout"))
+    options = MoveOptions(execute=True, pipelined=False)
+    with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+        engine = MoveEngine(
+            target, ledger, options, broker_factory=opened, observer=Callbacks(on_step=step)
+        )
+        result = engine.run()
+    batches = "|".join(events).split("|received|")[1:]
+    assert len(batches) >= 2, events
+    assert not any("declare onion-checkout|" in f"{e}|" for e in events), events
+    for batch in batches:
+        assert batch.count("declare onion-checkout-dlq") <= 2, batch
+    # The batch after the target was deleted: returned, refused, left in the DLQ.
+    assert result.moved + result.failed == 150 and result.failed > 0, result
+    assert all("Returned" in m.detail for m in result.failed_messages), result
+    connection = open_connection(rabbitmq_vhost.amqp_url)
+    assert queue_depth(raw_channel(connection), "onion-checkout-dlq") == result.failed
+    connection.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import celery_worker
 from celery_worker import run_worker_until as run_celery_worker_until
 from conftest import on_both_rabbitmq
 
@@ -178,13 +178,10 @@ def test_a_task_whose_worker_dies_past_the_quorum_delivery_limit_is_dead_lettere
     dying = {**env, "E2E_DIE": "1"}
     for attempt in range(2):
         log = tmp_path / f"dying-{attempt}.log"
-        worker = start_celery_worker(
+        with celery_worker(
             "e2e_rmq_app", family.queue, cwd=tmp_path, env=dying, log=log, name=f"d{attempt}@lo"
-        )
-        try:
-            assert worker.wait(120) == 1, log.read_text()[-3000:]
-        finally:
-            kill_if_running(worker)
+        ) as worker:
+            assert worker.ended() == 1, worker.tail()
     runs_file = tmp_path / "runs.txt"
     assert runs(runs_file) == Counter({(task_id, "died"): 2})
     deadline = time.monotonic() + 60  # the broker dead-letters after the second return

@@ -17,14 +17,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
-from celery_worker import run_worker_until as run_celery_worker_until
+from celery_worker import celery_worker, run_worker_until
 from test_rabbitmq_celery_e2e import depth, runs
 from test_rabbitmq_e2e import drain, ok_json, redrive
 
@@ -160,29 +158,18 @@ def test_celerys_quorum_shapes_on_4_0_grouped_checked_and_moved(
     connection.close()
     env = app_env(vhost, tmp_path, family.queue, family.queue_arguments())
     log = tmp_path / "worker.log"
-    worker = start_celery_worker(
+    with celery_worker(
         "quorum_app", family.queue, cwd=tmp_path, env=env, log=log, name="q@lo", pool="prefork"
-    )
-    try:
+    ) as worker:
         # Native delayed delivery's queues are the worker's to declare, before a countdown.
-        deadline = time.monotonic() + 120
-        while " ready." not in log.read_text(errors="replace"):
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        worker.ready()
         produced = subprocess.run(
             [sys.executable, str(tmp_path / "quorum_app.py")],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert produced.returncode == 0, produced.stderr
         ids = json.loads(produced.stdout)
-        deadline = time.monotonic() + 120
-        while depth(vhost, family.dlq) < 3:
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        kill_if_running(worker)
+        worker.wait_for(lambda: depth(vhost, family.dlq) >= 3, "three dead-lettered")
     worker_log = log.read_text()
     assert "Global QoS is disabled" in worker_log  # worker_detect_quorum_queues saw it
     assert runs(Path(env["E2E_RUNS"])) == Counter(
@@ -239,7 +226,7 @@ def test_celerys_quorum_shapes_on_4_0_grouped_checked_and_moved(
         ok = sum(n for (_, outcome), n in runs(runs_file).items() if outcome == "ok")
         return ok >= 3 and depth(vhost, family.queue) == 0
 
-    run_celery_worker_until(
+    run_worker_until(
         "quorum_app", family.queue, cwd=tmp_path, env={**env, "E2E_FIXED": "1"},
         log=tmp_path / "fixed.log", name="fixed@lo", done=all_ran, what="fixed",
     )  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,8 +20,7 @@ from typing import Any
 import amqp
 import celery
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
-from conftest import wait_until
+from celery_worker import celery_worker
 from kill_points import KillPoints
 from test_rabbitmq_e2e import KILLED_AT_ACK, drain, killed, ok_json, redrive, task_ids
 
@@ -394,24 +392,15 @@ def test_a_real_celery_worker_runs_each_repaired_task_once_with_its_new_argument
         "E2E_RUNS": str(runs),
     }
     log = tmp_path / "worker.log"
-    worker = start_celery_worker("repair_rmq", QUEUE, cwd=tmp_path, env=env, log=log)
 
     def ran() -> list[dict[str, Any]]:
         text = runs.read_text() if runs.exists() else ""
         return [json.loads(line) for line in text.splitlines()]
 
-    try:
-        wait_until(
-            lambda: len(ran()) >= len(before) or worker.poll() is not None,
-            "the worker ran the repaired tasks",
-            timeout=120,
-        )
-        assert worker.poll() is None, log.read_text()[-3000:]
-        wait_until(lambda: ready(rabbitmq_vhost) == 0, "the queue emptied", timeout=60)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text()[-3000:]
-    finally:
-        kill_if_running(worker)
+    with celery_worker("repair_rmq", QUEUE, cwd=tmp_path, env=env, log=log) as worker:
+        worker.wait_for(lambda: len(ran()) >= len(before), "the worker ran the repaired tasks")
+        worker.wait_for(lambda: ready(rabbitmq_vhost) == 0, "the queue emptied", timeout=60)
+        assert worker.stop_warm() == 0, worker.tail()
     edits = edits_from_options(
         renames=["kwargs.amount=kwargs.amount_cents"],
         sets=['kwargs.currency="USD"'],

@@ -493,6 +493,18 @@ def crash_after_sending(step: str) -> None:
         raise Killed(step)
 
 
+def _lease_over(path: Path, run_id: str | None) -> bool:
+    """Whether run ``run_id``'s ledger lease has run out, as a rerun (the engine's clock:
+    this machine's) reads the ledger's record of it."""
+    from redrive.ledger.sqlite import SqliteLedger
+
+    assert run_id is not None
+    with SqliteLedger(path) as ledger:
+        run = ledger.run(run_id)
+    assert run is not None
+    return run.lease_until <= time.time()
+
+
 @pytest.mark.e2e  # a real redis-server and Celery worker (processes)
 @pytest.mark.parametrize(
     ("claim_offset", "proven", "leased"),
@@ -533,10 +545,12 @@ def test_in_doubt_auto_deletes_what_a_later_record_proves_delivered(
     ledger.close()
     sent = queued_task_ids(family)  # the workers took them
     assert len(sent) == len(ALL_JOBS) - 2
-    # The killed run's lease runs out: its ledger lease 1 s after its last heartbeat (a
-    # sleep cannot fall short of that), its holds once SQS shows them again (a slow
-    # machine's renewals may give more than 1 s).
-    time.sleep(1.2)
+    # The killed run's lease runs out: its ledger lease 1 s after its last heartbeat, as
+    # the rerun reads the ledger's record of it (waited on, never slept for), its holds once
+    # SQS shows them again (a slow machine's renewals may give more than 1 s). ``leased``:
+    # its lease runs an hour on, what the rerun must find.
+    if not leased:
+        wait_until(lambda: _lease_over(path, engine.run_id), "the killed run's ledger lease")
     wait_until(lambda: family.depth()[1] == 0, "the killed run's holds back in the DLQ")
 
     held = run_move(family, target, lookup, tmp_path, execute=True, in_doubt="hold")

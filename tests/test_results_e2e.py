@@ -12,16 +12,14 @@ delivers at least once) was dead-lettered gives a SUCCESS record for a DLQ messa
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery_worker import kill_if_running, start_celery_worker
+from celery_worker import celery_worker
 
 pytest.importorskip("celery")
 pytest.importorskip("kombu.transport.SQS")
@@ -145,17 +143,9 @@ def test_a_real_workers_records_say_why_and_a_succeeded_task_is_not_sent_again(
 
     log = tmp_path / "worker.log"
     failing = sum(n for _, n in JOBS)
-    worker = start_celery_worker("e2e_results", QUEUE, cwd=tmp_path, env=env, log=log)
-    try:
-        deadline = time.monotonic() + 90
-        while family.depth() != (failing, 0):
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(30)
-    finally:
-        kill_if_running(worker)
+    with celery_worker("e2e_results", QUEUE, cwd=tmp_path, env=env, log=log) as worker:
+        worker.wait_for(lambda: family.depth() == (failing, 0), "the failures dead-lettered")
+        worker.stop_warm()
     assert family.depth(family.queue_url) == (0, 0), "the successful task was acked"
     # Its second copy is dead-lettered too (its first run succeeded meanwhile).
     family.send_to_dlq(twin["Body"])

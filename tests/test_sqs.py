@@ -26,9 +26,11 @@ from redrive.errors import (
     AwsError,
     AwsUnavailable,
     ForeignEndpoint,
+    NotSent,
     QueueNotFound,
     RedriveError,
     SendInDoubt,
+    SendNotConnected,
 )
 
 URL = "https://sqs.us-east-1.amazonaws.com/123456789012/onion-checkout"
@@ -232,6 +234,33 @@ def test_send_batch_unreachable_endpoint_ends_unavailable(sleeps: list[float]) -
     client = ScriptedClient(*[bx.EndpointConnectionError(endpoint_url=URL)] * 2)
     with pytest.raises(AwsUnavailable, match="cannot reach"):
         SqsBroker(client, send_attempts=2).send_batch(URL, [entry(0)])
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [
+        [bx.EndpointConnectionError(endpoint_url=URL)] * 2,
+        [bx.ConnectTimeoutError(endpoint_url=URL)] * 2,
+        [client_error("ThrottlingException"), bx.ConnectTimeoutError(endpoint_url=URL)],
+    ],
+    ids=["refused", "connect-timeout", "throttled-then-unconnected"],
+)
+def test_a_send_never_connected_in_any_attempt_was_not_sent(
+    sleeps: list[float], errors: list[Exception]
+) -> None:
+    with pytest.raises(SendNotConnected, match="its 2 messages were not sent") as caught:
+        SqsBroker(ScriptedClient(*errors), send_attempts=2).send_batch(URL, [entry(0), entry(1)])
+    assert isinstance(caught.value, NotSent) and not isinstance(caught.value, SendInDoubt)
+    assert len(str(caught.value).splitlines()) == 1
+
+
+def test_a_send_that_connected_once_and_timed_out_is_in_doubt(sleeps: list[float]) -> None:
+    """An attempt refused, the next one connected and got no answer: in doubt, however
+    the attempts before it ended."""
+    errors = [bx.EndpointConnectionError(endpoint_url=URL), bx.ReadTimeoutError(endpoint_url=URL)]
+    with pytest.raises(SendInDoubt) as caught:
+        SqsBroker(ScriptedClient(*errors), send_attempts=3).send_batch(URL, [entry(0)])
+    assert not isinstance(caught.value, NotSent)
 
 
 @pytest.mark.parametrize(

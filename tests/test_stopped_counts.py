@@ -5,8 +5,9 @@ of the rows, every matched message is moved, a duplicate, failed or skipped unde
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,20 @@ import pytest
 from conftest import Family, MotoServer, make_family
 from kill_points import At, KillPoints
 from test_e2e import start_redrive
-from test_move import body, move, put
+from test_move import TASK, body, move, put
 from test_processes_e2e import MOVE, finished_with_a_killed_child, seed_dlq, tasks
 
 from redrive import attributes
+from redrive.broker.memory import MemoryBroker, MemoryStore, forget_store, memory_store
+from redrive.broker.memory.store import Stored
+from redrive.config import Layout
 from redrive.errors import BrokerUnavailable
-from redrive.operations.move import MoveResult
+from redrive.ledger import SqliteLedger
+from redrive.operations.move import MoveEngine, MoveOptions, MoveResult
 from redrive.operations.verdict import IN_DOUBT
 from redrive.render.move import move_text
+from redrive.runs.observer import NULL_OBSERVER, Callbacks, RunObserver
+from redrive.sandbox.encoder import encode
 
 # The ``distant`` fixture (fast_sqs answering after 20 ms) of the --processes tests.
 from test_processes_e2e import distant  # noqa: F401  # isort: skip
@@ -159,3 +166,90 @@ def test_what_a_dead_child_reported_beyond_the_ledger_is_a_row_of_its_own(
     assert "4 message(s) matched by a process that died before it reported" in text, text
     assert "it sent none of them" in text
     assert "about 20 message(s) of the DLQ not scanned" in text
+
+
+@pytest.fixture
+def store() -> Iterator[MemoryStore]:
+    name = f"twice-{uuid.uuid4().hex[:8]}"
+    made = memory_store(name)
+    made.create_queue("onion-dlq")
+    made.create_queue("onion", dead_letter_queue="onion-dlq", max_receive_count=3)
+    yield made
+    forget_store(name)
+
+
+def move_twice(
+    store: MemoryStore,
+    ledger: SqliteLedger,
+    *,
+    pad: int = 0,
+    observer: RunObserver[MoveResult] = NULL_OBSERVER,
+    **options: Any,
+) -> MoveEngine:
+    """A move of 4 tasks twice over (8 copies, one batch; each body ``pad`` bytes longer):
+    the second copy of each follows the first, counted once the first one's fate is known."""
+    bodies = [encode(TASK, [f"f-{i}"], {"pad": "x" * pad}, task_id=f"f-{i}") for i in range(4)]
+    with store.lock:  # straight into the DLQ: a body too long for a send gets there too
+        dlq = store.queue("onion-dlq")
+        for text in bodies * 2:
+            store.enqueue(dlq, Stored(store.new_id(), text, {}, store.wall()))
+    broker = MemoryBroker(store)
+    target = broker.resolve(Layout((), "test"), "onion-dlq", lambda region: broker)
+    return MoveEngine(
+        target,
+        ledger,
+        MoveOptions(execute=True, **options),
+        broker_factory=lambda: MemoryBroker(store),
+        observer=observer,
+    )
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["two-stage", "one-stage"])
+@pytest.mark.parametrize("step", ["claimed", "sent", "recorded"])
+def test_the_further_copies_of_a_key_in_the_batch_a_run_stopped_in_are_counted(
+    store: MemoryStore, tmp_path: Path, step: str, pipelined: bool
+) -> None:
+    """A run stopped in the batch counted the first copies and never their followers: it
+    received 8 messages and its counts said 4."""
+    with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+        stopping = Callbacks[MoveResult](on_step=failing_at(step, 1))
+        engine = move_twice(store, ledger, pipelined=pipelined, observer=stopping)
+        with pytest.raises(BrokerUnavailable) as caught:
+            engine.run()
+    partial = caught.value.partial
+    assert isinstance(partial, MoveResult)
+    adds_up(partial.to_json())
+    assert partial.scanned == partial.matched == 8, partial
+    stopped = partial.skipped["not-sent-run-stopped"]
+    assert partial.moved + partial.in_doubt + stopped == 8, partial
+    # Each follower's fate is its key's: in doubt with it, or left (not sent) beside a
+    # first copy the run recorded sent.
+    if step == "recorded":
+        assert (partial.moved, stopped, partial.in_doubt) == (4, 4, 0), partial
+    else:
+        assert partial.in_doubt == partial.own_in_doubt == 8, partial
+
+
+def test_the_further_copies_of_a_refused_send_fail_with_it(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """Bodies over the broker's largest message: the first copies failed and their followers
+    were counted nowhere (8 received, 4 counted)."""
+    with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+        result = move_twice(store, ledger, pad=300_000, pipelined=False).run()
+    adds_up(result.to_json())
+    assert (result.scanned, result.matched, result.failed, result.moved) == (8, 8, 8, 0)
+    assert all(m.detail.startswith("MessageTooLong") for m in result.failed_messages)
+
+
+def test_the_further_copies_of_an_unconfirmed_send_are_in_doubt_with_it(
+    store: MemoryStore, tmp_path: Path
+) -> None:
+    """No confirm came for the first copies (in doubt, this run's own); their followers were
+    counted nowhere (8 received, 4 counted)."""
+    store.lost_confirms.update(str(i) for i in range(8))
+    with SqliteLedger(tmp_path / "l.sqlite3") as ledger:
+        result = move_twice(store, ledger, pipelined=False).run()
+    adds_up(result.to_json())
+    assert (result.scanned, result.matched, result.moved) == (8, 8, 0), result
+    assert result.in_doubt == result.own_in_doubt == 8, result

@@ -14,7 +14,15 @@ from typing import Any
 import pytest
 from conftest import Cli, Family, as_json, wait_until
 from starlette.testclient import TestClient
-from web_console import client, console, csrf_of, sign_in, sqs_workspace, users
+from web_console import (
+    client,
+    console,
+    csrf_of,
+    operation_json,
+    sign_in,
+    sqs_workspace,
+    users,
+)
 
 from redrive.operations.coordinator import Outcome
 from redrive.repair import open_task
@@ -71,7 +79,7 @@ def execute(test: TestClient, plan_id: str, confirm: str | None = None) -> dict[
     state: dict[str, Any] = {}
 
     def ended() -> bool:
-        state.update(test.get(f"{location}/json").json())
+        state.update(operation_json(test, location))
         return state["state"] != "running"
 
     wait_until(ended, timeout=60, what="the operation ends")
@@ -309,14 +317,14 @@ def test_an_archive_is_replayed_after_its_dry_run_each_task_once(
         )
         location = started.headers["location"]
         wait_until(
-            lambda: test.get(f"{location}/json").json()["state"] != "running",
+            lambda: operation_json(test, location)["state"] != "running",
             timeout=60,
             what="the replay ends",
         )
-        op = test.get(f"{location}/json").json()
+        op = operation_json(test, location)
         again = test.post(done.headers["location"] + "/execute", data={"csrf": csrf_of(page.text)})
         wait_until(
-            lambda: test.get(f"{again.headers['location']}/json").json()["state"] != "running",
+            lambda: operation_json(test, again.headers["location"])["state"] != "running",
             timeout=60,
             what="the second replay ends",
         )

@@ -29,7 +29,7 @@ def console_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_every_answer_is_as_the_document_says(console_url: str) -> None:
     loaded = schemathesis.openapi.from_url(console_url + "/api/openapi.json")
     operations = [result.ok() for result in loaded.get_all_operations()]
-    assert len(operations) == 7
+    assert len(operations) == 8
     for operation in operations:
 
         @given(case=operation.as_strategy())

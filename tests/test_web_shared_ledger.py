@@ -15,7 +15,7 @@ from typing import Any
 
 from conftest import Cli, Family, as_json, wait_until
 from starlette.testclient import TestClient
-from web_console import client, console, csrf_of, sqs_workspace
+from web_console import client, console, csrf_of, operation_json, sqs_workspace
 
 from redrive.sandbox.encoder import encode
 from redrive.web.console import Console
@@ -63,7 +63,7 @@ def ended(test: TestClient, location: str) -> dict[str, Any]:
     state: dict[str, Any] = {}
 
     def done() -> bool:
-        state.update(test.get(f"{location}/json").json())
+        state.update(operation_json(test, location))
         return state["state"] != "running"
 
     wait_until(done, timeout=120, what="the operation ends")

@@ -79,3 +79,13 @@ def sign_in(test: TestClient, name: str, password: str = PASSWORD) -> Any:
         "/login",
         data={"user": name, "password": password, "csrf": csrf_of(page.text), "next": "/"},
     )
+
+
+def operation_json(test: TestClient, location: str) -> dict[str, Any]:
+    """The operation an execute redirected to (its page's URL), as /api/operations/ID has
+    it: what the page's script polls."""
+    op_id = location.split("?", 1)[0].rsplit("/", 1)[1]
+    answer = test.get(f"/api/operations/{op_id}")
+    assert answer.status_code == 200, answer.text
+    data: dict[str, Any] = answer.json()
+    return data

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,14 +109,16 @@ def redrive_web(
     env: Mapping[str, str],
     *web_args: str,
     global_args: tuple[str, ...] = (),
+    redrive: Sequence[str] = (sys.executable, "-m", "redrive"),
 ) -> Iterator[WebServer]:
-    """``redrive [GLOBAL] web --bind 127.0.0.1:PORT [WEB_ARGS]`` until the block ends."""
+    """``redrive [GLOBAL] web --bind 127.0.0.1:PORT [WEB_ARGS]`` until the block ends
+    (``redrive``: how to run it, e.g. with kill points: ``KillPoints.argv()``)."""
     port = free_port()
     log = directory / f"web-{port}.log"
     with log.open("wb") as handle:
         process = subprocess.Popen(
             [
-                *(sys.executable, "-m", "redrive", *global_args, "web"),
+                *(*redrive, *global_args, "web"),
                 *("--bind", f"127.0.0.1:{port}", *web_args),
             ],
             stdout=handle,

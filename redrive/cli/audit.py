@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import click
 
@@ -26,7 +29,13 @@ from redrive.errors import RedriveError
 from redrive.ledger import POSTGRES_SCHEMES, init_postgres
 from redrive.ledger.copy import copy_ledger
 from redrive.ledger.dynamodb import check_table_name, init_table
-from redrive.operations.resolve import choices_of, ignores_result_of, resolve_in_doubt
+from redrive.operations.resolve import (
+    Resolution,
+    ResolveTally,
+    choices_of,
+    ignores_result_of,
+    resolve_in_doubt_paged,
+)
 from redrive.render.audit import (
     audit_table,
     in_doubt_foot,
@@ -34,7 +43,13 @@ from redrive.render.audit import (
     in_doubt_row,
     run_detail_text,
 )
-from redrive.render.resolve import resolve_text
+from redrive.render.resolve import (
+    JSON_BETWEEN,
+    resolution_json,
+    resolution_text,
+    resolve_foot,
+    resolve_json_around,
+)
 from redrive.reporting.audit import (
     entry_json,
     find_run,
@@ -189,7 +204,7 @@ def ledger_resolve(
     target queue. A dry run unless --execute; exit 3 when an executed resolve leaves any
     message in doubt.
     """
-    with core_errors():
+    with core_errors(), tempfile.TemporaryFile("w+", encoding="utf-8") as file:
         choices = choices_of(resend, skip)
         store = dry_run_ledger(ctx, ledger)
         if store is None:
@@ -199,15 +214,17 @@ def ledger_resolve(
                 json.dumps({"in_doubt": 0}) if as_json else "no ledger yet, so nothing in doubt"
             )
             return
+        spool = _Spool(file, as_json=as_json, executed=execute)
         try:
             owners: list[str | None] = [None]
             if run_id:
                 owners = [*own_runs(store, find_run(store, run_id))]
             loaded = ctx.celery()
-            result = resolve_in_doubt(
+            tally = resolve_in_doubt_paged(
                 store,
                 choices,
                 execute=execute,
+                on_page=spool.page,
                 command=command_line(),
                 results=ctx.results(),
                 ignores_result=ignores_result_of(loaded[0]) if loaded else lambda task: False,
@@ -215,12 +232,38 @@ def ledger_resolve(
             )
         finally:
             store.close()
-    if as_json:
-        emit_json(result.to_json())
-    else:
-        click.echo(resolve_text(result, again=_again(run_id, resend, skip, ledger)))
-    if execute and result.left:
+        spool.emit(tally, again=_again(run_id, resend, skip, ledger))
+    if execute and tally.left:
         sys.exit(EXIT_ATTENTION)
+
+
+class _Spool:
+    """``ledger resolve``'s messages, rendered a page at a time as they are resolved into a
+    temporary file, so that memory does not grow with the keys in doubt; printed once the
+    counts they follow (text) or come before (``--json``) are known, as the whole output
+    was printed at once."""
+
+    def __init__(self, file: IO[str], *, as_json: bool, executed: bool) -> None:
+        self._file = file
+        self._json = as_json
+        self._executed = executed
+        self._written = 0
+
+    def page(self, page: Sequence[Resolution]) -> None:
+        for item in page:
+            if not self._json:
+                self._file.write(resolution_text(item, executed=self._executed))
+                continue
+            self._file.write((JSON_BETWEEN if self._written else "") + resolution_json(item))
+            self._written += 1
+
+    def emit(self, tally: ResolveTally, *, again: str) -> None:
+        before, after = resolve_json_around(tally) if self._json else ("", "")
+        click.echo(before, nl=False)
+        self._file.seek(0)
+        while chunk := self._file.read(1 << 16):
+            click.echo(chunk, nl=False)
+        click.echo(after if self._json else resolve_foot(tally, again=again))
 
 
 def _again(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -120,8 +121,51 @@ class Choices:
 
 
 @dataclass(slots=True)
+class ResolveTally:
+    """What a resolve counts as it goes, keeping none of its resolutions (memory does not
+    grow with the keys in doubt): the summary printed after them, and ``--json``'s fields
+    but its messages."""
+
+    ledger: str
+    executed: bool
+    in_doubt: int = 0
+    """Keys looked at."""
+    by_action: Counter[Action] = field(default_factory=Counter)
+    left: int = 0
+    """Keys still in doubt: left to the operator, waiting on a lease, or not done."""
+    busy: int = 0
+    """Claims of live runs (being sent now): not in doubt, not looked at."""
+    unmatched: list[str] = field(default_factory=list)
+    """Ids named by a choice that no in-doubt key has (known once every key was seen)."""
+
+    def count(self, action: Action) -> int:
+        return self.by_action[action]
+
+    def add(self, page: Sequence[Resolution]) -> None:
+        """Count a page of resolutions, as done (or not) by then."""
+        for item in page:
+            self.in_doubt += 1
+            self.by_action[item.action] += 1
+            still = item.action in (Action.LEAVE, Action.WAIT)
+            self.left += still or (self.executed and not item.done)
+
+    def head_json(self) -> dict[str, Any]:
+        """``ledger resolve --json``'s fields before its ``messages``."""
+        return {
+            "ledger": self.ledger,
+            "dry_run": not self.executed,
+            "in_doubt": self.in_doubt,
+            "by_action": {a.value: self.count(a) for a in Action if self.count(a)},
+            "left_in_doubt": self.left,
+            "busy": self.busy,
+            "unmatched": self.unmatched,
+        }
+
+
+@dataclass(slots=True)
 class ResolveResult:
-    """Every in-doubt key looked at, in the ledger's order, and what came of each."""
+    """Every in-doubt key looked at, in the ledger's order, and what came of each (kept
+    whole: :func:`resolve_in_doubt_paged` is the form whose memory does not grow)."""
 
     ledger: str
     executed: bool
@@ -131,28 +175,21 @@ class ResolveResult:
     unmatched: list[str] = field(default_factory=list)
     """Ids named by a choice that no in-doubt key has."""
 
+    def tally(self) -> ResolveTally:
+        tally = ResolveTally(self.ledger, self.executed, busy=self.busy, unmatched=self.unmatched)
+        tally.add(self.resolutions)
+        return tally
+
     def count(self, action: Action) -> int:
         return sum(r.action is action for r in self.resolutions)
 
     @property
     def left(self) -> int:
         """Keys still in doubt: left to the operator, waiting on a lease, or not done."""
-        return sum(
-            r.action in (Action.LEAVE, Action.WAIT) or (self.executed and not r.done)
-            for r in self.resolutions
-        )
+        return self.tally().left
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ledger": self.ledger,
-            "dry_run": not self.executed,
-            "in_doubt": len(self.resolutions),
-            "by_action": {a.value: self.count(a) for a in Action if self.count(a)},
-            "left_in_doubt": self.left,
-            "busy": self.busy,
-            "unmatched": self.unmatched,
-            "messages": [r.to_json() for r in self.resolutions],
-        }
+        return {**self.tally().head_json(), "messages": [r.to_json() for r in self.resolutions]}
 
 
 def resolution_for(evidence: Evidence, choice: Action | None, now: float) -> Resolution:
@@ -275,17 +312,54 @@ def resolve_in_doubt(
     now: Callable[[], float] = time.time,
 ) -> ResolveResult:
     """Gather the evidence of every in-doubt key and decide each; executed, do what was
-    decided as a run of its own (the audit trail names it as the keys' new owner)."""
+    decided as a run of its own (the audit trail names it as the keys' new owner). Every
+    resolution is kept in the result: :func:`resolve_in_doubt_paged` keeps none."""
+    resolutions: list[Resolution] = []
+    tally = resolve_in_doubt_paged(
+        ledger,
+        choices,
+        execute=execute,
+        on_page=resolutions.extend,
+        command=command,
+        results=results,
+        ignores_result=ignores_result,
+        owners=owners,
+        now=now,
+    )
+    return ResolveResult(tally.ledger, tally.executed, resolutions, tally.busy, tally.unmatched)
+
+
+def resolve_in_doubt_paged(
+    ledger: Ledger,
+    choices: Choices,
+    *,
+    execute: bool,
+    on_page: Callable[[Sequence[Resolution]], None],
+    command: str = "ledger resolve",
+    results: ResultLookup | None = None,
+    ignores_result: Callable[[str], bool] = lambda task: False,
+    owners: Sequence[str | None] = (None,),
+    now: Callable[[], float] = time.time,
+) -> ResolveTally:
+    """:func:`resolve_in_doubt` a page at a time, in memory that does not grow with the
+    keys in doubt: each page of at most :data:`PAGE` resolutions goes to ``on_page`` once
+    done (executed) or decided (a dry run), then is let go; the tally (counts, busy claims,
+    unmatched choices) comes back at the end. A page ``on_page`` got was done even if a
+    later one fails."""
     busy = Busy()
     evidence = gather(
         ledger, results=results, ignores_result=ignores_result, owners=owners, now=now, busy=busy
     )
     life = RunLifecycle(ledger, execute=execute, command=command, clock=now)
+    tally = ResolveTally(ledger.location, executed=life.run_id is not None)
+    life.counts = lambda: {a.value: tally.count(a) for a in Action}
     with life:
-        result = resolve(ledger, evidence, choices, run_id=life.run_id, now=now)
-        result.busy = busy.claims
-        life.counts = lambda: {a.value: result.count(a) for a in Action}
-    return result
+        for page in resolve_pages(
+            ledger, evidence, choices, run_id=life.run_id, tally=tally, now=now
+        ):
+            on_page(page)
+        tally.busy = busy.claims
+    return tally
 
 
 def resolve(
@@ -298,20 +372,47 @@ def resolve(
 ) -> ResolveResult:
     """Decide each key; with ``run_id`` (an executed resolve's run) do what was decided,
     a page at a time. Only what the ledger did is marked done."""
+    tally = ResolveTally(ledger.location, executed=run_id is not None)
     result = ResolveResult(ledger.location, executed=run_id is not None)
-    named: set[str] = set()
+    for page in resolve_pages(ledger, evidence, choices, run_id=run_id, tally=tally, now=now):
+        result.resolutions += page
+    result.unmatched = tally.unmatched
+    return result
+
+
+def resolve_pages(
+    ledger: Ledger,
+    evidence: Iterator[Evidence],
+    choices: Choices,
+    *,
+    run_id: str | None,
+    tally: ResolveTally,
+    now: Callable[[], float] = time.time,
+) -> Iterator[list[Resolution]]:
+    """Decide each key, a page at a time; with ``run_id`` (an executed resolve's run) do
+    what was decided before the page is yielded. Only what the ledger did is marked done.
+    ``tally`` counts each page, and once the last is through names the choices no key had
+    (what is kept of the names seen is only the choices', not every key's)."""
+    chosen = choices.resend | choices.skip
+    matched: set[str] = set()
     page: list[Resolution] = []
     for item in evidence:
-        named |= {item.entry.key, item.entry.message_id, item.task_id or ""}
+        matched |= chosen & {item.entry.key, item.entry.message_id, item.task_id or ""}
         page.append(resolution_for(item, choices.of(item), now()))
         if len(page) >= PAGE:
-            _apply(ledger, page, run_id)
-            result.resolutions += page
+            yield _applied(ledger, page, run_id, tally)
             page = []
+    if page:
+        yield _applied(ledger, page, run_id, tally)
+    tally.unmatched = sorted(chosen - matched)
+
+
+def _applied(
+    ledger: Ledger, page: list[Resolution], run_id: str | None, tally: ResolveTally
+) -> list[Resolution]:
     _apply(ledger, page, run_id)
-    result.resolutions += page
-    result.unmatched = sorted((choices.resend | choices.skip) - named)
-    return result
+    tally.add(page)
+    return page
 
 
 def _apply(ledger: Ledger, page: Sequence[Resolution], run_id: str | None) -> None:

@@ -15,12 +15,13 @@ and their address before it starts.
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData, QueryParams, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from redrive.durations import parse_duration
@@ -28,6 +29,7 @@ from redrive.errors import RedriveError
 from redrive.state_dir import default_state_dir
 from redrive.web import acting
 from redrive.web.console import Console
+from redrive.web.filters import DlqFilters, kept_filters
 from redrive.web.operations import Operations, PlanStore
 from redrive.web.security import Person
 from redrive.web.users import Role
@@ -71,7 +73,6 @@ def routes() -> list[BaseRoute]:
         Route("/actions/plans/{plan_id}/execute", execute, methods=["POST"]),
         Route("/actions/operations", operations_list, name="console_operations"),
         Route("/actions/operations/{op_id}", operation_page, name="operation"),
-        Route("/actions/operations/{op_id}/json", operation_json),
         Route("/actions/operations/{op_id}/stop", stop, methods=["POST"]),
     ]
 
@@ -93,7 +94,24 @@ async def new_action(request: Request) -> Response:
     require(request, Role.OPERATOR)
     target = request.query_params.get("target", "")
     ticked = request.query_params.getlist("message_id")
-    return render(request, "actions/new.html", {"target": target, "ticked": ticked, "error": None})
+    context = {"target": target, "ticked": ticked, "error": None}
+    return render(request, "actions/new.html", context | _kept(request.query_params, target))
+
+
+def _view(given: QueryParams | FormData) -> DlqFilters:
+    """The DLQ page's filters an action started from, carried to each next page and
+    redirect: a form's ``view`` field, or a page's URL (a form's own fields are its
+    selection, never the view)."""
+    view = given.get("view")
+    if isinstance(view, str):
+        return kept_filters(QueryParams(view))
+    return kept_filters(given) if isinstance(given, QueryParams) else DlqFilters()
+
+
+def _kept(given: QueryParams | FormData, target: str) -> dict[str, Any]:
+    """The view carried along, and the link back to the DLQ's page as it was."""
+    view = _view(given)
+    return {"view": view, "back": f"/dlq/{quote(target, safe='')}{view.query()}"}
 
 
 def _lines(form: FormData, name: str) -> tuple[str, ...]:
@@ -137,9 +155,11 @@ async def dry_run(request: Request) -> Response:
             acting.dry_run, console.workspace, plans_of(console), action, person
         )
     except (RedriveError, ValueError) as exc:
-        context = {"target": str(form.get("target", "")), "ticked": [], "error": str(exc)}
+        target = str(form.get("target", ""))
+        context = {"target": target, "ticked": [], "error": str(exc)} | _kept(form, target)
         return render(request, "actions/new.html", context, status=400)
-    return RedirectResponse(f"/actions/plans/{plan_id}", status_code=303)
+    view = _view(form)
+    return RedirectResponse(f"/actions/plans/{plan_id}{view.query()}", status_code=303)
 
 
 async def upload(request: Request) -> Response:
@@ -174,6 +194,7 @@ async def plan_page(request: Request) -> Response:
         "dry_run": store.dry_run(plan_id),
         "confirm": acting.confirmation_needed(plan),
         "error": request.query_params.get("error"),
+        **_kept(request.query_params, plan.target),
     }
     return render(request, "actions/plan.html", context)
 
@@ -203,9 +224,11 @@ async def execute(request: Request) -> Response:
         apply = await run_in_threadpool(acting.plan_request, console.workspace, plan)
     except RedriveError as exc:
         raise HTTPException(400, str(exc)) from None
+    view = _view(request.query_params)
     if not acting.confirmed(plan, apply.target, str(form.get("confirm", ""))):
         why = f"type the DLQ's name ({apply.target.dlq.name}) to confirm"
-        return RedirectResponse(f"/actions/plans/{plan_id}?error={why}", status_code=303)
+        query = urlencode([("error", why), *view.pairs()])
+        return RedirectResponse(f"/actions/plans/{plan_id}?{query}", status_code=303)
     details = {"plan": plan_id, "kind": plan.kind, "dlq": plan.dlq_url, "items": len(plan.items)}
     await run_in_threadpool(console.audit, person, "apply", details)
     op = operations_of(console).start(
@@ -217,7 +240,7 @@ async def execute(request: Request) -> Response:
             console.workspace, apply, person, plan_id, stop, observer
         ),
     )
-    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+    return RedirectResponse(f"/actions/operations/{op.id}{view.query()}", status_code=303)
 
 
 async def operations_list(request: Request) -> Response:
@@ -233,16 +256,8 @@ async def operation_page(request: Request) -> Response:
         op = operations_of(console).get(request.path_params["op_id"])
     except RedriveError as exc:
         raise HTTPException(404, str(exc)) from None
-    return render(request, "actions/operation.html", {"op": op.to_json()})
-
-
-async def operation_json(request: Request) -> Response:
-    console = _viewing(request)
-    try:
-        op = operations_of(console).get(request.path_params["op_id"])
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
-    return JSONResponse(op.to_json())
+    context = {"op": op.to_json(), **_kept(request.query_params, op.target)}
+    return render(request, "actions/operation.html", context)
 
 
 async def stop(request: Request) -> Response:
@@ -255,7 +270,8 @@ async def stop(request: Request) -> Response:
         raise HTTPException(404, str(exc)) from None
     await run_in_threadpool(console.audit, person, "stop", {"operation": op.id, "plan": op.plan_id})
     operations_of(console).stop(op.id)
-    return RedirectResponse(f"/actions/operations/{op.id}", status_code=303)
+    view = _view(request.query_params)
+    return RedirectResponse(f"/actions/operations/{op.id}{view.query()}", status_code=303)
 
 
 # -- replay an archive ------------------------------------------------------------------------

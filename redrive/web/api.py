@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from redrive.errors import RedriveError
 from redrive.web import reads
+from redrive.web.actions import operations_of
 from redrive.web.filters import filters_of
 from redrive.web.openapi import document
 from redrive.web.scans import status_of
@@ -30,6 +31,7 @@ def routes() -> list[BaseRoute]:
         Route("/api/dlq/{target}/messages/{message_id}", message),
         Route("/api/dlq/{target}/messages/{message_id}/reveal", reveal, methods=["POST"]),
         Route("/api/operations", operations),
+        Route("/api/operations/{op_id}", operation),
     ]
 
 
@@ -69,7 +71,22 @@ async def overview(request: Request) -> Response:
 async def operations(request: Request) -> Response:
     require(request)
     console = console_of(request)
-    return await _answer(lambda: reads.operations_json(console))
+    try:
+        page = reads.page_number(request.query_params.get("in_doubt_page"))
+    except RedriveError as exc:
+        return _error(exc)
+    return await _answer(lambda: reads.operations_json(console, in_doubt_page=page))
+
+
+async def operation(request: Request) -> Response:
+    """One of this console's operations: its state and its counts so far (after each batch),
+    what its page's script polls until it ends."""
+    require(request)
+    try:
+        op = operations_of(console_of(request)).get(request.path_params["op_id"])
+    except RedriveError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=404)
+    return JSONResponse(op.to_json())
 
 
 async def dlq(request: Request) -> Response:

@@ -52,10 +52,11 @@ class DlqFilters:
             pairs.append(("group_by", self.group_by))
         return pairs
 
-    def query(self) -> str:
-        """The filters as a query string (``?`` included; empty when there are none)."""
+    def query(self, lead: str = "?") -> str:
+        """The filters as a query string (``lead`` included: ``&`` to follow other
+        parameters; empty when there are none)."""
         pairs = self.pairs()
-        return "?" + urlencode(pairs) if pairs else ""
+        return lead + urlencode(pairs) if pairs else ""
 
     @property
     def active(self) -> bool:
@@ -90,3 +91,13 @@ def filters_of(query: Query) -> DlqFilters:
     if filters.older_than:
         _seconds(filters.older_than)  # a bad duration is said before any scan
     return filters
+
+
+def kept_filters(query: Query) -> DlqFilters:
+    """The DLQ page's filters an action's pages carry along (in their URLs, or a form's
+    ``view`` field), to link back to the page as it was: none when they do not read as
+    filters (only a hand-made URL gives such; the action itself never reads them)."""
+    try:
+        return filters_of(query)
+    except UsageProblem:
+        return DlqFilters()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from redrive import __version__
+from redrive.web.reads import IN_DOUBT_PAGE
 
 
 def _obj(required: dict[str, Any], **optional: Any) -> dict[str, Any]:
@@ -223,12 +224,43 @@ SCHEMAS: dict[str, Any] = {
             "counts": ANY_OBJECT,
         }
     ),
+    "Operation": _obj(
+        {
+            "id": STRING,
+            "plan": STRING,
+            "kind": STRING,
+            "target": STRING,
+            "person": _ref("Person"),
+            "started_at": NUMBER,
+            "ended_at": _null(NUMBER),
+            "state": {"enum": ["running", "completed", "needs-attention", "interrupted", "failed"]},
+            "progress": _null(COUNTS),
+            "result": _null(ANY_OBJECT),
+            "error": _null(STRING),
+            "problems": {"type": "array", "items": STRING},
+        }
+    ),
     "Operations": _obj(
         {
             "ledger": _null(STRING),
             "live": {"type": "array", "items": _ref("Run")},
             "runs": {"type": "array", "items": _ref("Run")},
-            "in_doubt": _null(ANY_OBJECT),
+            "in_doubt": _null(_ref("InDoubt")),
+        }
+    ),
+    "InDoubt": _obj(
+        {
+            "ledger": STRING,
+            "dry_run": BOOL,
+            "in_doubt": INT,
+            "busy": INT,
+            "by_action": COUNTS,
+            "left_in_doubt": INT,
+            "unmatched": {"type": "array", "items": STRING},
+            "messages": {"type": "array", "items": ANY_OBJECT, "maxItems": IN_DOUBT_PAGE},
+            "page": {"type": "integer", "minimum": 1},
+            "pages": {"type": "integer", "minimum": 1},
+            "page_size": INT,
         }
     ),
 }
@@ -245,6 +277,20 @@ MESSAGE_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+}
+IN_DOUBT_PAGE_NUMBER = {
+    "name": "in_doubt_page",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": 1000000},
+    "description": f"which page of the in-doubt messages ({IN_DOUBT_PAGE} a page; "
+    "in_doubt counts them all)",
+}
+OP_ID = {
+    "name": "op_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
 }
 #: What each filter takes. --where and --group-by are JMESPath over the message's record
 #: (docs/where.md): the patterns describe a subset the console always accepts (a field of the
@@ -293,10 +339,10 @@ FILTERS = [
 def _answers(schema: str, *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ref("Error")}}}
     said = {
-        400: "a filter the CLI would refuse",
+        400: "a filter the CLI would refuse, or no page number",
         401: "sign in first",
         403: "a viewer, or no CSRF token",
-        404: "no such DLQ or message",
+        404: "no such DLQ, message or operation",
         502: "the broker, the result backend or the ledger failed",
     }
     out: dict[str, Any] = {
@@ -345,7 +391,18 @@ def document() -> dict[str, Any]:
             ),
             "/api/dlq/{target}/messages/{message_id}": message,
             "/api/dlq/{target}/messages/{message_id}/reveal": reveal,
-            "/api/operations": _get("live runs, audit --json, ledger resolve --json", "Operations"),
+            "/api/operations": _get(
+                "live runs, audit --json, and ledger resolve --json a page at a time",
+                "Operations",
+                400,
+                parameters=[IN_DOUBT_PAGE_NUMBER],
+            ),
+            "/api/operations/{op_id}": _get(
+                "one of this console's operations: its state and counts so far",
+                "Operation",
+                404,
+                parameters=[OP_ID],
+            ),
         },
         "components": {"schemas": SCHEMAS},
     }

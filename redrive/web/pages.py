@@ -155,7 +155,10 @@ async def reveal(request: Request) -> Response:
 async def operations_page(request: Request) -> Response:
     require(request)
     try:
-        data = await run_in_threadpool(reads.operations_json, console_of(request))
+        page = reads.page_number(request.query_params.get("in_doubt_page"))
+        data = await run_in_threadpool(
+            lambda: reads.operations_json(console_of(request), in_doubt_page=page)
+        )
     except RedriveError as exc:
         return _failed(request, exc)
     return render(request, "operations.html", {"data": data, "resolved": None})
@@ -166,7 +169,7 @@ async def operations_live(request: Request) -> Response:
     current (without script, the page's refresh link reloads it all)."""
     require(request)
     try:
-        data = await run_in_threadpool(reads.operations_json, console_of(request))
+        data = await run_in_threadpool(reads.live_runs_json, console_of(request))
     except RedriveError as exc:
         return _failed(request, exc)
     return render(request, "live.html", {"data": data})

@@ -5,15 +5,17 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redrive.broker.server import server_of
-from redrive.errors import BrokerUnavailable, RedriveError
+from redrive.errors import BrokerUnavailable, RedriveError, UsageProblem
 from redrive.ledger import Ledger, RunInfo
-from redrive.operations.resolve import Choices, resolve_in_doubt
+from redrive.operations.resolve import Choices, Resolution, resolve_in_doubt_paged
 from redrive.reporting import alerts
 from redrive.reporting.audit import list_runs, own_runs, run_json
 from redrive.reporting.report import FamilyReport, Report
@@ -157,11 +159,23 @@ def message_json(outcome: ScanOutcome, message_id: str, *, revealed: bool) -> di
     }
 
 
-def operations_json(console: Console) -> dict[str, Any]:
+IN_DOUBT_PAGE = 50
+"""In-doubt messages shown at a time: a ledger may hold thousands."""
+
+
+def page_number(value: str | None) -> int:
+    """A page's number from a URL (1 when none is given); a UsageProblem (400) otherwise."""
+    if value is None or value == "":
+        return 1
+    if not value.isdigit() or not 1 <= int(value) <= 10**6:
+        raise UsageProblem(f"in_doubt_page: a page number from 1, not {value!r}")
+    return int(value)
+
+
+def operations_json(console: Console, *, in_doubt_page: int = 1) -> dict[str, Any]:
     """The operations page: the runs that are live now (their counts as far as they got),
     ``redrive audit --json`` (every run, the console's reveals and actions among them), and
-    ``ledger resolve --json`` as a dry run (each in-doubt message: what the evidence says,
-    what would be done)."""
+    one page of ``ledger resolve --json`` as a dry run (:func:`in_doubt_json`)."""
     workspace = console.workspace
     ledger = workspace.ledger()
     if ledger is None:
@@ -169,23 +183,72 @@ def operations_json(console: Console) -> dict[str, Any]:
     try:
         runs = list_runs(ledger, since=None)
         now = console.clock()
-        resolved = resolve_in_doubt(
-            ledger,
-            Choices(),
-            execute=False,
-            results=workspace.results,
-            ignores_result=workspace.ignores_result,
-        )
         return {
             "ledger": ledger.location,
             "live": [
                 live_json(ledger, r) for r in runs if r.ended_at is None and run_is_live(r, now)
             ],
             "runs": [run_json(r) for r in runs],
-            "in_doubt": resolved.to_json(),
+            "in_doubt": in_doubt_json(console, ledger, in_doubt_page),
         }
     finally:
         ledger.close()
+
+
+def live_runs_json(console: Console) -> dict[str, Any]:
+    """The live runs alone (what the operations page's script polls): no in-doubt list."""
+    ledger = console.workspace.ledger()
+    if ledger is None:
+        return {"ledger": None, "live": []}
+    try:
+        now = console.clock()
+        live = [r for r in list_runs(ledger, since=None) if r.ended_at is None]
+        return {
+            "ledger": ledger.location,
+            "live": [live_json(ledger, r) for r in live if run_is_live(r, now)],
+        }
+    finally:
+        ledger.close()
+
+
+@dataclass
+class PageOf:
+    """Keeps the resolutions of one page (``size`` from ``start``, in the ledger's order) of
+    those a paged resolve hands over, and lets the others go."""
+
+    start: int
+    size: int
+    seen: int = 0
+    kept: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, resolutions: Sequence[Resolution]) -> None:
+        for item in resolutions:
+            if self.start <= self.seen < self.start + self.size:
+                self.kept.append(item.to_json())
+            self.seen += 1
+
+
+def in_doubt_json(console: Console, ledger: Ledger, page: int) -> dict[str, Any]:
+    """``ledger resolve --json`` as a dry run, its messages one page of them: each with what
+    the evidence says and what would be done; the counts are of them all. Resolved a page at
+    a time as the CLI's is (``resolve_in_doubt_paged``): memory does not grow with the keys
+    in doubt, whichever page is shown."""
+    workspace = console.workspace
+    shown = PageOf((page - 1) * IN_DOUBT_PAGE, IN_DOUBT_PAGE)
+    tally = resolve_in_doubt_paged(
+        ledger,
+        Choices(),
+        execute=False,
+        on_page=shown,
+        results=workspace.results,
+        ignores_result=workspace.ignores_result,
+    )
+    return tally.head_json() | {
+        "messages": shown.kept,
+        "page": page,
+        "pages": max(1, math.ceil(tally.in_doubt / IN_DOUBT_PAGE)),
+        "page_size": IN_DOUBT_PAGE,
+    }
 
 
 def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
@@ -199,19 +262,22 @@ def live_json(ledger: Ledger, run: RunInfo) -> dict[str, Any]:
 
 
 def resolve_json(console: Console, choices: Choices) -> dict[str, Any]:
-    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``."""
+    """``redrive ledger resolve --execute`` with the operator's choices: its ``--json``'s
+    counts (its messages, however many, are let go page by page: the page shows the
+    in-doubt list as it stands after)."""
     workspace = console.workspace
     ledger = workspace.ledger()
     if ledger is None:
         return {"in_doubt": 0}
     try:
-        return resolve_in_doubt(
+        return resolve_in_doubt_paged(
             ledger,
             choices,
             execute=True,
+            on_page=lambda page: None,
             command="redrive web: ledger resolve",
             results=workspace.results,
             ignores_result=workspace.ignores_result,
-        ).to_json()
+        ).head_json()
     finally:
         ledger.close()

@@ -33,7 +33,7 @@ from redrive.broker.base import (
 )
 from redrive.broker.base import split_batches as split_entries
 from redrive.broker.sqs.headers import attribute_of, attributes_of, header_of, headers_of
-from redrive.errors import AwsError, SendInDoubt
+from redrive.errors import AwsError, SendInDoubt, SendNotConnected
 
 
 class LeanCalls(Protocol):
@@ -43,6 +43,14 @@ class LeanCalls(Protocol):
     def call(self, operation: str, params: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
+#: What botocore (and the lean path) raise when a connection was never made: the TCP
+#: connect was refused, unreachable or timed out, before any byte of the request was written
+#: (a TLS handshake's timeout is a ReadTimeoutError: in doubt). Sends go through clients that
+#: never retry by themselves, so no earlier attempt of the same call can have left either.
+NEVER_CONNECTED: Final = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+)
 #: SQS's limit on one SendMessageBatch request's payload (bodies + attributes).
 MAX_BATCH_BYTES = 262_144
 MAX_BATCH_ENTRIES = 10
@@ -269,7 +277,8 @@ class SqsCalls:
 
         Retried here only when SQS provably did nothing (it refused the request as
         throttled, or the connection was never made). A timeout or dropped connection after
-        the request left, or a server error, raises :class:`SendInDoubt`.
+        the request left, or a server error, raises :class:`SendInDoubt`; a connection never
+        made in any attempt raises :class:`SendNotConnected`: the batch was not sent.
         """
         if not entries:
             return BatchResult({}, {})
@@ -303,16 +312,15 @@ class SqsCalls:
                 return _batch_result(response, [e.id for e in entries], value_key="MessageId")
             except AwsError as exc:
                 cause = exc.__cause__
-                retryable = (
-                    isinstance(cause, botocore.exceptions.ClientError) and is_throttle(cause)
-                ) or isinstance(
-                    cause,
-                    botocore.exceptions.EndpointConnectionError
-                    | botocore.exceptions.ConnectTimeoutError,
-                )
-                if isinstance(exc, SendInDoubt) or not retryable or attempt == self.send_attempts:
+                throttled = cause is not None and is_throttle(cause)
+                unconnected = isinstance(cause, NEVER_CONNECTED)
+                if isinstance(exc, SendInDoubt) or not (throttled or unconnected):
                     raise
-                if isinstance(cause, botocore.exceptions.ClientError):
+                if attempt == self.send_attempts:
+                    if unconnected:
+                        raise SendNotConnected(_not_sent(exc, url, len(entries))) from cause
+                    raise
+                if throttled:
                     self.throttled += 1
                 time.sleep(min(20.0, 0.2 * 2**attempt) * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
@@ -371,6 +379,14 @@ class SqsCalls:
         self, message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
     ) -> Delivery:
         return restored_delivery(message_id, body, attributes, headers)
+
+
+def _not_sent(exc: AwsError, url: str, count: int) -> str:
+    """A send whose every attempt failed to connect: no byte of it left."""
+    return (
+        f"{exc}; SendMessageBatch to {queue_name(url)} made no connection, so its {count} "
+        "messages were not sent (none of them is in doubt)"
+    )
 
 
 def _in_doubt_on_the_server(exc: botocore.exceptions.ClientError, url: str, count: int) -> str:

@@ -132,7 +132,10 @@ class DecidedBatch:
         else:
             self.keep.append(cand.message)
 
-    def keep_with_followers(self, cand: Candidate) -> None:
-        """Keep a candidate that is not sent hidden, with the further copies of its key."""
+    def keep_with_followers(self, cand: Candidate) -> list[Candidate]:
+        """Keep a candidate that is not sent hidden, with the further copies of its key
+        (returned: they are counted as it is)."""
+        followers = self.followers.pop(cand.key, [])
         self.keep.append(cand.message)
-        self.keep.extend(f.message for f in self.followers.pop(cand.key, []))
+        self.keep.extend(f.message for f in followers)
+        return followers

@@ -289,13 +289,18 @@ class Executor:
             self.ledger.release_many(self.run_id, [c.key for c, _ in sent.refused])
 
     def _settle(self, sent: SendOutcome, decided: DecidedBatch) -> None:
-        """Count what the send did; keep what was not sent (with its followers) hidden."""
+        """Count what the send did; keep what was not sent (with its followers) hidden. A
+        follower (a further copy of the key in the batch) shares its first copy's fate:
+        failed with a refused one, in doubt with an unconfirmed one."""
         self._tally.sent(sent)
-        for cand, _ in sent.refused:
-            decided.keep_with_followers(cand)
+        for cand, error in sent.refused:
+            for follower in decided.keep_with_followers(cand):
+                self._tally.refused_follower(follower, error)
         for cand in sent.unconfirmed:
             self._tally.in_doubt(listed_for(cand, UNCONFIRMED), own=True)
-            decided.keep_with_followers(cand)
+            for follower in decided.keep_with_followers(cand):
+                self._tally.matched(follower.info)
+                self._tally.in_doubt(listed_for(follower, UNCONFIRMED), own=True)
 
     def _deletable(self, sent: SendOutcome, decided: DecidedBatch) -> list[tuple[Delivery, str]]:
         """The DLQ copies to delete, with the key each was sent under: the ones sent, their

@@ -396,9 +396,20 @@ class MoveTally:
             for cand, _ in outcome.sent:
                 self._moved(cand)
             for cand, error in outcome.refused:
-                self.result.failed += 1
-                self.result.task(cand.info.task).failed += 1
-                add_listed(self.result.failed_messages, listed_for(cand, error))
+                self._failed(cand, error)
+
+    def refused_follower(self, follower: Candidate, error: str) -> None:
+        """A further copy of a key whose first copy the broker refused: matched, and failed
+        as that one did (not sent, it stays in the DLQ)."""
+        self._note(id(follower.info))
+        with self._lock:
+            self._matched(follower.info)
+            self._failed(follower, error)
+
+    def _failed(self, cand: Candidate, error: str) -> None:
+        self.result.failed += 1
+        self.result.task(cand.info.task).failed += 1
+        add_listed(self.result.failed_messages, listed_for(cand, error))
 
     def check_returns(self, limit: ReturnsLimit, ready: int | None) -> None:
         """Stop the run (``stopped_by_returns``) once more of what it moved came back failed

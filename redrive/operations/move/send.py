@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from redrive import attributes
 from redrive.broker.base import Broker, Capabilities, SendEntry, split_batches
+from redrive.errors import NotSent
 from redrive.ledger import Ledger
 from redrive.operations.move.candidate import Candidate
 from redrive.operations.move.result import SendOutcome
@@ -68,7 +69,9 @@ class Sender:
         confirmed, refused, or left unconfirmed.
 
         An entry SQS named in neither list of its response may have been queued: its claim
-        is kept (in doubt for the next run), never released to be resent blindly.
+        is kept (in doubt for the next run), never released to be resent blindly. A send
+        that raised keeps its request's claims (in doubt), unless it raised
+        :class:`~redrive.errors.NotSent` (no connection was made): those are released.
         """
         outcome = SendOutcome()
         sent, failed, doubtful = outcome.sent, outcome.refused, outcome.unconfirmed
@@ -80,6 +83,13 @@ class Sender:
             for chunk in split_batches([entry for _, entry in pairs], self._limits):
                 try:
                     result = broker.send(url, chunk)
+                except NotSent:
+                    # No connection was made: no byte of this request left, so its claims
+                    # are released with the untried ones (only earlier unconfirmed ones stay).
+                    self._settle_before_error(
+                        [c for c, _ in claimed], sent, failed, {c.key for c in doubtful}
+                    )
+                    raise
                 except Exception:
                     # Earlier unconfirmed entries stay claimed, like the request in flight.
                     self._settle_before_error(

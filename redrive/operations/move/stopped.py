@@ -31,6 +31,21 @@ def _uncounted(decided: DecidedBatch, counted: set[object]) -> Iterator[tuple[Ca
                 yield cand, sending
 
 
+def _uncounted_followers(decided: DecidedBatch, counted: set[object]) -> dict[str, list[Candidate]]:
+    """Key -> the further copies of it in the batch (they follow its first copy, counted
+    only once that one's fate is known) that nothing counted before the run stopped."""
+    found: dict[str, list[Candidate]] = {}
+    for key, followers in decided.followers.items():
+        left = [
+            f
+            for f in followers
+            if id(f.info) not in counted and f.message.message_id not in counted
+        ]
+        if left:
+            found[key] = left
+    return found
+
+
 def count_stopped(
     decided: DecidedBatch,
     counted: set[object],
@@ -43,18 +58,18 @@ def count_stopped(
     the tally noted meanwhile): a key this run claimed and did not confirm is in doubt, one
     it recorded sent is moved, one an in-doubt skip marked is skipped so, and the rest was
     not sent (still in the DLQ). With no ledger to ask, a key to send is in doubt (its
-    claim may stand)."""
+    claim may stand). A further copy of a key in the batch (a follower) is matched now and
+    shares its key's fate: in doubt with it, else not sent (beside a first copy sent, it is
+    a duplicate the next run deletes)."""
     pending = list(_uncounted(decided, counted))
-    if not pending:
+    followers = _uncounted_followers(decided, counted)
+    if not pending and not followers:
         return
-    entries: dict[str, Entry] = {}
-    if ledger is not None:
-        try:
-            entries = ledger.get_many([c.key for c, _ in pending])
-        except Exception:
-            ledger = None
+    entries = _entries(ledger, [*(c.key for c, _ in pending), *followers])
+    known = entries is not None
+    entries = entries or {}
     for cand, sending in pending:
-        fate = _fate(entries.get(cand.key), sending, run_id, known=ledger is not None)
+        fate = _fate(entries.get(cand.key), sending, run_id, known=known)
         if fate == IN_DOUBT:
             detail = STOPPED_IN_DOUBT if sending else STILL_CLAIMED
             # This run's own claim when it was to send it; an earlier run's otherwise.
@@ -63,6 +78,25 @@ def count_stopped(
             tally.moved(cand)
         else:
             tally.skipped(cand.info, fate)
+    for key, more in followers.items():
+        in_doubt = _fate(entries.get(key), True, run_id, known=known) == IN_DOUBT
+        for follower in more:
+            tally.matched(follower.info)
+            if in_doubt:
+                tally.in_doubt(listed_for(follower, STOPPED_IN_DOUBT), IN_DOUBT, own=True)
+            else:
+                tally.skipped(follower.info, STOPPED)
+
+
+def _entries(ledger: Ledger | None, keys: list[str]) -> dict[str, Entry] | None:
+    """The keys' entries as the ledger has them; None when there is no ledger to ask, or it
+    cannot answer (the fates are then what an unknown entry's are)."""
+    if ledger is None:
+        return None
+    try:
+        return ledger.get_many(list(dict.fromkeys(keys)))
+    except Exception:
+        return None
 
 
 def _fate(entry: Entry | None, sending: bool, run_id: str | None, *, known: bool) -> str:
