@@ -18,6 +18,8 @@ import boto3
 import pytest
 from conftest import load_fast_sqs
 
+from redrive.sandbox.rabbitmq_node import Vhost
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
@@ -41,6 +43,19 @@ def test_bench_console_runs_and_no_dlq_is_scanned_more_than_once_an_interval() -
         "console.py", "--messages", "50", "--viewers", "3", "--seconds", "3", "--refresh", "2"
     )
     assert "checks: passed" in out and "p95" in out
+    assert "server peak RSS (VmHWM)" in out
+
+
+@pytest.mark.e2e
+def test_bench_console_on_rabbitmq_counts_scans_by_delivery_counts(rabbitmq_vhost: Vhost) -> None:
+    out = run_bench(
+        "console.py",
+        *("--broker", "rabbitmq", "--messages", "60", "--dlqs", "1"),
+        *("--viewers", "3", "--seconds", "3", "--refresh", "2"),
+        *("--amqp-url", rabbitmq_vhost.amqp_url, "--api-url", rabbitmq_vhost.api_url),
+    )
+    assert "checks: passed" in out and "1 DLQ(s) of 60 on rabbitmq" in out
+    assert "deliveries per message" in out
 
 
 @pytest.mark.e2e

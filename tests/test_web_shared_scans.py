@@ -7,13 +7,16 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from conftest import Family
-from web_console import client, sqs_workspace
+from web_console import client, console, sqs_workspace
 
 from redrive.ledger import open_ledger
 from redrive.runs.lifecycle import RunLifecycle
 from redrive.sandbox.encoder import encode
+from redrive.web import reads
 from redrive.web.console import Console
 from redrive.web.scans import ScanRequest
 from redrive.web.settings import ConsoleSettings
@@ -103,3 +106,34 @@ def test_a_dlq_a_live_run_moves_shows_the_run_not_a_scan(
     assert "is moving this DLQ" in data["scan"]["problem"] and "alice" in data["scan"]["problem"]
     assert "is moving this DLQ" in page.text
     assert receive_counts(checkout) == [0]  # never scanned
+
+
+def test_a_stale_status_is_served_while_one_viewer_asks_the_broker_again(
+    all_families: dict[str, Family], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overview's ``status`` (the broker's counts) once older than STATUS_SECONDS: one
+    viewer asks the broker again, the others get the last one at once instead of waiting in
+    line behind it."""
+    clock = Clock()
+    shown = console(sqs_workspace(), clock=clock)
+    real, calls = reads.status_json, []
+    asking, answer = threading.Event(), threading.Event()
+
+    def status_json(c: Console) -> dict[str, Any]:
+        calls.append(c)
+        if len(calls) == 2:  # the refresh: held until the test lets it answer
+            asking.set()
+            answer.wait(60)
+        return real(c)
+
+    monkeypatch.setattr(reads, "status_json", status_json)
+    cache = reads.StatusCache()
+    first = cache.get(shown, False)
+    clock.now += reads.STATUS_SECONDS
+    refresher = threading.Thread(target=cache.get, args=(shown, False))
+    refresher.start()
+    assert asking.wait(60)
+    assert cache.get(shown, False) is first and len(calls) == 2  # at once, no call
+    answer.set()
+    refresher.join(60)
+    assert cache.get(shown, False) is not first and len(calls) == 2

@@ -16,6 +16,7 @@ from redrive.web import reads
 from redrive.web.actions import operations_of
 from redrive.web.filters import filters_of
 from redrive.web.openapi import document
+from redrive.web.paging import page_of
 from redrive.web.scans import status_of
 from redrive.web.security import CSRF_FIELD
 from redrive.web.views import checked_form, console_of, person_of, require, session_of
@@ -93,13 +94,15 @@ async def dlq(request: Request) -> Response:
     require(request)
     console = console_of(request)
     try:
-        scan_request = filters_of(request.query_params).request(request.path_params["target"])
+        filters = filters_of(request.query_params)
+        ask = page_of(request.query_params)
+        scan_request = filters.request(request.path_params["target"])
     except RedriveError as exc:
         return _error(exc)
     outcome = await run_in_threadpool(console.source.scan, scan_request)
     if outcome.result is None and outcome.status != 200:
         return JSONResponse({"error": outcome.problem}, status_code=outcome.status)
-    return JSONResponse(reads.dlq_json(outcome))
+    return JSONResponse(await run_in_threadpool(reads.dlq_json, outcome, filters, ask))
 
 
 async def _message(request: Request, *, revealed: bool) -> Response:
@@ -116,6 +119,8 @@ async def _message(request: Request, *, revealed: bool) -> Response:
     if data is None:
         detail = outcome.problem or "no such message in the DLQ's last scan"
         return JSONResponse({"error": detail}, status_code=404)
+    if revealed and not data["revealed"]:
+        return JSONResponse({"error": reads.NOT_KEPT}, status_code=404)
     if revealed:
         person = person_of(request)
         assert person is not None  # required by the caller

@@ -150,10 +150,22 @@ SCHEMAS: dict[str, Any] = {
         state=_null(STRING),
         exception=_null(STRING),
     ),
+    "Paging": _obj(
+        {
+            "page": INT,
+            "per_page": INT,
+            "pages": INT,
+            "total": INT,
+            "first": _null(INT),
+            "previous": _null(STRING),
+            "next": _null(STRING),
+        }
+    ),
     "Dlq": _obj(
         {
             "inspect": _null(_ref("Inspect")),
             "messages": {"type": "array", "items": _ref("Record")},
+            "paging": _ref("Paging"),
             "scan": _ref("ScanNote"),
         }
     ),
@@ -162,6 +174,7 @@ SCHEMAS: dict[str, Any] = {
             "target": STRING,
             "dlq": _null(STRING),
             "revealed": BOOL,
+            "arguments_kept": BOOL,
             "record": _ref("Record"),
             "scan": _ref("ScanNote"),
         }
@@ -335,6 +348,26 @@ FILTERS = [
     },
 ]
 
+#: Which page of the DLQ's messages (of the groups the task filter picks): read from the
+#: scan's spool, never a new read of the broker. ``paging.next`` and ``paging.previous``
+#: are the query strings of the pages beside it, filters kept.
+PAGING = [
+    {
+        "name": "page",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "description": "the page, from 1 (a page past the last is empty)",
+    },
+    {
+        "name": "per_page",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 500},
+        "description": "messages per page (50 unless given)",
+    },
+]
+
 
 def _answers(schema: str, *errors: int) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": _ref("Error")}}}
@@ -383,11 +416,11 @@ def document() -> dict[str, Any]:
             "/api/status": _get("redrive status --json", "Status"),
             "/api/overview": _get("status, and report --format json --since-last", "Overview"),
             "/api/dlq/{target}": _get(
-                "inspect --json, and the messages kept",
+                "inspect --json, and a page of its messages (arguments withheld)",
                 "Dlq",
                 400,
                 404,
-                parameters=[TARGET, *FILTERS],
+                parameters=[TARGET, *FILTERS, *PAGING],
             ),
             "/api/dlq/{target}/messages/{message_id}": message,
             "/api/dlq/{target}/messages/{message_id}/reveal": reveal,

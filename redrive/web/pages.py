@@ -18,6 +18,7 @@ from redrive.web import reads
 from redrive.web.actions import actions_allowed
 from redrive.web.charts import timeline_chart
 from redrive.web.filters import DlqFilters, filters_of
+from redrive.web.paging import page_of
 from redrive.web.scans import ScanOutcome, status_of
 from redrive.web.security import new_session
 from redrive.web.users import Role
@@ -88,12 +89,13 @@ async def dlq_page(request: Request) -> Response:
     require(request)
     try:
         filters = filters_of(request.query_params)
+        ask = page_of(request.query_params)
         outcome = await _scan(request, filters)
     except RedriveError as exc:
         return _failed(request, exc)
-    data = reads.dlq_json(outcome)
+    # A page of the spool: a few rows of a file, off the event loop all the same.
+    data = await run_in_threadpool(reads.dlq_json, outcome, filters, ask)
     groups = [g for g in (data["inspect"] or {}).get("groups", []) if filters.selects(g["task"])]
-    messages = [m for m in data["messages"] if filters.selects(m.get("group"))]
     return render(
         request,
         "dlq.html",
@@ -102,7 +104,8 @@ async def dlq_page(request: Request) -> Response:
             "filters": filters,
             "data": data,
             "groups": groups,
-            "messages": messages,
+            "messages": data["messages"],
+            "paging": data["paging"],
             "chart": timeline_chart(groups),
         },
         status=outcome.status if outcome.result is None else 200,
@@ -120,7 +123,7 @@ async def _message(request: Request, *, revealed: bool) -> Response:
     if data is None:
         detail = outcome.problem or "no such message in the DLQ's last scan (it may have left)"
         raise HTTPException(404, detail)
-    if revealed:
+    if data["revealed"]:
         person = require(request)
         record = data["record"]
         details = {
@@ -136,6 +139,7 @@ async def _message(request: Request, *, revealed: bool) -> Response:
             # Not audited, not shown: the arguments stay hidden.
             return _failed(request, exc)
     context = {"target": request.path_params["target"], "filters": filters, "data": data}
+    context["not_kept"] = reads.NOT_KEPT
     return render(request, "message.html", context)
 
 

@@ -22,7 +22,9 @@ from redrive.reporting.report import FamilyReport, Report
 from redrive.reporting.status import family_status
 from redrive.runs.lifecycle import run_is_live
 from redrive.web.console import Console
-from redrive.web.samples import public_record
+from redrive.web.filters import DlqFilters
+from redrive.web.paging import PageAsk, messages_page
+from redrive.web.samples import KEPT_PER_GROUP, public_record
 from redrive.web.scans import ScanOutcome, ScanRequest
 
 
@@ -68,18 +70,34 @@ overview: 20 viewers would otherwise ask the broker 18 times each per page (benc
 
 @dataclass
 class StatusCache:
-    """The last ``status --json``, for :data:`STATUS_SECONDS` of the console's clock."""
+    """The last ``status --json``, for :data:`STATUS_SECONDS` of the console's clock. Once
+    it is older, one viewer asks the broker again while the others are served the last one
+    (they do not wait in line behind the broker's calls: bench/console.py's p95)."""
 
     at: float | None = None
     data: dict[str, Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    refreshing: bool = False
 
     def get(self, console: Console, fresh: bool) -> dict[str, Any]:
         with self.lock:
             now = console.clock()
-            if fresh or self.data is None or self.at is None or now - self.at >= STATUS_SECONDS:
+            last = self.data
+            if last is None or fresh:
+                # Nothing to show yet, or asked for anew: this viewer waits for it.
                 self.data, self.at = status_json(console), now
-            return self.data
+                return self.data
+            if self.refreshing or (self.at is not None and now - self.at < STATUS_SECONDS):
+                return last
+            self.refreshing = True
+        try:
+            data = status_json(console)
+        finally:
+            with self.lock:
+                self.refreshing = False
+        with self.lock:
+            self.data, self.at = data, now
+        return data
 
 
 def overview_json(console: Console, *, fresh: bool = False) -> dict[str, Any]:
@@ -123,12 +141,16 @@ def scan_note(outcome: ScanOutcome) -> dict[str, Any]:
     }
 
 
-def dlq_json(outcome: ScanOutcome) -> dict[str, Any]:
-    """A DLQ's page: ``inspect --json`` of its scan, the messages kept from it (records
-    with their arguments withheld), and the scan's note."""
+def dlq_json(
+    outcome: ScanOutcome, filters: DlqFilters | None = None, ask: PageAsk | None = None
+) -> dict[str, Any]:
+    """A DLQ's page: ``inspect --json`` of its scan, a page of its messages (records with
+    their arguments withheld: of the groups the filters' tasks pick, from the scan's spool)
+    with where that page is among the others, and the scan's note."""
+    page = messages_page(outcome, filters or DlqFilters(), ask or PageAsk())
     return {
         "inspect": outcome.result.to_json() if outcome.result is not None else None,
-        "messages": [public_record(r) for r in outcome.records.values()],
+        **page,
         "scan": scan_note(outcome),
     }
 
@@ -144,17 +166,28 @@ def runs_json(console: Console, *, since: float | None = None) -> list[dict[str,
         ledger.close()
 
 
+NOT_KEPT = (
+    f"this scan kept the arguments of the first {KEPT_PER_GROUP} messages of each group "
+    "only, not this one's (they are never written to disk)"
+)
+
+
 def message_json(outcome: ScanOutcome, message_id: str, *, revealed: bool) -> dict[str, Any] | None:
-    """A message kept from the scan: its ``--where`` record (docs/where.md), arguments
-    withheld unless ``revealed``; None when the scan kept no such message."""
+    """A message of the scan: its ``--where`` record (docs/where.md), arguments withheld
+    unless ``revealed`` (and kept: ``arguments_kept``, the first few of each group); None
+    when the scan counted no such message."""
     record = outcome.records.get(message_id)
+    kept = record is not None
+    if record is None and outcome.spool is not None:
+        record = outcome.spool.record(message_id)
     if record is None:
         return None
     return {
         "target": outcome.request.target,
         "dlq": outcome.result.dlq if outcome.result is not None else None,
-        "revealed": revealed,
-        "record": dict(record) if revealed else public_record(record),
+        "revealed": revealed and kept,
+        "arguments_kept": kept,
+        "record": dict(record) if revealed and kept else public_record(record),
         "scan": scan_note(outcome),
     }
 

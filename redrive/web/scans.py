@@ -24,6 +24,7 @@ from redrive.operations.coordinator import Caller, InspectRequest, Setup, run_op
 from redrive.reporting.inspect import annotate_groups
 from redrive.runs.observer import NULL_OBSERVER, Callbacks
 from redrive.web.samples import SampleKeeper
+from redrive.web.spool import MessageSpool
 from redrive.web.workspace import Workspace
 from redrive.where import compile_expression, compile_where
 
@@ -45,12 +46,14 @@ class ScanRequest:
 @dataclass(frozen=True, slots=True)
 class ScanOutcome:
     """What a page shows of a DLQ: its scan (None when there is none to show), the
-    messages kept from it (the ``--where`` record of each, by message id), and why there is
-    no scan, or why it is not fresh, in one line."""
+    messages kept from it in memory (the ``--where`` record of each, by message id), every
+    message it counted on disk (``spool``, arguments withheld), and why there is no scan, or
+    why it is not fresh, in one line."""
 
     request: ScanRequest
     result: InspectResult | None
     records: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    spool: MessageSpool | None = None
     problem: str | None = None
     """Why there is no scan (a delivery limit refused, the broker failed): said on the page."""
     moving: str | None = None
@@ -123,26 +126,32 @@ def scan_dlq(
     results = workspace.results
     if request.reads_results and results is None:
         raise UsageProblem("--group-by exception reads Celery's result backend: give one")
-    keeper = SampleKeeper(now=now, sources=tuple(s.name for s in dlq.sources))
+    # Removed with the outcome (the last reference to it), or here when the scan fails.
+    spool = MessageSpool()
+    keeper = SampleKeeper(now=now, sources=tuple(s.name for s in dlq.sources), spool=spool)
     scan = InspectScan(
         now=now,
         lease=workspace.lease,
         focus=focus_of(request, on_counted=keeper.offer),
         group_by="exception" if request.reads_results else None,
     )
-    # Through the coordinator, as the CLI's inspect: nothing recorded, every message given back.
-    outcome = run_operation(
-        InspectRequest(dlq, scan, results=results),
-        setup=Setup(brokers=workspace.broker_for, receive_log=lambda: workspace.receive_log),
-        ledger=None,
-        caller=Caller.of("console", "web inspect"),
-        observer=Callbacks(on_progress=on_progress) if on_progress else NULL_OBSERVER,
-        stop=stop,
-    )
-    result = outcome.unwrap()
+    try:
+        # Through the coordinator, as the CLI's inspect: nothing recorded, all given back.
+        result = run_operation(
+            InspectRequest(dlq, scan, results=results),
+            setup=Setup(brokers=workspace.broker_for, receive_log=lambda: workspace.receive_log),
+            ledger=None,
+            caller=Caller.of("console", "web inspect"),
+            observer=Callbacks(on_progress=on_progress) if on_progress else NULL_OBSERVER,
+            stop=stop,
+        ).unwrap()
+        spool.finish()
+    except BaseException:
+        spool.close()
+        raise
     if workspace.knowledge is not None and result.group_by is None:
         annotate_groups(result.groups, workspace.knowledge, result.sources)
-    return ScanOutcome(request, result, records=keeper.records, scanned_at=now)
+    return ScanOutcome(request, result, records=keeper.records, spool=spool, scanned_at=now)
 
 
 def focus_of(request: ScanRequest, *, on_counted: Counted | None = None) -> Focus:

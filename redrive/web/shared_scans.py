@@ -130,6 +130,7 @@ def _with(
         request,
         last.result,
         records=last.records,
+        spool=last.spool,
         problem=f"{problem} (shown: the last scan)",
         moving=moving,
         scanned_at=last.scanned_at,
