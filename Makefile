@@ -156,7 +156,7 @@ test-minimums: localstack
 	$(MIN_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(PYTHON) .ci/minimum_pins.py > $(MIN_VENV)/constraints.txt
 	$(MIN_VENV)/bin/python -m pip install --quiet -c $(MIN_VENV)/constraints.txt -e ".[test]"
-	$(MIN_VENV)/bin/pytest -q -n 4 -p no:cacheprovider
+	$(MIN_VENV)/bin/pytest -q -n 4 --maxschedchunk 2 --durations=15 -p no:cacheprovider
 
 bench: install
 	$(BIN)/python bench/inspect.py

@@ -4,9 +4,9 @@ solo pool), all against a moto server on 127.0.0.1.
 
 What is real here: the producer (Celery's ``apply_async`` through kombu's SQS transport,
 task protocols 1 and 2), the worker (``celery worker`` consuming through kombu's SQS
-transport with pycurl), and the ``redrive`` command. What is simulated: SQS itself (moto)
-and the failures that dead-letter the tasks (receiving each message more than
-maxReceiveCount times with boto3, which is what SQS counts).
+transport, on pycurl or urllib3 as the installed kombu has it), and the ``redrive`` command.
+What is simulated: SQS itself (moto) and the failures that dead-letter the tasks (receiving
+each message more than maxReceiveCount times with boto3, which is what SQS counts).
 
 Done when: ``move --execute`` of one task sends each of its messages once, byte-identical; a
 real worker then runs each task exactly once; ``purge`` of one task with ``--execute``
@@ -33,7 +33,6 @@ from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
-pytest.importorskip("pycurl")
 
 from conftest import Family, MotoServer, make_family
 

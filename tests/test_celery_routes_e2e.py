@@ -24,7 +24,6 @@ from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
-pytest.importorskip("pycurl")
 
 from conftest import MotoServer, make_family
 from test_celery_e2e import dead_letter_as_sqs_does, peek, runs

@@ -7,13 +7,16 @@ threaded server can hand one message to two concurrent receivers)."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Family, MotoServer, make_family, start_moto_server
+from kill_points import At, KillPoints, wait_until_stopped
 from test_e2e import (
     CAPTURE,
     REFUND,
@@ -24,6 +27,7 @@ from test_e2e import (
     fill,
     finished,
     start_redrive,
+    wait_for,
     watch,
 )
 
@@ -32,8 +36,7 @@ from redrive.ledger.postgres import PostgresLedger
 
 pytestmark = pytest.mark.e2e
 
-# At most 25 messages a second each: alone, one run would take 5 s or more, so the other
-# (two processes, slower to start on a loaded machine) always gets a share.
+# At most 25 messages a second each: the runs overlap for seconds once both are going.
 MOVE = ("move", "checkout", "--execute", "--yes", "--json", "--workers", "4", "--rate", "25")
 
 
@@ -56,6 +59,11 @@ def progress_of(family: Family, url: str) -> Callable[[], object]:
     return progress
 
 
+def done_keys(url: str) -> int:
+    with PostgresLedger(url) as led:
+        return sum(1 for _ in led.iter_keys(KeyState.DONE))
+
+
 def test_two_runs_with_four_workers_on_one_postgres_ledger_send_each_task_once(
     serial: MotoServer, postgres_url: str, tmp_path: Path
 ) -> None:
@@ -69,12 +77,33 @@ def test_two_runs_with_four_workers_on_one_postgres_ledger_send_each_task_once(
     fill(checkout, dead)
 
     outs = [tmp_path / "host1", tmp_path / "host2"]
-    # The second in two processes: each opens the ledger again by its URL.
-    runs = [
-        start_redrive(serial, *MOVE, *more, "--ledger", postgres_url, out=out)
-        for out, more in zip(outs, [(), ("--processes", "2")], strict=True)
-    ]
-    watch(runs, progress_of(checkout, postgres_url))
+    # Both take part whatever the machine's speed (a second run slow to start once found the
+    # first done): the first stops at its first message, which its long lease keeps from the
+    # second; the second (in two processes, each opening the ledger by its URL) starts and
+    # moves a task; then the first goes on. From there on they run at once.
+    points = KillPoints(tmp_path / "points", At("move.received", do="stop"))
+    first = start_redrive(
+        serial, *MOVE, "--lease", "600", "--ledger", postgres_url, out=outs[0], points=points
+    )
+    runs = [first]
+    try:
+        stopped = points.wait_for_note()["pid"]
+        wait_until_stopped(stopped)
+        runs.append(
+            start_redrive(serial, *MOVE, "--processes", "2", "--ledger", postgres_url, out=outs[1])
+        )
+        wait_for(
+            lambda: runs[1].poll() is not None or done_keys(postgres_url) > 0,
+            timeout=300,
+            what="the second run's first task",
+        )
+        os.kill(stopped, signal.SIGCONT)
+        watch(runs, progress_of(checkout, postgres_url))
+    finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait(10)
     results = []
     for run, out in zip(runs, outs, strict=True):
         code, stdout, stderr = finished(run, out)

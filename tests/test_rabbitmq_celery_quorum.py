@@ -74,6 +74,10 @@ APP = textwrap.dedent(
         worker_enable_remote_control=False,
         broker_connection_retry_on_startup=True,
         task_ignore_result=True,
+        # The producer exits right after its last publish: a quorum queue's publish that the
+        # broker has not confirmed when the connection goes can be lost (once, on a loaded
+        # machine, the third task never came); with confirms each apply_async waits for it.
+        broker_transport_options={"confirm_publish": True},
     )
 
 

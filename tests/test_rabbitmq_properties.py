@@ -183,7 +183,7 @@ def table(*items: tuple[bytes, bytes]) -> bytes:
     return struct.pack(">H", 0x2000) + struct.pack(">I", len(data)) + data
 
 
-RARE = table(
+RARE_ITEMS = (
     (b"s", b"s" + struct.pack(">h", -2)),
     (b"U", b"U" + struct.pack(">h", -3)),
     (b"u", b"u" + struct.pack(">H", 65535)),
@@ -200,12 +200,42 @@ RARE = table(
     (b"T", b"T" + struct.pack(">Q", 1_700_000_000)),
     (b"A", b"A" + struct.pack(">I", 6) + b"t\x01" + b"u" + struct.pack(">H", 7) + b"V"),
 )
+RARE = table(*RARE_ITEMS)
+#: RARE as RabbitMQ means it (the AMQP 0-9-1 errata: s a short int, b signed, B unsigned).
+RABBITMQS_MEANING = {
+    "s": -2,
+    "U": -3,
+    "u": 65535,
+    "i": 4294967295,
+    "b": -1,
+    "B": 255,
+    "l": -1000,
+    "x": b"\x00\xff\x01",
+    "f": 0.5,
+    "d": -0.25,
+    "D": Decimal("-1.5"),
+    "not utf-8": b"\xff\xfe",
+    b"\xff key": None,
+    "T": datetime(2023, 11, 14, 22, 13, 20),
+    "A": [True, 7, None],
+}
+
+
+def py_amqp_misreads() -> set[bytes]:
+    """The keys of RARE whose values the installed py-amqp reads otherwise than RabbitMQ means
+    them: before 5.4, s as a short string, b and B with their signs swapped, l unsigned, and a
+    key not in UTF-8 as an error (celery/kombu#2354); before 5.3 also a long string not in UTF-8."""
+    version = tuple(amqp.version_info[:2])
+    misread = set() if version >= (5, 4) else {b"s", b"b", b"B", b"l", b"\xff key"}
+    return misread | ({b"not utf-8"} if version < (5, 3) else set())
 
 
 def test_rabbitmqs_table_types_py_amqp_never_writes_read_as_py_amqp_reads_them() -> None:
-    ours, theirs = read_both(RARE)
+    headers = deserialized(RARE, 0)[0]["application_headers"]
+    assert repr(headers) == repr(RABBITMQS_MEANING)  # the same types too, on any py-amqp
+    misread = py_amqp_misreads()
+    ours, theirs = read_both(table(*(item for item in RARE_ITEMS if item[0] not in misread)))
     assert repr(ours) == repr(theirs)
-    assert ours[0]["application_headers"]["s"] == -2  # RabbitMQ's short int, not a string
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,6 @@ from celery_worker import run_worker_until
 
 pytest.importorskip("celery", minversion="5.0")
 pytest.importorskip("kombu.transport.SQS")
-pytest.importorskip("pycurl")
 
 from conftest import MotoServer
 

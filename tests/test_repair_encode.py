@@ -14,6 +14,7 @@ import lzma
 import pickle
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -524,6 +525,25 @@ JSON = st.recursive(
 )
 
 
+#: Celery 5.6 closes what saferepr cuts; before it, a cut left brackets open or stray ("[, ..."
+#: for [] cut at 1, "[, ...}]"). The port writes 5.6's, so an older Celery is its oracle only
+#: where nothing is cut, and CUTS (what Celery 5.6 and later write) hold the cuts.
+CELERY_CLOSES_CUTS = tuple(celery.VERSION[:2]) >= (5, 6)
+CUTS = [
+    ([], 1, "[]"),
+    ({}, 1, "{}"),
+    ({"a": True}, 8, "{'a': Tr...}"),
+    ({"a": []}, 8, "{'a': []}"),
+    ([{}, 12345, ""], 1, "[, ...]"),
+    ({"a": [{}, "long text here", ["a b c"], {"c": True}]}, 8, "{'a': [{}, ...]}"),
+    (([],), 3, "([],)"),
+    (({"b": {"a": "a b c"}, "c": [None]},), 1, "(, ...,)"),
+    (["it's"], 8, "['it\\'s']"),
+    ([[[[[1, 2]]]], "x"], 6, "[[[[...]]], ...]"),
+    (["a b c d e"], 6, "['a b...']"),
+]
+
+
 @settings(max_examples=400, deadline=None)
 @given(value=JSON, maxlen=st.sampled_from([None, 1024, 40, 8, 1]), as_tuple=st.booleans())
 def test_the_saferepr_port_writes_what_celery_writes(
@@ -531,7 +551,19 @@ def test_the_saferepr_port_writes_what_celery_writes(
 ) -> None:
     if as_tuple and isinstance(value, list):
         value = tuple(value)
-    assert saferepr(value, maxlen) == celery_saferepr(value, maxlen, maxlevels=3)
+    whole = saferepr(value, None)
+    assert whole == celery_saferepr(value, None, maxlevels=3)
+    if CELERY_CLOSES_CUTS or maxlen is None or len(whole) < maxlen:
+        assert saferepr(value, maxlen) == celery_saferepr(value, maxlen, maxlevels=3)
+
+
+@pytest.mark.parametrize(("value", "maxlen", "expected"), CUTS)
+def test_a_cut_repr_is_closed_as_celery_5_6_closes_it(
+    value: Any, maxlen: int, expected: str
+) -> None:
+    assert saferepr(value, maxlen) == expected
+    if CELERY_CLOSES_CUTS:
+        assert celery_saferepr(value, maxlen, maxlevels=3) == expected
 
 
 # --- the property: decode(encode(edit(m))) == edit(decode(m)) ------------------------------
@@ -564,9 +596,16 @@ def _places(value: Any, steps: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]
         yield from _places(item, (*steps, step))
 
 
+def _as_is(edit: Edit) -> Edit:
+    return edit
+
+
 @st.composite
-def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Edit]:
-    edits: list[Edit] = []
+def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Callable[[], Edit]]:
+    """Edits to parse, not parsed: a parse is left to the test, since jmespath 1.0.1 (the
+    floor) evicts from its full parse cache with the random module, which a strategy must
+    not touch (Hypothesis warns, and warnings are errors)."""
+    edits: list[Callable[[], Edit]] = []
     places = [("args", p) for p in _places(args)] + [("kwargs", p) for p in _places(kwargs)]
     for _ in range(draw(st.integers(1, 3))):
         if places and draw(st.integers(0, 3)):
@@ -580,19 +619,15 @@ def _edits(draw: st.DrawFn, args: list[Any], kwargs: dict[str, Any]) -> list[Edi
         kind = draw(st.sampled_from(["set", "unset", "rename", "clear"]))
         if kind == "set":
             value = json.dumps(draw(SMALL))
-            edits.append(parse_set(f"{path}={value}", create=draw(st.booleans())))
+            edits.append(partial(parse_set, f"{path}={value}", create=draw(st.booleans())))
         elif kind == "unset":
-            edits.append(parse_unset(path))
+            edits.append(partial(parse_unset, path))
         elif kind == "rename" and isinstance(steps[-1], str):
             new = _path_text(root, [*steps[:-1], draw(KEYS)])
             if new != path:
-                edits.append(parse_rename(f"{path}={new}"))
+                edits.append(partial(parse_rename, f"{path}={new}"))
         elif kind == "clear":
-            edits.append(draw(st.sampled_from([CLEAR_ETA, CLEAR_EXPIRES])))
-    try:
-        check_edits(edits)
-    except UsageProblem:
-        assume(False)
+            edits.append(partial(_as_is, draw(st.sampled_from([CLEAR_ETA, CLEAR_EXPIRES]))))
     return edits
 
 
@@ -618,7 +653,11 @@ def test_decode_of_the_edited_message_is_the_edit_of_the_decoded_one(
     from datetime import UTC, datetime
 
     moment = datetime(2026, 11, 30, 12, tzinfo=UTC) if times else None
-    edits = data.draw(_edits(args, kwargs))
+    edits = [parse() for parse in data.draw(_edits(args, kwargs))]
+    try:
+        check_edits(edits)
+    except UsageProblem:
+        assume(False)
     body = sandbox_encode(
         "apps.x",
         args,

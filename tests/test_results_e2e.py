@@ -23,7 +23,6 @@ from celery_worker import celery_worker
 
 pytest.importorskip("celery")
 pytest.importorskip("kombu.transport.SQS")
-pytest.importorskip("pycurl")
 pytest.importorskip("sqlalchemy")
 
 from conftest import MotoServer, make_family
