@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -179,3 +181,24 @@ def test_what_a_scan_holds_in_memory_does_not_grow_with_the_dlq() -> None:
     small, large = peak(600), peak(6_000)
     print(f"peaks: {small:,} and {large:,} bytes")
     assert large < small * 1.25, (small, large)
+
+
+def test_a_spool_left_by_a_killed_server_is_removed_by_the_next_server(tmp_path: Path) -> None:
+    """A SIGKILLed server cannot remove its spools; the next one's first spool removes the
+    folders of servers no longer running, and keeps a running one's and anything not a
+    spool's."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"{spool_module.PREFIX}{dead.pid}-abc"
+    running = tmp_path / f"{spool_module.PREFIX}{os.getppid()}-def"
+    other = tmp_path / "redrive-web-scan-notapid"
+    for folder in (left, running, other):
+        folder.mkdir()
+        (folder / "messages.sqlite3").write_bytes(b"x")
+    spool = MessageSpool(str(tmp_path))
+    try:
+        assert not left.exists()
+        assert running.exists() and other.exists()
+        assert os.path.basename(spool.folder).startswith(f"{spool_module.PREFIX}{os.getpid()}-")
+    finally:
+        spool.close()

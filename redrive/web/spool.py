@@ -8,7 +8,9 @@ the headers that repeat them), to an SQLite file in a folder of its own (mode 07
 hundred rows per write; the scan's aggregates (groups, counts, timelines) stay in memory.
 Pages read a page of rows from it. The folder is removed with the scan: when the last
 reference to the spool goes (the cache replaced or forgot the scan, the request that made
-it ended) or the process exits, whichever comes first.
+it ended) or the process exits, whichever comes first. A server that was killed cannot
+remove its own: each folder's name holds its server's process id, and the first spool a
+server makes removes the folders of servers no longer running.
 """
 
 from __future__ import annotations
@@ -30,6 +32,48 @@ CACHE_KIB = 1024
 """SQLite's page cache per spool (a page read needs a few pages, not the file)."""
 
 
+PREFIX = "redrive-web-scan-"
+_swept: set[str] = set()
+_sweeping = threading.Lock()
+
+
+def _left_by(name: str) -> int | None:
+    """The process id in a spool folder's name (``PREFIX + PID + "-" + random``), or None
+    for a name that is not a spool's."""
+    pid, dash, _ = name[len(PREFIX) :].partition("-")
+    return int(pid) if name.startswith(PREFIX) and dash and pid.isdigit() else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
+
+
+def sweep_dead_servers(directory: str) -> list[str]:
+    """Remove the spool folders in ``directory`` whose server is no longer running (killed
+    before it could remove them); the folders removed."""
+    removed = []
+    for entry in os.scandir(directory):
+        pid = _left_by(entry.name)
+        if pid is not None and pid != os.getpid() and not _running(pid):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _sweep_once(directory: str | None) -> None:
+    where = directory or tempfile.gettempdir()
+    with _sweeping:
+        if where not in _swept:
+            _swept.add(where)
+            sweep_dead_servers(where)
+
+
 def _remove(conn: sqlite3.Connection, folder: str) -> None:
     conn.close()
     shutil.rmtree(folder, ignore_errors=True)
@@ -40,7 +84,8 @@ class MessageSpool:
     scan (:meth:`add`, then :meth:`finish`), then read a page at a time (:meth:`page`)."""
 
     def __init__(self, directory: str | None = None) -> None:
-        self.folder = tempfile.mkdtemp(prefix="redrive-web-scan-", dir=directory)
+        _sweep_once(directory)
+        self.folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=directory)
         conn = sqlite3.connect(
             os.path.join(self.folder, "messages.sqlite3"),
             check_same_thread=False,
