@@ -138,7 +138,7 @@ test-clock-ahead: install localstack
 	$(BIN)/pytest -q -n 4 -p no:cacheprovider
 
 # test-minimums when pyproject.toml changed since PREVIOUS_MAIN (default: the first parent of
-# HEAD, a landing's merge): for .ci/run, once test-minimums is green (issue 39, point 4).
+# HEAD, a landing's merge): what .ci/run runs after make test (issue 39, point 4).
 PREVIOUS_MAIN ?= HEAD^1
 minimums-if-changed:
 	@if ! git rev-parse --verify --quiet '$(PREVIOUS_MAIN)^{commit}' >/dev/null; then \
