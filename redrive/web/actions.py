@@ -14,7 +14,8 @@ and their address before it starts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
 from starlette.concurrency import run_in_threadpool
@@ -34,6 +35,17 @@ from redrive.web.operations import Operations, PlanStore
 from redrive.web.security import Person
 from redrive.web.users import Role
 from redrive.web.views import checked_form, console_of, render, require
+
+T = TypeVar("T")
+
+
+def _found(lookup: Callable[[], T]) -> T:
+    """What ``lookup`` finds; a plan, replay or operation it cannot find is a 404."""
+    try:
+        return lookup()
+    except RedriveError as exc:
+        raise HTTPException(404, str(exc)) from None
+
 
 MAX_PLAN_BYTES = 64 * 1024 * 1024
 
@@ -183,10 +195,7 @@ async def plan_page(request: Request) -> Response:
     console = _viewing(request)
     plan_id = request.path_params["plan_id"]
     store = plans_of(console)
-    try:
-        plan = store.read(plan_id)
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    plan = _found(lambda: store.read(plan_id))
     context: dict[str, Any] = {
         "plan_id": plan_id,
         "plan": plan,
@@ -202,10 +211,7 @@ async def plan_page(request: Request) -> Response:
 async def download(request: Request) -> Response:
     console = _viewing(request)
     plan_id = request.path_params["plan_id"]
-    try:
-        path = plans_of(console).path(plan_id)
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    path = _found(lambda: plans_of(console).path(plan_id))
     if not path.exists():
         raise HTTPException(404, f"no such plan: {plan_id}")
     return Response(
@@ -252,10 +258,7 @@ async def operations_list(request: Request) -> Response:
 
 async def operation_page(request: Request) -> Response:
     console = _viewing(request)
-    try:
-        op = operations_of(console).get(request.path_params["op_id"])
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    op = _found(lambda: operations_of(console).get(request.path_params["op_id"]))
     context = {"op": op.to_json(), **_kept(request.query_params, op.target)}
     return render(request, "actions/operation.html", context)
 
@@ -264,10 +267,7 @@ async def stop(request: Request) -> Response:
     person, _ = await _acting(request)
     console = console_of(request)
     op_id = request.path_params["op_id"]
-    try:
-        op = operations_of(console).get(op_id)
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    op = _found(lambda: operations_of(console).get(op_id))
     await run_in_threadpool(console.audit, person, "stop", {"operation": op.id, "plan": op.plan_id})
     operations_of(console).stop(op.id)
     view = _view(request.query_params)
@@ -302,10 +302,7 @@ async def replay_dry_run(request: Request) -> Response:
 async def replay_page(request: Request) -> Response:
     console = _viewing(request)
     replay_id = request.path_params["replay_id"]
-    try:
-        data = plans_of(console).replay(replay_id)
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    data = _found(lambda: plans_of(console).replay(replay_id))
     return render(request, "actions/replay.html", {"replay_id": replay_id, **data})
 
 
@@ -313,10 +310,9 @@ async def replay_execute(request: Request) -> Response:
     person, _ = await _acting(request)
     console = console_of(request)
     replay_id = request.path_params["replay_id"]
-    try:
-        asked = acting.ReplayForm(**_tuples(plans_of(console).replay(replay_id)["form"]))
-    except RedriveError as exc:
-        raise HTTPException(404, str(exc)) from None
+    asked = acting.ReplayForm(
+        **_tuples(_found(lambda: plans_of(console).replay(replay_id))["form"])
+    )
     await run_in_threadpool(
         console.audit, person, "replay", {"replay": replay_id, **asked.to_json()}
     )
