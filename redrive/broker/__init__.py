@@ -82,15 +82,29 @@ class Backend:
     aws_credentials: bool = False
     """It is called with the AWS settings' credentials (the audit's caller is AWS's)."""
     restores: str = ""
-    """``module:function`` that rebuilds an archived delivery's metadata from the facts the
-    backend archives, or None when the facts are not its ("": it archives none that say
-    anything of the metadata)."""
+    """The module whose ``restored_delivery`` rebuilds an archived delivery's metadata from
+    the facts the backend archives (its ``ARCHIVED_ATTRIBUTES``), when a record holds any of
+    them ("": it archives none that say anything of the metadata)."""
 
     def opener(self) -> Opener:
         return _imported(self.opens)  # type: ignore[no-any-return]
 
     def restorer(self) -> Restorer | None:
-        return _imported(self.restores) if self.restores else None
+        """The backend's ``restored_delivery`` for a record holding one of its archived facts
+        (None for any other record)."""
+        if not self.restores:
+            return None
+        names = _imported(f"{self.restores}:ARCHIVED_ATTRIBUTES")
+        restore = _imported(f"{self.restores}:restored_delivery")
+
+        def restored_if_ours(
+            message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
+        ) -> Delivery | None:
+            if not any(name in attributes for name in names):
+                return None
+            return restore(message_id, body, attributes, headers)  # type: ignore[no-any-return]
+
+        return restored_if_ours
 
 
 def _imported(path: str) -> Any:
@@ -109,7 +123,7 @@ BACKENDS: Final = (
         "redrive.broker.sqs:open_from_settings",
         spoken="SQS (sqs://, or none)",
         aws_credentials=True,
-        restores="redrive.broker.sqs.calls:restored_if_ours",
+        restores="redrive.broker.sqs.calls",
     ),
     Backend(
         "rabbitmq",
@@ -123,7 +137,7 @@ BACKENDS: Final = (
         "memory",
         ("memory",),
         "redrive.broker.memory:open_from_settings",
-        restores="redrive.broker.memory.broker:restored_if_ours",
+        restores="redrive.broker.memory.broker",
     ),
 )
 _BY_SCHEME: Final = {scheme: row for row in BACKENDS for scheme in row.schemes}

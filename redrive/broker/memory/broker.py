@@ -269,15 +269,6 @@ def _facts(message: Stored) -> dict[str, str]:
     return facts
 
 
-def restored_if_ours(
-    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
-) -> Delivery | None:
-    """:func:`restored_delivery` when the archived facts are this broker's (None: none is)."""
-    if not any(name in attributes for name in ARCHIVED_ATTRIBUTES):
-        return None
-    return restored_delivery(message_id, body, attributes, headers)
-
-
 def restored_delivery(
     message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
 ) -> Delivery:

@@ -158,15 +158,6 @@ def restored_delivery(
     return replace(delivery_of(raw), headers=dict(headers))
 
 
-def restored_if_ours(
-    message_id: str, body: str, attributes: Mapping[str, str], headers: Headers
-) -> Delivery | None:
-    """:func:`restored_delivery` when the archived facts are SQS's (None: none of them is)."""
-    if not any(name in attributes for name in ARCHIVED_ATTRIBUTES):
-        return None
-    return restored_delivery(message_id, body, attributes, headers)
-
-
 def request_entry(entry: SendEntry) -> dict[str, Any]:
     """One SendMessageBatch entry."""
     out: dict[str, Any] = {"Id": entry.id, "MessageBody": entry.body}
